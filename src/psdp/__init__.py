@@ -1,0 +1,17 @@
+"""psdp: data loading for partially sharded data parallelism on JAX device meshes.
+
+Every host of a multi-controller JAX job reads exactly the rows its devices hold (`plan_batch`),
+hosts that hold the same rows share a data-shard uid (`process_mesh_mapping`), and the loader builds
+one global `jax.Array` per batch leaf from host-local reads.
+"""
+
+from psdp.layout import MeshLayout as MeshLayout
+from psdp.mesh import DataPlan as DataPlan
+from psdp.mesh import PodPlan as PodPlan
+from psdp.mesh import RowBlock as RowBlock
+from psdp.mesh import local_device_mapping as local_device_mapping
+from psdp.mesh import plan_batch as plan_batch
+from psdp.mesh import plan_pod as plan_pod
+from psdp.mesh import process_mesh_mapping as process_mesh_mapping
+
+__version__ = "0.1.0"
