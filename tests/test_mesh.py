@@ -1,0 +1,292 @@
+"""The planner against hand-worked tables, against JAX's own devices_indices_map, and at pod scale."""
+
+from __future__ import annotations
+
+import itertools
+
+import jax
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from psdp import (
+    MeshLayout,
+    local_device_mapping,
+    plan_batch,
+    plan_pod,
+    process_mesh_mapping,
+)
+from psdp.mesh import dp_index
+
+
+def seed_layout() -> MeshLayout:
+    """The seed example, written out by hand from the Levanter PR (process = device // 4)."""
+    rows = [[0, 1, 4, 5], [8, 9, 12, 13], [10, 11, 14, 15], [2, 3, 6, 7]]
+    ids = np.array(rows)
+    return MeshLayout(ids // 4, ("data", "model"), ids)
+
+
+# ---------------------------------------------------------------------------------- tables
+def test_seed_example_exact():
+    layout = seed_layout()
+    assert process_mesh_mapping(layout, "data") == {0: 0, 1: 0, 2: 1, 3: 1}
+    assert local_device_mapping(layout, "data", process_index=0) == {0: 0, 3: 1}
+    assert local_device_mapping(layout, "data", process_index=1) == {0: 0, 3: 1}
+    assert local_device_mapping(layout, "data", process_index=2) == {1: 0, 2: 1}
+    plan = plan_batch(layout, P("data"), (16,), process_index=0)
+    assert plan.rows.tolist() == [0, 1, 2, 3, 12, 13, 14, 15]
+    assert (plan.uid, plan.num_uids) == (0, 2)
+
+
+def test_noncontiguous_builder_reproduces_seed():
+    built = MeshLayout.noncontiguous({"data": 4, "model": 4}, num_processes=4)
+    seed = seed_layout()
+    np.testing.assert_array_equal(built.process_index, seed.process_index)
+    np.testing.assert_array_equal(built.device_ids, seed.device_ids)
+
+
+@pytest.mark.parametrize(
+    ("layout", "batch_axes", "uids", "mapping_p1"),
+    [
+        # contiguous 2-D: each host one data row block, all uids distinct
+        (
+            MeshLayout.contiguous({"data": 4, "model": 2}, 4),
+            "data",
+            {0: 0, 1: 1, 2: 2, 3: 3},
+            {1: 0},
+        ),
+        # contiguous, two data rows per host
+        (MeshLayout.contiguous({"data": 4, "model": 2}, 2), "data", {0: 0, 1: 1}, {2: 0, 3: 1}),
+        # hosts split along the model axis: both hosts hold every data row -> one uid
+        (
+            MeshLayout(np.array([[0, 1]] * 4), ("data", "model")),
+            "data",
+            {0: 0, 1: 0},
+            {0: 0, 1: 1, 2: 2, 3: 3},
+        ),
+        # 1-D pure data parallel
+        (MeshLayout.contiguous({"data": 8}, 4), "data", {0: 0, 1: 1, 2: 2, 3: 3}, {2: 0, 3: 1}),
+        # 3-D replica x data x model, batch over (replica, data): DP = replica * 2 + data
+        (
+            MeshLayout.contiguous({"replica": 2, "data": 2, "model": 2}, 4),
+            ("replica", "data"),
+            {0: 0, 1: 1, 2: 2, 3: 3},
+            {1: 0},
+        ),
+        # FSDP: batch over (data, fsdp); each host one fsdp pair
+        (
+            MeshLayout.contiguous({"data": 2, "fsdp": 2, "model": 2}, 2),
+            ("data", "fsdp"),
+            {0: 0, 1: 1},
+            {2: 0, 3: 1},
+        ),
+        # order of batch axes matters: (fsdp, data) linearises fsdp-major
+        (
+            MeshLayout.contiguous({"data": 2, "fsdp": 2, "model": 2}, 2),
+            ("fsdp", "data"),
+            {0: 0, 1: 1},
+            {1: 0, 3: 1},
+        ),
+    ],
+)
+def test_mapping_tables(layout, batch_axes, uids, mapping_p1):
+    assert process_mesh_mapping(layout, batch_axes) == uids
+    assert local_device_mapping(layout, batch_axes, process_index=1) == mapping_p1
+
+
+def test_replicated_spec_every_host_reads_everything_with_one_uid():
+    layout = MeshLayout.noncontiguous({"data": 4, "model": 4}, 4)
+    pod = plan_pod(layout, P(), (16, 8))
+    assert pod.uid_table() == {0: 0, 1: 0, 2: 0, 3: 0}
+    for p in range(4):
+        assert pod.plan(p).rows.tolist() == list(range(16))
+
+
+def test_full_spec_splits_tp_groups():
+    """FULL: batch over every axis, so each device of a TP group gets different rows."""
+    layout = MeshLayout.contiguous({"data": 2, "model": 2}, 2)
+    plan = plan_batch(layout, P(("data", "model")), (8,), process_index=1)
+    assert [b[0] for b in plan.device_indices] == [slice(4, 6), slice(6, 8)]
+    assert plan.rows.tolist() == [4, 5, 6, 7]
+
+
+def test_sequence_sharded_column_ranges():
+    layout = MeshLayout.noncontiguous({"data": 2, "context": 4}, num_processes=4)
+    # tiles of 2 data rows x 1 context column: host p holds context column p of both data rows
+    plan = plan_batch(layout, P("data", "context"), (4, 32), process_index=1)
+    assert plan.rows.tolist() == [0, 1, 2, 3]
+    assert [(b.rows, b.columns) for b in plan.row_blocks] == [
+        (slice(0, 2), (slice(8, 16),)),
+        (slice(2, 4), (slice(8, 16),)),
+    ]
+    assert plan.num_elements == 4 * 8
+    # two adjacent context columns on one host merge into one range
+    wide = plan_batch(
+        MeshLayout.contiguous({"data": 2, "context": 4}, 4), P("data", "context"), (4, 32), 0
+    )
+    assert [b.columns for b in wide.row_blocks] == [(slice(0, 16),)]
+
+
+def test_device_ids_need_not_be_contiguous():
+    ids = np.array([[2048, 2049], [0, 1]])
+    layout = MeshLayout(ids // 2048, ("data", "model"), ids)
+    assert process_mesh_mapping(layout, "data") == {0: 0, 1: 1}
+    assert plan_batch(layout, P("data"), (4,), process_index=1).rows.tolist() == [0, 1]
+
+
+# --------------------------------------------------------------- against JAX, hypothesis
+AXIS_POOL = ("replica", "data", "fsdp", "model", "context")
+FACTORISATIONS = sorted(
+    {
+        tuple(f)
+        for n in (1, 2, 3)
+        for f in itertools.product((1, 2, 4, 8), repeat=n)
+        if np.prod(f) == 8
+    }
+)
+
+
+def _normalise(index: tuple[slice, ...], shape: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+    return tuple(s.indices(n)[:2] for s, n in zip(index, shape, strict=True))
+
+
+@st.composite
+def layouts_and_specs(draw):
+    mesh_shape = draw(st.sampled_from(FACTORISATIONS))
+    names = tuple(draw(st.permutations(AXIS_POOL))[: len(mesh_shape)])
+    order = draw(st.permutations(range(8)))
+    raw = draw(st.lists(st.integers(0, 7), min_size=8, max_size=8))
+    procs = np.unique(raw, return_inverse=True)[1].reshape(mesh_shape)  # dense 0..P-1
+    # each mesh axis shards dimension 0, dimension 1, or nothing; order within a dim is drawn
+    dims = [draw(st.sampled_from((0, 1, None))) for _ in names]
+    entries = []
+    for dim in (0, 1):
+        axes = [n for n, d in zip(names, dims, strict=True) if d == dim]
+        axes = draw(st.permutations(axes)) if axes else []
+        entries.append(tuple(axes) if len(axes) > 1 else (axes[0] if axes else None))
+    sizes = dict(zip(names, mesh_shape, strict=True))
+    shards = [
+        int(np.prod([sizes[a] for a in ((e,) if isinstance(e, str) else e or ())])) for e in entries
+    ]
+    shape = tuple(s * draw(st.integers(1, 3)) for s in shards)
+    return mesh_shape, names, order, procs, P(*entries), shape
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(layouts_and_specs())
+def test_plan_equals_union_of_jax_devices_indices_map(case):
+    mesh_shape, names, order, procs, spec, shape = case
+    devices = np.array(jax.devices())[list(order)].reshape(mesh_shape)
+    mesh = Mesh(devices, names)
+    jax_map = NamedSharding(mesh, spec).devices_indices_map(shape)
+    layout = MeshLayout(procs, names)
+    pod = plan_pod(layout, spec, shape)
+    unions = {}
+    for p in range(layout.num_processes):
+        plan = pod.plan(p)
+        positions = np.flatnonzero(procs.ravel() == p)
+        expected = [_normalise(jax_map[devices.flat[i]], shape) for i in positions]
+        assert [_normalise(b, shape) for b in plan.device_indices] == expected
+        assert {_normalise(b, shape) for b in plan.blocks} == set(expected)
+        rows = sorted({r for box in expected for r in range(*box[0])})
+        assert plan.rows.tolist() == rows
+        unions[p] = frozenset(expected)
+    # every element of the leaf is covered by some process
+    covered = {box for u in unions.values() for box in u}
+    assert covered == {_normalise(idx, shape) for idx in jax_map.values()}
+    # equal U <=> equal uid, uids dense and numbered by first appearance
+    uids = pod.uid_table()
+    for p, q in itertools.combinations(unions, 2):
+        assert (unions[p] == unions[q]) == (uids[p] == uids[q])
+    first_seen = list(dict.fromkeys(uids.values()))
+    assert first_seen == list(range(pod.num_uids))
+
+
+def _naive_uid_table(procs: np.ndarray, keys: np.ndarray) -> dict[int, int]:
+    held: dict[int, set[int]] = {}
+    for p, k in zip(procs.ravel().tolist(), keys.tolist(), strict=True):
+        held.setdefault(p, set()).add(k)
+    seen: dict[frozenset[int], int] = {}
+    return {p: seen.setdefault(frozenset(held[p]), len(seen)) for p in sorted(held)}
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    data=st.integers(1, 6).map(lambda k: 2**k),
+    model=st.integers(0, 4).map(lambda k: 2**k),
+    per=st.integers(0, 3).map(lambda k: 2**k),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_uid_table_matches_naive_reference_on_shuffled_pods(data, model, per, seed):
+    total = data * model
+    if total % per:
+        return
+    procs = np.random.default_rng(seed).permutation(np.arange(total) // per).reshape(data, model)
+    layout = MeshLayout(procs, ("data", "model"))
+    dp, count = dp_index(layout, "data")
+    assert count == data
+    assert process_mesh_mapping(layout, "data") == _naive_uid_table(procs, dp)
+    for p in range(layout.num_processes):
+        held = sorted(set(np.flatnonzero(procs == p) // model))
+        assert local_device_mapping(layout, "data", p) == {d: i for i, d in enumerate(held)}
+
+
+def test_live_mesh_is_accepted():
+    mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "model"))
+    assert process_mesh_mapping(mesh, "data") == {0: 0}
+    assert local_device_mapping(mesh, "data") == {0: 0, 1: 1, 2: 2, 3: 3}
+    plan = plan_batch(mesh, P("data"), (8, 3))
+    assert plan.rows.tolist() == list(range(8))
+
+
+def test_pod_scale_65536_devices():
+    layout = MeshLayout.noncontiguous({"data": 256, "model": 256}, num_processes=16384)
+    pod = plan_pod(layout, P("data"), (1024, 16))
+    assert pod.num_uids == 128  # 2 data rows per host, 128 hosts per row pair
+    plan = pod.plan(16383)
+    assert plan.rows.size == 2 * 4
+
+
+# ------------------------------------------------------------------------------- bad input
+SEED = MeshLayout.noncontiguous({"data": 4, "model": 4}, 4)
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: process_mesh_mapping(SEED, "dta"), "'dta' is not in the mesh; the mesh axes are"),
+        (lambda: plan_batch(SEED, P("context"), (16,), 0), "'context' is not in the mesh"),
+        (lambda: plan_batch(SEED, P("data"), (10,), 0), "size 10 is not divisible by its 4 shards"),
+        (lambda: plan_batch(SEED, P("data"), (16,), 4), "process_index=4 is out of range"),
+        (lambda: local_device_mapping(SEED, "data", -1), "process_index=-1 is out of range"),
+        (lambda: plan_batch(SEED, P("data", "data"), (16, 4), 0), "appears twice"),
+        (lambda: plan_batch(SEED, P("data", None, None), (16, 4), 0), "has 3 entries"),
+        (lambda: plan_batch(SEED, P("data"), (0,), 0), "positive ints"),
+        (lambda: process_mesh_mapping(SEED, ()), "non-empty sequence of axis names"),
+        (lambda: MeshLayout(np.array([[0, 2]]), ("a", "b")), "processes [1] own no device"),
+        (lambda: MeshLayout(np.array([[-1, 0]]), ("a", "b")), "must be >= 0, got -1"),
+        (lambda: MeshLayout(np.zeros((2, 2), int), ("a",)), "2 mesh dimensions"),
+        (lambda: MeshLayout(np.zeros(2), ("a",)), "integer array"),
+        (
+            lambda: MeshLayout(np.array([[0, 0, 1]]), ("a", "b")).devices_per_process,
+            "different numbers of devices",
+        ),
+        (
+            lambda: MeshLayout.contiguous({"data": 4}, 3),
+            "num_processes=3 must be a positive divisor",
+        ),
+        (lambda: MeshLayout.noncontiguous({"data": 3, "model": 2}, 3), "does not tile the mesh"),
+    ],
+)
+def test_bad_input_names_the_values(call, message):
+    with pytest.raises(ValueError) as info:
+        call()
+    assert message in str(info.value)
+
+
+def test_not_a_mesh_is_a_type_error():
+    with pytest.raises(TypeError, match="expected a jax.sharding.Mesh or a psdp.MeshLayout"):
+        process_mesh_mapping("data=4", "data")
