@@ -14,4 +14,11 @@ from psdp.mesh import plan_batch as plan_batch
 from psdp.mesh import plan_pod as plan_pod
 from psdp.mesh import process_mesh_mapping as process_mesh_mapping
 
+
+from psdp.loader import DataLoader as DataLoader
+from psdp.order import GlobalOrder as GlobalOrder
+from psdp.prefetch import LoaderClosedError as LoaderClosedError
+from psdp.sources import ArraySource as ArraySource
+from psdp.sources import Source as Source
+
 __version__ = "0.1.0"

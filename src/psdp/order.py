@@ -1,0 +1,148 @@
+"""The global order: which source rows make up the batch of a given step.
+
+Mental model: the data is an endless sequence of epochs; each epoch is a permutation of the ``N``
+source rows chosen from ``(seed, epoch)`` alone, and step ``s`` takes the next ``B`` positions of that
+sequence. The permutation is an index shuffle (a Feistel network with cycle walking) evaluated on
+demand for just the positions a step needs, so looking up step 10**7 costs the same as step 0 and
+no permutation is ever stored. Nothing here depends on hosts, prefetch depth or threads: the batch
+at a step is a pure function of ``(N, B, seed, step, shuffle, drop_last)``.
+
+With ``drop_last=False`` batches run straight across epoch boundaries (position ``s*B + i``); with
+``drop_last=True`` each epoch yields ``N // B`` whole batches and its last ``N % B`` rows are skipped
+(different rows each epoch when shuffled).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+_MASK64 = (1 << 64) - 1
+_ROUNDS = 6
+
+
+def _splitmix64(x: int) -> int:
+    """One step of splitmix64 on a Python int: derives well-mixed round keys from small seeds."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def _mix(values: np.ndarray, key: int) -> np.ndarray:
+    """A vectorised 64-bit mixing function (the splitmix64 finaliser) of ``values ^ key``."""
+    x = values ^ np.uint64(key)
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+@dataclass(frozen=True)
+class IndexShuffle:
+    """A keyed permutation of ``range(n)``, evaluated pointwise in O(1) memory per index.
+
+    A balanced Feistel network permutes ``[0, 4**h)`` (the smallest power of four >= n); cycle
+    walking (re-applying it to values that land outside ``[0, n)``) restricts it to ``[0, n)``
+    while staying a bijection. Each value needs fewer than 4 walks on average.
+
+    Example:
+        >>> perm = IndexShuffle(10, key=7)
+        >>> out = perm(np.arange(10))
+        >>> sorted(out.tolist()) == list(range(10))
+        True
+    """
+
+    n: int
+    key: int
+
+    def __call__(self, index: np.ndarray) -> np.ndarray:
+        half_bits = max(1, (max(self.n - 1, 1).bit_length() + 1) // 2)
+        keys = []
+        k = self.key & _MASK64
+        for _ in range(_ROUNDS):
+            k = _splitmix64(k)
+            keys.append(k)
+        out = np.asarray(index, dtype=np.uint64).copy()
+        todo = np.arange(out.size)
+        while todo.size:
+            out[todo] = self._permute(out[todo], half_bits, keys)
+            todo = todo[out[todo] >= self.n]
+        return out.astype(np.int64)
+
+    @staticmethod
+    def _permute(x: np.ndarray, half_bits: int, keys: list[int]) -> np.ndarray:
+        bits = np.uint64(half_bits)
+        mask = np.uint64((1 << half_bits) - 1)
+        left, right = x >> bits, x & mask
+        for key in keys:
+            left, right = right, left ^ (_mix(right, key) & mask)
+        return (left << bits) | right
+
+
+@dataclass(frozen=True)
+class GlobalOrder:
+    """Row ids of every step's global batch.
+
+    Args:
+        num_rows: ``N``, the number of source rows.
+        batch_size: ``B``, rows per global batch.
+        shuffle: permute each epoch (from ``seed`` and the epoch number) or keep source order.
+        seed: the shuffle seed.
+        drop_last: never let a batch straddle two epochs (see the module docstring).
+
+    Example:
+        >>> GlobalOrder(10, 4, shuffle=False).batch_ids(2).tolist()  # positions 8..11 wrap
+        [8, 9, 0, 1]
+        >>> GlobalOrder(10, 4, shuffle=False, drop_last=True).batch_ids(2).tolist()
+        [0, 1, 2, 3]
+    """
+
+    num_rows: int
+    batch_size: int
+    shuffle: bool = True
+    seed: int = 0
+    drop_last: bool = False
+
+    def __post_init__(self) -> None:
+        if self.num_rows < 1:
+            raise ValueError(f"the source is empty (num_rows={self.num_rows}); it needs rows")
+        if self.drop_last and self.num_rows < self.batch_size:
+            raise ValueError(
+                f"drop_last=True with a source of {self.num_rows} rows and global_batch_size="
+                f"{self.batch_size} would yield no batch at all; use a batch of at most "
+                f"{self.num_rows} rows or set drop_last=False"
+            )
+
+    @property
+    def steps_per_epoch(self) -> float:
+        """Batches per epoch: ``N // B`` with ``drop_last``, otherwise ``N / B`` (maybe fractional)."""
+        if self.drop_last:
+            return self.num_rows // self.batch_size
+        return self.num_rows / self.batch_size
+
+    def batch_ids(self, step: int) -> np.ndarray:
+        """The ``B`` source row ids of the global batch at ``step`` (int64)."""
+        if step < 0:
+            raise ValueError(f"step must be >= 0, got {step}")
+        n, b = self.num_rows, self.batch_size
+        if self.drop_last:
+            per_epoch = n // b
+            epoch = np.full(b, step // per_epoch, np.int64)
+            within = (step % per_epoch) * b + np.arange(b, dtype=np.int64)
+        else:
+            # Python ints: step * B may exceed int64 only beyond any real training run.
+            epoch_first, offset = divmod(step * b, n)
+            position = offset + np.arange(b, dtype=np.int64)
+            epoch = epoch_first + position // n
+            within = position % n
+        if not self.shuffle:
+            return within
+        out = np.empty(b, np.int64)
+        for e in np.unique(epoch).tolist():
+            sel = epoch == e
+            out[sel] = IndexShuffle(n, self._epoch_key(e))(within[sel])
+        return out
+
+    def _epoch_key(self, epoch: int) -> int:
+        return _splitmix64((_splitmix64(self.seed & _MASK64) ^ epoch) & _MASK64)

@@ -1,0 +1,50 @@
+"""Exact-data oracles shared by single- and multi-process tests: every device shard, never shapes."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+from psdp import ArraySource
+
+
+def expected_global(data: np.ndarray | dict[str, np.ndarray], ids: np.ndarray):
+    """The global batch a step must hold: the source rows at ``ids``, in batch order."""
+    if isinstance(data, dict):
+        return {k: v[ids] for k, v in data.items()}
+    return data[ids]
+
+
+def assert_shards_exact(batch: jax.Array, expected: np.ndarray) -> int:
+    """Every addressable shard of ``batch`` equals ``expected[shard.index]``; returns the count."""
+    assert batch.shape == expected.shape, (batch.shape, expected.shape)
+    count = 0
+    for shard in batch.addressable_shards:
+        np.testing.assert_array_equal(np.asarray(shard.data), expected[shard.index])
+        count += 1
+    assert count == len(batch.sharding.addressable_devices)
+    return count
+
+
+def assert_batch_exact(batch, expected) -> int:
+    if isinstance(expected, dict):
+        assert set(batch) == set(expected)
+        return sum(assert_shards_exact(batch[k], expected[k]) for k in expected)
+    return assert_shards_exact(batch, expected)
+
+
+def token_table(num_rows: int, width: int = 3) -> np.ndarray:
+    """Rows whose values name them: row r is ``[r*1000, r*1000 + 1, ...]`` (int32)."""
+    return (np.arange(num_rows)[:, None] * 1000 + np.arange(width)).astype(np.int32)
+
+
+class CountingSource(ArraySource):
+    """An in-memory source that records every batched read (ids per call)."""
+
+    def __init__(self, data):
+        super().__init__(data)
+        self.reads: list[np.ndarray] = []
+
+    def read(self, ids):
+        self.reads.append(np.array(ids))
+        return super().read(ids)

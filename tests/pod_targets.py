@@ -1,0 +1,39 @@
+"""Functions run inside each process of a local pod (see psdp.pod.run_pod)."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+from batch_checks import CountingSource, assert_batch_exact, expected_global, token_table
+from psdp import DataLoader, MeshLayout, local_device_mapping
+
+
+def loader_exact(
+    process_index, axis_names, mesh_shape, num_rows, batch_size, steps, shuffle, batch_axes
+):
+    """Builds the mesh from a layout, runs the loader, and checks every local shard and read."""
+    layout = MeshLayout(np.asarray(process_index).reshape(mesh_shape), tuple(axis_names))
+    mesh = layout.build_mesh(jax.devices())
+    data = {"tokens": token_table(num_rows), "weight": np.arange(num_rows, dtype=np.float32)}
+    source = CountingSource(data)
+    loader = DataLoader(
+        source, mesh=mesh, global_batch_size=batch_size, shuffle=shuffle, seed=5, prefetch=2
+    )
+    source.reads.clear()  # the constructor's one-row probe
+    me = jax.process_index()
+    held = local_device_mapping(mesh, batch_axes)
+    block = batch_size // mesh.shape[batch_axes]
+    shards = 0
+    with loader:
+        for step, batch in zip(range(steps), loader, strict=False):
+            ids = loader.order.batch_ids(step)
+            shards += assert_batch_exact(batch, expected_global(data, ids))
+            # the host read exactly its plan's rows: the blocks of the DP indices it holds
+            read = source.reads[step]
+            want = np.concatenate([ids[d * block : (d + 1) * block] for d in sorted(held)])
+            np.testing.assert_array_equal(read, want)
+            # and every process agrees on the whole batch (a global reduction over all hosts)
+            total = int(jax.jit(lambda t: t.sum())(batch["tokens"]))
+            assert total == int(expected_global(data, ids)["tokens"].sum())
+    return {"process": me, "shards": shards, "held": sorted(held), "reads": len(source.reads)}
