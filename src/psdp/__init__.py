@@ -6,6 +6,7 @@ one global `jax.Array` per batch leaf from host-local reads.
 """
 
 from psdp.layout import MeshLayout as MeshLayout
+from psdp.loader import DataLoader as DataLoader
 from psdp.mesh import DataPlan as DataPlan
 from psdp.mesh import PodPlan as PodPlan
 from psdp.mesh import RowBlock as RowBlock
@@ -13,9 +14,6 @@ from psdp.mesh import local_device_mapping as local_device_mapping
 from psdp.mesh import plan_batch as plan_batch
 from psdp.mesh import plan_pod as plan_pod
 from psdp.mesh import process_mesh_mapping as process_mesh_mapping
-
-
-from psdp.loader import DataLoader as DataLoader
 from psdp.order import GlobalOrder as GlobalOrder
 from psdp.prefetch import LoaderClosedError as LoaderClosedError
 from psdp.sources import ArraySource as ArraySource

@@ -1,0 +1,5 @@
+"""``python -m psdp``: the same as the ``psdp`` console script."""
+
+from psdp.cli import main
+
+raise SystemExit(main())

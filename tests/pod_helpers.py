@@ -1,0 +1,28 @@
+"""Tiny pod targets for testing the harness itself."""
+
+import time
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+
+
+def whoami(tag=None):
+    return {
+        "process": jax.process_index(),
+        "count": jax.process_count(),
+        "local": jax.local_device_count(),
+        "global": jax.device_count(),
+        "tag": tag,
+    }
+
+
+def fail_on_one():
+    if jax.process_index() == 1:
+        raise ZeroDivisionError("host 1 cannot divide")
+    multihost_utils.sync_global_devices("never reached by host 1")
+    return np.zeros(1).tolist()
+
+
+def sleep_forever():
+    time.sleep(3600)

@@ -1,0 +1,257 @@
+"""The DataLoader on 8 fake devices: exact data on every device shard, resume, threads, errors."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+
+from batch_checks import CountingSource, assert_batch_exact, expected_global, token_table
+from psdp import DataLoader, LoaderClosedError
+
+MESHES = {
+    "data=8": (("data",), (8,)),
+    "data=4 x model=2": (("data", "model"), (4, 2)),
+    "replica=2 x data=2 x model=2": (("replica", "data", "model"), (2, 2, 2)),
+}
+
+
+def make_mesh(name: str) -> Mesh:
+    axes, shape = MESHES[name]
+    # a scrambled device order: nothing may assume devices sit in id order
+    devices = np.array(jax.devices())[[3, 0, 7, 4, 1, 6, 2, 5]].reshape(shape)
+    return Mesh(devices, axes)
+
+
+def live_threads(prefix: str) -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith(prefix)]
+
+
+@pytest.mark.parametrize("mesh_name", list(MESHES))
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_every_device_gets_exactly_its_rows(mesh_name, shuffle):
+    mesh = make_mesh(mesh_name)
+    data = {"tokens": token_table(44), "loss_mask": (np.arange(44) % 3 == 0)}
+    with DataLoader(data, mesh=mesh, global_batch_size=16, shuffle=shuffle, seed=3) as loader:
+        for step, batch in zip(range(7), loader, strict=False):  # 44/16: crosses 2 epochs
+            ids = loader.order.batch_ids(step)
+            assert assert_batch_exact(batch, expected_global(data, ids)) == 16
+            assert batch["tokens"].sharding.spec == loader.batch_spec
+
+
+def test_unshuffled_order_is_the_documented_formula():
+    data = token_table(10)
+    loader = DataLoader(data, mesh=make_mesh("data=8"), global_batch_size=8, shuffle=False)
+    with loader:
+        for step, batch in zip(range(4), loader, strict=False):
+            want = [(step * 8 + i) % 10 for i in range(8)]
+            assert (np.asarray(batch)[:, 0] // 1000).tolist() == want
+
+
+@pytest.mark.parametrize("seed", [0, 1, 12345])
+def test_each_epoch_is_a_permutation_of_all_rows(seed):
+    data = token_table(48)
+    loader = DataLoader(data, mesh=make_mesh("data=8"), global_batch_size=16, seed=seed)
+    with loader:
+        rows = [np.asarray(b)[:, 0] // 1000 for _, b in zip(range(9), loader, strict=False)]
+    for epoch in range(3):
+        seen = np.concatenate(rows[epoch * 3 : epoch * 3 + 3])
+        assert sorted(seen.tolist()) == list(range(48))
+    assert rows[0].tolist() != rows[3].tolist()  # epochs are shuffled differently
+    assert rows[0].tolist() != sorted(rows[0].tolist())
+
+
+def test_seed_changes_the_order_and_nothing_else():
+    data = token_table(64)
+    mesh = make_mesh("data=8")
+    a = DataLoader(data, mesh=mesh, global_batch_size=8, seed=1).batch_at(0)
+    b = DataLoader(data, mesh=mesh, global_batch_size=8, seed=2).batch_at(0)
+    assert not np.array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_resume_from_any_step_equals_continuing():
+    data = token_table(50)
+    mesh = make_mesh("data=4 x model=2")
+    with DataLoader(data, mesh=mesh, global_batch_size=8, seed=9) as loader:
+        reference = [np.asarray(b) for _, b in zip(range(12), loader, strict=False)]
+        for k in (1, 6, 11):
+            resumed = loader.iter_from(k)
+            for step in range(k, 12):
+                np.testing.assert_array_equal(np.asarray(next(resumed)), reference[step])
+            resumed.close()
+
+
+def test_prefetch_depth_does_not_change_batches():
+    data = token_table(40)
+    mesh = make_mesh("replica=2 x data=2 x model=2")
+    runs = []
+    for depth in (1, 8):
+        with DataLoader(data, mesh=mesh, global_batch_size=8, prefetch=depth, seed=4) as loader:
+            runs.append([np.asarray(b) for _, b in zip(range(10), loader, strict=False)])
+    for a, b in zip(*runs, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_resume_at_ten_million_is_cheap_and_well_defined():
+    loader = DataLoader(token_table(1000), mesh=make_mesh("data=8"), global_batch_size=8)
+    ids = loader.order.batch_ids(10**7)
+    got = np.asarray(loader.batch_at(10**7))[:, 0] // 1000
+    assert got.tolist() == ids.tolist()
+
+
+def test_host_reads_once_per_step_and_only_its_rows():
+    source = CountingSource(token_table(32))
+    loader = DataLoader(source, mesh=make_mesh("data=4 x model=2"), global_batch_size=8)
+    source.reads.clear()
+    loader.batch_at(3)
+    assert len(source.reads) == 1  # one batched read per step, never one per row
+    np.testing.assert_array_equal(source.reads[0], loader.order.batch_ids(3))
+
+
+def test_indexable_object_source():
+    class Table:
+        def __init__(self):
+            self.rows = token_table(20)
+
+        def __len__(self):
+            return 20
+
+        def __getitem__(self, ids):
+            return self.rows[ids]
+
+    loader = DataLoader(Table(), mesh=make_mesh("data=8"), global_batch_size=8, shuffle=False)
+    assert_batch_exact(loader.batch_at(1), token_table(20)[(8 + np.arange(8)) % 20])
+
+
+# ---------------------------------------------------------------------------------- threads
+class FailingSource(CountingSource):
+    def __init__(self, data, fail_at_call):
+        super().__init__(data)
+        self.fail_at_call = fail_at_call
+
+    def read(self, ids):
+        if len(self.reads) == self.fail_at_call:
+            raise KeyError(f"row {int(ids[0])} is corrupt")
+        return super().read(ids)
+
+
+def test_reader_exception_reaches_the_trainer_with_type_and_traceback():
+    source = FailingSource(token_table(64), fail_at_call=4)  # call 0 is the probe
+    loader = DataLoader(source, mesh=make_mesh("data=8"), global_batch_size=8, shuffle=False)
+    it = iter(loader)
+    for _ in range(3):
+        next(it)
+    with pytest.raises(KeyError, match="row 24 is corrupt") as info:
+        next(it)
+    frames = [f.name for f in info.traceback]
+    assert "read" in frames  # the original frame inside the source survives
+    with pytest.raises(LoaderClosedError, match="step 3 raised KeyError"):
+        next(it)
+    loader.close()
+
+
+def test_close_with_a_full_queue_is_fast_and_joins():
+    loader = DataLoader(token_table(64), mesh=make_mesh("data=8"), global_batch_size=8, prefetch=2)
+    loader.name = "psdp-fullq"
+    it = iter(loader)
+    next(it)
+    time.sleep(0.3)  # the queue fills up; the thread blocks on put
+    started = time.perf_counter()
+    loader.close()
+    assert time.perf_counter() - started < 1.0
+    assert not live_threads("psdp-fullq")
+    with pytest.raises(LoaderClosedError):
+        next(it)
+    with pytest.raises(LoaderClosedError, match="DataLoader is closed"):
+        loader.iter_from(0)
+
+
+def test_close_from_another_thread_wakes_a_blocked_next():
+    gate = threading.Event()
+
+    class SlowSource(CountingSource):
+        def read(self, ids):
+            if self.reads:  # after the probe, block until the test lets go
+                gate.wait(5)
+            return super().read(ids)
+
+    loader = DataLoader(SlowSource(token_table(16)), mesh=make_mesh("data=8"), global_batch_size=8)
+    it = iter(loader)
+    threading.Timer(0.2, it.close).start()
+    started = time.perf_counter()
+    with pytest.raises(LoaderClosedError, match="close"):
+        next(it)
+    assert time.perf_counter() - started < 1.5
+    gate.set()
+    loader.close()
+
+
+def test_no_thread_left_after_100_open_close_cycles():
+    data = token_table(32)
+    mesh = make_mesh("data=8")
+    before = threading.active_count()
+    for i in range(100):
+        with DataLoader(data, mesh=mesh, global_batch_size=8, name="psdp-cycle") as loader:
+            if i % 2:
+                next(iter(loader))
+    assert not live_threads("psdp-cycle")
+    assert threading.active_count() <= before
+
+
+# -------------------------------------------------------------------------------- bad input
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        (dict(global_batch_size=12), ValueError, "size 12 is not divisible by its 8 shards"),
+        (dict(global_batch_size=0), ValueError, "global_batch_size must be >= 1, got 0"),
+        (dict(global_batch_size=8.0), TypeError, "global_batch_size must be an int"),
+        (dict(prefetch=0), ValueError, "prefetch must be >= 1, got 0"),
+        (dict(batch_spec=P("dp")), ValueError, "'dp' is not in the mesh"),
+        (dict(mesh="data=8"), TypeError, "mesh must be a jax.sharding.Mesh"),
+        (dict(global_batch_size=64, drop_last=True), ValueError, "would yield no batch at all"),
+    ],
+)
+def test_bad_arguments(kwargs, error, message):
+    args = dict(mesh=make_mesh("data=8"), global_batch_size=8) | kwargs
+    with pytest.raises(error, match=message):
+        DataLoader(token_table(32), **args)
+
+
+def test_no_batch_axis_in_mesh_asks_for_a_spec():
+    mesh = Mesh(np.array(jax.devices()).reshape(8), ("x",))
+    with pytest.raises(ValueError, match="pass batch_spec=PartitionSpec"):
+        DataLoader(token_table(16), mesh=mesh, global_batch_size=8)
+
+
+def test_negative_step_is_refused():
+    loader = DataLoader(token_table(16), mesh=make_mesh("data=8"), global_batch_size=8)
+    with pytest.raises(ValueError, match="step must be >= 0, got -1"):
+        loader.iter_from(-1)
+
+
+def test_dict_leaves_of_different_lengths():
+    with pytest.raises(ValueError, match="same number of rows"):
+        DataLoader(
+            {"a": np.zeros((8, 2)), "b": np.zeros(9)}, mesh=make_mesh("data=8"), global_batch_size=8
+        )
+
+
+def test_rows_changing_shape_mid_dataset_is_a_clear_error():
+    class Ragged(CountingSource):
+        def read(self, ids):
+            out = super().read(ids)
+            return out if len(self.reads) < 3 else out[:, :2]
+
+    loader = DataLoader(Ragged(token_table(32)), mesh=make_mesh("data=8"), global_batch_size=8)
+    it = iter(loader)
+    next(it)
+    with pytest.raises(
+        ValueError, match=r"step 1: the rows have shape \(2,\).*first row had \(3,\)"
+    ):
+        next(it)
+    loader.close()

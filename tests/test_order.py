@@ -1,0 +1,85 @@
+"""The global order: index shuffles are permutations, batches follow the documented formulas."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from psdp.order import GlobalOrder, IndexShuffle
+
+
+@settings(max_examples=200, deadline=None)
+@given(n=st.integers(1, 3000), key=st.integers(0, 2**64 - 1))
+def test_index_shuffle_is_a_permutation(n, key):
+    out = IndexShuffle(n, key)(np.arange(n))
+    assert out.dtype == np.int64
+    np.testing.assert_array_equal(np.sort(out), np.arange(n))
+
+
+def test_index_shuffle_is_pointwise():
+    perm = IndexShuffle(10**6, key=42)
+    full = perm(np.arange(0, 10**6, 997))
+    for i, position in enumerate(range(0, 10**6, 997 * 50)):
+        assert perm(np.array([position]))[0] == full[i * 50]
+
+
+def test_different_keys_give_different_permutations():
+    a, b = IndexShuffle(1000, 1)(np.arange(1000)), IndexShuffle(1000, 2)(np.arange(1000))
+    assert (a != b).mean() > 0.9
+
+
+@settings(max_examples=100, deadline=None)
+@given(n=st.integers(1, 200), b=st.integers(1, 64), step=st.integers(0, 10**12))
+def test_unshuffled_batches_follow_the_formula(n, b, step):
+    ids = GlobalOrder(n, b, shuffle=False).batch_ids(step)
+    np.testing.assert_array_equal(ids, (step * b + np.arange(b)) % n)
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    n=st.integers(1, 300),
+    b=st.integers(1, 40),
+    seed=st.integers(0, 2**31),
+    epoch=st.integers(0, 10**6),
+)
+def test_drop_last_epochs_never_repeat_a_row(n, b, seed, epoch):
+    if b > n:
+        return
+    order = GlobalOrder(n, b, seed=seed, drop_last=True)
+    per = n // b
+    rows = np.concatenate([order.batch_ids(epoch * per + k) for k in range(per)])
+    assert len(set(rows.tolist())) == per * b
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    k=st.integers(1, 20),
+    b=st.integers(1, 32),
+    seed=st.integers(0, 2**31),
+    epoch=st.integers(0, 10**6),
+)
+def test_every_epoch_covers_every_row_once_when_n_is_a_multiple_of_b(k, b, seed, epoch):
+    n = k * b
+    order = GlobalOrder(n, b, seed=seed)
+    rows = np.concatenate([order.batch_ids(epoch * k + s) for s in range(k)])
+    np.testing.assert_array_equal(np.sort(rows), np.arange(n))
+
+
+def test_batches_straddle_epochs_without_drop_last():
+    order = GlobalOrder(10, 4, seed=1)
+    epoch0 = np.concatenate([order.batch_ids(0), order.batch_ids(1), order.batch_ids(2)[:2]])
+    np.testing.assert_array_equal(np.sort(epoch0), np.arange(10))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (dict(num_rows=0, batch_size=4), "the source is empty"),
+        (dict(num_rows=3, batch_size=4, drop_last=True), "would yield no batch at all"),
+    ],
+)
+def test_bad_orders(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        GlobalOrder(**kwargs)

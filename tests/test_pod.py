@@ -1,0 +1,44 @@
+"""The local pod harness: results in process order; failures and hangs end with every output."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from psdp.pod import PodError, load_target, run_pod
+
+HERE = Path(__file__).parent / "pod_helpers.py"
+pytestmark = pytest.mark.multiprocess
+
+
+def test_results_come_back_in_process_order():
+    results = run_pod(f"{HERE}:whoami", num_processes=3, devices_per_process=2, args={"tag": "x"})
+    assert [r["process"] for r in results] == [0, 1, 2]
+    assert all(r["count"] == 3 and r["local"] == 2 and r["global"] == 6 for r in results)
+    assert results[0]["tag"] == "x"
+
+
+def test_a_failing_process_fails_the_pod_with_its_message():
+    started = time.monotonic()
+    with pytest.raises(PodError) as info:
+        run_pod(f"{HERE}:fail_on_one", num_processes=2, devices_per_process=1, timeout_s=60)
+    message = str(info.value)
+    assert "process 1 exited with status 1" in message
+    assert "ZeroDivisionError: host 1 cannot divide" in message
+    assert time.monotonic() - started < 30  # process 0 hangs in a barrier: it gets killed
+
+
+def test_a_stuck_pod_is_killed_at_its_time_limit():
+    started = time.monotonic()
+    with pytest.raises(PodError, match="ran past its time limit"):
+        run_pod(f"{HERE}:sleep_forever", num_processes=2, devices_per_process=1, timeout_s=8)
+    assert time.monotonic() - started < 20
+
+
+def test_bad_targets_are_clear():
+    with pytest.raises(ValueError, match="must look like 'path/to/file.py:function'"):
+        load_target("no_colon")
+    with pytest.raises(ValueError, match="at least one process"):
+        run_pod(f"{HERE}:whoami", num_processes=0, devices_per_process=1)
