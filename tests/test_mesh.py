@@ -118,10 +118,8 @@ def test_sequence_sharded_column_ranges():
     # tiles of 2 data rows x 1 context column: host p holds context column p of both data rows
     plan = plan_batch(layout, P("data", "context"), (4, 32), process_index=1)
     assert plan.rows.tolist() == [0, 1, 2, 3]
-    assert [(b.rows, b.columns) for b in plan.row_blocks] == [
-        (slice(0, 2), (slice(8, 16),)),
-        (slice(2, 4), (slice(8, 16),)),
-    ]
+    # both data rows, context column 1: adjacent row blocks with the same columns, one read
+    assert [(b.rows, b.columns) for b in plan.row_blocks] == [(slice(0, 4), (slice(8, 16),))]
     assert plan.num_elements == 4 * 8
     # two adjacent context columns on one host merge into one range
     wide = plan_batch(
@@ -290,3 +288,61 @@ def test_bad_input_names_the_values(call, message):
 def test_not_a_mesh_is_a_type_error():
     with pytest.raises(TypeError, match="expected a jax.sharding.Mesh or a psdp.MeshLayout"):
         process_mesh_mapping("data=4", "data")
+
+
+def test_string_spec_means_one_entry():
+    plan = plan_batch(SEED, "data", (16,), process_index=2)
+    assert plan.rows.tolist() == list(range(4, 12))
+
+
+def test_adjacent_row_blocks_merge_into_one_read():
+    plan = plan_batch(SEED, P("data"), (16,), process_index=2)  # DP1 and DP2: rows 4..11
+    assert [b.rows for b in plan.row_blocks] == [slice(4, 12)]
+    split = plan_batch(SEED, P("data"), (16,), process_index=0)  # DP0 and DP3: two reads
+    assert [b.rows for b in split.row_blocks] == [slice(0, 4), slice(12, 16)]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("{not json", "is not a valid layout"),
+        ('{"axis_names": ["a"]}', "is not a valid layout"),
+        ('{"axis_names": ["a", "b"], "process_index": [[0, 1], [0]]}', "is not a valid layout"),
+        ('{"axis_names": ["a"], "process_index": [0, 2]}', "own no device"),
+    ],
+)
+def test_bad_layout_files_name_the_file(tmp_path, text, message):
+    path = tmp_path / "layout.json"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=message) as info:
+        MeshLayout.from_file(path)
+    assert "layout.json" in str(info.value) or "own no device" in message
+    with pytest.raises(ValueError, match="cannot be read"):
+        MeshLayout.from_file(tmp_path)  # a directory
+    with pytest.raises(ValueError, match="does not exist"):
+        MeshLayout.from_file(tmp_path / "missing.json")
+
+
+def test_layout_file_round_trip_with_device_ids(tmp_path):
+    path = tmp_path / "seed.json"
+    seed = seed_layout()
+    procs, ids = seed.process_index.tolist(), seed.device_ids.tolist()
+    path.write_text(
+        f'{{"axis_names": ["data", "model"], "process_index": {procs}, "device_ids": {ids}}}'
+    )
+    loaded = MeshLayout.from_file(path)
+    np.testing.assert_array_equal(loaded.device_ids, seed.device_ids)
+    assert process_mesh_mapping(loaded, "data") == {0: 0, 1: 0, 2: 1, 3: 1}
+
+
+@pytest.mark.parametrize("bad", [True, 1.0, "0"])
+def test_process_index_must_be_a_real_int(bad):
+    with pytest.raises(ValueError, match="is out of range"):
+        plan_batch(SEED, P("data"), (16,), process_index=bad)
+
+
+def test_numpy_ints_are_fine():
+    layout = MeshLayout.contiguous({"data": np.int64(4)}, np.int64(2))
+    assert layout.num_processes == 2
+    with pytest.raises(ValueError, match="positive ints"):
+        MeshLayout.contiguous({"data": True}, 1)

@@ -83,3 +83,18 @@ def test_batches_straddle_epochs_without_drop_last():
 def test_bad_orders(kwargs, message):
     with pytest.raises(ValueError, match=message):
         GlobalOrder(**kwargs)
+
+
+@pytest.mark.parametrize("n", [48, 1000, 65536])
+def test_shuffles_look_random(n):
+    """Position and output are uncorrelated and fixed points are rare, as for a random permutation.
+
+    For a uniformly random permutation, E|corr| is about 0.8 / sqrt(n) and E[fixed points] is 1.
+    """
+    cors, fixed = [], []
+    for key in range(40):
+        out = IndexShuffle(n, key)(np.arange(n))
+        cors.append(abs(np.corrcoef(np.arange(n), out)[0, 1]))
+        fixed.append(int((out == np.arange(n)).sum()))
+    assert np.mean(cors) < 2 * 0.8 / np.sqrt(n)
+    assert np.mean(fixed) < 3

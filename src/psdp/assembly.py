@@ -70,7 +70,8 @@ class LeafAssembler:
                 f"needs {self.host_shape} {self.dtype}"
             )
 
-        def device_box(index: tuple[slice, ...]) -> np.ndarray:
+        def device_box(index: tuple[slice, ...] | None) -> np.ndarray:
+            assert index is not None  # only None for arrays with no addressable shards
             rows = index[0]
             start = self.row_offset[rows.start or 0]
             stop = start + (rows.stop or self.global_shape[0]) - (rows.start or 0)

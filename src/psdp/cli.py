@@ -206,12 +206,8 @@ def _layout_file(path: str, args: argparse.Namespace) -> MeshLayout:
     hint = "; use contiguous, noncontiguous or a JSON layout file"
     try:
         layout = MeshLayout.from_file(path)
-    except ValueError as err:
+    except ValueError as err:  # MeshLayout.from_file turns unreadable files into ValueError too
         raise UsageError(f"--layout {path!r}: {err}{hint}") from None
-    except OSError as err:
-        raise UsageError(
-            f"--layout {path!r}: cannot read the file ({err.strerror}){hint}"
-        ) from None
     if args.axes is not None:
         axes = _given("--axes", repr(args.axes), parse_axes, args.axes)
         if axes != layout.axis_sizes:

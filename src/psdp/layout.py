@@ -141,8 +141,10 @@ class MeshLayout:
 
     def check_process(self, process_index: int) -> int:
         """Returns ``process_index`` as an int after checking it is one of this layout's processes."""
-        if not isinstance(process_index, int | np.integer) or not (
-            0 <= process_index < self.num_processes
+        if (
+            isinstance(process_index, bool)
+            or not isinstance(process_index, int | np.integer)
+            or not (0 <= process_index < self.num_processes)
         ):
             raise ValueError(
                 f"process_index={process_index!r} is out of range: this layout has "
@@ -229,19 +231,28 @@ class MeshLayout:
     def from_file(cls, path: str | Path) -> MeshLayout:
         """Reads a layout from JSON: ``{"axis_names": [...], "process_index": nested lists}``.
 
-        Example file for 2 hosts on ``data=2 x model=2`` where each host holds one model column::
+        An optional ``"device_ids"`` entry (nested lists shaped like ``process_index``) names the
+        devices in pictures. Example file for 2 hosts on ``data=2 x model=2`` where each host holds
+        one model column::
 
             {"axis_names": ["data", "model"], "process_index": [[0, 1], [0, 1]]}
         """
         path = Path(path)
         try:
             raw: Any = json.loads(path.read_text())
-            return cls(np.asarray(raw["process_index"]), tuple(raw["axis_names"]))
+            ids = raw.get("device_ids")
+            return cls(
+                np.asarray(raw["process_index"]),
+                tuple(raw["axis_names"]),
+                None if ids is None else np.asarray(ids),
+            )
         except FileNotFoundError:
             raise ValueError(f"layout file {str(path)!r} does not exist") from None
-        except (json.JSONDecodeError, KeyError, TypeError) as err:
+        except OSError as err:
+            raise ValueError(f"layout file {str(path)!r} cannot be read: {err.strerror}") from None
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError, ValueError) as err:
             raise ValueError(
-                f"layout file {str(path)!r} is not a layout: {err}. Expected JSON like "
+                f"layout file {str(path)!r} is not a valid layout: {err}. Expected JSON like "
                 '{"axis_names": ["data", "model"], "process_index": [[0, 1], [0, 1]]}'
             ) from None
 
@@ -279,16 +290,20 @@ class MeshLayout:
 def _checked_sizes(axis_sizes: Mapping[str, int]) -> tuple[tuple[str, ...], tuple[int, ...]]:
     if not axis_sizes:
         raise ValueError("a mesh needs at least one axis, got none")
-    bad = {k: v for k, v in axis_sizes.items() if not isinstance(v, int | np.integer) or v < 1}
+    bad = {k: v for k, v in axis_sizes.items() if not _is_int(v) or v < 1}
     if bad:
         raise ValueError(f"mesh axis sizes must be positive ints, got {bad}")
     return tuple(axis_sizes), tuple(int(v) for v in axis_sizes.values())
 
 
 def _devices_per_process(total: int, num_processes: int) -> int:
-    if not isinstance(num_processes, int) or num_processes < 1 or total % num_processes:
+    if not _is_int(num_processes) or num_processes < 1 or total % num_processes:
         raise ValueError(
             f"num_processes={num_processes!r} must be a positive divisor of the {total} mesh "
             "devices so that every process owns the same number of devices"
         )
-    return total // num_processes
+    return total // int(num_processes)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int | np.integer) and not isinstance(value, bool)

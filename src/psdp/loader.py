@@ -105,7 +105,7 @@ class DataLoader:
     def _plan_leaves(self) -> dict[str | None, LeafAssembler]:
         """One assembler per leaf (key ``None`` for an array source), from one probe row's spec."""
         probe = self.source.read(np.zeros(1, np.int64))
-        leaves = probe if isinstance(probe, dict) else {None: probe}
+        leaves = _leaves_of(probe)
         return {
             key: LeafAssembler.create(
                 self.mesh,
@@ -134,7 +134,7 @@ class DataLoader:
         return self._assemble(step, ids, rows)
 
     def _assemble(self, step: int, ids: np.ndarray, rows: Rows) -> Batch:
-        got = rows if isinstance(rows, dict) else {None: rows}
+        got = _leaves_of(rows)
         if got.keys() != self._leaves.keys():
             raise ValueError(
                 f"step {step}: the source returned leaves {sorted(map(str, got))}, but its first "
@@ -213,6 +213,13 @@ def default_batch_spec(mesh: Mesh) -> PartitionSpec:
             f"{DEFAULT_BATCH_AXES}; pass batch_spec=PartitionSpec(<your batch axes>)"
         )
     return PartitionSpec(axes[0] if len(axes) == 1 else axes)
+
+
+def _leaves_of(rows: Rows) -> dict[str | None, np.ndarray]:
+    """A read's leaves by name; an array source's single leaf is named ``None``."""
+    if isinstance(rows, dict):
+        return {str(k): v for k, v in rows.items()}
+    return {None: rows}
 
 
 def _selection(read_positions: np.ndarray, rows: np.ndarray) -> np.ndarray | None:

@@ -77,7 +77,7 @@ def _axes_of(entry: Any) -> tuple[str, ...]:
 
 def _spec_axes(layout: MeshLayout, spec: Any, ndim: int) -> tuple[tuple[str, ...], ...]:
     """Normalises a spec to one tuple of axis names per leaf dimension, checking it on the mesh."""
-    entries = tuple(spec)
+    entries = (spec,) if isinstance(spec, str) else tuple(spec)  # "data" means P("data")
     if len(entries) > ndim:
         raise ValueError(
             f"partition spec {spec} has {len(entries)} entries but the leaf has only {ndim} "
@@ -208,6 +208,7 @@ def process_mesh_mapping(mesh_or_layout: MeshLike, batch_axes: AxisNames) -> dic
 class RowBlock:
     """A contiguous block of global rows a host reads, and which columns of them.
 
+    Adjacent blocks with the same columns are merged, so one block is one contiguous read.
     ``columns`` lists merged, ascending column ranges of dimension 1, or is ``None`` when whole rows
     are read (dimension 1 unsharded, or a 1-D leaf).
     """
@@ -311,14 +312,18 @@ def _merge(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
 def _row_blocks(
     distinct: np.ndarray, sizes: tuple[int, ...], shape: tuple[int, ...]
 ) -> tuple[RowBlock, ...]:
+    """Adjacent row blocks with the same columns merge, so each block is one read."""
     whole_rows = len(shape) < 2 or sizes[1] == shape[1]
-    blocks = []
+    blocks: list[RowBlock] = []
     for row_start in np.unique(distinct[:, 0]).tolist():
         columns = None
         if not whole_rows:
             starts = distinct[distinct[:, 0] == row_start, 1].tolist()
             columns = tuple(slice(a, b) for a, b in _merge([(s, s + sizes[1]) for s in starts]))
-        blocks.append(RowBlock(slice(row_start, row_start + sizes[0]), columns))
+        if blocks and blocks[-1].rows.stop == row_start and blocks[-1].columns == columns:
+            blocks[-1] = RowBlock(slice(blocks[-1].rows.start, row_start + sizes[0]), columns)
+        else:
+            blocks.append(RowBlock(slice(row_start, row_start + sizes[0]), columns))
     return tuple(blocks)
 
 

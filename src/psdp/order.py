@@ -30,21 +30,23 @@ def _splitmix64(x: int) -> int:
     return x ^ (x >> 31)
 
 
-def _mix(values: np.ndarray, key: int) -> np.ndarray:
-    """A vectorised 64-bit mixing function (the splitmix64 finaliser) of ``values ^ key``."""
-    x = values ^ np.uint64(key)
-    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
+def _round_keys(key: int) -> tuple[int, ...]:
+    keys, k = [], key & _MASK64
+    for _ in range(_ROUNDS):
+        k = _splitmix64(k)
+        keys.append(k)
+    return tuple(keys)
 
 
 @dataclass(frozen=True)
 class IndexShuffle:
     """A keyed permutation of ``range(n)``, evaluated pointwise in O(1) memory per index.
 
-    A balanced Feistel network permutes ``[0, 4**h)`` (the smallest power of four >= n); cycle
-    walking (re-applying it to values that land outside ``[0, n)``) restricts it to ``[0, n)``
-    while staying a bijection. Each value needs fewer than 4 walks on average.
+    An unbalanced Feistel network permutes ``[0, 2**bits)``, the smallest power of two >= n (each
+    round swaps a ``hi``-bit and a ``lo``-bit half: ``(hi, lo) -> (lo, hi ^ F(lo))``, a bijection
+    whatever the split); cycle walking (re-applying it to values that land outside ``[0, n)``)
+    restricts it to ``[0, n)`` while staying a bijection. The domain is at most ``2n``, so each
+    value needs fewer than 2 walks on average. ``F`` is a keyed multiplicative hash (top bits).
 
     Example:
         >>> perm = IndexShuffle(10, key=7)
@@ -57,27 +59,26 @@ class IndexShuffle:
     key: int
 
     def __call__(self, index: np.ndarray) -> np.ndarray:
-        half_bits = max(1, (max(self.n - 1, 1).bit_length() + 1) // 2)
-        keys = []
-        k = self.key & _MASK64
-        for _ in range(_ROUNDS):
-            k = _splitmix64(k)
-            keys.append(k)
+        bits = max(2, (self.n - 1).bit_length())
+        keys = _round_keys(self.key)
         out = np.asarray(index, dtype=np.uint64).copy()
         todo = np.arange(out.size)
         while todo.size:
-            out[todo] = self._permute(out[todo], half_bits, keys)
+            out[todo] = _feistel(out[todo], bits, keys)
             todo = todo[out[todo] >= self.n]
         return out.astype(np.int64)
 
-    @staticmethod
-    def _permute(x: np.ndarray, half_bits: int, keys: list[int]) -> np.ndarray:
-        bits = np.uint64(half_bits)
-        mask = np.uint64((1 << half_bits) - 1)
-        left, right = x >> bits, x & mask
-        for key in keys:
-            left, right = right, left ^ (_mix(right, key) & mask)
-        return (left << bits) | right
+
+def _feistel(x: np.ndarray, bits: int, keys: tuple[int, ...]) -> np.ndarray:
+    hi_bits, lo_bits = bits - bits // 2, bits // 2
+    for key in keys:
+        hi, lo = x >> np.uint64(lo_bits), x & np.uint64((1 << lo_bits) - 1)
+        # multiplicative hashing: the top bits of the products depend on every bit of lo
+        f = (lo ^ np.uint64(key)) * np.uint64(0x9E3779B97F4A7C15)
+        f = (f ^ (f >> np.uint64(32))) * np.uint64(0xD6E8FEB86659FD93)
+        x = (lo << np.uint64(hi_bits)) | (hi ^ (f >> np.uint64(64 - hi_bits)))
+        hi_bits, lo_bits = lo_bits, hi_bits
+    return x
 
 
 @dataclass(frozen=True)
@@ -138,6 +139,8 @@ class GlobalOrder:
             within = position % n
         if not self.shuffle:
             return within
+        if epoch[0] == epoch[-1]:  # the usual case: the batch lies inside one epoch
+            return IndexShuffle(n, self._epoch_key(int(epoch[0])))(within)
         out = np.empty(b, np.int64)
         for e in np.unique(epoch).tolist():
             sel = epoch == e

@@ -160,7 +160,7 @@ def load_target(target: str) -> Callable[..., Any]:
         spec.loader.exec_module(module)
     else:
         module = importlib.import_module(where)
-    return getattr(module, name)  # type: ignore[no-any-return]
+    return getattr(module, name)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

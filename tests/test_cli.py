@@ -1,0 +1,236 @@
+"""The ``psdp`` command line and the plan picture, called in-process (plus one real subprocess)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from psdp.cli import main, parse_spec
+from psdp.layout import MeshLayout
+from psdp.picture import plan_summary
+
+SEED = ["plan", "--example"]
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def plan_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:
+    code, out, err = run_cli(capsys, *argv, "--json")
+    assert (code, err) == (0, "")
+    return json.loads(out)
+
+
+# --------------------------------------------------------------------------------- seed pod
+def test_example_text_shows_seed_uids_mapping_and_rows(capsys):
+    code, out, err = run_cli(capsys, *SEED)
+    assert (code, err) == (0, "")
+    assert "uids (process_mesh_mapping): {0: 0, 1: 0, 2: 1, 3: 1}" in out
+    assert "p0  uid 0  devices d0 d1 d2 d3  local_device_mapping {0: 0, 3: 1}\n" in out
+    assert "    rows 0-3, 12-15\n" in out
+    assert "DP0 | d0 p0   d1 p0   d4 p1   d5 p1" in out  # device ids of DESIGN.md's seed
+    assert "DP3 | d2 p0   d3 p0   d6 p1   d7 p1" in out
+
+
+def test_example_json_rows_of_every_process(capsys):
+    summary = plan_json(capsys, *SEED)
+    assert summary["uids"] == {"0": 0, "1": 0, "2": 1, "3": 1}
+    assert summary["uid_groups"] == {"0": [0, 1], "1": [2, 3]}
+    rows = {p["process"]: p["rows"] for p in summary["processes"]}
+    assert rows == {0: [[0, 4], [12, 16]], 1: [[0, 4], [12, 16]], 2: [[4, 12]], 3: [[4, 12]]}
+    p0 = summary["processes"][0]
+    assert p0["local_device_mapping"] == {"0": 0, "3": 1}
+    assert p0["row_blocks"] == [
+        {"rows": [0, 4], "columns": None},
+        {"rows": [12, 16], "columns": None},
+    ]
+
+
+def test_example_equals_explicit_options(capsys):
+    explicit = plan_json(
+        capsys,
+        *["plan", "--axes", "data=4,model=4", "--processes", "4", "--layout", "noncontiguous"],
+        *["--batch-axes", "data", "--spec", "data", "--batch-size", "16"],
+    )
+    assert explicit == plan_json(capsys, *SEED)
+
+
+def test_summary_survives_json_round_trip():
+    layout = MeshLayout.noncontiguous({"data": 4, "model": 4}, num_processes=4)
+    summary = plan_summary(layout, "data", ("data", "model"), (16, 32))
+    assert json.loads(json.dumps(summary)) == summary
+
+
+# ------------------------------------------------------------------------------ other pods
+def test_three_d_contiguous_mesh_is_flattened_with_a_caption(capsys):
+    argv = ["plan", "--axes", "replica=2,data=2,model=2", "--processes", "4"]
+    argv += ["--batch-axes", "replica,data", "--spec", "(replica,data)", "--batch-size", "8"]
+    code, out, _ = run_cli(capsys, *argv)
+    assert code == 0
+    assert "replica=2 x data=2 (flattened, major to minor)" in out
+    assert "3-D mesh is drawn flattened to 2-D" in out
+    assert "DP3 | d6 p3  d7 p3" in out
+    summary = plan_json(capsys, *argv)
+    assert summary["uids"] == {"0": 0, "1": 1, "2": 2, "3": 3}
+    assert [p["rows"] for p in summary["processes"]] == [[[0, 2]], [[2, 4]], [[4, 6]], [[6, 8]]]
+
+
+def test_model_axis_between_batch_axes_groups_rows_by_dp_index(capsys):
+    # data is the middle axis: the grid's columns flatten replica and model.
+    argv = ["plan", "--axes", "replica=2,data=2,model=2", "--processes", "4"]
+    summary = plan_json(capsys, *argv, "--batch-axes", "data", "--batch-size", "4")
+    assert summary["mesh"]["column_axes"] == ["replica", "model"]
+    assert summary["mesh"]["processes"] == [[0, 0, 2, 2], [1, 1, 3, 3]]
+    assert summary["uid_groups"] == {"0": [0, 2], "1": [1, 3]}
+
+
+def test_seq_len_with_sharded_columns_shows_column_ranges(capsys):
+    argv = [*SEED, "--spec", "data,model", "--seq-len", "32"]
+    code, out, _ = run_cli(capsys, *argv)
+    assert code == 0
+    assert "    rows 0-3, 12-15 x cols 0-15\n" in out  # p0: model columns 0, 1
+    assert "    rows 0-3, 12-15 x cols 16-31\n" in out  # p1: model columns 2, 3
+    assert "read-plan uids" in out
+    summary = plan_json(capsys, *argv)
+    p1 = summary["processes"][1]
+    assert p1["row_blocks"][0] == {"rows": [0, 4], "columns": [[16, 32]]}
+    assert summary["read_uids"] == {"0": 0, "1": 1, "2": 2, "3": 3}
+    assert summary["uids"] == {"0": 0, "1": 0, "2": 1, "3": 1}
+
+
+def test_layout_file(capsys, tmp_path):
+    path = tmp_path / "layout.json"
+    layout = {"axis_names": ["data", "model"], "process_index": [[0, 1], [0, 1]]}
+    path.write_text(json.dumps(layout))
+    summary = plan_json(
+        capsys, "plan", "--layout", str(path), "--spec", "data", "--batch-size", "4"
+    )
+    assert summary["uids"] == {"0": 0, "1": 0}
+    assert [p["rows"] for p in summary["processes"]] == [[[0, 4]], [[0, 4]]]
+
+
+@pytest.mark.parametrize(
+    ("text", "entries"),
+    [
+        ("data", ("data",)),
+        ("(replica,data),context", (("replica", "data"), "context")),
+        ("replica+data, None", (("replica", "data"), None)),
+        ("-,model", (None, "model")),
+        ("( data )", ("data",)),  # a one-axis group is just the axis
+    ],
+)
+def test_parse_spec(text, entries):
+    assert parse_spec(text) == entries
+
+
+# ---------------------------------------------------------------------------- bad arguments
+POD = ["--axes", "data=4,model=4", "--processes", "4", "--batch-axes", "data"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "names"),
+    [
+        # malformed --axes: an entry without a size
+        ([*POD[:1], "data=4,model", *POD[2:], "--batch-size", "16"], ["--axes", "'model'"]),
+        # an axis named twice
+        (["--axes", "data=4,data=2", "--processes", "2"], ["--axes", "given twice"]),
+        # a process count that does not divide the 16 devices
+        ([*POD[:3], "3", *POD[4:], "--batch-size", "16"], ["--processes 3", "divisor"]),
+        # a process count the noncontiguous tiling cannot use (1 device per host)
+        ([*SEED, "--processes", "16"], ["--layout noncontiguous", "--processes 16"]),
+        # a non-integer process count (argparse)
+        ([*SEED, "--processes", "x"], ["--processes", "'x'"]),
+        # an unknown batch axis
+        ([*POD[:5], "foo", "--batch-size", "16"], ["--batch-axes 'foo'", "('data', 'model')"]),
+        # an unknown axis in the spec
+        ([*SEED, "--spec", "(data,ctx)"], ["--spec '(data,ctx)'", "'ctx'"]),
+        # a spec with an unclosed group
+        ([*SEED, "--spec", "(data,model"], ["--spec '(data,model'", "not closed"]),
+        # an axis used twice in the spec
+        ([*SEED, "--spec", "data,data", "--seq-len", "4"], ["--spec 'data,data'", "twice"]),
+        # two spec entries for a 1-D leaf
+        ([*SEED, "--spec", "data,model"], ["--spec 'data,model'", "--seq-len"]),
+        # a batch the 4 data shards do not divide
+        ([*SEED, "--batch-size", "10"], ["--batch-size 10", "multiple of 4"]),
+        # a sequence the 4 model shards do not divide
+        ([*SEED, "--spec", "data,model", "--seq-len", "30"], ["--seq-len 30", "multiple of 4"]),
+        # no batch size at all
+        (POD, ["--batch-size None", "--batch-size 16"]),
+        # a missing layout file
+        ([*SEED[:1], "--layout", "missing.json"], ["--layout 'missing.json'", "does not exist"]),
+        # --example keeps a file --layout, which must exist
+        ([*SEED, "--layout", "missing.json"], ["--layout 'missing.json'", "does not exist"]),
+        # a built-in layout name misspelt reads as a file name, and the fix lists the built-ins
+        ([*SEED, "--layout", "noncontig"], ["--layout 'noncontig'", "noncontiguous"]),
+        # an unknown option
+        ([*SEED, "--frob"], ["--frob"]),
+    ],
+)
+def test_bad_arguments_exit_2_with_one_line_naming_the_value(capsys, argv, names):
+    code, out, err = run_cli(capsys, *(argv if argv[0] == "plan" else ["plan", *argv]))
+    assert code == 2
+    assert out == ""
+    assert err.count("\n") == 1 and err.startswith("psdp")
+    for name in names:
+        assert name in err
+
+
+@pytest.mark.parametrize(
+    ("content", "names"),
+    [
+        ("not json", ["is not a valid layout", "Expected JSON like"]),  # not JSON at all
+        ('{"axis_names": ["data"]}', ["'process_index'"]),  # a key missing
+        ('{"axis_names": ["a", "b"], "process_index": [[0, 2]]}', ["own no device"]),  # gap
+    ],
+)
+def test_bad_layout_file(capsys, tmp_path, content, names):
+    path = tmp_path / "layout.json"
+    path.write_text(content)
+    code, _, err = run_cli(
+        capsys, "plan", "--layout", str(path), "--spec", "a", "--batch-size", "4"
+    )
+    assert code == 2
+    assert f"--layout {str(path)!r}" in err and err.count("\n") == 1
+    for name in names:
+        assert name in err
+
+
+def test_layout_file_rejects_processes_and_other_axes(capsys, tmp_path):
+    path = tmp_path / "layout.json"
+    path.write_text('{"axis_names": ["data", "model"], "process_index": [[0, 1], [0, 1]]}')
+    argv = ["plan", "--layout", str(path), "--spec", "data", "--batch-size", "4"]
+    code, _, err = run_cli(capsys, *argv, "--processes", "2")
+    assert code == 2 and "--processes 2: a layout file already fixes the processes" in err
+    code, _, err = run_cli(capsys, *argv, "--axes", "data=4,model=1")
+    assert code == 2 and "--axes 'data=4,model=1' does not match" in err
+
+
+def test_help_lists_subcommands(capsys):
+    code, out, _ = run_cli(capsys, "--help")
+    assert code == 0
+    assert "plan" in out
+
+
+def test_no_subcommand_is_a_usage_error(capsys):
+    code, _, err = run_cli(capsys)
+    assert code == 2
+    assert "COMMAND" in err
+
+
+def test_python_dash_m_entry_point():
+    root = Path(__file__).resolve().parents[1]
+    result = subprocess.run(
+        [sys.executable, "-m", "psdp", "plan", "--example"],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "uids (process_mesh_mapping): {0: 0, 1: 0, 2: 1, 3: 1}" in result.stdout
