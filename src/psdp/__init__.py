@@ -18,5 +18,6 @@ from psdp.order import GlobalOrder as GlobalOrder
 from psdp.prefetch import LoaderClosedError as LoaderClosedError
 from psdp.sources import ArraySource as ArraySource
 from psdp.sources import Source as Source
+from psdp.telemetry import LoaderStats as LoaderStats
 
 __version__ = "0.1.0"

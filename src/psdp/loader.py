@@ -16,6 +16,7 @@ its layout or prefetch depth, agrees on every batch.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -27,6 +28,7 @@ from psdp.assembly import LeafAssembler
 from psdp.order import GlobalOrder
 from psdp.prefetch import LoaderClosedError, Prefetcher
 from psdp.sources import Rows, Source, as_source
+from psdp.telemetry import LoaderStats, Telemetry
 
 #: Mesh axis names taken as batch axes when no ``batch_spec`` is given, in mesh order.
 DEFAULT_BATCH_AXES = ("replica", "data", "fsdp", "batch")
@@ -50,6 +52,8 @@ class DataLoader:
         drop_last: never let a batch straddle two epochs (drop each epoch's last ``N % B`` rows).
         process_index: this host; defaults to ``jax.process_index()``.
         name: the prefetch thread's name.
+        stall_warning_s: log a warning with the loader's figures when the trainer waits longer
+            than this for one batch; ``None`` to disable.
 
     Example:
         >>> import jax, numpy as np
@@ -75,6 +79,7 @@ class DataLoader:
         drop_last: bool = False,
         process_index: int | None = None,
         name: str = "psdp-loader",
+        stall_warning_s: float | None = 1.0,
     ):
         if not isinstance(mesh, Mesh):
             raise TypeError(f"mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}")
@@ -97,6 +102,7 @@ class DataLoader:
             key: _selection(self._read_positions, leaf.plan.rows)
             for key, leaf in self._leaves.items()
         }
+        self.telemetry = Telemetry(stall_warning_s=stall_warning_s)
         self._iterators: list[Prefetcher[Batch]] = []
         self._lock = threading.Lock()
         self._closed = False
@@ -129,9 +135,21 @@ class DataLoader:
     # ------------------------------------------------------------------------------ one step
     def batch_at(self, step: int) -> Batch:
         """Reads and assembles the batch of ``step`` on the calling thread (no prefetch)."""
+        started = time.perf_counter()
         ids = self.order.batch_ids(step)[self._read_positions]
         rows = self.source.read(ids)
-        return self._assemble(step, ids, rows)
+        read = time.perf_counter()
+        batch = self._assemble(step, ids, rows)
+        self.telemetry.record_read(read - started, time.perf_counter() - read)
+        return batch
+
+    def stats(self) -> LoaderStats:
+        """Recent wait, read and assembly times, queue depth, and whether the loader is the bottleneck.
+
+        ``print(loader.stats())`` gives a one-line verdict, e.g. "the loader is not the
+        bottleneck: the trainer waited 0.1% of its time (...)".
+        """
+        return self.telemetry.stats()
 
     def _assemble(self, step: int, ids: np.ndarray, rows: Rows) -> Batch:
         got = _leaves_of(rows)
@@ -166,7 +184,11 @@ class DataLoader:
                 )
             self._iterators = [it for it in self._iterators if not it.closed]
             iterator: Prefetcher[Batch] = Prefetcher(
-                self.batch_at, start=step, depth=self.prefetch, name=f"{self.name}-{step}"
+                self.batch_at,
+                start=step,
+                depth=self.prefetch,
+                name=f"{self.name}-{step}",
+                observer=self.telemetry.record_next,
             )
             self._iterators.append(iterator)
         return iterator

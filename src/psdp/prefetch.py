@@ -39,6 +39,8 @@ class Prefetcher(Generic[T]):
         start: the first step.
         depth: how many finished items may wait in the queue (>= 1).
         name: the thread's name (shows up in stack dumps and py-spy).
+        observer: called on the consumer's thread after each successful ``next()`` with
+            ``(step, seconds waited, items that were ready when next() was called)``.
 
     Example:
         >>> with Prefetcher(lambda step: step * step, start=3, depth=2, name="demo") as items:
@@ -46,8 +48,17 @@ class Prefetcher(Generic[T]):
         [9, 16, 25]
     """
 
-    def __init__(self, produce: Callable[[int], T], *, start: int, depth: int, name: str):
+    def __init__(
+        self,
+        produce: Callable[[int], T],
+        *,
+        start: int,
+        depth: int,
+        name: str,
+        observer: Callable[[int, float, int], None] | None = None,
+    ):
         self._produce = produce
+        self._observer = observer
         self._queue: queue.Queue[tuple[int, T | None, BaseException | None]] = queue.Queue(depth)
         self._stop = threading.Event()
         self._closed_because: str | None = None
@@ -82,6 +93,7 @@ class Prefetcher(Generic[T]):
 
     def __next__(self) -> T:
         started = time.perf_counter()
+        ready = self._queue.qsize()
         while True:
             if self._closed_because is not None:
                 raise LoaderClosedError(
@@ -99,6 +111,8 @@ class Prefetcher(Generic[T]):
             self._close(f"step {step} raised {type(error).__name__}")
             raise error
         self.next_step = step + 1
+        if self._observer is not None:
+            self._observer(step, self.last_wait_s, ready)
         return value  # type: ignore[return-value]
 
     # ---------------------------------------------------------------------------- shutdown

@@ -1,0 +1,141 @@
+"""Stall telemetry: is the loader the bottleneck?
+
+Mental model: two clocks run per step. The background thread times its ``read`` and its
+``assemble``; the trainer's ``next()`` times how long it *waited* for a batch and sees how many
+batches were ready (queue depth). Between two ``next()`` returns lies one trainer step; the share
+of that interval spent waiting is the stall fraction. If the trainer waits a noticeable share of
+its time, the loader is the bottleneck, and the read and assembly figures say which half to fix.
+Figures cover a sliding window of recent steps; appends come from two threads and are guarded by
+one lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+logger = logging.getLogger("psdp")
+
+#: A trainer waiting more than this share of its time in ``next()`` is loader-bound.
+BOTTLENECK_WAIT_FRACTION = 0.05
+
+
+@dataclass(frozen=True)
+class LoaderStats:
+    """A summary of the last ``window`` steps; ``str()`` gives a one-line verdict.
+
+    Times are milliseconds. ``wait_fraction`` is the share of the trainer's time between batches
+    spent blocked in ``next()``; ``bottleneck`` is true when it exceeds 5%.
+    """
+
+    steps_read: int
+    steps_consumed: int
+    wait_ms_p50: float
+    wait_ms_p99: float
+    wait_ms_max: float
+    wait_fraction: float
+    step_ms_p50: float
+    read_ms_p50: float
+    read_ms_p99: float
+    assemble_ms_p50: float
+    assemble_ms_p99: float
+    queue_depth_mean: float
+    bottleneck: bool
+
+    def __str__(self) -> str:
+        verdict = (
+            "the loader IS the bottleneck"
+            if self.bottleneck
+            else "the loader is not the bottleneck"
+        )
+        return (
+            f"{verdict}: the trainer waited {self.wait_fraction:.1%} of its time "
+            f"(wait p50 {self.wait_ms_p50:.2f} ms, p99 {self.wait_ms_p99:.2f} ms, "
+            f"max {self.wait_ms_max:.2f} ms); per batch: read p50 {self.read_ms_p50:.2f} ms, "
+            f"assemble p50 {self.assemble_ms_p50:.2f} ms, trainer step p50 "
+            f"{self.step_ms_p50:.2f} ms; {self.queue_depth_mean:.1f} batches ready on average"
+        )
+
+
+class Telemetry:
+    """Collects per-step timings from the reader thread and the trainer; summarised by `stats`.
+
+    Args:
+        window: how many recent steps the figures cover.
+        stall_warning_s: log a warning (with the figures) when one ``next()`` waits longer than
+            this; ``None`` disables it.
+    """
+
+    def __init__(self, window: int = 1000, stall_warning_s: float | None = 1.0):
+        self._lock = threading.Lock()
+        self._read: deque[float] = deque(maxlen=window)
+        self._assemble: deque[float] = deque(maxlen=window)
+        self._wait: deque[float] = deque(maxlen=window)
+        self._interval: deque[float] = deque(maxlen=window)
+        self._depth: deque[int] = deque(maxlen=window)
+        self._steps_read = 0
+        self._steps_consumed = 0
+        self._last_return: float | None = None
+        self.stall_warning_s = stall_warning_s
+
+    def record_read(self, read_s: float, assemble_s: float) -> None:
+        """Called by the reader thread once per produced step."""
+        with self._lock:
+            self._read.append(read_s)
+            self._assemble.append(assemble_s)
+            self._steps_read += 1
+
+    def record_next(self, step: int, wait_s: float, depth: int) -> None:
+        """Called by the trainer's ``next()`` once per consumed step."""
+        now = time.perf_counter()
+        with self._lock:
+            self._wait.append(wait_s)
+            self._depth.append(depth)
+            if self._last_return is not None:
+                self._interval.append(now - self._last_return)
+            self._last_return = now
+            self._steps_consumed += 1
+        if self.stall_warning_s is not None and wait_s > self.stall_warning_s:
+            logger.warning(
+                "psdp: the trainer waited %.2f s for step %d (threshold %.2f s); %s",
+                wait_s,
+                step,
+                self.stall_warning_s,
+                self.stats(),
+            )
+
+    def stats(self) -> LoaderStats:
+        with self._lock:
+            wait = np.array(self._wait, float) * 1e3
+            interval = np.array(self._interval, float) * 1e3
+            read = np.array(self._read, float) * 1e3
+            assemble = np.array(self._assemble, float) * 1e3
+            depth = np.array(self._depth, float)
+            steps_read, steps_consumed = self._steps_read, self._steps_consumed
+        # the first wait has no interval before it (start-up), so compare like with like
+        spent_waiting = wait[-len(interval) :].sum() if len(interval) else 0.0
+        fraction = float(spent_waiting / interval.sum()) if interval.sum() > 0 else 0.0
+        return LoaderStats(
+            steps_read=steps_read,
+            steps_consumed=steps_consumed,
+            wait_ms_p50=_pct(wait, 50),
+            wait_ms_p99=_pct(wait, 99),
+            wait_ms_max=float(wait.max()) if wait.size else 0.0,
+            wait_fraction=fraction,
+            step_ms_p50=_pct(interval, 50),
+            read_ms_p50=_pct(read, 50),
+            read_ms_p99=_pct(read, 99),
+            assemble_ms_p50=_pct(assemble, 50),
+            assemble_ms_p99=_pct(assemble, 99),
+            queue_depth_mean=float(depth.mean()) if depth.size else 0.0,
+            bottleneck=fraction > BOTTLENECK_WAIT_FRACTION,
+        )
+
+
+def _pct(values: np.ndarray, q: float) -> float:
+    return float(np.percentile(values, q)) if values.size else 0.0

@@ -1,0 +1,98 @@
+"""Stall telemetry: the figures are computed right, and one call tells who the bottleneck is."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import Mesh
+
+from batch_checks import CountingSource, token_table
+from psdp import DataLoader
+from psdp import telemetry as telemetry_module
+from psdp.telemetry import Telemetry
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_wait_fraction_is_waiting_over_trainer_time(monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr(telemetry_module.time, "perf_counter", clock)
+    t = Telemetry(stall_warning_s=None)
+    # four steps of 100 ms each between next() returns; the trainer waited 10, 30, 0 and 20 ms
+    for step, wait in enumerate([0.010, 0.030, 0.0, 0.020]):
+        clock.now += 0.1
+        t.record_next(step, wait, depth=step % 2)
+        t.record_read(0.004, 0.001)
+    stats = t.stats()
+    # the first wait is start-up (no interval before it): (30 + 0 + 20) / 300
+    assert stats.wait_fraction == pytest.approx(50 / 300)
+    assert stats.bottleneck
+    assert stats.step_ms_p50 == pytest.approx(100)
+    assert stats.wait_ms_max == pytest.approx(30)
+    assert stats.read_ms_p50 == pytest.approx(4) and stats.assemble_ms_p50 == pytest.approx(1)
+    assert stats.queue_depth_mean == pytest.approx(0.5)
+    assert (stats.steps_read, stats.steps_consumed) == (4, 4)
+    assert str(stats).startswith("the loader IS the bottleneck: the trainer waited 16.7%")
+
+
+def test_no_waiting_is_no_bottleneck(monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr(telemetry_module.time, "perf_counter", clock)
+    t = Telemetry(stall_warning_s=None)
+    for step in range(5):
+        clock.now += 0.05
+        t.record_next(step, 0.0, depth=2)
+    assert not t.stats().bottleneck
+    assert str(t.stats()).startswith("the loader is not the bottleneck")
+
+
+def test_empty_telemetry_is_all_zero():
+    stats = Telemetry().stats()
+    assert stats.steps_consumed == 0 and stats.wait_fraction == 0.0 and not stats.bottleneck
+
+
+class SlowSource(CountingSource):
+    def read(self, ids):
+        if self.reads:  # not the constructor's probe
+            time.sleep(0.05)
+        return super().read(ids)
+
+
+def mesh() -> Mesh:
+    return Mesh(np.array(jax.devices()).reshape(8), ("data",))
+
+
+def test_a_slow_source_is_reported_as_the_bottleneck_and_warned_about(caplog):
+    loader = DataLoader(
+        SlowSource(token_table(64)), mesh=mesh(), global_batch_size=8, stall_warning_s=0.01
+    )
+    with caplog.at_level(logging.WARNING, logger="psdp"), loader:
+        for _, _batch in zip(range(5), loader, strict=False):
+            pass  # a trainer that does no work: every step waits for a 50 ms read
+    stats = loader.stats()
+    assert stats.bottleneck and stats.wait_fraction > 0.5
+    assert stats.read_ms_p50 >= 45
+    assert "the trainer waited" in caplog.text and "the loader IS the bottleneck" in caplog.text
+
+
+def test_a_slow_trainer_hides_the_loader():
+    loader = DataLoader(token_table(64), mesh=mesh(), global_batch_size=8, prefetch=2)
+    with loader:
+        it = iter(loader)
+        next(it)
+        for _ in range(6):
+            time.sleep(0.05)  # the train step; the loader refills the queue meanwhile
+            next(it)
+    stats = loader.stats()
+    assert not stats.bottleneck
+    assert stats.queue_depth_mean > 0  # batches were ready when asked for
