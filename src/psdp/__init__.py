@@ -17,7 +17,11 @@ from psdp.mesh import process_mesh_mapping as process_mesh_mapping
 from psdp.order import GlobalOrder as GlobalOrder
 from psdp.prefetch import LoaderClosedError as LoaderClosedError
 from psdp.sources import ArraySource as ArraySource
+from psdp.sources import GrainSource as GrainSource
+from psdp.sources import MemmapSource as MemmapSource
 from psdp.sources import Source as Source
+from psdp.sources import TensorStoreSource as TensorStoreSource
 from psdp.telemetry import LoaderStats as LoaderStats
+from psdp.writer import write_dataset as write_dataset
 
 __version__ = "0.1.0"

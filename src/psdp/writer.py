@@ -1,0 +1,410 @@
+"""Writes datasets for `TensorStoreSource`: zarr3, sharded files of many rows, one row per chunk.
+
+Mental model: a dataset is a table of N rows with named leaves (``tokens (N, 2048) int32``,
+``loss_mask (N, 2048) bool``, ...). A random row read costs one small read per leaf when every row
+is its own inner chunk, and sharding packs ``rows_per_shard`` rows into one file (with an index of
+offsets and checksums at its end), so 100M rows make 100k files, not 100M. On disk::
+
+    path/
+      psdp.json            leaves, row count, dtypes, trailing shapes, layout  (written last)
+      tokens/zarr.json     one zarr3 array per leaf, shape (N, *trailing)
+      tokens/c/0/0         shard 0: rows 0 .. rows_per_shard - 1
+      ...
+
+Rows arrive as one dict of arrays or as an iterable of dict chunks (a corpus bigger than memory);
+they are buffered into whole shards, so every write but the last fills whole shard files, and each
+leaf grows as rows arrive. Until ``psdp.json`` exists the directory holds ``.psdp-incomplete`` and
+no reader opens it; a failed write removes what it wrote.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from collections import deque
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tensorstore as ts
+from tqdm import tqdm
+
+from psdp.sources import (
+    DATASET_FORMAT,
+    DATASET_VERSION,
+    INCOMPLETE_MARKER,
+    METADATA_FILE,
+    SINGLE_LEAF,
+)
+
+#: Rows are written in blocks of whole shards of about this many bytes (all leaves together).
+BLOCK_BYTES = 64 << 20
+
+_LEAF_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
+_COMPRESSION: dict[str, dict[str, Any]] = {
+    "zstd": {"name": "zstd", "configuration": {"level": 3}},
+    "gzip": {"name": "gzip"},
+}
+
+Chunk = dict[str, np.ndarray]
+Schema = dict[str, tuple[np.dtype, tuple[int, ...]]]
+
+
+def write_dataset(
+    path: str | os.PathLike[str],
+    arrays: np.ndarray | Mapping[str, np.ndarray] | Iterable[Mapping[str, np.ndarray]],
+    *,
+    rows_per_shard: int = 1024,
+    rows_per_chunk: int = 1,
+    compression: str | dict[str, Any] | None = None,
+    checksum: bool = True,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> Path:
+    """Writes rows to a dataset directory that `TensorStoreSource` reads.
+
+    Args:
+        path: the dataset directory; it must not exist or be empty (see ``overwrite``).
+        arrays: one array ``(N, ...)`` (reads return an array), a dict of arrays with the same
+            ``N`` (reads return a dict), or an iterable of such dicts (chunks of rows, any sizes;
+            the row count is the sum). Leaves must be numeric or bool numpy arrays.
+        rows_per_shard: rows per shard file; a random row read opens one file per leaf.
+        rows_per_chunk: rows per inner chunk, the unit TensorStore reads and decodes; 1 (the
+            default) is fastest for random rows, larger suits sequential reads.
+        compression: ``None`` (fastest reads), ``"zstd"``, ``"gzip"``, or a zarr3 codec dict such
+            as ``{"name": "zstd", "configuration": {"level": 9}}``.
+        checksum: store a crc32c per row chunk, so a corrupted row fails its read instead of
+            returning wrong values (about 30% slower random reads; shard indexes always have one).
+        overwrite: replace an existing psdp dataset at ``path`` (never any other directory).
+        progress: show a tqdm bar when the write takes more than a second.
+
+    Returns:
+        ``path`` as a `Path`.
+
+    Example:
+        >>> import tempfile
+        >>> from psdp.sources import TensorStoreSource
+        >>> tmp = tempfile.TemporaryDirectory()
+        >>> chunks = ({"ids": np.arange(i, i + 3)} for i in range(0, 9, 3))  # 3 chunks of 3 rows
+        >>> path = write_dataset(f"{tmp.name}/ds", chunks, rows_per_shard=4, progress=False)
+        >>> sorted(p.name for p in path.iterdir())
+        ['ids', 'psdp.json']
+        >>> TensorStoreSource(path).read(np.array([8, 0]))["ids"].tolist()
+        [8, 0]
+        >>> tmp.cleanup()
+    """
+    for name, value in (("rows_per_shard", rows_per_shard), ("rows_per_chunk", rows_per_chunk)):
+        if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    if rows_per_shard % rows_per_chunk:
+        raise ValueError(
+            f"rows_per_shard={rows_per_shard} must be a multiple of rows_per_chunk="
+            f"{rows_per_chunk}; e.g. rows_per_shard={rows_per_chunk * 16}"
+        )
+    codecs = _inner_codecs(compression, checksum)
+    path = Path(path)
+    single = isinstance(arrays, np.ndarray)
+    chunks, total = _chunks_of(arrays)
+    first = next(chunks, None)
+    if first is None or total == 0:
+        raise ValueError(
+            f"no rows to write to {path}: "
+            + ("the iterable of chunks was empty" if first is None else "the arrays have 0 rows")
+        )
+    schema = _schema_of(first)
+    _prepare_directory(path, overwrite)
+    try:
+        writer = _ShardedWriter(path, schema, rows_per_shard, rows_per_chunk, codecs, total)
+        with tqdm(
+            total=total, unit="rows", desc=f"write {path.name}", disable=not progress, delay=1.0
+        ) as bar:
+            for index, chunk in enumerate(_checked(first, chunks, schema)):
+                bar.update(writer.add(chunk, index))
+            bar.update(writer.finish())
+        if writer.written == 0:
+            raise ValueError(f"no rows to write to {path}: every chunk had 0 rows")
+        layout = {
+            "rows_per_chunk": rows_per_chunk,
+            "compression": compression,
+            "checksum": checksum,
+        }
+        _write_metadata(path, schema, writer, single, layout)
+    except Exception:
+        shutil.rmtree(path, ignore_errors=True)  # ours: it was new or empty, or a psdp dataset
+        raise
+    (path / INCOMPLETE_MARKER).unlink()
+    return path
+
+
+class _ShardedWriter:
+    """Buffers chunks into blocks of whole shards and writes each block to every leaf array."""
+
+    def __init__(
+        self,
+        path: Path,
+        schema: Schema,
+        rows_per_shard: int,
+        rows_per_chunk: int,
+        codecs: list[dict[str, Any]],
+        total: int | None,
+    ):
+        self.schema = schema
+        self.rows_per_shard = rows_per_shard
+        context = ts.Context()
+        self.size = total or 0
+        self.arrays = {
+            name: _create_leaf(
+                path / name,
+                dtype,
+                shape,
+                self.size,
+                rows_per_shard,
+                rows_per_chunk,
+                codecs,
+                context,
+            )
+            for name, (dtype, shape) in schema.items()
+        }
+        row_bytes = sum(dtype.itemsize * int(np.prod(shape)) for dtype, shape in schema.values())
+        self.block_rows = rows_per_shard * max(1, BLOCK_BYTES // max(1, row_bytes * rows_per_shard))
+        self.pending: deque[Chunk] = deque()
+        self.pending_rows = 0
+        self.written = 0
+
+    def add(self, chunk: Chunk, index: int) -> int:
+        """Queues a chunk and writes every full block; returns how many rows it wrote."""
+        rows = len(next(iter(chunk.values())))
+        if rows:
+            self.pending.append(chunk)
+            self.pending_rows += rows
+        before = self.written
+        while self.pending_rows >= self.block_rows:
+            self._write(self._take(self.block_rows))
+        return self.written - before
+
+    def finish(self) -> int:
+        """Writes the rows still queued (the last, possibly partial, shard)."""
+        before = self.written
+        if self.pending_rows:
+            self._write(self._take(self.pending_rows))
+        return self.written - before
+
+    def _take(self, rows: int) -> Chunk:
+        parts: list[Chunk] = []
+        need = rows
+        while need:
+            head = self.pending[0]
+            size = len(next(iter(head.values())))
+            if size <= need:
+                parts.append(self.pending.popleft())
+                need -= size
+            else:
+                parts.append({k: v[:need] for k, v in head.items()})
+                self.pending[0] = {k: v[need:] for k, v in head.items()}
+                need = 0
+        self.pending_rows -= rows
+        if len(parts) == 1:
+            return parts[0]
+        return {k: np.concatenate([p[k] for p in parts]) for k in self.schema}
+
+    def _write(self, block: Chunk) -> None:
+        start = self.written
+        stop = start + len(next(iter(block.values())))
+        if stop > self.size:  # an iterable of chunks: grow every leaf to the rows written so far
+            self.arrays = {
+                name: array.resize(exclusive_max=[stop, *[None] * (array.rank - 1)]).result()
+                for name, array in self.arrays.items()
+            }
+            self.size = stop
+        futures = [
+            array[start:stop].write(np.ascontiguousarray(block[name], self.schema[name][0]))
+            for name, array in self.arrays.items()
+        ]
+        for future in futures:
+            future.result()
+        self.written = stop
+
+
+def _create_leaf(
+    leaf_path: Path,
+    dtype: np.dtype,
+    shape: tuple[int, ...],
+    rows: int,
+    rows_per_shard: int,
+    rows_per_chunk: int,
+    codecs: list[dict[str, Any]],
+    context: ts.Context,
+) -> ts.TensorStore:
+    trailing = [max(1, d) for d in shape]  # zarr chunk sizes must be >= 1
+    spec = {
+        "driver": "zarr3",
+        "kvstore": {"driver": "file", "path": f"{leaf_path.resolve()}/"},
+        # every row gets stored, even if it equals the fill value, so that a missing chunk can
+        # only mean damage, and readers can refuse to fill it in
+        "store_data_equal_to_fill_value": True,
+        "metadata": {
+            "shape": [rows, *shape],
+            "data_type": ts.dtype(dtype.name).name,
+            "chunk_grid": {
+                "name": "regular",
+                "configuration": {"chunk_shape": [rows_per_shard, *trailing]},
+            },
+            "chunk_key_encoding": {"name": "default"},
+            "codecs": [
+                {
+                    "name": "sharding_indexed",
+                    "configuration": {
+                        "chunk_shape": [rows_per_chunk, *trailing],
+                        "codecs": codecs,
+                        "index_codecs": [{"name": "bytes"}, {"name": "crc32c"}],
+                    },
+                }
+            ],
+        },
+    }
+    return ts.open(spec, create=True, context=context).result()
+
+
+def _inner_codecs(compression: str | dict[str, Any] | None, checksum: bool) -> list[dict[str, Any]]:
+    """bytes -> optional compression -> optional crc32c (over the stored bytes)."""
+    middle: list[dict[str, Any]] = []
+    if compression is None:
+        pass
+    elif isinstance(compression, str) and compression in _COMPRESSION:
+        middle = [_COMPRESSION[compression]]
+    elif isinstance(compression, dict) and isinstance(compression.get("name"), str):
+        middle = [compression]
+    else:
+        raise ValueError(
+            f"compression must be None, one of {sorted(_COMPRESSION)} or a zarr3 codec dict "
+            f'like {{"name": "zstd", "configuration": {{"level": 9}}}}, got {compression!r}'
+        )
+    return [{"name": "bytes"}, *middle, *([{"name": "crc32c"}] if checksum else [])]
+
+
+def _chunks_of(arrays: Any) -> tuple[Iterator[Chunk], int | None]:
+    """The rows as an iterator of dict chunks, and the row count when it is known up front."""
+    if isinstance(arrays, np.ndarray):
+        return iter([{SINGLE_LEAF: _leaf_array(arrays, "the array", None)}]), _rows(arrays)
+    if isinstance(arrays, Mapping):
+        chunk = _as_chunk(arrays, None)
+        return iter([chunk]), len(next(iter(chunk.values())))
+    if isinstance(arrays, str | bytes) or not isinstance(arrays, Iterable):
+        raise TypeError(
+            "arrays must be a numpy array, a dict of numpy arrays, or an iterable of such dicts, "
+            f"got {type(arrays).__name__}"
+        )
+    return (_as_chunk(chunk, i) for i, chunk in enumerate(arrays)), None
+
+
+def _as_chunk(chunk: Any, index: int | None) -> Chunk:
+    where = "" if index is None else f"chunk {index}: "
+    if not isinstance(chunk, Mapping):
+        raise TypeError(
+            f"{where}each chunk must be a dict of leaf name -> numpy array, got "
+            f"{type(chunk).__name__}"
+        )
+    if not chunk:
+        raise ValueError(f"{where}no leaves to write: got an empty dict")
+    leaves = {}
+    for name, value in chunk.items():
+        if not isinstance(name, str) or not _LEAF_NAME.fullmatch(name) or name == METADATA_FILE:
+            raise ValueError(
+                f"{where}leaf name {name!r} is not a plain directory name; use letters, digits, "
+                "'_', '-' and '.' (not first)"
+            )
+        leaves[name] = _leaf_array(value, f"leaf {name!r}", index)
+    lengths = {k: len(v) for k, v in leaves.items()}
+    if len(set(lengths.values())) > 1:
+        raise ValueError(
+            f"{where}every leaf needs the same number of rows, got {lengths}; trim or pad the "
+            "leaves to one length"
+        )
+    return leaves
+
+
+def _leaf_array(value: Any, what: str, index: int | None) -> np.ndarray:
+    where = "" if index is None else f"chunk {index}: "
+    if not isinstance(value, np.ndarray):
+        raise TypeError(
+            f"{where}{what} must be a numpy array with rows along dimension 0, got "
+            f"{type(value).__name__}; convert it with np.asarray"
+        )
+    if value.ndim == 0:
+        raise ValueError(f"{where}{what} is a 0-d array; it needs a row dimension")
+    try:
+        if value.dtype.kind in "OSUMmV" and value.dtype.name != "bfloat16":
+            raise TypeError
+        ts.dtype(value.dtype.name)
+    except TypeError:
+        raise TypeError(
+            f"{where}{what} has dtype {value.dtype}; datasets store numeric and bool arrays "
+            "(encode strings or objects as numbers first)"
+        ) from None
+    return value
+
+
+def _rows(array: np.ndarray) -> int:
+    return len(array) if array.ndim else 0
+
+
+def _schema_of(chunk: Chunk) -> Schema:
+    return {k: (v.dtype.newbyteorder("="), v.shape[1:]) for k, v in chunk.items()}
+
+
+def _checked(first: Chunk, rest: Iterator[Chunk], schema: Schema) -> Iterator[Chunk]:
+    """The chunks, each checked to have the first chunk's leaves, dtypes and trailing shapes."""
+    yield first
+    for index, chunk in enumerate(rest, start=1):
+        got = _schema_of(chunk)
+        if got != schema:
+            want = {k: f"{d}{list(s)}" for k, (d, s) in schema.items()}
+            have = {k: f"{d}{list(s)}" for k, (d, s) in got.items()}
+            raise ValueError(
+                f"chunk {index} has leaves {have}, but chunk 0 had {want}; every chunk must have "
+                "the same leaves, dtypes and trailing shapes (cast or pad the chunk)"
+            )
+        yield chunk
+
+
+def _prepare_directory(path: Path, overwrite: bool) -> None:
+    if path.exists() and not path.is_dir():
+        raise FileExistsError(f"{path} is a file; write_dataset needs a directory path")
+    if path.exists() and any(path.iterdir()):
+        if not overwrite:
+            raise FileExistsError(
+                f"{path} already exists and is not empty; pass overwrite=True to replace a psdp "
+                "dataset there, or choose a new path"
+            )
+        if not ((path / METADATA_FILE).exists() or (path / INCOMPLETE_MARKER).exists()):
+            raise FileExistsError(
+                f"refusing to overwrite {path}: it is not a psdp dataset (no {METADATA_FILE} or "
+                f"{INCOMPLETE_MARKER}); delete it yourself or choose a new path"
+            )
+        shutil.rmtree(path)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / INCOMPLETE_MARKER).touch()
+
+
+def _write_metadata(
+    path: Path,
+    schema: Schema,
+    writer: _ShardedWriter,
+    single: bool,
+    layout: dict[str, Any],
+) -> None:
+    meta = {
+        "format": DATASET_FORMAT,
+        "version": DATASET_VERSION,
+        "num_rows": writer.written,
+        "single_array": single,
+        "rows_per_shard": writer.rows_per_shard,
+        **layout,
+        "leaves": {k: {"dtype": d.name, "shape": list(s)} for k, (d, s) in schema.items()},
+    }
+    staged = path / f"{METADATA_FILE}.tmp"
+    staged.write_text(json.dumps(meta, indent=1) + "\n")
+    os.replace(staged, path / METADATA_FILE)  # a reader sees no metadata or all of it
