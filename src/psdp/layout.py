@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from psdp._checks import is_int
+
 if TYPE_CHECKING:
     import jax
 
@@ -290,20 +292,16 @@ class MeshLayout:
 def _checked_sizes(axis_sizes: Mapping[str, int]) -> tuple[tuple[str, ...], tuple[int, ...]]:
     if not axis_sizes:
         raise ValueError("a mesh needs at least one axis, got none")
-    bad = {k: v for k, v in axis_sizes.items() if not _is_int(v) or v < 1}
+    bad = {k: v for k, v in axis_sizes.items() if not is_int(v) or v < 1}
     if bad:
         raise ValueError(f"mesh axis sizes must be positive ints, got {bad}")
     return tuple(axis_sizes), tuple(int(v) for v in axis_sizes.values())
 
 
 def _devices_per_process(total: int, num_processes: int) -> int:
-    if not _is_int(num_processes) or num_processes < 1 or total % num_processes:
+    if not is_int(num_processes) or num_processes < 1 or total % num_processes:
         raise ValueError(
             f"num_processes={num_processes!r} must be a positive divisor of the {total} mesh "
             "devices so that every process owns the same number of devices"
         )
     return total // int(num_processes)
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int | np.integer) and not isinstance(value, bool)

@@ -24,6 +24,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, PartitionSpec
 
+from psdp._checks import check_int, preview_ids
 from psdp.assembly import LeafAssembler
 from psdp.order import GlobalOrder
 from psdp.prefetch import LoaderClosedError, Prefetcher
@@ -83,9 +84,9 @@ class DataLoader:
     ):
         if not isinstance(mesh, Mesh):
             raise TypeError(f"mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}")
-        _check_int("global_batch_size", global_batch_size, minimum=1)
-        _check_int("prefetch", prefetch, minimum=1)
-        _check_int("seed", seed, minimum=None)
+        check_int("global_batch_size", global_batch_size, minimum=1)
+        check_int("prefetch", prefetch, minimum=1)
+        check_int("seed", seed, minimum=None)
         self.source: Source = as_source(source)
         self.mesh = mesh
         self.global_batch_size = global_batch_size
@@ -166,7 +167,7 @@ class DataLoader:
                 raise ValueError(
                     f"step {step}: {_leaf_name(key)} rows have shape {data.shape[1:]} and dtype "
                     f"{data.dtype}, but the source's first row had {leaf.global_shape[1:]} "
-                    f"{leaf.dtype} (read of {len(ids)} rows, ids {_preview(ids)}); every row of a "
+                    f"{leaf.dtype} (read of {len(ids)} rows, ids {preview_ids(ids)}); every row of a "
                     "source must have one shape and dtype"
                 )
             select = self._selects[key]
@@ -176,7 +177,7 @@ class DataLoader:
     # ----------------------------------------------------------------------------- iteration
     def iter_from(self, step: int) -> Prefetcher[Batch]:
         """An iterator over the batches of steps ``step, step + 1, ...``, prefetched."""
-        _check_int("step", step, minimum=0)
+        check_int("step", step, minimum=0)
         with self._lock:
             if self._closed:
                 raise LoaderClosedError(
@@ -251,17 +252,5 @@ def _selection(read_positions: np.ndarray, rows: np.ndarray) -> np.ndarray | Non
     return np.searchsorted(read_positions, rows)
 
 
-def _check_int(name: str, value: Any, *, minimum: int | None) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if minimum is not None and value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-
-
 def _leaf_name(key: str | None) -> str:
     return "the" if key is None else f"leaf {key!r}"
-
-
-def _preview(ids: np.ndarray) -> str:
-    head = ids[:6].tolist()
-    return f"{head}{'...' if ids.size > 6 else ''}"

@@ -29,6 +29,8 @@ from typing import Any, Protocol, TypeAlias, runtime_checkable
 import numpy as np
 import tensorstore as ts
 
+from psdp._checks import check_int, preview_ids
+
 Rows: TypeAlias = "np.ndarray | dict[str, np.ndarray]"
 
 #: The metadata file of a psdp dataset directory; `write_dataset` writes it last.
@@ -151,7 +153,7 @@ class TensorStoreSource:
         check_shards: bool = True,
     ):
         if cache_bytes is not None:
-            _check_count("cache_bytes", cache_bytes, minimum=0)
+            check_int("cache_bytes", cache_bytes, minimum=0)
         parent = ts.Context() if context is None else context
         self._context = (
             parent
@@ -245,7 +247,7 @@ class TensorStoreSource:
                 rows = {k: f.result() for k, f in futures.items()}
             except ValueError as error:
                 raise ValueError(
-                    f"reading {ids.size} rows (ids {_preview(ids)}) from {self._where} failed: "
+                    f"reading {ids.size} rows (ids {preview_ids(ids)}) from {self._where} failed: "
                     f"{error}. The store is damaged or incomplete (e.g. a missing or truncated "
                     "shard file); rewrite it with write_dataset(..., overwrite=True)"
                 ) from error
@@ -335,7 +337,7 @@ class GrainSource:
                     f"__getitem__(int), but {type(data_source).__name__} has no {method}; "
                     "wrap an iterable dataset in a list, or use a grain MapDataset with a length"
                 )
-        _check_count("num_threads", num_threads, minimum=1)
+        check_int("num_threads", num_threads, minimum=1)
         self._source = data_source
         self.num_threads = num_threads
         self._lock = threading.Lock()
@@ -588,18 +590,6 @@ def _check_ids(ids: Any, num_rows: int, where: str) -> np.ndarray:
             f"{int(ids.min())} to {int(ids.max())}"
         )
     return ids
-
-
-def _check_count(name: str, value: Any, *, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-
-
-def _preview(ids: np.ndarray) -> str:
-    head = ids[:6].tolist()
-    return f"{head}{'...' if ids.size > 6 else ''}"
 
 
 def as_source(data: Any) -> Source:
