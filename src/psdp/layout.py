@@ -143,11 +143,7 @@ class MeshLayout:
 
     def check_process(self, process_index: int) -> int:
         """Returns ``process_index`` as an int after checking it is one of this layout's processes."""
-        if (
-            isinstance(process_index, bool)
-            or not isinstance(process_index, int | np.integer)
-            or not (0 <= process_index < self.num_processes)
-        ):
+        if not is_int(process_index) or not (0 <= process_index < self.num_processes):
             raise ValueError(
                 f"process_index={process_index!r} is out of range: this layout has "
                 f"{self.num_processes} processes, numbered 0..{self.num_processes - 1}"
