@@ -263,6 +263,7 @@ SEED = MeshLayout.noncontiguous({"data": 4, "model": 4}, 4)
         (lambda: plan_batch(SEED, P("data", "data"), (16, 4), 0), "appears twice"),
         (lambda: plan_batch(SEED, P("data", None, None), (16, 4), 0), "has 3 entries"),
         (lambda: plan_batch(SEED, P("data"), (0,), 0), "positive ints"),
+        (lambda: plan_batch(SEED, P("data"), (True,), 0), "positive ints"),  # a bool is no size
         (lambda: process_mesh_mapping(SEED, ()), "non-empty sequence of axis names"),
         (lambda: MeshLayout(np.array([[0, 2]]), ("a", "b")), "processes [1] own no device"),
         (lambda: MeshLayout(np.array([[-1, 0]]), ("a", "b")), "must be >= 0, got -1"),

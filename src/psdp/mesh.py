@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
 
+from psdp._checks import is_int
 from psdp.layout import MeshLayout
 
 if TYPE_CHECKING:
@@ -399,7 +400,7 @@ def plan_batch(
 
 def _checked_shape(global_shape: Sequence[int]) -> tuple[int, ...]:
     shape = tuple(global_shape)
-    if not shape or not all(isinstance(n, int | np.integer) and n >= 1 for n in shape):
+    if not shape or not all(is_int(n) and n >= 1 for n in shape):
         raise ValueError(
             f"global_shape must be a non-empty sequence of positive ints, got {global_shape!r}"
         )

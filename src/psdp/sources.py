@@ -609,7 +609,8 @@ def as_source(data: Any) -> Source:
 def _as_rows(value: Any, what: str) -> np.ndarray:
     if not isinstance(value, np.ndarray):
         raise TypeError(
-            f"{what} must be a numpy array with rows along dimension 0, got {type(value).__name__}"
+            f"{what} must be a numpy array with rows along dimension 0, got "
+            f"{type(value).__name__}; convert it with np.asarray"
         )
     if value.ndim == 0:
         raise ValueError(f"{what} is a 0-d array; it needs a row dimension")

@@ -32,12 +32,14 @@ import numpy as np
 import tensorstore as ts
 from tqdm import tqdm
 
+from psdp._checks import is_int
 from psdp.sources import (
     DATASET_FORMAT,
     DATASET_VERSION,
     INCOMPLETE_MARKER,
     METADATA_FILE,
     SINGLE_LEAF,
+    _as_rows,
 )
 
 #: Rows are written in blocks of whole shards of about this many bytes (all leaves together).
@@ -97,7 +99,7 @@ def write_dataset(
         >>> tmp.cleanup()
     """
     for name, value in (("rows_per_shard", rows_per_shard), ("rows_per_chunk", rows_per_chunk)):
-        if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+        if not is_int(value) or value < 1:
             raise ValueError(f"{name} must be an int >= 1, got {value!r}")
     if rows_per_shard % rows_per_chunk:
         raise ValueError(
@@ -328,13 +330,7 @@ def _as_chunk(chunk: Any, index: int | None) -> Chunk:
 
 def _leaf_array(value: Any, what: str, index: int | None) -> np.ndarray:
     where = "" if index is None else f"chunk {index}: "
-    if not isinstance(value, np.ndarray):
-        raise TypeError(
-            f"{where}{what} must be a numpy array with rows along dimension 0, got "
-            f"{type(value).__name__}; convert it with np.asarray"
-        )
-    if value.ndim == 0:
-        raise ValueError(f"{where}{what} is a 0-d array; it needs a row dimension")
+    value = _as_rows(value, f"{where}{what}")
     try:
         if value.dtype.kind in "OSUMmV" and value.dtype.name != "bfloat16":
             raise TypeError
