@@ -96,3 +96,9 @@ def test_a_slow_trainer_hides_the_loader():
     stats = loader.stats()
     assert not stats.bottleneck
     assert stats.queue_depth_mean > 0  # batches were ready when asked for
+
+
+@pytest.mark.parametrize("bad", ["1", 0, -1.0, True, float("nan")])
+def test_bad_stall_threshold_is_refused_up_front(bad):
+    with pytest.raises(ValueError, match="stall_warning_s must be a positive number"):
+        DataLoader(token_table(16), mesh=mesh(), global_batch_size=8, stall_warning_s=bad)

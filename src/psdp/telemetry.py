@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from psdp._checks import check_int
+
 logger = logging.getLogger("psdp")
 
 #: A trainer waiting more than this share of its time in ``next()`` is loader-bound.
@@ -72,6 +74,16 @@ class Telemetry:
     """
 
     def __init__(self, window: int = 1000, stall_warning_s: float | None = 1.0):
+        check_int("window", window, minimum=1)
+        if stall_warning_s is not None and (
+            isinstance(stall_warning_s, bool)
+            or not isinstance(stall_warning_s, int | float)
+            or not stall_warning_s > 0
+        ):
+            raise ValueError(
+                f"stall_warning_s must be a positive number of seconds or None (no warning), got "
+                f"{stall_warning_s!r}"
+            )
         self._lock = threading.Lock()
         self._read: deque[float] = deque(maxlen=window)
         self._assemble: deque[float] = deque(maxlen=window)
