@@ -6,13 +6,35 @@ import jax
 import numpy as np
 
 from psdp import ArraySource
+from psdp.order import PAD
 
 
-def expected_global(data: np.ndarray | dict[str, np.ndarray], ids: np.ndarray):
-    """The global batch a step must hold: the source rows at ``ids``, in batch order."""
+def expected_global(data: np.ndarray | dict[str, np.ndarray], ids: np.ndarray, pad_value=0):
+    """The global batch a step must hold: the source rows at ``ids``, in batch order.
+
+    `PAD` ids give rows of ``pad_value``.
+    """
     if isinstance(data, dict):
-        return {k: v[ids] for k, v in data.items()}
-    return data[ids]
+        return {k: expected_global(v, ids, pad_value) for k, v in data.items()}
+    rows = data[np.where(ids == PAD, 0, ids)]
+    rows[ids == PAD] = pad_value
+    return rows
+
+
+def physical_ids(loader, step: int) -> np.ndarray:
+    """The step's ids padded to the loader's physical batch with `PAD`."""
+    ids = np.full(loader.physical_batch_size, PAD, np.int64)
+    ids[: loader.global_batch_size] = loader.order.batch_ids(step)
+    return ids
+
+
+def expected_batch(loader, data, step: int):
+    """What the loader must deliver at ``step``: the rows, padding, and the mask when padded."""
+    ids = physical_ids(loader, step)
+    out = expected_global(data, ids, loader.pad_value)
+    if loader.padded:
+        out[loader.mask_key] = ids != PAD
+    return out
 
 
 def assert_shards_exact(batch: jax.Array, expected: np.ndarray) -> int:

@@ -11,7 +11,7 @@ import pytest
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from batch_checks import CountingSource, assert_batch_exact, expected_global, token_table
+from batch_checks import CountingSource, assert_batch_exact, expected_batch, token_table
 from psdp import DataLoader, LoaderClosedError
 
 MESHES = {
@@ -38,19 +38,21 @@ def test_every_device_gets_exactly_its_rows(mesh_name, shuffle):
     mesh = make_mesh(mesh_name)
     data = {"tokens": token_table(44), "loss_mask": (np.arange(44) % 3 == 0)}
     with DataLoader(data, mesh=mesh, global_batch_size=16, shuffle=shuffle, seed=3) as loader:
-        for step, batch in zip(range(7), loader, strict=False):  # 44/16: crosses 2 epochs
-            ids = loader.order.batch_ids(step)
-            assert assert_batch_exact(batch, expected_global(data, ids)) == 16
-            assert batch["tokens"].sharding.spec == loader.batch_spec
+        for step, batch in zip(range(7), loader, strict=False):  # 44/16: 3 steps per epoch
+            assert assert_batch_exact(batch, expected_batch(loader, data, step)) == 24
+            assert batch["tokens"].sharding.spec == loader.batch_spec["tokens"]
 
 
 def test_unshuffled_order_is_the_documented_formula():
-    data = token_table(10)
+    data = {"x": token_table(10)}
     loader = DataLoader(data, mesh=make_mesh("data=8"), global_batch_size=8, shuffle=False)
     with loader:
         for step, batch in zip(range(4), loader, strict=False):
-            want = [(step * 8 + i) % 10 for i in range(8)]
-            assert (np.asarray(batch)[:, 0] // 1000).tolist() == want
+            position = (step % 2) * 8 + np.arange(8)  # 2 steps per epoch, the second one short
+            real = position < 10
+            assert np.asarray(batch["mask"]).tolist() == real.tolist()
+            assert (np.asarray(batch["x"])[real, 0] // 1000).tolist() == position[real].tolist()
+            assert (np.asarray(batch["x"])[~real] == 0).all()
 
 
 @pytest.mark.parametrize("seed", [0, 1, 12345])
@@ -75,14 +77,14 @@ def test_seed_changes_the_order_and_nothing_else():
 
 
 def test_resume_from_any_step_equals_continuing():
-    data = token_table(50)
+    data = {"x": token_table(50)}
     mesh = make_mesh("data=4 x model=2")
     with DataLoader(data, mesh=mesh, global_batch_size=8, seed=9) as loader:
-        reference = [np.asarray(b) for _, b in zip(range(12), loader, strict=False)]
+        reference = [np.asarray(b["x"]) for _, b in zip(range(12), loader, strict=False)]
         for k in (1, 6, 11):
             resumed = loader.iter_from(k)
             for step in range(k, 12):
-                np.testing.assert_array_equal(np.asarray(next(resumed)), reference[step])
+                np.testing.assert_array_equal(np.asarray(next(resumed)["x"]), reference[step])
             resumed.close()
 
 
@@ -124,8 +126,11 @@ def test_indexable_object_source():
         def __getitem__(self, ids):
             return self.rows[ids]
 
-    loader = DataLoader(Table(), mesh=make_mesh("data=8"), global_batch_size=8, shuffle=False)
-    assert_batch_exact(loader.batch_at(1), token_table(20)[(8 + np.arange(8)) % 20])
+    loader = DataLoader(
+        Table(), mesh=make_mesh("data=8"), global_batch_size=8, shuffle=False, drop_last=True
+    )
+    assert_batch_exact(loader.batch_at(1), token_table(20)[8:16])
+    assert_batch_exact(loader.batch_at(2), token_table(20)[0:8])  # epoch 1: rows 16..19 dropped
 
 
 # ---------------------------------------------------------------------------------- threads
@@ -207,7 +212,8 @@ def test_no_thread_left_after_100_open_close_cycles():
 @pytest.mark.parametrize(
     ("kwargs", "error", "message"),
     [
-        (dict(global_batch_size=12), ValueError, "size 12 is not divisible by its 8 shards"),
+        (dict(global_batch_size=12), ValueError, "12 needs padding .* pass a dict source"),
+        (dict(drop_last=False, global_batch_size=5), ValueError, "physical batch is 8 rows"),
         (dict(global_batch_size=0), ValueError, "global_batch_size must be >= 1, got 0"),
         (dict(global_batch_size=8.0), TypeError, "global_batch_size must be an int"),
         (dict(prefetch=0), ValueError, "prefetch must be >= 1, got 0"),
@@ -217,7 +223,7 @@ def test_no_thread_left_after_100_open_close_cycles():
     ],
 )
 def test_bad_arguments(kwargs, error, message):
-    args = dict(mesh=make_mesh("data=8"), global_batch_size=8) | kwargs
+    args = dict(mesh=make_mesh("data=8"), global_batch_size=8, drop_last=True) | kwargs
     with pytest.raises(error, match=message):
         DataLoader(token_table(32), **args)
 

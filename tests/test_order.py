@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from psdp.order import GlobalOrder, IndexShuffle
+from psdp.order import PAD, GlobalOrder, IndexShuffle
 
 
 @settings(max_examples=200, deadline=None)
@@ -34,7 +34,9 @@ def test_different_keys_give_different_permutations():
 @given(n=st.integers(1, 200), b=st.integers(1, 64), step=st.integers(0, 10**12))
 def test_unshuffled_batches_follow_the_formula(n, b, step):
     ids = GlobalOrder(n, b, shuffle=False).batch_ids(step)
-    np.testing.assert_array_equal(ids, (step * b + np.arange(b)) % n)
+    per_epoch = -(-n // b)
+    position = (step % per_epoch) * b + np.arange(b)
+    np.testing.assert_array_equal(ids, np.where(position < n, position, PAD))
 
 
 @settings(max_examples=50, deadline=None)
@@ -67,10 +69,24 @@ def test_every_epoch_covers_every_row_once_when_n_is_a_multiple_of_b(k, b, seed,
     np.testing.assert_array_equal(np.sort(rows), np.arange(n))
 
 
-def test_batches_straddle_epochs_without_drop_last():
-    order = GlobalOrder(10, 4, seed=1)
-    epoch0 = np.concatenate([order.batch_ids(0), order.batch_ids(1), order.batch_ids(2)[:2]])
-    np.testing.assert_array_equal(np.sort(epoch0), np.arange(10))
+@settings(max_examples=50, deadline=None)
+@given(
+    n=st.integers(1, 300),
+    b=st.integers(1, 40),
+    seed=st.integers(0, 2**31),
+    epoch=st.integers(0, 10**6),
+    shuffle=st.booleans(),
+)
+def test_without_drop_last_every_row_comes_exactly_once_per_epoch(n, b, seed, epoch, shuffle):
+    order = GlobalOrder(n, b, shuffle=shuffle, seed=seed)
+    per = order.steps_per_epoch
+    assert per == -(-n // b)
+    batches = [order.batch_ids(epoch * per + k) for k in range(per)]
+    assert all(len(ids) == b for ids in batches)
+    assert all((ids != PAD).all() for ids in batches[:-1])  # only the final batch is short
+    rows = np.concatenate(batches)
+    np.testing.assert_array_equal(np.sort(rows[rows != PAD]), np.arange(n))
+    assert (rows == PAD).sum() == per * b - n and order.pads == (n % b != 0)
 
 
 @pytest.mark.parametrize(

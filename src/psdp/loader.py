@@ -2,57 +2,109 @@
 
 One step, on every host (see ``docs/loader.md``)::
 
-    GlobalOrder.batch_ids(step)            the step's B source row ids        (pure, psdp.order)
-      -> ids[read_positions]               the rows this host's devices hold  (pure, psdp.mesh)
-      -> source.read(...)                  one batched read                   (background thread)
-      -> LeafAssembler.assemble(...)       one global jax.Array per leaf      (psdp.assembly)
+    GlobalOrder.batch_ids(step)            the step's B source row ids, PAD-filled  (pure, psdp.order)
+      -> physical batch positions          padded up to the physical batch          (psdp.partition)
+      -> source reads, one per request     the boxes this host's devices hold       (background thread)
+      -> LeafAssembler.assemble(...)       one global jax.Array per leaf            (psdp.assembly)
       -> Prefetcher queue -> trainer
+
+Planning happens once, in the constructor: every leaf gets a spec (`psdp.partition`), an
+assembler with its windows (`psdp.assembly`), and the windows of all leaves are grouped into
+*read requests*: a set of batch positions and, per leaf, the columns to read. Whole-row leaves
+share one request (the union of their rows); each column window of a sequence-sharded leaf is a
+request of its own unless another leaf has a window on the same rows. Positions whose id is `PAD`
+(a logical batch smaller than the physical one, or an epoch's short final batch) are never read:
+they are filled with ``pad_value``, and the ``mask`` leaf says which rows are real.
 
 Resume rule: the batch at a step is a function of ``(len(source), global_batch_size, seed, shuffle,
 drop_last, step)`` only, so ``iter_from(step)`` starts anywhere in O(1) and every host, whatever
-its layout or prefetch depth, agrees on every batch.
+its layout, prefetch depth or number of read threads, agrees on every batch.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, PartitionSpec
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from psdp._checks import check_int, preview_ids
 from psdp.assembly import LeafAssembler
-from psdp.order import GlobalOrder
+from psdp.mesh import _spec_axes, as_layout
+from psdp.order import PAD, GlobalOrder
+from psdp.partition import (
+    DEFAULT_BATCH_AXES,
+    Strategy,
+    batch_shards,
+    default_batch_spec,
+    named_spec,
+    physical_batch_size,
+    resolve_specs,
+)
 from psdp.prefetch import LoaderClosedError, Prefetcher
 from psdp.sources import Rows, Source, as_source
 from psdp.telemetry import LoaderStats, Telemetry
 
-#: Mesh axis names taken as batch axes when no ``batch_spec`` is given, in mesh order.
-DEFAULT_BATCH_AXES = ("replica", "data", "fsdp", "batch")
+__all__ = ["DEFAULT_BATCH_AXES", "DataLoader", "default_batch_spec"]
 
-Batch = jax.Array | dict[str, jax.Array]
+#: The ``format`` field of `DataLoader.state`.
+STATE_FORMAT = "psdp.loader/1"
+
+Batch = Any  # a jax.Array, or a dict of jax.Arrays / haliax NamedArrays
+Key = str | None  # a leaf's name; None for an array source's only leaf
+
+
+@dataclass
+class _Request:
+    """One source read per step: batch positions, and per leaf the columns to read."""
+
+    positions: np.ndarray
+    columns: dict[Key, slice | None] = field(default_factory=dict)
+    # (leaf, window index, rows of the request that make the window, None when all in order)
+    entries: list[tuple[Key, int, np.ndarray | None]] = field(default_factory=list)
 
 
 class DataLoader:
-    """Feeds global batches to a mesh; each host reads only the rows its devices hold.
+    """Feeds global batches to a mesh; each host reads only what its devices hold.
 
     Args:
         source: a numpy array ``(N, ...)``, a dict of such arrays (a dict batch), a psdp source, or
             any object with ``__len__`` and a batched ``__getitem__(ids)``.
         mesh: the `jax.sharding.Mesh` the batch lives on.
-        global_batch_size: rows per global batch.
-        batch_spec: the `PartitionSpec` of each leaf (its first entry shards the batch
-            dimension); default: the mesh's batch axes, e.g. ``P(("replica", "data"))``.
+        global_batch_size: real rows per global batch. When the leaves' batch shards do not divide
+            it (or it is smaller than them), the batch is padded to the *physical* batch size and
+            a mask leaf is added (see ``mask_key``).
+        batch_spec: how leaves are split: a `PartitionSpec`, a strategy (``"batch"``: over the
+            mesh's batch axes, the default; ``"full"``: over every axis; ``"replicated"``), or a
+            dict leaf -> one of those (missing leaves take ``"batch"``). A leaf ``(B, S, ...)``
+            whose spec shards dimension 1 (e.g. ``P("data", "context")``) is read in column
+            windows: each host reads only its columns.
         shuffle: permute each epoch (from ``seed`` and the epoch number).
         seed: the shuffle seed.
         prefetch: how many finished batches wait in the queue (>= 1).
-        drop_last: never let a batch straddle two epochs (drop each epoch's last ``N % B`` rows).
+        drop_last: drop each epoch's short final batch; otherwise it is padded and masked.
+        halo: columns of each neighbouring sequence shard added on each side of a device's window
+            (an int for every sequence-sharded leaf, or a dict leaf -> int); see `halo_mask`.
+        pad_value: the fill of padding rows and of halo columns outside the sequence.
+        mask_key: the name of the boolean ``(physical batch,)`` leaf, ``True`` for real rows,
+            added to dict batches whenever padding can occur.
+        named_axes: haliax axis names per leaf (a dict leaf -> names, or one sequence for an array
+            source); those leaves come out as ``haliax.NamedArray`` with their spec taken from
+            ``axis_mapping``.
+        axis_mapping: logical axis name -> mesh axis or axes, e.g.
+            ``{"batch": ("replica", "data"), "position": "context"}``.
+        read_threads: steps read and assembled concurrently (each step is still one batched read
+            per request, and batches are still delivered in step order).
+        read_timeout_s: a step whose reads take longer raises `TimeoutError` naming the step and
+            rows, instead of blocking the trainer forever; ``None`` to wait as long as it takes.
         process_index: this host; defaults to ``jax.process_index()``.
-        name: the prefetch thread's name.
+        name: the prefetch threads' name.
         stall_warning_s: log a warning with the loader's figures when the trainer waits longer
             than this for one batch; ``None`` to disable.
 
@@ -65,6 +117,14 @@ class DataLoader:
         ...     batch = next(iter(loader))
         >>> batch.sharding.spec, np.asarray(batch)[:, 0].tolist()
         (P('data',), [0, 2, 4, 6, 8, 10, 12, 14])
+
+        A batch of 6 on 4 data shards is padded to 8 rows, with a mask:
+
+        >>> data = {"tokens": np.arange(10)}
+        >>> with DataLoader(data, mesh=mesh, global_batch_size=6, shuffle=False) as loader:
+        ...     batch = next(iter(loader))
+        >>> np.asarray(batch["tokens"]).tolist(), np.asarray(batch["mask"]).tolist()
+        ([0, 1, 2, 3, 4, 5, 0, 0], [True, True, True, True, True, True, False, False])
     """
 
     def __init__(
@@ -73,11 +133,18 @@ class DataLoader:
         *,
         mesh: Mesh,
         global_batch_size: int,
-        batch_spec: PartitionSpec | None = None,
-        shuffle: bool = True,
+        batch_spec: Strategy | Mapping[str, Strategy] | None = None,
+        shuffle: bool | None = None,
         seed: int = 0,
         prefetch: int = 2,
         drop_last: bool = False,
+        halo: int | Mapping[str, int] = 0,
+        pad_value: int | float = 0,
+        mask_key: str = "mask",
+        named_axes: Sequence[Any] | Mapping[str, Sequence[Any]] | None = None,
+        axis_mapping: Mapping[str, Any] | None = None,
+        read_threads: int = 1,
+        read_timeout_s: float | None = None,
         process_index: int | None = None,
         name: str = "psdp-loader",
         stall_warning_s: float | None = 1.0,
@@ -87,62 +154,231 @@ class DataLoader:
         check_int("global_batch_size", global_batch_size, minimum=1)
         check_int("prefetch", prefetch, minimum=1)
         check_int("seed", seed, minimum=None)
+        check_int("read_threads", read_threads, minimum=1)
+        if read_timeout_s is not None and not read_timeout_s > 0:
+            raise ValueError(f"read_timeout_s must be > 0 or None, got {read_timeout_s!r}")
+        if not isinstance(mask_key, str) or not mask_key:
+            raise ValueError(f"mask_key must be a non-empty string, got {mask_key!r}")
         self.source: Source = as_source(source)
         self.mesh = mesh
         self.global_batch_size = global_batch_size
-        self.batch_spec = default_batch_spec(mesh) if batch_spec is None else batch_spec
         self.prefetch = prefetch
+        self.read_threads = read_threads
+        self.read_timeout_s = read_timeout_s
+        self.pad_value = pad_value
+        self.mask_key = mask_key
         self.name = name
         self.process_index = jax.process_index() if process_index is None else process_index
-        self.order = GlobalOrder(len(self.source), global_batch_size, shuffle, seed, drop_last)
-        self._leaves = self._plan_leaves()
-        self._read_positions = np.unique(
-            np.concatenate([a.plan.rows for a in self._leaves.values()])
+        self.order = GlobalOrder(
+            len(self.source), global_batch_size, True if shuffle is None else shuffle, seed,
+            drop_last,
+        )  # fmt: skip
+        probe = _leaves_of(self.source.read(np.zeros(1, np.int64)))
+        self._named = _named_axes(named_axes, axis_mapping, list(probe))
+        specs = resolve_specs(
+            batch_spec,
+            mesh,
+            list(probe),
+            {k: named_spec(v, axis_mapping or {}, mesh, repr(k)) for k, v in self._named.items()},
         )
-        self._selects = {
-            key: _selection(self._read_positions, leaf.plan.rows)
-            for key, leaf in self._leaves.items()
+        #: each leaf's `PartitionSpec` (a dict for dict sources; one spec for an array source)
+        self.batch_spec: Any = specs[None] if None in specs else specs
+        layout = as_layout(mesh)
+        for key, spec in specs.items():
+            _spec_axes(layout, spec, np.ndim(probe[key]))  # raises naming the spec and the mesh
+        shards = [batch_shards(mesh, spec) for spec in specs.values()]
+        self.physical_batch_size = physical_batch_size(global_batch_size, shards)
+        self.padded = self.physical_batch_size > global_batch_size or self.order.pads
+        halos = _halos(halo, specs, {k: np.ndim(v) for k, v in probe.items()})
+        self._leaves = {
+            key: LeafAssembler.create(
+                mesh,
+                specs[key],
+                (self.physical_batch_size, *np.shape(row)[1:]),
+                np.asarray(row).dtype,
+                self.process_index,
+                halo=halos[key],
+            )
+            for key, row in probe.items()
         }
+        self._mask: LeafAssembler | None = None
+        if self.padded:
+            self._mask = self._plan_mask(specs)
+        self._requests = _requests(self._leaves)
+        self._read_positions = np.unique(np.concatenate([r.positions for r in self._requests]))
         self.telemetry = Telemetry(stall_warning_s=stall_warning_s)
         self._iterators: list[Prefetcher[Batch]] = []
         self._lock = threading.Lock()
         self._closed = False
+        self.start_step = 0
+
+    def _plan_mask(self, specs: dict[Key, PartitionSpec]) -> LeafAssembler:
+        if None in self._leaves:
+            raise ValueError(
+                f"global_batch_size={self.global_batch_size} needs padding (the physical batch "
+                f"is {self.physical_batch_size} rows for the batch shards, and drop_last="
+                f"{self.order.drop_last} with {len(self.source)} rows), so batches need a mask "
+                f"leaf, which an array source cannot carry; pass a dict source, e.g. "
+                f"{{'inputs': array}}, or a global_batch_size that is a multiple of the batch "
+                "shards with drop_last=True"
+            )
+        if self.mask_key in self._leaves:
+            raise ValueError(
+                f"the source already has a leaf named {self.mask_key!r}; pass another mask_key"
+            )
+        first = next(iter(specs.values()))
+        spec = PartitionSpec(first[0] if len(first) else None)
+        return LeafAssembler.create(
+            self.mesh, spec, (self.physical_batch_size,), np.dtype(bool), self.process_index
+        )
 
     # ------------------------------------------------------------------------------- planning
-    def _plan_leaves(self) -> dict[str | None, LeafAssembler]:
-        """One assembler per leaf (key ``None`` for an array source), from one probe row's spec."""
-        probe = self.source.read(np.zeros(1, np.int64))
-        leaves = _leaves_of(probe)
-        return {
-            key: LeafAssembler.create(
-                self.mesh,
-                self.batch_spec,
-                (self.global_batch_size, *np.shape(row)[1:]),
-                np.asarray(row).dtype,
-                self.process_index,
-            )
-            for key, row in leaves.items()
-        }
-
     @property
     def read_positions(self) -> np.ndarray:
-        """Positions within each global batch this host reads (sorted; the same every step)."""
+        """Positions within each (physical) batch this host reads, sorted; the same every step."""
         return self._read_positions
 
     def plan(self, key: str | None = None) -> Any:
         """The `DataPlan` of one leaf (``key`` for dict sources)."""
         return self._leaves[key].plan
 
+    def leaf(self, key: str | None = None) -> LeafAssembler:
+        """The `LeafAssembler` of one leaf: its global shape, sharding and windows."""
+        return self._leaves[key]
+
+    def halo_mask(self, key: str | None = None) -> jax.Array:
+        """Which columns of a sequence-sharded leaf are halo columns (``True``), as a global array.
+
+        It is the same every step: shape ``(C * (S/C + 2h),)``, sharded like the leaf's dimension
+        1, so inside ``jax.shard_map`` each device sees ``h`` ``True`` on each side of ``S/C``
+        ``False``. Halo columns outside the sequence hold ``pad_value``.
+        """
+        leaf = self._leaves[key]
+        if not leaf.column_shards:
+            raise ValueError(
+                f"{_leaf_name(key)} leaf is not read in column windows; it has no halo"
+            )
+        width, h = leaf.global_shape[1] // leaf.column_shards, leaf.halo
+        one = np.zeros(width, bool)
+        one[:h], one[width - h :] = True, True
+        value = np.tile(one, leaf.column_shards)
+        spec = leaf.sharding.spec
+        sharding = NamedSharding(self.mesh, PartitionSpec(spec[1] if len(spec) > 1 else None))
+        return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])
+
     # ------------------------------------------------------------------------------ one step
     def batch_at(self, step: int) -> Batch:
         """Reads and assembles the batch of ``step`` on the calling thread (no prefetch)."""
+        check_int("step", step, minimum=0)
         started = time.perf_counter()
-        ids = self.order.batch_ids(step)[self._read_positions]
-        rows = self.source.read(ids)
+        ids = np.full(self.physical_batch_size, PAD, np.int64)
+        ids[: self.global_batch_size] = self.order.batch_ids(step)
+        if self.read_timeout_s is None:
+            buffers = self._read_step(step, ids)
+        else:
+            buffers = _with_timeout(
+                lambda: self._read_step(step, ids),
+                self.read_timeout_s,
+                lambda: f"step {step}: reading {len(self._read_positions)} rows (ids "
+                f"{preview_ids(ids[self._read_positions])}) from {self.source.describe()} took "
+                f"longer than read_timeout_s={self.read_timeout_s}; the source may be stuck (a "
+                "hung filesystem or object store); raise read_timeout_s if reads are just slow",
+            )
         read = time.perf_counter()
-        batch = self._assemble(step, ids, rows)
+        batch = {key: leaf.assemble(buffers[key]) for key, leaf in self._leaves.items()}
+        if self._mask is not None:
+            batch[self.mask_key] = self._mask.assemble((ids != PAD)[self._mask.plan.rows])
         self.telemetry.record_read(read - started, time.perf_counter() - read)
-        return batch
+        return self._wrap(batch)
+
+    def _read_step(self, step: int, ids: np.ndarray) -> dict[Key, list[np.ndarray]]:
+        empty = np.empty(0, np.int8)
+        buffers = {k: [empty] * len(v.windows) for k, v in self._leaves.items()}
+        for request in self._requests:
+            got = self._read(step, ids[request.positions], request)
+            for key, window, select in request.entries:
+                rows = got[key] if select is None else got[key][select]
+                buffers[key][window] = self._leaves[key].pad_columns(window, rows, self.pad_value)
+        return buffers
+
+    def _read(self, step: int, ids: np.ndarray, request: _Request) -> dict[Key, np.ndarray]:
+        """One request's rows, each leaf cut to its columns; `PAD` ids become pad rows."""
+        real = ids != PAD
+        if real.all():
+            return self._checked(step, ids, request, self._source_read(ids[real], request))
+        out = {
+            key: np.full(
+                self._row_shape(key, columns, len(ids)), self.pad_value, self._leaves[key].dtype
+            )
+            for key, columns in request.columns.items()
+        }
+        if real.any():
+            got = self._checked(step, ids[real], request, self._source_read(ids[real], request))
+            for key in out:
+                out[key][real] = got[key]
+        return out
+
+    def _source_read(self, ids: np.ndarray, request: _Request) -> dict[Key, np.ndarray]:
+        read_window = getattr(self.source, "read_window", None)
+        if read_window is not None:
+            return _leaves_of(read_window(ids, request.columns))
+        # a source without column reads: read whole rows, keep this request's leaves and columns
+        got = _leaves_of(self.source.read(ids))
+        wanted = {key for key in got if key in request.columns or key not in self._leaves}
+        return {
+            key: got[key]
+            if request.columns.get(key) is None
+            else np.asarray(got[key])[:, request.columns[key]]
+            for key in wanted
+        }
+
+    def _row_shape(self, key: Key, columns: slice | None, rows: int) -> tuple[int, ...]:
+        trailing = list(self._leaves[key].plan.global_shape[1:])
+        if columns is not None:
+            trailing[0] = columns.stop - columns.start
+        return (rows, *trailing)
+
+    def _checked(
+        self, step: int, ids: np.ndarray, request: _Request, got: dict[Key, np.ndarray]
+    ) -> dict[Key, np.ndarray]:
+        missing = set(request.columns) - set(got)
+        extra = set(got) - set(self._leaves)
+        if missing or extra:
+            raise ValueError(
+                f"step {step}: the source returned leaves {sorted(map(str, got))}, but its first "
+                f"row had {sorted(map(str, self._leaves))}; every read must return the same leaves"
+            )
+        out = {}
+        for key, columns in request.columns.items():
+            data = np.asarray(got[key])
+            leaf = self._leaves[key]
+            expected = self._row_shape(key, columns, len(ids))
+            if data.shape != expected or data.dtype != leaf.dtype:
+                raise ValueError(
+                    f"step {step}: {_leaf_name(key)} rows have shape {data.shape[1:]} and dtype "
+                    f"{data.dtype}, but the source's first row had {leaf.plan.global_shape[1:]} "
+                    f"{leaf.dtype} (read of {len(ids)} rows, ids {preview_ids(ids)}); every row of a "
+                    "source must have one shape and dtype"
+                )
+            out[key] = data
+        return out
+
+    def _wrap(self, batch: dict[Key, jax.Array]) -> Batch:
+        if self._named:
+            with warnings.catch_warnings():  # haliax 1.4.dev imports a deprecated jax module
+                warnings.simplefilter("ignore", DeprecationWarning)
+                import haliax
+
+            first = next(iter(self._named.values()))
+            names = dict(self._named)
+            names.setdefault(self.mask_key, first[:1])
+            batch = {
+                key: haliax.named(value, tuple(getattr(n, "name", n) for n in names[key]))
+                if key in names
+                else value
+                for key, value in batch.items()
+            }
+        return batch[None] if None in batch else batch
 
     def stats(self) -> LoaderStats:
         """Recent wait, read and assembly times, queue depth, and whether the loader is the bottleneck.
@@ -151,28 +387,6 @@ class DataLoader:
         bottleneck: the trainer waited 0.1% of its time (...)".
         """
         return self.telemetry.stats()
-
-    def _assemble(self, step: int, ids: np.ndarray, rows: Rows) -> Batch:
-        got = _leaves_of(rows)
-        if got.keys() != self._leaves.keys():
-            raise ValueError(
-                f"step {step}: the source returned leaves {sorted(map(str, got))}, but its first "
-                f"row had {sorted(map(str, self._leaves))}; every read must return the same leaves"
-            )
-        out = {}
-        for key, leaf in self._leaves.items():
-            data = np.asarray(got[key])
-            expected = (len(ids), *leaf.global_shape[1:])
-            if data.shape != expected or data.dtype != leaf.dtype:
-                raise ValueError(
-                    f"step {step}: {_leaf_name(key)} rows have shape {data.shape[1:]} and dtype "
-                    f"{data.dtype}, but the source's first row had {leaf.global_shape[1:]} "
-                    f"{leaf.dtype} (read of {len(ids)} rows, ids {preview_ids(ids)}); every row of a "
-                    "source must have one shape and dtype"
-                )
-            select = self._selects[key]
-            out[key] = leaf.assemble(data if select is None else data[select])
-        return out[None] if None in out else out  # type: ignore[return-value]
 
     # ----------------------------------------------------------------------------- iteration
     def iter_from(self, step: int) -> Prefetcher[Batch]:
@@ -184,18 +398,75 @@ class DataLoader:
                     "this DataLoader is closed; create a new DataLoader to read again"
                 )
             self._iterators = [it for it in self._iterators if not it.closed]
+            extra = {"workers": self.read_threads} if self.read_threads > 1 else {}
             iterator: Prefetcher[Batch] = Prefetcher(
                 self.batch_at,
                 start=step,
                 depth=self.prefetch,
                 name=f"{self.name}-{step}",
                 observer=self.telemetry.record_next,
+                **extra,
             )
             self._iterators.append(iterator)
         return iterator
 
     def __iter__(self) -> Iterator[Batch]:
-        return self.iter_from(0)
+        """Iterates from `start_step` (0, or the step of a restored `state`)."""
+        return self.iter_from(self.start_step)
+
+    # ---------------------------------------------------------------------------- state
+    def state(self) -> dict[str, Any]:
+        """A small JSON-able record to resume from: the next step and what the order depends on.
+
+        The step is the one the most recent iterator hands out next. Save it with the model
+        checkpoint; `DataLoader.restore` refuses a source or batch settings that would change
+        the order.
+        """
+        with self._lock:
+            step = self._iterators[-1].next_step if self._iterators else self.start_step
+        return {
+            "format": STATE_FORMAT,
+            "step": int(step),
+            "global_batch_size": self.global_batch_size,
+            "seed": self.order.seed,
+            "shuffle": self.order.shuffle,
+            "drop_last": self.order.drop_last,
+            "source": _fingerprint(len(self.source), self._leaves),
+        }
+
+    @classmethod
+    def restore(
+        cls, state: Mapping[str, Any], source: Any, *, mesh: Mesh, **kwargs: Any
+    ) -> DataLoader:
+        """A loader that continues from a saved `state` (``iter(loader)`` starts at its step).
+
+        ``kwargs`` are other `DataLoader` arguments (prefetch, threads, ...); the ones the order
+        depends on come from the state, and giving a different value is an error.
+        """
+        if not isinstance(state, Mapping) or state.get("format") != STATE_FORMAT:
+            raise ValueError(
+                f"not a psdp loader state (expected a dict with format={STATE_FORMAT!r}, got "
+                f"{str(state)[:80]!r}); pass what DataLoader.state() returned"
+            )
+        for name in ("global_batch_size", "seed", "shuffle", "drop_last"):
+            if name in kwargs and kwargs[name] != state[name]:
+                raise ValueError(
+                    f"resuming with {name}={kwargs[name]!r}, but the saved state has "
+                    f"{name}={state[name]!r}; the batch order depends on it, so resume with the "
+                    f"saved value (or start a new run from step 0)"
+                )
+            kwargs[name] = state[name]
+        loader = cls(source, mesh=mesh, **kwargs)
+        found = _fingerprint(len(loader.source), loader._leaves)
+        if found != state["source"]:
+            loader.close()
+            raise ValueError(
+                f"the source does not match the saved state: saved {state['source']}, found "
+                f"{found}; resume with the source the state was saved from"
+            )
+        check_int("step", state["step"], minimum=0)
+        loader.start_step = int(state["step"])
+        return loader
 
     def close(self) -> None:
         """Stops every iterator this loader started and joins their threads; idempotent."""
@@ -219,38 +490,122 @@ class DataLoader:
         )
 
 
-def default_batch_spec(mesh: Mesh) -> PartitionSpec:
-    """``P(batch axes)``: the mesh axes named like batch axes (`DEFAULT_BATCH_AXES`), in mesh order.
-
-    Example:
-        >>> import jax, numpy as np
-        >>> from jax.sharding import Mesh
-        >>> mesh = Mesh(np.array(jax.devices()).reshape(2, 2, 2), ("replica", "data", "model"))
-        >>> default_batch_spec(mesh)
-        P(('replica', 'data'),)
-    """
-    axes = tuple(a for a in mesh.axis_names if a in DEFAULT_BATCH_AXES)
-    if not axes:
-        raise ValueError(
-            f"the mesh axes {tuple(mesh.axis_names)} include none of the usual batch axes "
-            f"{DEFAULT_BATCH_AXES}; pass batch_spec=PartitionSpec(<your batch axes>)"
-        )
-    return PartitionSpec(axes[0] if len(axes) == 1 else axes)
-
-
-def _leaves_of(rows: Rows) -> dict[str | None, np.ndarray]:
+# ------------------------------------------------------------------------------------ helpers
+def _leaves_of(rows: Rows) -> dict[Key, np.ndarray]:
     """A read's leaves by name; an array source's single leaf is named ``None``."""
     if isinstance(rows, dict):
-        return {str(k): v for k, v in rows.items()}
+        return {(None if k is None else str(k)): v for k, v in rows.items()}
     return {None: rows}
 
 
-def _selection(read_positions: np.ndarray, rows: np.ndarray) -> np.ndarray | None:
-    """Where a leaf's rows sit in the host's read; ``None`` when they are the read itself."""
-    if np.array_equal(read_positions, rows):
-        return None
-    return np.searchsorted(read_positions, rows)
-
-
-def _leaf_name(key: str | None) -> str:
+def _leaf_name(key: Key) -> str:
     return "the" if key is None else f"leaf {key!r}"
+
+
+def _named_axes(
+    named_axes: Sequence[Any] | Mapping[str, Sequence[Any]] | None,
+    axis_mapping: Mapping[str, Any] | None,
+    leaves: list[Key],
+) -> dict[Key, tuple[Any, ...]]:
+    if named_axes is None:
+        if axis_mapping is not None:
+            raise ValueError("axis_mapping is given without named_axes; name each leaf's axes")
+        return {}
+    if axis_mapping is None:
+        raise ValueError(
+            "named_axes needs an axis_mapping from axis names to mesh axes, e.g. "
+            '{"batch": ("replica", "data"), "position": "context"}'
+        )
+    per_leaf: dict[Key, Sequence[Any]] = {None: named_axes}  # an array source's leaf
+    if isinstance(named_axes, Mapping):
+        per_leaf = {str(k): v for k, v in named_axes.items()}
+    unknown = sorted(map(str, set(per_leaf) - set(leaves)))
+    if unknown:
+        raise ValueError(
+            f"named_axes names leaves {unknown} that the source does not have; its leaves are "
+            f"{sorted(map(str, leaves))}"
+        )
+    return {k: tuple(v) for k, v in per_leaf.items()}
+
+
+def _halos(
+    halo: int | Mapping[str, int], specs: dict[Key, PartitionSpec], ndims: dict[Key, int]
+) -> dict[Key, int]:
+    """Each leaf's halo: a dict as given, an int for every leaf sharded on dimension 1."""
+    if isinstance(halo, Mapping):
+        unknown = sorted(map(str, set(halo) - set(specs)))
+        if unknown:
+            raise ValueError(f"halo names leaves {unknown} that the source does not have")
+        return {k: halo.get(k, 0) if k is not None else 0 for k in specs}
+    check_int("halo", halo, minimum=0)
+    sequence = {k for k, s in specs.items() if ndims[k] >= 2 and len(s) > 1 and s[1] is not None}
+    if halo and not sequence:
+        raise ValueError(
+            f"halo={halo} but no leaf is sharded along its sequence dimension (dimension 1); "
+            'give a leaf a spec like P("data", "context") or drop the halo'
+        )
+    return {k: halo if k in sequence else 0 for k in specs}
+
+
+def _requests(leaves: dict[Key, LeafAssembler]) -> list[_Request]:
+    """Groups every leaf window into reads: whole rows together, column windows by their rows."""
+    whole = {k: leaf.windows[0].rows for k, leaf in leaves.items() if not leaf.column_shards}
+    requests: list[_Request] = []
+    if whole:
+        union = np.unique(np.concatenate(list(whole.values())))
+        request = _Request(union)
+        for key, rows in whole.items():
+            request.columns[key] = None
+            same = np.array_equal(union, rows)
+            request.entries.append((key, 0, None if same else np.searchsorted(union, rows)))
+        requests.append(request)
+    for key, leaf in leaves.items():
+        if not leaf.column_shards:
+            continue
+        for index, window in enumerate(leaf.windows):
+            shared = [
+                r
+                for r in requests[1 if whole else 0 :]
+                if key not in r.columns and np.array_equal(r.positions, window.rows)
+            ]
+            request = shared[0] if shared else _Request(window.rows)
+            if not shared:
+                requests.append(request)
+            request.columns[key] = window.columns
+            request.entries.append((key, index, None))
+    return requests
+
+
+def _fingerprint(num_rows: int, leaves: dict[Key, LeafAssembler]) -> dict[str, Any]:
+    return {
+        "rows": num_rows,
+        "leaves": {
+            str(k): [str(v.dtype), list(v.plan.global_shape[1:])]
+            for k, v in sorted(leaves.items(), key=lambda kv: str(kv[0]))
+        },
+    }
+
+
+def _with_timeout(work: Any, timeout_s: float, message: Any) -> Any:
+    """Runs ``work()`` on a daemon thread; raises `TimeoutError` if it takes over ``timeout_s``.
+
+    A read that never returns cannot be interrupted from Python; its daemon thread is abandoned
+    (it ends with the process), and the step fails instead of hanging the trainer.
+    """
+    result: list[Any] = []
+    error: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            result.append(work())
+        except BaseException as err:  # re-raised on the calling thread
+            error.append(err)
+
+    thread = threading.Thread(target=run, name="psdp-read", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise TimeoutError(message())
+    if error:
+        raise error[0]
+    return result[0]

@@ -1,15 +1,18 @@
 """The global order: which source rows make up the batch of a given step.
 
 Mental model: the data is an endless sequence of epochs; each epoch is a permutation of the ``N``
-source rows chosen from ``(seed, epoch)`` alone, and step ``s`` takes the next ``B`` positions of that
-sequence. The permutation is an index shuffle (a Feistel network with cycle walking) evaluated on
+source rows chosen from ``(seed, epoch)`` alone, and each step takes the next ``B`` positions of its
+epoch. The permutation is an index shuffle (a Feistel network with cycle walking) evaluated on
 demand for just the positions a step needs, so looking up step 10**7 costs the same as step 0 and
 no permutation is ever stored. Nothing here depends on hosts, prefetch depth or threads: the batch
 at a step is a pure function of ``(N, B, seed, step, shuffle, drop_last)``.
 
-With ``drop_last=False`` batches run straight across epoch boundaries (position ``s*B + i``); with
-``drop_last=True`` each epoch yields ``N // B`` whole batches and its last ``N % B`` rows are skipped
-(different rows each epoch when shuffled).
+Epochs never mix: epoch ``e`` is steps ``e*K .. e*K + K-1`` and step ``s`` takes positions
+``(s % K)*B ..`` of its epoch's permutation. With ``drop_last=True``, ``K = N // B`` and the last
+``N % B`` positions of each epoch are skipped (different rows each epoch when shuffled); with
+``drop_last=False``, ``K = ceil(N / B)`` and the short final batch is filled with `PAD` ids, which
+the loader turns into padding rows and a ``False`` mask. Either way every row is read at most once
+per epoch, and exactly once without ``drop_last``.
 """
 
 from __future__ import annotations
@@ -81,6 +84,10 @@ def _feistel(x: np.ndarray, bits: int, keys: tuple[int, ...]) -> np.ndarray:
     return x
 
 
+#: The id `GlobalOrder.batch_ids` gives a padding position (an epoch's short final batch).
+PAD = -1
+
+
 @dataclass(frozen=True)
 class GlobalOrder:
     """Row ids of every step's global batch.
@@ -90,11 +97,14 @@ class GlobalOrder:
         batch_size: ``B``, rows per global batch.
         shuffle: permute each epoch (from ``seed`` and the epoch number) or keep source order.
         seed: the shuffle seed.
-        drop_last: never let a batch straddle two epochs (see the module docstring).
+        drop_last: drop each epoch's short final batch (its last ``N % B`` rows) instead of
+            padding it (see the module docstring).
 
     Example:
-        >>> GlobalOrder(10, 4, shuffle=False).batch_ids(2).tolist()  # positions 8..11 wrap
-        [8, 9, 0, 1]
+        >>> GlobalOrder(10, 4, shuffle=False).batch_ids(2).tolist()  # the short final batch
+        [8, 9, -1, -1]
+        >>> GlobalOrder(10, 4, shuffle=False).batch_ids(3).tolist()  # epoch 1 starts afresh
+        [0, 1, 2, 3]
         >>> GlobalOrder(10, 4, shuffle=False, drop_last=True).batch_ids(2).tolist()
         [0, 1, 2, 3]
     """
@@ -112,40 +122,33 @@ class GlobalOrder:
             raise ValueError(
                 f"drop_last=True with a source of {self.num_rows} rows and global_batch_size="
                 f"{self.batch_size} would yield no batch at all; use a batch of at most "
-                f"{self.num_rows} rows or set drop_last=False"
+                f"{self.num_rows} rows or set drop_last=False (the short batch is then padded "
+                "and masked)"
             )
 
     @property
-    def steps_per_epoch(self) -> float:
-        """Batches per epoch: ``N // B`` with ``drop_last``, otherwise ``N / B`` (maybe fractional)."""
+    def steps_per_epoch(self) -> int:
+        """Batches per epoch: ``N // B`` with ``drop_last``, otherwise ``ceil(N / B)``."""
         if self.drop_last:
             return self.num_rows // self.batch_size
-        return self.num_rows / self.batch_size
+        return -(-self.num_rows // self.batch_size)
+
+    @property
+    def pads(self) -> bool:
+        """Whether some batch holds padding (`PAD` ids): an epoch's short final batch."""
+        return not self.drop_last and self.num_rows % self.batch_size != 0
 
     def batch_ids(self, step: int) -> np.ndarray:
-        """The ``B`` source row ids of the global batch at ``step`` (int64)."""
+        """The ``B`` source row ids of the global batch at ``step`` (int64; `PAD` for padding)."""
         if step < 0:
             raise ValueError(f"step must be >= 0, got {step}")
         n, b = self.num_rows, self.batch_size
-        if self.drop_last:
-            per_epoch = n // b
-            epoch = np.full(b, step // per_epoch, np.int64)
-            within = (step % per_epoch) * b + np.arange(b, dtype=np.int64)
-        else:
-            # Python ints: step * B may exceed int64 only beyond any real training run.
-            epoch_first, offset = divmod(step * b, n)
-            position = offset + np.arange(b, dtype=np.int64)
-            epoch = epoch_first + position // n
-            within = position % n
-        if not self.shuffle:
-            return within
-        if epoch[0] == epoch[-1]:  # the usual case: the batch lies inside one epoch
-            return IndexShuffle(n, self._epoch_key(int(epoch[0])))(within)
-        out = np.empty(b, np.int64)
-        for e in np.unique(epoch).tolist():
-            sel = epoch == e
-            out[sel] = IndexShuffle(n, self._epoch_key(e))(within[sel])
-        return out
+        epoch, within_epoch = divmod(step, self.steps_per_epoch)
+        position = within_epoch * b + np.arange(b, dtype=np.int64)
+        real = position < n
+        position = np.where(real, position, 0)
+        ids = IndexShuffle(n, self._epoch_key(epoch))(position) if self.shuffle else position
+        return np.where(real, ids, PAD)
 
     def _epoch_key(self, epoch: int) -> int:
         return _splitmix64((_splitmix64(self.seed & _MASK64) ^ epoch) & _MASK64)

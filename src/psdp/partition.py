@@ -1,0 +1,172 @@
+"""Partition strategies: from what the user asks for to one `PartitionSpec` per batch leaf.
+
+Mental model (AXLearn's input partition types). A leaf's spec says which mesh axes split its
+batch dimension (and, for a sequence-sharded leaf, its dimension 1). Three named strategies cover
+most trainings:
+
+- ``"batch"`` (the default): dimension 0 over the mesh's batch axes (`DEFAULT_BATCH_AXES`), so
+  the devices of a tensor-parallel group get identical rows and no input reshard is needed;
+- ``"full"``: dimension 0 over every mesh axis, so every device gets different rows (fewest bytes
+  per host; the model reshards before its tensor-parallel layers);
+- ``"replicated"``: every device gets the whole batch.
+
+A `PartitionSpec` is used as given; ``batch_spec`` may also be a dict of those per leaf. Leaves
+named in ``named_axes`` take their spec from a haliax-style axis mapping instead. The *physical*
+batch is the global batch rounded up so that every leaf's batch dimension divides into its shards
+(AXLearn's logical batch): the extra rows are padding, masked out by the loader.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from jax.sharding import Mesh, PartitionSpec
+
+#: Mesh axis names taken as batch axes by the ``"batch"`` strategy, in mesh order.
+DEFAULT_BATCH_AXES = ("replica", "data", "fsdp", "batch")
+
+#: The named strategies a ``batch_spec`` may use.
+STRATEGIES = ("batch", "full", "replicated")
+
+Strategy = PartitionSpec | str
+
+
+def default_batch_spec(mesh: Mesh) -> PartitionSpec:
+    """``P(batch axes)``: the mesh axes named like batch axes (`DEFAULT_BATCH_AXES`), in mesh order.
+
+    Example:
+        >>> import jax, numpy as np
+        >>> from jax.sharding import Mesh
+        >>> mesh = Mesh(np.array(jax.devices()).reshape(2, 2, 2), ("replica", "data", "model"))
+        >>> default_batch_spec(mesh)
+        P(('replica', 'data'),)
+    """
+    axes = tuple(a for a in mesh.axis_names if a in DEFAULT_BATCH_AXES)
+    if not axes:
+        raise ValueError(
+            f"the mesh axes {tuple(mesh.axis_names)} include none of the usual batch axes "
+            f"{DEFAULT_BATCH_AXES}; pass batch_spec=PartitionSpec(<your batch axes>)"
+        )
+    return PartitionSpec(axes[0] if len(axes) == 1 else axes)
+
+
+def resolve_spec(strategy: Strategy, mesh: Mesh, leaf: str = "the batch") -> PartitionSpec:
+    """The `PartitionSpec` of one named strategy or spec on ``mesh``.
+
+    Example:
+        >>> import jax, numpy as np
+        >>> from jax.sharding import Mesh
+        >>> mesh = Mesh(np.array(jax.devices()).reshape(2, 2, 2), ("replica", "data", "model"))
+        >>> [resolve_spec(s, mesh) for s in STRATEGIES]
+        [P(('replica', 'data'),), P(('replica', 'data', 'model'),), P()]
+    """
+    if isinstance(strategy, PartitionSpec):
+        return strategy
+    if strategy == "batch":
+        return default_batch_spec(mesh)
+    if strategy == "full":
+        return PartitionSpec(tuple(mesh.axis_names))
+    if strategy == "replicated":
+        return PartitionSpec()
+    raise ValueError(
+        f"batch_spec for {leaf} is {strategy!r}; use a jax.sharding.PartitionSpec or one of "
+        f"the strategies {STRATEGIES}"
+    )
+
+
+def resolve_specs(
+    batch_spec: Strategy | Mapping[str, Strategy] | None,
+    mesh: Mesh,
+    leaves: Sequence[str | None],
+    named: Mapping[str | None, PartitionSpec] | None = None,
+) -> dict[str | None, PartitionSpec]:
+    """One spec per leaf (``None`` names an array source's only leaf).
+
+    ``batch_spec`` is one strategy for every leaf, or a dict leaf -> strategy where missing leaves
+    take ``"batch"``. ``named`` holds the specs of leaves that have haliax axes.
+
+    Example:
+        >>> import jax, numpy as np
+        >>> from jax.sharding import Mesh, PartitionSpec as P
+        >>> mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "model"))
+        >>> resolve_specs({"tokens": P("data", "model")}, mesh, ["tokens", "weight"])
+        {'tokens': P('data', 'model'), 'weight': P('data',)}
+    """
+    named = dict(named or {})
+    if isinstance(batch_spec, Mapping):
+        unknown = sorted(set(map(str, batch_spec)) - {str(k) for k in leaves})
+        if unknown:
+            raise ValueError(
+                f"batch_spec names leaves {unknown} that the source does not have; its leaves are "
+                f"{sorted(map(str, leaves))}"
+            )
+        per_leaf: dict[str | None, Strategy] = {k: batch_spec.get(k, "batch") for k in leaves}  # type: ignore[arg-type]
+    else:
+        per_leaf = {k: "batch" if batch_spec is None else batch_spec for k in leaves}
+    out = {}
+    for key in leaves:
+        if key in named:
+            if isinstance(batch_spec, Mapping) and key in batch_spec:
+                raise ValueError(
+                    f"leaf {key!r} has both a batch_spec and named_axes; give one of them (its "
+                    "spec follows from named_axes and axis_mapping)"
+                )
+            out[key] = named[key]
+        else:
+            out[key] = resolve_spec(per_leaf[key], mesh, "the batch" if key is None else repr(key))
+    return out
+
+
+def batch_shards(mesh: Mesh, spec: PartitionSpec) -> int:
+    """How many shards split dimension 0 under ``spec`` (1 when it is replicated).
+
+    Example:
+        >>> import jax, numpy as np
+        >>> from jax.sharding import Mesh, PartitionSpec as P
+        >>> mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "model"))
+        >>> batch_shards(mesh, P(("data", "model"))), batch_shards(mesh, P())
+        (8, 1)
+    """
+    if not len(spec) or spec[0] is None:
+        return 1
+    axes = (spec[0],) if isinstance(spec[0], str) else tuple(spec[0])
+    return math.prod(mesh.shape[a] for a in axes)
+
+
+def physical_batch_size(global_batch_size: int, shards: Sequence[int]) -> int:
+    """The smallest batch ``>= global_batch_size`` that every leaf's shards divide.
+
+    Example:
+        >>> physical_batch_size(10, [4]), physical_batch_size(3, [4, 8]), physical_batch_size(16, [4])
+        (12, 8, 16)
+    """
+    unit = math.lcm(*shards) if shards else 1
+    return -(-global_batch_size // unit) * unit
+
+
+def named_spec(
+    names: Sequence[Any], axis_mapping: Mapping[str, Any], mesh: Mesh, leaf: str
+) -> PartitionSpec:
+    """The spec of a leaf whose dimensions are named (haliax axes or strings) via an axis mapping.
+
+    Example:
+        >>> import jax, numpy as np
+        >>> from jax.sharding import Mesh
+        >>> mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "context"))
+        >>> named_spec(["batch", "position"], {"batch": "data", "position": "context"}, mesh, "x")
+        P('data', 'context')
+    """
+    entries = []
+    for name in names:
+        axis_name = getattr(name, "name", name)
+        entry = axis_mapping.get(axis_name)
+        for axis in (entry,) if isinstance(entry, str) else entry or ():
+            if axis not in mesh.axis_names:
+                raise ValueError(
+                    f"axis_mapping maps {axis_name!r} (a dimension of leaf {leaf}) to mesh axis "
+                    f"{axis!r}, which the mesh {tuple(mesh.axis_names)} does not have"
+                )
+        entries.append(tuple(entry) if isinstance(entry, list) else entry)
+    return PartitionSpec(*entries)

@@ -1,0 +1,292 @@
+"""Partition strategies on 8 fake devices: per-leaf specs, sequence windows with halos, logical
+batches with a mask, NamedArray batches. Exact data on every device shard."""
+
+from __future__ import annotations
+
+import functools
+
+import haliax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+
+from batch_checks import (
+    CountingSource,
+    assert_batch_exact,
+    assert_shards_exact,
+    expected_batch,
+    physical_ids,
+    token_table,
+)
+from psdp import DataLoader
+from psdp.order import PAD
+
+
+def mesh_of(axes: tuple[str, ...], shape: tuple[int, ...]) -> Mesh:
+    devices = np.array(jax.devices())[[3, 0, 7, 4, 1, 6, 2, 5]].reshape(shape)
+    return Mesh(devices, axes)
+
+
+RDM = (("replica", "data", "model"), (2, 2, 2))
+
+
+class WindowSource(CountingSource):
+    """Records reads with their column windows (a source that can read partial rows)."""
+
+    def __init__(self, data):
+        super().__init__(data)
+        self.windows: list[tuple[np.ndarray, dict]] = []
+
+    def read_window(self, ids, columns):
+        self.windows.append((np.array(ids), dict(columns)))
+        rows = super().read(ids)
+        return {k: rows[k] if c is None else rows[k][:, c] for k, c in columns.items()}
+
+
+# ------------------------------------------------------------------------------ strategies
+@pytest.mark.parametrize("strategy", ["batch", "full", "replicated"])
+def test_each_strategy_delivers_exact_rows(strategy):
+    mesh = mesh_of(*RDM)
+    data = {"tokens": token_table(64, 4), "weight": np.arange(64, dtype=np.float32)}
+    with DataLoader(data, mesh=mesh, global_batch_size=16, batch_spec=strategy, seed=2) as loader:
+        for step, batch in zip(range(5), loader, strict=False):
+            shards = assert_batch_exact(batch, expected_batch(loader, data, step))
+            assert shards == 16
+    spec = batch["tokens"].sharding.spec
+    assert spec == {"batch": P(("replica", "data")), "full": P(("replica", "data", "model")),
+                    "replicated": P()}[strategy]  # fmt: skip
+    distinct = {str(s.index) for s in batch["tokens"].addressable_shards}
+    assert len(distinct) == {"batch": 4, "full": 8, "replicated": 1}[strategy]
+
+
+def test_full_gives_a_tensor_parallel_group_different_rows():
+    mesh = mesh_of(("data", "model"), (4, 2))
+    loader = DataLoader({"x": token_table(32)}, mesh=mesh, global_batch_size=8,
+                        batch_spec="full", shuffle=False)  # fmt: skip
+    batch = loader.batch_at(0)["x"]
+    by_device = {s.device: np.asarray(s.data) for s in batch.addressable_shards}
+    for group in mesh.devices:  # the two devices of one data row (a model-parallel group)
+        assert not np.array_equal(by_device[group[0]], by_device[group[1]])
+
+
+def test_per_leaf_specs_and_one_read_for_whole_row_leaves():
+    mesh = mesh_of(*RDM)
+    data = {"tokens": token_table(32, 4), "doc": np.arange(32), "w": np.ones(32, np.float32)}
+    source = CountingSource(data)
+    specs = {"tokens": "full", "doc": "replicated"}  # "w" takes the default, "batch"
+    loader = DataLoader(source, mesh=mesh, global_batch_size=8, batch_spec=specs, seed=1)
+    assert loader.batch_spec == {
+        "tokens": P(("replica", "data", "model")), "doc": P(), "w": P(("replica", "data"))
+    }  # fmt: skip
+    source.reads.clear()
+    batch = loader.batch_at(3)
+    assert_batch_exact(batch, expected_batch(loader, data, 3))
+    assert len(source.reads) == 1  # every whole-row leaf shares one read
+
+
+def test_unknown_leaf_or_strategy_in_batch_spec():
+    mesh = mesh_of(*RDM)
+    data = {"tokens": token_table(32)}
+    with pytest.raises(ValueError, match=r"names leaves \['toks'\].*leaves are \['tokens'\]"):
+        DataLoader(data, mesh=mesh, global_batch_size=8, batch_spec={"toks": "full"})
+    with pytest.raises(ValueError, match=r"'fully'; use a jax.sharding.PartitionSpec or one of"):
+        DataLoader(data, mesh=mesh, global_batch_size=8, batch_spec="fully")
+
+
+# ------------------------------------------------------------------------- sequence windows
+def seq_mesh() -> Mesh:
+    return mesh_of(("data", "context"), (4, 2))
+
+
+def test_sequence_sharded_leaf_is_read_in_column_windows():
+    data = {"tokens": token_table(32, 16), "w": np.arange(32, dtype=np.float32)}
+    source = WindowSource(data)
+    spec = {"tokens": P("data", "context")}
+    loader = DataLoader(source, mesh=seq_mesh(), global_batch_size=8, batch_spec=spec, seed=3)
+    source.windows.clear()
+    batch = loader.batch_at(2)
+    assert_batch_exact(batch, expected_batch(loader, data, 2))
+    windows = sorted((tuple(c.items()) for _, c in source.windows), key=str)
+    # whole rows for "w", and the tokens' two column halves, each read on its own
+    assert {str(w) for w in windows} == {
+        str((("w", None),)),
+        str((("tokens", slice(0, 8)),)),
+        str((("tokens", slice(8, 16)),)),
+    }
+
+
+def halo_exchange(x: jax.Array, mesh: Mesh, h: int, pad) -> jax.Array:
+    """The reference: each device's window plus h columns of each neighbour, by ppermute."""
+    c = mesh.shape["context"]
+
+    @functools.partial(
+        jax.shard_map, mesh=mesh, in_specs=P("data", "context"), out_specs=P("data", "context")
+    )
+    def exchange(block):
+        index = jax.lax.axis_index("context")
+        from_left = jax.lax.ppermute(block[:, -h:], "context", [(i, i + 1) for i in range(c - 1)])
+        from_right = jax.lax.ppermute(block[:, :h], "context", [(i + 1, i) for i in range(c - 1)])
+        from_left = jnp.where(index == 0, pad, from_left)
+        from_right = jnp.where(index == c - 1, pad, from_right)
+        return jnp.concatenate([from_left, block, from_right], axis=1)
+
+    return exchange(x)
+
+
+@pytest.mark.parametrize(("h", "pad"), [(1, 0), (3, -7), (4, -1)])
+def test_halo_equals_a_ppermute_halo_exchange(h, pad):
+    mesh = seq_mesh()
+    data = {"tokens": token_table(24, 8)}
+    spec = {"tokens": P("data", "context")}
+    haloed = DataLoader(data, mesh=mesh, global_batch_size=8, batch_spec=spec, halo=h,
+                        pad_value=pad, seed=5)  # fmt: skip
+    plain = DataLoader(data, mesh=mesh, global_batch_size=8, batch_spec=spec, seed=5)
+    for step in range(3):
+        got = haloed.batch_at(step)["tokens"]
+        assert got.shape == (8, 2 * (4 + 2 * h)) and got.sharding == plain.leaf("tokens").sharding
+        want = halo_exchange(plain.batch_at(step)["tokens"], mesh, h, pad)
+        assert_shards_exact(got, np.asarray(want))
+    mask = haloed.halo_mask("tokens")  # per device: h halo, 4 own, h halo columns
+    assert mask.sharding.spec == P("context")
+    assert np.asarray(mask).tolist() == ([True] * h + [False] * 4 + [True] * h) * 2
+
+
+def test_halo_inside_shard_map_sees_its_window_and_neighbours():
+    mesh = seq_mesh()
+    data = {"tokens": token_table(8, 8)}
+    loader = DataLoader(data, mesh=mesh, global_batch_size=8, batch_spec={"tokens": P("data", "context")},
+                        halo=2, pad_value=-1, shuffle=False)  # fmt: skip
+    batch = loader.batch_at(0)["tokens"]
+
+    @functools.partial(
+        jax.shard_map, mesh=mesh, in_specs=P("data", "context"), out_specs=P("data", "context")
+    )
+    def shapes(block):
+        return jnp.full(block.shape, block.shape[1])
+
+    assert (np.asarray(shapes(batch)) == 4 + 2 * 2).all()  # S/C + 2h columns per device
+    row0 = np.asarray(batch)[0]  # row 0 holds 0..7: windows [-,-,0,1,2,3,4,5] [2,3,4,5,6,7,-,-]
+    assert row0.tolist() == [-1, -1, 0, 1, 2, 3, 4, 5, 2, 3, 4, 5, 6, 7, -1, -1]
+
+
+def test_halo_reads_only_the_window_and_its_halo_columns():
+    data = {"tokens": token_table(16, 12)}
+    source = WindowSource(data)
+    mesh = mesh_of(("data", "context"), (2, 4))
+    loader = DataLoader(source, mesh=mesh, global_batch_size=4, batch_spec={"tokens": P("data", "context")},
+                        halo=2, shuffle=False)  # fmt: skip
+    source.windows.clear()
+    loader.batch_at(0)
+    assert sorted(c["tokens"].start for _, c in source.windows) == [0, 1, 4, 7]
+    assert sorted(c["tokens"].stop for _, c in source.windows) == [5, 8, 11, 12]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (dict(halo=5), r"halo=5 is wider than one sequence shard: 8 columns over 2 shards is 4"),
+        (dict(halo=-1), r"halo must be >= 0, got -1"),
+        (dict(halo=1, batch_spec=None), r"halo=1 but no leaf is sharded along its sequence"),
+        (dict(halo={"toks": 1}), r"halo names leaves \['toks'\]"),
+    ],
+)
+def test_bad_halos(kwargs, message):
+    args = dict(batch_spec={"tokens": P("data", "context")}) | kwargs
+    with pytest.raises(ValueError, match=message):
+        DataLoader({"tokens": token_table(16, 8)}, mesh=seq_mesh(), global_batch_size=8, **args)
+
+
+def test_indivisible_sequence_names_the_sizes():
+    with pytest.raises(ValueError, match=r"dimension 1 of size 7 is not divisible by its 2 shards"):
+        DataLoader({"tokens": token_table(16, 7)}, mesh=seq_mesh(), global_batch_size=8,
+                   batch_spec={"tokens": P("data", "context")})  # fmt: skip
+
+
+# ------------------------------------------------------------------------- logical batches
+@pytest.mark.parametrize("batch_size", [1, 3, 10])
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_logical_batches_on_data_4(batch_size, shuffle):
+    mesh = mesh_of(("data", "model"), (4, 2))
+    n = 23
+    data = {"x": token_table(n), "y": np.arange(n, dtype=np.float32) + 1}
+    loader = DataLoader(data, mesh=mesh, global_batch_size=batch_size, shuffle=shuffle, seed=4)
+    physical = -(-batch_size // 4) * 4
+    assert loader.physical_batch_size == physical and loader.padded
+    per_epoch = -(-n // batch_size)
+    seen = []
+    with loader:
+        for step, batch in zip(range(2 * per_epoch), loader, strict=False):
+            assert_batch_exact(batch, expected_batch(loader, data, step))
+            mask = np.asarray(batch["mask"])
+            assert mask.shape == (physical,) and not mask[batch_size:].any()
+            assert (np.asarray(batch["x"])[~mask] == 0).all()  # padding is zero
+            assert (np.asarray(batch["y"])[~mask] == 0).all()
+            seen.append(np.asarray(batch["x"])[mask, 0] // 1000)
+    for epoch in range(2):  # real rows exactly once per epoch
+        rows = np.concatenate(seen[epoch * per_epoch : (epoch + 1) * per_epoch])
+        assert sorted(rows.tolist()) == list(range(n))
+
+
+def test_padding_rows_are_never_read():
+    mesh = mesh_of(("data", "model"), (4, 2))
+    source = CountingSource({"x": token_table(10)})
+    loader = DataLoader(source, mesh=mesh, global_batch_size=3, shuffle=False)
+    source.reads.clear()
+    batch = loader.batch_at(3)  # the epoch's final batch: one real row, physical batch 4
+    assert np.asarray(batch["mask"]).tolist() == [True, False, False, False]
+    assert [r.tolist() for r in source.reads] == [[9]]
+    assert (physical_ids(loader, 3) == [9, PAD, PAD, PAD]).all()
+
+
+def test_custom_mask_key_and_pad_value():
+    mesh = mesh_of(("data", "model"), (4, 2))
+    data = {"x": token_table(8)}
+    loader = DataLoader(data, mesh=mesh, global_batch_size=6, mask_key="valid", pad_value=-1,
+                        shuffle=False, drop_last=True)  # fmt: skip
+    batch = loader.batch_at(0)
+    assert np.asarray(batch["valid"]).tolist() == [True] * 6 + [False] * 2
+    assert (np.asarray(batch["x"])[6:] == -1).all()
+    with pytest.raises(ValueError, match="already has a leaf named 'x'; pass another mask_key"):
+        DataLoader(data, mesh=mesh, global_batch_size=6, mask_key="x")
+
+
+def test_no_mask_when_nothing_is_padded():
+    mesh = mesh_of(("data", "model"), (4, 2))
+    loader = DataLoader({"x": token_table(32)}, mesh=mesh, global_batch_size=8)
+    assert not loader.padded and set(loader.batch_at(0)) == {"x"}
+
+
+# ------------------------------------------------------------------------------- NamedArray
+def test_named_axes_give_named_arrays_with_the_mapped_shardings():
+    mesh = mesh_of(("replica", "data", "context"), (2, 2, 2))
+    data = {"tokens": token_table(32, 8), "weight": np.arange(32, dtype=np.float32)}
+    Batch, Pos = haliax.Axis("batch", 8), haliax.Axis("position", 8)
+    loader = DataLoader(
+        data,
+        mesh=mesh,
+        global_batch_size=8,
+        named_axes={"tokens": (Batch, Pos), "weight": ("batch",)},
+        axis_mapping={"batch": ("replica", "data"), "position": "context"},
+        seed=1,
+    )
+    batch = loader.batch_at(0)
+    assert isinstance(batch["tokens"], haliax.NamedArray)
+    assert batch["tokens"].axes == (Batch, Pos)
+    assert batch["tokens"].array.sharding.spec == P(("replica", "data"), "context")
+    assert batch["weight"].array.sharding.spec == P(("replica", "data"))
+    expected = expected_batch(loader, data, 0)
+    assert_shards_exact(batch["tokens"].array, expected["tokens"])
+    assert_shards_exact(batch["weight"].array, expected["weight"])
+
+
+def test_named_axes_errors():
+    mesh = mesh_of(("data", "model"), (4, 2))
+    data = {"tokens": token_table(32)}
+    with pytest.raises(ValueError, match="named_axes needs an axis_mapping"):
+        DataLoader(data, mesh=mesh, global_batch_size=8, named_axes={"tokens": ("batch", "pos")})
+    with pytest.raises(ValueError, match="maps 'batch' .* to mesh axis 'dp'"):
+        DataLoader(data, mesh=mesh, global_batch_size=8, named_axes={"tokens": ("batch", "pos")},
+                   axis_mapping={"batch": "dp"})  # fmt: skip
