@@ -15,7 +15,10 @@ from psdp.mesh import plan_batch as plan_batch
 from psdp.mesh import plan_pod as plan_pod
 from psdp.mesh import process_mesh_mapping as process_mesh_mapping
 from psdp.order import GlobalOrder as GlobalOrder
+from psdp.partition import STRATEGIES as STRATEGIES
+from psdp.partition import default_batch_spec as default_batch_spec
 from psdp.prefetch import LoaderClosedError as LoaderClosedError
+from psdp.sharding import filter_shard as filter_shard
 from psdp.sources import ArraySource as ArraySource
 from psdp.sources import GrainSource as GrainSource
 from psdp.sources import MemmapSource as MemmapSource

@@ -516,9 +516,11 @@ def _named_axes(
             "named_axes needs an axis_mapping from axis names to mesh axes, e.g. "
             '{"batch": ("replica", "data"), "position": "context"}'
         )
-    per_leaf: dict[Key, Sequence[Any]] = {None: named_axes}  # an array source's leaf
+    per_leaf: dict[Key, tuple[Any, ...]]
     if isinstance(named_axes, Mapping):
-        per_leaf = {str(k): v for k, v in named_axes.items()}
+        per_leaf = {str(k): tuple(v) for k, v in named_axes.items()}
+    else:
+        per_leaf = {None: tuple(named_axes)}  # an array source's only leaf
     unknown = sorted(map(str, set(per_leaf) - set(leaves)))
     if unknown:
         raise ValueError(
