@@ -14,15 +14,17 @@ pytestmark = pytest.mark.multiprocess
 # data=4 x model=2 on 4 hosts x 2 devices: each model group spans two hosts (see
 # test_loader_multiprocess.py); host 0 holds data rows 0 and 2, model column 0.
 NONCONTIGUOUS_4x2 = [[0, 1], [2, 3], [0, 1], [2, 3]]
+CONTIGUOUS_2x4 = [[0, 0], [0, 0], [1, 1], [1, 1]]
 
 
-def run(axis_names, batch_spec, batch_size=16, num_rows=40, halo=0):
+def run(axis_names, batch_spec, batch_size=16, num_rows=40, halo=0, layout=NONCONTIGUOUS_4x2):
+    processes = len({p for row in layout for p in row})
     return run_pod(
         TARGET,
-        num_processes=4,
-        devices_per_process=2,
+        num_processes=processes,
+        devices_per_process=8 // processes,
         args=dict(
-            process_index=NONCONTIGUOUS_4x2,
+            process_index=layout,
             axis_names=axis_names,
             mesh_shape=[4, 2],
             batch_spec=batch_spec,
@@ -52,6 +54,14 @@ def test_sequence_windows_with_halo_equal_a_ppermute_exchange_across_hosts():
     assert [r["shards"] for r in results] == [16] * 4
     # each host reads its 8 rows x (4 own + 2 halo columns) of tokens, and 8 weights
     assert [r["elements"] for r in results] == [8 * 6 + 8] * 4
+
+
+def test_halo_windows_of_one_host_merge_into_one_read_on_a_contiguous_pod():
+    spec = {"tokens": ["data", "context"]}
+    results = run(["data", "context"], spec, halo=2, num_rows=64, layout=CONTIGUOUS_2x4)
+    assert [r["shards"] for r in results] == [32] * 2  # 2 leaves x 4 devices x 4 steps
+    # each host holds both sequence shards of its 8 rows: whole rows (8 columns), read once
+    assert [r["elements"] for r in results] == [8 * 8 + 8] * 2
 
 
 def test_logical_batch_of_10_on_the_noncontiguous_pod():

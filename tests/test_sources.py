@@ -21,7 +21,7 @@ import pytest
 import tensorstore as ts
 from jax.sharding import Mesh
 
-from batch_checks import assert_batch_exact, expected_global, token_table
+from batch_checks import assert_batch_exact, expected_batch, expected_global, token_table
 from psdp import DataLoader
 from psdp.pod import run_pod
 from psdp.sources import GrainSource, MemmapSource, TensorStoreSource, read_metadata
@@ -47,11 +47,15 @@ def corpus(num_rows: int) -> dict[str, np.ndarray]:
 
 
 def check_loader(source, data, *, steps=7, batch=16, shuffle=True) -> int:
-    """Runs the loader on data=4 x model=2 and checks every shard; returns the shard count."""
+    """Runs the loader on data=4 x model=2 and checks every shard; returns the shard count.
+
+    With a batch that does not divide the rows, each epoch's last batch is padded and masked, so
+    dict batches get a ``mask`` leaf: 4 leaves for `corpus`, checked like the others.
+    """
     shards = 0
     with DataLoader(source, mesh=make_mesh(), global_batch_size=batch, shuffle=shuffle) as loader:
         for step, got in zip(range(steps), loader, strict=False):
-            shards += assert_batch_exact(got, expected_global(data, loader.order.batch_ids(step)))
+            shards += assert_batch_exact(got, expected_batch(loader, data, step))
     return shards
 
 
@@ -72,8 +76,8 @@ def test_tensorstore_round_trip_exact_on_every_shard(dataset, shuffle):
     path, data = dataset
     source = TensorStoreSource(path)
     assert len(source) == 44
-    # 7 steps of 16 over 44 rows cross two epochs; 3 leaves x 8 devices per step
-    assert check_loader(source, data, shuffle=shuffle) == 7 * 3 * 8
+    # 7 steps of 16 over 44 rows cross two epochs; 3 leaves + the mask x 8 devices per step
+    assert check_loader(source, data, shuffle=shuffle) == 7 * 4 * 8
 
 
 def test_tensorstore_layout_is_sharded_with_one_row_chunks(dataset):
@@ -138,7 +142,7 @@ def test_single_array_dataset_reads_arrays(tmp_path):
     path = write_dataset(tmp_path / "one", data, rows_per_shard=16, progress=False)
     source = TensorStoreSource(path)
     assert isinstance(source.read(np.array([1])), np.ndarray)
-    assert check_loader(source, data) == 7 * 8
+    assert check_loader(source, data, batch=8) == 7 * 8  # an array batch: no padding, no mask
 
 
 def test_chunked_iterable_write_equals_in_memory(tmp_path):
@@ -153,7 +157,7 @@ def test_chunked_iterable_write_equals_in_memory(tmp_path):
     everything = source.read(np.arange(59))
     for key, value in data.items():
         np.testing.assert_array_equal(everything[key], value)
-    assert check_loader(source, data) == 7 * 3 * 8
+    assert check_loader(source, data) == 7 * 4 * 8
 
 
 @pytest.mark.parametrize(
@@ -333,6 +337,114 @@ def test_bad_metadata(dataset, text, problem):
     assert str(path / "psdp.json") in str(info.value)
 
 
+# ------------------------------------------------------- damage reaches the trainer, on time
+def next_or_hang(iterator, limit_s: float = 120.0):
+    """``next(iterator)`` on a helper thread; a liveness guard (not a timing threshold)."""
+    outcome: list = []
+
+    def call():
+        try:
+            outcome.append(("value", next(iterator)))
+        except BaseException as error:  # handed to the test thread below
+            outcome.append(("error", error))
+
+    thread = threading.Thread(target=call, daemon=True)
+    thread.start()
+    thread.join(limit_s)
+    assert outcome, f"next() did not return or raise within {limit_s}s: the loader hangs"
+    kind, value = outcome[0]
+    if kind == "error":
+        raise value
+    return value
+
+
+@pytest.fixture
+def even_dataset(tmp_path):
+    """48 rows in shards of 8: batches of 8 never pad, so batch steps map to shard files."""
+    data = corpus(48)
+    return write_dataset(tmp_path / "ds", data, rows_per_shard=8, progress=False), data
+
+
+def loader_of(source, batch=8):
+    return DataLoader(source, mesh=make_mesh(), global_batch_size=batch, shuffle=False, prefetch=1)
+
+
+def expect_steps(iterator, data, steps, batch=8):
+    """The next batches are exactly rows ``[s*batch, (s+1)*batch)`` for each step in ``steps``."""
+    for step in steps:
+        ids = np.arange(step * batch, (step + 1) * batch)
+        assert assert_batch_exact(next_or_hang(iterator), expected_global(data, ids)) == 3 * 8
+
+
+def test_a_missing_shard_file_reaches_the_trainer_at_its_step(even_dataset):
+    path, data = even_dataset
+    (path / "tokens" / "c" / "2" / "0").unlink()  # rows 16..23: step 2
+    with pytest.raises(ValueError, match=rf"{path}: leaf 'tokens' is missing 1 shard file"):
+        loader_of(TensorStoreSource(path))  # the default: refused before the first batch
+    with loader_of(TensorStoreSource(path, check_shards=False)) as loader:
+        batches = iter(loader)
+        expect_steps(batches, data, [0, 1])
+        with pytest.raises(ValueError, match=rf"ids \[16, 17, .*\) from {path} failed.*NOT_FOUND"):
+            next_or_hang(batches)
+
+
+def test_a_shard_file_deleted_mid_run_raises_at_that_step(even_dataset):
+    path, data = even_dataset
+    with loader_of(TensorStoreSource(path)) as loader:
+        batches = iter(loader)
+        expect_steps(batches, data, [0])
+        # prefetch=1: the thread is at most at step 2 now, so step 4 is read after the damage
+        (path / "loss_mask" / "c" / "4" / "0").unlink()  # rows 32..39: step 4
+        expect_steps(batches, data, [1, 2, 3])
+        with pytest.raises(ValueError, match=rf"ids \[32, 33, .*\) from {path} failed.*NOT_FOUND"):
+            next_or_hang(batches)
+
+
+def test_a_truncated_shard_file_reaches_the_trainer_at_its_step(even_dataset):
+    path, data = even_dataset
+    shard = path / "segment_ids" / "c" / "1"  # rows 8..15 of a scalar leaf: step 1
+    shard.write_bytes(shard.read_bytes()[:-20])
+    with loader_of(TensorStoreSource(path)) as loader:
+        batches = iter(loader)
+        expect_steps(batches, data, [0])
+        with pytest.raises(ValueError, match=rf"from {path} failed.*damaged or incomplete"):
+            next_or_hang(batches)
+
+
+def test_records_that_change_shape_reach_the_trainer_at_their_step():
+    data = token_table(48, width=4)
+    records = list(data)
+    records[20] = np.zeros(5, np.int32)  # step 2 reads records 16..23
+    with loader_of(GrainSource(records, num_threads=2)) as loader:
+        batches = iter(loader)
+        for step in range(2):
+            ids = np.arange(step * 8, step * 8 + 8)
+            assert assert_batch_exact(next_or_hang(batches), data[ids]) == 8
+        with pytest.raises(
+            ValueError, match=r"record 20 is int32\[5\] but record 16 is int32\[4\]"
+        ):
+            next_or_hang(batches)
+    loader.source.close()
+
+
+@pytest.mark.parametrize(
+    ("make", "error", "message"),
+    [
+        (lambda p: p / "nope", FileNotFoundError, r"no dataset at {p}/nope: the path does not"),
+        (lambda p: p / "ds" / "psdp.json", ValueError, r"{p}/ds/psdp.json is a file, but Tensor"),
+        (lambda p: p / "ds" / "tokens", ValueError, r"cannot open {p}/ds/tokens as a TensorStore"),
+    ],
+)
+def test_a_path_that_is_not_a_store_is_refused_before_the_first_batch(
+    even_dataset, make, error, message
+):
+    path, _ = even_dataset
+    root = path.parent
+    (root / "ds" / "tokens" / "zarr.json").write_text("{}")  # a broken single-array directory
+    with pytest.raises(error, match=message.format(p=root)):
+        loader_of(TensorStoreSource(make(root)))
+
+
 # --------------------------------------------------------------------------- writer errors
 @pytest.mark.parametrize(
     ("arrays", "error", "message"),
@@ -411,7 +523,7 @@ def test_memmap_dict_through_the_loader(tmp_path):
         np.save(files[key], value)
     source = MemmapSource(files)
     assert len(source) == 44 and "tokens.npy" in source.describe()
-    assert check_loader(source, data) == 7 * 3 * 8
+    assert check_loader(source, data) == 7 * 4 * 8
 
 
 def test_memmap_single_file_through_the_loader(tmp_path):
@@ -419,7 +531,7 @@ def test_memmap_single_file_through_the_loader(tmp_path):
     np.save(tmp_path / "rows.npy", data)
     got = MemmapSource(str(tmp_path / "rows.npy")).read(np.array([3, 3]))
     assert type(got) is np.ndarray
-    assert check_loader(MemmapSource(tmp_path / "rows.npy"), data) == 7 * 8
+    assert check_loader(MemmapSource(tmp_path / "rows.npy"), data, batch=8) == 7 * 8
 
 
 def test_memmap_errors(tmp_path):
@@ -451,7 +563,7 @@ def test_grain_map_dataset_through_the_loader():
     records = [{k: v[i] for k, v in data.items()} for i in range(44)]
     source = GrainSource(grain.MapDataset.source(records), num_threads=4)
     assert len(source) == 44 and "4 threads" in source.describe()
-    assert check_loader(source, data) == 7 * 3 * 8
+    assert check_loader(source, data) == 7 * 4 * 8
     source.close()
     assert not [t for t in threading.enumerate() if t.name.startswith("psdp-grain")]
 
@@ -469,7 +581,7 @@ def test_grain_array_record_source_through_the_loader(tmp_path):
     records = grain.sources.ArrayRecordDataSource([str(tmp_path / "rows.array_record")])
     decoded = grain.MapDataset.source(records).map(lambda b: np.frombuffer(b, np.int32))
     with GrainSource(decoded, num_threads=3) as source:
-        assert check_loader(source, data) == 7 * 8
+        assert check_loader(source, data, batch=8) == 7 * 8
 
 
 def test_grain_source_single_thread_and_errors():
@@ -520,8 +632,9 @@ def test_tensorstore_on_a_noncontiguous_four_host_pod(tmp_path):
         timeout_s=180,
     )
     assert [r["process"] for r in results] == [0, 1, 2, 3]
-    # 3 leaves x 2 local devices x 5 steps on every host, each checked against numpy
-    assert [r["shards"] for r in results] == [30] * 4
+    # (3 leaves + the mask: 40 rows / 16 pad each epoch's last batch) x 2 local devices x 5 steps
+    # on every host, each checked against numpy
+    assert [r["shards"] for r in results] == [40] * 4
     assert [r["rows_per_step"] for r in results] == [8] * 4  # half the batch: 2 of 4 DP rows
 
 

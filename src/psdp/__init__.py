@@ -23,6 +23,8 @@ from psdp.sources import ArraySource as ArraySource
 from psdp.sources import GrainSource as GrainSource
 from psdp.sources import MemmapSource as MemmapSource
 from psdp.sources import Source as Source
+from psdp.sources import StreamReader as StreamReader
+from psdp.sources import StreamSource as StreamSource
 from psdp.sources import TensorStoreSource as TensorStoreSource
 from psdp.telemetry import LoaderStats as LoaderStats
 from psdp.writer import write_dataset as write_dataset

@@ -66,8 +66,17 @@ class _Request:
 
     positions: np.ndarray
     columns: dict[Key, slice | None] = field(default_factory=dict)
-    # (leaf, window index, rows of the request that make the window, None when all in order)
-    entries: list[tuple[Key, int, np.ndarray | None]] = field(default_factory=list)
+    entries: list[_Entry] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _Entry:
+    """Where one leaf window's buffer comes from in a request's read."""
+
+    key: Key
+    window: int
+    rows: np.ndarray | None = None  # which rows of the read, in order; None: all of them
+    columns: slice | None = None  # which columns of the leaf's read; None: all of them
 
 
 class DataLoader:
@@ -296,9 +305,16 @@ class DataLoader:
         buffers = {k: [empty] * len(v.windows) for k, v in self._leaves.items()}
         for request in self._requests:
             got = self._read(step, ids[request.positions], request)
-            for key, window, select in request.entries:
-                rows = got[key] if select is None else got[key][select]
-                buffers[key][window] = self._leaves[key].pad_columns(window, rows, self.pad_value)
+            for entry in request.entries:
+                rows = got[entry.key]
+                if entry.rows is not None:
+                    rows = rows[entry.rows]
+                if entry.columns is not None:
+                    rows = rows[:, entry.columns]
+                leaf = self._leaves[entry.key]
+                buffers[entry.key][entry.window] = leaf.pad_columns(
+                    entry.window, rows, self.pad_value
+                )
         return buffers
 
     def _read(self, step: int, ids: np.ndarray, request: _Request) -> dict[Key, np.ndarray]:
@@ -550,7 +566,13 @@ def _halos(
 
 
 def _requests(leaves: dict[Key, LeafAssembler]) -> list[_Request]:
-    """Groups every leaf window into reads: whole rows together, column windows by their rows."""
+    """Groups every leaf window into reads.
+
+    Whole-row leaves share one read (the union of their rows). A sequence-sharded leaf's windows
+    on the same rows whose columns overlap or touch (a host holding neighbouring shards, halos
+    included) merge into one read of their column span, so no column is read twice; windows of
+    different leaves on the same rows share a read.
+    """
     whole = {k: leaf.windows[0].rows for k, leaf in leaves.items() if not leaf.column_shards}
     requests: list[_Request] = []
     if whole:
@@ -559,23 +581,62 @@ def _requests(leaves: dict[Key, LeafAssembler]) -> list[_Request]:
         for key, rows in whole.items():
             request.columns[key] = None
             same = np.array_equal(union, rows)
-            request.entries.append((key, 0, None if same else np.searchsorted(union, rows)))
+            request.entries.append(_Entry(key, 0, None if same else np.searchsorted(union, rows)))
         requests.append(request)
     for key, leaf in leaves.items():
-        if not leaf.column_shards:
-            continue
-        for index, window in enumerate(leaf.windows):
+        for rows, span, members in _column_runs(leaf):
             shared = [
                 r
                 for r in requests[1 if whole else 0 :]
-                if key not in r.columns and np.array_equal(r.positions, window.rows)
+                if key not in r.columns and np.array_equal(r.positions, rows)
             ]
-            request = shared[0] if shared else _Request(window.rows)
+            request = shared[0] if shared else _Request(rows)
             if not shared:
                 requests.append(request)
-            request.columns[key] = window.columns
-            request.entries.append((key, index, None))
+            request.columns[key] = span
+            for index, columns in members:
+                whole_span = columns == slice(0, span.stop - span.start)
+                request.entries.append(_Entry(key, index, None, None if whole_span else columns))
     return requests
+
+
+def _column_runs(
+    leaf: LeafAssembler,
+) -> list[tuple[np.ndarray, slice, list[tuple[int, slice]]]]:
+    """A leaf's column windows as reads: (rows, column span, [(window, columns within span)])."""
+    if not leaf.column_shards:
+        return []
+    by_rows: list[tuple[np.ndarray, list[int]]] = []
+    for index, window in enumerate(leaf.windows):
+        same = [members for rows, members in by_rows if np.array_equal(rows, window.rows)]
+        if same:
+            same[0].append(index)
+        else:
+            by_rows.append((window.rows, [index]))
+    runs: list[tuple[np.ndarray, slice, list[int]]] = []
+    for rows, members in by_rows:
+        for index in sorted(members, key=lambda i: _columns(leaf, i).start):
+            columns = _columns(leaf, index)
+            if runs and runs[-1][0] is rows and columns.start <= runs[-1][1].stop:
+                span = runs[-1][1]
+                runs[-1] = (rows, slice(span.start, max(span.stop, columns.stop)), runs[-1][2])
+                runs[-1][2].append(index)
+            else:
+                runs.append((rows, columns, [index]))
+    return [
+        (rows, span, [(i, _shift(_columns(leaf, i), -span.start)) for i in members])
+        for rows, span, members in runs
+    ]
+
+
+def _columns(leaf: LeafAssembler, index: int) -> slice:
+    columns = leaf.windows[index].columns
+    assert columns is not None  # column-mode windows always name their columns
+    return columns
+
+
+def _shift(columns: slice, by: int) -> slice:
+    return slice(columns.start + by, columns.stop + by)
 
 
 def _fingerprint(num_rows: int, leaves: dict[Key, LeafAssembler]) -> dict[str, Any]:

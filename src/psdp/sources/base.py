@@ -1,0 +1,162 @@
+"""The random-access source protocol, the in-memory sources, and helpers every source shares.
+
+Mental model: a random-access source is a sized table. It has ``len(source)`` rows and
+``source.read(ids)`` returns those rows (an int64 array of row ids, any order, repeats allowed) as
+one array or a dict of arrays whose first dimension is ``len(ids)``. Reads are batched (one call
+per step, never one per row) and must be thread-safe, because the loader reads on a background
+thread and several iterators may share a source. `as_source` turns what users already have (a
+numpy array, a dict of equally long arrays, any object with ``__len__`` and a batched
+``__getitem__(ids)``) into a source. Iterables without random access are not sources; they are
+streams (`psdp.sources.streams`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol, TypeAlias, runtime_checkable
+
+import numpy as np
+
+Rows: TypeAlias = "np.ndarray | dict[str, np.ndarray]"
+
+#: The leaf name under which a source of one array keeps it (reads return an array, not a dict).
+SINGLE_LEAF = "array"
+
+
+@runtime_checkable
+class Source(Protocol):
+    """What the loader reads from: a sized table read in batches.
+
+    Example:
+        >>> class Squares:
+        ...     def __len__(self): return 10
+        ...     def read(self, ids): return ids * ids
+        ...     def describe(self): return "Squares(10 rows)"
+        >>> isinstance(Squares(), Source), Squares().read(np.array([3, 1])).tolist()
+        (True, [9, 1])
+    """
+
+    def __len__(self) -> int: ...
+
+    def read(self, ids: np.ndarray) -> Rows: ...
+
+    def describe(self) -> str: ...
+
+
+class ArraySource:
+    """In-memory rows: one array ``(N, ...)`` or a dict of arrays with the same ``N``.
+
+    Example:
+        >>> src = ArraySource({"tokens": np.arange(12).reshape(6, 2), "weight": np.ones(6)})
+        >>> len(src), src.read(np.array([4, 1]))["tokens"].tolist()
+        (6, [[8, 9], [2, 3]])
+    """
+
+    def __init__(self, data: np.ndarray | Mapping[str, np.ndarray]):
+        if isinstance(data, Mapping):
+            if not data:
+                raise ValueError("a dict source needs at least one leaf, got an empty dict")
+            leaves = {str(k): _as_rows(v, f"leaf {k!r}") for k, v in data.items()}
+            lengths = {k: len(v) for k, v in leaves.items()}
+            if len(set(lengths.values())) > 1:
+                raise ValueError(
+                    f"every leaf of a dict source needs the same number of rows, got {lengths}; "
+                    "trim or pad the leaves to one length"
+                )
+            self._data: Rows = leaves
+            self._len = next(iter(lengths.values()))
+        else:
+            self._data = _as_rows(data, "the source")
+            self._len = len(self._data)
+
+    def __len__(self) -> int:
+        return self._len
+
+    def read(self, ids: np.ndarray) -> Rows:
+        if isinstance(self._data, dict):
+            return {k: v[ids] for k, v in self._data.items()}
+        return self._data[ids]
+
+    def describe(self) -> str:
+        return f"ArraySource({_describe_rows(self._data)})"
+
+
+class IndexableSource:
+    """Adapts any object with ``__len__`` and a batched ``__getitem__(ids)``.
+
+    Example:
+        >>> src = IndexableSource(np.arange(10) * 10)
+        >>> len(src), src.read(np.array([7, 2])).tolist(), src.describe()
+        (10, [70, 20], 'IndexableSource(ndarray, 10 rows)')
+    """
+
+    def __init__(self, obj: Any):
+        self._obj = obj
+
+    def __len__(self) -> int:
+        return len(self._obj)
+
+    def read(self, ids: np.ndarray) -> Rows:
+        return self._obj[ids]
+
+    def describe(self) -> str:
+        return f"IndexableSource({type(self._obj).__name__}, {len(self)} rows)"
+
+
+def as_source(data: Any) -> Source:
+    """Returns ``data`` as a `Source`: sources pass through; arrays and dicts become `ArraySource`.
+
+    Example:
+        >>> as_source(np.zeros((4, 2))).describe()
+        'ArraySource(float64[4, 2])'
+    """
+    if isinstance(data, Source):
+        return data
+    if isinstance(data, np.ndarray | Mapping):
+        return ArraySource(data)
+    if hasattr(data, "__len__") and hasattr(data, "__getitem__"):
+        return IndexableSource(data)
+    hint = (
+        "; an iterable without random access is a stream: wrap it in psdp.sources.StreamSource"
+        if hasattr(data, "__iter__")
+        else ""
+    )
+    raise TypeError(
+        f"cannot read rows from a {type(data).__name__}; pass a numpy array, a dict of arrays, a "
+        f"psdp source, or an object with __len__ and a batched __getitem__(ids){hint}"
+    )
+
+
+# ------------------------------------------------------------------------------ shared helpers
+def _as_rows(value: Any, what: str) -> np.ndarray:
+    """``value`` itself when it is a numpy array with a row dimension; raises otherwise."""
+    if not isinstance(value, np.ndarray):
+        raise TypeError(
+            f"{what} must be a numpy array with rows along dimension 0, got "
+            f"{type(value).__name__}; convert it with np.asarray"
+        )
+    if value.ndim == 0:
+        raise ValueError(f"{what} is a 0-d array; it needs a row dimension")
+    return value
+
+
+def _describe_rows(data: Rows) -> str:
+    if isinstance(data, dict):
+        return ", ".join(f"{k}: {v.dtype}{list(v.shape)}" for k, v in data.items())
+    return f"{data.dtype}{list(data.shape)}"
+
+
+def _check_ids(ids: Any, num_rows: int, where: str) -> np.ndarray:
+    """``ids`` as a 1-d int64 array, each in ``[0, num_rows)``; raises naming ``where``."""
+    ids = np.asarray(ids)
+    if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
+        raise TypeError(
+            f"row ids must be a 1-d integer array, got {ids.dtype}{list(ids.shape)} for {where}"
+        )
+    ids = ids.astype(np.int64, copy=False)
+    if ids.size and (ids.min() < 0 or ids.max() >= num_rows):
+        raise IndexError(
+            f"row ids must be in [0, {num_rows - 1}] for {where} ({num_rows} rows), got ids from "
+            f"{int(ids.min())} to {int(ids.max())}"
+        )
+    return ids

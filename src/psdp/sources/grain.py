@@ -1,0 +1,130 @@
+"""`GrainSource`: adapts a Grain-style per-record source (``__len__``, ``__getitem__(int)``).
+
+Mental model: Grain's sources read one record per call; the loader wants one batched read per
+step. A read takes the step's unique ids, fetches their records on a small thread pool (each
+thread a contiguous slice of the ids), stacks each leaf, and repeats rows for repeated ids. Grain
+itself is never imported: any object with that interface works (a list of records, too).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from psdp._checks import check_int
+from psdp.sources.base import Rows, _check_ids
+
+
+class GrainSource:
+    """Adapts a Grain-style random-access source: ``__len__`` and ``__getitem__(int)`` per record.
+
+    Grain's sources (``grain.sources.ArrayRecordDataSource``, ``grain.MapDataset``, ...) read one
+    record per call. A step's records are fetched on a small thread pool (each thread reads a
+    contiguous slice of the unique ids) and stacked per leaf; a record is an array or a dict of
+    arrays. Grain itself is never imported: any object with that interface works.
+
+    Args:
+        data_source: the per-record source.
+        num_threads: threads fetching records; 1 reads on the calling thread.
+
+    Example:
+        >>> records = [{"x": np.array([i, 10 * i])} for i in range(5)]
+        >>> with GrainSource(records, num_threads=2) as src:
+        ...     src.read(np.array([3, 1, 3]))["x"].tolist()
+        [[3, 30], [1, 10], [3, 30]]
+    """
+
+    def __init__(self, data_source: Any, *, num_threads: int = 8):
+        for method in ("__len__", "__getitem__"):
+            if not hasattr(data_source, method):
+                raise TypeError(
+                    f"GrainSource needs a random-access source with __len__ and "
+                    f"__getitem__(int), but {type(data_source).__name__} has no {method}; "
+                    "wrap an iterable dataset in a list, or use a grain MapDataset with a length"
+                )
+        check_int("num_threads", num_threads, minimum=1)
+        self._source = data_source
+        self.num_threads = num_threads
+        self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+
+    def __len__(self) -> int:
+        return len(self._source)
+
+    def read(self, ids: np.ndarray) -> Rows:
+        ids = _check_ids(ids, len(self), type(self._source).__name__)
+        unique, inverse = np.unique(ids, return_inverse=True)
+        if unique.size == 0:  # learn the leaves from record 0, keep none of its rows
+            unique, inverse = np.zeros(1, np.int64), np.zeros(0, np.int64)
+        records = self._fetch(unique.tolist())
+        return _stack_records(records, unique, type(self._source).__name__, inverse)
+
+    def _fetch(self, ids: list[int]) -> list[Any]:
+        if self.num_threads == 1 or len(ids) < 2:
+            return [self._source[i] for i in ids]
+        parts = [p for p in np.array_split(np.asarray(ids), self.num_threads) if p.size]
+        pool = self._executor()
+        chunks = pool.map(lambda part: [self._source[int(i)] for i in part], parts)
+        return [record for chunk in chunks for record in chunk]
+
+    def _executor(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.num_threads, thread_name_prefix="psdp-grain")
+            return self._pool
+
+    def close(self) -> None:
+        """Stops the fetch threads (a later read starts them again); idempotent."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
+
+    def __enter__(self) -> GrainSource:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def describe(self) -> str:
+        return (
+            f"GrainSource({type(self._source).__name__}, {len(self)} records, "
+            f"{self.num_threads} threads)"
+        )
+
+
+def _stack_records(
+    records: Sequence[Any], ids: np.ndarray, where: str, inverse: np.ndarray
+) -> Rows:
+    """Stacks per-record arrays (or dicts of arrays) into rows, then repeats rows per ``inverse``."""
+    if isinstance(records[0], Mapping):
+        keys = set(records[0])
+        for i, record in zip(ids, records, strict=True):
+            if not isinstance(record, Mapping) or set(record) != keys:
+                got = sorted(record) if isinstance(record, Mapping) else type(record).__name__
+                raise ValueError(
+                    f"{where}: record {int(ids[0])} has leaves {sorted(keys)} but record {int(i)} "
+                    f"has {got}; every record must have the same leaves"
+                )
+        return {
+            str(k): _stack_leaf([r[k] for r in records], ids, f"{where} leaf {k!r}")[inverse]
+            for k in records[0]
+        }
+    return _stack_leaf(records, ids, where)[inverse]
+
+
+def _stack_leaf(values: Sequence[Any], ids: np.ndarray, where: str) -> np.ndarray:
+    arrays = [np.asarray(v) for v in values]
+    first = arrays[0]
+    for i, a in zip(ids, arrays, strict=True):
+        if a.shape != first.shape or a.dtype != first.dtype:
+            raise ValueError(
+                f"{where}: record {int(i)} is {a.dtype}{list(a.shape)} but record {int(ids[0])} "
+                f"is {first.dtype}{list(first.shape)}; every record must have one shape and dtype "
+                "(pad or cast the records)"
+            )
+    return np.stack(arrays)
