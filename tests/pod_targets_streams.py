@@ -90,7 +90,10 @@ def stream_loader_exact(
 
     shards = 0
     mine: list[int] = []
-    with DataLoader(source, mesh=mesh, global_batch_size=batch_size, shuffle=False) as loader:
+    loader = DataLoader(
+        source, mesh=mesh, global_batch_size=batch_size, shuffle=False, drop_last=True
+    )
+    with loader:
         np.testing.assert_array_equal(loader.read_positions, positions[uids[me]])
         for step, batch in zip(range(steps), loader, strict=False):
             shards += check(step, batch)

@@ -11,8 +11,15 @@ import pytest
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from batch_checks import CountingSource, assert_batch_exact, expected_batch, token_table
-from psdp import DataLoader, LoaderClosedError
+from batch_checks import (
+    CountingSource,
+    assert_batch_exact,
+    expected_batch,
+    expected_global,
+    token_table,
+)
+from psdp import DataLoader, LoaderClosedError, StreamSource
+from psdp.order import PAD
 
 MESHES = {
     "data=8": (("data",), (8,)),
@@ -261,3 +268,37 @@ def test_rows_changing_shape_mid_dataset_is_a_clear_error():
     ):
         next(it)
     loader.close()
+
+
+# ----------------------------------------------------------------------------------- streams
+def test_a_stream_fills_batches_in_order_and_pads_its_end():
+    data = {"x": token_table(21), "w": np.arange(21, dtype=np.float32)}
+    elements = [{k: v[i] for k, v in data.items()} for i in range(21)]
+    mesh = make_mesh("data=4 x model=2")
+    with DataLoader(StreamSource(elements), mesh=mesh, global_batch_size=8) as loader:
+        assert loader.stream_shard == (0, 1) and loader.padded
+        batches = list(loader)  # the stream ends: 8 + 8 + 5 rows, the last batch padded
+    assert len(batches) == 3
+    for step, batch in enumerate(batches):
+        ids = np.arange(step * 8, step * 8 + 8)
+        ids[ids >= 21] = PAD
+        want = expected_global(data, ids) | {"mask": ids != PAD}
+        assert_batch_exact(batch, want)
+
+
+def test_a_stream_resumes_by_skipping_and_drops_its_end_with_drop_last():
+    stream = StreamSource(lambda shard, num_shards: ({"x": np.array([k, -k])} for k in range(30)))
+    mesh = make_mesh("data=8")
+    with DataLoader(stream, mesh=mesh, global_batch_size=8, drop_last=True) as loader:
+        assert not loader.padded
+        assert [np.asarray(b["x"])[0, 0] for b in loader] == [0, 8, 16]  # 24..29 dropped
+        resumed = next(loader.iter_from(2))
+        assert np.asarray(resumed["x"])[:, 0].tolist() == list(range(16, 24))
+        state = loader.state()
+    assert state["step"] == 3 and state["source"]["rows"] is None
+
+
+def test_a_stream_cannot_be_shuffled():
+    with pytest.raises(ValueError, match="shuffle=True with a stream .* pass shuffle=False"):
+        DataLoader(StreamSource([1, 2, 3]), mesh=make_mesh("data=8"), global_batch_size=8,
+                   shuffle=True)  # fmt: skip

@@ -36,7 +36,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from psdp._checks import check_int, preview_ids
 from psdp.assembly import LeafAssembler
-from psdp.mesh import _spec_axes, as_layout
+from psdp.mesh import _spec_axes, as_layout, plan_pod
 from psdp.order import PAD, GlobalOrder
 from psdp.partition import (
     DEFAULT_BATCH_AXES,
@@ -48,7 +48,7 @@ from psdp.partition import (
     resolve_specs,
 )
 from psdp.prefetch import LoaderClosedError, Prefetcher
-from psdp.sources import Rows, Source, as_source
+from psdp.sources import ArraySource, Rows, Source, StreamReader, StreamSource, as_source
 from psdp.telemetry import LoaderStats, Telemetry
 
 __all__ = ["DEFAULT_BATCH_AXES", "DataLoader", "default_batch_spec"]
@@ -168,7 +168,14 @@ class DataLoader:
             raise ValueError(f"read_timeout_s must be > 0 or None, got {read_timeout_s!r}")
         if not isinstance(mask_key, str) or not mask_key:
             raise ValueError(f"mask_key must be a non-empty string, got {mask_key!r}")
-        self.source: Source = as_source(source)
+        self._stream = source if isinstance(source, StreamSource) else None
+        if self._stream is not None and shuffle:
+            raise ValueError(
+                f"shuffle=True with a stream ({self._stream.describe()}): a stream has no random "
+                "access, so psdp cannot permute it; shuffle upstream (e.g. a shuffle buffer in "
+                "the stream) and pass shuffle=False"
+            )
+        self.source: Any = source if self._stream is not None else as_source(source)
         self.mesh = mesh
         self.global_batch_size = global_batch_size
         self.prefetch = prefetch
@@ -178,11 +185,17 @@ class DataLoader:
         self.mask_key = mask_key
         self.name = name
         self.process_index = jax.process_index() if process_index is None else process_index
-        self.order = GlobalOrder(
-            len(self.source), global_batch_size, True if shuffle is None else shuffle, seed,
-            drop_last,
-        )  # fmt: skip
-        probe = _leaves_of(self.source.read(np.zeros(1, np.int64)))
+        self.drop_last = drop_last
+        self.order: GlobalOrder | None = None  # None for a stream: it has no global order
+        if self._stream is None:
+            self.order = GlobalOrder(
+                len(self.source),
+                global_batch_size,
+                True if shuffle is None else shuffle,
+                seed,
+                drop_last,
+            )
+        probe = _leaves_of(self._probe())
         self._named = _named_axes(named_axes, axis_mapping, list(probe))
         specs = resolve_specs(
             batch_spec,
@@ -197,7 +210,8 @@ class DataLoader:
             _spec_axes(layout, spec, np.ndim(probe[key]))  # raises naming the spec and the mesh
         shards = [batch_shards(mesh, spec) for spec in specs.values()]
         self.physical_batch_size = physical_batch_size(global_batch_size, shards)
-        self.padded = self.physical_batch_size > global_batch_size or self.order.pads
+        ends_short = (not drop_last) if self.order is None else self.order.pads
+        self.padded = self.physical_batch_size > global_batch_size or ends_short
         halos = _halos(halo, specs, {k: np.ndim(v) for k, v in probe.items()})
         self._leaves = {
             key: LeafAssembler.create(
@@ -215,6 +229,13 @@ class DataLoader:
             self._mask = self._plan_mask(specs)
         self._requests = _requests(self._leaves)
         self._read_positions = np.unique(np.concatenate([r.positions for r in self._requests]))
+        self._real_positions = self._read_positions[self._read_positions < global_batch_size]
+        self._reader: StreamReader | None = None
+        self._reader_lock = threading.Lock()
+        #: (uid, number of uids): the stream shard this host reads; None for random access
+        self.stream_shard: tuple[int, int] | None = None
+        if self._stream is not None:
+            self.stream_shard = _stream_shard(self._leaves, mesh, self.process_index)
         self.telemetry = Telemetry(stall_warning_s=stall_warning_s)
         self._iterators: list[Prefetcher[Batch]] = []
         self._lock = threading.Lock()
@@ -226,7 +247,7 @@ class DataLoader:
             raise ValueError(
                 f"global_batch_size={self.global_batch_size} needs padding (the physical batch "
                 f"is {self.physical_batch_size} rows for the batch shards, and drop_last="
-                f"{self.order.drop_last} with {len(self.source)} rows), so batches need a mask "
+                f"{self.drop_last} for an epoch's short final batch), so batches need a mask "
                 f"leaf, which an array source cannot carry; pass a dict source, e.g. "
                 f"{{'inputs': array}}, or a global_batch_size that is a multiple of the batch "
                 "shards with drop_last=True"
@@ -240,6 +261,16 @@ class DataLoader:
         return LeafAssembler.create(
             self.mesh, spec, (self.physical_batch_size,), np.dtype(bool), self.process_index
         )
+
+    def _probe(self) -> Rows:
+        """One row, to learn the leaves' names, trailing shapes and dtypes."""
+        if self._stream is None:
+            return self.source.read(np.zeros(1, np.int64))
+        with self._stream.open(0, 1) as reader:
+            rows = reader.take(1)
+        if rows is None:
+            raise ValueError(f"the stream {self._stream.describe()} is empty; it needs elements")
+        return rows
 
     # ------------------------------------------------------------------------------- planning
     @property
@@ -281,12 +312,18 @@ class DataLoader:
         check_int("step", step, minimum=0)
         started = time.perf_counter()
         ids = np.full(self.physical_batch_size, PAD, np.int64)
-        ids[: self.global_batch_size] = self.order.batch_ids(step)
+        if self.order is not None:
+            ids[: self.global_batch_size] = self.order.batch_ids(step)
+
+        def read_rows() -> dict[Key, list[np.ndarray]]:
+            source = self._stream_rows(step, ids) if self._stream is not None else self.source
+            return self._read_step(step, ids, source)
+
         if self.read_timeout_s is None:
-            buffers = self._read_step(step, ids)
+            buffers = read_rows()
         else:
             buffers = _with_timeout(
-                lambda: self._read_step(step, ids),
+                read_rows,
                 self.read_timeout_s,
                 lambda: f"step {step}: reading {len(self._read_positions)} rows (ids "
                 f"{preview_ids(ids[self._read_positions])}) from {self.source.describe()} took "
@@ -300,11 +337,34 @@ class DataLoader:
         self.telemetry.record_read(read - started, time.perf_counter() - read)
         return self._wrap(batch)
 
-    def _read_step(self, step: int, ids: np.ndarray) -> dict[Key, list[np.ndarray]]:
+    def _stream_rows(self, step: int, ids: np.ndarray) -> Any:
+        """A stream step's rows (as a source), with ``ids`` set to index them; O(step) on a jump.
+
+        This host takes the next ``R`` elements of its uid's shard for its ``R`` real batch
+        positions, so hosts with the same uid hold the same elements (see ``docs/sources.md``).
+        """
+        assert self._stream is not None and self.stream_shard is not None
+        per_step = len(self._real_positions)
+        with self._reader_lock:
+            if self._reader is None or self._reader.consumed != step * per_step:
+                if self._reader is not None:
+                    self._reader.close()
+                self._reader = self._stream.open(*self.stream_shard, start=step * per_step)
+            rows = self._reader.take(per_step) if per_step else None
+        got = 0 if rows is None else len(next(iter(_leaves_of(rows).values())))
+        if per_step and (got == 0 or (got < per_step and self.drop_last)):
+            raise StopIteration(
+                f"step {step}: shard {self.stream_shard[0]} of {self.stream_shard[1]} of "
+                f"{self._stream.describe()} ended"
+            )
+        ids[self._real_positions[:got]] = np.arange(got)
+        return ArraySource(rows) if rows is not None else self.source  # all padding: not read
+
+    def _read_step(self, step: int, ids: np.ndarray, source: Any) -> dict[Key, list[np.ndarray]]:
         empty = np.empty(0, np.int8)
         buffers = {k: [empty] * len(v.windows) for k, v in self._leaves.items()}
         for request in self._requests:
-            got = self._read(step, ids[request.positions], request)
+            got = self._read(step, ids[request.positions], request, source)
             for entry in request.entries:
                 rows = got[entry.key]
                 if entry.rows is not None:
@@ -317,11 +377,13 @@ class DataLoader:
                 )
         return buffers
 
-    def _read(self, step: int, ids: np.ndarray, request: _Request) -> dict[Key, np.ndarray]:
+    def _read(
+        self, step: int, ids: np.ndarray, request: _Request, source: Any
+    ) -> dict[Key, np.ndarray]:
         """One request's rows, each leaf cut to its columns; `PAD` ids become pad rows."""
         real = ids != PAD
         if real.all():
-            return self._checked(step, ids, request, self._source_read(ids[real], request))
+            return self._checked(step, ids, request, self._source_read(source, ids, request))
         out = {
             key: np.full(
                 self._row_shape(key, columns, len(ids)), self.pad_value, self._leaves[key].dtype
@@ -329,17 +391,21 @@ class DataLoader:
             for key, columns in request.columns.items()
         }
         if real.any():
-            got = self._checked(step, ids[real], request, self._source_read(ids[real], request))
+            got = self._checked(
+                step, ids[real], request, self._source_read(source, ids[real], request)
+            )
             for key in out:
                 out[key][real] = got[key]
         return out
 
-    def _source_read(self, ids: np.ndarray, request: _Request) -> dict[Key, np.ndarray]:
-        read_window = getattr(self.source, "read_window", None)
+    def _source_read(
+        self, source: Any, ids: np.ndarray, request: _Request
+    ) -> dict[Key, np.ndarray]:
+        read_window = getattr(source, "read_window", None)
         if read_window is not None:
             return _leaves_of(read_window(ids, request.columns))
         # a source without column reads: read whole rows, keep this request's leaves and columns
-        got = _leaves_of(self.source.read(ids))
+        got = _leaves_of(source.read(ids))
         wanted = {key for key in got if key in request.columns or key not in self._leaves}
         return {
             key: got[key]
@@ -414,7 +480,8 @@ class DataLoader:
                     "this DataLoader is closed; create a new DataLoader to read again"
                 )
             self._iterators = [it for it in self._iterators if not it.closed]
-            extra = {"workers": self.read_threads} if self.read_threads > 1 else {}
+            threads = 1 if self._stream is not None else self.read_threads  # streams: in order
+            extra = {"workers": threads} if threads > 1 else {}
             iterator: Prefetcher[Batch] = Prefetcher(
                 self.batch_at,
                 start=step,
@@ -444,10 +511,19 @@ class DataLoader:
             "format": STATE_FORMAT,
             "step": int(step),
             "global_batch_size": self.global_batch_size,
-            "seed": self.order.seed,
-            "shuffle": self.order.shuffle,
-            "drop_last": self.order.drop_last,
-            "source": _fingerprint(len(self.source), self._leaves),
+            "seed": 0 if self.order is None else self.order.seed,
+            "shuffle": False if self.order is None else self.order.shuffle,
+            "drop_last": self.drop_last,
+            "source": self._fingerprint(),
+        }
+
+    def _fingerprint(self) -> dict[str, Any]:
+        return {
+            "rows": None if self._stream is not None else len(self.source),
+            "leaves": {
+                str(k): [str(v.dtype), list(v.plan.global_shape[1:])]
+                for k, v in sorted(self._leaves.items(), key=lambda kv: str(kv[0]))
+            },
         }
 
     @classmethod
@@ -473,7 +549,7 @@ class DataLoader:
                 )
             kwargs[name] = state[name]
         loader = cls(source, mesh=mesh, **kwargs)
-        found = _fingerprint(len(loader.source), loader._leaves)
+        found = loader._fingerprint()
         if found != state["source"]:
             loader.close()
             raise ValueError(
@@ -491,6 +567,10 @@ class DataLoader:
             iterators, self._iterators = self._iterators, []
         for iterator in iterators:
             iterator.close()
+        with self._reader_lock:
+            if self._reader is not None:
+                self._reader.close()
+                self._reader = None
 
     def __enter__(self) -> DataLoader:
         return self
@@ -600,6 +680,23 @@ def _requests(leaves: dict[Key, LeafAssembler]) -> list[_Request]:
     return requests
 
 
+def _stream_shard(
+    leaves: dict[Key, LeafAssembler], mesh: Mesh, process_index: int
+) -> tuple[int, int]:
+    """(this host's data-shard uid, the number of uids) over every leaf's plan.
+
+    Hosts whose devices hold the same boxes of every leaf share a uid, hence a stream shard.
+    """
+    table = np.stack(
+        [plan_pod(mesh, v.sharding.spec, v.plan.global_shape).uids for v in leaves.values()],
+        axis=1,
+    )
+    _, first, inverse = np.unique(table, axis=0, return_index=True, return_inverse=True)
+    dense = np.argsort(np.argsort(first))  # uids in order of first appearance, like the planner's
+    uids = dense[inverse.ravel()]
+    return int(uids[process_index]), int(uids.max()) + 1
+
+
 def _column_runs(
     leaf: LeafAssembler,
 ) -> list[tuple[np.ndarray, slice, list[tuple[int, slice]]]]:
@@ -637,16 +734,6 @@ def _columns(leaf: LeafAssembler, index: int) -> slice:
 
 def _shift(columns: slice, by: int) -> slice:
     return slice(columns.start + by, columns.stop + by)
-
-
-def _fingerprint(num_rows: int, leaves: dict[Key, LeafAssembler]) -> dict[str, Any]:
-    return {
-        "rows": num_rows,
-        "leaves": {
-            str(k): [str(v.dtype), list(v.plan.global_shape[1:])]
-            for k, v in sorted(leaves.items(), key=lambda kv: str(kv[0]))
-        },
-    }
 
 
 def _with_timeout(work: Any, timeout_s: float, message: Any) -> Any:
