@@ -70,3 +70,7 @@ class CountingSource(ArraySource):
     def read(self, ids):
         self.reads.append(np.array(ids))
         return super().read(ids)
+
+    def read_window(self, ids, columns):
+        self.reads.append(np.array(ids))
+        return super().read_window(ids, columns)

@@ -401,8 +401,12 @@ class DataLoader:
     def _source_read(
         self, source: Any, ids: np.ndarray, request: _Request
     ) -> dict[Key, np.ndarray]:
+        # `read` is the protocol; `read_window` (optional) serves column windows and leaf subsets
         read_window = getattr(source, "read_window", None)
-        if read_window is not None:
+        partial = len(request.columns) < len(self._leaves) or any(
+            c is not None for c in request.columns.values()
+        )
+        if partial and read_window is not None:
             return _leaves_of(read_window(ids, request.columns))
         # a source without column reads: read whole rows, keep this request's leaves and columns
         got = _leaves_of(source.read(ids))

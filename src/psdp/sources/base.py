@@ -27,6 +27,12 @@ SINGLE_LEAF = "array"
 class Source(Protocol):
     """What the loader reads from: a sized table read in batches.
 
+    ``read(ids)`` returns the rows at ``ids`` (an array, or a dict of arrays for a dict batch).
+    A source may also offer ``read_window(ids, columns)``, where ``columns`` maps some leaves
+    (``None`` for a single array) to a slice of dimension 1 or ``None`` (whole rows), returning
+    just those leaves: the loader then reads a sequence-sharded leaf's columns only, instead of
+    whole rows (`ArraySource`, `MemmapSource` and `TensorStoreSource` do).
+
     Example:
         >>> class Squares:
         ...     def __len__(self): return 10
@@ -76,6 +82,24 @@ class ArraySource:
         if isinstance(self._data, dict):
             return {k: v[ids] for k, v in self._data.items()}
         return self._data[ids]
+
+    def read_window(
+        self, ids: np.ndarray, columns: Mapping[str | None, slice | None]
+    ) -> dict[str | None, np.ndarray]:
+        """Only some leaves (``None``: the single array), each cut to a range of dimension 1.
+
+        The loader uses this for sequence-sharded leaves, so a host copies only its columns.
+
+        Example:
+            >>> src = ArraySource({"tokens": np.arange(12).reshape(3, 4), "weight": np.ones(3)})
+            >>> src.read_window(np.array([2, 0]), {"tokens": slice(1, 3)})["tokens"].tolist()
+            [[9, 10], [1, 2]]
+        """
+        out = {}
+        for key, cols in columns.items():
+            leaf: Any = self._data if key is None else self._data[key]
+            out[key] = np.asarray(leaf[ids] if cols is None else leaf[ids, cols])
+        return out
 
     def describe(self) -> str:
         return f"ArraySource({_describe_rows(self._data)})"

@@ -179,6 +179,32 @@ class TensorStoreSource:
                 ) from error
         return rows[SINGLE_LEAF] if self._single else rows
 
+    def read_window(
+        self, ids: np.ndarray, columns: Mapping[str | None, slice | None]
+    ) -> dict[str | None, np.ndarray]:
+        """Only some leaves (``None``: a single-array store), each cut to a range of dimension 1.
+
+        One batched read, like `read`; a sequence-sharded host reads only its columns' chunks.
+        """
+        ids = _check_ids(ids, self._len, self._where)
+        arrays = {key: self._arrays[SINGLE_LEAF if key is None else key] for key in columns}
+        try:
+            with ts.Batch() as batch:
+                futures = {
+                    key: (a[ids] if columns[key] is None else a[ids, columns[key]]).read(
+                        batch=batch
+                    )
+                    for key, a in arrays.items()
+                }
+            return {key: f.result() for key, f in futures.items()}
+        except ValueError as error:
+            raise ValueError(
+                f"reading {ids.size} rows (ids {preview_ids(ids)}, columns {dict(columns)}) from "
+                f"{self._where} failed: {error}. The store is damaged or incomplete (e.g. a "
+                "missing or truncated shard file); rewrite it with write_dataset(..., "
+                "overwrite=True)"
+            ) from error
+
     def describe(self) -> str:
         leaves = ", ".join(
             f"{k}: {dtype}{[self._len, *shape]}" for k, (dtype, shape) in self._leaf_types.items()
