@@ -24,7 +24,7 @@ def expected_global(data: np.ndarray | dict[str, np.ndarray], ids: np.ndarray, p
 def physical_ids(loader, step: int) -> np.ndarray:
     """The step's ids padded to the loader's physical batch with `PAD`."""
     ids = np.full(loader.physical_batch_size, PAD, np.int64)
-    ids[: loader.global_batch_size] = loader.order.batch_ids(step)
+    ids[loader.real_positions] = loader.order.batch_ids(step)
     return ids
 
 

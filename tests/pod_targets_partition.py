@@ -118,3 +118,27 @@ def _halo_exchange(x, mesh, h, pad):
         return jnp.concatenate([left, block, right], axis=1)
 
     return exchange(x)
+
+
+def feeding_exact(process_index, axis_names, mesh_shape, feeding, batch_size, num_rows, steps):
+    """Only ``feeding`` processes' shards get real rows; the others read nothing."""
+    layout = MeshLayout(np.asarray(process_index).reshape(mesh_shape), tuple(axis_names))
+    mesh = layout.build_mesh(jax.devices())
+    data = {"tokens": token_table(num_rows, 8), "weight": np.arange(num_rows, dtype=np.float32)}
+    source = CountingSource(data)
+    loader = DataLoader(source, mesh=mesh, global_batch_size=batch_size, seed=3,
+                        feeding_processes=feeding)  # fmt: skip
+    source.reads.clear()
+    shards = 0
+    for step in range(steps):
+        batch = loader.batch_at(step)
+        expected = expected_batch(loader, data, step)
+        shards += assert_batch_exact(batch, expected)
+        total = int(jax.jit(lambda m: m.sum())(batch["mask"]))  # a pod-wide count of real rows
+        assert total == batch_size
+    return {
+        "process": jax.process_index(),
+        "shards": shards,
+        "physical": loader.physical_batch_size,
+        "rows_read": int(sum(len(r) for r in source.reads)),
+    }

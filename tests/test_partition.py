@@ -323,3 +323,16 @@ def test_real_sources_read_column_windows(kind, tmp_path):
         got, want = loader.batch_at(step), reference.batch_at(step)
         for key in ("tokens", "w"):
             assert_shards_exact(got[key], np.asarray(want[key]))
+
+
+def test_feeding_processes_on_one_process_is_the_plain_logical_batch():
+    mesh = mesh_of(("data", "model"), (4, 2))
+    data = {"x": token_table(30)}
+    fed = DataLoader(data, mesh=mesh, global_batch_size=10, feeding_processes=[0], seed=1)
+    assert fed.physical_batch_size == 12 and fed.real_positions.tolist() == list(range(10))
+    assert_batch_exact(fed.batch_at(1), expected_batch(fed, data, 1))
+    with pytest.raises(ValueError, match=r"process_index=3 is out of range: this layout has 1"):
+        DataLoader(data, mesh=mesh, global_batch_size=10, feeding_processes=[3])
+    with pytest.raises(ValueError, match="feeding_processes needs every leaf's batch dimension"):
+        DataLoader(data | {"y": np.arange(30)}, mesh=mesh, global_batch_size=8,
+                   feeding_processes=[0], batch_spec={"y": "replicated"})  # fmt: skip

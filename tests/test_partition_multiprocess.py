@@ -68,3 +68,25 @@ def test_logical_batch_of_10_on_the_noncontiguous_pod():
     results = run(["data", "model"], "batch", batch_size=10, num_rows=23)
     # physical batch 12: tokens, weight and mask x 2 devices x 4 steps
     assert [r["shards"] for r in results] == [24] * 4
+
+
+def test_only_the_feeding_hosts_read():
+    results = run_pod(
+        f"{Path(__file__).parent / 'pod_targets_partition.py'}:feeding_exact",
+        num_processes=4,
+        devices_per_process=2,
+        args=dict(
+            process_index=NONCONTIGUOUS_4x2,
+            axis_names=["data", "model"],
+            mesh_shape=[4, 2],
+            feeding=[0],  # host 0 holds data rows 0 and 2, shared with host 1
+            batch_size=8,
+            num_rows=40,
+            steps=3,
+        ),
+        timeout_s=180,
+    )
+    # rows 0 and 2 of 4 get 4 real rows each: physical batch 16, 8 of them padding
+    assert [r["physical"] for r in results] == [16] * 4
+    assert [r["shards"] for r in results] == [18] * 4  # 3 leaves x 2 devices x 3 steps, exact
+    assert [r["rows_read"] for r in results] == [24, 24, 0, 0]  # hosts 2 and 3 read nothing

@@ -36,7 +36,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from psdp._checks import check_int, preview_ids
 from psdp.assembly import LeafAssembler
-from psdp.mesh import _spec_axes, as_layout, plan_pod
+from psdp.mesh import _spec_axes, as_layout, dp_index, plan_pod
 from psdp.order import PAD, GlobalOrder
 from psdp.partition import (
     DEFAULT_BATCH_AXES,
@@ -48,7 +48,7 @@ from psdp.partition import (
     resolve_specs,
 )
 from psdp.prefetch import LoaderClosedError, Prefetcher
-from psdp.sources import ArraySource, Rows, Source, StreamReader, StreamSource, as_source
+from psdp.sources import ArraySource, Rows, StreamReader, StreamSource, as_source
 from psdp.telemetry import LoaderStats, Telemetry
 
 __all__ = ["DEFAULT_BATCH_AXES", "DataLoader", "default_batch_spec"]
@@ -108,6 +108,10 @@ class DataLoader:
             ``axis_mapping``.
         axis_mapping: logical axis name -> mesh axis or axes, e.g.
             ``{"batch": ("replica", "data"), "position": "context"}``.
+        feeding_processes: only the devices of these processes (and whoever shares their batch
+            shards) get real rows; the physical batch grows so they hold all ``global_batch_size``
+            rows, and a process whose shards are all padding reads nothing (AXLearn's logical
+            feeds). ``None``: every process.
         read_threads: steps read and assembled concurrently (each step is still one batched read
             per request, and batches are still delivered in step order).
         read_timeout_s: a step whose reads take longer raises `TimeoutError` naming the step and
@@ -152,6 +156,7 @@ class DataLoader:
         mask_key: str = "mask",
         named_axes: Sequence[Any] | Mapping[str, Sequence[Any]] | None = None,
         axis_mapping: Mapping[str, Any] | None = None,
+        feeding_processes: Sequence[int] | None = None,
         read_threads: int = 1,
         read_timeout_s: float | None = None,
         process_index: int | None = None,
@@ -210,6 +215,12 @@ class DataLoader:
             _spec_axes(layout, spec, np.ndim(probe[key]))  # raises naming the spec and the mesh
         shards = [batch_shards(mesh, spec) for spec in specs.values()]
         self.physical_batch_size = physical_batch_size(global_batch_size, shards)
+        #: where the global batch's rows sit in the physical batch (the rest is padding)
+        self.real_positions = np.arange(global_batch_size)
+        if feeding_processes is not None:
+            self.physical_batch_size, self.real_positions = _feeding_positions(
+                feeding_processes, specs, shards, global_batch_size, layout
+            )
         ends_short = (not drop_last) if self.order is None else self.order.pads
         self.padded = self.physical_batch_size > global_batch_size or ends_short
         halos = _halos(halo, specs, {k: np.ndim(v) for k, v in probe.items()})
@@ -229,7 +240,7 @@ class DataLoader:
             self._mask = self._plan_mask(specs)
         self._requests = _requests(self._leaves)
         self._read_positions = np.unique(np.concatenate([r.positions for r in self._requests]))
-        self._real_positions = self._read_positions[self._read_positions < global_batch_size]
+        self._real_positions = np.intersect1d(self._read_positions, self.real_positions)
         self._reader: StreamReader | None = None
         self._reader_lock = threading.Lock()
         #: (uid, number of uids): the stream shard this host reads; None for random access
@@ -313,7 +324,7 @@ class DataLoader:
         started = time.perf_counter()
         ids = np.full(self.physical_batch_size, PAD, np.int64)
         if self.order is not None:
-            ids[: self.global_batch_size] = self.order.batch_ids(step)
+            ids[self.real_positions] = self.order.batch_ids(step)
 
         def read_rows() -> dict[Key, list[np.ndarray]]:
             source = self._stream_rows(step, ids) if self._stream is not None else self.source
@@ -682,6 +693,35 @@ def _requests(leaves: dict[Key, LeafAssembler]) -> list[_Request]:
                 whole_span = columns == slice(0, span.stop - span.start)
                 request.entries.append(_Entry(key, index, None, None if whole_span else columns))
     return requests
+
+
+def _feeding_positions(
+    processes: Sequence[int],
+    specs: dict[Key, PartitionSpec],
+    shards: list[int],
+    batch_size: int,
+    layout: Any,
+) -> tuple[int, np.ndarray]:
+    """(physical batch size, positions of the real rows) when only ``processes`` are fed.
+
+    A batch shard is fed when a feeding process holds it; each fed shard gets
+    ``ceil(B / fed shards)`` positions, the first ``B`` of which (in shard order) are real.
+    """
+    firsts = {spec[0] if len(spec) else None for spec in specs.values()}
+    if len(firsts) != 1 or None in firsts:
+        raise ValueError(
+            f"feeding_processes needs every leaf's batch dimension split over the same mesh axes, "
+            f"but the leaves' specs are {specs}; give every leaf the same batch sharding"
+        )
+    chosen = sorted({int(layout.check_process(p)) for p in processes})
+    if not chosen:
+        raise ValueError("feeding_processes is empty; name at least one process, or pass None")
+    axes: Any = firsts.pop()
+    index, count = dp_index(layout, axes)
+    fed = np.unique(index[np.isin(layout.process_index.ravel(), chosen)])
+    per_shard = -(-batch_size // len(fed))
+    positions = (fed[:, None] * per_shard + np.arange(per_shard)).ravel()[:batch_size]
+    return count * per_shard, positions
 
 
 def _stream_shard(
