@@ -10,10 +10,9 @@ bytes are the boxes' elements times the item size. Strategies, with ``batch`` th
 - REPLICATED: ``P()``: every host the whole batch.
 - sequence: ``P(batch, model)``: rows over the batch axes, columns over ``model`` (context
   parallelism).
-- sequence + halo: as sequence, each distinct column window widened by ``h`` columns on each side
-  and clipped at the sequence ends, one read per window as the loader's assembly does (a host that
-  holds two adjacent column shards reads the columns their halos share twice).
-- halo union: the least a host can read with halos: per row, the union of its widened windows.
+- sequence + halo: as sequence, each column window widened by ``h`` columns on each side and
+  clipped at the sequence ends; a host's windows on the same rows that overlap are read once, as
+  the loader does (the union of the widened windows, row block by row block).
 
 The baseline is BATCH on the same pod: each host's figure is also given as a ratio to its BATCH
 bytes, and the *duplication factor* is the bytes read by all hosts together over the batch's own
@@ -38,7 +37,7 @@ from psdp.layout import MeshLayout
 from psdp.mesh import DataPlan, plan_pod
 
 DEFAULT_PODS = ("data=4,model=4@4", "replica=2,data=8,model=4@16")
-STRATEGIES = ("BATCH", "FULL", "REPLICATED", "sequence", "sequence+halo", "halo union")
+STRATEGIES = ("BATCH", "FULL", "REPLICATED", "sequence", "sequence+halo")
 
 
 def parse_pod(text: str, layout: str) -> tuple[str, MeshLayout, tuple[str, ...], str]:
@@ -71,18 +70,7 @@ def specs(batch_axes: tuple[str, ...], model: str) -> dict[str, tuple[Any, ...]]
         "REPLICATED": (),
         "sequence": (batch_axes, model),
         "sequence+halo": (batch_axes, model),
-        "halo union": (batch_axes, model),
     }
-
-
-def haloed_elements(plan: DataPlan, halo: int) -> int:
-    """Elements read with one window per distinct column shard, widened by ``halo`` and clipped."""
-    seq_len = plan.global_shape[1]
-    rows_per_window: dict[tuple[int, int], int] = {}
-    for box in plan.blocks:
-        window = (max(box[1].start - halo, 0), min(box[1].stop + halo, seq_len))
-        rows_per_window[window] = rows_per_window.get(window, 0) + box[0].stop - box[0].start
-    return sum(rows * (stop - start) for (start, stop), rows in rows_per_window.items())
 
 
 def halo_union_elements(plan: DataPlan, halo: int) -> int:
@@ -118,8 +106,6 @@ def measure_pod(
             plan = pod.plan(p)
             elements = plan.num_elements
             if strategy == "sequence+halo":
-                elements = haloed_elements(plan, halo)
-            elif strategy == "halo union":
                 elements = halo_union_elements(plan, halo)
             per_host[p][strategy] = elements * itemsize
     batch_bytes = shape[0] * shape[1] * itemsize

@@ -36,7 +36,6 @@ def test_two_hosts_each_one_model_column(script, capsys):
             "REPLICATED": 128,
             "sequence": 64,  # 4 rows x columns [4p, 4p + 4)
             "sequence+halo": 96,  # 4 rows x 6 columns: [0, 6) or [2, 8)
-            "halo union": 96,  # one window per row: nothing overlaps
         }, p
         assert pod["ratio_to_batch"][p]["sequence+halo"] == 0.75
     assert pod["total_bytes"]["sequence+halo"] == 192
@@ -46,19 +45,18 @@ def test_two_hosts_each_one_model_column(script, capsys):
         "REPLICATED": 2.0,
         "sequence": 1.0,
         "sequence+halo": 1.5,
-        "halo union": 1.5,
     }
 
 
-def test_one_host_holding_both_column_shards_reads_shared_halo_twice(script, capsys):
-    # one host owns the whole data=2 x model=2 mesh: windows [0, 6) and [2, 8) overlap
+def test_one_host_holding_both_column_shards_reads_the_shared_halo_once(script, capsys):
+    # one host owns the whole data=2 x model=2 mesh: windows [0, 6) and [2, 8) overlap, and the
+    # loader reads their union (tests/test_partition.py::test_overlapping_halo_windows_are_read_once)
     out = run_json(
         script, capsys, "--pod", "data=2,model=2@1", "--layout", "contiguous",
         "--batch-size", "4", "--seq-len", "8", "--halo", "2",
     )  # fmt: skip
     (host,) = out["pods"]["data=2 x model=2, 1 hosts"]["per_host"]
-    assert host["sequence"] == 128 and host["sequence+halo"] == 4 * 12 * 4
-    assert host["halo union"] == 128  # the union of the windows is the whole sequence
+    assert host["sequence"] == 128 and host["sequence+halo"] == 128  # the whole sequence
 
 
 def test_seed_pod_defaults(script, capsys):
@@ -72,19 +70,18 @@ def test_seed_pod_defaults(script, capsys):
         "FULL": mib // 4,  # 4 devices x 4 rows
         "REPLICATED": mib,
         "sequence": mib // 4,  # 32 rows x 2048 columns
-        "sequence+halo": 32 * (1152 + 1280) * 4,  # windows [0, 1152) and [896, 2176)
-        "halo union": 32 * 2176 * 4,  # [0, 2176)
+        "sequence+halo": 32 * 2176 * 4,  # windows [0, 1152) and [896, 2176), read as [0, 2176)
     }
     assert pod["per_host"] == [want] * 4
     assert pod["duplication"] == {s: 4 * n / mib for s, n in want.items()}
-    assert pod["duplication"]["sequence+halo"] == 1.1875
+    assert pod["duplication"]["sequence+halo"] == 1.0625
 
 
 def test_markdown_table(script, capsys):
     assert script["main"](["--pod", "data=2,model=2@2", "--batch-size", "4", "--seq-len", "8"]) == 0
     table = capsys.readouterr().out
     assert (
-        "| pod | hosts | BATCH | FULL | REPLICATED | sequence | sequence+halo | halo union |"
+        "| pod | hosts | BATCH | FULL | REPLICATED | sequence | sequence+halo |"
         in table
     )
     assert "| data=2 x model=2, 2 hosts | 0, 1 | 128 B (1x) | 64 B (0.5x) |" in table
