@@ -27,7 +27,6 @@ import threading
 import time
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import jax
@@ -36,7 +35,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from psdp._checks import check_int, preview_ids
 from psdp.assembly import LeafAssembler
-from psdp.mesh import _spec_axes, as_layout, dp_index, plan_pod
+from psdp.mesh import _spec_axes, as_layout
 from psdp.order import PAD, GlobalOrder
 from psdp.partition import (
     DEFAULT_BATCH_AXES,
@@ -45,9 +44,12 @@ from psdp.partition import (
     default_batch_spec,
     named_spec,
     physical_batch_size,
+    resolve_halos,
+    resolve_named_axes,
     resolve_specs,
 )
 from psdp.prefetch import LoaderClosedError, Prefetcher
+from psdp.reads import Key, ReadRequest, feeding_positions, plan_reads, stream_shard
 from psdp.sources import ArraySource, Rows, StreamReader, StreamSource, as_source
 from psdp.telemetry import LoaderStats, Telemetry
 
@@ -57,26 +59,6 @@ __all__ = ["DEFAULT_BATCH_AXES", "DataLoader", "default_batch_spec"]
 STATE_FORMAT = "psdp.loader/1"
 
 Batch = Any  # a jax.Array, or a dict of jax.Arrays / haliax NamedArrays
-Key = str | None  # a leaf's name; None for an array source's only leaf
-
-
-@dataclass
-class _Request:
-    """One source read per step: batch positions, and per leaf the columns to read."""
-
-    positions: np.ndarray
-    columns: dict[Key, slice | None] = field(default_factory=dict)
-    entries: list[_Entry] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class _Entry:
-    """Where one leaf window's buffer comes from in a request's read."""
-
-    key: Key
-    window: int
-    rows: np.ndarray | None = None  # which rows of the read, in order; None: all of them
-    columns: slice | None = None  # which columns of the leaf's read; None: all of them
 
 
 class DataLoader:
@@ -201,7 +183,7 @@ class DataLoader:
                 drop_last,
             )
         probe = _leaves_of(self._probe())
-        self._named = _named_axes(named_axes, axis_mapping, list(probe))
+        self._named = resolve_named_axes(named_axes, axis_mapping, list(probe))
         specs = resolve_specs(
             batch_spec,
             mesh,
@@ -218,12 +200,12 @@ class DataLoader:
         #: where the global batch's rows sit in the physical batch (the rest is padding)
         self.real_positions = np.arange(global_batch_size)
         if feeding_processes is not None:
-            self.physical_batch_size, self.real_positions = _feeding_positions(
+            self.physical_batch_size, self.real_positions = feeding_positions(
                 feeding_processes, specs, shards, global_batch_size, layout
             )
         ends_short = (not drop_last) if self.order is None else self.order.pads
         self.padded = self.physical_batch_size > global_batch_size or ends_short
-        halos = _halos(halo, specs, {k: np.ndim(v) for k, v in probe.items()})
+        halos = resolve_halos(halo, specs, {k: np.ndim(v) for k, v in probe.items()})
         self._leaves = {
             key: LeafAssembler.create(
                 mesh,
@@ -238,7 +220,7 @@ class DataLoader:
         self._mask: LeafAssembler | None = None
         if self.padded:
             self._mask = self._plan_mask(specs)
-        self._requests = _requests(self._leaves)
+        self._requests = plan_reads(self._leaves)
         self._read_positions = np.unique(np.concatenate([r.positions for r in self._requests]))
         self._real_positions = np.intersect1d(self._read_positions, self.real_positions)
         self._reader: StreamReader | None = None
@@ -246,7 +228,7 @@ class DataLoader:
         #: (uid, number of uids): the stream shard this host reads; None for random access
         self.stream_shard: tuple[int, int] | None = None
         if self._stream is not None:
-            self.stream_shard = _stream_shard(self._leaves, mesh, self.process_index)
+            self.stream_shard = stream_shard(self._leaves, mesh, self.process_index)
         self.telemetry = Telemetry(stall_warning_s=stall_warning_s)
         self._iterators: list[Prefetcher[Batch]] = []
         self._lock = threading.Lock()
@@ -389,7 +371,7 @@ class DataLoader:
         return buffers
 
     def _read(
-        self, step: int, ids: np.ndarray, request: _Request, source: Any
+        self, step: int, ids: np.ndarray, request: ReadRequest, source: Any
     ) -> dict[Key, np.ndarray]:
         """One request's rows, each leaf cut to its columns; `PAD` ids become pad rows."""
         real = ids != PAD
@@ -410,7 +392,7 @@ class DataLoader:
         return out
 
     def _source_read(
-        self, source: Any, ids: np.ndarray, request: _Request
+        self, source: Any, ids: np.ndarray, request: ReadRequest
     ) -> dict[Key, np.ndarray]:
         # `read` is the protocol; `read_window` (optional) serves column windows and leaf subsets
         read_window = getattr(source, "read_window", None)
@@ -436,7 +418,7 @@ class DataLoader:
         return (rows, *trailing)
 
     def _checked(
-        self, step: int, ids: np.ndarray, request: _Request, got: dict[Key, np.ndarray]
+        self, step: int, ids: np.ndarray, request: ReadRequest, got: dict[Key, np.ndarray]
     ) -> dict[Key, np.ndarray]:
         missing = set(request.columns) - set(got)
         extra = set(got) - set(self._leaves)
@@ -611,173 +593,6 @@ def _leaves_of(rows: Rows) -> dict[Key, np.ndarray]:
 
 def _leaf_name(key: Key) -> str:
     return "the" if key is None else f"leaf {key!r}"
-
-
-def _named_axes(
-    named_axes: Sequence[Any] | Mapping[str, Sequence[Any]] | None,
-    axis_mapping: Mapping[str, Any] | None,
-    leaves: list[Key],
-) -> dict[Key, tuple[Any, ...]]:
-    if named_axes is None:
-        if axis_mapping is not None:
-            raise ValueError("axis_mapping is given without named_axes; name each leaf's axes")
-        return {}
-    if axis_mapping is None:
-        raise ValueError(
-            "named_axes needs an axis_mapping from axis names to mesh axes, e.g. "
-            '{"batch": ("replica", "data"), "position": "context"}'
-        )
-    per_leaf: dict[Key, tuple[Any, ...]]
-    if isinstance(named_axes, Mapping):
-        per_leaf = {str(k): tuple(v) for k, v in named_axes.items()}
-    else:
-        per_leaf = {None: tuple(named_axes)}  # an array source's only leaf
-    unknown = sorted(map(str, set(per_leaf) - set(leaves)))
-    if unknown:
-        raise ValueError(
-            f"named_axes names leaves {unknown} that the source does not have; its leaves are "
-            f"{sorted(map(str, leaves))}"
-        )
-    return {k: tuple(v) for k, v in per_leaf.items()}
-
-
-def _halos(
-    halo: int | Mapping[str, int], specs: dict[Key, PartitionSpec], ndims: dict[Key, int]
-) -> dict[Key, int]:
-    """Each leaf's halo: a dict as given, an int for every leaf sharded on dimension 1."""
-    if isinstance(halo, Mapping):
-        unknown = sorted(map(str, set(halo) - set(specs)))
-        if unknown:
-            raise ValueError(f"halo names leaves {unknown} that the source does not have")
-        return {k: halo.get(k, 0) if k is not None else 0 for k in specs}
-    check_int("halo", halo, minimum=0)
-    sequence = {k for k, s in specs.items() if ndims[k] >= 2 and len(s) > 1 and s[1] is not None}
-    if halo and not sequence:
-        raise ValueError(
-            f"halo={halo} but no leaf is sharded along its sequence dimension (dimension 1); "
-            'give a leaf a spec like P("data", "context") or drop the halo'
-        )
-    return {k: halo if k in sequence else 0 for k in specs}
-
-
-def _requests(leaves: dict[Key, LeafAssembler]) -> list[_Request]:
-    """Groups every leaf window into reads.
-
-    Whole-row leaves share one read (the union of their rows). A sequence-sharded leaf's windows
-    on the same rows whose columns overlap or touch (a host holding neighbouring shards, halos
-    included) merge into one read of their column span, so no column is read twice; windows of
-    different leaves on the same rows share a read.
-    """
-    whole = {k: leaf.windows[0].rows for k, leaf in leaves.items() if not leaf.column_shards}
-    requests: list[_Request] = []
-    if whole:
-        union = np.unique(np.concatenate(list(whole.values())))
-        request = _Request(union)
-        for key, rows in whole.items():
-            request.columns[key] = None
-            same = np.array_equal(union, rows)
-            request.entries.append(_Entry(key, 0, None if same else np.searchsorted(union, rows)))
-        requests.append(request)
-    for key, leaf in leaves.items():
-        for rows, span, members in _column_runs(leaf):
-            shared = [
-                r
-                for r in requests[1 if whole else 0 :]
-                if key not in r.columns and np.array_equal(r.positions, rows)
-            ]
-            request = shared[0] if shared else _Request(rows)
-            if not shared:
-                requests.append(request)
-            request.columns[key] = span
-            for index, columns in members:
-                whole_span = columns == slice(0, span.stop - span.start)
-                request.entries.append(_Entry(key, index, None, None if whole_span else columns))
-    return requests
-
-
-def _feeding_positions(
-    processes: Sequence[int],
-    specs: dict[Key, PartitionSpec],
-    shards: list[int],
-    batch_size: int,
-    layout: Any,
-) -> tuple[int, np.ndarray]:
-    """(physical batch size, positions of the real rows) when only ``processes`` are fed.
-
-    A batch shard is fed when a feeding process holds it; each fed shard gets
-    ``ceil(B / fed shards)`` positions, the first ``B`` of which (in shard order) are real.
-    """
-    firsts = {spec[0] if len(spec) else None for spec in specs.values()}
-    if len(firsts) != 1 or None in firsts:
-        raise ValueError(
-            f"feeding_processes needs every leaf's batch dimension split over the same mesh axes, "
-            f"but the leaves' specs are {specs}; give every leaf the same batch sharding"
-        )
-    chosen = sorted({int(layout.check_process(p)) for p in processes})
-    if not chosen:
-        raise ValueError("feeding_processes is empty; name at least one process, or pass None")
-    axes: Any = firsts.pop()
-    index, count = dp_index(layout, axes)
-    fed = np.unique(index[np.isin(layout.process_index.ravel(), chosen)])
-    per_shard = -(-batch_size // len(fed))
-    positions = (fed[:, None] * per_shard + np.arange(per_shard)).ravel()[:batch_size]
-    return count * per_shard, positions
-
-
-def _stream_shard(
-    leaves: dict[Key, LeafAssembler], mesh: Mesh, process_index: int
-) -> tuple[int, int]:
-    """(this host's data-shard uid, the number of uids) over every leaf's plan.
-
-    Hosts whose devices hold the same boxes of every leaf share a uid, hence a stream shard.
-    """
-    table = np.stack(
-        [plan_pod(mesh, v.sharding.spec, v.plan.global_shape).uids for v in leaves.values()],
-        axis=1,
-    )
-    _, first, inverse = np.unique(table, axis=0, return_index=True, return_inverse=True)
-    dense = np.argsort(np.argsort(first))  # uids in order of first appearance, like the planner's
-    uids = dense[inverse.ravel()]
-    return int(uids[process_index]), int(uids.max()) + 1
-
-
-def _column_runs(
-    leaf: LeafAssembler,
-) -> list[tuple[np.ndarray, slice, list[tuple[int, slice]]]]:
-    """A leaf's column windows as reads: (rows, column span, [(window, columns within span)])."""
-    if not leaf.column_shards:
-        return []
-    by_rows: list[tuple[np.ndarray, list[int]]] = []
-    for index, window in enumerate(leaf.windows):
-        same = [members for rows, members in by_rows if np.array_equal(rows, window.rows)]
-        if same:
-            same[0].append(index)
-        else:
-            by_rows.append((window.rows, [index]))
-    runs: list[tuple[np.ndarray, slice, list[int]]] = []
-    for rows, members in by_rows:
-        for index in sorted(members, key=lambda i: _columns(leaf, i).start):
-            columns = _columns(leaf, index)
-            if runs and runs[-1][0] is rows and columns.start <= runs[-1][1].stop:
-                span = runs[-1][1]
-                runs[-1] = (rows, slice(span.start, max(span.stop, columns.stop)), runs[-1][2])
-                runs[-1][2].append(index)
-            else:
-                runs.append((rows, columns, [index]))
-    return [
-        (rows, span, [(i, _shift(_columns(leaf, i), -span.start)) for i in members])
-        for rows, span, members in runs
-    ]
-
-
-def _columns(leaf: LeafAssembler, index: int) -> slice:
-    columns = leaf.windows[index].columns
-    assert columns is not None  # column-mode windows always name their columns
-    return columns
-
-
-def _shift(columns: slice, by: int) -> slice:
-    return slice(columns.start + by, columns.stop + by)
 
 
 def _with_timeout(work: Any, timeout_s: float, message: Any) -> Any:

@@ -24,6 +24,8 @@ from typing import Any
 
 from jax.sharding import Mesh, PartitionSpec
 
+from psdp._checks import check_int
+
 #: Mesh axis names taken as batch axes by the ``"batch"`` strategy, in mesh order.
 DEFAULT_BATCH_AXES = ("replica", "data", "fsdp", "batch")
 
@@ -170,3 +172,60 @@ def named_spec(
                 )
         entries.append(tuple(entry) if isinstance(entry, list) else entry)
     return PartitionSpec(*entries)
+
+
+Key = str | None  # a leaf's name; None for an array source's only leaf
+
+
+def resolve_named_axes(
+    named_axes: Sequence[Any] | Mapping[str, Sequence[Any]] | None,
+    axis_mapping: Mapping[str, Any] | None,
+    leaves: list[Key],
+) -> dict[Key, tuple[Any, ...]]:
+    """Each named leaf's axis names (an array source's single leaf is ``None``), checked."""
+    if named_axes is None:
+        if axis_mapping is not None:
+            raise ValueError("axis_mapping is given without named_axes; name each leaf's axes")
+        return {}
+    if axis_mapping is None:
+        raise ValueError(
+            "named_axes needs an axis_mapping from axis names to mesh axes, e.g. "
+            '{"batch": ("replica", "data"), "position": "context"}'
+        )
+    per_leaf: dict[Key, tuple[Any, ...]]
+    if isinstance(named_axes, Mapping):
+        per_leaf = {str(k): tuple(v) for k, v in named_axes.items()}
+    else:
+        per_leaf = {None: tuple(named_axes)}  # an array source's only leaf
+    unknown = sorted(map(str, set(per_leaf) - set(leaves)))
+    if unknown:
+        raise ValueError(
+            f"named_axes names leaves {unknown} that the source does not have; its leaves are "
+            f"{sorted(map(str, leaves))}"
+        )
+    return {k: tuple(v) for k, v in per_leaf.items()}
+
+
+def resolve_halos(
+    halo: int | Mapping[str, int], specs: dict[Key, PartitionSpec], ndims: dict[Key, int]
+) -> dict[Key, int]:
+    """Each leaf's halo: a dict as given, an int for every leaf sharded on dimension 1.
+
+    Example:
+        >>> from jax.sharding import PartitionSpec as P
+        >>> resolve_halos(2, {"tokens": P("data", "context"), "w": P("data")}, {"tokens": 2, "w": 1})
+        {'tokens': 2, 'w': 0}
+    """
+    if isinstance(halo, Mapping):
+        unknown = sorted(map(str, set(halo) - set(specs)))
+        if unknown:
+            raise ValueError(f"halo names leaves {unknown} that the source does not have")
+        return {k: halo.get(k, 0) if k is not None else 0 for k in specs}
+    check_int("halo", halo, minimum=0)
+    sequence = {k for k, s in specs.items() if ndims[k] >= 2 and len(s) > 1 and s[1] is not None}
+    if halo and not sequence:
+        raise ValueError(
+            f"halo={halo} but no leaf is sharded along its sequence dimension (dimension 1); "
+            'give a leaf a spec like P("data", "context") or drop the halo'
+        )
+    return {k: halo if k in sequence else 0 for k in specs}

@@ -1,0 +1,203 @@
+r"""Read planning: which source reads serve one step, and where their rows go. Pure: no I/O.
+
+Mental model. Every leaf's `LeafAssembler` has *windows*: host buffers of some batch positions
+(and, for a sequence-sharded leaf, some source columns). A step is served by a few
+`ReadRequest`\ s: one set of batch positions read in one call, with, per leaf, the columns to read
+(``None``: whole rows). Whole-row leaves share one request, the union of their rows (each leaf
+picks its rows out of it); a sequence-sharded leaf's windows on the same rows whose columns
+overlap or touch (a host holding neighbouring shards, halos included) merge into one read of their
+span, so no column is read twice; windows of different leaves on the same rows share a request.
+A `WindowSlice` says how one window's buffer is cut out of its request's read.
+
+The same module holds the other per-host facts the loader plans once: where a logical batch's
+real rows sit when only some hosts are fed (`feeding_positions`) and which stream shard a host
+reads (`stream_shard`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from jax.sharding import Mesh, PartitionSpec
+
+from psdp.assembly import LeafAssembler
+from psdp.mesh import dp_index, plan_pod
+from psdp.partition import Key
+
+
+@dataclass
+class ReadRequest:
+    """One source read per step: batch positions, and per leaf the columns to read."""
+
+    positions: np.ndarray
+    columns: dict[Key, slice | None] = field(default_factory=dict)
+    entries: list[WindowSlice] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class WindowSlice:
+    """Where one leaf window's buffer comes from in a request's read."""
+
+    key: Key
+    window: int
+    rows: np.ndarray | None = None  # which rows of the read, in order; None: all of them
+    columns: slice | None = None  # which columns of the leaf's read; None: all of them
+
+
+def plan_reads(leaves: dict[Key, LeafAssembler]) -> list[ReadRequest]:
+    """Groups every leaf window into reads.
+
+    Whole-row leaves share one read (the union of their rows). A sequence-sharded leaf's windows
+    on the same rows whose columns overlap or touch (a host holding neighbouring shards, halos
+    included) merge into one read of their column span, so no column is read twice; windows of
+    different leaves on the same rows share a read.
+
+    Example:
+        A ``(B, 8)`` token leaf split over ``context`` with a halo of 1, and a whole-row weight,
+        on one process holding every device: one read for the weight, and one for both token
+        windows (columns ``[0, 5)`` and ``[3, 8)`` merge into ``[0, 8)``).
+
+        >>> import jax, numpy as np
+        >>> from jax.sharding import Mesh, PartitionSpec as P
+        >>> mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "context"))
+        >>> leaves = {
+        ...     "tokens": LeafAssembler.create(mesh, P("data", "context"), (8, 8), np.int32, 0, halo=1),
+        ...     "w": LeafAssembler.create(mesh, P("data"), (8,), np.float32, 0),
+        ... }
+        >>> [(r.columns, [(e.key, e.window, e.columns) for e in r.entries]) for r in plan_reads(leaves)]
+        [({'w': None}, [('w', 0, None)]), ({'tokens': slice(0, 8, None)}, [('tokens', 0, slice(0, 5, None)), ('tokens', 1, slice(3, 8, None))])]
+    """
+    whole = {k: leaf.windows[0].rows for k, leaf in leaves.items() if not leaf.column_shards}
+    requests: list[ReadRequest] = []
+    if whole:
+        union = np.unique(np.concatenate(list(whole.values())))
+        request = ReadRequest(union)
+        for key, rows in whole.items():
+            request.columns[key] = None
+            same = np.array_equal(union, rows)
+            request.entries.append(
+                WindowSlice(key, 0, None if same else np.searchsorted(union, rows))
+            )
+        requests.append(request)
+    for key, leaf in leaves.items():
+        for rows, span, members in _column_runs(leaf):
+            shared = [
+                r
+                for r in requests[1 if whole else 0 :]
+                if key not in r.columns and np.array_equal(r.positions, rows)
+            ]
+            request = shared[0] if shared else ReadRequest(rows)
+            if not shared:
+                requests.append(request)
+            request.columns[key] = span
+            for index, columns in members:
+                whole_span = columns == slice(0, span.stop - span.start)
+                request.entries.append(
+                    WindowSlice(key, index, None, None if whole_span else columns)
+                )
+    return requests
+
+
+def feeding_positions(
+    processes: Sequence[int],
+    specs: dict[Key, PartitionSpec],
+    shards: list[int],
+    batch_size: int,
+    layout: Any,
+) -> tuple[int, np.ndarray]:
+    """(physical batch size, positions of the real rows) when only ``processes`` are fed.
+
+    A batch shard is fed when a feeding process holds it; each fed shard gets
+    ``ceil(B / fed shards)`` positions, the first ``B`` of which (in shard order) are real.
+
+    Example:
+        Host 0 of a non-contiguous 4-host pod holds data rows 0 and 2: 6 rows go 3 and 3 there.
+
+        >>> from jax.sharding import PartitionSpec as P
+        >>> from psdp.layout import MeshLayout
+        >>> layout = MeshLayout(np.array([[0, 1], [2, 3], [0, 1], [2, 3]]), ("data", "model"))
+        >>> size, positions = feeding_positions([0], {"x": P("data")}, [4], 6, layout)
+        >>> size, positions.tolist()
+        (12, [0, 1, 2, 6, 7, 8])
+    """
+    firsts = {spec[0] if len(spec) else None for spec in specs.values()}
+    if len(firsts) != 1 or None in firsts:
+        raise ValueError(
+            f"feeding_processes needs every leaf's batch dimension split over the same mesh axes, "
+            f"but the leaves' specs are {specs}; give every leaf the same batch sharding"
+        )
+    chosen = sorted({int(layout.check_process(p)) for p in processes})
+    if not chosen:
+        raise ValueError("feeding_processes is empty; name at least one process, or pass None")
+    axes: Any = firsts.pop()
+    index, count = dp_index(layout, axes)
+    fed = np.unique(index[np.isin(layout.process_index.ravel(), chosen)])
+    per_shard = -(-batch_size // len(fed))
+    positions = (fed[:, None] * per_shard + np.arange(per_shard)).ravel()[:batch_size]
+    return count * per_shard, positions
+
+
+def stream_shard(
+    leaves: dict[Key, LeafAssembler], mesh: Mesh, process_index: int
+) -> tuple[int, int]:
+    """(this host's data-shard uid, the number of uids) over every leaf's plan.
+
+    Hosts whose devices hold the same boxes of every leaf share a uid, hence a stream shard.
+
+    Example:
+        >>> import jax
+        >>> from jax.sharding import Mesh, PartitionSpec as P
+        >>> mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "model"))
+        >>> stream_shard({"x": LeafAssembler.create(mesh, P("data"), (8,), np.int32, 0)}, mesh, 0)
+        (0, 1)
+    """
+    table = np.stack(
+        [plan_pod(mesh, v.sharding.spec, v.plan.global_shape).uids for v in leaves.values()],
+        axis=1,
+    )
+    _, first, inverse = np.unique(table, axis=0, return_index=True, return_inverse=True)
+    dense = np.argsort(np.argsort(first))  # uids in order of first appearance, like the planner's
+    uids = dense[inverse.ravel()]
+    return int(uids[process_index]), int(uids.max()) + 1
+
+
+def _column_runs(
+    leaf: LeafAssembler,
+) -> list[tuple[np.ndarray, slice, list[tuple[int, slice]]]]:
+    """A leaf's column windows as reads: (rows, column span, [(window, columns within span)])."""
+    if not leaf.column_shards:
+        return []
+    by_rows: list[tuple[np.ndarray, list[int]]] = []
+    for index, window in enumerate(leaf.windows):
+        same = [members for rows, members in by_rows if np.array_equal(rows, window.rows)]
+        if same:
+            same[0].append(index)
+        else:
+            by_rows.append((window.rows, [index]))
+    runs: list[tuple[np.ndarray, slice, list[int]]] = []
+    for rows, members in by_rows:
+        for index in sorted(members, key=lambda i: _columns(leaf, i).start):
+            columns = _columns(leaf, index)
+            if runs and runs[-1][0] is rows and columns.start <= runs[-1][1].stop:
+                span = runs[-1][1]
+                runs[-1] = (rows, slice(span.start, max(span.stop, columns.stop)), runs[-1][2])
+                runs[-1][2].append(index)
+            else:
+                runs.append((rows, columns, [index]))
+    return [
+        (rows, span, [(i, _shift(_columns(leaf, i), -span.start)) for i in members])
+        for rows, span, members in runs
+    ]
+
+
+def _columns(leaf: LeafAssembler, index: int) -> slice:
+    columns = leaf.windows[index].columns
+    assert columns is not None  # column-mode windows always name their columns
+    return columns
+
+
+def _shift(columns: slice, by: int) -> slice:
+    return slice(columns.start + by, columns.stop + by)
