@@ -74,3 +74,20 @@ class CountingSource(ArraySource):
     def read_window(self, ids, columns):
         self.reads.append(np.array(ids))
         return super().read_window(ids, columns)
+
+
+class WindowSource(CountingSource):
+    """Records every read with its column windows: ``(ids, {leaf: columns or None})``."""
+
+    def __init__(self, data):
+        super().__init__(data)
+        self.windows: list[tuple[np.ndarray, dict]] = []
+
+    def read(self, ids):
+        rows = super().read(ids)
+        self.windows.append((np.array(ids), dict.fromkeys(rows)))
+        return rows
+
+    def read_window(self, ids, columns):
+        self.windows.append((np.array(ids), dict(columns)))
+        return ArraySource.read_window(self, ids, columns)

@@ -11,6 +11,7 @@ from jax.sharding import PartitionSpec as P
 
 from batch_checks import (
     CountingSource,
+    WindowSource,
     assert_batch_exact,
     expected_batch,
     physical_ids,
@@ -18,19 +19,6 @@ from batch_checks import (
 )
 from psdp import DataLoader, MeshLayout
 from psdp.order import PAD
-
-
-class WindowSource(CountingSource):
-    """Records every read with its column windows."""
-
-    def __init__(self, data):
-        super().__init__(data)
-        self.windows: list[tuple[np.ndarray, dict]] = []
-
-    def read_window(self, ids, columns):
-        self.windows.append((np.array(ids), dict(columns)))
-        rows = super().read(ids)
-        return {k: rows[k] if c is None else rows[k][:, c] for k, c in columns.items()}
 
 
 def _spec(entry):

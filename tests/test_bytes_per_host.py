@@ -80,10 +80,7 @@ def test_seed_pod_defaults(script, capsys):
 def test_markdown_table(script, capsys):
     assert script["main"](["--pod", "data=2,model=2@2", "--batch-size", "4", "--seq-len", "8"]) == 0
     table = capsys.readouterr().out
-    assert (
-        "| pod | hosts | BATCH | FULL | REPLICATED | sequence | sequence+halo |"
-        in table
-    )
+    assert "| pod | hosts | BATCH | FULL | REPLICATED | sequence | sequence+halo |" in table
     assert "| data=2 x model=2, 2 hosts | 0, 1 | 128 B (1x) | 64 B (0.5x) |" in table
     assert "| data=2 x model=2, 2 hosts | all hosts |" in table
 

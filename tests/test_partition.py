@@ -15,6 +15,7 @@ from jax.sharding import PartitionSpec as P
 
 from batch_checks import (
     CountingSource,
+    WindowSource,
     assert_batch_exact,
     assert_shards_exact,
     expected_batch,
@@ -31,19 +32,6 @@ def mesh_of(axes: tuple[str, ...], shape: tuple[int, ...]) -> Mesh:
 
 
 RDM = (("replica", "data", "model"), (2, 2, 2))
-
-
-class WindowSource(CountingSource):
-    """Records reads with their column windows (a source that can read partial rows)."""
-
-    def __init__(self, data):
-        super().__init__(data)
-        self.windows: list[tuple[np.ndarray, dict]] = []
-
-    def read_window(self, ids, columns):
-        self.windows.append((np.array(ids), dict(columns)))
-        rows = super().read(ids)
-        return {k: rows[k] if c is None else rows[k][:, c] for k, c in columns.items()}
 
 
 # ------------------------------------------------------------------------------ strategies
