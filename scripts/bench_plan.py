@@ -12,75 +12,17 @@ tables are equal before reporting. No devices are needed.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
-import statistics
 import sys
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from psdp.benchmarks import bench_pod, median_ms, naive_uid_table, pods
 from psdp.layout import MeshLayout
-from psdp.mesh import dp_index, plan_pod, process_mesh_mapping
 
-
-def naive_uid_table(layout: MeshLayout, batch_axes: Sequence[str]) -> dict[int, int]:
-    """The uid table the slow, obvious way: one Python step per device."""
-    dims = [layout.axis_index(a) for a in batch_axes]
-    held: dict[int, set[int]] = {}
-    for position in itertools.product(*(range(n) for n in layout.shape)):
-        dp = 0
-        for dim in dims:
-            dp = dp * layout.shape[dim] + position[dim]
-        held.setdefault(int(layout.process_index[position]), set()).add(dp)
-    uid_of: dict[frozenset[int], int] = {}
-    return {p: uid_of.setdefault(frozenset(held[p]), len(uid_of)) for p in sorted(held)}
-
-
-def median_ms(action: Callable[[], Any], repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        action()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
-
-
-def pods(devices: int, hosts: int, model: int) -> list[tuple[str, MeshLayout, tuple[str, ...]]]:
-    """The two benchmark pods: (name, layout, batch axes)."""
-    data = devices // model
-    flat = MeshLayout.noncontiguous({"data": data, "model": model}, hosts)
-    cube = MeshLayout.contiguous({"replica": 4, "data": data // 4, "model": model}, hosts)
-    return [
-        (f"noncontiguous data={data} x model={model}", flat, ("data",)),
-        (f"contiguous replica=4 x data={data // 4} x model={model}", cube, ("replica", "data")),
-    ]
-
-
-def bench_pod(layout: MeshLayout, batch_axes: tuple[str, ...], repeats: int) -> dict[str, Any]:
-    spec = (batch_axes,)
-    shape = (dp_index(layout, batch_axes)[1] * 4, 2048)  # 4 rows per DP index
-    host = layout.num_processes // 2
-    naive = naive_uid_table(layout, batch_axes)
-    # A batch-only spec makes the box id the DP index, so the pod plan's uids must agree too.
-    for table in (
-        process_mesh_mapping(layout, batch_axes),
-        plan_pod(layout, spec, shape).uid_table(),
-    ):
-        if table != naive:
-            raise RuntimeError("psdp's uid table differs from the naive per-device loop's")
-    return {
-        "devices": layout.num_devices,
-        "hosts": layout.num_processes,
-        "plan_pod + plan(p) ms": median_ms(
-            lambda: plan_pod(layout, spec, shape).plan(host), repeats
-        ),
-        "process_mesh_mapping ms": median_ms(
-            lambda: process_mesh_mapping(layout, batch_axes), repeats
-        ),
-        "naive uid loop ms": median_ms(lambda: naive_uid_table(layout, batch_axes), repeats),
-    }
+# the helpers live in psdp.benchmarks (figure 4 of `psdp bench`); re-exported for this script's users
+__all__ = ["MeshLayout", "bench_pod", "main", "markdown", "median_ms", "naive_uid_table", "pods"]
 
 
 def markdown(results: dict[str, dict[str, Any]]) -> str:

@@ -1,24 +1,34 @@
-"""A background thread that keeps the next few steps' items ready, in step order.
+"""Background threads that keep the next few steps' items ready, delivered strictly in step order.
 
-Mental model (Grain's prefetch iterator): one named daemon thread calls ``produce(step)`` for
-consecutive steps and puts ``(step, item, error)`` into a bounded queue; the consumer takes them in
-order. The queue bound is the prefetch depth, so the thread is always working on the next item
-while ``depth`` finished ones wait (continuous, never in windows). An exception in ``produce`` travels
-through the queue and is re-raised by the consumer with its original type and traceback, after
-which the iterator is closed. ``close()`` sets a stop event, drains the queue (so a blocked ``put``
-returns) and joins the thread. Both sides poll with a short timeout, so neither a full queue nor a
-consumer that stopped reading can keep the thread alive, and a ``close()`` from another thread wakes
-a blocked ``next()``. Nothing here knows about JAX or meshes.
+Mental model (Grain's prefetch iterator, widened to a few workers): ``workers`` named daemon
+threads take consecutive steps from one counter, call ``produce(step)`` and file the result (or the
+exception) under its step; the consumer's ``next()`` takes step after step, waiting for the one it
+needs even when later ones are already done. A worker may start step ``s`` only while
+``s < next_step + depth + workers``, so at most ``depth + workers`` items exist besides the one the
+trainer holds: ``depth`` finished ones waiting plus one in flight per worker. With ``workers=1``
+this is exactly one thread and a queue of ``depth``. Production is continuous (a worker starts the
+next step as soon as the bound allows, never in windows), and with several workers slow reads
+(network, disk latency) overlap, so a read may take up to ``workers`` trainer steps without a stall.
+
+An exception in ``produce(k)`` is re-raised by the consumer's ``next()`` for step ``k`` (after
+steps ``< k`` were delivered) with its original type and traceback; then the iterator is closed.
+``close()`` (safe from any thread, idempotent) stops the workers, drops finished items, wakes a
+blocked ``next()`` (which raises `LoaderClosedError`) and joins every worker. A worker blocked
+inside ``produce`` cannot be interrupted: ``close()`` waits for all workers together at most
+``_JOIN_TIMEOUT_S`` (1 s), then logs a warning and returns; such a daemon thread finishes its
+call, discards the result and exits, and never keeps the process alive. Nothing here knows about
+JAX or meshes.
 """
 
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 from collections.abc import Callable
 from typing import Generic, TypeVar
+
+from psdp._checks import check_int
 
 T = TypeVar("T")
 logger = logging.getLogger(__name__)
@@ -32,20 +42,27 @@ class LoaderClosedError(RuntimeError):
 
 
 class Prefetcher(Generic[T]):
-    """Yields ``produce(start), produce(start + 1), ...`` computed ahead on a background thread.
+    """Yields ``produce(start), produce(start + 1), ...`` computed ahead on background threads.
 
     Args:
-        produce: the per-step work; runs on the background thread only.
+        produce: the per-step work; runs on the worker threads only, so with ``workers > 1`` it
+            must be thread-safe.
         start: the first step.
-        depth: how many finished items may wait in the queue (>= 1).
-        name: the thread's name (shows up in stack dumps and py-spy).
+        depth: how many finished items may wait for the consumer (>= 1).
+        name: the thread's name (shows up in stack dumps and py-spy); with several workers,
+            thread ``i`` is named ``f"{name}-w{i}"``.
         observer: called on the consumer's thread after each successful ``next()`` with
             ``(step, seconds waited, items that were ready when next() was called)``.
+        workers: threads producing consecutive steps concurrently (>= 1); items are still
+            delivered in step order, and at most ``depth + workers`` exist at once.
 
     Example:
         >>> with Prefetcher(lambda step: step * step, start=3, depth=2, name="demo") as items:
         ...     [next(items) for _ in range(3)]
         [9, 16, 25]
+        >>> with Prefetcher(lambda s: s, start=0, depth=2, name="demo", workers=4) as items:
+        ...     [next(items) for _ in range(6)]
+        [0, 1, 2, 3, 4, 5]
     """
 
     def __init__(
@@ -56,36 +73,61 @@ class Prefetcher(Generic[T]):
         depth: int,
         name: str,
         observer: Callable[[int, float, int], None] | None = None,
+        workers: int = 1,
     ):
+        check_int("depth", depth, minimum=1)
+        check_int("workers", workers, minimum=1)
         self._produce = produce
         self._observer = observer
-        self._queue: queue.Queue[tuple[int, T | None, BaseException | None]] = queue.Queue(depth)
-        self._stop = threading.Event()
+        self.depth = depth
+        self.workers = workers
+        # everything below is guarded by one lock, with two conditions on it so a step's result
+        # wakes only the consumer and a freed slot wakes only one worker (no thundering herd of
+        # threads all wanting the GIL right when the trainer does)
+        self._lock = threading.Lock()
+        self._result_ready = threading.Condition(self._lock)
+        self._slot_free = threading.Condition(self._lock)
+        self._results: dict[int, tuple[T | None, BaseException | None]] = {}
+        self._next_claim = start
+        self._failed = False
+        self._stop = False
         self._closed_because: str | None = None
         self.next_step = start
         self.last_wait_s = 0.0
-        self._thread = threading.Thread(target=self._fill, args=(start,), name=name, daemon=True)
-        self._thread.start()
+        names = [name] if workers == 1 else [f"{name}-w{i}" for i in range(workers)]
+        self._threads = [threading.Thread(target=self._work, name=n, daemon=True) for n in names]
+        for thread in self._threads:
+            thread.start()
 
-    # ------------------------------------------------------------------- background thread
-    def _fill(self, step: int) -> None:
-        while not self._stop.is_set():
+    # ------------------------------------------------------------------------ worker threads
+    def _may_claim(self) -> bool:
+        return not self._failed and self._next_claim < self.next_step + self.depth + self.workers
+
+    def _work(self) -> None:
+        while True:
+            with self._lock:
+                while not self._stop and not self._may_claim():
+                    if self._failed:
+                        return  # every step before the failed one is already claimed
+                    self._slot_free.wait(_POLL_S)
+                if self._stop:
+                    return
+                step = self._next_claim
+                self._next_claim += 1
             try:
-                item: tuple[int, T | None, BaseException | None] = (step, self._produce(step), None)
+                item: tuple[T | None, BaseException | None] = (self._produce(step), None)
             except BaseException as err:  # forwarded to the consumer, which re-raises it
-                item = (step, None, err)
-            if not self._put(item) or item[2] is not None:
-                return
-            step += 1
-
-    def _put(self, item: tuple[int, T | None, BaseException | None]) -> bool:
-        while not self._stop.is_set():
-            try:
-                self._queue.put(item, timeout=_POLL_S)
-                return True
-            except queue.Full:
-                continue
-        return False
+                item = (None, err)
+            with self._lock:
+                if self._stop:
+                    return
+                self._results[step] = item
+                if item[1] is not None:
+                    self._failed = True
+                    self._slot_free.notify_all()  # idle workers exit instead of polling
+                if step == self.next_step:
+                    self._result_ready.notify()
+            del item  # the consumer owns it now; do not keep it alive while waiting
 
     # ---------------------------------------------------------------------------- consumer
     def __iter__(self) -> Prefetcher[T]:
@@ -93,27 +135,41 @@ class Prefetcher(Generic[T]):
 
     def __next__(self) -> T:
         started = time.perf_counter()
-        ready = self._queue.qsize()
-        while True:
-            if self._closed_because is not None:
-                raise LoaderClosedError(
-                    f"this iterator is closed ({self._closed_because}); start a new one, e.g. "
-                    f"loader.iter_from({self.next_step})"
-                )
-            try:
-                step, value, error = self._queue.get(timeout=_POLL_S)
-                break
-            except queue.Empty:
-                if not self._thread.is_alive() and self._queue.empty():
-                    self._close(f"its thread {self._thread.name!r} exited unexpectedly")
+        with self._lock:
+            ready = self._ready()
+            while True:
+                if self._closed_because is not None:
+                    raise LoaderClosedError(
+                        f"this iterator is closed ({self._closed_because}); start a new one, "
+                        f"e.g. loader.iter_from({self.next_step})"
+                    )
+                step = self.next_step
+                if step in self._results:
+                    value, error = self._results.pop(step)
+                    break
+                if not any(t.is_alive() for t in self._threads):
+                    names = ", ".join(repr(t.name) for t in self._threads)
+                    self._closed_because = f"its threads {names} exited unexpectedly"
+                    self._stop = True
+                    continue
+                self._result_ready.wait(_POLL_S)
+            if error is None:
+                self.next_step = step + 1
+                self._slot_free.notify()  # one worker may claim the next step now
         self.last_wait_s = time.perf_counter() - started
         if error is not None:
             self._close(f"step {step} raised {type(error).__name__}")
             raise error
-        self.next_step = step + 1
         if self._observer is not None:
             self._observer(step, self.last_wait_s, ready)
         return value  # type: ignore[return-value]
+
+    def _ready(self) -> int:
+        """Finished items the consumer can take without waiting (consecutive from next_step)."""
+        count = 0
+        while self.next_step + count in self._results:
+            count += 1
+        return count
 
     # ---------------------------------------------------------------------------- shutdown
     @property
@@ -121,31 +177,30 @@ class Prefetcher(Generic[T]):
         return self._closed_because is not None
 
     def close(self) -> None:
-        """Stops and joins the thread; idempotent and safe from any thread."""
+        """Stops and joins the worker threads (at most 1 s in all); idempotent, from any thread."""
         self._close("close() was called")
 
     def _close(self, reason: str) -> None:
-        if self._closed_because is None:
-            self._closed_because = reason
-        self._stop.set()
-        self._drain()  # so a blocked put returns
-        if self._thread is not threading.current_thread():
-            self._thread.join(timeout=_JOIN_TIMEOUT_S)
-            self._drain()  # an item put just before the stop: free its buffers now
-            if self._thread.is_alive():
-                logger.warning(
-                    "prefetch thread %r did not stop within %.1fs (a read is still running); it "
-                    "is a daemon thread and will not keep the process alive",
-                    self._thread.name,
-                    _JOIN_TIMEOUT_S,
-                )
-
-    def _drain(self) -> None:
-        while True:
-            try:
-                self._queue.get_nowait()
-            except queue.Empty:
-                return
+        with self._lock:
+            if self._closed_because is None:
+                self._closed_because = reason
+            self._stop = True
+            self._results.clear()  # free finished items' buffers now
+            self._result_ready.notify_all()
+            self._slot_free.notify_all()
+        deadline = time.monotonic() + _JOIN_TIMEOUT_S
+        me = threading.current_thread()
+        for thread in self._threads:
+            if thread is not me:
+                thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        stuck = [t.name for t in self._threads if t is not me and t.is_alive()]
+        if stuck:
+            logger.warning(
+                "prefetch threads %s did not stop within %.1fs (a read is still running); they "
+                "are daemon threads, will drop their result, and will not keep the process alive",
+                stuck,
+                _JOIN_TIMEOUT_S,
+            )
 
     def __enter__(self) -> Prefetcher[T]:
         return self

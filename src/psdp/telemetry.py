@@ -5,8 +5,11 @@ Mental model: two clocks run per step. The background thread times its ``read`` 
 batches were ready (queue depth). Between two ``next()`` returns lies one trainer step; the share
 of that interval spent waiting is the stall fraction. If the trainer waits a noticeable share of
 its time, the loader is the bottleneck, and the read and assembly figures say which half to fix.
-Figures cover a sliding window of recent steps; appends come from two threads and are guarded by
-one lock.
+Figures cover a sliding window of recent steps. ``record_read`` is called by every reader thread
+(several with parallel reads), ``record_next`` by the trainer; one lock guards every append and
+every snapshot, so `stats` never sees a half-recorded step. With ``N`` reader threads a read may
+take up to ``N`` trainer steps without a stall, so the verdict rests on the trainer's wait, never
+on the read time alone.
 """
 
 from __future__ import annotations
@@ -61,16 +64,42 @@ class LoaderStats:
             f"max {self.wait_ms_max:.2f} ms); per batch: read p50 {self.read_ms_p50:.2f} ms, "
             f"assemble p50 {self.assemble_ms_p50:.2f} ms, trainer step p50 "
             f"{self.step_ms_p50:.2f} ms; {self.queue_depth_mean:.1f} batches ready on average"
+            + (f"; {self.advice()}" if self.bottleneck else "")
+        )
+
+    def advice(self) -> str:
+        """Which half of the loader to speed up, from the read and assembly times.
+
+        Example:
+            >>> LoaderStats(10, 10, 9.0, 12.0, 12.0, 0.4, 20.0, 25.0, 30.0, 1.0, 1.5, 0.0, True).advice()
+            'reads dominate (25.00 ms vs 1.00 ms assembly): raise read_threads, or use a faster layout'
+        """
+        if self.read_ms_p50 >= self.assemble_ms_p50:
+            return (
+                f"reads dominate ({self.read_ms_p50:.2f} ms vs {self.assemble_ms_p50:.2f} ms "
+                "assembly): raise read_threads, or use a faster layout"
+            )
+        return (
+            f"assembly dominates ({self.assemble_ms_p50:.2f} ms vs {self.read_ms_p50:.2f} ms "
+            "read): raise read_threads so batches assemble in parallel"
         )
 
 
 class Telemetry:
-    """Collects per-step timings from the reader thread and the trainer; summarised by `stats`.
+    """Collects per-step timings from the reader threads and the trainer; summarised by `stats`.
 
     Args:
         window: how many recent steps the figures cover.
         stall_warning_s: log a warning (with the figures) when one ``next()`` waits longer than
             this; ``None`` disables it.
+
+    Example:
+        >>> t = Telemetry(stall_warning_s=None)
+        >>> t.record_read(0.004, 0.001)
+        >>> t.record_next(step=0, wait_s=0.0, depth=2)
+        >>> s = t.stats()
+        >>> s.steps_read, s.steps_consumed, s.read_ms_p50, s.bottleneck
+        (1, 1, 4.0, False)
     """
 
     def __init__(self, window: int = 1000, stall_warning_s: float | None = 1.0):
@@ -96,7 +125,7 @@ class Telemetry:
         self.stall_warning_s = stall_warning_s
 
     def record_read(self, read_s: float, assemble_s: float) -> None:
-        """Called by the reader thread once per produced step."""
+        """Called by each reader thread once per produced step; safe from several threads."""
         with self._lock:
             self._read.append(read_s)
             self._assemble.append(assemble_s)

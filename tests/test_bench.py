@@ -1,0 +1,96 @@
+"""The benchmark runs end to end in its reduced form, so it cannot rot (no timing thresholds here).
+
+``--quick`` computes all five figures on tiny inputs; the test checks that every figure is present,
+every row has a finite ratio (where the baseline exists), and the markdown names each figure.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import runpy
+from pathlib import Path
+
+import pytest
+
+from psdp import benchmarks
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+
+
+@pytest.fixture(scope="module")
+def quick_report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    assert benchmarks.main(["--quick", "--out", str(out)]) == 0
+    return out, json.loads((out / "bench.json").read_text())
+
+
+def test_quick_run_computes_every_figure_with_finite_ratios(quick_report):
+    _, report = quick_report
+    assert report["quick"] is True
+    assert set(report["figures"]) == set(benchmarks.FIGURES)
+    for name in benchmarks.FIGURES:
+        figure = report["figures"][name]
+        assert figure["rows"], name
+        for row in figure["rows"]:
+            ratio = row["ratio"]
+            assert ratio is not None and math.isfinite(ratio) and ratio >= 0, (name, row)
+
+
+def test_each_figure_has_the_rows_the_issue_asks_for(quick_report):
+    _, report = quick_report
+    figures = report["figures"]
+    paths = {r["path"] for r in figures["assembly"]["rows"]}
+    assert {
+        "psdp LeafAssembler",
+        "device_put(global)",
+        "make_array_from_process_local_data",
+        "per-device device_put",
+    } <= paths
+    assert len({r["batch_mib"] for r in figures["assembly"]["rows"]}) == 2
+    throughput = {(r["source"], r["loader"]) for r in figures["throughput"]["rows"]}
+    for source in ("in-memory", "TensorStore zarr3"):
+        assert (source, "naive loop") in throughput and (source, "psdp") in throughput
+        if benchmarks._grain() is not None:
+            assert (source, "Grain DataLoader") in throughput
+    stall = figures["stall"]["rows"]
+    assert sorted({r["step_ms"] for r in stall}) == [5, 20, 100]
+    assert all(r["wait_ms_p99"] >= r["wait_ms_p50"] >= 0 for r in stall)
+    assert all("bottleneck" in r["stats"] for r in stall)
+    assert {r["step"] for r in figures["planning"]["rows"]} == {
+        "plan_pod + plan(p)",
+        "process_mesh_mapping",
+    }
+    resume = figures["resume"]["rows"]
+    assert [r["prefetch"] for r in resume if "prefetch" in r] == list(benchmarks.QUICK.rss_prefetch)
+    assert all(r["bound_batches"] == r["prefetch"] + 2 for r in resume if "prefetch" in r)
+
+
+def test_markdown_names_the_machine_the_command_and_every_figure(quick_report):
+    out, report = quick_report
+    text = (out / "bench.md").read_text()
+    assert "bench --quick" in text and "cpu_cores" in text
+    for number in range(1, 6):
+        assert f"## {number}. " in text
+
+
+def test_only_selects_figures_and_the_script_wrapper_runs(tmp_path, capsys):
+    script = runpy.run_path(str(SCRIPTS / "bench.py"), run_name="bench")
+    assert script["main"] is benchmarks.main
+    assert benchmarks.main(["--quick", "--only", "planning", "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "bench.json").read_text())
+    assert list(report["figures"]) == ["planning"]
+    assert "## 4. Planning" in capsys.readouterr().out
+
+
+def test_unknown_figure_is_refused(tmp_path):
+    with pytest.raises(SystemExit):
+        benchmarks.main(["--quick", "--only", "nonsense", "--out", str(tmp_path)])
+
+
+def test_latency_source_sleeps_only_after_its_probe():
+    import numpy as np
+
+    source = benchmarks.LatencySource(np.arange(6).reshape(3, 2), latency_s=0.0)
+    assert source.read(np.array([2, 0])).tolist() == [[4, 5], [0, 1]]
+    assert source._probed

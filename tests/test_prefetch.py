@@ -1,0 +1,262 @@
+"""Prefetcher: step order, bounded backlog, errors at their step, and prompt shutdown, for 1..N workers.
+
+Timing is only ever used to provoke interleavings (random sleeps), never asserted as a threshold.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+import traceback
+
+import pytest
+
+from psdp import prefetch as prefetch_module
+from psdp.prefetch import LoaderClosedError, Prefetcher
+
+WORKERS = [1, 2, 4]
+
+
+def wait_until(condition, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached")
+        time.sleep(0.002)
+
+
+def threads_named(prefix: str) -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith(prefix)]
+
+
+@pytest.mark.parametrize("workers", WORKERS)
+@pytest.mark.parametrize("depth", [1, 3])
+def test_items_come_in_step_order_under_random_produce_delays(workers, depth):
+    rng = random.Random(workers * 10 + depth)
+    delays = [rng.uniform(0, 0.004) for _ in range(200)]
+
+    def produce(step):
+        time.sleep(delays[step % len(delays)])  # later steps often finish first
+        return ("item", step)
+
+    with Prefetcher(produce, start=7, depth=depth, name="order", workers=workers) as items:
+        got = [next(items) for _ in range(60)]
+        assert items.next_step == 67
+    assert got == [("item", s) for s in range(7, 67)]
+
+
+@pytest.mark.parametrize("workers", WORKERS)
+def test_produce_is_called_once_per_step_and_never_skips(workers):
+    calls: list[int] = []
+    lock = threading.Lock()
+
+    def produce(step):
+        with lock:
+            calls.append(step)
+        time.sleep(random.uniform(0, 0.002))
+        return step
+
+    items = Prefetcher(produce, start=0, depth=2, name="once", workers=workers)
+    assert [next(items) for _ in range(30)] == list(range(30))
+    items.close()
+    # claimed steps are consecutive and unique; at most depth + workers beyond the consumer
+    assert sorted(calls) == list(range(len(calls)))
+    assert 30 <= len(calls) <= 30 + 2 + workers
+
+
+@pytest.mark.parametrize("workers", WORKERS)
+@pytest.mark.parametrize("depth", [1, 2, 5])
+def test_backlog_is_bounded_by_depth_plus_workers(workers, depth):
+    started: list[int] = []
+    lock = threading.Lock()
+
+    def produce(step):
+        with lock:
+            started.append(step)
+        return step
+
+    with Prefetcher(produce, start=0, depth=depth, name="bound", workers=workers) as items:
+        # nobody consumes: the workers fill up to the bound, then stop claiming
+        wait_until(lambda: len(started) >= depth + workers)
+        time.sleep(0.05)
+        assert sorted(started) == list(range(depth + workers))
+        assert items._ready() == depth + workers
+        # consuming one frees exactly one slot
+        assert next(items) == 0
+        wait_until(lambda: len(started) >= depth + workers + 1)
+        time.sleep(0.05)
+        assert len(started) == depth + workers + 1
+
+
+def test_one_worker_keeps_depth_ready_plus_one_in_flight():
+    """workers=1 is the classic one thread + queue of ``depth``: depth + 1 produced ahead."""
+    started: list[int] = []
+    with Prefetcher(started.append, start=5, depth=3, name="classic") as items:
+        wait_until(lambda: len(started) >= 4)
+        time.sleep(0.05)
+        assert started == [5, 6, 7, 8]
+        assert [t.name for t in items._threads] == ["classic"]
+
+
+@pytest.mark.parametrize("workers", WORKERS)
+def test_error_surfaces_at_its_step_with_the_original_traceback(workers):
+    def produce(step):
+        time.sleep(random.uniform(0, 0.003))
+        if step == 5:
+            raise KeyError(f"bad row in step {step}")
+        return step
+
+    items = Prefetcher(produce, start=0, depth=2, name="err", workers=workers)
+    assert [next(items) for _ in range(5)] == [0, 1, 2, 3, 4]  # steps before k are all delivered
+    with pytest.raises(KeyError, match="bad row in step 5") as info:
+        next(items)
+    frames = [f.name for f in traceback.extract_tb(info.value.__traceback__)]
+    assert "produce" in frames  # raised where it happened, on the worker
+    assert items.closed
+    with pytest.raises(LoaderClosedError, match=r"step 5 raised KeyError.*iter_from\(5\)"):
+        next(items)
+    assert not any(t.is_alive() for t in items._threads)
+
+
+@pytest.mark.parametrize("workers", WORKERS)
+def test_error_in_the_first_step(workers):
+    def produce(step):
+        raise ValueError("cannot open")
+
+    items = Prefetcher(produce, start=3, depth=2, name="err0", workers=workers)
+    with pytest.raises(ValueError, match="cannot open"):
+        next(items)
+    assert items.closed
+
+
+@pytest.mark.parametrize("workers", WORKERS)
+def test_close_from_another_thread_wakes_a_blocked_next(workers):
+    release = threading.Event()
+
+    def produce(step):
+        if step >= 2:
+            release.wait(5)  # a read that hangs until the test ends
+        return step
+
+    items = Prefetcher(produce, start=0, depth=2, name="wake", workers=workers)
+    assert [next(items), next(items)] == [0, 1]
+    outcome: list[BaseException] = []
+
+    def consume():
+        try:
+            next(items)
+        except BaseException as err:
+            outcome.append(err)
+
+    consumer = threading.Thread(target=consume)
+    consumer.start()
+    time.sleep(0.05)  # the consumer is now blocked waiting for step 2
+    closer = threading.Thread(target=items.close)
+    closer.start()
+    consumer.join(timeout=3)
+    assert not consumer.is_alive()
+    assert isinstance(outcome[0], LoaderClosedError)
+    assert "close() was called" in str(outcome[0])
+    release.set()
+    closer.join(timeout=3)
+    wait_until(lambda: not any(t.is_alive() for t in items._threads))
+
+
+@pytest.mark.parametrize("workers", WORKERS)
+def test_close_returns_within_the_bound_when_produce_is_blocked(workers, monkeypatch, caplog):
+    monkeypatch.setattr(prefetch_module, "_JOIN_TIMEOUT_S", 0.2)
+    release = threading.Event()
+
+    def produce(step):
+        release.wait(10)
+        return step
+
+    items = Prefetcher(produce, start=0, depth=1, name="stuck", workers=workers)
+    wait_until(lambda: all(t.is_alive() for t in items._threads))
+    time.sleep(0.02)
+    started = time.monotonic()
+    items.close()
+    elapsed = time.monotonic() - started
+    # generous: the bound is shared by all workers, not paid once per worker
+    assert elapsed < 0.2 + 2.0
+    assert "did not stop" in caplog.text
+    release.set()  # the stuck reads finish; their results are dropped and the threads exit
+    wait_until(lambda: not any(t.is_alive() for t in items._threads))
+    with pytest.raises(LoaderClosedError):
+        next(items)
+
+
+@pytest.mark.parametrize("workers", WORKERS)
+def test_thread_count_returns_to_baseline(workers):
+    baseline = threading.active_count()
+    for round_ in range(3):
+        items = Prefetcher(lambda s: s, start=0, depth=2, name=f"count{round_}", workers=workers)
+        assert len(threads_named(f"count{round_}")) == workers
+        assert [next(items) for _ in range(4)] == [0, 1, 2, 3]
+        items.close()
+        assert threads_named(f"count{round_}") == []
+    assert threading.active_count() == baseline
+
+
+def test_close_is_idempotent_and_drops_finished_items():
+    items = Prefetcher(lambda s: bytearray(10), start=0, depth=3, name="idem", workers=2)
+    wait_until(lambda: items._ready() == 5)
+    items.close()
+    items.close()
+    assert items._results == {}
+    assert items.closed
+
+
+@pytest.mark.parametrize("workers", WORKERS)
+def test_observer_sees_each_step_its_wait_and_ready_count(workers):
+    seen: list[tuple[int, float, int]] = []
+    with Prefetcher(
+        lambda s: s,
+        start=2,
+        depth=2,
+        name="obs",
+        workers=workers,
+        observer=lambda *a: seen.append(a),
+    ) as items:
+        next(items)
+        wait_until(lambda: items._ready() == 2 + workers)
+        next(items)
+    assert [s for s, _, _ in seen] == [2, 3]
+    assert all(wait >= 0 for _, wait, _ in seen)
+    assert seen[1][2] == 2 + workers  # every produced step was ready when asked for
+
+
+def test_parallel_workers_overlap_slow_produce_calls():
+    """Four 50 ms reads on four workers run at the same time (counted, not timed)."""
+    active = 0
+    peak = 0
+    lock = threading.Lock()
+
+    def produce(step):
+        nonlocal active, peak
+        with lock:
+            active += 1
+            peak = max(peak, active)
+        time.sleep(0.05)
+        with lock:
+            active -= 1
+        return step
+
+    with Prefetcher(produce, start=0, depth=4, name="overlap", workers=4) as items:
+        assert [next(items) for _ in range(8)] == list(range(8))
+    assert peak >= 2  # reads overlapped (all four on an idle machine)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        ({"depth": 0}, ValueError, "depth must be >= 1, got 0"),
+        ({"workers": 0}, ValueError, "workers must be >= 1, got 0"),
+        ({"workers": 2.0}, TypeError, "workers must be an int"),
+    ],
+)
+def test_bad_arguments_are_refused(kwargs, error, match):
+    options = {"start": 0, "depth": 2, "name": "bad", **kwargs}
+    with pytest.raises(error, match=match):
+        Prefetcher(lambda s: s, **options)
