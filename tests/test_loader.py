@@ -302,3 +302,18 @@ def test_a_stream_cannot_be_shuffled():
     with pytest.raises(ValueError, match="shuffle=True with a stream .* pass shuffle=False"):
         DataLoader(StreamSource([1, 2, 3]), mesh=make_mesh("data=8"), global_batch_size=8,
                    shuffle=True)  # fmt: skip
+
+
+def test_a_subclass_overriding_read_is_not_bypassed_by_read_window():
+    from psdp import ArraySource
+
+    class Doubling(ArraySource):  # overrides read only: read_window (inherited) must not be used
+        def read(self, ids):
+            return {k: v * 2 for k, v in super().read(ids).items()}
+
+    data = {"tokens": token_table(16, 4), "w": np.arange(16)}
+    mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "context"))
+    spec = {"tokens": P("data", "context")}  # a column window: served by read_window otherwise
+    loader = DataLoader(Doubling(data), mesh=mesh, global_batch_size=8, batch_spec=spec, seed=1)
+    doubled = {k: v * 2 for k, v in data.items()}
+    assert_batch_exact(loader.batch_at(0), expected_batch(loader, doubled, 0))

@@ -1,9 +1,10 @@
 """Assembly: from a host's buffers to one global `jax.Array` per batch leaf.
 
 Mental model: the planner gives this host the distinct boxes its devices hold (``plan.blocks``).
-The host reads them into a few buffers, its *windows*, and ``jax.make_array_from_callback`` then
-asks, device by device, for the box each local device holds; the callback answers with a *view* of
-a window. The buffers are laid out by the plan, not by device order, so replicas of a box (a
+The host reads them into a few buffers, its *windows*; every local device's box is then a *view*
+of a window, all of them go to their devices in one batched ``jax.device_put``, and
+``jax.make_array_from_single_device_arrays`` makes the global array (the same result as
+``jax.make_array_from_callback``, which copies device by device and is 1.1-1.3x slower here). The buffers are laid out by the plan, not by device order, so replicas of a box (a
 tensor-parallel group) share one buffer region, and a host never reads what it does not hold.
 
 - Whole rows (dimension 1 unsharded, the usual case): one window, the host's rows
@@ -86,6 +87,7 @@ class LeafAssembler:
     halo: int
     column_shards: int  # C: shards of dimension 1 in column mode, 0 for whole rows
     locate: dict[tuple[int, int], tuple[int, int]]  # (row start, column shard) -> (window, offset)
+    device_boxes: dict[jax.Device, tuple[slice, ...]]  # each local device's box of the global array
 
     @classmethod
     def create(
@@ -115,9 +117,10 @@ class LeafAssembler:
         if not column_mode:
             offsets = {int(r): i for i, r in enumerate(plan.rows.tolist())}
             locate = {(b[0].start, 0): (0, offsets[b[0].start]) for b in plan.blocks}
+            sharding = NamedSharding(mesh, spec)
             return cls(
-                shape, np.dtype(dtype), NamedSharding(mesh, spec), plan,
-                (Window(plan.rows),), 0, 0, locate,
+                shape, np.dtype(dtype), sharding, plan, (Window(plan.rows),), 0, 0, locate,
+                sharding.addressable_devices_indices_map(shape),  # type: ignore[arg-type]
             )  # fmt: skip
         width = plan.blocks[0][1].stop - plan.blocks[0][1].start
         shards = shape[1] // width
@@ -129,9 +132,10 @@ class LeafAssembler:
             )
         windows, locate = _column_windows(plan, width, halo, shape[1])
         haloed = (shape[0], shards * (width + 2 * halo), *shape[2:])
+        sharding = NamedSharding(mesh, spec)
         return cls(
-            haloed, np.dtype(dtype), NamedSharding(mesh, spec), plan,
-            windows, halo, shards, locate,
+            haloed, np.dtype(dtype), sharding, plan, windows, halo, shards, locate,
+            sharding.addressable_devices_indices_map(haloed),  # type: ignore[arg-type]
         )  # fmt: skip
 
     @property
@@ -197,7 +201,11 @@ class LeafAssembler:
                 rest = tuple(index[1:])
             return buffers[window][(slice(offset, offset + stop - start), *rest)]
 
-        return jax.make_array_from_callback(self.global_shape, self.sharding, device_box)
+        # one batched device_put for every local device: 1.1-1.3x faster than
+        # make_array_from_callback, which copies device by device (docs/performance.md, figure 1)
+        devices = list(self.device_boxes)
+        shards = jax.device_put([device_box(self.device_boxes[d]) for d in devices], devices)
+        return jax.make_array_from_single_device_arrays(self.global_shape, self.sharding, shards)
 
 
 def _is_sharded(plan: DataPlan, dim: int) -> bool:

@@ -395,7 +395,7 @@ class DataLoader:
         self, source: Any, ids: np.ndarray, request: ReadRequest
     ) -> dict[Key, np.ndarray]:
         # `read` is the protocol; `read_window` (optional) serves column windows and leaf subsets
-        read_window = getattr(source, "read_window", None)
+        read_window = _read_window_of(source)
         partial = len(request.columns) < len(self._leaves) or any(
             c is not None for c in request.columns.values()
         )
@@ -432,6 +432,12 @@ class DataLoader:
             data = np.asarray(got[key])
             leaf = self._leaves[key]
             expected = self._row_shape(key, columns, len(ids))
+            if data.shape[:1] != (len(ids),):
+                raise ValueError(
+                    f"step {step}: {_leaf_name(key)} read returned {len(data) if data.ndim else 0} "
+                    f"rows for {len(ids)} ids ({preview_ids(ids)}); a source's read(ids) must "
+                    "return one row per id, in the order of the ids"
+                )
             if data.shape != expected or data.dtype != leaf.dtype:
                 raise ValueError(
                     f"step {step}: {_leaf_name(key)} rows have shape {data.shape[1:]} and dtype "
@@ -584,6 +590,20 @@ class DataLoader:
 
 
 # ------------------------------------------------------------------------------------ helpers
+def _read_window_of(source: Any) -> Any:
+    """The source's ``read_window``, unless a subclass overrides ``read`` below it (then the
+    override is what the user means, and ``read_window`` would bypass it)."""
+    read_window = getattr(source, "read_window", None)
+    if read_window is None:
+        return None
+    mro = type(source).__mro__
+    defines = [
+        next((i for i, c in enumerate(mro) if n in c.__dict__), len(mro))
+        for n in ("read", "read_window")
+    ]
+    return read_window if defines[1] <= defines[0] else None
+
+
 def _leaves_of(rows: Rows) -> dict[Key, np.ndarray]:
     """A read's leaves by name; an array source's single leaf is named ``None``."""
     if isinstance(rows, dict):

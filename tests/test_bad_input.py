@@ -1,0 +1,481 @@
+"""The bad-input catalogue: every user error raises a specific exception naming the values and the fix.
+
+One table, one row per mistake. Each row builds the mistake from scratch (``tmp_path`` for files),
+and must raise the row's exception type with every one of its message fragments: the values the
+user gave (so they can find the line) and the fix. Rows that fail only after some steps (a source
+that changes its rows mid-dataset) also check that every batch delivered before the error is exact:
+nothing yields a wrong batch. Every row runs under a hang guard, so nothing hangs either.
+
+Padding is not an error: a batch that the shards do not divide is padded with a mask for dict
+sources (see test_loader.py); only what remains a user error is here.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import Mesh, PartitionSpec
+
+from batch_checks import assert_batch_exact, expected_batch, token_table
+from psdp import (
+    ArraySource,
+    DataLoader,
+    GrainSource,
+    LoaderClosedError,
+    MemmapSource,
+    MeshLayout,
+    TensorStoreSource,
+    write_dataset,
+)
+
+B = 8  # global batch: one row per data shard pair on data=4 x model=2
+TOKENS = token_table(64, width=8)  # row r is [r*1000, r*1000 + 1, ...]
+HANG_GUARD_S = 120  # not a timing threshold: only turns a hang into a failure
+
+
+def _mesh(names=("data", "model")) -> Mesh:
+    return Mesh(np.array(jax.devices()).reshape(4, 2), names)
+
+
+def _loader(source: Any = None, **kwargs: Any) -> DataLoader:
+    kwargs.setdefault("mesh", _mesh())
+    kwargs.setdefault("global_batch_size", B)
+    return DataLoader({"tokens": TOKENS} if source is None else source, **kwargs)
+
+
+class ChangesMidDataset:
+    """Reads rows faithfully until step 3 (unshuffled), then breaks them in one way."""
+
+    FROM_STEP = 3
+
+    def __init__(self, data: dict[str, np.ndarray], how: str):
+        self.rows = ArraySource(data)
+        self.how = how
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def describe(self) -> str:
+        return f"ChangesMidDataset({self.how})"
+
+    def read(self, ids):
+        rows = self.rows.read(ids)
+        if len(ids) < 2 or ids.min() < self.FROM_STEP * B:
+            return rows  # the constructor's one-row probe, and steps 0-2
+        broken = {
+            "dtype": lambda v: v.astype(np.float32),
+            "trailing shape": lambda v: v[:, :4],
+            "row count": lambda v: v[:-1],
+            "list leaf": lambda v: v.tolist(),
+        }
+        if self.how == "leaves":
+            return {"other": rows["tokens"]}
+        return {k: broken[self.how](v) for k, v in rows.items()}
+
+
+def _mid_dataset(how: str) -> Callable[[Path], Any]:
+    """Iterates 6 steps over a source that breaks at step 3; steps 0-2 must be exact."""
+
+    def run(_: Path) -> None:
+        data = {"tokens": TOKENS}
+        with _loader(ChangesMidDataset(data, how), shuffle=False) as loader:
+            for step, batch in zip(range(6), loader, strict=False):
+                assert step < ChangesMidDataset.FROM_STEP, f"step {step} was delivered"
+                assert_batch_exact(batch, expected_batch(loader, data, step))
+
+    return run
+
+
+def _closed_then_iter(_: Path) -> None:
+    loader = _loader()
+    loader.close()
+    loader.iter_from(0)
+
+
+def _resume(saved: dict[str, Any], **changes: Any) -> Callable[[Path], Any]:
+    """Saves the state of a loader built with ``saved`` after 2 steps; restores with ``changes``."""
+
+    def run(_: Path) -> None:
+        kwargs = {"seed": 3, **saved}
+        source = kwargs.pop("source", {"tokens": TOKENS})
+        with _loader(source, **kwargs) as loader:
+            iterator = iter(loader)
+            next(iterator), next(iterator)
+            state = loader.state()
+        restored = changes.pop("source", source)
+        DataLoader.restore(state, restored, mesh=_mesh(), **changes)
+
+    return run
+
+
+def _store(tmp_path: Path) -> Path:
+    return Path(
+        write_dataset(tmp_path / "ds", {"tokens": TOKENS}, rows_per_shard=16, progress=False)
+    )
+
+
+def _truncated_shard(tmp_path: Path) -> None:
+    path = _store(tmp_path)
+    shard = path / "tokens" / "c" / "1" / "0"  # rows 16-31
+    shard.write_bytes(shard.read_bytes()[:-10])
+    with _loader(TensorStoreSource(path), shuffle=False) as loader:
+        for step, batch in zip(range(6), loader, strict=False):
+            assert step < 2, f"step {step} (rows 16-23) was delivered"  # never zero-filled rows
+            assert_batch_exact(batch, expected_batch(loader, {"tokens": TOKENS}, step))
+
+
+def _missing_shard(tmp_path: Path) -> None:
+    path = _store(tmp_path)
+    (path / "tokens" / "c" / "2" / "0").unlink()
+    TensorStoreSource(path)
+
+
+def _garbled_metadata(tmp_path: Path) -> None:
+    path = _store(tmp_path)
+    (path / "psdp.json").write_text("{garbage")
+    TensorStoreSource(path)
+
+
+def _truncated_npy(tmp_path: Path) -> None:
+    path = tmp_path / "tokens.npy"
+    np.save(path, TOKENS)
+    path.write_bytes(path.read_bytes()[:100])
+    MemmapSource(path)
+
+
+_SHAPE_RULE = "every row of a source must have one shape and dtype"
+_RESUME_FIX = "resume with the saved value"
+
+# (id, action, exception, fragments the message must contain: the values, then the fix)
+CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] = [
+    # ---------------------------------------------------------------- mesh and partition specs
+    (
+        "mesh has no batch axis",
+        lambda _: _loader(mesh=_mesh(("x", "y"))),
+        ValueError,
+        ["('x', 'y')", "('replica', 'data', 'fsdp', 'batch')", "pass batch_spec=PartitionSpec"],
+    ),
+    (
+        "batch spec names an unknown axis",
+        lambda _: _loader(batch_spec=PartitionSpec("replica")),
+        ValueError,
+        ["'replica'", "the mesh axes are ('data', 'model')"],
+    ),
+    (
+        "a leaf's spec names an unknown axis",
+        lambda _: _loader(batch_spec={"tokens": PartitionSpec("data", "context")}),
+        ValueError,
+        ["'context'", "('data', 'model')"],
+    ),
+    (
+        "batch spec names an unknown leaf",
+        lambda _: _loader(batch_spec={"tokenz": "batch"}),
+        ValueError,
+        ["['tokenz']", "its leaves are ['tokens']"],
+    ),
+    (
+        "batch spec is an unknown strategy",
+        lambda _: _loader(batch_spec="data-parallel"),
+        ValueError,
+        ["'data-parallel'", "('batch', 'full', 'replicated')"],
+    ),
+    (
+        "batch spec longer than the leaf",
+        lambda _: _loader(TOKENS[:, 0], batch_spec=PartitionSpec("data", "model")),
+        ValueError,
+        ["P('data', 'model')", "only 1 dimensions", "drop the extra entries"],
+    ),
+    (
+        "array source needs padding",  # a dict source is padded with a mask instead
+        lambda _: _loader(TOKENS, global_batch_size=6),
+        ValueError,
+        ["global_batch_size=6", "physical batch is 8", "pass a dict source"],
+    ),
+    (
+        "halo larger than a sequence shard",
+        lambda _: _loader(batch_spec={"tokens": PartitionSpec("data", "model")}, halo=5),
+        ValueError,
+        ["halo=5", "4 columns per device", "use halo <= 4"],
+    ),
+    (
+        "halo without a sequence-sharded leaf",
+        lambda _: _loader(halo=1),
+        ValueError,
+        ["halo=1", 'give a leaf a spec like P("data", "context") or drop the halo'],
+    ),
+    (
+        "sequence not divisible by its shards",
+        lambda _: _loader(
+            {"tokens": TOKENS[:, :7]}, batch_spec={"tokens": PartitionSpec("data", "model")}
+        ),
+        ValueError,
+        ["size 7", "2 shards (model=2)", "a multiple of 2"],
+    ),
+    # ------------------------------------------------------------------------------ sources
+    (
+        "source shorter than one batch with drop_last",
+        lambda _: _loader({"tokens": TOKENS[:5]}, drop_last=True),
+        ValueError,
+        ["5 rows", "global_batch_size=8", "set drop_last=False"],
+    ),
+    (
+        "empty source",
+        lambda _: _loader({"tokens": TOKENS[:0]}),
+        ValueError,
+        ["empty (num_rows=0)"],
+    ),
+    (
+        "0-d array source",
+        lambda _: _loader(np.zeros(())),
+        ValueError,
+        ["0-d array", "row dimension"],
+    ),
+    (
+        "leaves with different lengths",
+        lambda _: _loader({"tokens": TOKENS, "weight": np.ones(10)}),
+        ValueError,
+        ["{'tokens': 64, 'weight': 10}", "trim or pad the leaves"],
+    ),
+    (
+        "a list where an array leaf is required",
+        lambda _: _loader({"tokens": TOKENS.tolist()}),
+        TypeError,
+        ["leaf 'tokens'", "got list", "np.asarray"],
+    ),
+    (
+        "an iterable without random access",
+        lambda _: _loader(row for row in TOKENS),
+        TypeError,
+        ["generator", "StreamSource"],
+    ),
+    (
+        "a Grain source without __len__",
+        lambda _: GrainSource(iter([{"tokens": row} for row in TOKENS])),
+        TypeError,
+        ["list_iterator has no __len__", "MapDataset with a length"],
+    ),
+    # ------------------------------------------------------------- the source changes mid-run
+    (
+        "wrong dtype mid-dataset",
+        _mid_dataset("dtype"),
+        ValueError,
+        ["step 3", "float32", "int32", "ids [24, 25", _SHAPE_RULE],
+    ),
+    (
+        "wrong trailing shape mid-dataset",
+        _mid_dataset("trailing shape"),
+        ValueError,
+        ["step 3", "shape (4,)", "had (8,)", _SHAPE_RULE],
+    ),
+    (
+        "a list leaf mid-dataset",
+        _mid_dataset("list leaf"),
+        ValueError,
+        ["step 3", "int64", "int32", _SHAPE_RULE],
+    ),
+    (
+        "other leaves mid-dataset",
+        _mid_dataset("leaves"),
+        ValueError,
+        ["step 3", "['other']", "['tokens']", "every read must return the same leaves"],
+    ),
+    (
+        "too few rows mid-dataset",
+        _mid_dataset("row count"),
+        ValueError,
+        ["step 3", "7 rows", "8 ids"],
+    ),
+    # ------------------------------------------------------------------- stores on disk
+    (
+        "store path does not exist",
+        lambda tmp: TensorStoreSource(tmp / "nowhere"),
+        FileNotFoundError,
+        ["nowhere", "does not exist", "psdp.write_dataset"],
+    ),
+    (
+        "store shard file truncated",
+        _truncated_shard,
+        ValueError,
+        ["ids [16, 17", "tokens/c/1/0", "truncated", "write_dataset(..., overwrite=True)"],
+    ),
+    (
+        "store shard file missing",
+        _missing_shard,
+        ValueError,
+        ["tokens/c/2/0", "would read as zeros", "overwrite=True"],
+    ),
+    (
+        "store metadata unreadable",
+        _garbled_metadata,
+        ValueError,
+        ["psdp.json", "overwrite=True"],
+    ),
+    (
+        ".npy file truncated",
+        _truncated_npy,
+        ValueError,
+        ["tokens.npy", "not a readable .npy file", "np.save"],
+    ),
+    # --------------------------------------------------------------------- steps and closing
+    (
+        "negative step for iter_from",
+        lambda _: _loader().iter_from(-1),
+        ValueError,
+        ["step must be >= 0", "-1"],
+    ),
+    (
+        "negative step for batch_at",
+        lambda _: _loader().batch_at(-2),
+        ValueError,
+        ["step must be >= 0", "-2"],
+    ),
+    (
+        "iter_from after close()",
+        _closed_then_iter,
+        LoaderClosedError,
+        ["closed", "create a new DataLoader"],
+    ),
+    # ---------------------------------------------------------------------------- resuming
+    (
+        "resume with another global batch",
+        _resume({}, global_batch_size=16),
+        ValueError,
+        ["global_batch_size=16", "global_batch_size=8", _RESUME_FIX],
+    ),
+    (
+        "resume with another seed",
+        _resume({}, seed=4),
+        ValueError,
+        ["seed=4", "seed=3", _RESUME_FIX],
+    ),
+    (
+        "resume with shuffling switched",
+        _resume({"shuffle": True}, shuffle=False),
+        ValueError,
+        ["shuffle=False", "shuffle=True", _RESUME_FIX],
+    ),
+    (
+        "resume on a source with other rows",
+        _resume({}, source={"tokens": TOKENS[:32]}),
+        ValueError,
+        ["'rows': 64", "'rows': 32", "resume with the source the state was saved from"],
+    ),
+    (
+        "resume on a source with another dtype",
+        _resume({}, source={"tokens": TOKENS.astype(np.int64)}),
+        ValueError,
+        ["'int32'", "'int64'", "resume with the source the state was saved from"],
+    ),
+    (
+        "resume from something that is not a state",
+        lambda _: DataLoader.restore({"step": 3}, {"tokens": TOKENS}, mesh=_mesh()),
+        ValueError,
+        ["format='psdp.loader/1'", "{'step': 3}", "pass what DataLoader.state() returned"],
+    ),
+    # ------------------------------------------------------------------- processes and knobs
+    (
+        "process index beyond the mesh's processes",
+        lambda _: _loader(process_index=3),
+        ValueError,
+        ["process_index=3", "1 processes", "numbered 0..0"],
+    ),
+    (
+        "more processes than devices",
+        lambda _: MeshLayout.contiguous({"data": 4, "model": 2}, num_processes=16),
+        ValueError,
+        ["num_processes=16", "8 mesh devices", "divisor"],
+    ),
+    (
+        "mesh is not a Mesh",
+        lambda _: _loader(mesh="data=4,model=2"),
+        TypeError,
+        ["jax.sharding.Mesh", "got str"],
+    ),
+    (
+        "global batch of zero",
+        lambda _: _loader(global_batch_size=0),
+        ValueError,
+        ["global_batch_size must be >= 1", "got 0"],
+    ),
+    (
+        "global batch as a float",
+        lambda _: _loader(global_batch_size=8.0),
+        TypeError,
+        ["global_batch_size must be an int", "8.0"],
+    ),
+    (
+        "prefetch of zero",
+        lambda _: _loader(prefetch=0),
+        ValueError,
+        ["prefetch must be >= 1", "got 0"],
+    ),
+    (
+        "read_threads of zero",
+        lambda _: _loader(read_threads=0),
+        ValueError,
+        ["read_threads must be >= 1", "got 0"],
+    ),
+    (
+        "negative read timeout",
+        lambda _: _loader(read_timeout_s=-1),
+        ValueError,
+        ["read_timeout_s must be > 0 or None", "-1"],
+    ),
+    (
+        "mask key collides with a leaf",
+        lambda _: _loader({"mask": TOKENS}, global_batch_size=6),
+        ValueError,
+        ["'mask'", "pass another mask_key"],
+    ),
+    (
+        "named axes without an axis mapping",
+        lambda _: _loader(named_axes={"tokens": ("batch", "position")}),
+        ValueError,
+        ["named_axes needs an axis_mapping", '{"batch": ("replica", "data")'],
+    ),
+]
+
+
+def _no_hang(action: Callable[[], Any]) -> BaseException | None:
+    """Runs ``action`` on a thread; returns what it raised. Fails if it runs HANG_GUARD_S."""
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            action()
+        except BaseException as error:
+            raised.append(error)
+
+    thread = threading.Thread(target=run, name="bad-input-case", daemon=True)
+    thread.start()
+    thread.join(HANG_GUARD_S)
+    assert not thread.is_alive(), f"the case hung for {HANG_GUARD_S} s"
+    return raised[0] if raised else None
+
+
+@pytest.mark.parametrize(
+    ("action", "exception", "fragments"),
+    [pytest.param(*row[1:], id=row[0]) for row in CASES],
+)
+def test_bad_input_is_a_clear_error(tmp_path, action, exception, fragments):
+    error = _no_hang(lambda: action(tmp_path))
+    assert error is not None, "no error: the mistake went through"
+    if isinstance(error, AssertionError):
+        raise error  # a wrong batch was delivered before the error
+    assert type(error) is exception, f"{type(error).__name__}: {error}"
+    message = " ".join(str(error).split())
+    missing = [f for f in fragments if f not in message]
+    assert not missing, f"message lacks {missing}: {message}"
+
+
+def test_the_catalogue_is_complete():
+    assert len(CASES) >= 20
+    assert len({row[0] for row in CASES}) == len(CASES)
+    assert all(re.fullmatch(r"[\w ().,'-_]+", row[0]) for row in CASES)
