@@ -1,10 +1,12 @@
 """The ``psdp`` command line and the plan picture, called in-process (plus one real subprocess)."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from psdp.cli import main, parse_spec
@@ -234,3 +236,124 @@ def test_python_dash_m_entry_point():
     )
     assert result.returncode == 0, result.stderr
     assert "uids (process_mesh_mapping): {0: 0, 1: 0, 2: 1, 3: 1}" in result.stdout
+
+
+# ----------------------------------------------------------------------- simulate, write, bench
+def test_help_lists_every_subcommand(capsys):
+    code, out, _ = run_cli(capsys, "--help")
+    assert code == 0
+    for command in ("plan", "simulate", "bench", "write"):
+        assert f"    {command} " in out
+
+
+SMALL_POD = ["simulate", "--processes", "2", "--axes", "data=2,model=2", "--steps", "6"]
+
+
+@pytest.mark.multiprocess
+def test_simulate_json(capsys):
+    code, out, err = run_cli(capsys, *SMALL_POD, "--batch-size", "8", "--seq-len", "4", "--json")
+    assert (code, err) == (0, "")
+    report = json.loads(out)
+    assert report["verdict"] == "all devices received exactly their rows"
+    assert report["shape"] == [8, 4]
+    assert [h["shards_checked"] for h in report["hosts"]] == [12, 12]
+    assert report["simulation"]["mesh"]["axes"] == {"data": 2, "model": 2}
+
+
+@pytest.mark.multiprocess
+def test_simulate_a_failing_host_exits_1_with_its_message(capsys):
+    code, out, err = run_cli(capsys, *SMALL_POD, "--fail-at", "1:2")
+    assert code == 1
+    assert err.startswith(
+        "psdp simulate: error: pod running psdp.simulate:run_host failed: process 1 exited with "
+        "status 1: RuntimeError: injected failure: process 1 raised at step 2 (--fail-at)"
+    )
+    assert "--- process 0 (exit status 3)" in err
+    assert "psdp pod: process 0 stops: process 1 exited with status 1" in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["--processes", "3"], ["psdp simulate: error:", "--processes 3 does not divide"]),
+        (["--axes", "data=4,model"], ["--axes 'data=4,model'"]),
+        (["--batch-size", "0"], ["LoaderConfig.global_batch_size", "got 0"]),
+        (["--fail-at", "x"], ["--fail-at 'x' must be PROCESS:STEP"]),
+        (["--layout", "torus"], ["MeshConfig.layout", "'torus'"]),
+    ],
+)
+def test_simulate_bad_options_exit_2(capsys, argv, words):
+    code, out, err = run_cli(capsys, "simulate", *argv)
+    assert (code, out) == (2, "")
+    assert err.count("\n") == 1
+    for word in words:
+        assert word in err
+
+
+def test_write_npy_and_npz(capsys, tmp_path):
+    from psdp.sources import TensorStoreSource
+
+    tokens = np.arange(60, dtype=np.int32).reshape(20, 3)
+    np.save(tmp_path / "tokens.npy", tokens)
+    code, out, err = run_cli(capsys, "write", str(tmp_path / "tokens.npy"), str(tmp_path / "a"))
+    assert code == 0, err
+    assert out == f"wrote 20 rows to {tmp_path / 'a'} (leaves: array (3,) int32)\n"
+    np.testing.assert_array_equal(TensorStoreSource(tmp_path / "a").read(np.arange(20)), tokens)
+
+    weight = np.linspace(0, 1, 20, dtype=np.float32)
+    np.savez(tmp_path / "rows.npz", tokens=tokens, weight=weight)
+    argv = ["write", str(tmp_path / "rows.npz"), str(tmp_path / "b"), "--rows-per-shard", "8"]
+    meta = json.loads(run_cli(capsys, *argv, "--json")[1])
+    assert (meta["num_rows"], meta["rows_per_shard"]) == (20, 8)
+    assert meta["leaves"] == {
+        "tokens": {"dtype": "int32", "shape": [3]},
+        "weight": {"dtype": "float32", "shape": []},
+    }
+    rows = TensorStoreSource(tmp_path / "b").read(np.array([19, 0]))
+    np.testing.assert_array_equal(rows["tokens"], tokens[[19, 0]])
+    np.testing.assert_array_equal(rows["weight"], weight[[19, 0]])
+
+
+def test_write_errors(capsys, tmp_path):
+    code, _, err = run_cli(capsys, "write", str(tmp_path / "x.csv"), str(tmp_path / "out"))
+    assert code == 2 and "must be a .npy or .npz file" in err
+    code, _, err = run_cli(capsys, "write", str(tmp_path / "missing.npy"), str(tmp_path / "out"))
+    assert code == 2 and "missing.npy" in err
+    np.save(tmp_path / "t.npy", np.zeros((4, 2)))
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "file").write_text("x")
+    code, _, err = run_cli(capsys, "write", str(tmp_path / "t.npy"), str(tmp_path / "taken"))
+    assert code == 2 and "taken" in err and err.count("\n") == 1
+
+
+def test_bench_passes_every_argument_on(capsys, monkeypatch):
+    import psdp.benchmarks
+
+    seen = []
+    monkeypatch.setattr(psdp.benchmarks, "main", lambda argv: seen.append(argv) or 0)
+    assert run_cli(capsys, "bench", "--quick", "--only", "planning")[0] == 0
+    assert run_cli(capsys, "bench", "--help")[0] == 0
+    assert seen == [["--quick", "--only", "planning"], ["--help"]]
+
+
+# what each README quick-start command must print
+QUICK_START = {
+    "simulate": "all devices received exactly their rows",
+    "plan": "uids (process_mesh_mapping)",
+    "write": "wrote 64 rows to my_dataset",
+}
+
+
+@pytest.mark.multiprocess
+def test_readme_quick_start_commands_run(capsys, tmp_path, monkeypatch):
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    block = re.search(r"After `make run`.*?```bash\n(.*?)```", readme, re.S)
+    assert block is not None
+    commands = [line.split("#")[0].split() for line in block.group(1).splitlines()]
+    assert [c[:2] for c in commands] == [[".venv/bin/psdp", name] for name in QUICK_START]
+    monkeypatch.chdir(tmp_path)
+    np.savez("tokens.npz", tokens=np.arange(64 * 8, dtype=np.int32).reshape(64, 8) % 64)
+    for command in commands:
+        code, out, err = run_cli(capsys, *command[1:])
+        assert code == 0, err
+        assert QUICK_START[command[1]] in out

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from psdp.pod import PodError, load_target, run_pod
+from psdp.pod import PROGRESS_ENV, STOPPED, PodError, load_target, report_progress, run_pod
 
 HERE = Path(__file__).parent / "pod_helpers.py"
 pytestmark = pytest.mark.multiprocess
@@ -42,3 +42,58 @@ def test_bad_targets_are_clear():
         load_target("no_colon")
     with pytest.raises(ValueError, match="at least one process"):
         run_pod(f"{HERE}:whoami", num_processes=0, devices_per_process=1)
+
+
+SIM = Path(__file__).parent / "pod_targets_simulate.py"
+
+
+def test_the_others_stop_with_the_failing_process_message():
+    with pytest.raises(PodError) as info:
+        run_pod(f"{HERE}:fail_on_one", num_processes=3, devices_per_process=1, timeout_s=60)
+    error = info.value
+    assert error.reason == (
+        "process 1 exited with status 1: ZeroDivisionError: host 1 cannot divide"
+    )
+    for index in (0, 2):
+        code, output = error.outputs[index]
+        assert code == STOPPED
+        assert f"psdp pod: process {index} stops: {error.reason}" in output
+
+
+def test_a_killed_process_is_named_with_its_signal():
+    with pytest.raises(PodError) as info:
+        run_pod(f"{SIM}:kill_one", num_processes=2, devices_per_process=1, timeout_s=60)
+    assert info.value.reason == "process 1 exited with status -9: killed by signal SIGKILL"
+    assert info.value.outputs[0][0] == STOPPED
+
+
+def test_progress_of_process_0_reaches_the_parent():
+    seen = []
+    results = run_pod(
+        f"{SIM}:count_with_progress",
+        num_processes=2,
+        devices_per_process=1,
+        args={"total": 8},
+        progress=lambda done, total: seen.append((done, total)),
+    )
+    assert results == [8, 8]
+    assert seen[-1] == (8, 8) and seen == sorted(seen) and len(seen) >= 2
+
+
+def test_report_progress_outside_a_pod_does_nothing(monkeypatch):
+    monkeypatch.delenv(PROGRESS_ENV, raising=False)
+    report_progress(1, 2)
+
+
+def test_an_error_in_the_parent_stops_the_children():
+    def progress(done, total):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_pod(
+            f"{SIM}:count_with_progress",
+            num_processes=2,
+            devices_per_process=1,
+            args={"total": 100},  # 6 s unless stopped
+            progress=progress,
+        )

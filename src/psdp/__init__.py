@@ -5,6 +5,11 @@ hosts that hold the same rows share a data-shard uid (`process_mesh_mapping`), a
 one global `jax.Array` per batch leaf from host-local reads.
 """
 
+from psdp.config import LoaderConfig as LoaderConfig
+from psdp.config import MeshConfig as MeshConfig
+from psdp.consistency import ConsistencyError as ConsistencyError
+from psdp.consistency import ConsistencyReport as ConsistencyReport
+from psdp.consistency import check_consistency as check_consistency
 from psdp.layout import MeshLayout as MeshLayout
 from psdp.loader import DataLoader as DataLoader
 from psdp.mesh import DataPlan as DataPlan

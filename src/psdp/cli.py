@@ -6,6 +6,11 @@ into an exit code: every `ValueError` (the planner's messages already say the ru
 the fix) and every argparse error becomes one line on stderr and exit code 2, never a traceback.
 Errors raised while handling one option are prefixed with that option and its value by `_given`.
 
+Subcommands: ``plan`` (no devices: who reads which rows), ``simulate`` (a local multi-process pod
+that runs the loader, optionally trains a tiny model, and checks every device's rows), ``write``
+(a .npy/.npz file to a psdp TensorStore dataset) and ``bench`` (the benchmarks). Long runs show a
+progress bar on a terminal; ``--json`` prints what a script would parse.
+
 Adding a subcommand: write ``_add_<name>(subparsers)`` that calls ``subparsers.add_parser`` and
 ``set_defaults(run=_run_<name>)``, write ``_run_<name>(args) -> int``, and append ``_add_<name>`` to
 `SUBCOMMANDS`.
@@ -20,15 +25,16 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, TypeVar
 
+from psdp.config import BUILTIN_LAYOUTS, parse_axes, parse_names, parse_spec
 from psdp.layout import MeshLayout
 from psdp.mesh import _spec_axes, dp_index, plan_pod
 from psdp.picture import plan_summary, render_plan
+from psdp.pod import PodError
 
 T = TypeVar("T")
 Subparsers = Any  # argparse's private _SubParsersAction
 
 USAGE_ERROR = 2
-BUILTIN_LAYOUTS = ("contiguous", "noncontiguous")
 
 # `psdp plan --example`: the seed pod of the Levanter PR (see docs/concepts.md).
 EXAMPLE = {
@@ -69,7 +75,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        args.extra = extra
+        if extra and not getattr(args, "passes_extra", False):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
     except SystemExit as done:  # --help exits through argparse
         return done.code if isinstance(done.code, int) else 0
     except UsageError as err:
@@ -263,86 +272,216 @@ def _plan_shape(
     return shape
 
 
-# ------------------------------------------------------------------------------------ parsing
-def parse_axes(text: str) -> dict[str, int]:
-    """Parses ``--axes``: ``"data=4,model=4"`` -> ``{"data": 4, "model": 4}``.
+# ----------------------------------------------------------------------------------- simulate
+def _add_simulate(subparsers: Subparsers) -> None:
+    parser = subparsers.add_parser(
+        "simulate",
+        help="run a local multi-process pod: the loader (and with --train a tiny model) on every "
+        "host, checking every device's rows",
+        description=(
+            "Launch N local processes (real jax.distributed on 127.0.0.1, k fake CPU devices each) "
+            "on a chosen mesh layout, run the loader on every host, check every step that each "
+            "device holds exactly its rows (psdp.check_consistency), and report steps/s and the "
+            "loader wait per step. Without --source, a synthetic token dataset is written to a "
+            "temporary TensorStore store. Defaults: the seed pod (data=4,model=4 on 4 processes, "
+            "noncontiguous), batch 16 x 32 tokens, 300 steps."
+        ),
+    )
+    parser.add_argument("--processes", type=int, default=4, help="processes (hosts); default 4")
+    parser.add_argument("--axes", help="mesh axes, NAME=SIZE pairs (default data=4,model=4)")
+    parser.add_argument(
+        "--layout",
+        help="contiguous, noncontiguous or PATH.json (default: noncontiguous for the default "
+        "mesh, contiguous when --axes is given)",
+    )
+    parser.add_argument("--batch-axes", help="comma-separated batch axes (default: data-like axes)")
+    parser.add_argument(
+        "--spec",
+        help="partition of the tokens leaf: batch, full, replicated or a spec like "
+        "'data,model' (default: batch)",
+    )
+    parser.add_argument("--batch-size", type=int, default=16, help="global batch size; default 16")
+    parser.add_argument("--seq-len", type=int, default=32, help="tokens per synthetic row")
+    parser.add_argument("--steps", type=int, default=300, help="steps to run; default 300")
+    parser.add_argument("--train", action="store_true", help="train a tiny model on the batches")
+    parser.add_argument(
+        "--vocab", type=int, default=64, help="vocabulary of the synthetic tokens and the model"
+    )
+    parser.add_argument(
+        "--source", help="a psdp dataset directory or .npy file (default: synthetic)"
+    )
+    parser.add_argument("--seed", type=int, help="shuffle seed")
+    parser.add_argument(
+        "--shuffle", action=argparse.BooleanOptionalAction, default=None, help="shuffle rows"
+    )
+    parser.add_argument("--prefetch", type=int, help="batches prepared ahead")
+    parser.add_argument(
+        "--drop-last",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="drop each epoch's short final batch instead of padding it",
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=300.0, help="the pod's time limit in seconds; default 300"
+    )
+    parser.add_argument(
+        "--fail-at",
+        metavar="P:STEP[:MODE]",
+        help="testing aid: process P raises (MODE raise), kills itself (die) or hangs (hang) at "
+        "STEP, to see the other hosts stop with its message",
+    )
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.set_defaults(run=_run_simulate)
 
-    Example:
-        >>> parse_axes("replica=2,data=2,model=2")
-        {'replica': 2, 'data': 2, 'model': 2}
-    """
-    axes: dict[str, int] = {}
-    for entry in text.split(","):
-        name, sep, size = (part.strip() for part in entry.partition("="))
-        if not sep or not name.isidentifier() or not size.isdigit() or int(size) < 1:
-            raise ValueError(
-                f"entry {entry.strip()!r} is not NAME=SIZE with a positive size; write the axes "
-                "as NAME=SIZE pairs, e.g. --axes data=4,model=4"
-            )
-        if name in axes:
-            raise ValueError(f"axis {name!r} is given twice; name each mesh axis once")
-        axes[name] = int(size)
-    return axes
 
+def _run_simulate(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
 
-def parse_names(text: str) -> tuple[str, ...]:
-    """Parses a comma-separated list of axis names: ``"replica,data"`` -> ``("replica", "data")``."""
-    names = tuple(part.strip() for part in text.split(","))
-    bad = [name for name in names if not name.isidentifier()]
-    if bad:
-        raise ValueError(
-            f"{bad[0]!r} is not an axis name; give comma-separated axis names, e.g. replica,data"
+    from psdp.simulate import report_json, simulate
+
+    simulation = _simulation(args)
+    bar = tqdm(total=simulation.steps, desc="simulate", unit="step", disable=args.json or None)
+    if not args.json:
+        print(
+            f"psdp simulate: {simulation.processes} processes x "
+            f"{simulation.devices_per_process()} devices, {simulation.steps} steps",
+            flush=True,
         )
-    return names
+
+    def progress(done: int, total: int) -> None:
+        bar.update(done - bar.n)
+
+    try:
+        with bar:
+            report = simulate(simulation, progress=progress)
+    except PodError as err:
+        print(f"psdp simulate: error: {err}", file=sys.stderr)
+        return 1
+    print(report_json(report) if args.json else report)
+    return 0
 
 
-def parse_spec(text: str) -> tuple[Any, ...]:
-    """Parses ``--spec`` into partition spec entries, one per leaf dimension.
+def _simulation(args: argparse.Namespace) -> Any:
+    from psdp.config import LoaderConfig, MeshConfig
+    from psdp.simulate import DEFAULT_MESH, Simulation
 
-    Each entry is an axis name, several axis names as ``(a,b)`` or ``a+b``, or ``None``/``-`` for
-    a replicated dimension.
-
-    Example:
-        >>> parse_spec("(replica,data),context")
-        (('replica', 'data'), 'context')
-        >>> parse_spec("data+fsdp,-")
-        (('data', 'fsdp'), None)
-    """
-    return tuple(_spec_entry(entry) for entry in _split_top_level(text))
-
-
-def _split_top_level(text: str) -> list[str]:
-    """Splits on the commas outside parentheses."""
-    entries, depth, current = [], 0, ""
-    for char in text:
-        depth += {"(": 1, ")": -1}.get(char, 0)
-        if depth not in (0, 1):
-            raise ValueError(
-                "parentheses are unbalanced or nested; group axes once, e.g. '(replica,data),context'"
-            )
-        if char == "," and depth == 0:
-            entries.append(current)
-            current = ""
-        else:
-            current += char
-    if depth:
-        raise ValueError("a '(' is not closed; group axes like '(replica,data)'")
-    return [*entries, current]
-
-
-def _spec_entry(entry: str) -> str | tuple[str, ...] | None:
-    entry = entry.strip()
-    if entry in ("None", "-"):
-        return None
-    if entry.startswith("(") and entry.endswith(")"):
-        names = parse_names(entry[1:-1])
+    if args.axes is None and args.layout is None and args.batch_axes is None:
+        mesh = DEFAULT_MESH
     else:
-        names = tuple(part.strip() for part in entry.split("+"))
-    if not all(name.isidentifier() for name in names):
-        raise ValueError(
-            f"entry {entry!r} is not an axis name, (a,b), a+b, None or -; e.g. '(replica,data),context'"
+        axes = (
+            None if args.axes is None else _given("--axes", repr(args.axes), parse_axes, args.axes)
         )
-    return names[0] if len(names) == 1 else names
+        if axes is None and (args.layout or "").endswith(".json"):
+            axes = MeshLayout.from_file(args.layout).axis_sizes
+        elif axes is None:
+            axes = DEFAULT_MESH.axes
+        batch = None if args.batch_axes is None else parse_names(args.batch_axes)
+        mesh = MeshConfig(axes=axes, batch_axes=batch, layout=args.layout)
+    data = LoaderConfig(
+        source=args.source,
+        global_batch_size=args.batch_size,
+        partition=args.spec,
+        shuffle=args.shuffle,
+        seed=args.seed,
+        prefetch=args.prefetch,
+        drop_last=args.drop_last,
+    )
+    return Simulation(
+        processes=args.processes,
+        mesh=mesh,
+        data=data,
+        steps=args.steps,
+        train=args.train,
+        seq_len=args.seq_len,
+        vocab=args.vocab,
+        timeout_s=args.timeout,
+        fail_at=args.fail_at,
+    )
 
 
-SUBCOMMANDS: list[Callable[[Subparsers], None]] = [_add_plan]
+# -------------------------------------------------------------------------------------- write
+def _add_write(subparsers: Subparsers) -> None:
+    parser = subparsers.add_parser(
+        "write",
+        help="convert a .npy or .npz file to a psdp TensorStore dataset",
+        description=(
+            "Write the rows of a .npy file (one array, reads return an array) or a .npz file "
+            "(one leaf per array, reads return a dict) to a psdp TensorStore dataset directory "
+            "with psdp.write_dataset: zarr3, sharded files, one row per chunk."
+        ),
+    )
+    parser.add_argument("input", help="a .npy or .npz file; arrays share their first dimension")
+    parser.add_argument("output", help="the dataset directory to create")
+    parser.add_argument("--rows-per-shard", type=int, default=1024, help="rows per shard file")
+    parser.add_argument("--rows-per-chunk", type=int, default=1, help="rows per inner chunk")
+    parser.add_argument("--compression", choices=["zstd", "gzip"], help="default: none")
+    parser.add_argument("--no-checksum", action="store_true", help="no per-chunk crc32c")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing dataset")
+    parser.add_argument("--json", action="store_true", help="print the dataset's metadata as JSON")
+    parser.set_defaults(run=_run_write)
+
+
+def _run_write(args: argparse.Namespace) -> int:
+    from psdp.sources import read_metadata
+    from psdp.writer import write_dataset
+
+    arrays = _load_arrays(args.input)
+    try:
+        path = write_dataset(
+            args.output,
+            arrays,
+            rows_per_shard=args.rows_per_shard,
+            rows_per_chunk=args.rows_per_chunk,
+            compression=args.compression,
+            checksum=not args.no_checksum,
+            overwrite=args.overwrite,
+            progress=not args.json,
+        )
+    except (FileExistsError, TypeError) as err:
+        raise UsageError(f"output {args.output!r}: {err}") from None
+    meta = read_metadata(path)
+    if args.json:
+        print(json.dumps({"path": str(path), **meta}, indent=2))
+    else:
+        leaves = ", ".join(
+            f"{name} {tuple(leaf['shape'])} {leaf['dtype']}"
+            for name, leaf in meta["leaves"].items()
+        )
+        print(f"wrote {meta['num_rows']} rows to {path} (leaves: {leaves})")
+    return 0
+
+
+def _load_arrays(path: str) -> Any:
+    """The rows of a .npy (one array, memory-mapped) or .npz (a dict of arrays) file."""
+    import numpy as np
+
+    hint = "give a file written by np.save (.npy) or np.savez (.npz)"
+    if not path.endswith((".npy", ".npz")):
+        raise UsageError(f"input {path!r} must be a .npy or .npz file; {hint}")
+    try:
+        if path.endswith(".npy"):
+            return np.load(path, mmap_mode="r")
+        with np.load(path) as saved:
+            return {name: saved[name] for name in saved.files}
+    except (OSError, ValueError) as err:
+        raise UsageError(f"input {path!r} cannot be read ({err}); {hint}") from None
+
+
+# -------------------------------------------------------------------------------------- bench
+def _add_bench(subparsers: Subparsers) -> None:
+    parser = subparsers.add_parser(
+        "bench",
+        help="run the benchmarks (psdp bench --help for their options)",
+        description="Run psdp's benchmarks; every argument goes to psdp.benchmarks.",
+        add_help=False,
+    )
+    parser.set_defaults(run=_run_bench, passes_extra=True)
+
+
+def _run_bench(args: argparse.Namespace) -> int:
+    from psdp import benchmarks  # imported here: it pulls in every benchmark's dependencies
+
+    return int(benchmarks.main(args.extra))
+
+
+SUBCOMMANDS: list[Callable[[Subparsers], None]] = [_add_plan, _add_simulate, _add_write, _add_bench]

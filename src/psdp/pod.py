@@ -6,7 +6,17 @@ of ``python -m psdp.pod`` (each sets its CPU device count *before* JAX starts, t
 the target function (``path/to/file.py:function`` or ``package.module:function``), calls it with
 the JSON arguments, and writes its JSON-able result to a file. The parent returns the results in
 process order, or raises `PodError` with every child's output when any child fails or the pod
-overruns its time limit; stragglers are killed, so a stuck child never hangs the caller.
+overruns its time limit.
+
+Failure is bounded in time. JAX's own heartbeat notices a dead peer only after minutes, and a
+process blocked in a collective cannot notice anything, so the parent watches: as soon as one
+child exits non-zero (an exception, or killed) it writes the reason to an *abort file*; every
+child runs a watchdog thread that polls that file, prints the reason (``psdp pod: process 0 stops:
+process 1 failed: RuntimeError: ...``) and exits with `STOPPED` even while its main thread is stuck
+in a collective. A child whose own error is only the echo of another's failure (a collective
+that lost its peer) waits a moment before exiting, so the parent names the first failure and the
+echo exits as stopped too. Whatever is still alive after a grace period, or at the time limit, is
+killed.
 """
 
 from __future__ import annotations
@@ -16,10 +26,12 @@ import importlib
 import importlib.util
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -27,10 +39,28 @@ from pathlib import Path
 from typing import Any
 
 _GRACE_S = 5.0  # how long the others get to exit by themselves after one child failed
+_POLL_S = 0.05
+_ECHO_WAIT_S = 1.0  # how long a failed child waits to learn it only echoed another's failure
+#: Exit status of a child stopped by the watchdog because another process failed.
+STOPPED = 3
+#: Environment variable naming the file `report_progress` writes (set by `run_pod`).
+PROGRESS_ENV = "PSDP_POD_PROGRESS"
+
+Child = tuple[subprocess.Popen[bytes], Path, Path]
 
 
 class PodError(RuntimeError):
-    """A pod process failed or the pod ran past its time limit; the message has every output."""
+    """A pod process failed or the pod ran past its time limit; the message has every output.
+
+    Attributes:
+        reason: the first line: which process failed and its error (or the time limit).
+        outputs: ``(exit status, output)`` of every process, in process order.
+    """
+
+    def __init__(self, message: str, reason: str = "", outputs: Sequence[Any] = ()) -> None:
+        super().__init__(message)
+        self.reason = reason or message
+        self.outputs = list(outputs)
 
 
 def free_port() -> int:
@@ -48,6 +78,7 @@ def run_pod(
     args: dict[str, Any] | None = None,
     timeout_s: float = 120.0,
     env: dict[str, str] | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> list[Any]:
     """Runs ``target(**args)`` in ``num_processes`` JAX processes and returns their results.
 
@@ -59,10 +90,18 @@ def run_pod(
         args: keyword arguments for the target (JSON-able).
         timeout_s: the whole pod's time limit.
         env: extra environment variables for the children.
+        progress: called as ``progress(done, total)`` whenever process 0's target reports
+            progress with `report_progress` (e.g. to move a progress bar).
 
     Raises:
-        PodError: a child exited non-zero or the pod timed out; the message has each child's
-            exit status and the tail of its output.
+        PodError: a child exited non-zero or the pod timed out; the message starts with the
+            failing process and its error, then each child's exit status and the tail of its
+            output. The other children are stopped within about `_GRACE_S` seconds.
+
+    Example:
+        >>> results = run_pod("psdp.pod:_describe_host", num_processes=2, devices_per_process=2)
+        >>> results
+        [{'process': 0, 'devices': 4}, {'process': 1, 'devices': 4}]
     """
     if num_processes < 1 or devices_per_process < 1:
         raise ValueError(
@@ -70,18 +109,35 @@ def run_pod(
             f"num_processes={num_processes}, devices_per_process={devices_per_process}"
         )
     coordinator = f"127.0.0.1:{free_port()}"
-    with tempfile.TemporaryDirectory(prefix="psdp-pod-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="psdp-pod-") as name:
+        tmp = Path(name)
         children = [
-            _start_child(
-                Path(tmp), i, coordinator, num_processes, devices_per_process, target, args, env
-            )
+            _start_child(tmp, i, coordinator, num_processes, devices_per_process, target, args, env)
             for i in range(num_processes)
         ]
-        failure = _wait(children, time.monotonic() + timeout_s)
+        watch = _Watch(tmp, children, time.monotonic() + timeout_s, timeout_s, progress)
+        try:
+            failure = watch.wait()
+        except BaseException:  # Ctrl-C, or a progress callback that raised: leave no orphans
+            watch.kill_all()
+            raise
         outputs = [(proc.returncode, log.read_text(errors="replace")) for proc, log, _ in children]
         if failure:
-            raise PodError(_report(failure, target, outputs))
+            raise PodError(_report(failure, target, outputs), failure, outputs)
         return [json.loads(result.read_text()) for _, _, result in children]
+
+
+def report_progress(done: int, total: int) -> None:
+    """Inside a pod target: tells the parent how far this process is (a no-op elsewhere).
+
+    Example:
+        >>> report_progress(3, 10)  # outside a pod: nothing happens
+    """
+    path = os.environ.get(PROGRESS_ENV)
+    if path:
+        partial = f"{path}.tmp"
+        Path(partial).write_text(f"{int(done)} {int(total)}")
+        os.replace(partial, path)
 
 
 def _start_child(
@@ -93,10 +149,11 @@ def _start_child(
     target: str,
     args: dict[str, Any] | None,
     env: dict[str, str] | None,
-) -> tuple[subprocess.Popen[bytes], Path, Path]:
+) -> Child:
     log, result = tmp / f"p{index}.log", tmp / f"p{index}.json"
     child_env = {**os.environ, **(env or {}), "JAX_PLATFORMS": "cpu"}
     child_env["JAX_NUM_CPU_DEVICES"] = str(devices)
+    child_env[PROGRESS_ENV] = str(tmp / f"p{index}.progress")
     command = [
         sys.executable, "-m", "psdp.pod",
         "--coordinator", coordinator,
@@ -106,32 +163,101 @@ def _start_child(
         "--target", target,
         "--args", json.dumps(args or {}),
         "--result", str(result),
+        "--abort-file", str(tmp / "abort"),
     ]  # fmt: skip
     with log.open("wb") as out:
         proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=child_env)
     return proc, log, result
 
 
-def _wait(children: list[tuple[subprocess.Popen[bytes], Path, Path]], deadline: float) -> str:
-    """Waits for all children; returns "" on success or why the pod failed (after killing)."""
-    failure = ""
-    while True:
-        codes = [proc.poll() for proc, _, _ in children]
-        if all(code == 0 for code in codes):
-            return ""
-        failed = [i for i, code in enumerate(codes) if code not in (0, None)]
-        if failed and not failure:
-            failure = f"process {failed[0]} exited with status {codes[failed[0]]}"
-            deadline = min(deadline, time.monotonic() + _GRACE_S)
-        if all(code is not None for code in codes):
-            return failure
-        if time.monotonic() > deadline:
-            for proc, _, _ in children:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
-            return failure or "the pod ran past its time limit; stuck processes were killed"
-        time.sleep(0.05)
+class _Watch:
+    """The parent's loop: waits for the children, aborts the rest after a failure, kills stragglers."""
+
+    def __init__(
+        self,
+        tmp: Path,
+        children: list[Child],
+        deadline: float,
+        timeout_s: float,
+        progress: Callable[[int, int], None] | None,
+    ) -> None:
+        self.tmp, self.children, self.deadline, self.timeout_s = tmp, children, deadline, timeout_s
+        self.progress = progress
+        self.shown = ""
+
+    def wait(self) -> str:
+        """Returns "" when every child succeeded, else why the pod failed (after stopping all)."""
+        failure = ""
+        while True:
+            codes = [proc.poll() for proc, _, _ in self.children]
+            self._show_progress()
+            if all(code == 0 for code in codes):
+                return ""
+            failed = [i for i, code in enumerate(codes) if code not in (0, None, STOPPED)]
+            if failed and not failure:
+                first = min(failed, key=lambda i: self._failed_when(i, codes[i]))
+                failure = self._why(first, codes[first])
+                self._abort(failure)
+            if all(code is not None for code in codes):
+                return failure or "every process exited, but not all succeeded"
+            if time.monotonic() > self.deadline:
+                if not failure:
+                    failure = (
+                        f"the pod ran past its time limit of {self.timeout_s:g} s; stuck "
+                        "processes were stopped"
+                    )
+                    self._abort(failure)
+                    self.deadline = time.monotonic() + 1.0  # time to print their message
+                    continue
+                self.kill_all()
+                return failure
+            time.sleep(_POLL_S)
+
+    def _failed_when(self, index: int, code: int | None) -> float:
+        """When a child failed, to find the first of several seen at once: the others often fail
+        as a consequence (a collective loses its peer). A death by signal ranks first, as it is
+        never such a consequence; then the time of the error file each child writes."""
+        if code is not None and code < 0:
+            return -1.0
+        try:
+            return (self.tmp / f"p{index}.error").stat().st_mtime
+        except FileNotFoundError:
+            return float("inf")
+
+    def _why(self, index: int, code: int | None) -> str:
+        error = self.tmp / f"p{index}.error"
+        if error.exists():
+            detail = error.read_text(errors="replace").strip()
+        elif code is not None and code < 0:
+            detail = f"killed by signal {signal.Signals(-code).name}"
+        else:
+            detail = "no Python error recorded (see its output below)"
+        return f"process {index} exited with status {code}: {detail}"
+
+    def _abort(self, reason: str) -> None:
+        partial = self.tmp / "abort.tmp"
+        partial.write_text(reason)
+        os.replace(partial, self.tmp / "abort")
+        self.deadline = min(self.deadline, time.monotonic() + _GRACE_S)
+
+    def kill_all(self) -> None:
+        for proc, _, _ in self.children:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+    def _show_progress(self) -> None:
+        if self.progress is None:
+            return
+        path = self.tmp / "p0.progress"
+        try:
+            text = path.read_text()
+        except FileNotFoundError:
+            return
+        if text and text != self.shown:
+            self.shown = text
+            done, total = (int(v) for v in text.split())
+            self.progress(done, total)
 
 
 def _report(failure: str, target: str, outputs: list[tuple[int | None, str]]) -> str:
@@ -163,6 +289,28 @@ def load_target(target: str) -> Callable[..., Any]:
     return getattr(module, name)
 
 
+def _describe_host() -> dict[str, int]:
+    """A minimal pod target: this process's index and the pod's device count."""
+    import jax
+
+    return {"process": jax.process_index(), "devices": jax.device_count()}
+
+
+def _watchdog(abort_file: Path, process_id: int) -> None:
+    """Exits this process with `STOPPED` as soon as the parent writes the abort file."""
+    while not abort_file.exists():
+        time.sleep(_POLL_S)
+    reason = abort_file.read_text(errors="replace").strip()
+    print(f"psdp pod: process {process_id} stops: {reason}", file=sys.stderr, flush=True)
+    os._exit(STOPPED)
+
+
+def _exit(code: int) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # skip jax.distributed's exit barrier: the others may be gone
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="one process of a local psdp pod")
     parser.add_argument("--coordinator", required=True)
@@ -172,7 +320,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--target", required=True)
     parser.add_argument("--args", default="{}")
     parser.add_argument("--result", required=True)
+    parser.add_argument("--abort-file")
     opts = parser.parse_args(argv)
+    if opts.abort_file:
+        threading.Thread(
+            target=_watchdog,
+            args=(Path(opts.abort_file), opts.process_id),
+            name="psdp-pod-watchdog",
+            daemon=True,
+        ).start()
     try:
         import jax
 
@@ -186,14 +342,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = load_target(opts.target)(**json.loads(opts.args))
         Path(opts.result).write_text(json.dumps(result))
         jax.distributed.shutdown()  # a barrier: process 0 hosts the coordinator the others need
-    except BaseException:
+    except BaseException as err:
         traceback.print_exc()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(1)  # skip jax.distributed's exit barrier: the others may be gone
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+        error = Path(opts.result).with_suffix(".error")
+        error.write_text(f"{type(err).__name__}: {' '.join(str(err).split())}"[:2000])
+        if opts.abort_file:
+            # Often this error is only the echo of another process's failure (a collective lost
+            # its peer): give the parent time to name the first failure; the watchdog then
+            # exits with STOPPED and that reason.
+            time.sleep(_ECHO_WAIT_S)
+        _exit(1)
+    _exit(0)
+    return 0
 
 
 if __name__ == "__main__":

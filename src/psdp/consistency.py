@@ -1,0 +1,303 @@
+"""Did every device get exactly its rows? A collective check of a global batch, on every host.
+
+Mental model. A global batch leaf is a `jax.Array` whose sharding gives every device an *index box*
+(a tuple of slices of the global shape). Each host sees only its own devices' shards, so
+`check_consistency` summarises every addressable shard as one small record (device id, index box,
+a 64-bit fingerprint of its bytes, and whether it equals the expected rows when those are given)
+and gathers the records of every host with one ``process_allgather``. Every host then checks the
+same global table and reaches the same verdict, so a bad shard makes *every* host raise the same
+`ConsistencyError`, never one host raising while the others wait in the next collective:
+
+- replicas agree: devices holding the same box hold the same bytes (a tensor-parallel group saw
+  one batch);
+- the boxes tile the leaf: their volumes sum to the global size (no gap, no overlap);
+- disjoint shards differ: two different boxes hold different bytes (hosts did not all read the
+  same rows); this is the oracle for leaves with no expected rows, so leaves compared exactly and
+  boolean leaves (masks) are exempt, and ``distinct=False`` (or a set of leaf names) covers data
+  with legitimately repeated rows;
+- with ``expected`` (or ``source`` + ``ids``), every shard equals ``expected[leaf][box]`` exactly.
+
+Single-process runs take the same path (the gather is then the identity).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import numpy as np
+
+from psdp.sources import as_source
+
+#: Columns of a shard record before the box: device id, process, leaf, fingerprint (2 x int32), ok.
+_HEAD = 6
+
+
+class ConsistencyError(AssertionError):
+    """A device holds the wrong rows: the message names the leaf, the device, its box and why."""
+
+
+@dataclass(frozen=True)
+class ConsistencyReport:
+    """What `check_consistency` verified; ``str()`` is one line.
+
+    Attributes:
+        leaves: batch leaves checked.
+        devices: devices holding each leaf (all hosts together).
+        processes: hosts that took part.
+        distinct_shards: different index boxes, summed over leaves.
+        local_shards: shards this host checked byte for byte (its addressable shards).
+        exact: whether every shard was also compared with the expected rows.
+    """
+
+    leaves: int
+    devices: int
+    processes: int
+    distinct_shards: int
+    local_shards: int
+    exact: bool
+
+    def __str__(self) -> str:
+        against = "exactly their rows" if self.exact else "consistent rows"
+        return (
+            f"all {self.devices} devices received {against} ({self.leaves} leaves, "
+            f"{self.distinct_shards} distinct shards, {self.processes} processes)"
+        )
+
+
+def check_consistency(
+    batch: Any,
+    expected: Any = None,
+    *,
+    source: Any = None,
+    ids: np.ndarray | None = None,
+    distinct: bool | Collection[str] = True,
+) -> ConsistencyReport:
+    """Checks that every device of every host holds exactly its part of ``batch``.
+
+    Collective: in a multi-process job every process must call it with the same batch structure
+    (it does one ``process_allgather``); every process then raises the same error or returns the
+    same report.
+
+    Args:
+        batch: a `jax.Array` or a dict of them (a loader batch); haliax ``NamedArray`` leaves
+            are checked through their arrays.
+        expected: the global batch as numpy (an array, or a dict with some or all of the batch's
+            leaves); leaves of ``batch`` missing from it (such as a loader's mask) are checked
+            for agreement only.
+        source: instead of ``expected``: a psdp source (or anything `DataLoader` accepts) whose
+            rows ``ids`` form the expected global batch.
+        ids: the global row ids of the batch, with ``source``.
+        distinct: require shards with different index boxes to hold different bytes: ``True``
+            for every non-boolean leaf without expected rows (a mask legitimately repeats, and an
+            exact comparison needs no such oracle), ``False`` for none, or a collection of leaf
+            names.
+
+    Returns:
+        A `ConsistencyReport`.
+
+    Raises:
+        ConsistencyError: a device holds the wrong data; the message names the leaf, the device,
+            its process and index box, and the first differing element when it is local.
+        ValueError: ``expected`` does not fit the batch, or ``source`` came without ``ids``.
+
+    Example:
+        >>> import jax, numpy as np
+        >>> from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+        >>> mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "model"))
+        >>> rows = np.arange(16).reshape(8, 2)
+        >>> batch = {"x": jax.device_put(rows, NamedSharding(mesh, P("data")))}
+        >>> print(check_consistency(batch, {"x": rows}))
+        all 8 devices received exactly their rows (1 leaves, 4 distinct shards, 1 processes)
+        >>> check_consistency(batch, {"x": rows[::-1]})  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+            ...
+        psdp.consistency.ConsistencyError: leaf 'x': device 0 (process 0) holds rows 0:2, cols 0:2, which differ ...
+    """
+    leaves = _leaves(batch)
+    if isinstance(distinct, str):
+        distinct = {distinct}
+    wanted = _expected(leaves, expected, source, ids)
+    records, local_problems = _local_records(leaves, wanted)
+    table = _gather(records)
+    names = list(leaves)
+    for number, name in enumerate(names):
+        rows = table[table[:, 2] == number]
+        unique = (
+            name in distinct
+            if isinstance(distinct, Collection)
+            else distinct and leaves[name].dtype != np.bool_ and name not in (wanted or {})
+        )
+        _check_leaf(name, leaves[name].shape, rows, local_problems, unique)
+    boxes = sum(len(_unique_boxes(table[table[:, 2] == n])) for n in range(len(names)))
+    return ConsistencyReport(
+        leaves=len(names),
+        devices=len(np.unique(table[:, 0])),
+        processes=len(np.unique(table[:, 1])),
+        distinct_shards=boxes,
+        local_shards=len(records),
+        exact=wanted is not None and set(wanted) == set(leaves),
+    )
+
+
+# ------------------------------------------------------------------------------- inputs
+def _leaves(batch: Any) -> dict[str, jax.Array]:
+    items = batch.items() if isinstance(batch, Mapping) else [("batch", batch)]
+    # a haliax NamedArray holds its jax.Array in ``.array``
+    leaves: dict[str, jax.Array] = {}
+    for key, value in items:
+        leaf = getattr(value, "array", value)
+        if not isinstance(leaf, jax.Array):
+            raise TypeError(
+                f"check_consistency needs jax.Array leaves, but leaf {str(key)!r} is a "
+                f"{type(leaf).__name__}; pass the batch the loader yields"
+            )
+        leaves[str(key)] = leaf
+    return leaves
+
+
+def _expected(
+    leaves: dict[str, jax.Array], expected: Any, source: Any, ids: np.ndarray | None
+) -> dict[str, np.ndarray] | None:
+    if source is not None:
+        if expected is not None or ids is None:
+            raise ValueError(
+                "give either expected=<global batch> or source=<source> with ids=<row ids>, got "
+                f"expected={'set' if expected is not None else None}, "
+                f"ids={'set' if ids is not None else None}"
+            )
+        expected = as_source(source).read(np.asarray(ids))
+    if expected is None:
+        return None
+    got = dict(expected) if isinstance(expected, Mapping) else {"batch": expected}
+    got = {str(k): np.asarray(v) for k, v in got.items()}
+    extra = sorted(set(got) - set(leaves))
+    if extra:
+        raise ValueError(
+            f"expected has leaves {extra} that the batch lacks (batch leaves: {sorted(leaves)}); "
+            "pass the expected rows of the batch's own leaves"
+        )
+    for name, rows in got.items():
+        if rows.shape != leaves[name].shape:
+            raise ValueError(
+                f"expected leaf {name!r} has shape {rows.shape} but the batch leaf is "
+                f"{leaves[name].shape}; pass the whole global batch, not one host's rows"
+            )
+    return got
+
+
+# ----------------------------------------------------------------------------- records
+def _local_records(
+    leaves: dict[str, jax.Array], wanted: dict[str, np.ndarray] | None
+) -> tuple[np.ndarray, dict[tuple[int, int], str]]:
+    """One int32 row per addressable shard: head columns, then box starts, then box stops."""
+    ndim = max(leaf.ndim for leaf in leaves.values())
+    rows, problems = [], {}
+    for number, (name, leaf) in enumerate(leaves.items()):
+        for shard in leaf.addressable_shards:
+            box = _box(shard.index, leaf.shape)
+            data = np.asarray(shard.data)
+            ok = 1
+            if wanted is not None and name in wanted:
+                want = wanted[name][tuple(slice(a, b) for a, b in box)]
+                if not np.array_equal(data, want):
+                    ok = 0
+                    problems[(number, shard.device.id)] = _first_difference(data, want, box)
+            padded = box + [(0, 1)] * (ndim - len(box))
+            rows.append(
+                [shard.device.id, shard.device.process_index, number, *_fingerprint(data), ok]
+                + [a for a, _ in padded]
+                + [b for _, b in padded]
+            )
+    return np.asarray(rows, np.int32).reshape(len(rows), _HEAD + 2 * ndim), problems
+
+
+def _box(index: tuple[slice, ...], shape: tuple[int, ...]) -> list[tuple[int, int]]:
+    return [s.indices(n)[:2] for s, n in zip(index, shape, strict=True)]
+
+
+def _fingerprint(data: np.ndarray) -> list[int]:
+    digest = hashlib.blake2b(np.ascontiguousarray(data).tobytes(), digest_size=8).digest()
+    return [int(v) for v in np.frombuffer(digest, np.int32)]
+
+
+def _first_difference(data: np.ndarray, want: np.ndarray, box: list[tuple[int, int]]) -> str:
+    where = tuple(int(i) for i in np.argwhere(data != want)[0])
+    at = tuple(start + i for (start, _), i in zip(box, where, strict=True))
+    return f"; at global index {at} it holds {data[where]!r}, expected {want[where]!r}"
+
+
+def _gather(records: np.ndarray) -> np.ndarray:
+    if jax.process_count() == 1:
+        return records
+    from jax.experimental import multihost_utils
+
+    gathered = np.asarray(multihost_utils.process_allgather(records))
+    return gathered.reshape(-1, records.shape[1])
+
+
+# ------------------------------------------------------------------------------- checks
+def _check_leaf(
+    name: str,
+    shape: tuple[int, ...],
+    rows: np.ndarray,
+    local_problems: dict[tuple[int, int], str],
+    distinct: bool,
+) -> None:
+    ndim = (rows.shape[1] - _HEAD) // 2
+    starts, stops = rows[:, _HEAD : _HEAD + ndim], rows[:, _HEAD + ndim :]
+    boxes = _unique_boxes(rows)
+    for row, start, stop in zip(rows, starts, stops, strict=True):
+        if not row[5]:
+            number, device = int(row[2]), int(row[0])
+            detail = local_problems.get(
+                (number, device), f"; process {int(row[1])} reports the first differing element"
+            )
+            raise ConsistencyError(
+                f"leaf {name!r}: device {device} (process {int(row[1])}) holds "
+                f"{_describe(start, stop, len(shape))}, which differ from the expected rows"
+                f"{detail}"
+            )
+    volume = sum(int(np.prod(np.subtract(stop, start))) for start, stop in boxes.values())
+    if volume != int(np.prod(shape)):
+        raise ConsistencyError(
+            f"leaf {name!r}: the devices' index boxes cover {volume} elements of a global shape "
+            f"{shape} ({int(np.prod(shape))} elements); the sharding leaves a gap or an overlap"
+        )
+    by_print: dict[tuple[int, int], tuple[int, ...]] = {}
+    for key in boxes:
+        members = rows[np.all(np.hstack([starts, stops]) == key, axis=1)]
+        prints = {tuple(m[3:5]) for m in members}
+        if len(prints) > 1:
+            devices = ", ".join(f"{int(m[0])} (process {int(m[1])})" for m in members)
+            raise ConsistencyError(
+                f"leaf {name!r}: the replicas of {_describe(key[:ndim], key[ndim:], len(shape))} "
+                f"disagree: devices {devices} hold the same index box but different bytes"
+            )
+        fingerprint = prints.pop()
+        if distinct and fingerprint in by_print:
+            other = by_print[fingerprint]
+            raise ConsistencyError(
+                f"leaf {name!r}: two different index boxes hold identical bytes: "
+                f"{_describe(other[:ndim], other[ndim:], len(shape))} and "
+                f"{_describe(key[:ndim], key[ndim:], len(shape))}, so hosts fed the same rows "
+                "to different data shards; pass distinct=False if the data really repeats"
+            )
+        by_print[fingerprint] = key
+
+
+def _unique_boxes(rows: np.ndarray) -> dict[tuple[int, ...], tuple[np.ndarray, np.ndarray]]:
+    ndim = (rows.shape[1] - _HEAD) // 2
+    out = {}
+    for row in rows:
+        start, stop = row[_HEAD : _HEAD + ndim], row[_HEAD + ndim :]
+        out[tuple(int(v) for v in np.concatenate([start, stop]))] = (start, stop)
+    return out
+
+
+def _describe(start: Any, stop: Any, ndim: int) -> str:
+    words = ["rows", "cols", *(f"dim{i}" for i in range(2, ndim))]
+    return ", ".join(f"{words[i]} {int(start[i])}:{int(stop[i])}" for i in range(ndim))
