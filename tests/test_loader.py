@@ -317,3 +317,14 @@ def test_a_subclass_overriding_read_is_not_bypassed_by_read_window():
     loader = DataLoader(Doubling(data), mesh=mesh, global_batch_size=8, batch_spec=spec, seed=1)
     doubled = {k: v * 2 for k, v in data.items()}
     assert_batch_exact(loader.batch_at(0), expected_batch(loader, doubled, 0))
+
+
+def test_state_after_the_with_block_keeps_the_progress():
+    with DataLoader(
+        {"x": token_table(64)}, mesh=make_mesh("data=8"), global_batch_size=8
+    ) as loader:
+        it = iter(loader)
+        for _ in range(3):
+            next(it)
+        assert loader.state()["step"] == 3
+    assert loader.state()["step"] == 3  # a checkpoint saved after close() resumes at step 3

@@ -140,7 +140,7 @@ def test_a_correct_batch_passes_on_every_host():
     )
     assert [r["local"] for r in results] == [2, 2, 2, 2]
     assert all(
-        r["report"] == "all 8 devices received exactly their rows (1 leaves, 4 distinct shards, "
+        r["report"] == "all 8 devices received exactly their rows (1 leaf, 4 distinct shards, "
         "4 processes)"
         for r in results
     )

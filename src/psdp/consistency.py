@@ -63,8 +63,9 @@ class ConsistencyReport:
     def __str__(self) -> str:
         against = "exactly their rows" if self.exact else "consistent rows"
         return (
-            f"all {self.devices} devices received {against} ({self.leaves} leaves, "
-            f"{self.distinct_shards} distinct shards, {self.processes} processes)"
+            f"all {self.devices} devices received {against} ({_count(self.leaves, 'leaf')}, "
+            f"{_count(self.distinct_shards, 'distinct shard')}, "
+            f"{_count(self.processes, 'process')})"
         )
 
 
@@ -111,7 +112,7 @@ def check_consistency(
         >>> rows = np.arange(16).reshape(8, 2)
         >>> batch = {"x": jax.device_put(rows, NamedSharding(mesh, P("data")))}
         >>> print(check_consistency(batch, {"x": rows}))
-        all 8 devices received exactly their rows (1 leaves, 4 distinct shards, 1 processes)
+        all 8 devices received exactly their rows (1 leaf, 4 distinct shards, 1 process)
         >>> check_consistency(batch, {"x": rows[::-1]})  # doctest: +ELLIPSIS
         Traceback (most recent call last):
             ...
@@ -301,3 +302,8 @@ def _unique_boxes(rows: np.ndarray) -> dict[tuple[int, ...], tuple[np.ndarray, n
 def _describe(start: Any, stop: Any, ndim: int) -> str:
     words = ["rows", "cols", *(f"dim{i}" for i in range(2, ndim))]
     return ", ".join(f"{words[i]} {int(start[i])}:{int(stop[i])}" for i in range(ndim))
+
+
+def _count(n: int, noun: str) -> str:
+    plural = {"leaf": "leaves", "process": "processes"}.get(noun, noun + "s")
+    return f"{n} {noun if n == 1 else plural}"

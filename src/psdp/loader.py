@@ -231,6 +231,7 @@ class DataLoader:
             self.stream_shard = stream_shard(self._leaves, mesh, self.process_index)
         self.telemetry = Telemetry(stall_warning_s=stall_warning_s)
         self._iterators: list[Prefetcher[Batch]] = []
+        self._last_iterator: Prefetcher[Batch] | None = None  # state() counts from it, even closed
         self._lock = threading.Lock()
         self._closed = False
         self.start_step = 0
@@ -494,6 +495,7 @@ class DataLoader:
                 **extra,
             )
             self._iterators.append(iterator)
+            self._last_iterator = iterator
         return iterator
 
     def __iter__(self) -> Iterator[Batch]:
@@ -509,7 +511,8 @@ class DataLoader:
         the order.
         """
         with self._lock:
-            step = self._iterators[-1].next_step if self._iterators else self.start_step
+            last = self._last_iterator
+            step = self.start_step if last is None else last.next_step
         return {
             "format": STATE_FORMAT,
             "step": int(step),

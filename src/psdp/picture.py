@@ -236,7 +236,8 @@ def _uid_lines(summary: dict[str, Any]) -> list[str]:
     lines += _group_lines(summary["uid_groups"])
     if summary["read_uids"] != summary["uids"]:
         lines.append(
-            f"read-plan uids (spec {_spec_text(summary['spec'])} also splits the columns): "
+            f"read-plan uids (spec {_spec_text(summary['spec'])} splits the batch differently "
+            f"from the batch axes): "
             f"{_int_keys(summary['read_uids'])}"
         )
         lines += _group_lines(_groups(_int_keys(summary["read_uids"])))
