@@ -29,18 +29,18 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
 from psdp import DataLoader
+from psdp.benchmarks.common import int32_table, train_step
+from psdp.benchmarks.throughput import naive_loop
 from psdp.order import GlobalOrder
+from psdp.sources import ArraySource
 
 
-def naive_loop(
+def timed_naive_loop(
     data: np.ndarray, order: GlobalOrder, sharding: NamedSharding, steps: int, train_s: float
 ) -> float:
+    """Seconds per step of the benchmark's naive loop (fancy index + device_put) over ``data``."""
     started = time.perf_counter()
-    for step in range(steps):
-        batch = jax.device_put(data[order.batch_ids(step)], sharding)
-        batch.block_until_ready()
-        if train_s:
-            time.sleep(train_s)  # a train step of fixed cost; like XLA compute it frees the GIL
+    naive_loop(ArraySource(data), order, sharding, steps, train_s)
     return (time.perf_counter() - started) / steps
 
 
@@ -50,8 +50,7 @@ def psdp_loop(loader: DataLoader, steps: int, train_s: float) -> float:
     started = time.perf_counter()
     for _ in range(steps):
         next(it).block_until_ready()
-        if train_s:
-            time.sleep(train_s)
+        train_step(train_s)
     elapsed = time.perf_counter() - started
     it.close()
     return elapsed / steps
@@ -67,13 +66,15 @@ def run(
     train_costs_ms: list[float],
 ) -> dict:
     mesh = Mesh(np.array(jax.devices()).reshape(4, -1), ("data", "model"))
-    data = np.random.default_rng(0).integers(0, 50_000, (rows, width), dtype=np.int32)
+    data = int32_table(rows, width)
     loader = DataLoader(data, mesh=mesh, global_batch_size=batch, seed=1, prefetch=prefetch)
     sharding = NamedSharding(mesh, loader.batch_spec)
+    order = loader.order
+    assert order is not None, "an array source has a global order"
     # same order, and the same rows on the first step, before timing anything
     np.testing.assert_array_equal(
         np.asarray(loader.batch_at(0)),
-        np.asarray(jax.device_put(data[loader.order.batch_ids(0)], sharding)),
+        np.asarray(jax.device_put(data[order.batch_ids(0)], sharding)),
     )
     result: dict = {
         "batch": [batch, width],
@@ -87,7 +88,7 @@ def run(
     for train_ms in train_costs_ms:
         naive, ours = [], []
         for _ in range(repeats):  # interleaved, so drift hits both alike
-            naive.append(naive_loop(data, loader.order, sharding, steps, train_ms / 1e3))
+            naive.append(timed_naive_loop(data, order, sharding, steps, train_ms / 1e3))
             ours.append(psdp_loop(loader, steps, train_ms / 1e3))
         case = {
             "train_ms": train_ms,

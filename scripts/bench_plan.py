@@ -18,10 +18,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from psdp.benchmarks import bench_pod, median_ms, naive_uid_table, pods
+from psdp.benchmarks.common import median_ms
+from psdp.benchmarks.planning import bench_pod, naive_uid_table, pods
 from psdp.layout import MeshLayout
 
-# the helpers live in psdp.benchmarks (figure 4 of `psdp bench`); re-exported for this script's users
+# the helpers live in psdp.benchmarks.planning (figure 4 of `psdp bench`); re-exported for this
+# script's users
 __all__ = ["MeshLayout", "bench_pod", "main", "markdown", "median_ms", "naive_uid_table", "pods"]
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from psdp import benchmarks
+from psdp.benchmarks import assembly, throughput
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 
@@ -42,17 +43,19 @@ def test_each_figure_has_the_rows_the_issue_asks_for(quick_report):
     figures = report["figures"]
     paths = {r["path"] for r in figures["assembly"]["rows"]}
     assert {
-        "psdp LeafAssembler",
+        assembly.PSDP,
+        assembly.CALLBACK,
         "device_put(global)",
         "make_array_from_process_local_data",
         "per-device device_put",
+        "per-device device_put (one call)",
     } <= paths
     assert len({r["batch_mib"] for r in figures["assembly"]["rows"]}) == 2
-    throughput = {(r["source"], r["loader"]) for r in figures["throughput"]["rows"]}
+    loops = {(r["source"], r["loader"]) for r in figures["throughput"]["rows"]}
     for source in ("in-memory", "TensorStore zarr3"):
-        assert (source, "naive loop") in throughput and (source, "psdp") in throughput
-        if benchmarks._grain() is not None:
-            assert (source, "Grain DataLoader") in throughput
+        assert (source, "naive loop") in loops and (source, "psdp") in loops
+        if throughput.load_grain() is not None:
+            assert (source, "Grain DataLoader") in loops
     stall = figures["stall"]["rows"]
     assert sorted({r["step_ms"] for r in stall}) == [5, 20, 100]
     assert all(r["wait_ms_p99"] >= r["wait_ms_p50"] >= 0 for r in stall)
@@ -88,9 +91,24 @@ def test_unknown_figure_is_refused(tmp_path):
         benchmarks.main(["--quick", "--only", "nonsense", "--out", str(tmp_path)])
 
 
-def test_latency_source_sleeps_only_after_its_probe():
+def test_latency_source_sleeps_only_after_its_probe(monkeypatch):
     import numpy as np
 
-    source = benchmarks.LatencySource(np.arange(6).reshape(3, 2), latency_s=0.0)
+    from psdp.benchmarks import stall
+
+    slept = []
+    monkeypatch.setattr(stall.time, "sleep", slept.append)
+    source = benchmarks.LatencySource(np.arange(6).reshape(3, 2), latency_s=0.25)
     assert source.read(np.array([2, 0])).tolist() == [[4, 5], [0, 1]]
-    assert source._probed
+    assert slept.count(0.25) == 0  # the loader's probe at construction is free
+    assert source.read(np.array([1])).tolist() == [[2, 3]]
+    assert slept.count(0.25) == 1
+
+
+def test_the_package_keeps_the_import_paths_scripts_and_the_cli_use():
+    import psdp.benchmarks.common as common
+
+    assert benchmarks.main.__module__ == "psdp.benchmarks"
+    assert benchmarks.QUICK is common.QUICK and benchmarks.naive_loop is throughput.naive_loop
+    loader = runpy.run_path(str(SCRIPTS / "bench_loader.py"), run_name="bench_loader")
+    assert loader["naive_loop"] is throughput.naive_loop

@@ -324,3 +324,19 @@ def test_feeding_processes_on_one_process_is_the_plain_logical_batch():
     with pytest.raises(ValueError, match="feeding_processes needs every leaf's batch dimension"):
         DataLoader(data | {"y": np.arange(30)}, mesh=mesh, global_batch_size=8,
                    feeding_processes=[0], batch_spec={"y": "replicated"})  # fmt: skip
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_both_assembly_paths_deliver_the_same_exact_shards(batched, monkeypatch):
+    import psdp.assembly
+
+    monkeypatch.setattr(psdp.assembly, "BATCHED_PUT_MIN_BYTES", 0 if batched else 1 << 60)
+    data = {"tokens": token_table(24, 8), "w": np.arange(24, dtype=np.float32)}
+    spec = {"tokens": P("data", "context")}
+    loader = DataLoader(data, mesh=seq_mesh(), global_batch_size=6, batch_spec=spec, seed=4)
+    for step in range(5):
+        assert_batch_exact(loader.batch_at(step), expected_batch(loader, data, step))
+    haloed = DataLoader(data, mesh=seq_mesh(), global_batch_size=8, batch_spec=spec, halo=2, seed=4)
+    want = halo_exchange(DataLoader(data, mesh=seq_mesh(), global_batch_size=8, batch_spec=spec,
+                                    seed=4).batch_at(1)["tokens"], seq_mesh(), 2, 0)  # fmt: skip
+    assert_shards_exact(haloed.batch_at(1)["tokens"], np.asarray(want))

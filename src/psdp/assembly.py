@@ -2,9 +2,11 @@
 
 Mental model: the planner gives this host the distinct boxes its devices hold (``plan.blocks``).
 The host reads them into a few buffers, its *windows*; every local device's box is then a *view*
-of a window, all of them go to their devices in one batched ``jax.device_put``, and
-``jax.make_array_from_single_device_arrays`` makes the global array (the same result as
-``jax.make_array_from_callback``, which copies device by device and is 1.1-1.3x slower here). The buffers are laid out by the plan, not by device order, so replicas of a box (a
+of a window. Small batches go through ``jax.make_array_from_callback`` (device by device); from
+`BATCHED_PUT_MIN_BYTES` on, all the views go to their devices in one batched ``jax.device_put`` and
+``jax.make_array_from_single_device_arrays`` makes the global array. The results are identical;
+on this machine's CPU devices the batched call has a fixed cost of about 0.1 ms that makes it 1.1-4x
+slower below 1 MiB and 1.05-1.5x faster from 16 MiB (``docs/performance.md``, figure 1). The buffers are laid out by the plan, not by device order, so replicas of a box (a
 tensor-parallel group) share one buffer region, and a host never reads what it does not hold.
 
 - Whole rows (dimension 1 unsharded, the usual case): one window, the host's rows
@@ -31,6 +33,10 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from psdp._checks import check_int
 from psdp.mesh import DataPlan, plan_pod
+
+#: Host bytes per leaf from which `LeafAssembler.assemble` sends every box in one batched
+#: ``jax.device_put`` instead of ``jax.make_array_from_callback`` (measured, see the docstring).
+BATCHED_PUT_MIN_BYTES = 4 << 20
 
 
 @dataclass(frozen=True)
@@ -201,8 +207,8 @@ class LeafAssembler:
                 rest = tuple(index[1:])
             return buffers[window][(slice(offset, offset + stop - start), *rest)]
 
-        # one batched device_put for every local device: 1.1-1.3x faster than
-        # make_array_from_callback, which copies device by device (docs/performance.md, figure 1)
+        if sum(b.nbytes for b in buffers) < BATCHED_PUT_MIN_BYTES:
+            return jax.make_array_from_callback(self.global_shape, self.sharding, device_box)
         devices = list(self.device_boxes)
         shards = jax.device_put([device_box(self.device_boxes[d]) for d in devices], devices)
         return jax.make_array_from_single_device_arrays(self.global_shape, self.sharding, shards)

@@ -1,0 +1,144 @@
+"""The performance benchmark: five figures, each a ratio against a baseline measured in the same run.
+
+Mental model: every figure times psdp and what a user would otherwise write (or a hard floor) on
+the same data, machine and process, interleaved repeat by repeat so drift hits both alike, and
+reports the ratio; absolute times are printed for context but are only meaningful on that machine.
+One module per figure, each saying what it measures, its baseline and how to read its ratio:
+
+1. `psdp.benchmarks.assembly`: host buffer -> global ``jax.Array``, psdp's batched
+   ``device_put`` against JAX's other paths and the memcpy floor.
+2. `psdp.benchmarks.throughput`: shuffled batches, psdp against the naive loop and Grain.
+3. `psdp.benchmarks.stall`: the trainer's time spent waiting in ``next()`` under slow reads.
+4. `psdp.benchmarks.planning`: planning a 65,536-device pod against a naive per-device loop.
+5. `psdp.benchmarks.resume`: resume at step 10**7 against step 0; peak RSS per ``prefetch``.
+
+`psdp.benchmarks.common` holds the sizes and timing helpers, `psdp.benchmarks.report` the
+markdown. Run ``psdp bench`` / ``python scripts/bench.py`` (full) or ``--quick`` (tiny sizes,
+seconds; what CI runs so the benchmark cannot rot). Timing lives here and never in unit tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from psdp.benchmarks.assembly import assembly_paths, bench_assembly
+from psdp.benchmarks.common import (
+    DEVICES,
+    FIGURES,
+    FULL,
+    QUICK,
+    Sizes,
+    ask_for_cpu_devices,
+    cpu_mesh,
+    interleaved_ms,
+    median_ms,
+)
+from psdp.benchmarks.planning import bench_planning, bench_pod, naive_uid_table, pods
+from psdp.benchmarks.report import machine, markdown, markdown_figure, rows
+from psdp.benchmarks.resume import bench_resume, rss_child
+from psdp.benchmarks.stall import LatencySource, bench_stall
+from psdp.benchmarks.throughput import bench_throughput, load_grain, naive_loop
+
+__all__ = [
+    "DEVICES",
+    "FIGURES",
+    "FULL",
+    "QUICK",
+    "RUNNERS",
+    "LatencySource",
+    "Sizes",
+    "assembly_paths",
+    "bench_assembly",
+    "bench_planning",
+    "bench_pod",
+    "bench_resume",
+    "bench_stall",
+    "bench_throughput",
+    "cpu_mesh",
+    "interleaved_ms",
+    "load_grain",
+    "machine",
+    "main",
+    "markdown",
+    "markdown_figure",
+    "median_ms",
+    "naive_loop",
+    "naive_uid_table",
+    "pods",
+    "rows",
+    "rss_child",
+    "run",
+]
+
+RUNNERS: dict[str, Callable[[Sizes, Path], dict[str, Any]]] = {
+    "assembly": lambda s, _: bench_assembly(s),
+    "throughput": bench_throughput,
+    "stall": lambda s, _: bench_stall(s),
+    "planning": lambda s, _: bench_planning(s),
+    "resume": lambda s, _: bench_resume(s),
+}
+
+
+def run(figures: Sequence[str], quick: bool, command: str) -> dict[str, Any]:
+    """Measures the chosen figures and returns the JSON-able report.
+
+    Example:
+        >>> report = run(["planning"], quick=True, command="psdp bench --quick")
+        >>> list(report["figures"]), report["quick"]
+        (['planning'], True)
+    """
+    sizes = QUICK if quick else FULL
+    report: dict[str, Any] = {
+        "command": command,
+        "quick": quick,
+        "machine": machine(),
+        "figures": {},
+    }
+    with tempfile.TemporaryDirectory(prefix="psdp-bench-") as tmp:
+        for name in figures:
+            started = time.perf_counter()
+            figure = report["figures"][name] = RUNNERS[name](sizes, Path(tmp))
+            figure["seconds"] = time.perf_counter() - started
+            print(f"psdp bench: {name} done in {figure['seconds']:.1f} s", file=sys.stderr)
+            print("\n".join(markdown_figure(name, figure)), file=sys.stderr, flush=True)
+    return report
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the benchmark, prints the markdown table and writes ``bench.md`` and ``bench.json``.
+
+    Example (``--quick`` is what CI runs; the full run takes a minute or two)::
+
+        python scripts/bench.py --out bench-results
+        python scripts/bench.py --quick --only assembly planning --out /tmp/bench
+    """
+    parser = argparse.ArgumentParser(prog="psdp bench", description=(__doc__ or "").splitlines()[0])
+    parser.add_argument(
+        "--quick", action="store_true", help="tiny sizes and few repeats (CI): seconds, not minutes"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=Path("bench-results"), help="directory for bench.md, bench.json"
+    )
+    parser.add_argument(
+        "--only", nargs="+", choices=FIGURES, default=list(FIGURES), help="figures to run"
+    )
+    args = parser.parse_args(argv)
+    ask_for_cpu_devices(DEVICES)
+    script = sys.argv[0].endswith("bench.py")
+    prog = "python scripts/bench.py" if script else "psdp bench"
+    command = prog + " " + " ".join(sys.argv[1:] if argv is None else argv)
+    report = run(args.only, args.quick, command.strip())
+    text = markdown(report)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "bench.md").write_text(text + "\n")
+    (args.out / "bench.json").write_text(json.dumps(report, indent=2) + "\n")
+    print(text)
+    print(f"wrote {args.out / 'bench.md'} and {args.out / 'bench.json'}")
+    return 0

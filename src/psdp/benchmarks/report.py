@@ -1,0 +1,123 @@
+"""The benchmark's report: where it ran, and each figure as a markdown table.
+
+Mental model: a report is one JSON-able dict, ``{"command", "quick", "machine", "figures"}``, where
+each figure is ``{"title", "ratio_means", "note"?, "rows"}`` and each row a flat dict with a
+``ratio``. `markdown` turns it into ``bench.md``: the command and machine first (a figure means
+something only on the machine that produced it), then one table per figure, in `FIGURES` order.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from collections.abc import Iterator
+from typing import Any
+
+import jax
+
+from psdp.benchmarks.common import DEVICES, FIGURES
+
+
+def machine() -> dict[str, Any]:
+    """Where the figures were measured.
+
+    Example:
+        >>> machine()["devices"]
+        '8 fake CPU devices'
+    """
+    return {
+        "cpu_cores": os.cpu_count(),
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "python": platform.python_version(),
+        "jax": jax.__version__,
+        "devices": f"{DEVICES} fake CPU devices",
+    }
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """The report as markdown: the machine and command, then one table per figure.
+
+    Example:
+        >>> figure = {"title": "Planning", "ratio_means": "speed-up", "rows": [{"ratio": 12.5}]}
+        >>> report = {"command": "psdp bench", "quick": True, "machine": {"cpu_cores": 2},
+        ...           "figures": {"planning": figure}}
+        >>> print(markdown(report))  # doctest: +NORMALIZE_WHITESPACE
+        # psdp benchmark
+        <BLANKLINE>
+        Command: `psdp bench`
+        Machine: cpu_cores 2
+        Mode: quick (CI sizes)
+        <BLANKLINE>
+        ## 4. Planning
+        <BLANKLINE>
+        Ratio: speed-up.
+        <BLANKLINE>
+        | ratio |
+        |---|
+        | 12.5 |
+        <BLANKLINE>
+    """
+    lines = [
+        "# psdp benchmark",
+        "",
+        f"Command: `{report['command']}`  ",
+        "Machine: "
+        + ", ".join(f"{k} {v}" for k, v in report["machine"].items())
+        + f"  \nMode: {'quick (CI sizes)' if report['quick'] else 'full'}",
+        "",
+    ]
+    for key in FIGURES:
+        if key in report["figures"]:
+            lines += markdown_figure(key, report["figures"][key])
+    return "\n".join(lines)
+
+
+def markdown_figure(key: str, figure: dict[str, Any]) -> list[str]:
+    """One figure's heading, ratio meaning, note and table, as markdown lines.
+
+    Every column any row has, in first-seen order; a row without it shows ``-``.
+
+    Example:
+        >>> figure = {"title": "Stall", "ratio_means": "wait fraction",
+        ...           "rows": [{"ratio": 0.004, "ok": True}, {"ratio": 0.5, "note": "slow"}]}
+        >>> print("\\n".join(markdown_figure("stall", figure)[4:]))
+        | ratio | ok | note |
+        |---|---|---|
+        | 0.004 | yes | - |
+        | 0.5 | - | slow |
+        <BLANKLINE>
+    """
+    lines = [f"## {FIGURES.index(key) + 1}. {figure['title']}", ""]
+    lines += [f"Ratio: {figure['ratio_means']}.", ""]
+    if figure.get("note"):
+        lines += [f"Note: {figure['note']}.", ""]
+    columns = [c for c in figure["rows"][0] if c != "stats"]
+    for row in figure["rows"][1:]:
+        columns += [c for c in row if c not in columns and c != "stats"]
+    lines.append("| " + " | ".join(columns) + " |")
+    lines.append("|" + "---|" * len(columns))
+    for row in figure["rows"]:
+        lines.append("| " + " | ".join(_cell(row.get(c)) for c in columns) + " |")
+    lines.append("")
+    return lines
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.3g}" if abs(value) < 1000 else f"{value:,.0f}"
+    return str(value)
+
+
+def rows(report: dict[str, Any], figure: str) -> Iterator[dict[str, Any]]:
+    """The rows of one figure of a report (for tests and notebooks).
+
+    Example:
+        >>> list(rows({"figures": {"stall": {"rows": [{"ratio": 0.0}]}}}, "stall"))
+        [{'ratio': 0.0}]
+    """
+    yield from report["figures"][figure]["rows"]
