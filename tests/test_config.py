@@ -54,6 +54,9 @@ FULL = TrainerConfig(
         mask_key="valid",
         read_threads=2,
         read_timeout_s=30.0,
+        feeding_processes=[0, 1],
+        named_axes={"weight": ["batch"]},
+        axis_mapping={"batch": ["replica", "data"]},
     ),
     num_train_steps=5,
 )
@@ -83,6 +86,8 @@ def test_flags_set_every_field():
         *["--data.prefetch", "3", "--data.drop_last", "true", "--data.halo", "{tokens: 2}"],
         *["--data.pad_value", "-1", "--data.mask_key", "valid", "--data.read_threads", "2"],
         *["--data.read_timeout_s", "30", "--num_train_steps", "5"],
+        *["--data.feeding_processes", "[0, 1]", "--data.named_axes", "{weight: [batch]}"],
+        *["--data.axis_mapping", "{batch: [replica, data]}"],
     ]
     assert draccus.parse(TrainerConfig, args=args) == FULL
 
@@ -169,6 +174,23 @@ def test_mesh_config_errors(kwargs, words):
         ({"mask_key": ""}, ["LoaderConfig.mask_key must be a non-empty leaf name"]),
         ({"read_timeout_s": 0}, ["LoaderConfig.read_timeout_s must be a positive number", "got 0"]),
         ({"read_timeout_s": True}, ["LoaderConfig.read_timeout_s", "got True"]),
+        ({"feeding_processes": []}, ["LoaderConfig.feeding_processes must be a non-empty list"]),
+        ({"feeding_processes": [0, -1]}, ["feeding_processes", "got [0, -1]", "[0, 1]"]),
+        (
+            {"named_axes": {"tokens": []}, "axis_mapping": {"batch": ["data"]}},
+            [
+                "LoaderConfig.named_axes must map names to non-empty lists",
+                "{tokens: [batch, position]}",
+            ],
+        ),
+        (
+            {"named_axes": {"tokens": ["batch"]}},
+            ["named_axes and LoaderConfig.axis_mapping go together"],
+        ),
+        (
+            {"axis_mapping": {"batch": "data"}},
+            ["LoaderConfig.axis_mapping must map names", "got {'batch': 'data'}"],
+        ),
     ],
 )
 def test_loader_config_errors(kwargs, words):
@@ -287,3 +309,25 @@ def test_trainer_doc_runs_with_flags_and_yaml(tmp_path):
     (tmp_path / "train.yaml").write_text(yaml)
     out = _run(script, "--config_path", "train.yaml", "--num_train_steps", "1")
     assert out.splitlines()[0] == "step 0: (4, 6)"
+
+
+def test_named_axes_and_feeding_processes_reach_the_loader():
+    import haliax
+
+    mesh = MeshConfig(axes={"data": 4, "model": 2}).build()
+    config = LoaderConfig(
+        global_batch_size=6,
+        shuffle=False,
+        feeding_processes=[0],
+        named_axes={"tokens": ["batch", "position"]},
+        axis_mapping={"batch": ["data"], "position": ["model"]},
+    )
+    rows = token_table(12, width=4)
+    with config.build(mesh, source={"tokens": rows}) as loader:
+        batch = next(iter(loader))
+    tokens = batch["tokens"]
+    assert isinstance(tokens, haliax.NamedArray)
+    assert [a.name for a in tokens.axes] == ["batch", "position"]
+    assert tokens.array.sharding.spec == P("data", "model")
+    assert np.asarray(batch["mask"].array).tolist() == [True] * 6 + [False] * 2
+    np.testing.assert_array_equal(np.asarray(tokens.array)[:6], rows[:6])

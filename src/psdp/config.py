@@ -207,6 +207,36 @@ def _checked_batch_axes(batch_axes: Any, axes: dict[str, int] | None) -> tuple[s
     return names
 
 
+def _checked_processes(value: Any) -> list[int]:
+    if (
+        not isinstance(value, list | tuple)
+        or not value
+        or not all(is_int(p) and p >= 0 for p in value)
+    ):
+        raise ValueError(
+            f"LoaderConfig.feeding_processes must be a non-empty list of process indices, got "
+            f"{value!r}; e.g. feeding_processes: [0, 1], or leave it unset to feed every process"
+        )
+    return [int(p) for p in value]
+
+
+def _checked_names(field_name: str, value: Any) -> dict[str, list[str]]:
+    ok = isinstance(value, dict) and all(
+        isinstance(k, str)
+        and isinstance(v, list | tuple)
+        and v
+        and all(isinstance(n, str) and n for n in v)
+        for k, v in value.items()
+    )
+    if not ok or not value:
+        raise ValueError(
+            f"LoaderConfig.{field_name} must map names to non-empty lists of names, got "
+            f"{value!r}; e.g. {field_name}: "
+            + ("{tokens: [batch, position]}" if field_name == "named_axes" else "{batch: [data]}")
+        )
+    return {k: [str(n) for n in v] for k, v in value.items()}
+
+
 # ---------------------------------------------------------------------------------- loader
 @dataclass(frozen=True)
 class LoaderConfig:
@@ -261,6 +291,17 @@ class LoaderConfig:
     read_threads: int | None = None
     """Steps read concurrently by background threads (unset: 1)."""
 
+    feeding_processes: list[int] | None = None
+    """Only these processes' batch shards get real rows, the rest padding (unset: every process)."""
+
+    named_axes: dict[str, list[str]] | None = None
+    """haliax axis names per leaf, e.g. ``{tokens: [batch, position]}``: those leaves come out as
+    ``NamedArray`` with specs from ``axis_mapping`` (unset: plain arrays)."""
+
+    axis_mapping: dict[str, list[str]] | None = None
+    """Axis name -> mesh axes, e.g. ``{batch: [replica, data], position: [context]}``; needed with
+    ``named_axes``."""
+
     read_timeout_s: float | None = None
     """Raise `TimeoutError` naming the step when one read takes longer (unset: no limit)."""
 
@@ -295,6 +336,19 @@ class LoaderConfig:
             raise ValueError(
                 f"LoaderConfig.mask_key must be a non-empty leaf name, got {self.mask_key!r}; "
                 "e.g. mask_key: mask"
+            )
+        if self.feeding_processes is not None:
+            object.__setattr__(
+                self, "feeding_processes", _checked_processes(self.feeding_processes)
+            )
+        for name in ("named_axes", "axis_mapping"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, _checked_names(name, getattr(self, name)))
+        if (self.named_axes is None) != (self.axis_mapping is None):
+            raise ValueError(
+                "LoaderConfig.named_axes and LoaderConfig.axis_mapping go together: set both "
+                "(e.g. named_axes: {tokens: [batch, position]}, axis_mapping: {batch: [data], "
+                "position: [context]}) or neither"
             )
         if self.read_timeout_s is not None and (
             isinstance(self.read_timeout_s, bool)
