@@ -91,3 +91,42 @@ class WindowSource(CountingSource):
     def read_window(self, ids, columns):
         self.windows.append((np.array(ids), dict(columns)))
         return ArraySource.read_window(self, ids, columns)
+
+
+# data=4 x model=2 on 4 hosts x 2 devices: each model group (data row) spans two hosts, and each
+# host sits in two non-adjacent data rows (0 and 2, or 1 and 3): the seed's shape, on 8 devices.
+NONCONTIGUOUS_4x2 = [[0, 1], [2, 3], [0, 1], [2, 3]]
+
+
+def run_on_noncontiguous_pod(target: str, timeout_s: float = 180, **args):
+    """Runs ``target`` on the 4-process `NONCONTIGUOUS_4x2` pod (``data=4 x model=2``)."""
+    from psdp.pod import run_pod
+
+    layout = dict(process_index=NONCONTIGUOUS_4x2, axis_names=["data", "model"], mesh_shape=[4, 2])
+    return run_pod(
+        target, num_processes=4, devices_per_process=2, args=layout | args, timeout_s=timeout_s
+    )
+
+
+def halo_exchange(x: jax.Array, mesh, h: int, pad) -> jax.Array:
+    """The reference for halos: each device's window plus h columns of each neighbour, exchanged
+    with ``ppermute`` inside ``shard_map`` (over a ``context`` axis, batch over ``data``)."""
+    import functools
+
+    import jax.numpy as jnp
+    from jax.sharding import PartitionSpec as P
+
+    c = mesh.shape["context"]
+
+    @functools.partial(
+        jax.shard_map, mesh=mesh, in_specs=P("data", "context"), out_specs=P("data", "context")
+    )
+    def exchange(block):
+        index = jax.lax.axis_index("context")
+        from_left = jax.lax.ppermute(block[:, -h:], "context", [(i, i + 1) for i in range(c - 1)])
+        from_right = jax.lax.ppermute(block[:, :h], "context", [(i + 1, i) for i in range(c - 1)])
+        from_left = jnp.where(index == 0, pad, from_left)
+        from_right = jnp.where(index == c - 1, pad, from_right)
+        return jnp.concatenate([from_left, block, from_right], axis=1)
+
+    return exchange(x)

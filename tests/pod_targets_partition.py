@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import functools
-
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
@@ -14,6 +11,7 @@ from batch_checks import (
     WindowSource,
     assert_batch_exact,
     expected_batch,
+    halo_exchange,
     physical_ids,
     token_table,
 )
@@ -74,7 +72,7 @@ def partition_exact(
         batch = loader.batch_at(step)
         expected = expected_batch(loader, data, step)
         if halo:
-            reference = _halo_exchange(plain.batch_at(step)["tokens"], mesh, halo, -1)
+            reference = halo_exchange(plain.batch_at(step)["tokens"], mesh, halo, -1)
             by_device = {s.device: np.asarray(s.data) for s in reference.addressable_shards}
             for s in batch["tokens"].addressable_shards:
                 np.testing.assert_array_equal(np.asarray(s.data), by_device[s.device])
@@ -89,23 +87,6 @@ def partition_exact(
         "rows_per_step": int(len(loader.read_positions)),
         "elements": int(sum(len(elements_planned(loader, k, 0)) for k in ("tokens", "weight"))),
     }
-
-
-def _halo_exchange(x, mesh, h, pad):
-    c = mesh.shape["context"]
-
-    @functools.partial(
-        jax.shard_map, mesh=mesh, in_specs=P("data", "context"), out_specs=P("data", "context")
-    )
-    def exchange(block):
-        index = jax.lax.axis_index("context")
-        left = jax.lax.ppermute(block[:, -h:], "context", [(i, i + 1) for i in range(c - 1)])
-        right = jax.lax.ppermute(block[:, :h], "context", [(i + 1, i) for i in range(c - 1)])
-        left = jnp.where(index == 0, pad, left)
-        right = jnp.where(index == c - 1, pad, right)
-        return jnp.concatenate([left, block, right], axis=1)
-
-    return exchange(x)
 
 
 def feeding_exact(process_index, axis_names, mesh_shape, feeding, batch_size, num_rows, steps):

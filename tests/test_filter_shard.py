@@ -10,15 +10,15 @@ import pytest
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from batch_checks import assert_shards_exact, token_table
+from batch_checks import (
+    assert_shards_exact,
+    run_on_noncontiguous_pod,
+    token_table,
+)
 from pod_targets_shard import check_filter_shard
-from psdp.pod import run_pod
 from psdp.sharding import filter_shard
 
 TARGET = f"{Path(__file__).parent / 'pod_targets_shard.py'}:filter_shard_exact"
-# data=4 x model=2 on 4 hosts x 2 devices: each data row spans two hosts, and each host sits in two
-# non-adjacent data rows (0 and 2, or 1 and 3).
-NONCONTIGUOUS_4x2 = [[0, 1], [2, 3], [0, 1], [2, 3]]
 
 
 @pytest.fixture
@@ -93,17 +93,9 @@ def test_numpy_scalars_and_non_arrays_outside_host_local(mesh):
 
 @pytest.mark.multiprocess
 def test_noncontiguous_four_hosts_every_shard_exact():
-    results = run_pod(
+    results = run_on_noncontiguous_pod(
         TARGET,
-        num_processes=4,
-        devices_per_process=2,
-        args=dict(
-            process_index=NONCONTIGUOUS_4x2,
-            axis_names=["data", "model"],
-            mesh_shape=[4, 2],
-            batch_size=16,
-        ),
-        timeout_s=180,
+        batch_size=16,
     )
     # per spec: 2 modes x 2 leaves x 2 local devices; then reshard 4, prefix 4, jit 4, device 2
     assert [r["shards"] for r in results] == [4 * 2 * 2 * 2 + 4 + 4 + 4 + 2] * 4

@@ -7,34 +7,24 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from batch_checks import NONCONTIGUOUS_4x2, run_on_noncontiguous_pod
 from psdp.pod import run_pod
 
 TARGET = f"{Path(__file__).parent / 'pod_targets.py'}:loader_exact"
 pytestmark = pytest.mark.multiprocess
 
-# data=4 x model=2 on 4 hosts x 2 devices: each model group (data row) spans two hosts, and each
-# host sits in two non-adjacent data rows (0 and 2, or 1 and 3).
-NONCONTIGUOUS_4x2 = [[0, 1], [2, 3], [0, 1], [2, 3]]
 CONTIGUOUS_2x4 = [[0, 0], [0, 0], [1, 1], [1, 1]]
 
 
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_noncontiguous_four_hosts_every_shard_exact(shuffle):
-    results = run_pod(
+    results = run_on_noncontiguous_pod(
         TARGET,
-        num_processes=4,
-        devices_per_process=2,
-        args=dict(
-            process_index=NONCONTIGUOUS_4x2,
-            axis_names=["data", "model"],
-            mesh_shape=[4, 2],
-            num_rows=40,  # B=16: steps 2 and 5 are short epoch ends, padded and masked
-            batch_size=16,
-            steps=6,
-            shuffle=shuffle,
-            batch_axes="data",
-        ),
-        timeout_s=180,
+        num_rows=40,  # B=16: steps 2 and 5 are short epoch ends, padded and masked
+        batch_size=16,
+        steps=6,
+        shuffle=shuffle,
+        batch_axes="data",
     )
     assert [r["held"] for r in results] == [[0, 2], [0, 2], [1, 3], [1, 3]]
     # 2 leaves + the mask x 2 local devices x 6 steps, every one checked against the source

@@ -19,6 +19,7 @@ from batch_checks import (
     assert_batch_exact,
     assert_shards_exact,
     expected_batch,
+    halo_exchange,
     physical_ids,
     token_table,
 )
@@ -101,24 +102,6 @@ def test_sequence_sharded_leaf_is_read_in_column_windows():
     # holds every device) and touch, so they merge into one read of their span. On a pod, a host
     # reads only its own windows (tests/test_partition_multiprocess.py).
     assert [c for _, c in source.windows] == [{"w": None}, {"tokens": slice(0, 16)}]
-
-
-def halo_exchange(x: jax.Array, mesh: Mesh, h: int, pad) -> jax.Array:
-    """The reference: each device's window plus h columns of each neighbour, by ppermute."""
-    c = mesh.shape["context"]
-
-    @functools.partial(
-        jax.shard_map, mesh=mesh, in_specs=P("data", "context"), out_specs=P("data", "context")
-    )
-    def exchange(block):
-        index = jax.lax.axis_index("context")
-        from_left = jax.lax.ppermute(block[:, -h:], "context", [(i, i + 1) for i in range(c - 1)])
-        from_right = jax.lax.ppermute(block[:, :h], "context", [(i + 1, i) for i in range(c - 1)])
-        from_left = jnp.where(index == 0, pad, from_left)
-        from_right = jnp.where(index == c - 1, pad, from_right)
-        return jnp.concatenate([from_left, block, from_right], axis=1)
-
-    return exchange(x)
 
 
 @pytest.mark.parametrize(("h", "pad"), [(1, 0), (3, -7), (4, -1)])

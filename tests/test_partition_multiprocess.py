@@ -6,14 +6,12 @@ from pathlib import Path
 
 import pytest
 
+from batch_checks import NONCONTIGUOUS_4x2, run_on_noncontiguous_pod
 from psdp.pod import run_pod
 
 TARGET = f"{Path(__file__).parent / 'pod_targets_partition.py'}:partition_exact"
 pytestmark = pytest.mark.multiprocess
 
-# data=4 x model=2 on 4 hosts x 2 devices: each model group spans two hosts (see
-# test_loader_multiprocess.py); host 0 holds data rows 0 and 2, model column 0.
-NONCONTIGUOUS_4x2 = [[0, 1], [2, 3], [0, 1], [2, 3]]
 CONTIGUOUS_2x4 = [[0, 0], [0, 0], [1, 1], [1, 1]]
 
 
@@ -71,20 +69,12 @@ def test_logical_batch_of_10_on_the_noncontiguous_pod():
 
 
 def test_only_the_feeding_hosts_read():
-    results = run_pod(
+    results = run_on_noncontiguous_pod(
         f"{Path(__file__).parent / 'pod_targets_partition.py'}:feeding_exact",
-        num_processes=4,
-        devices_per_process=2,
-        args=dict(
-            process_index=NONCONTIGUOUS_4x2,
-            axis_names=["data", "model"],
-            mesh_shape=[4, 2],
-            feeding=[0],  # host 0 holds data rows 0 and 2, shared with host 1
-            batch_size=8,
-            num_rows=40,
-            steps=3,
-        ),
-        timeout_s=180,
+        feeding=[0],  # host 0 holds data rows 0 and 2, shared with host 1
+        batch_size=8,
+        num_rows=40,
+        steps=3,
     )
     # rows 0 and 2 of 4 get 4 real rows each: physical batch 16, 8 of them padding
     assert [r["physical"] for r in results] == [16] * 4

@@ -13,12 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from batch_checks import token_table
+from batch_checks import NONCONTIGUOUS_4x2, run_on_noncontiguous_pod, token_table
 from psdp.pod import run_pod
 from psdp.sources import StreamReader, StreamSource
 
 POD_TARGETS = Path(__file__).parent / "pod_targets_streams.py"
-NONCONTIGUOUS_4x2 = [[0, 1], [2, 3], [0, 1], [2, 3]]
 TABLE = token_table(23, width=4)
 
 
@@ -319,25 +318,13 @@ def test_uid_shards_on_the_noncontiguous_pod():
 
 @pytest.mark.multiprocess
 def test_loader_feeds_streams_by_uid_on_the_noncontiguous_pod():
-    """DataLoader(StreamSource) on data=4 x model=2 over 4 hosts: exact rows on every device.
-
-    Needs the loader's stream support (the lead's integration); until then the pod fails with the
-    loader's "cannot read rows from a StreamSource" error.
-    """
-    results = run_pod(
+    """DataLoader(StreamSource) on data=4 x model=2 over 4 hosts: exact rows on every device."""
+    results = run_on_noncontiguous_pod(
         f"{POD_TARGETS}:stream_loader_exact",
-        num_processes=4,
-        devices_per_process=2,
-        args=dict(
-            process_index=NONCONTIGUOUS_4x2,
-            axis_names=["data", "model"],
-            mesh_shape=[4, 2],
-            num_elements=80,  # 40 per uid, 8 per host per step: 5 whole steps
-            batch_size=16,
-            steps=4,
-            resume_step=2,
-        ),
-        timeout_s=180,
+        num_elements=80,  # 40 per uid, 8 per host per step: 5 whole steps
+        batch_size=16,
+        steps=4,
+        resume_step=2,
     )
     assert [r["uid"] for r in results] == [0, 0, 1, 1]
     # 2 leaves x 2 local devices x (4 steps + 1 resumed step), each checked element by element
