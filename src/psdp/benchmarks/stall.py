@@ -9,11 +9,16 @@ The baseline is the trainer's own time: ratio = wait fraction = time spent insid
 the trainer's total time after the first batch, so 0 is a loader that never stalls and the goal is
 under 0.5% when reads are shorter than a step (``goal_applies``). ``reads_keep_up`` marks rows
 where read time / threads < step time, which several read threads reach even when one read takes
-longer than a step. Each row also keeps ``loader.stats()``'s one-line verdict.
+longer than a step. Each row also keeps ``loader.stats()``'s one-line verdict, and
+``floor_ms_p50``: what the same trainer pays, after the same sleep, for code that cannot wait at
+all (taking a lock, popping a dict entry, notifying a condition: the bookkeeping of a ready
+``next()``), measured in the same run. On a VM, the first instructions after a sleep are slow
+(cold caches, a descheduled core), so a wait near the floor is no stall.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -71,6 +76,21 @@ def stall_run(loader: DataLoader, step_s: float, steps: int) -> dict[str, float]
     }
 
 
+def wait_floor_ms(step_s: float, samples: int) -> float:
+    """p50 of a locked dict pop + notify right after sleeping ``step_s``: the wait of a no-op."""
+    condition, ready = threading.Condition(), {}
+    waits = []
+    for i in range(samples):
+        ready[i] = i
+        train_step(step_s)
+        before = time.perf_counter()
+        with condition:
+            ready.pop(i)
+            condition.notify()
+        waits.append(time.perf_counter() - before)
+    return float(np.percentile(np.array(waits) * 1e3, 50))
+
+
 def bench_stall(sizes: Sizes) -> dict[str, Any]:
     """Stall fraction per (train step, read threads) with ``read_latency_ms`` per read."""
     mesh = cpu_mesh((4, 2), ("data", "model"))
@@ -78,6 +98,7 @@ def bench_stall(sizes: Sizes) -> dict[str, Any]:
     latency = sizes.read_latency_ms / 1e3
     rows_out = []
     for step_ms in sizes.stall_steps_ms:
+        floor_ms = wait_floor_ms(step_ms / 1e3, min(sizes.stall_steps, 20))
         for threads in (1, sizes.read_threads):
             loader = DataLoader(
                 LatencySource(table, latency),
@@ -97,6 +118,7 @@ def bench_stall(sizes: Sizes) -> dict[str, Any]:
                     "read_ms": sizes.read_latency_ms,
                     "read_threads": threads,
                     **figures,
+                    "floor_ms_p50": floor_ms,
                     "ratio": figures["wait_fraction"],
                     # the goal (< 0.5%) is set for reads faster than a step; several read threads
                     # also keep up with reads slower than a step, up to `threads` steps long
