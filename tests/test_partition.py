@@ -323,3 +323,29 @@ def test_both_assembly_paths_deliver_the_same_exact_shards(batched, monkeypatch)
     want = halo_exchange(DataLoader(data, mesh=seq_mesh(), global_batch_size=8, batch_spec=spec,
                                     seed=4).batch_at(1)["tokens"], seq_mesh(), 2, 0)  # fmt: skip
     assert_shards_exact(haloed.batch_at(1)["tokens"], np.asarray(want))
+
+
+def test_a_leaf_sharded_beyond_dimension_1_reads_each_row_once():
+    mesh = mesh_of(("data", "context", "model"), (2, 2, 2))
+    data = {"x": (np.arange(16 * 4 * 2) % 1000).reshape(16, 4, 2).astype(np.int32)}
+    source = WindowSource(data)
+    loader = DataLoader(source, mesh=mesh, global_batch_size=4, batch_spec={"x": P("data", "context", "model")},
+                        shuffle=False, halo=1)  # fmt: skip
+    source.windows.clear()
+    assert_batch_exact(
+        {"x": loader.batch_at(0)["x"]},
+        {"x": np.asarray(DataLoader(data, mesh=mesh, global_batch_size=4, shuffle=False,
+                                    batch_spec={"x": P("data", "context", "model")},
+                                    halo=1).batch_at(0)["x"])},
+    )  # fmt: skip
+    for ids, _ in source.windows:
+        assert len(set(ids.tolist())) == len(ids)  # no row twice in one read
+
+
+def test_named_axes_must_name_every_dimension():
+    mesh = mesh_of(("data", "model"), (4, 2))
+    with pytest.raises(
+        ValueError, match=r"gives leaf 'tokens' 1 axis names \['batch'\], but it has 2"
+    ):
+        DataLoader({"tokens": token_table(16)}, mesh=mesh, global_batch_size=8,
+                   named_axes={"tokens": ("batch",)}, axis_mapping={"batch": "data"})  # fmt: skip

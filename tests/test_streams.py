@@ -53,10 +53,12 @@ def test_round_robin_shards_are_exact(num_shards, chunk):
     for shard in range(num_shards):
         reader = source.open(shard, num_shards)
         ids = read_all(reader, chunk)
-        assert ids == list(range(shard, 23, num_shards))  # element k goes to shard k % n
-        assert reader.consumed == len(ids)
+        # element k goes to shard k % n, in whole rounds: the incomplete last round is dropped
+        whole = 23 - 23 % num_shards
+        assert ids == list(range(shard, whole, num_shards))
+        assert reader.consumed == len(ids) == whole // num_shards  # every shard equally long
         seen += ids
-    assert sorted(seen) == list(range(23))  # disjoint and complete
+    assert sorted(seen) == list(range(whole))  # disjoint, and complete up to the last round
 
 
 def test_round_robin_over_an_array_and_scalars():
@@ -64,7 +66,7 @@ def test_round_robin_over_an_array_and_scalars():
     assert isinstance(rows, np.ndarray) and rows.dtype == np.int32
     np.testing.assert_array_equal(rows, TABLE[[1, 4, 7]])
     ids = StreamSource(range(10)).open(0, 4).take(10)  # Python ints: one int64 per row
-    assert ids.tolist() == [0, 4, 8] and ids.shape == (3,)
+    assert ids.tolist() == [0, 4] and ids.shape == (2,)  # the round 8, 9 is incomplete: dropped
 
 
 def test_callable_sharding_is_the_users_own():
@@ -109,14 +111,14 @@ def test_resume_by_skipping_equals_continuous_reading(kind, rows_per_step):
 
 
 def test_consumed_counts_skipped_and_taken_elements():
-    reader = StreamSource(elements()).open(0, 2, start=5)  # shard 0 has 12 elements
+    reader = StreamSource(elements()).open(0, 2, start=5)  # shard 0: 11 whole rounds of 2
     assert reader.consumed == 5
     assert reader.take(4)["id"].tolist() == [10, 12, 14, 16]
     assert reader.consumed == 9
-    assert reader.take(10)["id"].tolist() == [18, 20, 22]
-    assert reader.consumed == 12
+    assert reader.take(10)["id"].tolist() == [18, 20]  # element 22's round is incomplete
+    assert reader.consumed == 11
     past = StreamSource(elements()).open(0, 2, start=50)
-    assert past.consumed == 12 and past.take(1) is None  # the shard had fewer than start
+    assert past.consumed == 11 and past.take(1) is None  # the shard had fewer than start
 
 
 def test_take_zero_looks_without_consuming():
@@ -332,3 +334,59 @@ def test_loader_feeds_streams_by_uid_on_the_noncontiguous_pod():
     # hosts with the same uid got identical batches; different uids disjoint ones
     assert results[0]["ids"] == results[1]["ids"] != results[2]["ids"] == results[3]["ids"]
     assert not set(results[0]["ids"]) & set(results[2]["ids"])
+
+
+# ------------------------------------------------------------------- streams on a pod's layout
+def test_stream_shards_follow_the_uids_and_refuse_unequal_hosts():
+    from jax.sharding import PartitionSpec as P
+
+    from psdp.layout import MeshLayout
+    from psdp.reads import stream_shard
+
+    layout = MeshLayout(np.array(NONCONTIGUOUS_4x2), ("data", "model"))
+    got = [stream_shard({"x": P("data")}, layout, p, 16, np.arange(16)) for p in range(4)]
+    assert got == [(0, 2), (0, 2), (1, 2), (1, 2)]
+    # a replicated leaf next to a batch-split one: hosts would need other shards' elements
+    with pytest.raises(ValueError, match="same mesh axes.*replicated or differently split"):
+        stream_shard({"x": P("data"), "r": P()}, layout, 0, 16, np.arange(16))
+    # 6 rows on 4 batch shards (physical 8): hosts 0, 1 read 3 rows, hosts 2, 3 read 3 too, but
+    # 10 rows on 4 shards (physical 12): 6 against 4, so their shards would end at other steps
+    with pytest.raises(
+        ValueError, match=r"the same number of real rows per step, but they read \[4, 6\]"
+    ):
+        stream_shard({"x": P("data")}, layout, 0, 12, np.arange(10))
+    # feeding only host 0's shards: hosts 2 and 3 would read nothing and never see the end
+    with pytest.raises(ValueError, match=r"read \[0, 8\]"):
+        stream_shard({"x": P("data")}, layout, 0, 16, np.array([0, 1, 2, 3, 8, 9, 10, 11]))
+    overlapping = MeshLayout(np.array([[0, 0], [0, 1], [1, 1], [1, 0]]), ("data", "model"))
+    with pytest.raises(ValueError, match="overlapping but different sets of batch shards"):
+        stream_shard({"x": P("data")}, overlapping, 0, 8, np.arange(8))
+
+
+def test_closing_a_loader_does_not_wait_for_a_stuck_stream_read():
+    import time
+
+    import jax
+    from jax.sharding import Mesh
+
+    from psdp import DataLoader
+
+    release = threading.Event()
+
+    def stuck_after_16(shard, num_shards):
+        for k in range(10**6):
+            if k == 16:
+                release.wait(60)  # a hung remote read
+            yield {"x": np.int32(k)}
+
+    mesh = Mesh(np.array(jax.devices()).reshape(8), ("data",))
+    loader = DataLoader(StreamSource(stuck_after_16), mesh=mesh, global_batch_size=8,
+                        drop_last=True, read_timeout_s=0.5)  # fmt: skip
+    it = iter(loader)
+    next(it), next(it)
+    with pytest.raises(TimeoutError, match="the next 8 elements of shard 0"):
+        next(it)
+    started = time.perf_counter()
+    loader.close()
+    assert time.perf_counter() - started < 5  # not the 60 s the read is stuck for
+    release.set()

@@ -228,7 +228,9 @@ def _column_windows(
         by_shard.setdefault(box[1].start // width, []).append(box[0])
     windows: list[Window] = []
     locate: dict[tuple[int, int], tuple[int, int]] = {}
-    for shard, row_slices in sorted(by_shard.items()):
+    for shard, all_slices in sorted(by_shard.items()):
+        # blocks that differ only beyond dimension 1 hold the same rows: read them once
+        row_slices = list({s.start: s for s in all_slices}.values())
         rows = np.concatenate([np.arange(s.start, s.stop) for s in row_slices])
         for s in row_slices:
             locate[(s.start, shard)] = (len(windows), int(np.searchsorted(rows, s.start)))

@@ -183,7 +183,9 @@ class DataLoader:
                 drop_last,
             )
         probe = _leaves_of(self._probe())
-        self._named = resolve_named_axes(named_axes, axis_mapping, list(probe))
+        self._named = resolve_named_axes(
+            named_axes, axis_mapping, {k: np.ndim(v) for k, v in probe.items()}
+        )
         specs = resolve_specs(
             batch_spec,
             mesh,
@@ -228,7 +230,9 @@ class DataLoader:
         #: (uid, number of uids): the stream shard this host reads; None for random access
         self.stream_shard: tuple[int, int] | None = None
         if self._stream is not None:
-            self.stream_shard = stream_shard(self._leaves, mesh, self.process_index)
+            self.stream_shard = stream_shard(
+                specs, layout, self.process_index, self.physical_batch_size, self.real_positions
+            )
         self.telemetry = Telemetry(stall_warning_s=stall_warning_s)
         self._iterators: list[Prefetcher[Batch]] = []
         self._last_iterator: Prefetcher[Batch] | None = None  # state() counts from it, even closed
@@ -319,10 +323,10 @@ class DataLoader:
             buffers = _with_timeout(
                 read_rows,
                 self.read_timeout_s,
-                lambda: f"step {step}: reading {len(self._read_positions)} rows (ids "
-                f"{preview_ids(ids[self._read_positions])}) from {self.source.describe()} took "
-                f"longer than read_timeout_s={self.read_timeout_s}; the source may be stuck (a "
-                "hung filesystem or object store); raise read_timeout_s if reads are just slow",
+                lambda: f"step {step}: reading {self._what_is_read(ids)} from "
+                f"{self.source.describe()} took longer than read_timeout_s={self.read_timeout_s}; "
+                "the source may be stuck (a hung filesystem or object store); raise "
+                "read_timeout_s if reads are just slow",
             )
         read = time.perf_counter()
         batch = {key: leaf.assemble(buffers[key]) for key, leaf in self._leaves.items()}
@@ -331,6 +335,11 @@ class DataLoader:
         self.telemetry.record_read(read - started, time.perf_counter() - read)
         return self._wrap(batch)
 
+    def _what_is_read(self, ids: np.ndarray) -> str:
+        if self.stream_shard is not None:
+            return f"the next {len(self._real_positions)} elements of shard {self.stream_shard[0]}"
+        return f"{len(self._read_positions)} rows (ids {preview_ids(ids[self._read_positions])})"
+
     def _stream_rows(self, step: int, ids: np.ndarray) -> Any:
         """A stream step's rows (as a source), with ``ids`` set to index them; O(step) on a jump.
 
@@ -338,21 +347,24 @@ class DataLoader:
         positions, so hosts with the same uid hold the same elements (see ``docs/sources.md``).
         """
         assert self._stream is not None and self.stream_shard is not None
-        per_step = len(self._real_positions)
+        per_step = len(self._real_positions)  # the same on every host (stream_shard checks)
         with self._reader_lock:
-            if self._reader is None or self._reader.consumed != step * per_step:
-                if self._reader is not None:
-                    self._reader.close()
-                self._reader = self._stream.open(*self.stream_shard, start=step * per_step)
-            rows = self._reader.take(per_step) if per_step else None
+            reader = self._reader
+            if reader is None or reader.consumed != step * per_step:
+                if self._closed:
+                    raise LoaderClosedError("this DataLoader is closed")
+                if reader is not None:
+                    reader.close()
+                reader = self._reader = self._stream.open(*self.stream_shard, start=step * per_step)
+            rows = reader.take(per_step)
         got = 0 if rows is None else len(next(iter(_leaves_of(rows).values())))
-        if per_step and (got == 0 or (got < per_step and self.drop_last)):
+        if rows is None or got == 0 or (got < per_step and self.drop_last):
             raise StopIteration(
                 f"step {step}: shard {self.stream_shard[0]} of {self.stream_shard[1]} of "
                 f"{self._stream.describe()} ended"
             )
         ids[self._real_positions[:got]] = np.arange(got)
-        return ArraySource(rows) if rows is not None else self.source  # all padding: not read
+        return ArraySource(rows)
 
     def _read_step(self, step: int, ids: np.ndarray, source: Any) -> dict[Key, list[np.ndarray]]:
         empty = np.empty(0, np.int8)
@@ -573,10 +585,9 @@ class DataLoader:
             iterators, self._iterators = self._iterators, []
         for iterator in iterators:
             iterator.close()
-        with self._reader_lock:
-            if self._reader is not None:
-                self._reader.close()
-                self._reader = None
+        reader, self._reader = self._reader, None  # no lock: a stuck read may hold it forever
+        if reader is not None:
+            reader.close()  # never waits for a take in progress
 
     def __enter__(self) -> DataLoader:
         return self

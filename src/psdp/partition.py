@@ -180,9 +180,13 @@ Key = str | None  # a leaf's name; None for an array source's only leaf
 def resolve_named_axes(
     named_axes: Sequence[Any] | Mapping[str, Sequence[Any]] | None,
     axis_mapping: Mapping[str, Any] | None,
-    leaves: list[Key],
+    ndims: Mapping[Key, int],
 ) -> dict[Key, tuple[Any, ...]]:
-    """Each named leaf's axis names (an array source's single leaf is ``None``), checked."""
+    """Each named leaf's axis names (an array source's single leaf is ``None``), checked.
+
+    ``ndims`` gives every leaf's number of dimensions; a leaf needs one name per dimension.
+    """
+    leaves = list(ndims)
     if named_axes is None:
         if axis_mapping is not None:
             raise ValueError("axis_mapping is given without named_axes; name each leaf's axes")
@@ -203,6 +207,12 @@ def resolve_named_axes(
             f"named_axes names leaves {unknown} that the source does not have; its leaves are "
             f"{sorted(map(str, leaves))}"
         )
+    for key, names in per_leaf.items():
+        if len(names) != ndims[key]:
+            raise ValueError(
+                f"named_axes gives leaf {key!r} {len(names)} axis names {list(names)}, but it has "
+                f"{ndims[key]} dimensions; name every dimension, e.g. (batch, position)"
+            )
     return {k: tuple(v) for k, v in per_leaf.items()}
 
 

@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from jax.sharding import Mesh, PartitionSpec
+from jax.sharding import PartitionSpec
 
 from psdp.assembly import LeafAssembler
-from psdp.mesh import dp_index, plan_pod
+from psdp.mesh import dp_index
 from psdp.partition import Key
 
 
@@ -141,27 +141,58 @@ def feeding_positions(
 
 
 def stream_shard(
-    leaves: dict[Key, LeafAssembler], mesh: Mesh, process_index: int
+    specs: dict[Key, PartitionSpec],
+    layout: Any,
+    process_index: int,
+    physical_batch_size: int,
+    real_positions: np.ndarray,
 ) -> tuple[int, int]:
-    """(this host's data-shard uid, the number of uids) over every leaf's plan.
+    """(this host's stream shard, the number of shards): one shard per data-shard uid.
 
-    Hosts whose devices hold the same boxes of every leaf share a uid, hence a stream shard.
+    A stream has no global order, so hosts must never need the same batch position from two
+    different shards, and every shard must be consumed at the same rate (or hosts would reach its
+    end at different steps and hang a pod). Hence the rules, each an error otherwise: every leaf
+    splits its batch dimension over the same mesh axes; hosts hold equal or disjoint sets of
+    batch shards; and every host reads the same number of real rows per step (a global batch
+    divisible by the batch shards, no ``feeding_processes``).
 
     Example:
-        >>> import jax
-        >>> from jax.sharding import Mesh, PartitionSpec as P
-        >>> mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "model"))
-        >>> stream_shard({"x": LeafAssembler.create(mesh, P("data"), (8,), np.int32, 0)}, mesh, 0)
-        (0, 1)
+        >>> from jax.sharding import PartitionSpec as P
+        >>> from psdp.layout import MeshLayout
+        >>> layout = MeshLayout(np.array([[0, 1], [2, 3], [0, 1], [2, 3]]), ("data", "model"))
+        >>> [stream_shard({"x": P("data")}, layout, p, 8, np.arange(8)) for p in range(4)]
+        [(0, 2), (0, 2), (1, 2), (1, 2)]
     """
-    table = np.stack(
-        [plan_pod(mesh, v.sharding.spec, v.plan.global_shape).uids for v in leaves.values()],
-        axis=1,
-    )
-    _, first, inverse = np.unique(table, axis=0, return_index=True, return_inverse=True)
+    firsts = {spec[0] if len(spec) else None for spec in specs.values()}
+    if len(firsts) != 1 or None in firsts:
+        raise ValueError(
+            f"a stream needs every leaf's batch dimension split over the same mesh axes, but the "
+            f"leaves' specs are {specs}: a replicated or differently split leaf would need the "
+            "same stream elements on hosts that read different stream shards; give every leaf "
+            "the same batch sharding (e.g. batch_spec='batch')"
+        )
+    axes: Any = firsts.pop()
+    index, count = dp_index(layout, axes)
+    held = np.zeros((layout.num_processes, count), bool)
+    held[layout.process_index.ravel(), index] = True
+    real_per_shard = np.bincount(real_positions // (physical_batch_size // count), minlength=count)
+    rows = held.astype(np.int64) @ real_per_shard
+    if rows.min() != rows.max() or rows.min() == 0:
+        raise ValueError(
+            f"a stream needs every host to read the same number of real rows per step, but they "
+            f"read {sorted(set(rows.tolist()))} (global batch {len(real_positions)} over "
+            f"{count} batch shards); use a global_batch_size that is a multiple of {count} and "
+            "no feeding_processes, or a random-access source"
+        )
+    sets, first, inverse = np.unique(held, axis=0, return_index=True, return_inverse=True)
+    if (sets.sum(axis=0) > 1).any():
+        raise ValueError(
+            "hosts hold overlapping but different sets of batch shards, so no stream shard can "
+            "serve them; use a random-access source for this layout"
+        )
     dense = np.argsort(np.argsort(first))  # uids in order of first appearance, like the planner's
     uids = dense[inverse.ravel()]
-    return int(uids[process_index]), int(uids.max()) + 1
+    return int(uids[process_index]), len(sets)
 
 
 def _column_runs(

@@ -9,8 +9,10 @@ and skips ``s * rows_per_step`` elements: O(step) work, where a random-access so
 O(1). Two ways to shard:
 
 - a **re-iterable** (``iter()`` starts it over: a list, an array, a class whose ``__iter__``
-  re-opens its files): element ``k`` goes to shard ``k % num_shards``. Every shard walks the whole
-  stream and keeps every ``num_shards``-th element.
+  re-opens its files): element ``k`` goes to shard ``k % num_shards``, in whole rounds of
+  ``num_shards`` elements (a final incomplete round is dropped, so shards are equally long and
+  every host reaches the end at the same step). Every shard walks the whole stream and keeps every
+  ``num_shards``-th element.
 - a **callable** ``(shard_index, num_shards) -> iterable``: the user's own sharding, e.g. a
   disjoint subset of files per shard, which reads only what it keeps.
 
@@ -47,7 +49,7 @@ class StreamSource:
 
     Args:
         stream: a re-iterable (``iter()`` is called again for every `open`; element ``k`` goes to
-            shard ``k % num_shards``), or a callable ``(shard_index, num_shards) -> iterable`` of
+            shard ``k % num_shards``; an incomplete final round is dropped), or a callable ``(shard_index, num_shards) -> iterable`` of
             that shard's elements (called once per `open`). Elements are array-likes of one row
             (the same shape and dtype every time) or dicts of them.
         name: how `describe` names the stream; default: its type or function name.
@@ -117,9 +119,9 @@ class StreamSource:
         end (`StreamReader.take` returns ``None``) and its ``consumed`` is the shard's length.
 
         Example:
-            >>> reader = StreamSource(np.arange(10)).open(0, 3, start=1)  # shard 0: 0, 3, 6, 9
+            >>> reader = StreamSource(np.arange(10)).open(0, 3, start=1)  # shard 0: 0, 3, 6
             >>> reader.consumed, reader.take(5).tolist(), reader.consumed
-            (1, [3, 6, 9], 4)
+            (1, [3, 6], 3)
         """
         check_int("num_shards", num_shards, minimum=1)
         check_int("shard", shard, minimum=0)
@@ -131,11 +133,7 @@ class StreamSource:
         shard, num_shards, start = int(shard), int(num_shards), int(start)
         where = f"{self.describe()}, shard {shard} of {num_shards}"
         underlying = self._iterate(shard, num_shards, where)
-        elements = (
-            itertools.islice(underlying, shard, None, num_shards)
-            if self.round_robin
-            else underlying
-        )
+        elements = _whole_rounds(underlying, shard, num_shards) if self.round_robin else underlying
         return StreamReader(
             elements,
             underlying,
@@ -355,6 +353,19 @@ class StreamReader:
 
     def __repr__(self) -> str:
         return f"StreamReader({self._where}, consumed={self.consumed})"
+
+
+def _whole_rounds(elements: Iterator[Any], shard: int, num_shards: int) -> Iterator[Any]:
+    """Element ``shard`` of every complete round of ``num_shards`` elements.
+
+    A final incomplete round is dropped, so all shards have the same length and every host of a
+    pod reaches the end of its shard at the same step.
+    """
+    while True:
+        elements_of_round = list(itertools.islice(elements, num_shards))
+        if len(elements_of_round) < num_shards:
+            return
+        yield elements_of_round[shard]
 
 
 def _check_shard_signature(fn: Callable[..., Any]) -> None:
