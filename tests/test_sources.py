@@ -655,3 +655,15 @@ def test_bench_sources_runs_tiny(tmp_path, capsys):
         "numpy memmap",
     }
     assert all(f["median_ms"] > 0 for f in figures["layouts"].values())
+
+
+@pytest.mark.parametrize("shift", [(5, 0), (0, -2)])
+def test_a_tensorstore_not_numbered_from_zero_is_refused(shift):
+    data = np.arange(16 * 8, dtype=np.int32).reshape(16, 8)
+    store = ts.open({"driver": "array", "array": data, "dtype": "int32"}).result()
+    shifted = store.translate_by[shift]
+    with pytest.raises(ValueError, match=r"domain starting at \((5, 0|0, -2)\).*translate_to\[0\]"):
+        TensorStoreSource(shifted)
+    source = TensorStoreSource(shifted.translate_to[0])  # the fix the message gives
+    window = source.read_window(np.array([3, 1]), {None: slice(0, 4)})[None]
+    np.testing.assert_array_equal(window, data[[3, 1], 0:4])

@@ -76,6 +76,7 @@ def check_consistency(
     source: Any = None,
     ids: np.ndarray | None = None,
     distinct: bool | Collection[str] = True,
+    mask_key: str | None = "mask",
 ) -> ConsistencyReport:
     """Checks that every device of every host holds exactly its part of ``batch``.
 
@@ -96,6 +97,9 @@ def check_consistency(
             for every non-boolean leaf without expected rows (a mask legitimately repeats, and an
             exact comparison needs no such oracle), ``False`` for none, or a collection of leaf
             names.
+        mask_key: the batch's boolean mask leaf (the loader's padding mask), if it has one:
+            boxes made only of padding rows are equal by design, so they are exempt from
+            ``distinct``.
 
     Returns:
         A `ConsistencyReport`.
@@ -124,6 +128,7 @@ def check_consistency(
     wanted = _expected(leaves, expected, source, ids)
     records, local_problems = _local_records(leaves, wanted)
     table = _gather(records)
+    real = _real_rows(leaves, mask_key)
     names = list(leaves)
     for number, name in enumerate(names):
         rows = table[table[:, 2] == number]
@@ -132,7 +137,7 @@ def check_consistency(
             if isinstance(distinct, Collection)
             else distinct and leaves[name].dtype != np.bool_ and name not in (wanted or {})
         )
-        _check_leaf(name, leaves[name].shape, rows, local_problems, unique)
+        _check_leaf(name, leaves[name].shape, rows, local_problems, unique, real)
     boxes = sum(len(_unique_boxes(table[table[:, 2] == n])) for n in range(len(names)))
     return ConsistencyReport(
         leaves=len(names),
@@ -204,7 +209,7 @@ def _local_records(
             ok = 1
             if wanted is not None and name in wanted:
                 want = wanted[name][tuple(slice(a, b) for a, b in box)]
-                if not np.array_equal(data, want):
+                if not np.array_equal(data, want, equal_nan=data.dtype.kind in "fc"):
                     ok = 0
                     problems[(number, shard.device.id)] = _first_difference(data, want, box)
             padded = box + [(0, 1)] * (ndim - len(box))
@@ -226,9 +231,24 @@ def _fingerprint(data: np.ndarray) -> list[int]:
 
 
 def _first_difference(data: np.ndarray, want: np.ndarray, box: list[tuple[int, int]]) -> str:
-    where = tuple(int(i) for i in np.argwhere(data != want)[0])
+    differ = data != want
+    if data.dtype.kind in "fc":
+        differ &= ~(np.isnan(data) & np.isnan(want))  # NaN where NaN is expected is exact
+    where = tuple(int(i) for i in np.argwhere(differ)[0])
     at = tuple(start + i for (start, _), i in zip(box, where, strict=True))
     return f"; at global index {at} it holds {data[where]!r}, expected {want[where]!r}"
+
+
+def _real_rows(leaves: dict[str, jax.Array], mask_key: str | None) -> np.ndarray | None:
+    """The global padding mask (``True``: a real row), gathered from every host; or ``None``."""
+    mask = leaves.get(mask_key) if mask_key is not None else None
+    if mask is None or mask.dtype != np.bool_ or mask.ndim != 1:
+        return None
+    if jax.process_count() == 1:
+        return np.asarray(mask)
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(mask, tiled=True))
 
 
 def _gather(records: np.ndarray) -> np.ndarray:
@@ -247,6 +267,7 @@ def _check_leaf(
     rows: np.ndarray,
     local_problems: dict[tuple[int, int], str],
     distinct: bool,
+    real: np.ndarray | None = None,
 ) -> None:
     ndim = (rows.shape[1] - _HEAD) // 2
     starts, stops = rows[:, _HEAD : _HEAD + ndim], rows[:, _HEAD + ndim :]
@@ -279,6 +300,8 @@ def _check_leaf(
                 f"disagree: devices {devices} hold the same index box but different bytes"
             )
         fingerprint = prints.pop()
+        if real is not None and not real[key[0] : key[ndim]].any():
+            continue  # only padding rows: equal to other padding boxes by design
         if distinct and fingerprint in by_print:
             other = by_print[fingerprint]
             raise ConsistencyError(

@@ -297,10 +297,12 @@ def _open_array(spec: dict[str, Any], context: ts.Context, where: str) -> ts.Ten
 def _rows_of_single_array(array: ts.TensorStore, where: str) -> int:
     if array.rank == 0:
         raise ValueError(f"{where} is a 0-d array; a source needs a row dimension")
-    if array.domain.inclusive_min[0] != 0:
+    origin = tuple(int(m) for m in array.domain.inclusive_min)
+    if any(origin):
         raise ValueError(
-            f"{where} has rows starting at {array.domain.inclusive_min[0]}; a source needs "
-            "rows numbered from 0 (translate the array with store.translate_to[0])"
+            f"{where} has its domain starting at {origin}; a source needs every dimension "
+            "numbered from 0, rows and columns alike (translate the array with "
+            "store.translate_to[0])"
         )
     return int(array.shape[0])
 
