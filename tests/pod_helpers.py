@@ -1,5 +1,6 @@
 """Tiny pod targets for testing the harness itself."""
 
+import os
 import time
 
 import jax
@@ -26,3 +27,11 @@ def fail_on_one():
 
 def sleep_forever():
     time.sleep(3600)
+
+
+def exit_0_on(process=None):
+    """``os._exit(0)`` without returning: on every host (``process=None``) or on one."""
+    if process is None or jax.process_index() == process:
+        os._exit(0)
+    multihost_utils.sync_global_devices("never reached by the process that left")
+    return "unreachable"

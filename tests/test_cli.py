@@ -280,6 +280,28 @@ def test_simulate_a_failing_host_exits_1_with_its_message(capsys):
         (["--batch-size", "0"], ["LoaderConfig.global_batch_size", "got 0"]),
         (["--fail-at", "x"], ["--fail-at 'x' must be PROCESS:STEP"]),
         (["--layout", "torus"], ["MeshConfig.layout", "'torus'"]),
+        # planned in the parent: one line before any data is written or process started
+        (
+            [
+                "--processes",
+                "2",
+                "--axes",
+                "data=2,context=2",
+                "--spec",
+                "data,context",
+                "--seq-len",
+                "7",
+            ],
+            ["psdp simulate: error: --seq-len 7: dimension 1 of size 7", "(context=2)"],
+        ),
+        (
+            ["--processes", "2", "--axes", "data=2,model=2", "--spec", "data,context"],
+            ["--spec 'data,context': axis 'context' is not in the mesh"],
+        ),
+        (
+            ["--processes", "2", "--axes", "data=2,model=2", "--spec", "data,model,model"],
+            ["--spec 'data,model,model': partition spec", "has 3 entries"],
+        ),
     ],
 )
 def test_simulate_bad_options_exit_2(capsys, argv, words):
@@ -288,6 +310,32 @@ def test_simulate_bad_options_exit_2(capsys, argv, words):
     assert err.count("\n") == 1
     for word in words:
         assert word in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "layout"),
+    [
+        ([], "noncontiguous"),
+        (["--batch-axes", "data"], "noncontiguous"),  # --batch-axes alone keeps the default mesh
+        (["--axes", "data=4,model=4"], None),  # --axes: contiguous (None)
+        (["--batch-axes", "data", "--layout", "contiguous"], "contiguous"),
+    ],
+)
+def test_simulate_default_layout(capsys, monkeypatch, argv, layout):
+    import psdp.simulate
+    from psdp.pod import PodError
+
+    seen = []
+
+    def fake_simulate(simulation, progress=None):
+        seen.append(simulation)
+        raise PodError("not run")
+
+    monkeypatch.setattr(psdp.simulate, "simulate", fake_simulate)
+    code, _, err = run_cli(capsys, "simulate", *argv)
+    assert (code, err) == (1, "psdp simulate: error: not run\n")
+    assert seen[0].mesh.axes == {"data": 4, "model": 4}
+    assert seen[0].mesh.layout == layout
 
 
 def test_write_npy_and_npz(capsys, tmp_path):
@@ -324,6 +372,18 @@ def test_write_errors(capsys, tmp_path):
     (tmp_path / "taken" / "file").write_text("x")
     code, _, err = run_cli(capsys, "write", str(tmp_path / "t.npy"), str(tmp_path / "taken"))
     assert code == 2 and "taken" in err and err.count("\n") == 1
+    assert err.startswith(f"psdp write: error: output {str(tmp_path / 'taken')!r}: ")
+
+
+def test_write_blames_the_input_for_its_data(capsys, tmp_path):
+    np.savez(tmp_path / "str.npz", s=np.array(["a", "b"]))
+    code, _, err = run_cli(capsys, "write", str(tmp_path / "str.npz"), str(tmp_path / "out"))
+    assert code == 2
+    assert err == (
+        f"psdp write: error: input {str(tmp_path / 'str.npz')!r}: leaf 's' has dtype <U1; "
+        "datasets store numeric and bool arrays (encode strings or objects as numbers first)\n"
+    )
+    assert not (tmp_path / "out").exists()
 
 
 def test_bench_passes_every_argument_on(capsys, monkeypatch):

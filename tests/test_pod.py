@@ -97,3 +97,20 @@ def test_an_error_in_the_parent_stops_the_children():
             args={"total": 100},  # 6 s unless stopped
             progress=progress,
         )
+
+
+@pytest.mark.parametrize("process", [None, 1])
+def test_a_process_that_exits_0_without_returning_fails_the_pod(process):
+    with pytest.raises(PodError) as info:  # not FileNotFoundError, nor a hang to the time limit
+        run_pod(
+            f"{HERE}:exit_0_on",
+            num_processes=2,
+            devices_per_process=1,
+            args={"process": process},
+            timeout_s=60,
+        )
+    first = 0 if process is None else 1
+    assert info.value.reason == (f"process {first} exited with status 0 without returning a result")
+    if process == 1:  # process 0 waited in a collective: it is stopped with that reason
+        code, output = info.value.outputs[0]
+        assert code == STOPPED and f"stops: {info.value.reason}" in output

@@ -218,6 +218,43 @@ def test_a_padded_final_batch_and_its_mask_are_exact(tmp_path):
     )
 
 
+@pytest.mark.multiprocess
+def test_train_on_a_source_whose_leaf_is_not_named_tokens(tmp_path):
+    from psdp.writer import write_dataset
+
+    rows = {"ids": synthetic_tokens(np.arange(64), 6, 64), "w": np.ones(64, np.float32)}
+    path = write_dataset(tmp_path / "ds", rows, rows_per_shard=16, progress=False)
+    sim = Simulation(processes=2, mesh=TWO_HOSTS.mesh, data=TWO_HOSTS.data, steps=6, train=True)
+    report = simulate(sim, source=str(path))  # trains on the main leaf "ids"
+    assert len(report.losses) == 6 and report.shape == (8, 6)
+    assert report.hosts[0]["consistency"].startswith("all 4 devices received exactly")
+
+
+def test_the_plan_is_checked_in_the_parent_before_any_process_starts(tmp_path, monkeypatch):
+    import psdp.simulate
+
+    monkeypatch.setattr(psdp.simulate, "run_pod", lambda *a, **k: pytest.fail("pod started"))
+    context = MeshConfig(axes={"data": 2, "context": 2})
+    sim = Simulation(
+        processes=2,
+        mesh=context,
+        data=LoaderConfig(global_batch_size=8, partition="data,context"),
+        seq_len=7,
+    )
+    with pytest.raises(ValueError, match=r"^--seq-len 7: dimension 1 of size 7 is not divisible"):
+        simulate(sim)
+    np.save(tmp_path / "rows.npy", np.zeros((16, 5), np.int32))
+    with pytest.raises(ValueError) as info:
+        simulate(sim, source=str(tmp_path / "rows.npy"))
+    assert str(info.value).startswith(
+        "--spec 'data,context' does not fit the source's leaf None of rows (5,): dimension 1 of "
+        "size 5 is not divisible by its 2 shards (context=2)"
+    )
+    per_leaf = LoaderConfig(global_batch_size=8, partition={"tokens": "data,model"})
+    with pytest.raises(ValueError, match=r"^--spec 'data,model': axis 'model' is not in the mesh"):
+        simulate(Simulation(processes=2, mesh=context, data=per_leaf))
+
+
 def test_train_refuses_tokens_beyond_the_vocab(tmp_path):
     path = tmp_path / "tokens.npy"
     np.save(path, np.arange(40, dtype=np.int32).reshape(10, 4) * 10)

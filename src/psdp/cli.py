@@ -337,9 +337,10 @@ def _add_simulate(subparsers: Subparsers) -> None:
 def _run_simulate(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from psdp.simulate import report_json, simulate
+    from psdp.simulate import check_simulation, report_json, simulate
 
     simulation = _simulation(args)
+    check_simulation(simulation)  # a bad --spec or --seq-len: one line, before any process starts
     bar = tqdm(total=simulation.steps, desc="simulate", unit="step", disable=args.json or None)
     if not args.json:
         print(
@@ -376,7 +377,9 @@ def _simulation(args: argparse.Namespace) -> Any:
         elif axes is None:
             axes = DEFAULT_MESH.axes
         batch = None if args.batch_axes is None else parse_names(args.batch_axes)
-        mesh = MeshConfig(axes=axes, batch_axes=batch, layout=args.layout)
+        # only --axes changes the default layout (see --layout's help), not --batch-axes alone
+        layout = args.layout or (DEFAULT_MESH.layout if args.axes is None else None)
+        mesh = MeshConfig(axes=axes, batch_axes=batch, layout=layout)
     data = LoaderConfig(
         source=args.source,
         global_batch_size=args.batch_size,
@@ -437,7 +440,9 @@ def _run_write(args: argparse.Namespace) -> int:
             overwrite=args.overwrite,
             progress=not args.json,
         )
-    except (FileExistsError, TypeError) as err:
+    except TypeError as err:  # only the arrays can have a wrong type or dtype
+        raise UsageError(f"input {args.input!r}: {err}") from None
+    except OSError as err:  # the output path exists, is a file, or cannot be created
         raise UsageError(f"output {args.output!r}: {err}") from None
     meta = read_metadata(path)
     if args.json:

@@ -5,18 +5,19 @@ of ``python -m psdp.pod`` (each sets its CPU device count *before* JAX starts, t
 ``jax.distributed.initialize`` against the coordinator on that port) and waits. Each child imports
 the target function (``path/to/file.py:function`` or ``package.module:function``), calls it with
 the JSON arguments, and writes its JSON-able result to a file. The parent returns the results in
-process order, or raises `PodError` with every child's output when any child fails or the pod
+process order, or raises `PodError` with every child's output when any child fails (exits
+non-zero, or exits 0 without its result file, as ``os._exit(0)`` in the target does) or the pod
 overruns its time limit.
 
 Failure is bounded in time. JAX's own heartbeat notices a dead peer only after minutes, and a
 process blocked in a collective cannot notice anything, so the parent watches: as soon as one
-child exits non-zero (an exception, or killed) it writes the reason to an *abort file*; every
-child runs a watchdog thread that polls that file, prints the reason (``psdp pod: process 0 stops:
-process 1 failed: RuntimeError: ...``) and exits with `STOPPED` even while its main thread is stuck
-in a collective. A child whose own error is only the echo of another's failure (a collective
-that lost its peer) waits a moment before exiting, so the parent names the first failure and the
-echo exits as stopped too. Whatever is still alive after a grace period, or at the time limit, is
-killed.
+child fails (an exception, killed, or exited 0 without a result) it writes the reason to an *abort
+file*; every child runs a watchdog thread that polls that file, prints the reason (``psdp pod:
+process 0 stops: process 1 failed: RuntimeError: ...``) and exits with `STOPPED` even while its
+main thread is stuck in a collective. A child whose own error is only the echo of another's
+failure (a collective that lost its peer) waits a moment before exiting, so the parent names the
+first failure and the echo exits as stopped too. Whatever is still alive after a grace period, or
+at the time limit, is killed.
 """
 
 from __future__ import annotations
@@ -94,9 +95,10 @@ def run_pod(
             progress with `report_progress` (e.g. to move a progress bar).
 
     Raises:
-        PodError: a child exited non-zero or the pod timed out; the message starts with the
-            failing process and its error, then each child's exit status and the tail of its
-            output. The other children are stopped within about `_GRACE_S` seconds.
+        PodError: a child exited non-zero, exited 0 without returning (``os._exit(0)`` in the
+            target), or the pod timed out; the message starts with the failing process and its
+            error, then each child's exit status and the tail of its output. The other children
+            are stopped within about `_GRACE_S` seconds.
 
     Example:
         >>> results = run_pod("psdp.pod:_describe_host", num_processes=2, devices_per_process=2)
@@ -191,9 +193,16 @@ class _Watch:
         while True:
             codes = [proc.poll() for proc, _, _ in self.children]
             self._show_progress()
-            if all(code == 0 for code in codes):
+            returned = [
+                code == 0 and result.exists()
+                for code, (_, _, result) in zip(codes, self.children, strict=True)
+            ]
+            if all(returned):
                 return ""
-            failed = [i for i, code in enumerate(codes) if code not in (0, None, STOPPED)]
+            # status 0 without a result file: the target left by os._exit(0), never returning
+            failed = [
+                i for i, code in enumerate(codes) if code not in (None, STOPPED) and not returned[i]
+            ]
             if failed and not failure:
                 first = min(failed, key=lambda i: self._failed_when(i, codes[i]))
                 failure = self._why(first, codes[first])
@@ -226,6 +235,8 @@ class _Watch:
 
     def _why(self, index: int, code: int | None) -> str:
         error = self.tmp / f"p{index}.error"
+        if code == 0:
+            return f"process {index} exited with status 0 without returning a result"
         if error.exists():
             detail = error.read_text(errors="replace").strip()
         elif code is not None and code < 0:

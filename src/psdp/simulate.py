@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from psdp.config import LoaderConfig, MeshConfig
+from psdp.layout import MeshLayout
 from psdp.pod import report_progress, run_pod
 
 #: The mesh of ``make run``: the seed pod of docs/concepts.md (4 hosts x 4 devices, folded).
@@ -214,11 +215,7 @@ def simulate(
         all devices received exactly their rows
     """
     source = source or simulation.data.source
-    layout = simulation.mesh.layout_for(
-        simulation.processes, simulation.processes * simulation.devices_per_process()
-    )
-    if source is not None:
-        _check_source(simulation, source)
+    layout = check_simulation(simulation, source)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="psdp-simulate-") as tmp:
         if source is None:
@@ -240,6 +237,51 @@ def simulate(
     return SimulationReport(
         simulation, picture, described, shape, hosts, time.perf_counter() - started
     )
+
+
+def check_simulation(simulation: Simulation, source: str | None = None) -> MeshLayout:
+    """Checks in the parent, without devices, what the hosts would otherwise fail on.
+
+    Resolves the mesh layout, plans the main leaf's partition spec on it (the synthetic
+    ``tokens``, or the source's main leaf), and with ``train`` checks the source's tokens, so that
+    a bad ``--spec``, ``--seq-len`` or source fails in one line naming the option, before any data
+    is written or any process started. `simulate` calls it first.
+
+    Args:
+        simulation: the pod, loader and steps.
+        source: a dataset path (overrides ``simulation.data.source``); unset: synthetic rows.
+
+    Returns:
+        The `psdp.layout.MeshLayout` of the simulated pod.
+
+    Raises:
+        ValueError: the spec, the sequence length or the source does not fit; the message starts
+            with the option.
+
+    Example:
+        >>> bad = Simulation(
+        ...     processes=2,
+        ...     mesh=MeshConfig(axes={"data": 2, "context": 2}),
+        ...     data=LoaderConfig(global_batch_size=8, partition="data,context"),
+        ...     seq_len=7,
+        ... )
+        >>> try:
+        ...     check_simulation(bad)
+        ... except ValueError as err:
+        ...     print(str(err).split(";")[0])
+        --seq-len 7: dimension 1 of size 7 is not divisible by its 2 shards (context=2)
+        >>> check_simulation(Simulation(processes=4)).num_processes
+        4
+    """
+    source = source or simulation.data.source
+    layout = simulation.mesh.layout_for(
+        simulation.processes, simulation.processes * simulation.devices_per_process()
+    )
+    leaf, rows = ("tokens", None) if source is None else _main_leaf_rows(simulation, source)
+    _check_plan(simulation, layout, leaf, None if rows is None else rows.shape[1:])
+    if rows is not None:
+        _check_tokens(simulation, leaf, rows)
+    return layout
 
 
 # ------------------------------------------------------------------------------ synthetic data
@@ -264,16 +306,56 @@ def _write_synthetic(path: str, simulation: Simulation) -> None:
     write_dataset(path, {"tokens": rows}, rows_per_shard=256, progress=False)
 
 
-def _check_source(simulation: Simulation, path: str) -> None:
-    """With ``train``: the source's main leaf must be integer token rows below ``vocab``."""
+def _main_leaf_rows(simulation: Simulation, path: str) -> tuple[Any, np.ndarray]:
+    """The name of the source's main leaf (see `_main_leaf`) and its first rows (up to 256)."""
     from psdp.sources import as_source
 
-    if not simulation.train:
-        return
     source = as_source(LoaderConfig(source=path).open_source())
     rows: Any = source.read(np.arange(min(len(source), 256)))
-    name, sample = _main_leaf(rows if isinstance(rows, dict) else {None: rows})
-    sample = np.asarray(sample)
+    leaves = rows if isinstance(rows, dict) else {None: rows}
+    name, sample = _main_leaf(leaves, simulation.data.mask_key or "mask")
+    return name, np.asarray(sample)
+
+
+def _check_plan(
+    simulation: Simulation, layout: MeshLayout, leaf: Any, row_shape: tuple[int, ...] | None
+) -> None:
+    """Plans the main leaf in the parent as every host will, so that a spec or a sequence length
+    that does not fit the mesh fails here, in one line naming the option, before any data is
+    written or any process started. ``row_shape`` is a source's; None: the synthetic rows."""
+    from jax.sharding import AbstractMesh
+
+    from psdp.mesh import _spec_axes, plan_pod
+    from psdp.partition import physical_batch_size, resolve_spec
+
+    partition = simulation.data.partition
+    text = partition.get(leaf, "batch") if isinstance(partition, dict) else partition or "batch"
+    option = f"--spec {text!r}"
+    strategy: Any = LoaderConfig(partition=text).batch_spec()  # a strategy name or a spec
+    shape = (simulation.seq_len,) if row_shape is None else row_shape
+    mesh: Any = AbstractMesh(layout.shape, layout.axis_names)  # all that resolve_spec reads
+    try:
+        spec = resolve_spec(strategy, mesh)
+        per_dim = _spec_axes(layout, spec, 1 + len(shape))
+    except ValueError as err:
+        raise ValueError(f"{option}: {err}") from None
+    shards = math.prod(layout.axis_sizes[a] for a in per_dim[0])
+    assert simulation.data.global_batch_size is not None  # checked by Simulation
+    rows = physical_batch_size(simulation.data.global_batch_size, [shards])  # padded as the loader
+    try:
+        plan_pod(layout, spec, (rows, *shape))
+    except ValueError as err:
+        if row_shape is None:
+            raise ValueError(f"--seq-len {simulation.seq_len}: {err}") from None
+        raise ValueError(
+            f"{option} does not fit the source's leaf {leaf!r} of rows {row_shape}: {err}"
+        ) from None
+
+
+def _check_tokens(simulation: Simulation, name: Any, sample: np.ndarray) -> None:
+    """With ``train``: the source's main leaf must be integer token rows below ``vocab``."""
+    if not simulation.train:
+        return
     if (
         not np.issubdtype(sample.dtype, np.integer)
         or sample.ndim != 2
@@ -294,7 +376,9 @@ def _main_leaf(leaves: dict[Any, Any], mask_key: str = "mask") -> tuple[Any, Any
     return name, leaves[name]
 
 
-def _picture(simulation: Simulation, layout: Any, shape: tuple[int, ...], spec: list[Any]) -> str:
+def _picture(
+    simulation: Simulation, layout: MeshLayout, shape: tuple[int, ...], spec: list[Any]
+) -> str:
     """The plan picture of the main leaf, with the spec the loader resolved on the hosts."""
     from psdp.picture import render_plan
 
@@ -493,9 +577,10 @@ class _TinyModel:
             return jax.tree.map(lambda p, g: p - lr * g, model, grads), loss
 
         self._step = jax.jit(step, donate_argnums=0)
+        self.mask_key = sim.data.mask_key or "mask"
 
     def step(self, batch: Any) -> float:
-        tokens = batch["tokens"] if isinstance(batch, dict) else batch
+        tokens = _main_leaf(batch, self.mask_key)[1] if isinstance(batch, dict) else batch
         self.params, loss = self._step(self.params, tokens)
         return float(np.asarray(loss.addressable_data(0)))
 
