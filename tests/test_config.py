@@ -331,3 +331,17 @@ def test_named_axes_and_feeding_processes_reach_the_loader():
     assert tokens.array.sharding.spec == P("data", "model")
     assert np.asarray(batch["mask"].array).tolist() == [True] * 6 + [False] * 2
     np.testing.assert_array_equal(np.asarray(tokens.array)[:6], rows[:6])
+
+
+def test_mesh_batch_axes_decide_the_batch_partition():
+    mesh_config = MeshConfig(axes={"rows": 4, "model": 2}, batch_axes=("rows",))
+    mesh = mesh_config.build()
+    config = LoaderConfig(global_batch_size=8, shuffle=False)
+    with pytest.raises(ValueError, match="include none of the usual batch axes"):
+        config.build(mesh, source={"x": token_table(16)})  # "rows" is not a usual name
+    with config.build(
+        mesh, source={"x": token_table(16)}, batch_axes=mesh_config.batch_axes
+    ) as loader:
+        batch = next(iter(loader))
+    assert batch["x"].sharding.spec == P("rows")
+    np.testing.assert_array_equal(np.asarray(batch["x"]), token_table(16)[:8])

@@ -403,8 +403,13 @@ class LoaderConfig:
             return MemmapSource(path)
         return TensorStoreSource(path)
 
-    def build(self, mesh: Mesh, source: Any = None) -> DataLoader:
+    def build(
+        self, mesh: Mesh, source: Any = None, batch_axes: Sequence[str] | None = None
+    ) -> DataLoader:
         """The `DataLoader` for ``mesh``, reading ``source`` (default: `open_source`).
+
+        ``batch_axes`` (e.g. ``MeshConfig.batch_axes``) are the axes the ``batch`` partition
+        splits over; default: the mesh axes named like batch axes.
 
         Example:
             >>> import numpy as np
@@ -422,7 +427,10 @@ class LoaderConfig:
                 "global_batch_size: 256"
             )
         return DataLoader(
-            self.open_source() if source is None else source, mesh=mesh, **self.loader_kwargs()
+            self.open_source() if source is None else source,
+            mesh=mesh,
+            batch_axes=batch_axes,
+            **self.loader_kwargs(),
         )
 
 

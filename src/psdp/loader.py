@@ -76,6 +76,8 @@ class DataLoader:
             dict leaf -> one of those (missing leaves take ``"batch"``). A leaf ``(B, S, ...)``
             whose spec shards dimension 1 (e.g. ``P("data", "context")``) is read in column
             windows: each host reads only its columns.
+        batch_axes: the mesh axes the ``"batch"`` strategy splits over, major to minor; default:
+            the mesh axes named like batch axes (``replica``, ``data``, ``fsdp``, ``batch``).
         shuffle: permute each epoch (from ``seed`` and the epoch number).
         seed: the shuffle seed.
         prefetch: how many finished batches wait in the queue (>= 1).
@@ -129,6 +131,7 @@ class DataLoader:
         mesh: Mesh,
         global_batch_size: int,
         batch_spec: Strategy | Mapping[str, Strategy] | None = None,
+        batch_axes: Sequence[str] | None = None,
         shuffle: bool | None = None,
         seed: int = 0,
         prefetch: int = 2,
@@ -191,6 +194,7 @@ class DataLoader:
             mesh,
             list(probe),
             {k: named_spec(v, axis_mapping or {}, mesh, repr(k)) for k, v in self._named.items()},
+            batch_axes,
         )
         #: each leaf's `PartitionSpec` (a dict for dict sources; one spec for an array source)
         self.batch_spec: Any = specs[None] if None in specs else specs

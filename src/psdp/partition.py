@@ -54,8 +54,15 @@ def default_batch_spec(mesh: Mesh) -> PartitionSpec:
     return PartitionSpec(axes[0] if len(axes) == 1 else axes)
 
 
-def resolve_spec(strategy: Strategy, mesh: Mesh, leaf: str = "the batch") -> PartitionSpec:
+def resolve_spec(
+    strategy: Strategy,
+    mesh: Mesh,
+    leaf: str = "the batch",
+    batch_axes: Sequence[str] | None = None,
+) -> PartitionSpec:
     """The `PartitionSpec` of one named strategy or spec on ``mesh``.
+
+    ``batch_axes`` are the axes ``"batch"`` splits over (default: `default_batch_spec`'s).
 
     Example:
         >>> import jax, numpy as np
@@ -67,6 +74,9 @@ def resolve_spec(strategy: Strategy, mesh: Mesh, leaf: str = "the batch") -> Par
     if isinstance(strategy, PartitionSpec):
         return strategy
     if strategy == "batch":
+        if batch_axes:
+            axes = tuple(batch_axes)
+            return PartitionSpec(axes[0] if len(axes) == 1 else axes)
         return default_batch_spec(mesh)
     if strategy == "full":
         return PartitionSpec(tuple(mesh.axis_names))
@@ -83,6 +93,7 @@ def resolve_specs(
     mesh: Mesh,
     leaves: Sequence[str | None],
     named: Mapping[str | None, PartitionSpec] | None = None,
+    batch_axes: Sequence[str] | None = None,
 ) -> dict[str | None, PartitionSpec]:
     """One spec per leaf (``None`` names an array source's only leaf).
 
@@ -117,7 +128,9 @@ def resolve_specs(
                 )
             out[key] = named[key]
         else:
-            out[key] = resolve_spec(per_leaf[key], mesh, "the batch" if key is None else repr(key))
+            out[key] = resolve_spec(
+                per_leaf[key], mesh, "the batch" if key is None else repr(key), batch_axes
+            )
     return out
 
 

@@ -335,7 +335,7 @@ def _check_plan(
     shape = (simulation.seq_len,) if row_shape is None else row_shape
     mesh: Any = AbstractMesh(layout.shape, layout.axis_names)  # all that resolve_spec reads
     try:
-        spec = resolve_spec(strategy, mesh)
+        spec = resolve_spec(strategy, mesh, batch_axes=simulation.mesh.batch_axes)
         per_dim = _spec_axes(layout, spec, 1 + len(shape))
     except ValueError as err:
         raise ValueError(f"{option}: {err}") from None
@@ -430,7 +430,7 @@ def run_host(simulation: dict[str, Any], path: str, synthetic: bool) -> dict[str
     shape: list[int] = []
     spec: list[Any] = []
     shards, report, first_done, last_note = 0, None, 0.0, 0.0
-    with config.build(mesh) as loader:
+    with config.build(mesh, batch_axes=sim.mesh.batch_axes) as loader:
         for step, batch in zip(range(sim.steps), loader, strict=False):
             if fail is not None and (me, step) == fail[:2]:
                 _fail(fail[2], me, step)
