@@ -106,3 +106,19 @@ def _held_values(leaf: jax.Array) -> list[int]:
     """The distinct rows this host's devices hold, in batch order (replicas counted once)."""
     held = {shard.index[0].start: np.asarray(shard.data) for shard in leaf.addressable_shards}
     return [int(v) for start in sorted(held) for v in held[start]]
+
+
+def stream_runs_to_its_end(process_index, axis_names, mesh_shape, num_elements, batch_size):
+    """Iterates a round-robin stream to its end with drop_last=False, with a collective per step.
+
+    Every host must stop at the same step (or the collective would hang): returns how many batches
+    this host saw and the pod-wide count of real rows per step.
+    """
+    layout = MeshLayout(np.asarray(process_index).reshape(mesh_shape), tuple(axis_names))
+    mesh = layout.build_mesh(jax.devices())
+    _, source = _stream(num_elements)
+    real_rows = []
+    with DataLoader(source, mesh=mesh, global_batch_size=batch_size, shuffle=False) as loader:
+        for batch in loader:
+            real_rows.append(int(jax.jit(lambda m: m.sum())(batch["mask"])))  # a collective
+    return {"process": jax.process_index(), "batches": len(real_rows), "real_rows": real_rows}

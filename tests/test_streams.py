@@ -390,3 +390,19 @@ def test_closing_a_loader_does_not_wait_for_a_stuck_stream_read():
     loader.close()
     assert time.perf_counter() - started < 5  # not the 60 s the read is stuck for
     release.set()
+
+
+@pytest.mark.multiprocess
+def test_every_host_reaches_the_end_of_a_round_robin_stream_at_the_same_step():
+    # 33 elements over 2 uids: whole rounds give each shard 16 (element 32 is dropped); dealt one
+    # by one, uid 0 would get 17, run one step longer than uid 1 and hang the collective
+    results = run_on_noncontiguous_pod(
+        f"{POD_TARGETS}:stream_runs_to_its_end", num_elements=33, batch_size=8, timeout_s=60
+    )
+    assert [r["batches"] for r in results] == [4] * 4  # 4 rows per host per step
+    assert all(r["real_rows"] == [8, 8, 8, 8] for r in results)
+    # and a short end is padded on every host alike: 38 elements, 19 per shard, 4 + 3 rows
+    results = run_on_noncontiguous_pod(
+        f"{POD_TARGETS}:stream_runs_to_its_end", num_elements=38, batch_size=8, timeout_s=60
+    )
+    assert all(r["real_rows"] == [8, 8, 8, 8, 6] for r in results)
