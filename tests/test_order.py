@@ -114,3 +114,13 @@ def test_shuffles_look_random(n):
         fixed.append(int((out == np.arange(n)).sum()))
     assert np.mean(cors) < 2 * 0.8 / np.sqrt(n)
     assert np.mean(fixed) < 3
+
+
+def test_numpy_ints_are_plain_ints_to_the_order():
+    seed = np.random.default_rng(0).integers(0, 2**31)  # numpy.int64, as a config might give
+    a = GlobalOrder(10, 4, seed=seed).batch_ids(np.int64(5))
+    b = GlobalOrder(10, 4, seed=int(seed)).batch_ids(5)
+    np.testing.assert_array_equal(a, b)
+    assert type(GlobalOrder(np.int64(10), np.int32(4), seed=seed).seed) is int
+    with pytest.raises(ValueError, match="batch_size must be >= 1, got 0"):
+        GlobalOrder(10, 0)

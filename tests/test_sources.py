@@ -667,3 +667,15 @@ def test_a_tensorstore_not_numbered_from_zero_is_refused(shift):
     source = TensorStoreSource(shifted.translate_to[0])  # the fix the message gives
     window = source.read_window(np.array([3, 1]), {None: slice(0, 4)})[None]
     np.testing.assert_array_equal(window, data[[3, 1], 0:4])
+
+
+def test_a_generator_that_refills_one_buffer_writes_every_chunk(tmp_path):
+    def refilled():
+        buffer = np.empty((3, 4), np.int32)
+        for i in range(4):
+            buffer[:] = i
+            yield {"x": buffer}
+
+    path = write_dataset(tmp_path / "ds", refilled(), rows_per_shard=4, progress=False)
+    rows = TensorStoreSource(path).read(np.arange(12))["x"][:, 0]
+    assert rows.tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]

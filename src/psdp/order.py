@@ -17,6 +17,7 @@ per epoch, and exactly once without ``drop_last``.
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
 import numpy as np
@@ -116,6 +117,10 @@ class GlobalOrder:
     drop_last: bool = False
 
     def __post_init__(self) -> None:
+        for name in ("num_rows", "batch_size", "seed"):  # numpy ints would overflow the hashing
+            object.__setattr__(self, name, operator.index(getattr(self, name)))
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
         if self.num_rows < 1:
             raise ValueError(f"the source is empty (num_rows={self.num_rows}); it needs rows")
         if self.drop_last and self.num_rows < self.batch_size:
@@ -140,6 +145,7 @@ class GlobalOrder:
 
     def batch_ids(self, step: int) -> np.ndarray:
         """The ``B`` source row ids of the global batch at ``step`` (int64; `PAD` for padding)."""
+        step = operator.index(step)
         if step < 0:
             raise ValueError(f"step must be >= 0, got {step}")
         n, b = self.num_rows, self.batch_size

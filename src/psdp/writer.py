@@ -134,7 +134,7 @@ def write_dataset(
             "checksum": checksum,
         }
         _write_metadata(path, schema, writer, single, layout)
-    except Exception:
+    except BaseException:  # Ctrl-C included
         shutil.rmtree(path, ignore_errors=True)  # ours: it was new or empty, or a psdp dataset
         raise
     (path / INCOMPLETE_MARKER).unlink()
@@ -180,7 +180,8 @@ class _ShardedWriter:
         """Queues a chunk and writes every full block; returns how many rows it wrote."""
         rows = len(next(iter(chunk.values())))
         if rows:
-            self.pending.append(chunk)
+            # a copy: a generator may refill one buffer for every chunk it yields
+            self.pending.append({k: np.array(v, copy=True) for k, v in chunk.items()})
             self.pending_rows += rows
         before = self.written
         while self.pending_rows >= self.block_rows:
