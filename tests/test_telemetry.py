@@ -37,7 +37,7 @@ def test_wait_fraction_is_waiting_over_trainer_time(monkeypatch):
     # the first wait is start-up (no interval before it): (30 + 0 + 20) / 300
     assert stats.wait_fraction == pytest.approx(50 / 300)
     assert stats.bottleneck
-    assert stats.step_ms_p50 == pytest.approx(100)
+    assert stats.step_ms_p50 == pytest.approx(80)  # own time: 100 - (30, 0, 20) -> 70, 100, 80
     assert stats.wait_ms_max == pytest.approx(30)
     assert stats.read_ms_p50 == pytest.approx(4) and stats.assemble_ms_p50 == pytest.approx(1)
     assert stats.queue_depth_mean == pytest.approx(0.5)
@@ -143,3 +143,10 @@ def test_a_bottleneck_verdict_says_which_half_to_fix(monkeypatch):
         "assembly dominates (9.00 ms vs 2.00 ms read): raise read_threads so batches assemble in "
         "parallel"
     )
+
+
+def test_too_few_steps_give_no_verdict():
+    t = Telemetry(stall_warning_s=None)
+    assert str(t.stats()).startswith("too few steps to judge (0 batch taken)")
+    t.record_next(0, 5.0, 0)  # one 5 s start-up wait: no interval to compare it with
+    assert str(t.stats()).startswith("too few steps to judge (1 batch taken)")

@@ -58,6 +58,8 @@ class LoaderStats:
             if self.bottleneck
             else "the loader is not the bottleneck"
         )
+        if self.steps_consumed < 2:  # no interval between two batches yet: nothing to compare
+            verdict = f"too few steps to judge ({self.steps_consumed} batch taken)"
         return (
             f"{verdict}: the trainer waited {self.wait_fraction:.1%} of its time "
             f"(wait p50 {self.wait_ms_p50:.2f} ms, p99 {self.wait_ms_p99:.2f} ms, "
@@ -159,8 +161,10 @@ class Telemetry:
             depth = np.array(self._depth, float)
             steps_read, steps_consumed = self._steps_read, self._steps_consumed
         # the first wait has no interval before it (start-up), so compare like with like
-        spent_waiting = wait[-len(interval) :].sum() if len(interval) else 0.0
+        waits_in_intervals = wait[-len(interval) :] if len(interval) else wait[:0]
+        spent_waiting = waits_in_intervals.sum()
         fraction = float(spent_waiting / interval.sum()) if interval.sum() > 0 else 0.0
+        trainer_ms = interval - waits_in_intervals  # the trainer's own time between batches
         return LoaderStats(
             steps_read=steps_read,
             steps_consumed=steps_consumed,
@@ -168,7 +172,7 @@ class Telemetry:
             wait_ms_p99=_pct(wait, 99),
             wait_ms_max=float(wait.max()) if wait.size else 0.0,
             wait_fraction=fraction,
-            step_ms_p50=_pct(interval, 50),
+            step_ms_p50=_pct(trainer_ms, 50),
             read_ms_p50=_pct(read, 50),
             read_ms_p99=_pct(read, 99),
             assemble_ms_p50=_pct(assemble, 50),
