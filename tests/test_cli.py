@@ -148,7 +148,10 @@ POD = ["--axes", "data=4,model=4", "--processes", "4", "--batch-axes", "data"]
         # a non-integer process count (argparse)
         ([*SEED, "--processes", "x"], ["--processes", "'x'"]),
         # an unknown batch axis
-        ([*POD[:5], "foo", "--batch-size", "16"], ["--batch-axes 'foo'", "('data', 'model')"]),
+        (
+            [*POD[:5], "foo", "--batch-size", "16"],
+            ["--batch-axes 'foo'", "'foo' is not a mesh axis", "['data', 'model']"],
+        ),
         # an unknown axis in the spec
         ([*SEED, "--spec", "(data,ctx)"], ["--spec '(data,ctx)'", "'ctx'"]),
         # a spec with an unclosed group
@@ -417,3 +420,19 @@ def test_readme_quick_start_commands_run(capsys, tmp_path, monkeypatch):
         code, out, err = run_cli(capsys, *command[1:])
         assert code == 0, err
         assert QUICK_START[command[1]] in out
+
+
+def test_plan_and_simulate_build_the_same_noncontiguous_layout(capsys):
+    from psdp.config import MeshConfig
+
+    args = ["--axes", "replica=2,data=2,model=2", "--layout", "noncontiguous"]
+    assert main(["plan", *args, "--processes", "4", "--batch-axes", "replica,data",
+                 "--batch-size", "8", "--json"]) == 0  # fmt: skip
+    drawn = json.loads(capsys.readouterr().out)
+    config = MeshConfig({"replica": 2, "data": 2, "model": 2}, ("replica", "data"), "noncontiguous")
+    layout = config.layout_for(num_processes=4, num_devices=8)
+    from psdp.mesh import local_device_mapping
+
+    for entry in drawn["processes"]:  # the same DP rows on the same hosts
+        want = local_device_mapping(layout, ("replica", "data"), entry["process"])
+        assert {int(k): v for k, v in entry["local_device_mapping"].items()} == want

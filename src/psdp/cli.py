@@ -25,7 +25,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, TypeVar
 
-from psdp.config import BUILTIN_LAYOUTS, parse_axes, parse_names, parse_spec
+from psdp.config import BUILTIN_LAYOUTS, MeshConfig, parse_axes, parse_names, parse_spec
 from psdp.layout import MeshLayout
 from psdp.mesh import _spec_axes, dp_index, plan_pod
 from psdp.picture import plan_summary, render_plan
@@ -189,9 +189,18 @@ def _plan_layout(args: argparse.Namespace) -> MeshLayout:
         )
     axes = _given("--axes", repr(args.axes), parse_axes, args.axes)
     _check_processes(args.processes, axes)
-    builder = getattr(MeshLayout, kind)
+    # the same layout `psdp simulate` and a trainer's MeshConfig build: noncontiguous folds hosts
+    # across the batch axes, which must lead
+    batch = None if args.batch_axes is None else parse_names(args.batch_axes)
+    config = _given(
+        "--batch-axes", repr(args.batch_axes), lambda: MeshConfig(axes, batch, layout=kind)
+    )
     return _given(
-        f"--layout {kind}", f"with --processes {args.processes}", builder, axes, args.processes
+        f"--layout {kind}",
+        f"with --processes {args.processes}",
+        config.layout_for,
+        args.processes,
+        math.prod(axes.values()),
     )
 
 
@@ -363,7 +372,7 @@ def _run_simulate(args: argparse.Namespace) -> int:
 
 
 def _simulation(args: argparse.Namespace) -> Any:
-    from psdp.config import LoaderConfig, MeshConfig
+    from psdp.config import LoaderConfig
     from psdp.simulate import DEFAULT_MESH, Simulation
 
     if args.axes is None and args.layout is None and args.batch_axes is None:
