@@ -347,3 +347,17 @@ def test_numpy_ints_are_fine():
     assert layout.num_processes == 2
     with pytest.raises(ValueError, match="positive ints"):
         MeshLayout.contiguous({"data": True}, 1)
+
+
+@pytest.mark.parametrize(
+    ("names", "procs", "message"),
+    [
+        ("dm", [[0, 0], [1, 1]], "sequence of non-empty strings, got 'dm'"),
+        (("data", ""), [[0, 0], [1, 1]], "non-empty strings"),
+        (("data", 3), [[0, 0], [1, 1]], "non-empty strings"),
+        ((), 0, "at least one mesh axis"),
+    ],
+)
+def test_layout_axis_names_are_checked(names, procs, message):
+    with pytest.raises(ValueError, match=message):
+        MeshLayout(np.array(procs), names)

@@ -56,8 +56,17 @@ class MeshLayout:
 
     def __post_init__(self) -> None:
         procs = np.asarray(self.process_index)
+        if isinstance(self.axis_names, str) or not all(
+            isinstance(n, str) and n for n in self.axis_names
+        ):
+            raise ValueError(
+                f"MeshLayout.axis_names must be a sequence of non-empty strings, got "
+                f"{self.axis_names!r}; e.g. ('data', 'model')"
+            )
         names = tuple(self.axis_names)
         object.__setattr__(self, "axis_names", names)
+        if not names:
+            raise ValueError("MeshLayout needs at least one mesh axis; got no axis names")
         if not np.issubdtype(procs.dtype, np.integer):
             raise ValueError(
                 f"MeshLayout.process_index must be an integer array, got dtype {procs.dtype}; "
