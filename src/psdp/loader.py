@@ -186,9 +186,8 @@ class DataLoader:
                 drop_last,
             )
         probe = _leaves_of(self._probe())
-        self._named = resolve_named_axes(
-            named_axes, axis_mapping, {k: np.ndim(v) for k, v in probe.items()}
-        )
+        ndims = {k: np.ndim(v) for k, v in probe.items()}
+        self._named = resolve_named_axes(named_axes, axis_mapping, ndims)
         specs = resolve_specs(
             batch_spec,
             mesh,
@@ -200,7 +199,7 @@ class DataLoader:
         self.batch_spec: Any = specs[None] if None in specs else specs
         layout = as_layout(mesh)
         for key, spec in specs.items():
-            _spec_axes(layout, spec, np.ndim(probe[key]))  # raises naming the spec and the mesh
+            _spec_axes(layout, spec, ndims[key])  # raises naming the spec and the mesh
         shards = [batch_shards(mesh, spec) for spec in specs.values()]
         self.physical_batch_size = physical_batch_size(global_batch_size, shards)
         #: where the global batch's rows sit in the physical batch (the rest is padding)
@@ -211,7 +210,7 @@ class DataLoader:
             )
         ends_short = (not drop_last) if self.order is None else self.order.pads
         self.padded = self.physical_batch_size > global_batch_size or ends_short
-        halos = resolve_halos(halo, specs, {k: np.ndim(v) for k, v in probe.items()})
+        halos = resolve_halos(halo, specs, ndims)
         self._leaves = {
             key: LeafAssembler.create(
                 mesh,

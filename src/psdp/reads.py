@@ -24,7 +24,7 @@ import numpy as np
 from jax.sharding import PartitionSpec
 
 from psdp.assembly import LeafAssembler
-from psdp.mesh import dp_index
+from psdp.mesh import _uids, dp_index
 from psdp.partition import Key
 
 
@@ -123,17 +123,12 @@ def feeding_positions(
         >>> size, positions.tolist()
         (12, [0, 1, 2, 6, 7, 8])
     """
-    firsts = {spec[0] if len(spec) else None for spec in specs.values()}
-    if len(firsts) != 1 or None in firsts:
-        raise ValueError(
-            f"feeding_processes needs every leaf's batch dimension split over the same mesh axes, "
-            f"but the leaves' specs are {specs}; give every leaf the same batch sharding"
-        )
+    index, count = _batch_shard_index(
+        specs, layout, "feeding_processes needs", "give every leaf the same batch sharding"
+    )
     chosen = sorted({int(layout.check_process(p)) for p in processes})
     if not chosen:
         raise ValueError("feeding_processes is empty; name at least one process, or pass None")
-    axes: Any = firsts.pop()
-    index, count = dp_index(layout, axes)
     fed = np.unique(index[np.isin(layout.process_index.ravel(), chosen)])
     per_shard = -(-batch_size // len(fed))
     positions = (fed[:, None] * per_shard + np.arange(per_shard)).ravel()[:batch_size]
@@ -163,16 +158,14 @@ def stream_shard(
         >>> [stream_shard({"x": P("data")}, layout, p, 8, np.arange(8)) for p in range(4)]
         [(0, 2), (0, 2), (1, 2), (1, 2)]
     """
-    firsts = {spec[0] if len(spec) else None for spec in specs.values()}
-    if len(firsts) != 1 or None in firsts:
-        raise ValueError(
-            f"a stream needs every leaf's batch dimension split over the same mesh axes, but the "
-            f"leaves' specs are {specs}: a replicated or differently split leaf would need the "
-            "same stream elements on hosts that read different stream shards; give every leaf "
-            "the same batch sharding (e.g. batch_spec='batch')"
-        )
-    axes: Any = firsts.pop()
-    index, count = dp_index(layout, axes)
+    index, count = _batch_shard_index(
+        specs,
+        layout,
+        "a stream needs",
+        "a replicated or differently split leaf would need the same stream elements on hosts that "
+        "read different stream shards; give every leaf the same batch sharding (e.g. "
+        "batch_spec='batch')",
+    )
     held = np.zeros((layout.num_processes, count), bool)
     held[layout.process_index.ravel(), index] = True
     real_per_shard = np.bincount(real_positions // (physical_batch_size // count), minlength=count)
@@ -184,15 +177,28 @@ def stream_shard(
             f"{count} batch shards); use a global_batch_size that is a multiple of {count} and "
             "no feeding_processes, or a random-access source"
         )
-    sets, first, inverse = np.unique(held, axis=0, return_index=True, return_inverse=True)
+    uids = _uids(held)  # the planner's uids: equal shard sets, equal uid, first-appearance order
+    sets = held[np.unique(uids, return_index=True)[1]]
     if (sets.sum(axis=0) > 1).any():
         raise ValueError(
             "hosts hold overlapping but different sets of batch shards, so no stream shard can "
             "serve them; use a random-access source for this layout"
         )
-    dense = np.argsort(np.argsort(first))  # uids in order of first appearance, like the planner's
-    uids = dense[inverse.ravel()]
     return int(uids[process_index]), len(sets)
+
+
+def _batch_shard_index(
+    specs: dict[Key, PartitionSpec], layout: Any, who: str, fix: str
+) -> tuple[np.ndarray, int]:
+    """Every mesh position's batch-shard index, when all leaves split dimension 0 alike."""
+    firsts = {spec[0] if len(spec) else None for spec in specs.values()}
+    if len(firsts) != 1 or None in firsts:
+        raise ValueError(
+            f"{who} every leaf's batch dimension split over the same mesh axes, but the leaves' "
+            f"specs are {specs}; {fix}"
+        )
+    axes: Any = firsts.pop()
+    return dp_index(layout, axes)
 
 
 def _column_runs(
