@@ -158,14 +158,26 @@ class LeafAssembler:
             return (rows, *self.global_shape[1:])
         return (rows, self.global_shape[1] // self.column_shards, *self.global_shape[2:])
 
-    def fill(self, source_rows: np.ndarray, pad_value: int | float = 0) -> list[np.ndarray]:
-        """Window buffers cut from whole source rows in batch order (for tests and fallbacks).
+    def fill(
+        self,
+        source_rows: np.ndarray,
+        pad_value: int | float = 0,
+        positions: np.ndarray | None = None,
+    ) -> list[np.ndarray]:
+        """Window buffers cut from whole rows of the leaf (its unhaloed shape).
 
-        ``source_rows`` has the leaf's unhaloed shape, one row per batch position.
+        ``source_rows[i]`` is batch position ``i``, or ``positions[i]`` (ascending) when given,
+        e.g. a host's own rows in ``plan.rows`` order; a window holding exactly those rows is a
+        view of ``source_rows``.
         """
         out = []
         for i, window in enumerate(self.windows):
-            rows = source_rows[window.rows]
+            if positions is None:
+                rows = source_rows[window.rows]
+            elif np.array_equal(positions, window.rows):
+                rows = source_rows
+            else:
+                rows = source_rows[np.searchsorted(positions, window.rows)]
             if window.columns is not None:
                 rows = rows[:, window.columns]
             out.append(self.pad_columns(i, rows, pad_value))

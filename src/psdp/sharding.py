@@ -205,15 +205,5 @@ def _assemble_host_rows(
             f"this host's rows in plan order, global_value[psdp.plan_batch(mesh, spec, "
             f"{global_shape}).rows], or pass the global value with host_local=False"
         )
-    return leaf_plan.assemble(_window_buffers(leaf_plan, np.ascontiguousarray(host_rows)))
-
-
-def _window_buffers(leaf: LeafAssembler, host_rows: np.ndarray) -> list[np.ndarray]:
-    """The assembler's buffers cut from whole host rows in ``plan.rows`` order (views if whole)."""
-    if len(leaf.windows) == 1 and leaf.windows[0].columns is None:
-        return [host_rows]  # whole rows: the host rows are the one window
-    positions = leaf.plan.rows
-    return [
-        host_rows[np.searchsorted(positions, window.rows)][:, window.columns]
-        for window in leaf.windows
-    ]
+    rows = np.ascontiguousarray(host_rows)
+    return leaf_plan.assemble(leaf_plan.fill(rows, positions=leaf_plan.plan.rows))
