@@ -131,7 +131,7 @@ class DataLoader:
         mesh: Mesh,
         global_batch_size: int,
         batch_spec: Strategy | Mapping[str, Strategy] | None = None,
-        batch_axes: Sequence[str] | None = None,
+        batch_axes: str | Sequence[str] | None = None,
         shuffle: bool | None = None,
         seed: int = 0,
         prefetch: int = 2,
@@ -154,8 +154,16 @@ class DataLoader:
         check_int("prefetch", prefetch, minimum=1)
         check_int("seed", seed, minimum=None)
         check_int("read_threads", read_threads, minimum=1)
-        if read_timeout_s is not None and not read_timeout_s > 0:
-            raise ValueError(f"read_timeout_s must be > 0 or None, got {read_timeout_s!r}")
+        if read_timeout_s is not None and not (_is_number(read_timeout_s) and read_timeout_s > 0):
+            raise ValueError(
+                f"read_timeout_s must be > 0 or None (a number of seconds, or no limit), got "
+                f"{read_timeout_s!r}"
+            )
+        if not _is_number(pad_value):
+            raise ValueError(
+                f"pad_value must be a number (it fills padding rows and halo columns), got "
+                f"{pad_value!r}"
+            )
         if not isinstance(mask_key, str) or not mask_key:
             raise ValueError(f"mask_key must be a non-empty string, got {mask_key!r}")
         self._stream = source if isinstance(source, StreamSource) else None
@@ -607,6 +615,10 @@ class DataLoader:
 
 
 # ------------------------------------------------------------------------------------ helpers
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float | np.number) and not isinstance(value, bool | np.bool_)
+
+
 def _read_window_of(source: Any) -> Any:
     """The source's ``read_window``, unless a subclass overrides ``read`` below it (then the
     override is what the user means, and ``read_window`` would bypass it)."""

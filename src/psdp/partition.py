@@ -58,7 +58,7 @@ def resolve_spec(
     strategy: Strategy,
     mesh: Mesh,
     leaf: str = "the batch",
-    batch_axes: Sequence[str] | None = None,
+    batch_axes: str | Sequence[str] | None = None,
 ) -> PartitionSpec:
     """The `PartitionSpec` of one named strategy or spec on ``mesh``.
 
@@ -75,7 +75,7 @@ def resolve_spec(
         return strategy
     if strategy == "batch":
         if batch_axes:
-            axes = tuple(batch_axes)
+            axes = (batch_axes,) if isinstance(batch_axes, str) else tuple(batch_axes)
             return PartitionSpec(axes[0] if len(axes) == 1 else axes)
         return default_batch_spec(mesh)
     if strategy == "full":
@@ -93,7 +93,7 @@ def resolve_specs(
     mesh: Mesh,
     leaves: Sequence[str | None],
     named: Mapping[str | None, PartitionSpec] | None = None,
-    batch_axes: Sequence[str] | None = None,
+    batch_axes: str | Sequence[str] | None = None,
 ) -> dict[str | None, PartitionSpec]:
     """One spec per leaf (``None`` names an array source's only leaf).
 
