@@ -365,6 +365,28 @@ def test_write_npy_and_npz(capsys, tmp_path):
     np.testing.assert_array_equal(rows["weight"], weight[[19, 0]])
 
 
+def test_write_rewrites_a_dataset_in_place(capsys, tmp_path):
+    """INPUT may be the OUTPUT dataset: it is read while the new one is built beside it."""
+    from psdp.sources import TensorStoreSource, read_metadata
+
+    tokens = np.arange(90, dtype=np.int32).reshape(30, 3)
+    np.save(tmp_path / "tokens.npy", tokens)
+    ds = str(tmp_path / "ds")
+    assert (
+        run_cli(capsys, "write", str(tmp_path / "tokens.npy"), ds, "--rows-per-shard", "8")[0] == 0
+    )
+    code, _, err = run_cli(capsys, "write", ds, ds)
+    assert code == 2 and "already exists" in err and "overwrite" in err
+    argv = ["write", ds, ds, "--overwrite", "--compression", "zstd", "--rows-per-shard", "16"]
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 0, err
+    assert out == f"wrote 30 rows to {ds} (leaves: array (3,) int32)\n"
+    meta = read_metadata(ds)
+    assert (meta["compression"], meta["rows_per_shard"], meta["single_array"]) == ("zstd", 16, True)
+    np.testing.assert_array_equal(TensorStoreSource(ds).read(np.arange(30)), tokens)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ds", "tokens.npy"]
+
+
 def test_write_errors(capsys, tmp_path):
     code, _, err = run_cli(capsys, "write", str(tmp_path / "x.csv"), str(tmp_path / "out"))
     assert code == 2 and "must be a .npy or .npz file" in err

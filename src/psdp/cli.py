@@ -21,8 +21,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn, TypeVar
 
 from psdp.config import BUILTIN_LAYOUTS, MeshConfig, parse_axes, parse_names, parse_spec
@@ -415,14 +416,20 @@ def _simulation(args: argparse.Namespace) -> Any:
 def _add_write(subparsers: Subparsers) -> None:
     parser = subparsers.add_parser(
         "write",
-        help="convert a .npy or .npz file to a psdp TensorStore dataset",
+        help="convert a .npy or .npz file (or a psdp dataset) to a psdp TensorStore dataset",
         description=(
-            "Write the rows of a .npy file (one array, reads return an array) or a .npz file "
-            "(one leaf per array, reads return a dict) to a psdp TensorStore dataset directory "
-            "with psdp.write_dataset: zarr3, sharded files, one row per chunk."
+            "Write the rows of a .npy file (one array, reads return an array), a .npz file "
+            "(one leaf per array, reads return a dict) or a psdp dataset directory (to change its "
+            "layout, in place with --overwrite) to a psdp TensorStore dataset directory with "
+            "psdp.write_dataset: zarr3, sharded files, one row per chunk. The dataset is written "
+            "beside OUTPUT and renamed into place when complete."
         ),
     )
-    parser.add_argument("input", help="a .npy or .npz file; arrays share their first dimension")
+    parser.add_argument(
+        "input",
+        help="a .npy or .npz file (arrays share their first dimension) or a psdp dataset "
+        "directory",
+    )
     parser.add_argument("output", help="the dataset directory to create")
     parser.add_argument("--rows-per-shard", type=int, default=1024, help="rows per shard file")
     parser.add_argument("--rows-per-chunk", type=int, default=1, help="rows per inner chunk")
@@ -466,12 +473,15 @@ def _run_write(args: argparse.Namespace) -> int:
 
 
 def _load_arrays(path: str) -> Any:
-    """The rows of a .npy (one array, memory-mapped) or .npz (a dict of arrays) file."""
+    """The rows of a .npy (one array, memory-mapped) or .npz (a dict of arrays) file, or of a
+    psdp dataset directory (chunks read lazily, so OUTPUT may be the same directory)."""
     import numpy as np
 
-    hint = "give a file written by np.save (.npy) or np.savez (.npz)"
+    hint = "give a file written by np.save (.npy) or np.savez (.npz), or a psdp dataset directory"
+    if os.path.isdir(path):
+        return _dataset_chunks(path, hint)
     if not path.endswith((".npy", ".npz")):
-        raise UsageError(f"input {path!r} must be a .npy or .npz file; {hint}")
+        raise UsageError(f"input {path!r} must be a .npy or .npz file or a dataset; {hint}")
     try:
         if path.endswith(".npy"):
             return np.load(path, mmap_mode="r")
@@ -479,6 +489,26 @@ def _load_arrays(path: str) -> Any:
             return {name: saved[name] for name in saved.files}
     except (OSError, ValueError) as err:
         raise UsageError(f"input {path!r} cannot be read ({err}); {hint}") from None
+
+
+def _dataset_chunks(path: str, hint: str) -> Iterator[Any]:
+    """The rows of a psdp dataset in blocks of about `psdp.writer.BLOCK_BYTES`, read lazily."""
+    import numpy as np
+
+    from psdp.sources import TensorStoreSource
+    from psdp.writer import BLOCK_BYTES
+
+    try:
+        source = TensorStoreSource(path)
+    except (OSError, ValueError) as err:
+        raise UsageError(f"input {path!r} cannot be read ({err}); {hint}") from None
+    row = source.read(np.zeros(1, np.int64))
+    row_bytes = sum(leaf.nbytes for leaf in (row.values() if isinstance(row, dict) else [row]))
+    step = max(1, BLOCK_BYTES // max(1, row_bytes))
+    return (
+        source.read(np.arange(start, min(start + step, len(source))))
+        for start in range(0, len(source), step)
+    )
 
 
 # -------------------------------------------------------------------------------------- bench

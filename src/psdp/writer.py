@@ -11,18 +11,23 @@ offsets and checksums at its end), so 100M rows make 100k files, not 100M. On di
       tokens/c/0/0         shard 0: rows 0 .. rows_per_shard - 1
       ...
 
-Rows arrive as one dict of arrays or as an iterable of dict chunks (a corpus bigger than memory);
-they are buffered into whole shards, so every write but the last fills whole shard files, and each
-leaf grows as rows arrive. Until ``psdp.json`` exists the directory holds ``.psdp-incomplete`` and
-no reader opens it; a failed write removes what it wrote.
+Rows arrive as one array, one dict of arrays, or an iterable of such chunks (a corpus bigger than
+memory); they are buffered into whole shards, so every write but the last fills whole shard files,
+and each leaf grows as rows arrive. Everything is written into a hidden sibling directory
+(``.NAME.psdp-partial-*``, holding ``.psdp-incomplete`` so no reader opens it) that is renamed to
+``path`` only when complete: a failed or interrupted write removes the sibling, after waiting for
+the writes in flight, and leaves ``path`` as it was, so a dataset can even be rewritten from its
+own rows.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
 import shutil
+import uuid
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
@@ -57,7 +62,10 @@ Schema = dict[str, tuple[np.dtype, tuple[int, ...]]]
 
 def write_dataset(
     path: str | os.PathLike[str],
-    arrays: np.ndarray | Mapping[str, np.ndarray] | Iterable[Mapping[str, np.ndarray]],
+    arrays: np.ndarray
+    | Mapping[str, np.ndarray]
+    | Iterable[np.ndarray]
+    | Iterable[Mapping[str, np.ndarray]],
     *,
     rows_per_shard: int = 1024,
     rows_per_chunk: int = 1,
@@ -69,10 +77,12 @@ def write_dataset(
     """Writes rows to a dataset directory that `TensorStoreSource` reads.
 
     Args:
-        path: the dataset directory; it must not exist or be empty (see ``overwrite``).
+        path: the dataset directory; it must not exist or be empty (see ``overwrite``). Its
+            parent must be writable: the dataset is written beside it and renamed into place.
         arrays: one array ``(N, ...)`` (reads return an array), a dict of arrays with the same
-            ``N`` (reads return a dict), or an iterable of such dicts (chunks of rows, any sizes;
-            the row count is the sum). Leaves must be numeric or bool numpy arrays.
+            ``N`` (reads return a dict), or an iterable of such arrays or dicts (chunks of rows,
+            any sizes, all of one kind; the row count is the sum). Leaves must be numeric or bool
+            numpy arrays. The chunks may be read from the dataset at ``path`` itself.
         rows_per_shard: rows per shard file; a random row read opens one file per leaf.
         rows_per_chunk: rows per inner chunk, the unit TensorStore reads and decodes; 1 (the
             default) is fastest for random rows, larger suits sequential reads.
@@ -80,7 +90,8 @@ def write_dataset(
             as ``{"name": "zstd", "configuration": {"level": 9}}``.
         checksum: store a crc32c per row chunk, so a corrupted row fails its read instead of
             returning wrong values (about 30% slower random reads; shard indexes always have one).
-        overwrite: replace an existing psdp dataset at ``path`` (never any other directory).
+        overwrite: replace an existing psdp dataset at ``path`` (never any other directory),
+            once the new one is complete.
         progress: show a tqdm bar when the write takes more than a second.
 
     Returns:
@@ -108,8 +119,7 @@ def write_dataset(
         )
     codecs = _inner_codecs(compression, checksum)
     path = Path(path)
-    single = isinstance(arrays, np.ndarray)
-    chunks, total = _chunks_of(arrays)
+    chunks, total, single = _chunks_of(arrays)
     first = next(chunks, None)
     if first is None or total == 0:
         raise ValueError(
@@ -117,9 +127,11 @@ def write_dataset(
             + ("the iterable of chunks was empty" if first is None else "the arrays have 0 rows")
         )
     schema = _schema_of(first)
-    _prepare_directory(path, overwrite)
+    _check_target(path, overwrite)
+    staging = _staging_directory(path)
+    writer = None
     try:
-        writer = _ShardedWriter(path, schema, rows_per_shard, rows_per_chunk, codecs, total)
+        writer = _ShardedWriter(staging, schema, rows_per_shard, rows_per_chunk, codecs, total)
         with tqdm(
             total=total, unit="rows", desc=f"write {path.name}", disable=not progress, delay=1.0
         ) as bar:
@@ -133,11 +145,14 @@ def write_dataset(
             "compression": compression,
             "checksum": checksum,
         }
-        _write_metadata(path, schema, writer, single, layout)
+        _write_metadata(staging, schema, writer, single, layout)
+        (staging / INCOMPLETE_MARKER).unlink()
+        _swap_into_place(staging, path, overwrite)
     except BaseException:  # Ctrl-C included
-        shutil.rmtree(path, ignore_errors=True)  # ours: it was new or empty, or a psdp dataset
+        if writer is not None:
+            writer.wait_for_writes()  # a write landing after the rmtree would recreate files
+        shutil.rmtree(staging, ignore_errors=True)
         raise
-    (path / INCOMPLETE_MARKER).unlink()
     return path
 
 
@@ -175,6 +190,7 @@ class _ShardedWriter:
         self.pending: deque[Chunk] = deque()
         self.pending_rows = 0
         self.written = 0
+        self.in_flight: list[Any] = []
 
     def add(self, chunk: Chunk, index: int) -> int:
         """Queues a chunk and writes every full block; returns how many rows it wrote."""
@@ -217,18 +233,45 @@ class _ShardedWriter:
         start = self.written
         stop = start + len(next(iter(block.values())))
         if stop > self.size:  # an iterable of chunks: grow every leaf to the rows written so far
-            self.arrays = {
-                name: array.resize(exclusive_max=[stop, *[None] * (array.rank - 1)]).result()
-                for name, array in self.arrays.items()
-            }
+            resized = self._settle(
+                array.resize(exclusive_max=[stop, *[None] * (array.rank - 1)])
+                for array in self.arrays.values()
+            )
+            self.arrays = dict(zip(self.arrays, resized, strict=True))
             self.size = stop
-        futures = [
+        self._settle(
             array[start:stop].write(np.ascontiguousarray(block[name], self.schema[name][0]))
             for name, array in self.arrays.items()
-        ]
-        for future in futures:
-            future.result()
+        )
         self.written = stop
+
+    def _settle(self, futures: Iterable[Any]) -> list[Any]:
+        """Starts the operations and returns their results; each stays in `in_flight` (from the
+        moment it starts) until all of them are done."""
+        self.in_flight = []
+        for future in futures:
+            self.in_flight.append(future)
+        results = [future.result() for future in self.in_flight]
+        self.in_flight = []
+        return results
+
+    def wait_for_writes(self) -> None:
+        """Waits until every TensorStore operation started is over, whatever its outcome.
+
+        ``Future.cancel()`` only marks a future done; the write itself goes on in TensorStore's
+        threads, so the only way to know no file appears later is to wait for each one.
+        """
+        for future in self.in_flight:
+            done = getattr(future, "commit", future)  # a write is over once it is committed
+            while True:
+                try:
+                    done.exception()
+                    break
+                except KeyboardInterrupt:  # a second Ctrl-C: these writes end in moments
+                    continue
+                except Exception:  # the write failed or was cancelled: it is over
+                    break
+        self.in_flight = []
 
 
 def _create_leaf(
@@ -288,27 +331,41 @@ def _inner_codecs(compression: str | dict[str, Any] | None, checksum: bool) -> l
     return [{"name": "bytes"}, *middle, *([{"name": "crc32c"}] if checksum else [])]
 
 
-def _chunks_of(arrays: Any) -> tuple[Iterator[Chunk], int | None]:
-    """The rows as an iterator of dict chunks, and the row count when it is known up front."""
+def _chunks_of(arrays: Any) -> tuple[Iterator[Chunk], int | None, bool]:
+    """The rows as an iterator of dict chunks, the row count when known up front, and whether
+    they are one array (reads return an array) rather than a dict of leaves."""
     if isinstance(arrays, np.ndarray):
-        return iter([{SINGLE_LEAF: _leaf_array(arrays, "the array", None)}]), _rows(arrays)
+        return iter([_as_chunk(arrays, None, single=True)]), _rows(arrays), True
     if isinstance(arrays, Mapping):
-        chunk = _as_chunk(arrays, None)
-        return iter([chunk]), len(next(iter(chunk.values())))
+        chunk = _as_chunk(arrays, None, single=False)
+        return iter([chunk]), len(next(iter(chunk.values()))), False
     if isinstance(arrays, str | bytes) or not isinstance(arrays, Iterable):
         raise TypeError(
-            "arrays must be a numpy array, a dict of numpy arrays, or an iterable of such dicts, "
-            f"got {type(arrays).__name__}"
+            "arrays must be a numpy array, a dict of numpy arrays, or an iterable of such arrays "
+            f"or dicts, got {type(arrays).__name__}"
         )
-    return (_as_chunk(chunk, i) for i, chunk in enumerate(arrays)), None
+    raw = iter(arrays)
+    head = next(raw, None)
+    if head is None:
+        return iter(()), None, False
+    single = isinstance(head, np.ndarray)
+    chunks = itertools.chain([head], raw)
+    return (_as_chunk(c, i, single) for i, c in enumerate(chunks)), None, single
 
 
-def _as_chunk(chunk: Any, index: int | None) -> Chunk:
+def _as_chunk(chunk: Any, index: int | None, single: bool) -> Chunk:
     where = "" if index is None else f"chunk {index}: "
+    if single:
+        if not isinstance(chunk, np.ndarray):
+            raise TypeError(
+                f"{where}chunk 0 was a numpy array, so every chunk must be one (the rows of one "
+                f"array), got {type(chunk).__name__}; yield arrays only, or dicts only"
+            )
+        return {SINGLE_LEAF: _leaf_array(chunk, "the array", index)}
     if not isinstance(chunk, Mapping):
         raise TypeError(
-            f"{where}each chunk must be a dict of leaf name -> numpy array, got "
-            f"{type(chunk).__name__}"
+            f"{where}each chunk must be a dict of leaf name -> numpy array (or, for one array, a "
+            f"numpy array in every chunk), got {type(chunk).__name__}"
         )
     if not chunk:
         raise ValueError(f"{where}no leaves to write: got an empty dict")
@@ -367,7 +424,8 @@ def _checked(first: Chunk, rest: Iterator[Chunk], schema: Schema) -> Iterator[Ch
         yield chunk
 
 
-def _prepare_directory(path: Path, overwrite: bool) -> None:
+def _check_target(path: Path, overwrite: bool) -> None:
+    """Refuses a file, a non-empty directory without ``overwrite``, and any foreign directory."""
     if path.exists() and not path.is_dir():
         raise FileExistsError(f"{path} is a file; write_dataset needs a directory path")
     if path.exists() and any(path.iterdir()):
@@ -381,9 +439,33 @@ def _prepare_directory(path: Path, overwrite: bool) -> None:
                 f"refusing to overwrite {path}: it is not a psdp dataset (no {METADATA_FILE} or "
                 f"{INCOMPLETE_MARKER}); delete it yourself or choose a new path"
             )
-        shutil.rmtree(path)
-    path.mkdir(parents=True, exist_ok=True)
-    (path / INCOMPLETE_MARKER).touch()
+
+
+def _staging_directory(path: Path) -> Path:
+    """A new hidden directory beside ``path``, marked unfinished, to write the dataset into."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.parent / f".{path.name}.psdp-partial-{uuid.uuid4().hex[:8]}"
+    staging.mkdir()  # not mkdtemp: its mode 0o700 would hide the dataset from other users
+    (staging / INCOMPLETE_MARKER).touch()
+    return staging
+
+
+def _swap_into_place(staging: Path, path: Path, overwrite: bool) -> None:
+    """Renames the finished ``staging`` to ``path``; an old dataset there is deleted only then."""
+    _check_target(path, overwrite)  # again: the directory may have changed during the write
+    if path.is_dir() and any(path.iterdir()):
+        old = path.parent / f".{path.name}.psdp-old-{uuid.uuid4().hex[:8]}"
+        os.rename(path, old)
+        try:
+            os.rename(staging, path)
+        except BaseException:
+            os.rename(old, path)
+            raise
+        shutil.rmtree(old, ignore_errors=True)
+        return
+    if path.is_dir():
+        path.rmdir()  # empty: os.rename replaces an empty directory on POSIX, but not on Windows
+    os.rename(staging, path)
 
 
 def _write_metadata(

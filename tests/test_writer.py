@@ -1,0 +1,156 @@
+"""`write_dataset` when a write is interrupted, fails, or rewrites a dataset from its own rows.
+
+The writer builds the dataset in a hidden sibling directory and renames it into place when
+complete, so ``path`` only ever holds a whole dataset: the old one, or the new one.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from psdp.sources import TensorStoreSource, read_metadata
+from psdp.writer import write_dataset
+
+# A write of 4 leaves in blocks of 64 MiB, stopped by SIGINT (Ctrl-C) while its first block is in
+# flight: TensorStore writes each leaf on its own threads, so writes are still running when the
+# KeyboardInterrupt reaches the main thread.
+INTERRUPTED_WRITE = """
+import sys
+import numpy as np
+from psdp.writer import write_dataset
+
+def chunks():
+    for i in range(100):
+        yield {f"leaf{k}": np.full((256, 1024), i, np.int32) for k in range(4)}
+
+write_dataset(sys.argv[1], chunks(), rows_per_shard=64, overwrite=True, progress=False)
+"""
+
+
+def _files_under(root) -> list[str]:
+    return sorted(
+        os.path.relpath(os.path.join(d, f), root) for d, _, fs in os.walk(root) for f in fs
+    )
+
+
+def _interrupt_a_write(target) -> str:
+    """Starts the write in a child, sends SIGINT once shard files appear, returns its stderr."""
+    root = target.parent
+    before = set(_files_under(root))
+    child = subprocess.Popen(
+        [sys.executable, "-c", INTERRUPTED_WRITE, str(target)],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while not any("/c/" in f for f in set(_files_under(root)) - before):
+        assert child.poll() is None, child.communicate()[1]
+        assert time.monotonic() < deadline, "the child wrote no shard file in 120 s"
+        time.sleep(0.005)
+    child.send_signal(signal.SIGINT)
+    return child.communicate(timeout=120)[1]
+
+
+@pytest.mark.parametrize("existing", [False, True], ids=["new-path", "overwrite"])
+def test_ctrl_c_mid_write_leaves_the_path_as_it_was_and_overwrite_works(tmp_path, existing):
+    target = tmp_path / "ds"
+    old = np.arange(5, dtype=np.int64)
+    if existing:
+        write_dataset(target, {"old": old}, progress=False)
+    before = _files_under(tmp_path)
+    err = _interrupt_a_write(target)
+    assert "KeyboardInterrupt" in err, err
+    # the child has exited, so every write it started has landed or failed by now: what is on
+    # disk is final, and must be exactly what was there before (no stray shard files)
+    assert _files_under(tmp_path) == before
+    if existing:
+        np.testing.assert_array_equal(TensorStoreSource(target).read(np.arange(5))["old"], old)
+    new = {"a": np.arange(7, dtype=np.int32)}
+    write_dataset(target, new, overwrite=True, progress=False)
+    assert TensorStoreSource(target).read(np.array([6, 0]))["a"].tolist() == [6, 0]
+    assert sorted(os.listdir(tmp_path)) == ["ds"]
+
+
+def _read_back(path):
+    source = TensorStoreSource(path)
+    return source.read(np.arange(len(source)))
+
+
+def _own_chunks(path, rows):
+    """The dataset's rows read lazily from ``path`` itself, ``rows`` at a time."""
+    source = TensorStoreSource(path)
+    return (
+        source.read(np.arange(start, min(start + rows, len(source))))
+        for start in range(0, len(source), rows)
+    )
+
+
+def test_a_dataset_is_rewritten_from_its_own_rows(tmp_path):
+    data = {
+        "tokens": np.arange(50 * 6, dtype=np.int32).reshape(50, 6),
+        "weight": np.linspace(0, 1, 50, dtype=np.float32),
+    }
+    path = write_dataset(tmp_path / "ds", data, rows_per_shard=8, progress=False)
+    write_dataset(
+        path,
+        _own_chunks(path, rows=7),
+        rows_per_shard=16,
+        compression="zstd",
+        overwrite=True,
+        progress=False,
+    )
+    meta = read_metadata(path)
+    assert (meta["num_rows"], meta["rows_per_shard"], meta["compression"]) == (50, 16, "zstd")
+    got = _read_back(path)
+    for key, value in data.items():
+        np.testing.assert_array_equal(got[key], value)
+    assert sorted(os.listdir(tmp_path)) == ["ds"]  # no staging or old directory left beside it
+
+
+def test_a_single_array_dataset_is_rewritten_from_its_own_rows(tmp_path):
+    data = np.arange(30 * 4, dtype=np.int16).reshape(30, 4)
+    path = write_dataset(tmp_path / "ds", data, rows_per_shard=8, progress=False)
+    write_dataset(path, _own_chunks(path, rows=9), rows_per_shard=4, overwrite=True, progress=False)
+    assert read_metadata(path)["single_array"] is True
+    np.testing.assert_array_equal(_read_back(path), data)
+
+
+def test_a_failed_overwrite_keeps_the_old_dataset(tmp_path):
+    old = {"a": np.arange(9, dtype=np.int32)}
+    path = write_dataset(tmp_path / "ds", old, rows_per_shard=4, progress=False)
+    chunks = [{"a": np.zeros(4, np.int32)}, {"a": np.zeros(4, np.int64)}]  # a dtype change
+    with pytest.raises(ValueError, match="chunk 1 has leaves"):
+        write_dataset(path, chunks, rows_per_shard=2, overwrite=True, progress=False)
+    np.testing.assert_array_equal(_read_back(path)["a"], old["a"])
+    assert sorted(os.listdir(tmp_path)) == ["ds"]
+
+
+@pytest.mark.parametrize(
+    ("chunks", "message"),
+    [
+        ([np.zeros(3), {"a": np.zeros(3)}], r"chunk 1: chunk 0 was a numpy array.*got dict"),
+        ([{"a": np.zeros(3)}, np.zeros(3)], r"chunk 1: each chunk must be a dict.*got ndarray"),
+        ([[1, 2, 3]], r"chunk 0: each chunk must be a dict.*got list"),
+    ],
+)
+def test_chunks_are_all_arrays_or_all_dicts(tmp_path, chunks, message):
+    with pytest.raises(TypeError, match=message):
+        write_dataset(tmp_path / "ds", chunks, progress=False)
+    assert os.listdir(tmp_path) == []
+
+
+def test_the_written_dataset_is_readable_by_others(tmp_path):
+    """Built in a staging directory, the dataset still gets the umask's mode, not mkdtemp's 0o700."""
+    umask = os.umask(0o022)
+    try:
+        path = write_dataset(tmp_path / "ds", np.arange(4), progress=False)
+    finally:
+        os.umask(umask)
+    assert path.stat().st_mode & 0o777 == 0o755
