@@ -318,6 +318,12 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
         ["psdp.json", "overwrite=True"],
     ),
     (
+        "write_dataset to the directory that holds the working directory",
+        lambda tmp: write_dataset(Path.cwd().parent, np.arange(3), progress=False),
+        ValueError,
+        [str(Path.cwd().parent), "current directory", "renamed into place", "/dataset'"],
+    ),
+    (
         ".npy file truncated",
         _truncated_npy,
         ValueError,

@@ -128,7 +128,7 @@ def write_dataset(
         )
     schema = _schema_of(first)
     _check_target(path, overwrite)
-    staging = _staging_directory(path)
+    staging = _staging_directory(Path(os.path.abspath(path)))  # "." and "a/.." name no sibling
     writer = None
     try:
         writer = _ShardedWriter(staging, schema, rows_per_shard, rows_per_chunk, codecs, total)
@@ -147,7 +147,7 @@ def write_dataset(
         }
         _write_metadata(staging, schema, writer, single, layout)
         (staging / INCOMPLETE_MARKER).unlink()
-        _swap_into_place(staging, path, overwrite)
+        _swap_into_place(staging, Path(os.path.abspath(path)), overwrite)
     except BaseException:  # Ctrl-C included
         if writer is not None:
             writer.wait_for_writes()  # a write landing after the rmtree would recreate files
@@ -425,7 +425,15 @@ def _checked(first: Chunk, rest: Iterator[Chunk], schema: Schema) -> Iterator[Ch
 
 
 def _check_target(path: Path, overwrite: bool) -> None:
-    """Refuses a file, a non-empty directory without ``overwrite``, and any foreign directory."""
+    """Refuses a file, a non-empty directory without ``overwrite``, any foreign directory, and
+    the working directory (or one above it), which the final rename would pull from under us."""
+    here = Path.cwd()
+    if Path(os.path.abspath(path)) in (here, *here.parents):
+        raise ValueError(
+            f"write_dataset cannot write to {path}: it is the current directory or holds it, and "
+            "the finished dataset is renamed into place; give a path below it, e.g. "
+            f"write_dataset('{path}/dataset', ...)"
+        )
     if path.exists() and not path.is_dir():
         raise FileExistsError(f"{path} is a file; write_dataset needs a directory path")
     if path.exists() and any(path.iterdir()):
