@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from psdp import benchmarks
+from psdp.cli import main as cli_main
 from psdp.benchmarks import assembly, throughput
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
@@ -84,6 +85,39 @@ def test_only_selects_figures_and_the_script_wrapper_runs(tmp_path, capsys):
     report = json.loads((tmp_path / "bench.json").read_text())
     assert list(report["figures"]) == ["planning"]
     assert "## 4. Planning" in capsys.readouterr().out
+
+
+def test_an_unwritable_out_is_refused_before_the_run(tmp_path, capsys):
+    (tmp_path / "file").write_text("x")
+    out = tmp_path / "file" / "results"  # below a file: no one can create it, root included
+    for run in (benchmarks.main, lambda argv: cli_main(["bench", *argv])):
+        assert run(["--quick", "--only", "planning", "--out", str(out)]) == 2
+        captured = capsys.readouterr()
+        assert captured.out == ""  # nothing ran
+        assert captured.err.count("\n") == 1, captured.err
+        assert captured.err.startswith(f"psdp bench: error: --out {out}: cannot write there")
+        assert captured.err.rstrip().endswith("choose a writable directory")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "bench.json").mkdir()  # a directory where a result file goes
+    assert benchmarks.main(["--quick", "--out", str(tmp_path / "out")]) == 2
+    assert "bench.json exists and cannot be overwritten" in capsys.readouterr().err
+
+
+def test_results_are_printed_even_when_writing_them_fails(tmp_path, capsys, monkeypatch):
+    honest = benchmarks.run
+
+    def run_then_lose_the_directory(*args, **kwargs):
+        report = honest(*args, **kwargs)
+        if (tmp_path / "out").is_dir():
+            (tmp_path / "out").rmdir()
+        (tmp_path / "out").write_text("x")  # the directory became a file during the run
+        return report
+
+    monkeypatch.setattr(benchmarks, "run", run_then_lose_the_directory)
+    assert benchmarks.main(["--quick", "--only", "planning", "--out", str(tmp_path / "out")]) == 2
+    captured = capsys.readouterr()
+    assert "## 4. Planning" in captured.out
+    assert "the table above has the results" in captured.err
 
 
 def test_unknown_figure_is_refused(tmp_path):

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -77,6 +78,9 @@ __all__ = [
     "run",
 ]
 
+#: The exit code of a usage error, as in `psdp.cli`.
+USAGE_ERROR = 2
+
 RUNNERS: dict[str, Callable[[Sizes, Path], dict[str, Any]]] = {
     "assembly": lambda s, _: bench_assembly(s),
     "throughput": bench_throughput,
@@ -114,6 +118,10 @@ def run(figures: Sequence[str], quick: bool, command: str) -> dict[str, Any]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the benchmark, prints the markdown table and writes ``bench.md`` and ``bench.json``.
 
+    ``--out`` is checked before anything runs (an unwritable place is a one-line error and exit
+    code 2), and the table is printed before the files are written, so a write that still fails
+    loses nothing.
+
     Example (``--quick`` is what CI runs; the full run takes a minute or two)::
 
         python scripts/bench.py --out bench-results
@@ -130,15 +138,44 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--only", nargs="+", choices=FIGURES, default=list(FIGURES), help="figures to run"
     )
     args = parser.parse_args(argv)
+    files = [args.out / "bench.md", args.out / "bench.json"]
+    problem = _unwritable(args.out, files)
+    if problem:
+        print(
+            f"{parser.prog}: error: --out {args.out}: {problem}; choose a writable directory",
+            file=sys.stderr,
+        )
+        return USAGE_ERROR
     ask_for_cpu_devices(DEVICES)
     script = sys.argv[0].endswith("bench.py")
     prog = "python scripts/bench.py" if script else "psdp bench"
     command = prog + " " + " ".join(sys.argv[1:] if argv is None else argv)
     report = run(args.only, args.quick, command.strip())
     text = markdown(report)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "bench.md").write_text(text + "\n")
-    (args.out / "bench.json").write_text(json.dumps(report, indent=2) + "\n")
-    print(text)
-    print(f"wrote {args.out / 'bench.md'} and {args.out / 'bench.json'}")
+    print(text, flush=True)  # first: the results survive a write that fails below
+    try:
+        files[0].write_text(text + "\n")
+        files[1].write_text(json.dumps(report, indent=2) + "\n")
+    except OSError as err:
+        print(
+            f"{parser.prog}: error: cannot write {args.out} ({err}); the table above has the "
+            "results",
+            file=sys.stderr,
+        )
+        return USAGE_ERROR
+    print(f"wrote {files[0]} and {files[1]}")
     return 0
+
+
+def _unwritable(out: Path, files: Sequence[Path]) -> str | None:
+    """Why the results cannot be written to ``out`` (creating it if needed), or None."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as err:
+        return f"cannot write there ({type(err).__name__}: {err.strerror or err})"
+    for file in files:
+        if file.exists() and not (file.is_file() and os.access(file, os.W_OK)):
+            return f"{file} exists and cannot be overwritten"
+    return None
