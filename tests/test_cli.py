@@ -2,6 +2,7 @@
 
 import json
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -458,3 +459,15 @@ def test_plan_and_simulate_build_the_same_noncontiguous_layout(capsys):
     for entry in drawn["processes"]:  # the same DP rows on the same hosts
         want = local_device_mapping(layout, ("replica", "data"), entry["process"])
         assert {int(k): v for k, v in entry["local_device_mapping"].items()} == want
+
+
+def test_plan_piped_into_head_ends_quietly():
+    """``psdp plan | head -1``: the rest of the plan (120 kB, more than a pipe holds) meets a
+    closed pipe, which must end psdp quietly, not with a BrokenPipeError traceback."""
+    plan = "plan --axes data=1024 --processes 1024 --batch-axes data --batch-size 1024"
+    command = f"{shlex.quote(sys.executable)} -m psdp {plan} | head -1"
+    done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=300)
+    assert (
+        done.stdout == "mesh data=1024: 1024 devices on 1024 processes; cell = device id, process\n"
+    )
+    assert done.stderr == ""

@@ -85,9 +85,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as err:
         return _fail(err.prog, err)
     try:
-        return int(args.run(args))
+        code = int(args.run(args))
+        sys.stdout.flush()  # here, so that a reader gone early is seen here and not at exit
+        return code
     except (UsageError, ValueError) as err:
         return _fail(f"psdp {args.command}", err)
+    except BrokenPipeError:  # `psdp plan | head`: the reader has all it wanted
+        _silence_stdout()
+        return 1
+
+
+def _silence_stdout() -> None:
+    """Points stdout at devnull, so that Python's flush at exit raises no second BrokenPipeError.
+
+    The recipe of the Python docs (``signal``, "Note on SIGPIPE").
+    """
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
 
 
 def _fail(prog: str, err: Exception) -> int:
