@@ -1,5 +1,6 @@
 """The ``psdp`` command line and the plan picture, called in-process (plus one real subprocess)."""
 
+import itertools
 import json
 import re
 import shlex
@@ -104,6 +105,38 @@ def test_seq_len_with_sharded_columns_shows_column_ranges(capsys):
     assert p1["row_blocks"][0] == {"rows": [0, 4], "columns": [[16, 32]]}
     assert summary["read_uids"] == {"0": 0, "1": 1, "2": 2, "3": 3}
     assert summary["uids"] == {"0": 0, "1": 0, "2": 1, "3": 1}
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [*SEED],  # the batch spec: labels are the batch uids
+        [*SEED, "--spec", "(data,model)"],  # FULL: each host of a TP group reads other rows
+        [*SEED, "--spec", "data,model", "--seq-len", "32"],  # sequence: other columns
+        [
+            "plan",
+            "--axes",
+            "data=2,context=2",
+            "--processes",
+            "4",
+            "--spec",
+            "data,context",
+            "--batch-size",
+            "4",
+            "--seq-len",
+            "8",
+        ],  # fmt: skip
+    ],
+)
+def test_plan_labels_hosts_alike_only_when_they_read_alike(capsys, argv):
+    """Two hosts in the reads section share a uid label exactly when they read the same data."""
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 0, err
+    lines = out.split("\nreads for global shape")[1].splitlines()[1:]
+    labels = [re.match(r"p\d+  (.*?)  devices", line).group(1) for line in lines[::2]]
+    reads = [line.strip() for line in lines[1::2]]
+    for (label_a, read_a), (label_b, read_b) in itertools.combinations(zip(labels, reads), 2):
+        assert (label_a == label_b) == (read_a == read_b), (label_a, read_a, label_b, read_b)
 
 
 def test_layout_file(capsys, tmp_path):

@@ -237,8 +237,8 @@ def _uid_lines(summary: dict[str, Any]) -> list[str]:
     if summary["read_uids"] != summary["uids"]:
         lines.append(
             f"read-plan uids (spec {_spec_text(summary['spec'])} splits the batch differently "
-            f"from the batch axes): "
-            f"{_int_keys(summary['read_uids'])}"
+            "from the batch axes, so hosts of one batch uid above can read different data; "
+            f"the reads below are labelled with these): {_int_keys(summary['read_uids'])}"
         )
         lines += _group_lines(_groups(_int_keys(summary["read_uids"])))
     return lines
@@ -264,11 +264,23 @@ def _read_lines(summary: dict[str, Any]) -> list[str]:
         devices = " ".join(f"d{d}" for d in process["devices"])
         mapping = _int_keys(process["local_device_mapping"])
         lines.append(
-            f"p{process['process']}  uid {process['uid']}  devices {devices}  "
+            f"p{process['process']}  {_uid_label(summary, process)}  devices {devices}  "
             f"local_device_mapping {mapping}"
         )
         lines.append(f"    {_reads_text(process)}")
     return lines
+
+
+def _uid_label(summary: dict[str, Any], process: dict[str, Any]) -> str:
+    """The uid of what this process reads under the spec; hosts with one label read the same.
+
+    When the spec splits the batch differently from the batch axes (FULL, or a sharded
+    sequence), two hosts of one batch uid can read different rows or columns, so the label is
+    the read-plan uid and names the batch uid beside it.
+    """
+    if summary["read_uids"] == summary["uids"]:
+        return f"uid {process['uid']}"
+    return f"read uid {process['read_uid']} (batch uid {process['uid']})"
 
 
 def _reads_text(process: dict[str, Any]) -> str:
