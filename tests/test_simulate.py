@@ -247,7 +247,7 @@ def test_the_plan_is_checked_in_the_parent_before_any_process_starts(tmp_path, m
     with pytest.raises(ValueError) as info:
         simulate(sim, source=str(tmp_path / "rows.npy"))
     assert str(info.value).startswith(
-        "--spec 'data,context' does not fit the source's leaf None of rows (5,): dimension 1 of "
+        "--spec 'data,context' does not fit the source's array of rows (5,): dimension 1 of "
         "size 5 is not divisible by its 2 shards (context=2)"
     )
     per_leaf = LoaderConfig(global_batch_size=8, partition={"tokens": "data,model"})
@@ -255,12 +255,26 @@ def test_the_plan_is_checked_in_the_parent_before_any_process_starts(tmp_path, m
         simulate(Simulation(processes=2, mesh=context, data=per_leaf))
 
 
-def test_train_refuses_tokens_beyond_the_vocab(tmp_path):
-    path = tmp_path / "tokens.npy"
-    np.save(path, np.arange(40, dtype=np.int32).reshape(10, 4) * 10)
+@pytest.mark.parametrize(
+    ("rows", "problem"),
+    [
+        (
+            np.arange(40, dtype=np.int32).reshape(10, 4) * 10,
+            "has values 0..390; pass --vocab above",
+        ),
+        (np.linspace(0, 1, 40).reshape(10, 4), "has dtype float64, not integer token ids"),
+        (np.arange(10), "has rows of shape (), not sequences of tokens"),
+    ],
+)
+def test_train_refuses_rows_that_are_not_tokens(tmp_path, rows, problem):
+    path = tmp_path / "rows.npy"
+    np.save(path, rows)
     sim = Simulation(processes=2, mesh=TWO_HOSTS.mesh, data=TWO_HOSTS.data, train=True)
-    with pytest.raises(ValueError, match=r"values 0\.\.390; pass --vocab above"):
+    with pytest.raises(ValueError) as info:
         simulate(sim, source=str(path))
+    message = str(info.value)
+    assert "the source's array " + problem in message and "None" not in message, message
+    assert message.endswith("drop --train")
 
 
 def _failing(mode: str, processes: int, timeout_s: float = 60) -> PodError:

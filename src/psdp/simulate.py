@@ -348,7 +348,7 @@ def _check_plan(
         if row_shape is None:
             raise ValueError(f"--seq-len {simulation.seq_len}: {err}") from None
         raise ValueError(
-            f"{option} does not fit the source's leaf {leaf!r} of rows {row_shape}: {err}"
+            f"{option} does not fit {_leaf_text(leaf)} of rows {row_shape}: {err}"
         ) from None
 
 
@@ -356,18 +356,30 @@ def _check_tokens(simulation: Simulation, name: Any, sample: np.ndarray) -> None
     """With ``train``: the source's main leaf must be integer token rows below ``vocab``."""
     if not simulation.train:
         return
-    if (
-        not np.issubdtype(sample.dtype, np.integer)
-        or sample.ndim != 2
-        or sample.min() < 0
-        or sample.max() >= simulation.vocab
-    ):
-        raise ValueError(
-            f"--train fits a bigram model to integer token rows below vocab={simulation.vocab}, "
-            f"but the source's leaf {name!r} has rows {sample.shape[1:]} {sample.dtype} with "
-            f"values {sample.min()}..{sample.max()}; pass --vocab above the largest token, or "
-            "drop --train"
+    vocab = simulation.vocab
+    if not np.issubdtype(sample.dtype, np.integer):
+        problem = f"has dtype {sample.dtype}, not integer token ids; drop --train"
+    elif sample.ndim != 2:
+        problem = (
+            f"has rows of shape {sample.shape[1:]}, not sequences of tokens (a leaf of shape "
+            "(rows, seq_len)); drop --train"
         )
+    elif sample.min() < 0 or sample.max() >= vocab:
+        problem = (
+            f"has values {sample.min()}..{sample.max()}; pass --vocab above the largest token "
+            "(tokens must be >= 0), or drop --train"
+        )
+    else:
+        return
+    raise ValueError(
+        f"--train fits a bigram model to rows of integer tokens in [0, {vocab}), but "
+        f"{_leaf_text(name)} {problem}"
+    )
+
+
+def _leaf_text(name: Any) -> str:
+    """How messages name a source's leaf; an array source's single leaf has no name (None)."""
+    return "the source's array" if name is None else f"the source's leaf {name!r}"
 
 
 def _main_leaf(leaves: dict[Any, Any], mask_key: str = "mask") -> tuple[Any, Any]:
