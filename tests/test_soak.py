@@ -16,11 +16,18 @@ def _soak() -> dict:
     return runpy.run_path(str(SCRIPT), run_name="soak")
 
 
+#: what CI runs (the script's docstring quotes it)
+CI_ARGS = ["--steps", "2000", "--restart-every", "500", "--sample-every", "50"]
+
+
+def test_the_script_quotes_what_ci_runs():
+    doc = _soak()["__doc__"]
+    assert f"python scripts/soak.py {' '.join(CI_ARGS)} --json out" in doc, doc
+
+
 def test_reduced_soak_is_flat(tmp_path, capsys):
     out = tmp_path / "soak.json"
-    figures = _soak()["main"](
-        ["--steps", "2000", "--restart-every", "500", "--sample-every", "50", "--json", str(out)]
-    )
+    figures = _soak()["main"]([*CI_ARGS, "--json", str(out)])
     assert figures["ok"], figures["problems"]
     assert figures["restarts"] == 3 and figures["samples"] == 41
     assert figures["rss_growth_mib"] <= figures["rss_bound_mib"]
