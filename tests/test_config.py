@@ -277,7 +277,8 @@ def _trainer_script(tmp_path: Path) -> Path:
     return script
 
 
-def _run(script: Path, *args: str) -> str:
+def _run(script: Path, *args: str, ok: bool = True) -> str:
+    """The script's stdout (its stderr when ``ok`` is False: it must fail)."""
     env = {**os.environ, "JAX_NUM_CPU_DEVICES": "8", "JAX_PLATFORMS": "cpu"}
     result = subprocess.run(
         [sys.executable, str(script), *args],
@@ -288,8 +289,22 @@ def _run(script: Path, *args: str) -> str:
         timeout=120,
         check=False,
     )
-    assert result.returncode == 0, result.stderr
-    return result.stdout
+    assert (result.returncode == 0) == ok, result.stderr
+    return result.stdout if ok else result.stderr
+
+
+def test_trainer_doc_shows_the_error_users_see(tmp_path):
+    """The doc's error is what the trainer prints, draccus's ParsingError around psdp's error."""
+    text = (ROOT / "docs" / "trainer.md").read_text()
+    shown = re.search(r"```\n(Traceback.*?ParsingError.*?)\n```", text, re.S)
+    assert shown is not None and "--data.global_batch_size 0" in text[: shown.start()]
+    err = _run(_trainer_script(tmp_path), "--data.global_batch_size", "0", ok=False)
+    lines = err.rstrip("\n").splitlines()
+    wanted = [line for line in shown.group(1).splitlines() if line.strip() != "..."]
+    assert lines[-1] == wanted[-1]
+    found = iter(lines)
+    missing = [line for line in wanted if line not in found]  # in order: consumes `found`
+    assert not missing, f"not printed (in this order): {missing}\n{err}"
 
 
 def test_trainer_doc_runs_with_flags_and_yaml(tmp_path):
