@@ -12,6 +12,7 @@ Shell sessions shown as real output (``$ psdp plan ...`` followed by what it pri
 
 import re
 import shlex
+import tempfile
 from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
@@ -61,6 +62,20 @@ def python_blocks(doc: str) -> list[Block]:
 @pytest.mark.parametrize("doc", COVERED)
 def test_python_examples_run(doc, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the examples' temporary files
+    run_blocks(doc)
+
+
+def test_the_checkpoint_example_runs_again_in_the_same_directory(tmp_path, monkeypatch):
+    """A user who runs reliability.md's examples twice must not meet their first run's files."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    run_blocks("reliability.md")
+    run_blocks("reliability.md")
+
+
+def run_blocks(doc: str) -> None:
+    """Runs the doc's python blocks in order in one fresh namespace, in the current directory."""
     namespace: dict = {"__name__": f"docs.{doc}"}
     for block in python_blocks(doc):
         if block.not_run:
@@ -86,7 +101,7 @@ def test_the_runnable_blocks_are_found():
     assert run == {
         "concepts.md": 0,
         "loader.md": 1,
-        "sources.md": 2,
+        "sources.md": 3,
         "partitioning.md": 8,
         "reliability.md": 2,
     }
