@@ -142,3 +142,20 @@ def test_the_shell_sessions_are_found():
         "partitioning.md": 0,
         "reliability.md": 0,
     }
+
+
+#: what in a doc needs 8 devices: a python block's mesh, or a trainer command's mesh flag
+NEEDS_DEVICES = re.compile(r"jax\.devices\(\)|--mesh\.axes")
+FAKE_DEVICES = "JAX_NUM_CPU_DEVICES=8"
+
+
+@pytest.mark.parametrize("doc", sorted(p.name for p in DOCS.glob("*.md")))
+def test_docs_that_need_8_devices_say_how_to_fake_them(doc):
+    """Once, before the first example that needs them (the README says it for its own)."""
+    text = (DOCS / doc).read_text()
+    need = NEEDS_DEVICES.search(text)
+    if need is None:
+        assert FAKE_DEVICES not in text
+        return
+    assert text.count(FAKE_DEVICES) == 1, f"docs/{doc}: say {FAKE_DEVICES} once"
+    assert text.index(FAKE_DEVICES) < need.start(), f"docs/{doc}: say it before {need.group()}"
