@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import tempfile
 import time
 from pathlib import Path
 
@@ -130,6 +131,7 @@ def test_docs_checkpoint_example_runs(tmp_path, monkeypatch, capsys):
     block = re.search(r"<!-- runnable -->\n```python\n(.*?)```", DOCS.read_text(), re.S)
     assert block is not None, "docs/reliability.md lost its runnable example"
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the example's run directory
     exec(compile(block.group(1), str(DOCS), "exec"), {})
     assert capsys.readouterr().out.split() == ["resumed", "at", "step", "3", "True"]
 
