@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from psdp import benchmarks
-from psdp.cli import main as cli_main
 from psdp.benchmarks import assembly, throughput
+from psdp.cli import main as cli_main
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 

@@ -135,7 +135,9 @@ def test_plan_labels_hosts_alike_only_when_they_read_alike(capsys, argv):
     lines = out.split("\nreads for global shape")[1].splitlines()[1:]
     labels = [re.match(r"p\d+  (.*?)  devices", line).group(1) for line in lines[::2]]
     reads = [line.strip() for line in lines[1::2]]
-    for (label_a, read_a), (label_b, read_b) in itertools.combinations(zip(labels, reads), 2):
+    for (label_a, read_a), (label_b, read_b) in itertools.combinations(
+        zip(labels, reads, strict=True), 2
+    ):
         assert (label_a == label_b) == (read_a == read_b), (label_a, read_a, label_b, read_b)
 
 
