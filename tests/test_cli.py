@@ -188,7 +188,9 @@ def test_bad_arguments_exit_2_with_one_line_naming_the_value(capsys, argv, names
 def test_plan_of_a_layout_over_some_processes_names_the_real_processes(capsys, tmp_path):
     path = tmp_path / "layout.json"
     path.write_text('{"axis_names": ["data", "model"], "process_index": [[0, 2], [2, 0]]}')
-    summary = plan_json(capsys, "plan", "--layout", str(path), "--spec", "data", "--batch-size", "4")
+    summary = plan_json(
+        capsys, "plan", "--layout", str(path), "--spec", "data", "--batch-size", "4"
+    )
     assert summary["uids"] == {"0": 0, "2": 0}
     assert [p["process"] for p in summary["processes"]] == [0, 2]
 

@@ -377,7 +377,9 @@ def test_a_mesh_over_some_processes_plans_as_its_renumbered_twin():
             assert got.process_index == p and (got.uid, got.num_uids) == (want.uid, want.num_uids)
             assert got.blocks == want.blocks and got.row_blocks == want.row_blocks
     assert plan_pod(sparse, P("data"), (16,)).uid_table() == {0: 0, 2: 0, 5: 1, 7: 1}
-    with pytest.raises(ValueError, match=r"process_index=1 is out of range: .* processes \[0, 2, 5, 7\]"):
+    with pytest.raises(
+        ValueError, match=r"process_index=1 is out of range: .* processes \[0, 2, 5, 7\]"
+    ):
         plan_batch(sparse, P("data"), (16,), 1)
     assert sparse.devices_per_process == 4
 

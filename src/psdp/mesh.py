@@ -264,7 +264,9 @@ class PodPlan:
     starts: np.ndarray  # (num_devices, ndim) first index of each device's box
     sizes: tuple[int, ...]  # box extent per dimension
     block_ids: np.ndarray  # (num_devices,) equal boxes <=> equal ids
-    uids: np.ndarray  # (num_processes,), one per process of the mesh in `MeshLayout.processes` order
+    uids: (
+        np.ndarray
+    )  # (num_processes,), one per process of the mesh in `MeshLayout.processes` order
 
     @property
     def num_uids(self) -> int:
