@@ -232,3 +232,46 @@ def host_cases(process_index, axis_names, mesh_shape, cases, agreement_timeout_s
     for case in cases:
         out[case] = _error(table[case])
     return {"process": jax.process_index(), **out}
+
+
+# ------------------------------------------------------------------------------ measurement
+def _endless(shard: int, num_shards: int):
+    k = 0
+    while True:
+        yield {"x": np.int32(shard * 1_000_000 + k)}
+        k += 1
+
+
+def agreement_cost(process_index, axis_names, mesh_shape, steps=300, repeats=20):
+    """Milliseconds (median) of: one construction agreement; one stream step's agreement alone;
+    a stream step through batch_at with and without it; one tiny device all-gather, for scale."""
+    from jax.experimental import multihost_utils
+
+    from psdp.agreement import StreamEnds, agree
+
+    mesh = _full_mesh(process_index, axis_names, mesh_shape)
+    processes = list(range(jax.process_count()))
+
+    def median_ms(call: Callable[[int], Any], count: int) -> float:
+        times = []
+        for i in range(count):
+            started = time.perf_counter()
+            call(i)
+            times.append(time.perf_counter() - started)
+        return 1e3 * float(np.median(times))
+
+    out = {"construction agree": median_ms(lambda i: agree({"seed": 0}, processes, "x"), repeats)}
+    ends = StreamEnds(agree({"n": 1}, processes, "x"), processes, 0, "stream")
+    out["stream step agree"] = median_ms(
+        lambda i: ends.short_shards("m", i, 4, 4, lambda: False), steps
+    )
+    source = StreamSource(_endless, name="endless")
+    with DataLoader(source, mesh=mesh, global_batch_size=B, shuffle=False) as loader:
+        loader.batch_at(0)  # warm up: open the shard, compile nothing further
+        out["batch_at with agreement"] = median_ms(lambda i: loader.batch_at(i + 1), steps)
+        loader._ends = None  # the same loader without the agreement
+        out["batch_at without"] = median_ms(lambda i: loader.batch_at(steps + i + 1), steps)
+    flag = np.int32(1)
+    multihost_utils.process_allgather(flag)  # compile once
+    out["device all-gather"] = median_ms(lambda i: multihost_utils.process_allgather(flag), steps)
+    return {"process": jax.process_index(), **{k: round(v, 3) for k, v in out.items()}}

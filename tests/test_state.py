@@ -70,3 +70,35 @@ def test_loader_config_restore_continues_a_saved_run():
         LoaderConfig(global_batch_size=B, shuffle=False, seed=4).restore(state, mesh, source=DATA)
     with pytest.raises(ValueError, match="the source does not match the saved state"):
         config.restore(state, mesh, source={"tokens": DATA["tokens"][:32]})
+
+
+def test_the_trainer_doc_resumes_from_its_checkpoint(tmp_path, monkeypatch):
+    """docs/trainer.md's resume example: a run of 100 steps saves; a restart continues at 100."""
+    import re
+    from pathlib import Path
+
+    from psdp import MeshConfig
+
+    text = (Path(__file__).parents[1] / "docs" / "trainer.md").read_text()
+    trainer = re.search(r"## A trainer in under 30 lines\n\n```python\n(.*?)```", text, re.S)
+    resume = re.search(r"## Resuming from a checkpoint\n.*?```python\n(.*?)```", text, re.S)
+    assert trainer and resume, "docs/trainer.md lost its examples"
+    namespace: dict = {}
+    exec(trainer.group(1).replace('if __name__ == "__main__":', "if False:"), namespace)
+    exec(resume.group(1), namespace)
+    np.save(tmp_path / "tokens.npy", DATA["tokens"])
+    data = LoaderConfig(source=str(tmp_path / "tokens.npy"), global_batch_size=B, shuffle=False)
+    config = namespace["TrainerConfig"](mesh=MeshConfig(axes={"data": 4, "model": 2}), data=data)
+    starts: list[int] = []
+    iter_from = DataLoader.iter_from
+    monkeypatch.setattr(
+        DataLoader, "iter_from", lambda self, s: starts.append(s) or iter_from(self, s)
+    )
+    namespace["train"](config, tmp_path)
+    saved = json.loads((tmp_path / "loader.json").read_text())
+    assert saved["step"] == 100
+    longer = namespace["TrainerConfig"](mesh=config.mesh, data=data, num_train_steps=103)
+    namespace["train"](longer, tmp_path)  # a restart: steps 100, 101, 102
+    assert starts == [0, 100]
+    with data.restore(saved, longer.mesh.build()) as loader:
+        assert_batch_exact(next(iter(loader)), _unshuffled(100)["tokens"])
