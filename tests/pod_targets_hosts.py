@@ -199,19 +199,20 @@ def _stream_to_its_end(mesh: Mesh, drop_last: bool) -> Any:
 
 
 # ---------------------------------------------------------------------------------- timeout
-def _missing_host(mesh: Mesh) -> Any:
-    """Process 3 never builds its loader: the others get a TimeoutError naming it, in bounded time."""
+def _missing_host(mesh: Mesh, timeout_s: float) -> Any:
+    """Process 3 never builds its loader: the others get a TimeoutError naming it, in bounded time.
+
+    The short timeout applies from here on, so this case runs last."""
+    import psdp.agreement
+
+    psdp.agreement.TIMEOUT_S = timeout_s
     if jax.process_index() == 3:
         return "skipped"
     return _error(lambda: _build(_data(), mesh, global_batch_size=B))
 
 
-def host_cases(process_index, axis_names, mesh_shape, cases, agreement_timeout_s=None):
+def host_cases(process_index, axis_names, mesh_shape, cases, missing_host_timeout_s=3.0):
     """Runs the named cases in order on every process; returns {case: answer}."""
-    if agreement_timeout_s is not None:
-        import psdp.agreement
-
-        psdp.agreement.TIMEOUT_S = agreement_timeout_s
     mesh = _full_mesh(process_index, axis_names, mesh_shape)
     table: dict[str, Callable[[], Any]] = {
         "agreeing": lambda: _agreeing(mesh),
@@ -226,7 +227,7 @@ def host_cases(process_index, axis_names, mesh_shape, cases, agreement_timeout_s
         "subset stale copy": _subset_stale_copy,
         "stream padded end": lambda: _stream_to_its_end(mesh, drop_last=False),
         "stream dropped end": lambda: _stream_to_its_end(mesh, drop_last=True),
-        "missing host": lambda: _missing_host(mesh),
+        "missing host": lambda: _missing_host(mesh, missing_host_timeout_s),
     }
     out = {}
     for case in cases:

@@ -256,7 +256,14 @@ class DataLoader:
         self._direct_reads = 0  # batch_at calls, numbered alike on every host: see StreamEnds
         self._iterations = 0  # iterators started, numbered alike on every host: see StreamEnds
         self.start_step = 0
-        self._agreement = self._agree_across_hosts(layout, specs, halos, feeding_processes)
+        self._processes = layout.processes  # they must all build this loader alike
+        namespace = agree(
+            self._settings(specs, halos, feeding_processes),
+            self._processes,
+            f"built DataLoader {self.name!r}",
+        )
+        #: per step, which shards of a callable stream ran short, agreed by every host
+        self._ends = self._stream_ends(namespace)
 
     def _plan_mask(self, specs: dict[Key, PartitionSpec]) -> LeafAssembler:
         if None in self._leaves:
@@ -278,17 +285,15 @@ class DataLoader:
             self.mesh, spec, (self.physical_batch_size,), np.dtype(bool), self.process_index
         )
 
-    def _agree_across_hosts(
+    def _settings(
         self,
-        layout: Any,
         specs: dict[Key, PartitionSpec],
         halos: Mapping[Key, int],
         feeding_processes: Sequence[int] | None,
-    ) -> str | None:
-        """Checks that every process of the mesh built this loader alike (`psdp.agreement`)."""
+    ) -> dict[str, Any]:
+        """What the batches depend on, which every host of the mesh must agree on."""
         fingerprint = self._fingerprint()
-        pad = np.asarray(self.pad_value).item()  # a numpy scalar as a JSON number
-        settings = {
+        return {
             **{k: v for k, v in self._state_at(0).items() if k not in ("format", "step", "source")},
             "source rows": fingerprint["rows"],
             "source leaves": fingerprint["leaves"],
@@ -297,20 +302,20 @@ class DataLoader:
             "feeding_processes": None
             if feeding_processes is None
             else sorted(int(p) for p in feeding_processes),
-            "pad_value": pad,
+            "pad_value": np.asarray(self.pad_value).item(),  # a numpy scalar as a JSON number
             "mask_key": self.mask_key,
         }
-        self._processes = layout.processes
-        namespace = agree(settings, layout.processes, f"built DataLoader {self.name!r}")
-        #: per step, which shards of a callable stream ran short, agreed by every host
-        self._ends: StreamEnds | None = None
-        if namespace is not None and self._stream is not None and not self._stream.round_robin:
-            assert self.stream_shard is not None
-            if self.stream_shard[1] > 1:
-                self._ends = StreamEnds(
-                    namespace, layout.processes, self.stream_shard[0], self._stream.describe()
-                )
-        return namespace
+
+    def _stream_ends(self, namespace: str | None) -> StreamEnds | None:
+        """Where hosts must agree per step: a callable stream (its shards may be unequally long)
+        of several shards, on several processes (``namespace`` is None for one process)."""
+        if namespace is None or self._stream is None or self._stream.round_robin:
+            return None
+        assert self.stream_shard is not None
+        shard, num_shards = self.stream_shard
+        if num_shards == 1:
+            return None
+        return StreamEnds(namespace, self._processes, shard, self._stream.describe())
 
     def _probe(self) -> Rows:
         """One row, to learn the leaves' names, trailing shapes and dtypes."""
@@ -377,9 +382,8 @@ class DataLoader:
             ids[self.real_positions] = self.order.batch_ids(step)
 
         def read_rows() -> dict[Key, list[np.ndarray]]:
-            if self._stream is None:
-                return self._read_step(step, ids, self.source)
-            source = self._stream_rows(step, ids, run, stop)
+            stream = self._stream is not None
+            source = self._stream_rows(step, ids, run, stop) if stream else self.source
             return self._read_step(step, ids, source)
 
         if self.read_timeout_s is None:
