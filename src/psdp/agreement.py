@@ -128,7 +128,15 @@ def agree(
         True
     """
     client = coordination_client()
-    if client is None or len(processes) < 2:
+    if len(processes) < 2:
+        return None
+    if client is None:
+        _warn_once(
+            "psdp cannot check that the %d processes of the mesh build their loaders alike, nor "
+            "agree where a callable stream ends: jax.distributed is not initialized (call "
+            "jax.distributed.initialize() first)",
+            len(processes),
+        )
         return None
     timeout = TIMEOUT_S if timeout_s is None else timeout_s
     me = jax.process_index()
@@ -255,6 +263,15 @@ def describe_end(
 
 
 # -------------------------------------------------------------------------------- helpers
+_warned: set[str] = set()
+
+
+def _warn_once(message: str, *args: Any) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        logger.warning(message, *args)
+
+
 def _group(processes: Sequence[int]) -> str:
     """A short key naming a set of processes (a mesh over some processes has its own rounds)."""
     text = ",".join(map(str, processes))
