@@ -29,6 +29,7 @@ from psdp import (
     DataLoader,
     GrainSource,
     LoaderClosedError,
+    LoaderConfig,
     MemmapSource,
     MeshLayout,
     TensorStoreSource,
@@ -113,6 +114,22 @@ def _resume(saved: dict[str, Any], **changes: Any) -> Callable[[Path], Any]:
         DataLoader.restore(state, restored, mesh=_mesh(), **changes)
 
     return run
+
+
+def _config_resume(_: Path) -> None:
+    """Saves a state (seed 3) after 2 steps; restores it from a config that sets seed 4."""
+    with _loader(seed=3) as loader:
+        iterator = iter(loader)
+        next(iterator), next(iterator)
+        state = iterator.state()
+    LoaderConfig(global_batch_size=B, seed=4).restore(state, _mesh(), source={"tokens": TOKENS})
+
+
+def _state_of_two_iterators(_: Path) -> None:
+    with _loader() as loader:
+        train, peek = iter(loader), iter(loader)  # a peek with next(iter(loader)), left open
+        next(train), next(peek)
+        loader.state()
 
 
 def _store(tmp_path: Path) -> Path:
@@ -380,6 +397,18 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
         ["'int32'", "'int64'", "resume with the source the state was saved from"],
     ),
     (
+        "resume from a config with another seed",
+        _config_resume,
+        ValueError,
+        ["seed=4", "seed=3", _RESUME_FIX],
+    ),
+    (
+        "loader state with two open iterators",
+        _state_of_two_iterators,
+        ValueError,
+        ["2 iterators", "next steps [1, 1]", "it.state()", "loader.batch_at(step)"],
+    ),
+    (
         "resume from something that is not a state",
         lambda _: DataLoader.restore({"step": 3}, {"tokens": TOKENS}, mesh=_mesh()),
         ValueError,
@@ -387,10 +416,15 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
     ),
     # ------------------------------------------------------------------- processes and knobs
     (
-        "process index beyond the mesh's processes",
+        "process index of another process",  # a KeyError inside JAX at the first batch, once
         lambda _: _loader(process_index=3),
         ValueError,
-        ["process_index=3", "1 processes", "numbered 0..0"],
+        [
+            "process_index=3",
+            "jax.process_index() is 0",
+            "numbered 0..0",
+            "leave process_index unset",
+        ],
     ),
     (
         "more processes than devices",

@@ -433,6 +433,42 @@ class LoaderConfig:
             **self.loader_kwargs(),
         )
 
+    def restore(
+        self,
+        state: Mapping[str, Any],
+        mesh: Mesh,
+        source: Any = None,
+        batch_axes: Sequence[str] | None = None,
+    ) -> DataLoader:
+        """The `DataLoader` of `build`, continuing from a saved ``loader.state()``.
+
+        Checks as `DataLoader.restore` does: a set ``global_batch_size``, ``seed``, ``shuffle``
+        or ``drop_last`` that differs from the state, or a source with other rows or leaves, is
+        an error naming both values; unset ones take the state's value.
+
+        Example:
+            >>> import numpy as np
+            >>> mesh = MeshConfig(axes={"data": 4, "model": 2}).build()
+            >>> config = LoaderConfig(global_batch_size=8, shuffle=False)
+            >>> rows = np.arange(32).reshape(16, 2)
+            >>> with config.build(mesh, source=rows) as loader:
+            ...     it = iter(loader)
+            ...     _ = next(it)
+            ...     state = it.state()
+            >>> with config.restore(state, mesh, source=rows) as loader:
+            ...     np.asarray(next(iter(loader)))[:, 0].tolist()
+            [16, 18, 20, 22, 24, 26, 28, 30]
+        """
+        from psdp.loader import DataLoader
+
+        return DataLoader.restore(
+            state,
+            self.open_source() if source is None else source,
+            mesh=mesh,
+            batch_axes=batch_axes,
+            **self.loader_kwargs(),
+        )
+
 
 def _check_count(name: str, value: Any, fix: str, example: int) -> None:
     if value is not None and (not is_int(value) or value < 1):

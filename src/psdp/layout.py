@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,8 +31,10 @@ class MeshLayout:
 
     Attributes:
         process_index: integer array shaped like the mesh; entry ``[i, j, ...]`` is the process that
-            owns the device at that mesh position. Processes are numbered ``0..P-1`` and each owns
-            at least one device.
+            owns the device at that mesh position (JAX's ``device.process_index``). A mesh may span
+            only some processes of a job, e.g. processes 0 and 2 of 4: the planner then numbers
+            them by their position among the mesh's processes (`processes`, `ranks`) internally,
+            and speaks of them by their real index everywhere else.
         axis_names: one name per mesh dimension.
         device_ids: optional array of device ids shaped like the mesh (for pictures only).
 
@@ -48,11 +50,18 @@ class MeshLayout:
                [0, 0, 1, 1]])
         >>> layout.num_processes, layout.axis_sizes
         (4, {'data': 4, 'model': 4})
+
+        A mesh over processes 0 and 2 of a job:
+
+        >>> MeshLayout(np.array([[0, 2], [0, 2]]), ("data", "model")).processes
+        (0, 2)
     """
 
     process_index: np.ndarray
     axis_names: tuple[str, ...]
     device_ids: np.ndarray | None = None
+    _processes: tuple[int, ...] = field(init=False, repr=False)
+    _ranks: np.ndarray = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         procs = np.asarray(self.process_index)
@@ -86,16 +95,14 @@ class MeshLayout:
                 f"MeshLayout.process_index must be >= 0, got {int(procs.min())}; "
                 "processes are numbered 0..P-1"
             )
-        present = np.unique(procs)
-        if present.size != int(procs.max()) + 1:
-            missing = sorted(set(range(int(procs.max()) + 1)) - set(present.tolist()))
-            raise ValueError(
-                f"MeshLayout processes must be numbered densely 0..P-1, but processes {missing[:8]} "
-                f"own no device (max process index {int(procs.max())}); renumber the processes"
-            )
         procs = procs.astype(np.int64, copy=False)
         procs.setflags(write=False)
         object.__setattr__(self, "process_index", procs)
+        present, ranks = np.unique(procs, return_inverse=True)
+        ranks = ranks.reshape(procs.shape)
+        ranks.setflags(write=False)
+        object.__setattr__(self, "_processes", tuple(int(p) for p in present))
+        object.__setattr__(self, "_ranks", ranks)
         if self.device_ids is not None:
             ids = np.asarray(self.device_ids)
             if ids.shape != procs.shape:
@@ -121,8 +128,27 @@ class MeshLayout:
         return int(self.process_index.size)
 
     @property
+    def processes(self) -> tuple[int, ...]:
+        """The processes that own devices of the mesh, ascending."""
+        return self._processes
+
+    @property
+    def ranks(self) -> np.ndarray:
+        """Like `process_index`, with each process replaced by its position in `processes`.
+
+        The planner's tables have one row per process of the mesh, in this numbering; for a mesh
+        over every process of a job (processes ``0..P-1``) it equals `process_index`.
+        """
+        return self._ranks
+
+    @property
     def num_processes(self) -> int:
-        return int(self.process_index.max()) + 1
+        """The number of processes that own devices of the mesh."""
+        return len(self.processes)
+
+    def rank(self, process_index: int) -> int:
+        """The position of ``process_index`` among `processes` (checked with `check_process`)."""
+        return self.processes.index(self.check_process(process_index))
 
     @property
     def devices_per_process(self) -> int:
@@ -131,11 +157,13 @@ class MeshLayout:
         Multi-controller JAX launches every process with the same number of local devices, so a
         layout meant to be run (by `psdp simulate`, or `build_mesh`) must be balanced.
         """
-        counts = np.bincount(self.process_index.ravel())
+        counts = np.bincount(self.ranks.ravel())
         if counts.min() != counts.max():
-            uneven = {p: int(c) for p, c in enumerate(counts) if c != counts[0]}
+            owners = self.processes
+            uneven = {owners[r]: int(c) for r, c in enumerate(counts) if c != counts[0]}
             raise ValueError(
-                f"processes own different numbers of devices (process 0 owns {int(counts[0])}, "
+                f"processes own different numbers of devices (process {owners[0]} owns "
+                f"{int(counts[0])}, "
                 f"but {dict(list(uneven.items())[:4])}); every process of a JAX job has the same "
                 "number of local devices, so give each process the same count"
             )
@@ -152,12 +180,20 @@ class MeshLayout:
 
     def check_process(self, process_index: int) -> int:
         """Returns ``process_index`` as an int after checking it is one of this layout's processes."""
-        if not is_int(process_index) or not (0 <= process_index < self.num_processes):
+        if not is_int(process_index) or int(process_index) not in self.processes:
             raise ValueError(
                 f"process_index={process_index!r} is out of range: this layout has "
-                f"{self.num_processes} processes, numbered 0..{self.num_processes - 1}"
+                f"{self.num_processes} processes, {self.describe_processes()}"
             )
         return int(process_index)
+
+    def describe_processes(self) -> str:
+        """``"numbered 0..3"``, or ``"processes [0, 2]"`` for a mesh over some processes of a job."""
+        owners = self.processes
+        if owners == tuple(range(len(owners))):
+            return f"numbered 0..{len(owners) - 1}"
+        shown = ", ".join(map(str, owners[:16])) + (", ..." if len(owners) > 16 else "")
+        return f"processes [{shown}]"
 
     # ---------------------------------------------------------------------------------- builders
     @classmethod
@@ -275,13 +311,11 @@ class MeshLayout:
         by_process: dict[int, list[jax.Device]] = {}
         for device in devices:
             by_process.setdefault(device.process_index, []).append(device)
-        counts = np.bincount(self.process_index.ravel(), minlength=self.num_processes)
-        have = {p: len(by_process.get(p, [])) for p in range(self.num_processes)}
-        if any(have[p] != counts[p] for p in range(self.num_processes)) or len(by_process) != len(
-            have
-        ):
+        counts = dict(zip(self.processes, np.bincount(self.ranks.ravel()).tolist(), strict=True))
+        have = {p: len(by_process.get(p, [])) for p in self.processes}
+        if have != counts or len(by_process) != len(have):
             raise ValueError(
-                f"the layout needs {dict(enumerate(counts.tolist()))} devices per process, but the "
+                f"the layout needs {counts} devices per process, but the "
                 f"devices given are {dict(sorted((p, len(d)) for p, d in by_process.items()))}; "
                 "launch the job with that many processes and local devices"
             )

@@ -23,10 +23,11 @@ its layout, prefetch depth or number of read threads, agrees on every batch.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -34,6 +35,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from psdp._checks import check_int, preview_ids
+from psdp.agreement import StreamEnds, agree, check_own_process, describe_end
 from psdp.assembly import LeafAssembler
 from psdp.mesh import _spec_axes, as_layout
 from psdp.order import PAD, GlobalOrder
@@ -53,10 +55,12 @@ from psdp.reads import Key, ReadRequest, feeding_positions, plan_reads, stream_s
 from psdp.sources import ArraySource, Rows, StreamReader, StreamSource, as_source
 from psdp.telemetry import LoaderStats, Telemetry
 
-__all__ = ["DEFAULT_BATCH_AXES", "DataLoader", "default_batch_spec"]
+__all__ = ["DEFAULT_BATCH_AXES", "DataLoader", "LoaderIterator", "default_batch_spec"]
 
 #: The ``format`` field of `DataLoader.state`.
 STATE_FORMAT = "psdp.loader/1"
+
+logger = logging.getLogger(__name__)
 
 Batch = Any  # a jax.Array, or a dict of jax.Arrays / haliax NamedArrays
 
@@ -182,7 +186,8 @@ class DataLoader:
         self.pad_value = pad_value
         self.mask_key = mask_key
         self.name = name
-        self.process_index = jax.process_index() if process_index is None else process_index
+        layout = as_layout(mesh)
+        self.process_index = check_own_process(layout, process_index)
         self.drop_last = drop_last
         self.order: GlobalOrder | None = None  # None for a stream: it has no global order
         if self._stream is None:
@@ -205,7 +210,6 @@ class DataLoader:
         )
         #: each leaf's `PartitionSpec` (a dict for dict sources; one spec for an array source)
         self.batch_spec: Any = specs[None] if None in specs else specs
-        layout = as_layout(mesh)
         for key, spec in specs.items():
             _spec_axes(layout, spec, ndims[key])  # raises naming the spec and the mesh
         shards = [batch_shards(mesh, spec) for spec in specs.values()]
@@ -245,11 +249,21 @@ class DataLoader:
                 specs, layout, self.process_index, self.physical_batch_size, self.real_positions
             )
         self.telemetry = Telemetry(stall_warning_s=stall_warning_s)
-        self._iterators: list[Prefetcher[Batch]] = []
-        self._last_iterator: Prefetcher[Batch] | None = None  # state() counts from it, even closed
+        self._iterators: list[LoaderIterator] = []
+        self._last_iterator: LoaderIterator | None = None  # state() counts from it, even closed
         self._lock = threading.Lock()
         self._closed = False
+        self._direct_reads = 0  # batch_at calls, numbered alike on every host: see StreamEnds
+        self._iterations = 0  # iterators started, numbered alike on every host: see StreamEnds
         self.start_step = 0
+        self._processes = layout.processes  # they must all build this loader alike
+        namespace = agree(
+            self._settings(specs, halos, feeding_processes),
+            self._processes,
+            f"built DataLoader {self.name!r}",
+        )
+        #: per step, which shards of a callable stream ran short, agreed by every host
+        self._ends = self._stream_ends(namespace)
 
     def _plan_mask(self, specs: dict[Key, PartitionSpec]) -> LeafAssembler:
         if None in self._leaves:
@@ -270,6 +284,38 @@ class DataLoader:
         return LeafAssembler.create(
             self.mesh, spec, (self.physical_batch_size,), np.dtype(bool), self.process_index
         )
+
+    def _settings(
+        self,
+        specs: dict[Key, PartitionSpec],
+        halos: Mapping[Key, int],
+        feeding_processes: Sequence[int] | None,
+    ) -> dict[str, Any]:
+        """What the batches depend on, which every host of the mesh must agree on."""
+        fingerprint = self._fingerprint()
+        return {
+            **{k: v for k, v in self._state_at(0).items() if k not in ("format", "step", "source")},
+            "source rows": fingerprint["rows"],
+            "source leaves": fingerprint["leaves"],
+            "batch_spec": {str(k): str(v) for k, v in specs.items()},
+            "halo": {str(k): int(v) for k, v in halos.items()},
+            "feeding_processes": None
+            if feeding_processes is None
+            else sorted(int(p) for p in feeding_processes),
+            "pad_value": np.asarray(self.pad_value).item(),  # a numpy scalar as a JSON number
+            "mask_key": self.mask_key,
+        }
+
+    def _stream_ends(self, namespace: str | None) -> StreamEnds | None:
+        """Where hosts must agree per step: a callable stream (its shards may be unequally long)
+        of several shards, on several processes (``namespace`` is None for one process)."""
+        if namespace is None or self._stream is None or self._stream.round_robin:
+            return None
+        assert self.stream_shard is not None
+        shard, num_shards = self.stream_shard
+        if num_shards == 1:
+            return None
+        return StreamEnds(namespace, self._processes, shard, self._stream.describe())
 
     def _probe(self) -> Rows:
         """One row, to learn the leaves' names, trailing shapes and dtypes."""
@@ -317,7 +363,18 @@ class DataLoader:
 
     # ------------------------------------------------------------------------------ one step
     def batch_at(self, step: int) -> Batch:
-        """Reads and assembles the batch of ``step`` on the calling thread (no prefetch)."""
+        """Reads and assembles the batch of ``step`` on the calling thread (no prefetch).
+
+        The way to peek at a batch during training: no iterator, no thread, and `state` is
+        unaffected. For a stream on several hosts, every host must make the same calls.
+        """
+        with self._lock:
+            self._direct_reads += 1
+            run = f"d{self._direct_reads}"
+        return self._batch(step, run, lambda: self._closed)
+
+    def _batch(self, step: int, run: str, stop: Callable[[], bool]) -> Batch:
+        """`batch_at`, for the read named ``run`` (an iterator, or a direct call) until ``stop()``."""
         check_int("step", step, minimum=0)
         started = time.perf_counter()
         ids = np.full(self.physical_batch_size, PAD, np.int64)
@@ -325,7 +382,8 @@ class DataLoader:
             ids[self.real_positions] = self.order.batch_ids(step)
 
         def read_rows() -> dict[Key, list[np.ndarray]]:
-            source = self._stream_rows(step, ids) if self._stream is not None else self.source
+            stream = self._stream is not None
+            source = self._stream_rows(step, ids, run, stop) if stream else self.source
             return self._read_step(step, ids, source)
 
         if self.read_timeout_s is None:
@@ -351,7 +409,7 @@ class DataLoader:
             return f"the next {len(self._real_positions)} elements of shard {self.stream_shard[0]}"
         return f"{len(self._read_positions)} rows (ids {preview_ids(ids[self._read_positions])})"
 
-    def _stream_rows(self, step: int, ids: np.ndarray) -> Any:
+    def _stream_rows(self, step: int, ids: np.ndarray, run: str, stop: Callable[[], bool]) -> Any:
         """A stream step's rows (as a source), with ``ids`` set to index them; O(step) on a jump.
 
         This host takes the next ``R`` elements of its uid's shard for its ``R`` real batch
@@ -369,11 +427,17 @@ class DataLoader:
                 reader = self._reader = self._stream.open(*self.stream_shard, start=step * per_step)
             rows = reader.take(per_step)
         got = 0 if rows is None else len(next(iter(_leaves_of(rows).values())))
-        if rows is None or got == 0 or (got < per_step and self.drop_last):
-            raise StopIteration(
-                f"step {step}: shard {self.stream_shard[0]} of {self.stream_shard[1]} of "
-                f"{self._stream.describe()} ended"
-            )
+        shard, num_shards = self.stream_shard
+        short = {shard: got} if got < per_step else {}
+        if self._ends is not None:  # the other hosts' shards may end first (unequal lengths)
+            short = self._ends.short_shards(run, step, got, per_step, stop)
+        ended = sorted(u for u, n in short.items() if n == 0 or self.drop_last)
+        if ended:
+            message = describe_end(step, ended, short, num_shards, self._stream.describe())
+            if shard not in ended:
+                logger.warning("this host's stream shard %d still had elements: %s", shard, message)
+            raise StopIteration(message)
+        assert rows is not None  # a shard without rows ended above
         ids[self._real_positions[:got]] = np.arange(got)
         return ArraySource(rows)
 
@@ -498,8 +562,11 @@ class DataLoader:
         return self.telemetry.stats()
 
     # ----------------------------------------------------------------------------- iteration
-    def iter_from(self, step: int) -> Prefetcher[Batch]:
-        """An iterator over the batches of steps ``step, step + 1, ...``, prefetched."""
+    def iter_from(self, step: int) -> LoaderIterator:
+        """An iterator over the batches of steps ``step, step + 1, ...``, prefetched.
+
+        Its ``state()`` is the state to save with a checkpoint taken while training from it.
+        """
         check_int("step", step, minimum=0)
         with self._lock:
             if self._closed:
@@ -509,8 +576,10 @@ class DataLoader:
             self._iterators = [it for it in self._iterators if not it.closed]
             threads = 1 if self._stream is not None else self.read_threads  # streams: in order
             extra = {"workers": threads} if threads > 1 else {}
-            iterator: Prefetcher[Batch] = Prefetcher(
-                self.batch_at,
+            self._iterations += 1
+            iterator = LoaderIterator(
+                self,
+                f"i{self._iterations}",
                 start=step,
                 depth=self.prefetch,
                 name=f"{self.name}-{step}",
@@ -521,7 +590,7 @@ class DataLoader:
             self._last_iterator = iterator
         return iterator
 
-    def __iter__(self) -> Iterator[Batch]:
+    def __iter__(self) -> LoaderIterator:
         """Iterates from `start_step` (0, or the step of a restored `state`)."""
         return self.iter_from(self.start_step)
 
@@ -529,13 +598,28 @@ class DataLoader:
     def state(self) -> dict[str, Any]:
         """A small JSON-able record to resume from: the next step and what the order depends on.
 
-        The step is the one the most recent iterator hands out next. Save it with the model
-        checkpoint; `DataLoader.restore` refuses a source or batch settings that would change
-        the order.
+        The step is the one the open iterator hands out next (`start_step` before any; the last
+        one's once all are closed). With two open iterators it is ambiguous, so this raises: save
+        ``it.state()`` of the iterator you train from, or close the other (peek with
+        `batch_at`, which opens none). Save it with the model checkpoint; `DataLoader.restore`
+        refuses a source or batch settings that would change the order.
         """
         with self._lock:
-            last = self._last_iterator
+            open_iterators = [it for it in self._iterators if not it.closed]
+            if len(open_iterators) > 1:
+                steps = [it.next_step for it in open_iterators]
+                raise ValueError(
+                    f"loader.state() is ambiguous: {len(open_iterators)} iterators of this loader "
+                    f"are open (next steps {steps}); save the state of the one you train from "
+                    "with it.state(), or close the others (next(iter(loader)) leaves an iterator "
+                    "open; peek with loader.batch_at(step), which opens none)"
+                )
+            last = open_iterators[0] if open_iterators else self._last_iterator
             step = self.start_step if last is None else last.next_step
+        return self._state_at(step)
+
+    def _state_at(self, step: int) -> dict[str, Any]:
+        """The state of a loader whose next batch is that of ``step``."""
         return {
             "format": STATE_FORMAT,
             "step": int(step),
@@ -578,6 +662,15 @@ class DataLoader:
                 )
             kwargs[name] = state[name]
         loader = cls(source, mesh=mesh, **kwargs)
+        try:  # hosts that restored from different checkpoints would feed one batch two ways
+            agree(
+                {"step": state["step"], "saved source": state["source"]},
+                loader._processes,
+                f"restored DataLoader {loader.name!r}",
+            )
+        except BaseException:
+            loader.close()
+            raise
         found = loader._fingerprint()
         if found != state["source"]:
             loader.close()
@@ -612,6 +705,34 @@ class DataLoader:
             f"batch_spec={self.batch_spec}, process {self.process_index} reads "
             f"{len(self._read_positions)} rows/step)"
         )
+
+
+class LoaderIterator(Prefetcher[Batch]):
+    """What ``iter(loader)`` and `DataLoader.iter_from` return: batches prefetched on background
+    threads, and the iterator's own `state`.
+
+    Example:
+        >>> import jax, numpy as np
+        >>> from jax.sharding import Mesh
+        >>> mesh = Mesh(np.array(jax.devices()).reshape(8), ("data",))
+        >>> with DataLoader(np.arange(64), mesh=mesh, global_batch_size=8) as loader:
+        ...     it = iter(loader)
+        ...     _ = next(it), next(it)
+        ...     it.state()["step"]
+        2
+    """
+
+    def __init__(self, loader: DataLoader, run: str, *, start: int, **kwargs: Any) -> None:
+        self._loader = loader
+        self._run = run  # names this iterator's reads in the hosts' stream agreement
+        super().__init__(self._produce, start=start, **kwargs)
+
+    def _produce(self, step: int) -> Batch:
+        return self._loader._batch(step, self._run, lambda: self.closed or self._loader._closed)
+
+    def state(self) -> dict[str, Any]:
+        """The loader's state with this iterator's next step: what `DataLoader.restore` takes."""
+        return self._loader._state_at(self.next_step)
 
 
 # ------------------------------------------------------------------------------------ helpers

@@ -200,8 +200,8 @@ def process_mesh_mapping(mesh_or_layout: MeshLike, batch_axes: AxisNames) -> dic
     """
     layout = as_layout(mesh_or_layout)
     dp, _ = dp_index(layout, batch_axes)
-    uids = _uids(_held_sets(layout.process_index.ravel(), dp, layout.num_processes))
-    return {p: int(u) for p, u in enumerate(uids.tolist())}
+    uids = _uids(_held_sets(layout.ranks.ravel(), dp, layout.num_processes))
+    return dict(zip(layout.processes, uids.tolist(), strict=True))
 
 
 # ---------------------------------------------------------------------------------- plans
@@ -264,7 +264,9 @@ class PodPlan:
     starts: np.ndarray  # (num_devices, ndim) first index of each device's box
     sizes: tuple[int, ...]  # box extent per dimension
     block_ids: np.ndarray  # (num_devices,) equal boxes <=> equal ids
-    uids: np.ndarray  # (num_processes,)
+    uids: (
+        np.ndarray
+    )  # (num_processes,), one per process of the mesh in `MeshLayout.processes` order
 
     @property
     def num_uids(self) -> int:
@@ -272,7 +274,7 @@ class PodPlan:
 
     def uid_table(self) -> dict[int, int]:
         """Process -> uid."""
-        return {p: int(u) for p, u in enumerate(self.uids.tolist())}
+        return dict(zip(self.layout.processes, self.uids.tolist(), strict=True))
 
     def plan(self, process_index: int) -> DataPlan:
         """The `DataPlan` of one process."""
@@ -285,7 +287,7 @@ class PodPlan:
         rows = (row_starts[:, None] + np.arange(self.sizes[0])).ravel()
         return DataPlan(
             process_index=p,
-            uid=int(self.uids[p]),
+            uid=int(self.uids[self.layout.rank(p)]),
             num_uids=self.num_uids,
             global_shape=self.global_shape,
             device_positions=positions,
@@ -363,7 +365,7 @@ def plan_pod(
         starts[:, dim] = index * size
         sizes.append(size)
         block_ids = block_ids * count + index
-    held = _held_sets(layout.process_index.ravel(), block_ids, layout.num_processes)
+    held = _held_sets(layout.ranks.ravel(), block_ids, layout.num_processes)
     return PodPlan(layout, shape, starts, tuple(sizes), block_ids, _uids(held))
 
 

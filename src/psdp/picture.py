@@ -75,7 +75,7 @@ def plan_summary(
         "uids": {str(p): u for p, u in uids.items()},
         "uid_groups": _groups(uids),
         "read_uids": {str(p): u for p, u in pod.uid_table().items()},
-        "processes": [_process_summary(pod, axes, p, uids[p]) for p in range(layout.num_processes)],
+        "processes": [_process_summary(pod, axes, p, uids[p]) for p in layout.processes],
     }
 
 

@@ -167,7 +167,7 @@ def stream_shard(
         "batch_spec='batch')",
     )
     held = np.zeros((layout.num_processes, count), bool)
-    held[layout.process_index.ravel(), index] = True
+    held[layout.ranks.ravel(), index] = True
     real_per_shard = np.bincount(real_positions // (physical_batch_size // count), minlength=count)
     rows = held.astype(np.int64) @ real_per_shard
     if rows.min() != rows.max() or rows.min() == 0:
@@ -184,7 +184,7 @@ def stream_shard(
             "hosts hold overlapping but different sets of batch shards, so no stream shard can "
             "serve them; use a random-access source for this layout"
         )
-    return int(uids[process_index]), len(sets)
+    return int(uids[layout.rank(process_index)]), len(sets)
 
 
 def _batch_shard_index(

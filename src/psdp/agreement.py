@@ -1,0 +1,313 @@
+"""Agreement across the processes of a mesh: the settings batches depend on, and where a stream ends.
+
+Mental model. Every host computes its batches alone, from its own arguments and its own copy of
+the data. When hosts disagree (a seed from ``time.time()``, a stale copy of the dataset one row
+short), devices of one tensor-parallel group receive different rows and nothing fails. So a
+`DataLoader` whose mesh spans several processes checks once, when it is built (and when it is
+restored), that every process of the mesh built it from the same settings (`agree`); and a
+callable stream, whose shards may end at different steps, agrees at every step on which shards
+ran short (`StreamEnds`), so that every host stops at the same step.
+
+Both go through the coordination service that ``jax.distributed.initialize`` starts (a small
+key-value store, `psdp._compat`), not through device collectives: it works from the prefetch
+thread (a collective issued there could interleave differently with the trainer's on different
+hosts and deadlock), it involves only the processes of the mesh, it carries the values
+themselves into the error message, and it waits with a timeout (`TIMEOUT_S`), so a host that
+never arrives is named instead of hanging the pod. Without ``jax.distributed`` (one process)
+there is nothing to agree on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+
+from psdp._compat import coordination_client
+from psdp.layout import MeshLayout
+
+logger = logging.getLogger(__name__)
+
+#: Seconds a host waits for the other processes of its mesh (to build the same loader, or to
+#: reach the same stream step) before it raises `TimeoutError` naming the missing ones.
+TIMEOUT_S = 300.0
+
+_POLL_S = 0.25  # how often a waiting stream step looks whether its loader was closed
+
+#: The fix to print when one setting differs across hosts; others get `_GENERIC_FIX`.
+FIXES = {
+    "seed": "pass the same seed on every host, from the config, never from time.time() or the "
+    "process index",
+    "source rows": "every host must read the same dataset: the processes with the other value "
+    "have a stale or partial copy; copy it again, or read one store from every host",
+    "source leaves": "every host must read the same dataset: the processes with the other value "
+    "have a copy with other leaves, dtypes or shapes; copy it again, or read one store from "
+    "every host",
+    "step": "restore every host from the same checkpoint (one host writes the loader state, "
+    "every host reads that file)",
+    "saved source": "restore every host from the same checkpoint (one host writes the loader "
+    "state, every host reads that file)",
+}
+_GENERIC_FIX = "build the loader with the same arguments on every process of the mesh"
+
+_rounds: dict[str, int] = {}
+_rounds_lock = threading.Lock()
+
+
+# ------------------------------------------------------------------------------ who is this
+def check_own_process(layout: MeshLayout, process_index: int | None) -> int:
+    """This process's index, checked against the mesh: it must hold devices of it.
+
+    A loader places rows on its own process's devices, so ``process_index`` (when given) must be
+    ``jax.process_index()``, and this process must own devices of the mesh.
+
+    Example:
+        >>> import numpy as np
+        >>> layout = MeshLayout(np.array([[0, 0]]), ("data", "model"))
+        >>> check_own_process(layout, None)
+        0
+        >>> check_own_process(layout, 2)
+        Traceback (most recent call last):
+            ...
+        ValueError: process_index=2 is not this process: jax.process_index() is 0, and a DataLoader places rows only on its own process's devices (the mesh's devices belong to processes numbered 0..0); leave process_index unset (it defaults to jax.process_index())
+    """
+    me = jax.process_index()
+    if process_index is not None and process_index != me:
+        raise ValueError(
+            f"process_index={process_index!r} is not this process: jax.process_index() is {me}, "
+            f"and a DataLoader places rows only on its own process's devices (the mesh's devices "
+            f"belong to processes {layout.describe_processes()}); leave process_index unset (it "
+            "defaults to jax.process_index())"
+        )
+    if me not in layout.processes:
+        owners = list(layout.processes)
+        raise ValueError(
+            f"process {me} holds no device of the mesh, whose devices belong to processes "
+            f"{owners[:16]}{' ...' if len(owners) > 16 else ''}; a process can only feed its own "
+            f"devices: build this DataLoader only on those processes (e.g. under `if "
+            f"jax.process_index() in {tuple(owners[:4])}{'...' if len(owners) > 4 else ''}:`), "
+            "or build the mesh over every process"
+        )
+    return me
+
+
+# ---------------------------------------------------------------------------- construction
+def agree(
+    settings: Mapping[str, Any], processes: Sequence[int], what: str, timeout_s: float | None = None
+) -> str | None:
+    """Checks that every process in ``processes`` called this with equal ``settings``.
+
+    Every process of the mesh must call it, in the same order relative to its other calls for
+    the same set of processes (as every host builds the same loaders in the same order). Cost: one
+    round trip to the coordination service and one barrier; the values themselves travel only
+    when they differ.
+
+    Args:
+        settings: setting name -> a JSON-able value.
+        processes: the processes of the mesh (ascending); this process must be one of them.
+        what: what the processes did, e.g. ``"built DataLoader 'train'"``.
+        timeout_s: how long to wait for the others (default `TIMEOUT_S`).
+
+    Returns:
+        A key namespace unique to this agreement (for `StreamEnds`), or ``None`` when there is
+        nothing to agree on (one process, or no ``jax.distributed``).
+
+    Raises:
+        ValueError: on every process, when the settings differ: names each differing setting,
+            which processes have which value, and the fix.
+        TimeoutError: some processes did not arrive within ``timeout_s``: names them.
+
+    Example:
+        >>> agree({"seed": 3}, [0], "built a loader") is None  # one process agrees with itself
+        True
+    """
+    client = coordination_client()
+    if len(processes) < 2:
+        return None
+    if client is None:
+        _warn_once(
+            "psdp cannot check that the %d processes of the mesh build their loaders alike, nor "
+            "agree where a callable stream ends: jax.distributed is not initialized (call "
+            "jax.distributed.initialize() first)",
+            len(processes),
+        )
+        return None
+    timeout = TIMEOUT_S if timeout_s is None else timeout_s
+    me = jax.process_index()
+    base = f"{_group(processes)}/{_next_round(_group(processes))}"
+    text = json.dumps(settings, sort_keys=True, default=repr)
+    digest = hashlib.sha256(text.encode()).hexdigest()[:32]
+    client.key_value_set(f"{base}/here/{me}", "")
+    client.key_value_increment(f"{base}/digest/{digest}", 1)
+    _barrier(client, f"{base}/built", processes, base, what, timeout)
+    if int(client.key_value_try_get(f"{base}/digest/{digest}")) == len(processes):
+        return base
+    client.key_value_set(f"{base}/settings/{me}", text)
+    _barrier(client, f"{base}/told", processes, base, what, timeout)
+    values = {
+        int(key.rsplit("/", 1)[1]): json.loads(value)
+        for key, value in client.key_value_dir_get(f"{base}/settings/")
+    }
+    raise ValueError(describe_difference(values, what))
+
+
+def describe_difference(values: Mapping[int, Mapping[str, Any]], what: str) -> str:
+    """The error for settings that differ: each setting, who has which value, and the fix.
+
+    Example:
+        >>> values = {0: {"seed": 1}, 1: {"seed": 2}, 2: {"seed": 1}}
+        >>> print(describe_difference(values, "built a loader"))
+        the 3 processes of the mesh built a loader with different settings, so devices that must hold the same rows would get different ones. seed (processes 0, 2 have 1, process 1 has 2): pass the same seed on every host, from the config, never from time.time() or the process index
+    """
+    names = sorted({name for settings in values.values() for name in settings})
+    parts = []
+    for name in names:
+        holders: dict[str, list[int]] = {}
+        for process in sorted(values):
+            value = json.dumps(values[process].get(name), sort_keys=True)
+            holders.setdefault(value, []).append(process)
+        if len(holders) > 1:
+            who = ", ".join(f"{_who(ps)} {value}" for value, ps in holders.items())
+            parts.append(f"{name} ({who}): {FIXES.get(name, _GENERIC_FIX)}")
+    return (
+        f"the {len(values)} processes of the mesh {what} with different settings, so devices "
+        f"that must hold the same rows would get different ones. {'. '.join(parts)}"
+    )
+
+
+# --------------------------------------------------------------------------- stream steps
+class StreamEnds:
+    """Per step of a stream, the shards that ran short, agreed by every process of the mesh.
+
+    Each process reports its shard's rows for the step only when they are short; the last
+    process to arrive collects the reports and publishes them; the others wait for that, at
+    most `TIMEOUT_S`. Keys are named by ``run`` (one per iterator, or per direct `batch_at`
+    call, numbered alike on every host) and the step, and the last arrival deletes the previous
+    step's keys, so nothing accumulates.
+    """
+
+    def __init__(self, namespace: str, processes: Sequence[int], shard: int, describe: str):
+        self.namespace = namespace
+        self.processes = tuple(processes)
+        self.shard = shard
+        self.describe = describe
+
+    def short_shards(
+        self, run: str, step: int, got: int, wanted: int, stop: Callable[[], bool]
+    ) -> dict[int, int]:
+        """Shard -> rows, for every shard with fewer than ``wanted`` rows at ``step``.
+
+        ``stop()`` is polled while waiting; when it turns true (the loader or iterator was
+        closed) this raises `InterruptedError`.
+        """
+        client = coordination_client()
+        assert client is not None  # StreamEnds exists only where agree() found one
+        key = f"{self.namespace}/{run}/{step}"
+        if got < wanted:
+            client.key_value_set(f"{key}/short/{jax.process_index()}", f"{self.shard} {got}", True)
+        if client.key_value_increment(f"{key}/arrived", 1) == len(self.processes):
+            short: dict[int, int] = {}
+            for _, report in client.key_value_dir_get(f"{key}/short/"):
+                shard, rows = report.split()
+                short[int(shard)] = int(rows)  # every host of a shard reports the same rows
+            client.key_value_set(f"{key}/done", json.dumps(short), True)
+            client.key_value_delete(f"{self.namespace}/{run}/{step - 1}")  # everyone has read it
+            return short
+        done = self._wait(client, key, step, stop)
+        return {int(k): v for k, v in json.loads(done).items()}
+
+    def _wait(self, client: Any, key: str, step: int, stop: Callable[[], bool]) -> str:
+        deadline = time.monotonic() + TIMEOUT_S
+        while True:
+            try:
+                return str(client.blocking_key_value_get(f"{key}/done", int(_POLL_S * 1000)))
+            except jax.errors.JaxRuntimeError as error:
+                if "DEADLINE_EXCEEDED" not in str(error):
+                    raise
+            if stop():
+                raise InterruptedError(f"step {step}: closed while waiting for the other hosts")
+            if time.monotonic() > deadline:
+                arrived = client.key_value_try_get(f"{key}/arrived")
+                raise TimeoutError(
+                    f"step {step} of {self.describe}: only {arrived} of the "
+                    f"{len(self.processes)} processes of the mesh reached it within "
+                    f"{TIMEOUT_S:g} s; every process must read the same steps in the same order "
+                    "(a peek with batch_at on one host only, or a host that stopped iterating, "
+                    "leaves the others waiting)"
+                )
+
+
+def describe_end(
+    step: int, ended: Sequence[int], short: Mapping[int, int], num_shards: int, describe: str
+) -> str:
+    """The `StopIteration` message at a stream's end, saying whether shards were unequal.
+
+    Example:
+        >>> describe_end(4, [1], {1: 0}, 2, "StreamSource(files, sharded by a callable)")
+        'step 4: shard 1 of 2 of StreamSource(files, sharded by a callable) ended; the other shards still had elements (the shards of a callable stream have unequal lengths), and every host stops at the first end'
+    """
+    names = ", ".join(map(str, ended))
+    message = f"step {step}: shard {names} of {num_shards} of {describe} ended"
+    if len(short) < num_shards or len(set(short.values())) > 1:
+        message += (
+            "; the other shards still had elements (the shards of a callable stream have "
+            "unequal lengths), and every host stops at the first end"
+        )
+    return message
+
+
+# -------------------------------------------------------------------------------- helpers
+_warned: set[str] = set()
+
+
+def _warn_once(message: str, *args: Any) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        logger.warning(message, *args)
+
+
+def _group(processes: Sequence[int]) -> str:
+    """A short key naming a set of processes (a mesh over some processes has its own rounds)."""
+    text = ",".join(map(str, processes))
+    return f"psdp/{len(processes)}-{hashlib.sha1(text.encode()).hexdigest()[:12]}"
+
+
+def _next_round(group: str) -> int:
+    """This process's count of agreements for ``group``: equal on every host that built the same
+    loaders in the same order."""
+    with _rounds_lock:
+        _rounds[group] = _rounds.get(group, 0) + 1
+        return _rounds[group]
+
+
+def _barrier(
+    client: Any, name: str, processes: Sequence[int], base: str, what: str, timeout_s: float
+) -> None:
+    try:
+        client.wait_at_barrier(name, int(timeout_s * 1000), list(processes))
+    except jax.errors.JaxRuntimeError as error:
+        if "DEADLINE_EXCEEDED" not in str(error):
+            raise
+        arrived = {
+            int(key.rsplit("/", 1)[1]) for key, _ in client.key_value_dir_get(f"{base}/here/")
+        }
+        missing = [p for p in processes if p not in arrived]
+        raise TimeoutError(
+            f"{_who(missing, verb=False)} of the mesh did not arrive within {timeout_s:g} s, "
+            f"while {_who(sorted(arrived), verb=False)} {what} and waited; every process of the "
+            f"mesh must build the same loaders in the same order: look for an error, or a loader "
+            f"that was not built, on {_who(missing, verb=False)}"
+        ) from None
+
+
+def _who(processes: Sequence[int], verb: bool = True) -> str:
+    """``"process 3 has"``, ``"processes 0, 1, 2 have"`` (or without the verb)."""
+    if len(processes) == 1:
+        return f"process {processes[0]}" + (" has" if verb else "")
+    return f"processes {', '.join(map(str, processes))}" + (" have" if verb else "")

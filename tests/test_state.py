@@ -1,0 +1,104 @@
+"""Whose state a checkpoint saves: each iterator has its own; `loader.state()` refuses to guess;
+`batch_at` peeks without an iterator; `LoaderConfig.restore` continues a saved run."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import Mesh
+
+from batch_checks import assert_batch_exact, token_table
+from psdp import DataLoader, LoaderConfig
+
+ROWS, B = 64, 8
+DATA = {"tokens": token_table(ROWS)}
+
+
+def _mesh() -> Mesh:
+    return Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "model"))
+
+
+def _unshuffled(step: int) -> dict[str, np.ndarray]:
+    """Unshuffled step s holds rows s*B .. s*B + B - 1 (64 rows: no short batch)."""
+    return {"tokens": DATA["tokens"][(step * B) % ROWS + np.arange(B)]}
+
+
+def test_each_iterator_has_its_own_state_and_the_loader_refuses_to_guess():
+    with DataLoader(DATA, mesh=_mesh(), global_batch_size=B, shuffle=False) as loader:
+        train = iter(loader)
+        for _ in range(5):
+            next(train)
+        peek = iter(loader)  # a peek during training: the newest iterator
+        next(peek)
+        assert train.state()["step"] == 5 and peek.state()["step"] == 1
+        with pytest.raises(ValueError, match=r"2 iterators .* open \(next steps \[5, 1\]\)"):
+            loader.state()
+        peek.close()
+        assert loader.state() == train.state()
+        saved = json.loads(json.dumps(train.state()))  # JSON-able, in the format restore takes
+    with DataLoader.restore(saved, DATA, mesh=_mesh()) as loader:
+        assert_batch_exact(next(iter(loader)), _unshuffled(5))
+
+
+def test_batch_at_peeks_without_an_iterator_or_a_thread():
+    with DataLoader(DATA, mesh=_mesh(), global_batch_size=B, shuffle=False) as loader:
+        train = iter(loader)
+        next(train), next(train)
+        before, threads = loader.state(), threading.active_count()
+        assert_batch_exact(loader.batch_at(7), _unshuffled(7))
+        assert loader.state() == before == train.state()
+        assert threading.active_count() == threads
+        assert_batch_exact(next(train), _unshuffled(2))
+
+
+def test_loader_config_restore_continues_a_saved_run():
+    mesh = _mesh()
+    config = LoaderConfig(global_batch_size=B, shuffle=False)
+    with config.build(mesh, source=DATA) as loader:
+        train = iter(loader)
+        for _ in range(3):
+            next(train)
+        state = train.state()
+    with config.restore(state, mesh, source=DATA) as loader:
+        assert loader.start_step == 3
+        assert_batch_exact(next(iter(loader)), _unshuffled(3))
+    with pytest.raises(ValueError, match="resuming with seed=4, but the saved state has seed=0"):
+        LoaderConfig(global_batch_size=B, shuffle=False, seed=4).restore(state, mesh, source=DATA)
+    with pytest.raises(ValueError, match="the source does not match the saved state"):
+        config.restore(state, mesh, source={"tokens": DATA["tokens"][:32]})
+
+
+def test_the_trainer_doc_resumes_from_its_checkpoint(tmp_path, monkeypatch):
+    """docs/trainer.md's resume example: a run of 100 steps saves; a restart continues at 100."""
+    import re
+    from pathlib import Path
+
+    from psdp import MeshConfig
+
+    text = (Path(__file__).parents[1] / "docs" / "trainer.md").read_text()
+    trainer = re.search(r"## A trainer in under 30 lines\n\n```python\n(.*?)```", text, re.S)
+    resume = re.search(r"## Resuming from a checkpoint\n.*?```python\n(.*?)```", text, re.S)
+    assert trainer and resume, "docs/trainer.md lost its examples"
+    namespace: dict = {}
+    exec(trainer.group(1).replace('if __name__ == "__main__":', "if False:"), namespace)
+    exec(resume.group(1), namespace)
+    np.save(tmp_path / "tokens.npy", DATA["tokens"])
+    data = LoaderConfig(source=str(tmp_path / "tokens.npy"), global_batch_size=B, shuffle=False)
+    config = namespace["TrainerConfig"](mesh=MeshConfig(axes={"data": 4, "model": 2}), data=data)
+    starts: list[int] = []
+    iter_from = DataLoader.iter_from
+    monkeypatch.setattr(
+        DataLoader, "iter_from", lambda self, s: starts.append(s) or iter_from(self, s)
+    )
+    namespace["train"](config, tmp_path)
+    saved = json.loads((tmp_path / "loader.json").read_text())
+    assert saved["step"] == 100
+    longer = namespace["TrainerConfig"](mesh=config.mesh, data=data, num_train_steps=103)
+    namespace["train"](longer, tmp_path)  # a restart: steps 100, 101, 102
+    assert starts == [0, 100]
+    with data.restore(saved, longer.mesh.build()) as loader:
+        assert_batch_exact(next(iter(loader)), _unshuffled(100)["tokens"])
