@@ -415,7 +415,7 @@ class LoaderConfig:
             >>> import numpy as np
             >>> mesh = MeshConfig(axes={"data": 4, "model": 2}).build()
             >>> config = LoaderConfig(global_batch_size=8, shuffle=False)
-            >>> with config.build(mesh, source=np.arange(32).reshape(16, 2)) as loader:
+            >>> with config.build(mesh, source=np.arange(32, dtype=np.int32).reshape(16, 2)) as loader:
             ...     np.asarray(next(iter(loader)))[:, 0].tolist()
             [0, 2, 4, 6, 8, 10, 12, 14]
         """
