@@ -34,7 +34,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from psdp._checks import check_int, preview_ids
+from psdp._checks import check_fields, check_int, preview_ids
 from psdp.assembly import LeafAssembler
 from psdp.dtypes import check_pad_value, needs_x64, plan_dtypes
 from psdp.mesh import _spec_axes, as_layout
@@ -60,6 +60,17 @@ __all__ = ["DEFAULT_BATCH_AXES", "DataLoader", "default_batch_spec"]
 
 #: The ``format`` field of `DataLoader.state`.
 STATE_FORMAT = "psdp.loader/1"
+RESTORE_FIX = "pass the whole dict DataLoader.state() returned, as it was saved"
+#: The keys `DataLoader.restore` needs in a state, and their kinds.
+STATE_FIELDS = {
+    "format": "str",
+    "step": "int",
+    "global_batch_size": "int",
+    "seed": "int",
+    "shuffle": "bool",
+    "drop_last": "bool",
+    "source": "dict",
+}
 
 Batch = Any  # a jax.Array, or a dict of jax.Arrays / haliax NamedArrays
 
@@ -636,6 +647,7 @@ class DataLoader:
                 f"not a psdp loader state (expected a dict with format={STATE_FORMAT!r}, got "
                 f"{str(state)[:80]!r}); pass what DataLoader.state() returned"
             )
+        check_fields("the saved state", state, STATE_FIELDS, RESTORE_FIX)
         for name in ("global_batch_size", "seed", "shuffle", "drop_last"):
             if name in kwargs and kwargs[name] != state[name]:
                 raise ValueError(
