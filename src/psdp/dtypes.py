@@ -172,12 +172,12 @@ def leaf_label(key: Key) -> str:
 # ------------------------------------------------------------------------------------ helpers
 def _family(dtype: np.dtype) -> str | None:
     """bool, int, float or complex (ml_dtypes' bfloat16, int4, float8 included); None otherwise."""
-    if dtype.kind == "b":
-        return "bool"
-    for family, kind in (("int", np.integer), ("float", np.floating)):
-        if jax.dtypes.issubdtype(dtype, kind):
-            return family
-    return "complex" if jax.dtypes.issubdtype(dtype, np.complexfloating) else None
+    by_kind = {"b": "bool", "i": "int", "u": "int", "f": "float", "c": "complex"}
+    if dtype.kind in by_kind:
+        return by_kind[dtype.kind]
+    if dtype.kind == "V" and jax.dtypes.issubdtype(dtype, np.number):  # ml_dtypes' numbers
+        return "int" if jax.dtypes.issubdtype(dtype, np.integer) else "float"
+    return None  # strings, objects, datetimes and timedeltas, raw and structured bytes
 
 
 def _holdable(dtype: np.dtype) -> bool:
