@@ -333,8 +333,13 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
         "an int64 leaf while x64 is off",
         lambda _: _loader({"tokens": TOKENS.astype(np.int64)}),
         TypeError,
-        ["leaf 'tokens'", "int64", "holds as int32", "dtypes={'tokens': np.int32}",
-         'jax.config.update("jax_enable_x64", True)'],
+        [
+            "leaf 'tokens'",
+            "int64",
+            "holds as int32",
+            "dtypes={'tokens': np.int32}",
+            'jax.config.update("jax_enable_x64", True)',
+        ],
     ),  # fmt: skip
     (
         "a uint64 leaf while x64 is off",
@@ -413,8 +418,14 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
         "pad_value -1 on a uint16 leaf that is padded",
         lambda _: _loader({"tokens": TOKENS.astype(np.uint16)}, global_batch_size=6, pad_value=-1),
         ValueError,
-        ["pad_value=-1", "leaf 'tokens'", "uint16", "[0, 65535]", "padding rows",
-         "pad_value that uint16 holds"],
+        [
+            "pad_value=-1",
+            "leaf 'tokens'",
+            "uint16",
+            "[0, 65535]",
+            "padding rows",
+            "pad_value that uint16 holds",
+        ],
     ),  # fmt: skip
     (
         "pad_value nan on an int leaf that is padded",
@@ -430,8 +441,9 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
     ),
     (
         "pad_value -1 on a bool leaf that is padded",
-        lambda _: _loader({"tokens": TOKENS, "keep": np.ones(64, bool)}, global_batch_size=6,
-                          pad_value=-1),
+        lambda _: _loader(
+            {"tokens": TOKENS, "keep": np.ones(64, bool)}, global_batch_size=6, pad_value=-1
+        ),
         ValueError,
         ["pad_value=-1", "leaf 'keep'", "bool", "0 or 1"],
     ),  # fmt: skip
@@ -449,8 +461,12 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
     ),
     (
         "pad_value -1 on a uint16 leaf with a halo",  # no padding rows: the halo's edges
-        lambda _: _loader({"tokens": TOKENS.astype(np.uint16)}, halo=1, pad_value=-1,
-                          batch_spec={"tokens": PartitionSpec("data", "model")}),
+        lambda _: _loader(
+            {"tokens": TOKENS.astype(np.uint16)},
+            halo=1,
+            pad_value=-1,
+            batch_spec={"tokens": PartitionSpec("data", "model")},
+        ),
         ValueError,
         ["pad_value=-1", "leaf 'tokens'", "uint16", "halo=1"],
     ),  # fmt: skip
@@ -537,8 +553,9 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
     ),
     (
         "resume from a state missing keys",
-        lambda _: DataLoader.restore(_state_with(seed=None, step=None), {"tokens": TOKENS},
-                                     mesh=_mesh()),
+        lambda _: DataLoader.restore(
+            _state_with(seed=None, step=None), {"tokens": TOKENS}, mesh=_mesh()
+        ),
         ValueError,
         ["lacks keys ['seed', 'step']", "pass the whole dict DataLoader.state() returned"],
     ),  # fmt: skip

@@ -123,7 +123,9 @@ def test_64_bit_dtypes_are_refused_without_x64_and_pass_with_it(dtype):
     with pytest.raises(TypeError, match="jax_enable_x64 is off"):
         plan_dtypes({"x": np.dtype(dtype)}, None)
     with jax.enable_x64(True):
-        assert plan_dtypes({"x": np.dtype(dtype)}, None)["x"].delivered == np.dtype(dtype).newbyteorder("=")
+        assert plan_dtypes({"x": np.dtype(dtype)}, None)["x"].delivered == np.dtype(
+            dtype
+        ).newbyteorder("=")
 
 
 def test_a_declared_dtype_is_what_is_delivered():

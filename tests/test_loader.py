@@ -285,7 +285,9 @@ def test_a_stream_fills_batches_in_order_and_pads_its_end():
 
 
 def test_a_stream_resumes_by_skipping_and_drops_its_end_with_drop_last():
-    stream = StreamSource(lambda shard, num_shards: ({"x": np.array([k, -k], np.int32)} for k in range(30)))
+    stream = StreamSource(
+        lambda shard, num_shards: ({"x": np.array([k, -k], np.int32)} for k in range(30))
+    )
     mesh = make_mesh("data=8")
     with DataLoader(stream, mesh=mesh, global_batch_size=8, drop_last=True) as loader:
         assert not loader.padded

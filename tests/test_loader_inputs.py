@@ -13,9 +13,15 @@ import pytest
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from batch_checks import assert_batch_exact, assert_shards_exact, token_table
-from psdp import ArraySource, DataLoader, GrainSource, MemmapSource, TensorStoreSource
-from psdp import write_dataset
+from batch_checks import assert_batch_exact, token_table
+from psdp import (
+    ArraySource,
+    DataLoader,
+    GrainSource,
+    MemmapSource,
+    TensorStoreSource,
+    write_dataset,
+)
 from psdp.sources.base import reads_fresh_rows
 
 B = 8
@@ -82,7 +88,9 @@ class RefillingSource:
 )
 def test_a_source_that_refills_one_buffer_never_changes_delivered_batches(case, steps, width):
     rows = token_table(64, width=width)
-    data = {"tokens": rows, "weight": rows[:, 0].astype(np.float32)} if case == "dict source" else rows
+    data = (
+        {"tokens": rows, "weight": rows[:, 0].astype(np.float32)} if case == "dict source" else rows
+    )
     loader = DataLoader(RefillingSource(data), mesh=mesh_4x2(), global_batch_size=B, shuffle=False)
     with loader:
         held = [batch for _, batch in zip(range(steps), loader, strict=False)]
@@ -184,7 +192,9 @@ def test_a_declared_dtype_casts_every_read_and_the_loader_reports_it():
     wide = token_table(32).astype(np.int64)
     data = {"tokens": wide, "weight": np.linspace(0, 1, 32)}  # int64 and float64
     dtypes = {"tokens": np.int32, "weight": "float32"}
-    with DataLoader(data, mesh=mesh_4x2(), global_batch_size=B, shuffle=False, dtypes=dtypes) as loader:
+    with DataLoader(
+        data, mesh=mesh_4x2(), global_batch_size=B, shuffle=False, dtypes=dtypes
+    ) as loader:
         assert loader.dtypes == {"tokens": np.dtype(np.int32), "weight": np.dtype(np.float32)}
         for step, batch in zip(range(5), loader, strict=False):
             want = unshuffled(data, step, 32, mask=True)
@@ -232,7 +242,9 @@ def test_with_x64_enabled_64_bit_leaves_pass_through_unchanged_on_the_loader_thr
 def test_a_big_endian_leaf_is_delivered_in_native_byte_order():
     big = token_table(30).astype(">i4")  # 30 rows: a short, padded final batch too
     data = {"tokens": big}
-    with DataLoader(data, mesh=mesh_4x2(), global_batch_size=B, shuffle=False, pad_value=-1) as loader:
+    with DataLoader(
+        data, mesh=mesh_4x2(), global_batch_size=B, shuffle=False, pad_value=-1
+    ) as loader:
         assert loader.dtypes == {"tokens": np.dtype(np.int32)}
         batches = [b for _, b in zip(range(4), loader, strict=False)]
     for step, batch in enumerate(batches):
@@ -278,3 +290,20 @@ def test_mask_key_none_leaves_the_mask_out_when_nothing_can_be_padded():
     with loader:
         assert set(loader.batch_at(0)) == {"tokens"}
         assert_batch_exact(loader.batch_at(1), unshuffled(data, 1, 32))
+
+
+# ------------------------------------------------------- items 6, 15, 16: what is not refused
+def test_a_pad_value_is_only_checked_against_leaves_it_can_fill():
+    data = {"tokens": token_table(32).astype(np.uint16)}  # 32 rows, B=8 on 4 shards: no padding
+    loader = DataLoader(data, mesh=mesh_4x2(), global_batch_size=B, pad_value=-1, shuffle=False)
+    with loader:
+        assert not loader.padded
+        assert_batch_exact(loader.batch_at(0), unshuffled(data, 0, 32, mask=True))
+
+
+def test_an_indivisible_sequence_never_suggests_padding_the_batch():
+    with pytest.raises(ValueError) as raised:
+        DataLoader({"tokens": token_table(32, width=7)}, mesh=mesh_4x2(("data", "context")),
+                   global_batch_size=B, batch_spec={"tokens": P("data", "context")})  # fmt: skip
+    message = str(raised.value)
+    assert "pad the batch" not in message and "sequence length" in message

@@ -320,7 +320,9 @@ class DataLoader:
                     f"in a physical batch of {self.physical_batch_size}, drop_last={self.drop_last})"
                 )
             elif halos[key]:
-                reason = f"its halo={halos[key]} columns beyond the sequence's ends are filled with it"
+                reason = (
+                    f"its halo={halos[key]} columns beyond the sequence's ends are filled with it"
+                )
             else:
                 continue
             check_pad_value(self.pad_value, dtype.delivered, key, reason)
