@@ -77,7 +77,7 @@ class RefillingSource:
         return out[None] if None in out else out
 
 
-# ------------------------------------------------------------------- item 1: owned buffers
+# ------------------------------------------------------------------- owned buffers
 @pytest.mark.parametrize(
     ("case", "steps", "width"),
     [
@@ -129,7 +129,7 @@ def test_psdp_sources_return_new_arrays_on_every_read(tmp_path):
             np.testing.assert_array_equal(window, rows[ids, 1:3], err_msg=name)
 
 
-# ------------------------------------------------------------- item 2: a stray StopIteration
+# ------------------------------------------------------------- a stray StopIteration
 class StopsAt:
     """A random-access source whose read (or read_window) lets a StopIteration escape at a step."""
 
@@ -187,7 +187,7 @@ def test_a_stop_iteration_in_the_first_read_is_an_error_at_construction():
         DataLoader(source, mesh=mesh_4x2(), global_batch_size=B)
 
 
-# ------------------------------------------------------- item 4: 64-bit leaves and dtypes=
+# ------------------------------------------------------- 64-bit leaves and dtypes=
 def test_a_declared_dtype_casts_every_read_and_the_loader_reports_it():
     wide = token_table(32).astype(np.int64)
     data = {"tokens": wide, "weight": np.linspace(0, 1, 32)}  # int64 and float64
@@ -238,7 +238,7 @@ def test_with_x64_enabled_64_bit_leaves_pass_through_unchanged_on_the_loader_thr
             assert_batch_exact(batch, unshuffled(data, step, 32, mask=True))
 
 
-# ---------------------------------------------------------- item 9: byte order is converted
+# ---------------------------------------------------------- byte order is converted
 def test_a_big_endian_leaf_is_delivered_in_native_byte_order():
     big = token_table(30).astype(">i4")  # 30 rows: a short, padded final batch too
     data = {"tokens": big}
@@ -256,7 +256,7 @@ def test_a_big_endian_leaf_is_delivered_in_native_byte_order():
         assert_batch_exact(batch, {"tokens": want, "mask": real})
 
 
-# ------------------------------------------------------------------- item 10: Python lists
+# ------------------------------------------------------------------- Python lists
 def test_a_list_of_records_is_a_source():
     rows = token_table(24)
     weights = np.arange(24, dtype=np.float32)
@@ -292,7 +292,7 @@ def test_mask_key_none_leaves_the_mask_out_when_nothing_can_be_padded():
         assert_batch_exact(loader.batch_at(1), unshuffled(data, 1, 32))
 
 
-# ------------------------------------------------------- items 6, 15, 16: what is not refused
+# ------------------------------------------------------- what is not refused
 def test_a_pad_value_is_only_checked_against_leaves_it_can_fill():
     data = {"tokens": token_table(32).astype(np.uint16)}  # 32 rows, B=8 on 4 shards: no padding
     loader = DataLoader(data, mesh=mesh_4x2(), global_batch_size=B, pad_value=-1, shuffle=False)
