@@ -29,10 +29,10 @@ def physical_ids(loader, step: int) -> np.ndarray:
 
 
 def expected_batch(loader, data, step: int):
-    """What the loader must deliver at ``step``: the rows, padding, and the mask when padded."""
+    """What the loader must deliver at ``step``: the rows, padding, and a dict batch's mask."""
     ids = physical_ids(loader, step)
     out = expected_global(data, ids, loader.pad_value)
-    if loader.padded:
+    if isinstance(data, dict) and loader.mask_key is not None:
         out[loader.mask_key] = ids != PAD
     return out
 

@@ -70,6 +70,8 @@ class ChangesMidDataset:
         rows = self.rows.read(ids)
         if len(ids) < 2 or ids.min() < self.FROM_STEP * B:
             return rows  # the constructor's one-row probe, and steps 0-2
+        if self.how == "stop iteration":
+            next(iter(()))  # a stray next() on an exhausted iterator
         broken = {
             "dtype": lambda v: v.astype(np.float32),
             "trailing shape": lambda v: v[:, :4],
@@ -92,6 +94,28 @@ def _mid_dataset(how: str) -> Callable[[Path], Any]:
                 assert_batch_exact(batch, expected_batch(loader, data, step))
 
     return run
+
+
+def _too_wide_for_declared_dtype(_: Path) -> None:
+    """An int64 leaf declared int32 whose row 27 (step 3) holds 2**40 + 7; steps 0-2 exact."""
+    wide = TOKENS.astype(np.int64)
+    wide[27, 1] = 2**40 + 7
+    with _loader({"tokens": wide}, shuffle=False, dtypes={"tokens": np.int32}) as loader:
+        for step, batch in zip(range(6), loader, strict=False):
+            assert step < 3, f"step {step} was delivered"
+            assert_batch_exact(batch, expected_batch(loader, {"tokens": TOKENS}, step))
+
+
+def _state_with(**changes: Any) -> dict[str, Any]:
+    """A real saved state, with keys replaced (or removed when given ``None``)."""
+    with _loader() as loader:
+        state = loader.state()
+    for key, value in changes.items():
+        if value is None:
+            del state[key]
+        else:
+            state[key] = value
+    return state
 
 
 def _closed_then_iter(_: Path) -> None:
@@ -233,7 +257,7 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
             {"tokens": TOKENS[:, :7]}, batch_spec={"tokens": PartitionSpec("data", "model")}
         ),
         ValueError,
-        ["size 7", "2 shards (model=2)", "a multiple of 2"],
+        ["size 7", "2 shards (model=2)", "a multiple of 2 (e.g. 6 or 8", "fewer mesh axes"],
     ),
     # ------------------------------------------------------------------------------ sources
     (
@@ -309,6 +333,160 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
         ValueError,
         ["step 3", "7 rows", "8 ids"],
     ),
+    (
+        "a stray StopIteration mid-dataset",  # only a stream's end may end iteration
+        _mid_dataset("stop iteration"),
+        RuntimeError,
+        ["step 3", "ChangesMidDataset(stop iteration)", "raised StopIteration", "catch it"],
+    ),
+    (
+        "a value beyond the declared dtype mid-dataset",
+        _too_wide_for_declared_dtype,
+        ValueError,
+        ["step 3", "leaf 'tokens'", "1099511627783", "row 27", "int32", "dtypes="],
+    ),
+    # ------------------------------------------------------------------------------- dtypes
+    (
+        "an int64 leaf while x64 is off",
+        lambda _: _loader({"tokens": TOKENS.astype(np.int64)}),
+        TypeError,
+        [
+            "leaf 'tokens'",
+            "int64",
+            "holds as int32",
+            "dtypes={'tokens': np.int32}",
+            'jax.config.update("jax_enable_x64", True)',
+        ],
+    ),  # fmt: skip
+    (
+        "a uint64 leaf while x64 is off",
+        lambda _: _loader({"tokens": TOKENS.astype(np.uint64)}),
+        TypeError,
+        ["leaf 'tokens'", "uint64", "dtypes={'tokens': np.uint32}", "jax_enable_x64"],
+    ),
+    (
+        "a float64 array source while x64 is off",
+        lambda _: _loader(TOKENS.astype(np.float64)),
+        TypeError,
+        ["the array source", "float64", "dtypes=np.float32", "jax_enable_x64"],
+    ),
+    (
+        "a complex128 leaf while x64 is off",
+        lambda _: _loader({"tokens": TOKENS.astype(np.complex128)}),
+        TypeError,
+        ["leaf 'tokens'", "complex128", "np.complex64", "jax_enable_x64"],
+    ),
+    (
+        "a declared 64-bit dtype while x64 is off",
+        lambda _: _loader(dtypes={"tokens": np.int64}),
+        TypeError,
+        ["leaf 'tokens'", "its declared dtype is int64", "jax_enable_x64"],
+    ),
+    (
+        "dtypes names an unknown leaf",
+        lambda _: _loader(dtypes={"tokenz": np.int32}),
+        ValueError,
+        ["['tokenz']", "its leaves are ['tokens']"],
+    ),
+    (
+        "dtypes holds something that is not a dtype",
+        lambda _: _loader(dtypes={"tokens": "int33"}),
+        TypeError,
+        ["dtypes['tokens']", "'int33'", "np.int32"],
+    ),
+    (
+        "one dtype for a dict source",
+        lambda _: _loader(dtypes=np.int16),
+        TypeError,
+        ["dict leaf -> dtype", "dtypes={'tokens': np.int32}"],
+    ),
+    (
+        "a string leaf",
+        lambda _: _loader({"tokens": TOKENS, "text": np.array(["a"] * 64)}),
+        TypeError,
+        ["leaf 'text'", "<U1", "a JAX array cannot hold", "encode it as numbers"],
+    ),
+    (
+        "an object leaf",
+        lambda _: _loader({"tokens": TOKENS, "meta": np.array([None] * 64)}),
+        TypeError,
+        ["leaf 'meta'", "object", "encode it as numbers"],
+    ),
+    (
+        "a datetime leaf",
+        lambda _: _loader({"tokens": TOKENS, "t": np.arange(64).astype("datetime64[s]")}),
+        TypeError,
+        ["leaf 't'", "datetime64[s]", ".astype('int64')"],
+    ),
+    (
+        "a structured leaf",
+        lambda _: _loader({"tokens": TOKENS, "rec": np.zeros(64, [("a", "i4"), ("b", "f4")])}),
+        TypeError,
+        ["leaf 'rec'", "[('a', '<i4'), ('b', '<f4')]", "one leaf per field"],
+    ),
+    (
+        "a list of strings as the source",
+        lambda _: _loader([f"row {i}" for i in range(64)]),
+        TypeError,
+        ["the array source", "<U5", "encode it as numbers"],
+    ),
+    # ---------------------------------------------------------------------------- pad_value
+    (
+        "pad_value -1 on a uint16 leaf that is padded",
+        lambda _: _loader({"tokens": TOKENS.astype(np.uint16)}, global_batch_size=6, pad_value=-1),
+        ValueError,
+        [
+            "pad_value=-1",
+            "leaf 'tokens'",
+            "uint16",
+            "[0, 65535]",
+            "padding rows",
+            "pad_value that uint16 holds",
+        ],
+    ),  # fmt: skip
+    (
+        "pad_value nan on an int leaf that is padded",
+        lambda _: _loader(global_batch_size=6, pad_value=float("nan")),
+        ValueError,
+        ["pad_value=nan", "leaf 'tokens'", "int32"],
+    ),
+    (
+        "pad_value 0.5 on an int leaf that is padded",
+        lambda _: _loader(global_batch_size=6, pad_value=0.5),
+        ValueError,
+        ["pad_value=0.5", "int32"],
+    ),
+    (
+        "pad_value -1 on a bool leaf that is padded",
+        lambda _: _loader(
+            {"tokens": TOKENS, "keep": np.ones(64, bool)}, global_batch_size=6, pad_value=-1
+        ),
+        ValueError,
+        ["pad_value=-1", "leaf 'keep'", "bool", "0 or 1"],
+    ),  # fmt: skip
+    (
+        "pad_value 2 on a bool leaf that is padded",
+        lambda _: _loader({"keep": np.ones(64, bool)}, global_batch_size=6, pad_value=2),
+        ValueError,
+        ["pad_value=2", "leaf 'keep'", "bool"],
+    ),
+    (
+        "pad_value beyond a float16 leaf that is padded",
+        lambda _: _loader({"x": np.ones(64, np.float16)}, global_batch_size=6, pad_value=1e6),
+        ValueError,
+        ["pad_value=1000000.0", "leaf 'x'", "float16", "65504"],
+    ),
+    (
+        "pad_value -1 on a uint16 leaf with a halo",  # no padding rows: the halo's edges
+        lambda _: _loader(
+            {"tokens": TOKENS.astype(np.uint16)},
+            halo=1,
+            pad_value=-1,
+            batch_spec={"tokens": PartitionSpec("data", "model")},
+        ),
+        ValueError,
+        ["pad_value=-1", "leaf 'tokens'", "uint16", "halo=1"],
+    ),  # fmt: skip
     # ------------------------------------------------------------------- stores on disk
     (
         "store path does not exist",
@@ -392,9 +570,23 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
     ),
     (
         "resume on a source with another dtype",
-        _resume({}, source={"tokens": TOKENS.astype(np.int64)}),
+        _resume({}, source={"tokens": TOKENS.astype(np.int16)}),
         ValueError,
-        ["'int32'", "'int64'", "resume with the source the state was saved from"],
+        ["'int32'", "'int16'", "resume with the source the state was saved from"],
+    ),
+    (
+        "resume from a state missing keys",
+        lambda _: DataLoader.restore(
+            _state_with(seed=None, step=None), {"tokens": TOKENS}, mesh=_mesh()
+        ),
+        ValueError,
+        ["lacks keys ['seed', 'step']", "pass the whole dict DataLoader.state() returned"],
+    ),  # fmt: skip
+    (
+        "resume from a state with a step of the wrong type",
+        lambda _: DataLoader.restore(_state_with(step="3"), {"tokens": TOKENS}, mesh=_mesh()),
+        TypeError,
+        ["'step' must be an int", "str '3'", "pass the whole dict DataLoader.state() returned"],
     ),
     (
         "resume from a config with another seed",
@@ -437,6 +629,24 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
         lambda _: _loader(mesh="data=4,model=2"),
         TypeError,
         ["jax.sharding.Mesh", "got str"],
+    ),
+    (
+        "seed of 2**64",  # the order hashes 64 bits: it would repeat seed 0's order
+        lambda _: _loader(seed=2**64),
+        ValueError,
+        ["seed must be in [0, 2**64 - 1]", "18446744073709551616", "seed % 2**64"],
+    ),
+    (
+        "negative seed",  # -1 would repeat the order of 2**64 - 1
+        lambda _: _loader(seed=-1),
+        ValueError,
+        ["seed must be in [0, 2**64 - 1]", "got -1"],
+    ),
+    (
+        "mask_key None while padding can occur",
+        lambda _: _loader(global_batch_size=6, mask_key=None),
+        ValueError,
+        ["global_batch_size=6", "physical batch is 8", "mask_key=None", "pass mask_key='mask'"],
     ),
     (
         "global batch of zero",

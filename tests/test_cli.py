@@ -304,7 +304,8 @@ def test_simulate_json(capsys):
     report = json.loads(out)
     assert report["verdict"] == "all devices received exactly their rows"
     assert report["shape"] == [8, 4]
-    assert [h["shards_checked"] for h in report["hosts"]] == [12, 12]
+    # 6 steps x 2 devices x 2 leaves (tokens and the mask every dict batch carries)
+    assert [h["shards_checked"] for h in report["hosts"]] == [24, 24]
     assert report["simulation"]["mesh"]["axes"] == {"data": 2, "model": 2}
 
 

@@ -9,7 +9,7 @@ import os
 import re
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import draccus
@@ -52,6 +52,7 @@ FULL = TrainerConfig(
         halo={"tokens": 2},
         pad_value=-1,
         mask_key="valid",
+        dtypes={"weight": "float16"},
         read_threads=2,
         read_timeout_s=30.0,
         feeding_processes=[0, 1],
@@ -85,6 +86,7 @@ def test_flags_set_every_field():
         *["--data.partition", '{tokens: "(replica,data),model", mask: batch}'],
         *["--data.prefetch", "3", "--data.drop_last", "true", "--data.halo", "{tokens: 2}"],
         *["--data.pad_value", "-1", "--data.mask_key", "valid", "--data.read_threads", "2"],
+        *["--data.dtypes", "{weight: float16}"],
         *["--data.read_timeout_s", "30", "--num_train_steps", "5"],
         *["--data.feeding_processes", "[0, 1]", "--data.named_axes", "{weight: [batch]}"],
         *["--data.axis_mapping", "{batch: [replica, data]}"],
@@ -98,6 +100,7 @@ def test_flags_set_every_field():
         (["--data.partition", "data,model"], "partition", "data,model"),  # a string, not a dict
         (["--data.halo", "4"], "halo", 4),  # an int, not a dict
         (["--data.pad_value", "0.5"], "pad_value", 0.5),
+        (["--data.dtypes", "int32"], "dtypes", "int32"),  # one name, not a dict
     ],
 )
 def test_flags_for_union_fields(flags, field_name, value):
@@ -172,6 +175,8 @@ def test_mesh_config_errors(kwargs, words):
         ({"pad_value": "0"}, ["LoaderConfig.pad_value must be a number, got '0'"]),
         ({"pad_value": True}, ["LoaderConfig.pad_value must be a number, got True"]),
         ({"mask_key": ""}, ["LoaderConfig.mask_key must be a non-empty leaf name"]),
+        ({"dtypes": {"tokens": "int33"}}, ["LoaderConfig.dtypes['tokens']", "'int33'", "int32"]),
+        ({"dtypes": "text"}, ["LoaderConfig.dtypes must be a numpy dtype name", "'text'"]),
         ({"read_timeout_s": 0}, ["LoaderConfig.read_timeout_s must be a positive number", "got 0"]),
         ({"read_timeout_s": True}, ["LoaderConfig.read_timeout_s", "got True"]),
         ({"feeding_processes": []}, ["LoaderConfig.feeding_processes must be a non-empty list"]),
@@ -264,6 +269,18 @@ def test_build_reads_the_source_exactly(tmp_path, kind):
             assert_batch_exact(batch, rows[ids])
             report = check_consistency(batch, rows[ids])
             assert (report.devices, report.distinct_shards, report.exact) == (8, 4, True)
+
+
+def test_dtypes_let_a_64_bit_npy_file_load_without_x64(tmp_path):
+    rows = token_table(64, width=4).astype(np.int64)
+    np.save(tmp_path / "tokens.npy", rows)
+    mesh = MeshConfig(axes={"data": 4, "model": 2}).build()
+    config = LoaderConfig(source=str(tmp_path / "tokens.npy"), global_batch_size=8, shuffle=False)
+    with pytest.raises(TypeError, match=r"int64, which JAX holds as int32.*dtypes=np.int32"):
+        config.build(mesh)
+    with replace(config, dtypes="int32").build(mesh) as loader:
+        assert loader.dtypes == np.dtype(np.int32)
+        assert_batch_exact(loader.batch_at(1), rows[8:16].astype(np.int32))
 
 
 # ------------------------------------------------------------------------ docs/trainer.md

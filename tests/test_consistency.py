@@ -38,7 +38,7 @@ def test_nan_where_nan_is_expected_is_exact():
     data[0, 1] = np.nan
     with DataLoader({"x": data}, mesh=mesh_4x2(), global_batch_size=8, shuffle=False) as loader:
         batch = next(iter(loader))
-    assert check_consistency(batch, {"x": data}).exact
+    assert check_consistency(batch, {"x": data, "mask": np.ones(8, bool)}).exact
     wrong = data.copy()
     wrong[5, 2] = -1
     with pytest.raises(

@@ -164,7 +164,7 @@ class Source(ArraySource):
         return super().read(ids)
 
 mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "model"))
-loader = DataLoader(Source({"tokens": np.arange(64 * 4).reshape(64, 4)}), mesh=mesh,
+loader = DataLoader(Source({"tokens": np.arange(64 * 4, dtype=np.int32).reshape(64, 4)}), mesh=mesh,
                     global_batch_size=8, shuffle=False, read_threads=2)
 try:
     if variant == "no close":

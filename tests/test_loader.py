@@ -285,7 +285,9 @@ def test_a_stream_fills_batches_in_order_and_pads_its_end():
 
 
 def test_a_stream_resumes_by_skipping_and_drops_its_end_with_drop_last():
-    stream = StreamSource(lambda shard, num_shards: ({"x": np.array([k, -k])} for k in range(30)))
+    stream = StreamSource(
+        lambda shard, num_shards: ({"x": np.array([k, -k], np.int32)} for k in range(30))
+    )
     mesh = make_mesh("data=8")
     with DataLoader(stream, mesh=mesh, global_batch_size=8, drop_last=True) as loader:
         assert not loader.padded
@@ -309,7 +311,7 @@ def test_a_subclass_overriding_read_is_not_bypassed_by_read_window():
         def read(self, ids):
             return {k: v * 2 for k, v in super().read(ids).items()}
 
-    data = {"tokens": token_table(16, 4), "w": np.arange(16)}
+    data = {"tokens": token_table(16, 4), "w": np.arange(16, dtype=np.int32)}
     mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "context"))
     spec = {"tokens": P("data", "context")}  # a column window: served by read_window otherwise
     loader = DataLoader(Doubling(data), mesh=mesh, global_batch_size=8, batch_spec=spec, seed=1)

@@ -50,7 +50,8 @@ def test_contiguous_two_hosts_every_shard_exact():
         timeout_s=180,
     )
     assert [r["held"] for r in results] == [[0, 1], [2, 3]]
-    assert [r["shards"] for r in results] == [2 * 4 * 5] * 2  # 24 rows, B=8: nothing padded
+    # 2 leaves (and the all-True mask: 24 rows, B=8, nothing padded) x 4 devices x 5 steps
+    assert [r["shards"] for r in results] == [3 * 4 * 5] * 2
 
 
 def test_layout_matches_the_seed_shape():

@@ -124,3 +124,10 @@ def test_numpy_ints_are_plain_ints_to_the_order():
     assert type(GlobalOrder(np.int64(10), np.int32(4), seed=seed).seed) is int
     with pytest.raises(ValueError, match="batch_size must be >= 1, got 0"):
         GlobalOrder(10, 0)
+
+
+@pytest.mark.parametrize("seed", [-1, 2**64, 2**64 + 5])
+def test_seeds_outside_64_bits_are_refused_not_reduced(seed):
+    with pytest.raises(ValueError, match=r"seed must be in \[0, 2\*\*64 - 1\]"):
+        GlobalOrder(10, 4, seed=seed)
+    assert GlobalOrder(10, 4, seed=2**64 - 1).batch_ids(0).size == 4  # the largest seed works

@@ -43,7 +43,7 @@ def test_each_strategy_delivers_exact_rows(strategy):
     with DataLoader(data, mesh=mesh, global_batch_size=16, batch_spec=strategy, seed=2) as loader:
         for step, batch in zip(range(5), loader, strict=False):
             shards = assert_batch_exact(batch, expected_batch(loader, data, step))
-            assert shards == 16
+            assert shards == 24  # 8 devices x 3 leaves: tokens, weight and the mask
     spec = batch["tokens"].sharding.spec
     assert spec == {"batch": P(("replica", "data")), "full": P(("replica", "data", "model")),
                     "replicated": P()}[strategy]  # fmt: skip
@@ -63,7 +63,8 @@ def test_full_gives_a_tensor_parallel_group_different_rows():
 
 def test_per_leaf_specs_and_one_read_for_whole_row_leaves():
     mesh = mesh_of(*RDM)
-    data = {"tokens": token_table(32, 4), "doc": np.arange(32), "w": np.ones(32, np.float32)}
+    data = {"tokens": token_table(32, 4), "doc": np.arange(32, dtype=np.int32),
+            "w": np.ones(32, np.float32)}  # fmt: skip
     source = CountingSource(data)
     specs = {"tokens": "full", "doc": "replicated"}  # "w" takes the default, "batch"
     loader = DataLoader(source, mesh=mesh, global_batch_size=8, batch_spec=specs, seed=1)
@@ -229,10 +230,12 @@ def test_custom_mask_key_and_pad_value():
         DataLoader(data, mesh=mesh, global_batch_size=6, mask_key="x")
 
 
-def test_no_mask_when_nothing_is_padded():
+def test_an_all_true_mask_when_nothing_is_padded():
     mesh = mesh_of(("data", "model"), (4, 2))
     loader = DataLoader({"x": token_table(32)}, mesh=mesh, global_batch_size=8)
-    assert not loader.padded and set(loader.batch_at(0)) == {"x"}
+    batch = loader.batch_at(0)
+    assert not loader.padded and set(batch) == {"x", "mask"}
+    assert np.asarray(batch["mask"]).all()
 
 
 # ------------------------------------------------------------------------------- NamedArray
@@ -305,7 +308,7 @@ def test_feeding_processes_on_one_process_is_the_plain_logical_batch():
     with pytest.raises(ValueError, match=r"process_index=3 is out of range: this layout has 1"):
         DataLoader(data, mesh=mesh, global_batch_size=10, feeding_processes=[3])
     with pytest.raises(ValueError, match="feeding_processes needs every leaf's batch dimension"):
-        DataLoader(data | {"y": np.arange(30)}, mesh=mesh, global_batch_size=8,
+        DataLoader(data | {"y": np.arange(30, dtype=np.int32)}, mesh=mesh, global_batch_size=8,
                    feeding_processes=[0], batch_spec={"y": "replicated"})  # fmt: skip
 
 

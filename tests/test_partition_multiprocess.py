@@ -41,15 +41,16 @@ def run(axis_names, batch_spec, batch_size=16, num_rows=40, halo=0, layout=NONCO
 )
 def test_strategies_on_the_noncontiguous_pod(strategy, rows_per_step):
     results = run(["data", "model"], strategy, num_rows=64)
-    # 2 leaves x 2 devices x 4 steps, every shard exact; each host reads what the plan says
-    assert [r["shards"] for r in results] == [16] * 4
+    # 3 leaves (tokens, weight, mask) x 2 devices x 4 steps, every shard exact; each host reads
+    # what the plan says
+    assert [r["shards"] for r in results] == [24] * 4
     assert [r["rows_per_step"] for r in results] == [rows_per_step] * 4
 
 
 def test_sequence_windows_with_halo_equal_a_ppermute_exchange_across_hosts():
     spec = {"tokens": ["data", "context"]}
     results = run(["data", "context"], spec, halo=2, num_rows=64)
-    assert [r["shards"] for r in results] == [16] * 4
+    assert [r["shards"] for r in results] == [24] * 4  # 3 leaves x 2 devices x 4 steps
     # each host reads its 8 rows x (4 own + 2 halo columns) of tokens, and 8 weights
     assert [r["elements"] for r in results] == [8 * 6 + 8] * 4
 
@@ -57,7 +58,7 @@ def test_sequence_windows_with_halo_equal_a_ppermute_exchange_across_hosts():
 def test_halo_windows_of_one_host_merge_into_one_read_on_a_contiguous_pod():
     spec = {"tokens": ["data", "context"]}
     results = run(["data", "context"], spec, halo=2, num_rows=64, layout=CONTIGUOUS_2x4)
-    assert [r["shards"] for r in results] == [32] * 2  # 2 leaves x 4 devices x 4 steps
+    assert [r["shards"] for r in results] == [48] * 2  # 3 leaves x 4 devices x 4 steps
     # each host holds both sequence shards of its 8 rows: whole rows (8 columns), read once
     assert [r["elements"] for r in results] == [8 * 8 + 8] * 2
 

@@ -170,7 +170,8 @@ def test_two_hosts_contiguous():
     report = simulate(TWO_HOSTS)
     assert [h["process"] for h in report.hosts] == [0, 1]
     assert [h["rows_per_step"] for h in report.hosts] == [4, 4]  # each host one data row
-    assert [h["shards_checked"] for h in report.hosts] == [24, 24]  # 2 devices x 12 steps
+    # 2 devices x 12 steps x 2 leaves (tokens and the mask)
+    assert [h["shards_checked"] for h in report.hosts] == [48, 48]
     text = str(report)
     assert "all 4 devices received exactly their rows" in text
     assert text.endswith("all devices received exactly their rows")

@@ -329,8 +329,9 @@ def test_loader_feeds_streams_by_uid_on_the_noncontiguous_pod():
         resume_step=2,
     )
     assert [r["uid"] for r in results] == [0, 0, 1, 1]
-    # 2 leaves x 2 local devices x (4 steps + 1 resumed step), each checked element by element
-    assert [r["shards"] for r in results] == [20] * 4
+    # 3 leaves (with the mask) x 2 local devices x (4 steps + 1 resumed step), each checked
+    # element by element
+    assert [r["shards"] for r in results] == [30] * 4
     # hosts with the same uid got identical batches; different uids disjoint ones
     assert results[0]["ids"] == results[1]["ids"] != results[2]["ids"] == results[3]["ids"]
     assert not set(results[0]["ids"]) & set(results[2]["ids"])

@@ -286,7 +286,12 @@ class LoaderConfig:
     """Fill for padding rows and halo columns outside the sequence (unset: 0)."""
 
     mask_key: str | None = None
-    """Name of the boolean leaf that marks real rows when padding can occur (unset: ``mask``)."""
+    """Name of the boolean leaf of every dict batch that marks its real rows (unset: ``mask``)."""
+
+    dtypes: dict[str, str] | str | None = None
+    """Cast leaves on every read, range-checked: a dict leaf -> dtype name, e.g. ``{tokens:
+    int32}`` (needed for 64-bit leaves without ``jax_enable_x64``), or one name for a single-array
+    source (unset: the source's dtypes)."""
 
     read_threads: int | None = None
     """Steps read concurrently by background threads (unset: 1)."""
@@ -337,6 +342,8 @@ class LoaderConfig:
                 f"LoaderConfig.mask_key must be a non-empty leaf name, got {self.mask_key!r}; "
                 "e.g. mask_key: mask"
             )
+        if self.dtypes is not None:
+            object.__setattr__(self, "dtypes", _checked_dtypes(self.dtypes))
         if self.feeding_processes is not None:
             object.__setattr__(
                 self, "feeding_processes", _checked_processes(self.feeding_processes)
@@ -415,7 +422,7 @@ class LoaderConfig:
             >>> import numpy as np
             >>> mesh = MeshConfig(axes={"data": 4, "model": 2}).build()
             >>> config = LoaderConfig(global_batch_size=8, shuffle=False)
-            >>> with config.build(mesh, source=np.arange(32).reshape(16, 2)) as loader:
+            >>> with config.build(mesh, source=np.arange(32, dtype=np.int32).reshape(16, 2)) as loader:
             ...     np.asarray(next(iter(loader)))[:, 0].tolist()
             [0, 2, 4, 6, 8, 10, 12, 14]
         """
@@ -509,6 +516,21 @@ def _spec_of(text: str) -> str | PartitionSpec:
     if text.strip() in PARTITION_STRATEGIES:
         return text.strip()
     return PartitionSpec(*parse_spec(text))
+
+
+def _checked_dtypes(dtypes: Any) -> str | dict[str, str]:
+    import numpy as np
+
+    items = dtypes.items() if isinstance(dtypes, Mapping) else [(None, dtypes)]
+    for leaf, name in items:
+        try:
+            np.dtype(name)
+        except TypeError:
+            where = "LoaderConfig.dtypes" + ("" if leaf is None else f"[{leaf!r}]")
+            raise ValueError(
+                f"{where} must be a numpy dtype name, got {name!r}; e.g. dtypes: {{tokens: int32}}"
+            ) from None
+    return {str(k): str(v) for k, v in dtypes.items()} if isinstance(dtypes, Mapping) else dtypes
 
 
 def _checked_halo(halo: Any) -> int | dict[str, int]:

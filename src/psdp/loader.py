@@ -24,6 +24,7 @@ its layout, prefetch depth or number of read threads, agrees on every batch.
 from __future__ import annotations
 
 import logging
+import contextlib
 import threading
 import time
 import warnings
@@ -34,11 +35,12 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from psdp._checks import check_int, preview_ids
+from psdp._checks import check_fields, check_int, preview_ids
 from psdp.agreement import StreamEnds, agree, check_own_process, describe_end
 from psdp.assembly import LeafAssembler
+from psdp.dtypes import check_pad_value, needs_x64, plan_dtypes
 from psdp.mesh import _spec_axes, as_layout
-from psdp.order import PAD, GlobalOrder
+from psdp.order import PAD, GlobalOrder, check_seed
 from psdp.partition import (
     DEFAULT_BATCH_AXES,
     Strategy,
@@ -53,12 +55,24 @@ from psdp.partition import (
 from psdp.prefetch import LoaderClosedError, Prefetcher
 from psdp.reads import Key, ReadRequest, feeding_positions, plan_reads, stream_shard
 from psdp.sources import ArraySource, Rows, StreamReader, StreamSource, as_source
+from psdp.sources.base import reads_fresh_rows
 from psdp.telemetry import LoaderStats, Telemetry
 
 __all__ = ["DEFAULT_BATCH_AXES", "DataLoader", "LoaderIterator", "default_batch_spec"]
 
 #: The ``format`` field of `DataLoader.state`.
 STATE_FORMAT = "psdp.loader/1"
+RESTORE_FIX = "pass the whole dict DataLoader.state() returned, as it was saved"
+#: The keys `DataLoader.restore` needs in a state, and their kinds.
+STATE_FIELDS = {
+    "format": "str",
+    "step": "int",
+    "global_batch_size": "int",
+    "seed": "int",
+    "shuffle": "bool",
+    "drop_last": "bool",
+    "source": "dict",
+}
 
 logger = logging.getLogger(__name__)
 
@@ -69,8 +83,9 @@ class DataLoader:
     """Feeds global batches to a mesh; each host reads only what its devices hold.
 
     Args:
-        source: a numpy array ``(N, ...)``, a dict of such arrays (a dict batch), a psdp source, or
-            any object with ``__len__`` and a batched ``__getitem__(ids)``.
+        source: a numpy array ``(N, ...)``, a dict of such arrays (a dict batch), a psdp source,
+            any object with ``__len__`` and a batched ``__getitem__(ids)``, or a list of records
+            (each an array or a dict of arrays; read record by record, so slow for big batches).
         mesh: the `jax.sharding.Mesh` the batch lives on.
         global_batch_size: real rows per global batch. When the leaves' batch shards do not divide
             it (or it is smaller than them), the batch is padded to the *physical* batch size and
@@ -88,9 +103,18 @@ class DataLoader:
         drop_last: drop each epoch's short final batch; otherwise it is padded and masked.
         halo: columns of each neighbouring sequence shard added on each side of a device's window
             (an int for every sequence-sharded leaf, or a dict leaf -> int); see `halo_mask`.
-        pad_value: the fill of padding rows and of halo columns outside the sequence.
+        pad_value: the fill of padding rows and of halo columns outside the sequence; every
+            leaf it fills must hold it exactly (``-1`` is refused for a ``uint16`` leaf).
         mask_key: the name of the boolean ``(physical batch,)`` leaf, ``True`` for real rows,
-            added to dict batches whenever padding can occur.
+            that every dict batch carries (all ``True`` when nothing is padded), so a batch's
+            structure never depends on the dataset's size. ``None``: no mask leaf; padding is
+            then an error, as it is for an array source.
+        dtypes: the dtype to deliver a leaf in (a dict leaf -> dtype, or one dtype for an array
+            source), cast on every read; a value that does not fit is an error naming the step,
+            leaf, row and value. Needed for 64-bit leaves while ``jax_enable_x64`` is off
+            (refused otherwise, as JAX would wrap them silently). Big-endian leaves are
+            delivered in native byte order either way. `DataLoader.dtypes` says what is
+            delivered.
         named_axes: haliax axis names per leaf (a dict leaf -> names, or one sequence for an array
             source); those leaves come out as ``haliax.NamedArray`` with their spec taken from
             ``axis_mapping``.
@@ -113,15 +137,16 @@ class DataLoader:
         >>> import jax, numpy as np
         >>> from jax.sharding import Mesh
         >>> mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "model"))
-        >>> tokens = np.arange(64).reshape(32, 2)
+        >>> tokens = np.arange(64, dtype=np.int32).reshape(32, 2)
         >>> with DataLoader(tokens, mesh=mesh, global_batch_size=8, shuffle=False) as loader:
         ...     batch = next(iter(loader))
         >>> batch.sharding.spec, np.asarray(batch)[:, 0].tolist()
         (P('data',), [0, 2, 4, 6, 8, 10, 12, 14])
 
-        A batch of 6 on 4 data shards is padded to 8 rows, with a mask:
+        Dict batches carry a ``mask`` leaf; a batch of 6 on 4 data shards is padded to 8 rows,
+        and the mask says which are real:
 
-        >>> data = {"tokens": np.arange(10)}
+        >>> data = {"tokens": np.arange(10, dtype=np.int32)}
         >>> with DataLoader(data, mesh=mesh, global_batch_size=6, shuffle=False) as loader:
         ...     batch = next(iter(loader))
         >>> np.asarray(batch["tokens"]).tolist(), np.asarray(batch["mask"]).tolist()
@@ -142,7 +167,8 @@ class DataLoader:
         drop_last: bool = False,
         halo: int | Mapping[str, int] = 0,
         pad_value: int | float = 0,
-        mask_key: str = "mask",
+        mask_key: str | None = "mask",
+        dtypes: Any = None,
         named_axes: Sequence[Any] | Mapping[str, Sequence[Any]] | None = None,
         axis_mapping: Mapping[str, Any] | None = None,
         feeding_processes: Sequence[int] | None = None,
@@ -156,7 +182,7 @@ class DataLoader:
             raise TypeError(f"mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}")
         check_int("global_batch_size", global_batch_size, minimum=1)
         check_int("prefetch", prefetch, minimum=1)
-        check_int("seed", seed, minimum=None)
+        check_seed(seed)
         check_int("read_threads", read_threads, minimum=1)
         if read_timeout_s is not None and not (_is_number(read_timeout_s) and read_timeout_s > 0):
             raise ValueError(
@@ -168,8 +194,8 @@ class DataLoader:
                 f"pad_value must be a number (it fills padding rows and halo columns), got "
                 f"{pad_value!r}"
             )
-        if not isinstance(mask_key, str) or not mask_key:
-            raise ValueError(f"mask_key must be a non-empty string, got {mask_key!r}")
+        if mask_key is not None and (not isinstance(mask_key, str) or not mask_key):
+            raise ValueError(f"mask_key must be a non-empty string or None, got {mask_key!r}")
         self._stream = source if isinstance(source, StreamSource) else None
         if self._stream is not None and shuffle:
             raise ValueError(
@@ -198,8 +224,16 @@ class DataLoader:
                 seed,
                 drop_last,
             )
-        probe = _leaves_of(self._probe())
-        ndims = {k: np.ndim(v) for k, v in probe.items()}
+        probe = {k: np.asarray(v) for k, v in _leaves_of(self._probe()).items()}
+        ndims = {k: v.ndim for k, v in probe.items()}
+        self._dtypes = plan_dtypes({k: v.dtype for k, v in probe.items()}, dtypes)
+        #: the dtype each leaf is delivered in (a dict for dict sources; one for an array source)
+        self.dtypes: Any = {k: v.delivered for k, v in self._dtypes.items()}
+        if None in self.dtypes:
+            self.dtypes = self.dtypes[None]
+        self._needs_x64 = any(needs_x64(d.delivered) for d in self._dtypes.values())
+        # psdp's own sources return new arrays; other reads may be views of memory they refill
+        self._fresh = self._stream is not None or reads_fresh_rows(self.source)
         self._named = resolve_named_axes(named_axes, axis_mapping, ndims)
         specs = resolve_specs(
             batch_spec,
@@ -228,15 +262,14 @@ class DataLoader:
                 mesh,
                 specs[key],
                 (self.physical_batch_size, *np.shape(row)[1:]),
-                np.asarray(row).dtype,
+                self._dtypes[key].delivered,
                 self.process_index,
                 halo=halos[key],
             )
             for key, row in probe.items()
         }
-        self._mask: LeafAssembler | None = None
-        if self.padded:
-            self._mask = self._plan_mask(specs)
+        self._check_pad_value(halos)
+        self._mask = self._plan_mask(specs)
         self._requests = plan_reads(self._leaves)
         self._read_positions = np.unique(np.concatenate([r.positions for r in self._requests]))
         self._real_positions = np.intersect1d(self._read_positions, self.real_positions)
@@ -265,16 +298,23 @@ class DataLoader:
         #: per step, which shards of a callable stream ran short, agreed by every host
         self._ends = self._stream_ends(namespace)
 
-    def _plan_mask(self, specs: dict[Key, PartitionSpec]) -> LeafAssembler:
-        if None in self._leaves:
+    def _plan_mask(self, specs: dict[Key, PartitionSpec]) -> LeafAssembler | None:
+        """The mask leaf of every dict batch (unless ``mask_key=None``); padding needs one."""
+        if self.padded and (None in self._leaves or self.mask_key is None):
+            why = (
+                "which an array source cannot carry; pass a dict source, e.g. {'inputs': array}"
+                if None in self._leaves
+                else "but mask_key=None; pass mask_key='mask' (the default)"
+            )
             raise ValueError(
                 f"global_batch_size={self.global_batch_size} needs padding (the physical batch "
                 f"is {self.physical_batch_size} rows for the batch shards, and drop_last="
                 f"{self.drop_last} for an epoch's short final batch), so batches need a mask "
-                f"leaf, which an array source cannot carry; pass a dict source, e.g. "
-                f"{{'inputs': array}}, or a global_batch_size that is a multiple of the batch "
-                "shards with drop_last=True"
+                f"leaf, {why}, or a global_batch_size that is a multiple of the batch shards "
+                "with drop_last=True"
             )
+        if None in self._leaves or self.mask_key is None:
+            return None
         if self.mask_key in self._leaves:
             raise ValueError(
                 f"the source already has a leaf named {self.mask_key!r}; pass another mask_key"
@@ -317,10 +357,29 @@ class DataLoader:
             return None
         return StreamEnds(namespace, self._processes, shard, self._stream.describe())
 
+    def _check_pad_value(self, halos: dict[Key, int]) -> None:
+        """Every leaf that ``pad_value`` can ever fill holds it exactly."""
+        for key, dtype in self._dtypes.items():
+            if self.padded:
+                reason = (
+                    f"the batch can hold padding rows (global_batch_size={self.global_batch_size} "
+                    f"in a physical batch of {self.physical_batch_size}, drop_last={self.drop_last})"
+                )
+            elif halos[key]:
+                reason = (
+                    f"its halo={halos[key]} columns beyond the sequence's ends are filled with it"
+                )
+            else:
+                continue
+            check_pad_value(self.pad_value, dtype.delivered, key, reason)
+
     def _probe(self) -> Rows:
         """One row, to learn the leaves' names, trailing shapes and dtypes."""
         if self._stream is None:
-            return self.source.read(np.zeros(1, np.int64))
+            try:
+                return self.source.read(np.zeros(1, np.int64))
+            except StopIteration as err:
+                raise _stray_stop_iteration("the first read (row 0)", self.source) from err
         with self._stream.open(0, 1) as reader:
             rows = reader.take(1)
         if rows is None:
@@ -398,9 +457,11 @@ class DataLoader:
                 "read_timeout_s if reads are just slow",
             )
         read = time.perf_counter()
-        batch = {key: leaf.assemble(buffers[key]) for key, leaf in self._leaves.items()}
-        if self._mask is not None:
-            batch[self.mask_key] = self._mask.assemble((ids != PAD)[self._mask.plan.rows])
+        # jax.enable_x64 is thread-local: deliver 64-bit leaves as the constructor checked them
+        with jax.enable_x64(True) if self._needs_x64 else contextlib.nullcontext():
+            batch = {key: leaf.assemble(buffers[key]) for key, leaf in self._leaves.items()}
+            if self._mask is not None:
+                batch[self.mask_key] = self._mask.assemble((ids != PAD)[self._mask.plan.rows])
         self.telemetry.record_read(read - started, time.perf_counter() - read)
         return self._wrap(batch)
 
@@ -445,7 +506,7 @@ class DataLoader:
         empty = np.empty(0, np.int8)
         buffers = {k: [empty] * len(v.windows) for k, v in self._leaves.items()}
         for request in self._requests:
-            got = self._read(step, ids[request.positions], request, source)
+            got, borrowed = self._read(step, ids[request.positions], request, source)
             for entry in request.entries:
                 rows = got[entry.key]
                 if entry.rows is not None:
@@ -453,18 +514,22 @@ class DataLoader:
                 if entry.columns is not None:
                     rows = rows[:, entry.columns]
                 leaf = self._leaves[entry.key]
-                buffers[entry.key][entry.window] = leaf.pad_columns(
-                    entry.window, rows, self.pad_value
-                )
+                buffer = leaf.pad_columns(entry.window, rows, self.pad_value)
+                if entry.key in borrowed and np.may_share_memory(buffer, got[entry.key]):
+                    buffer = buffer.copy()  # the source may refill it while the batch lives
+                buffers[entry.key][entry.window] = buffer
         return buffers
 
     def _read(
         self, step: int, ids: np.ndarray, request: ReadRequest, source: Any
-    ) -> dict[Key, np.ndarray]:
-        """One request's rows, each leaf cut to its columns; `PAD` ids become pad rows."""
+    ) -> tuple[dict[Key, np.ndarray], set[Key]]:
+        """One request's rows, each leaf cut to its columns; `PAD` ids become pad rows.
+
+        Also returns the leaves whose arrays may be memory the source keeps (not copied yet).
+        """
         real = ids != PAD
         if real.all():
-            return self._checked(step, ids, request, self._source_read(source, ids, request))
+            return self._checked(step, ids, request, self._source_read(step, source, ids, request))
         out = {
             key: np.full(
                 self._row_shape(key, columns, len(ids)), self.pad_value, self._leaves[key].dtype
@@ -472,14 +537,23 @@ class DataLoader:
             for key, columns in request.columns.items()
         }
         if real.any():
-            got = self._checked(
-                step, ids[real], request, self._source_read(source, ids[real], request)
+            got, _ = self._checked(
+                step, ids[real], request, self._source_read(step, source, ids[real], request)
             )
             for key in out:
                 out[key][real] = got[key]
-        return out
+        return out, set()
 
     def _source_read(
+        self, step: int, source: Any, ids: np.ndarray, request: ReadRequest
+    ) -> dict[Key, np.ndarray]:
+        try:
+            return self._read_columns(source, ids, request)
+        except StopIteration as err:  # only a stream's end may end iteration (as in PEP 479)
+            where = f"step {step}: reading {len(ids)} rows (ids {preview_ids(ids)})"
+            raise _stray_stop_iteration(where, source) from err
+
+    def _read_columns(
         self, source: Any, ids: np.ndarray, request: ReadRequest
     ) -> dict[Key, np.ndarray]:
         # `read` is the protocol; `read_window` (optional) serves column windows and leaf subsets
@@ -507,7 +581,8 @@ class DataLoader:
 
     def _checked(
         self, step: int, ids: np.ndarray, request: ReadRequest, got: dict[Key, np.ndarray]
-    ) -> dict[Key, np.ndarray]:
+    ) -> tuple[dict[Key, np.ndarray], set[Key]]:
+        """The read's leaves checked and in their delivered dtypes, and which may be borrowed."""
         missing = set(request.columns) - set(got)
         extra = set(got) - set(self._leaves)
         if missing or extra:
@@ -515,10 +590,10 @@ class DataLoader:
                 f"step {step}: the source returned leaves {sorted(map(str, got))}, but its first "
                 f"row had {sorted(map(str, self._leaves))}; every read must return the same leaves"
             )
-        out = {}
+        out, borrowed = {}, set()
         for key, columns in request.columns.items():
             data = np.asarray(got[key])
-            leaf = self._leaves[key]
+            leaf, dtype = self._leaves[key], self._dtypes[key]
             expected = self._row_shape(key, columns, len(ids))
             if data.shape[:1] != (len(ids),):
                 raise ValueError(
@@ -526,15 +601,19 @@ class DataLoader:
                     f"rows for {len(ids)} ids ({preview_ids(ids)}); a source's read(ids) must "
                     "return one row per id, in the order of the ids"
                 )
-            if data.shape != expected or data.dtype != leaf.dtype:
+            if data.shape != expected or data.dtype != dtype.source:
                 raise ValueError(
                     f"step {step}: {_leaf_name(key)} rows have shape {data.shape[1:]} and dtype "
                     f"{data.dtype}, but the source's first row had {leaf.plan.global_shape[1:]} "
-                    f"{leaf.dtype} (read of {len(ids)} rows, ids {preview_ids(ids)}); every row of a "
-                    "source must have one shape and dtype"
+                    f"{dtype.source} (read of {len(ids)} rows, ids {preview_ids(ids)}); every row "
+                    "of a source must have one shape and dtype"
                 )
+            if dtype.casts:
+                data = dtype.convert(data, step=step, key=key, ids=ids)  # a new array
+            elif not self._fresh:
+                borrowed.add(key)
             out[key] = data
-        return out
+        return out, borrowed
 
     def _wrap(self, batch: dict[Key, jax.Array]) -> Batch:
         if self._named:
@@ -544,7 +623,8 @@ class DataLoader:
 
             first = next(iter(self._named.values()))
             names = dict(self._named)
-            names.setdefault(self.mask_key, first[:1])
+            if self.mask_key is not None:
+                names.setdefault(self.mask_key, first[:1])
             batch = {
                 key: haliax.named(value, tuple(getattr(n, "name", n) for n in names[key]))
                 if key in names
@@ -653,6 +733,7 @@ class DataLoader:
                 f"not a psdp loader state (expected a dict with format={STATE_FORMAT!r}, got "
                 f"{str(state)[:80]!r}); pass what DataLoader.state() returned"
             )
+        check_fields("the saved state", state, STATE_FIELDS, RESTORE_FIX)
         for name in ("global_batch_size", "seed", "shuffle", "drop_last"):
             if name in kwargs and kwargs[name] != state[name]:
                 raise ValueError(
@@ -763,6 +844,15 @@ def _leaves_of(rows: Rows) -> dict[Key, np.ndarray]:
 
 def _leaf_name(key: Key) -> str:
     return "the" if key is None else f"leaf {key!r}"
+
+
+def _stray_stop_iteration(where: str, source: Any) -> RuntimeError:
+    return RuntimeError(
+        f"{where} from {source.describe()} raised StopIteration. Only a stream's end may end "
+        "iteration; from a random-access source it would end the training loop early without a "
+        "word (a stray next() on an exhausted iterator inside read?), so it is an error: catch "
+        "it in the source, or wrap an iterable without random access in psdp.StreamSource"
+    )
 
 
 def _with_timeout(work: Any, timeout_s: float, message: Any) -> Any:

@@ -356,11 +356,7 @@ def plan_pod(
     for dim, axes in enumerate(per_dim):
         index, count = _shard_index(layout, axes)
         if shape[dim] % count:
-            raise ValueError(
-                f"dimension {dim} of size {shape[dim]} is not divisible by its {count} shards "
-                f"({_describe_axes(layout, axes)}); use a size that is a multiple of {count}, or "
-                "pad the batch and mask the padding"
-            )
+            raise ValueError(_indivisible(dim, shape[dim], count, _describe_axes(layout, axes)))
         size = shape[dim] // count
         starts[:, dim] = index * size
         sizes.append(size)
@@ -398,6 +394,23 @@ def plan_batch(
     """
     pod = plan_pod(mesh_or_layout, spec, global_shape)
     return pod.plan(_current_process(process_index))
+
+
+def _indivisible(dim: int, size: int, count: int, axes: str) -> str:
+    """The error for a dimension its shards do not divide, with a fix that fits the dimension."""
+    rule = (
+        f"dimension {dim} of size {size} is not divisible by its {count} shards ({axes}), and "
+        "every shard must hold the same number of entries"
+    )
+    if dim == 0:  # the batch: the DataLoader pads it to a multiple and masks the padding
+        return f"{rule}; use a batch that is a multiple of {count}, or pad it and mask the padding"
+    below, above = size // count * count, -(-size // count) * count
+    sizes = f"{below} or {above}" if below else f"{above}"
+    return (
+        f"{rule}; make dimension {dim} of every row a multiple of {count} (e.g. {sizes}: cut or "
+        f"pad each row, e.g. a sequence length that divides into the {count} shards), or split "
+        f"dimension {dim} over fewer mesh axes in its spec (or none)"
+    )
 
 
 def _checked_shape(global_shape: Sequence[int]) -> tuple[int, ...]:

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from psdp._checks import check_int
+
 _MASK64 = (1 << 64) - 1
 _ROUNDS = 6
 
@@ -89,6 +91,27 @@ def _feistel(x: np.ndarray, bits: int, keys: tuple[int, ...]) -> np.ndarray:
 PAD = -1
 
 
+def check_seed(seed: object) -> None:
+    """Raises unless ``seed`` is an int in ``[0, 2**64 - 1]``, the seeds with distinct orders.
+
+    The order hashes the seed as 64 bits, so a seed outside that range would silently repeat
+    the order of another (``2**64`` that of ``0``, ``-1`` that of ``2**64 - 1``).
+
+    Example:
+        >>> check_seed(2**64)
+        Traceback (most recent call last):
+            ...
+        ValueError: seed must be in [0, 2**64 - 1] (the order hashes it as 64 bits, so other seeds would repeat another seed's order), got 18446744073709551616; pass seed % 2**64 (the order such a seed used to give) or a new one, e.g. secrets.randbits(64)
+    """
+    check_int("seed", seed, minimum=None)
+    if not 0 <= int(seed) <= _MASK64:  # type: ignore[call-overload]
+        raise ValueError(
+            f"seed must be in [0, 2**64 - 1] (the order hashes it as 64 bits, so other seeds "
+            f"would repeat another seed's order), got {seed}; pass seed % 2**64 (the order such a "
+            "seed used to give) or a new one, e.g. secrets.randbits(64)"
+        )
+
+
 @dataclass(frozen=True)
 class GlobalOrder:
     """Row ids of every step's global batch.
@@ -117,6 +140,7 @@ class GlobalOrder:
     drop_last: bool = False
 
     def __post_init__(self) -> None:
+        check_seed(self.seed)
         for name in ("num_rows", "batch_size", "seed"):  # numpy ints would overflow the hashing
             object.__setattr__(self, name, operator.index(getattr(self, name)))
         if self.batch_size < 1:

@@ -269,7 +269,7 @@ def check_simulation(simulation: Simulation, source: str | None = None) -> MeshL
         ...     check_simulation(bad)
         ... except ValueError as err:
         ...     print(str(err).split(";")[0])
-        --seq-len 7: dimension 1 of size 7 is not divisible by its 2 shards (context=2)
+        --seq-len 7: dimension 1 of size 7 is not divisible by its 2 shards (context=2), and every shard must hold the same number of entries
         >>> check_simulation(Simulation(processes=4)).num_processes
         4
     """

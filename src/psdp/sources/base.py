@@ -5,15 +5,15 @@ Mental model: a random-access source is a sized table. It has ``len(source)`` ro
 one array or a dict of arrays whose first dimension is ``len(ids)``. Reads are batched (one call
 per step, never one per row) and must be thread-safe, because the loader reads on a background
 thread and several iterators may share a source. `as_source` turns what users already have (a
-numpy array, a dict of equally long arrays, any object with ``__len__`` and a batched
-``__getitem__(ids)``) into a source. Iterables without random access are not sources; they are
+numpy array, a dict of equally long arrays, a list of records, any object with ``__len__`` and a
+batched ``__getitem__(ids)``) into a source. Iterables without random access are not sources; they are
 streams (`psdp.sources.streams`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Protocol, TypeAlias, runtime_checkable
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol, TypeAlias, TypeVar, runtime_checkable
 
 import numpy as np
 
@@ -21,6 +21,34 @@ Rows: TypeAlias = "np.ndarray | dict[str, np.ndarray]"
 
 #: The leaf name under which a source of one array keeps it (reads return an array, not a dict).
 SINGLE_LEAF = "array"
+
+Method = TypeVar("Method", bound=Callable[..., Any])
+
+
+def fresh_rows(method: Method) -> Method:
+    """Marks a psdp read method whose arrays are new on every call, held by nothing else.
+
+    The loader copies rows from every other read before they reach a batch: a source may return
+    a view of a buffer it refills (`reads_fresh_rows`).
+    """
+    method.__psdp_fresh_rows__ = True  # type: ignore[attr-defined]
+    return method
+
+
+def reads_fresh_rows(source: Any) -> bool:
+    """Whether every read method of ``source`` is a psdp method marked `fresh_rows`.
+
+    A subclass that overrides ``read`` (or ``read_window``) may return memory it keeps, so it is
+    not trusted, even when it calls the marked method of its parent.
+
+    Example:
+        >>> class Views(ArraySource):
+        ...     def read(self, ids): return super().read(ids)
+        >>> reads_fresh_rows(ArraySource(np.zeros(3))), reads_fresh_rows(Views(np.zeros(3)))
+        (True, False)
+    """
+    methods = [getattr(type(source), name, None) for name in ("read", "read_window")]
+    return all(m is None or getattr(m, "__psdp_fresh_rows__", False) for m in methods)
 
 
 @runtime_checkable
@@ -78,11 +106,13 @@ class ArraySource:
     def __len__(self) -> int:
         return self._len
 
+    @fresh_rows  # an index array always copies
     def read(self, ids: np.ndarray) -> Rows:
         if isinstance(self._data, dict):
             return {k: v[ids] for k, v in self._data.items()}
         return self._data[ids]
 
+    @fresh_rows
     def read_window(
         self, ids: np.ndarray, columns: Mapping[str | None, slice | None]
     ) -> dict[str | None, np.ndarray]:
@@ -130,14 +160,25 @@ class IndexableSource:
 def as_source(data: Any) -> Source:
     """Returns ``data`` as a `Source`: sources pass through; arrays and dicts become `ArraySource`.
 
+    A list (or tuple) of records, each an array or a dict of arrays, becomes a `GrainSource` that
+    reads record by record on the calling thread: simple, but slow for big batches; stack the
+    records into arrays (a dict of arrays) for speed.
+
     Example:
         >>> as_source(np.zeros((4, 2))).describe()
         'ArraySource(float64[4, 2])'
+        >>> records = [{"x": np.array([i, i])} for i in range(3)]
+        >>> as_source(records).read(np.array([2, 0]))["x"].tolist()
+        [[2, 2], [0, 0]]
     """
     if isinstance(data, Source):
         return data
     if isinstance(data, np.ndarray | Mapping):
         return ArraySource(data)
+    if isinstance(data, list | tuple):  # records: read one by one (slow), stacked per leaf
+        from psdp.sources.grain import GrainSource  # grain imports this module
+
+        return GrainSource(data, num_threads=1)
     if hasattr(data, "__len__") and hasattr(data, "__getitem__"):
         return IndexableSource(data)
     hint = (

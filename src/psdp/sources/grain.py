@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from psdp._checks import check_int
-from psdp.sources.base import Rows, _check_ids
+from psdp.sources.base import Rows, _check_ids, fresh_rows
 
 
 class GrainSource:
@@ -55,6 +55,7 @@ class GrainSource:
     def __len__(self) -> int:
         return len(self._source)
 
+    @fresh_rows  # records are stacked into new arrays
     def read(self, ids: np.ndarray) -> Rows:
         ids = _check_ids(ids, len(self), type(self._source).__name__)
         unique, inverse = np.unique(ids, return_inverse=True)

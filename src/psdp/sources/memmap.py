@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from psdp.sources.base import SINGLE_LEAF, ArraySource, Rows, _as_rows, _describe_rows
+from psdp.sources.base import SINGLE_LEAF, ArraySource, Rows, _as_rows, _describe_rows, fresh_rows
 
 
 class MemmapSource(ArraySource):
@@ -56,6 +56,7 @@ class MemmapSource(ArraySource):
                 f"{type(path).__name__}"
             )
 
+    @fresh_rows  # an index array copies from the map
     def read(self, ids: np.ndarray) -> Rows:
         rows = super().read(ids)
         if isinstance(rows, dict):

@@ -24,7 +24,7 @@ import numpy as np
 import tensorstore as ts
 
 from psdp._checks import check_int, preview_ids
-from psdp.sources.base import SINGLE_LEAF, Rows, _check_ids
+from psdp.sources.base import SINGLE_LEAF, Rows, _check_ids, fresh_rows
 
 #: The metadata file of a psdp dataset directory; `write_dataset` writes it last.
 METADATA_FILE = "psdp.json"
@@ -160,6 +160,7 @@ class TensorStoreSource:
     def __len__(self) -> int:
         return self._len
 
+    @fresh_rows  # every TensorStore read returns a new array (tested)
     def read(self, ids: np.ndarray) -> Rows:
         ids = _check_ids(ids, self._len, self._where)
         if ids.size == 0:
@@ -179,6 +180,7 @@ class TensorStoreSource:
                 ) from error
         return rows[SINGLE_LEAF] if self._single else rows
 
+    @fresh_rows
     def read_window(
         self, ids: np.ndarray, columns: Mapping[str | None, slice | None]
     ) -> dict[str | None, np.ndarray]:
