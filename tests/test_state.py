@@ -23,8 +23,8 @@ def _mesh() -> Mesh:
 
 
 def _unshuffled(step: int) -> dict[str, np.ndarray]:
-    """Unshuffled step s holds rows s*B .. s*B + B - 1 (64 rows: no short batch)."""
-    return {"tokens": DATA["tokens"][(step * B) % ROWS + np.arange(B)]}
+    """Unshuffled step s holds rows s*B .. s*B + B - 1 (64 rows: no short batch, all real)."""
+    return {"tokens": DATA["tokens"][(step * B) % ROWS + np.arange(B)], "mask": np.ones(B, bool)}
 
 
 def test_each_iterator_has_its_own_state_and_the_loader_refuses_to_guess():
