@@ -59,6 +59,11 @@ def _unshuffled_ids(step: int, batch: int, physical: int, rows: int = ROWS) -> n
     return ids
 
 
+def _expected(data: dict[str, np.ndarray], ids: np.ndarray) -> dict[str, np.ndarray]:
+    """The oracle batch at ``ids``, with the mask every dict batch carries."""
+    return expected_global(data, ids) | {"mask": ids != PAD}
+
+
 def _build(source: Any, mesh: Mesh, **kwargs: Any) -> None:
     """Builds a loader and closes it: ``None`` means it was accepted."""
     DataLoader(source, mesh=mesh, **kwargs).close()
@@ -79,7 +84,7 @@ def _agreeing(mesh: Mesh) -> Any:
     shards = 0
     with DataLoader(data, mesh=mesh, global_batch_size=B, shuffle=False) as loader:
         for step, batch in zip(range(3), loader, strict=False):
-            shards += assert_batch_exact(batch, expected_global(data, _unshuffled_ids(step, B, B)))
+            shards += assert_batch_exact(batch, _expected(data, _unshuffled_ids(step, B, B)))
     return ["ok", shards]
 
 
@@ -111,7 +116,7 @@ def _restore_same_step(mesh: Mesh) -> Any:
         state = loader.state() | {"step": 3}
     with DataLoader.restore(state, data, mesh=mesh) as loader:
         batch = next(iter(loader))
-        return ["ok", assert_batch_exact(batch, expected_global(data, _unshuffled_ids(3, B, B)))]
+        return ["ok", assert_batch_exact(batch, _expected(data, _unshuffled_ids(3, B, B)))]
 
 
 # ------------------------------------------------------------------------- process index
@@ -138,8 +143,7 @@ def _subset(mesh_rows: list[int], batch: int, steps: int, shuffle_seed: int | No
         for step, got in zip(range(steps), loader, strict=False):
             ids = _unshuffled_ids(step, batch, physical)
             want = expected_global(data, ids)
-            if physical > batch or ROWS % batch:
-                want["mask"] = ids != PAD
+            want["mask"] = ids != PAD  # every dict batch carries the mask
             shards += assert_batch_exact(got, want)
             totals.append(float(jax.jit(lambda w: w.sum())(got["weight"])))
             assert totals[-1] == float(want["weight"].sum()), (step, totals[-1])
@@ -189,9 +193,7 @@ def _stream_to_its_end(mesh: Mesh, drop_last: bool) -> Any:
                     k = step * 4 + j
                     if k < lengths[uid]:
                         want[position], mask[position] = 1 + uid * 1000 + k, True
-            expected = (
-                {"x": want} if drop_last else {"x": want, "mask": mask}
-            )  # no padding: no mask
+            expected = {"x": want, "mask": mask}  # every dict batch carries the mask
             shards += assert_batch_exact(batch, expected)
             # a collective over every host (a host that stopped early would hang it); pads are 0
             real_rows.append(int(jax.jit(lambda x: (x != 0).sum())(batch["x"])))

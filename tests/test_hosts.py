@@ -53,8 +53,8 @@ def _message(answer: list, error: str = "ValueError") -> str:
 # ----------------------------------------------------------------------- item 3: agreement
 def test_hosts_that_agree_pass_and_get_exact_batches(pod):
     # 1 leaf x 2 local devices x 3 steps, each shard against the numpy oracle
-    assert _answers(pod, "agreeing") == [["ok", 6]] * 4
-    assert _answers(pod, "restore same step") == [["ok", 2]] * 4
+    assert _answers(pod, "agreeing") == [["ok", 12]] * 4  # tokens and mask x 2 devices x 3 steps
+    assert _answers(pod, "restore same step") == [["ok", 4]] * 4
 
 
 def test_a_per_host_seed_is_refused_on_every_host(pod):
@@ -107,9 +107,10 @@ def test_a_process_index_of_another_host_is_a_clear_error(pod):
 # ---------------------------------------------------------- item 8: a mesh over some processes
 def test_a_mesh_over_processes_0_and_2_feeds_exact_rows(pod):
     answers = _answers(pod, "subset {0, 2}")
-    # 1 leaf + weight x 2 local devices x 3 steps on each mesh process; the reduction runs on both
+    # tokens, weight and mask x 2 local devices x 3 steps on each mesh process; the reduction
+    # runs on both
     for p in (0, 2):
-        assert answers[p][:2] == ["ok", 12], answers[p]
+        assert answers[p][:2] == ["ok", 18], answers[p]
     for p in (1, 3):
         message = _message(answers[p])
         assert f"process {p} holds no device of the mesh" in message, message

@@ -457,7 +457,7 @@ class LoaderConfig:
             >>> import numpy as np
             >>> mesh = MeshConfig(axes={"data": 4, "model": 2}).build()
             >>> config = LoaderConfig(global_batch_size=8, shuffle=False)
-            >>> rows = np.arange(32).reshape(16, 2)
+            >>> rows = np.arange(32, dtype=np.int32).reshape(16, 2)
             >>> with config.build(mesh, source=rows) as loader:
             ...     it = iter(loader)
             ...     _ = next(it)

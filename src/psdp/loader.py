@@ -796,7 +796,7 @@ class LoaderIterator(Prefetcher[Batch]):
         >>> import jax, numpy as np
         >>> from jax.sharding import Mesh
         >>> mesh = Mesh(np.array(jax.devices()).reshape(8), ("data",))
-        >>> with DataLoader(np.arange(64), mesh=mesh, global_batch_size=8) as loader:
+        >>> with DataLoader(np.arange(64, dtype=np.int32), mesh=mesh, global_batch_size=8) as loader:
         ...     it = iter(loader)
         ...     _ = next(it), next(it)
         ...     it.state()["step"]
