@@ -24,6 +24,7 @@ from jax.sharding import PartitionSpec as P
 import oracle
 from fake_hosts import fake_pod, host_batch
 from matrix import SOURCES, Case, check_case, spec_of
+from pod_cases import PODS
 
 # the scrambled device order of the other tests: nothing may assume devices sit in id order
 DEVICES = np.array(jax.devices())[[3, 0, 7, 4, 1, 6, 2, 5]]
@@ -132,7 +133,7 @@ def pods(draw):
     shape = draw(st.sampled_from(MESHES))
     names = draw(st.permutations(NAMES))[: len(shape)]
     order = draw(st.permutations(range(8)))
-    hosts = draw(st.sampled_from([1, 2, 4, 8]))
+    hosts = draw(st.sampled_from([1, 2, 4, 4, 8]))
     layout = np.array(draw(st.permutations(np.repeat(np.arange(hosts), 8 // hosts).tolist())))
     _, layout = np.unique(layout, return_inverse=True)  # processes numbered densely
     return mesh_of(names, shape, DEVICES[list(order)]), layout.reshape(shape)
@@ -141,7 +142,8 @@ def pods(draw):
 def _spec(draw, mesh, ndim, batch_axes):
     """One leaf's spec: ``batch_axes`` on dimension 0, each other axis on a random dimension."""
     free = [a for a in mesh.axis_names if a not in batch_axes]
-    where = draw(st.lists(st.integers(-1, ndim - 1), min_size=len(free), max_size=len(free)))
+    dims = [-1, *range(1, ndim), *range(1, min(ndim, 2))]  # dimension 1 (sequence) twice as likely
+    where = draw(st.lists(st.sampled_from(dims), min_size=len(free), max_size=len(free)))
     entries = [list(batch_axes)] + [[] for _ in range(ndim - 1)]
     for axis, dim in zip(free, where, strict=True):
         if dim >= 1:
@@ -192,9 +194,20 @@ def cases(draw, mesh, hosts):
     )  # fmt: skip
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=300, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
+)
 @given(data=st.data())
 def test_every_simulated_host_gets_exactly_its_boxes_and_reads_exactly_them(data):
     mesh, layout = data.draw(pods())
     case = data.draw(cases(mesh, int(layout.max()) + 1))
     check_every_host(case, mesh, layout)
+
+
+@pytest.mark.parametrize("pod", list(PODS))
+def test_the_pod_matrix_on_simulated_hosts(pod):
+    """tests/test_pod_matrix.py's cases, on the same layouts, every host in this process."""
+    layout, names, shape, _, cases = PODS[pod]
+    mesh = mesh_of(names, shape)
+    for case in cases:
+        check_every_host(case, mesh, layout)

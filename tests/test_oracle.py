@@ -112,6 +112,8 @@ def test_feeding_rule_on_the_documented_example():
     process_of = dict(zip(mesh.devices.flat, np.ravel(procs).tolist(), strict=True))
     size, positions = oracle.fed_positions(6, mesh, "data", process_of, [0])
     assert (size, positions.tolist()) == (12, [0, 1, 2, 6, 7, 8])
+    size, positions = oracle.fed_positions(8, mesh, "data", process_of, [0])  # the docs' B=8
+    assert (size, positions.tolist()) == (16, [0, 1, 2, 3, 8, 9, 10, 11])
     layout = MeshLayout(np.array(procs), ("data", "model"))
     size, positions = feeding_positions([0], {"x": P("data")}, [4], 6, layout)
     assert (size, positions.tolist()) == (12, [0, 1, 2, 6, 7, 8])
