@@ -192,6 +192,11 @@ MUTANTS = [
            "hole 3: a source without read_window loses the column offset"),
     Mutant("H5", "consistency.py", "    for number, name in enumerate(names):",
            "    for number, name in enumerate(names[:1]):", "hole 5: check_consistency checks one leaf"),
+    Mutant("C1", "consistency.py", "if not np.array_equal(data, want, equal_nan=data.dtype.kind in \"fc\"):",
+           "if not np.array_equal(data[:1], want[:1], equal_nan=data.dtype.kind in \"fc\"):",
+           "a shard compared with its expected rows by its first row only"),
+    Mutant("C2", "consistency.py", "*_fingerprint(data), ok]", "*_fingerprint(data[:1]), ok]",
+           "replicas compared by their first row only"),
 ]  # fmt: skip
 
 #: Single-process tests run against every mutant (the planner, reads, assembly and order).

@@ -14,12 +14,14 @@ from jax.sharding import PartitionSpec as P
 
 from psdp import (
     MeshLayout,
+    RowBlock,
     local_device_mapping,
     plan_batch,
     plan_pod,
     process_mesh_mapping,
 )
 from psdp.mesh import dp_index
+from psdp.picture import plan_summary
 
 
 def seed_layout() -> MeshLayout:
@@ -191,6 +193,10 @@ def test_plan_equals_union_of_jax_devices_indices_map(case):
         assert {_normalise(b, shape) for b in plan.blocks} == set(expected)
         rows = sorted({r for box in expected for r in range(*box[0])})
         assert plan.rows.tolist() == rows
+        assert plan.num_elements == sum(np.prod([b - a for a, b in box]) for box in set(expected))
+        assert _row_block_elements(plan.row_blocks, shape) == _elements(set(expected), shape)
+        for above, below in itertools.pairwise(plan.row_blocks):  # merged only when they may
+            assert above.rows.stop < below.rows.start or above.columns != below.columns
         unions[p] = frozenset(expected)
     # every element of the leaf is covered by some process
     covered = {box for u in unions.values() for box in u}
@@ -201,6 +207,40 @@ def test_plan_equals_union_of_jax_devices_indices_map(case):
         assert (unions[p] == unions[q]) == (uids[p] == uids[q])
     first_seen = list(dict.fromkeys(uids.values()))
     assert first_seen == list(range(pod.num_uids))
+
+
+def _elements(boxes, shape) -> set[tuple[int, int]]:
+    """(row, column) pairs of boxes (column -1 for a 1-D leaf)."""
+    columns = (lambda box: range(*box[1])) if len(shape) > 1 else (lambda box: [-1])
+    return {(r, c) for box in boxes for r in range(*box[0]) for c in columns(box)}
+
+
+def _row_block_elements(blocks, shape) -> set[tuple[int, int]]:
+    out = set()
+    for block in blocks:
+        spans = [(0, shape[1])] if block.columns is None else [(s.start, s.stop) for s in block.columns]
+        columns = [c for a, b in spans for c in range(a, b)] if len(shape) > 1 else [-1]
+        out |= {(r, c) for r in range(block.rows.start, block.rows.stop) for c in columns}
+    return out
+
+
+def test_row_blocks_with_different_columns_stay_apart():
+    """Hole 6: host 0 of [[0, 1], [1, 0]] holds rows 0:4 cols 0:4 and rows 4:8 cols 4:8: two
+    reads, never one box rows 0:8 x cols 0:4; ``psdp plan`` prints the same blocks."""
+    layout = MeshLayout(np.array([[0, 1], [1, 0]]), ("data", "context"))
+    plan = plan_batch(layout, P("data", "context"), (8, 8), process_index=0)
+    assert plan.row_blocks == (
+        RowBlock(slice(0, 4), (slice(0, 4),)),
+        RowBlock(slice(4, 8), (slice(4, 8),)),
+    )
+    summary = plan_summary(layout, "data", P("data", "context"), (8, 8))
+    assert summary["processes"][0]["row_blocks"] == [
+        {"rows": [0, 4], "columns": [[0, 4]]},
+        {"rows": [4, 8], "columns": [[4, 8]]},
+    ]
+    same = MeshLayout(np.array([[0, 1], [0, 1]]), ("data", "context"))  # same columns: one read
+    merged = plan_batch(same, P("data", "context"), (8, 8), process_index=1).row_blocks
+    assert merged == (RowBlock(slice(0, 8), (slice(4, 8),)),)
 
 
 def _naive_uid_table(procs: np.ndarray, keys: np.ndarray) -> dict[int, int]:
