@@ -249,7 +249,9 @@ def run_tests(copy: Path, tests: list[str], marker: str | None) -> tuple[bool, s
     return True, failed[0] if failed else f"exit {done.returncode}: {done.stdout[-300:]}"
 
 
-def run_mutant(copy: Path, mutant: Mutant, tests: list[str], marker: str | None) -> tuple[bool, str]:
+def run_mutant(
+    copy: Path, mutant: Mutant, tests: list[str], marker: str | None
+) -> tuple[bool, str]:
     path = copy / "src" / "psdp" / mutant.file
     original = path.read_text()
     path.write_text(original.replace(mutant.old, mutant.new))
@@ -301,7 +303,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"re-running {len(survivors)} survivors with the multi-process tests", flush=True)
             for m in list(survivors):
                 killed, by = run_mutant(copy, m, POD_TESTS, None)
-                print(f"{m.name:4} {'killed' if killed else 'SURVIVED':8} (pods)  [{by}]", flush=True)
+                print(
+                    f"{m.name:4} {'killed' if killed else 'SURVIVED':8} (pods)  [{by}]", flush=True
+                )
                 if killed:
                     survivors.remove(m)
     killed = len(mutants) - len(survivors)

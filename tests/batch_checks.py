@@ -7,8 +7,8 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from psdp import ArraySource
 import oracle
+from psdp import ArraySource
 from psdp.order import PAD
 
 

@@ -82,7 +82,9 @@ class GrainReads(GrainSource):
     """A Grain-style per-record source (a list of record dicts), recording each batched read."""
 
     def __init__(self, data: Mapping[str, np.ndarray]):
-        records = [{k: v[i] for k, v in data.items()} for i in range(len(next(iter(data.values()))))]
+        records = [
+            {k: v[i] for k, v in data.items()} for i in range(len(next(iter(data.values()))))
+        ]
         super().__init__(records, num_threads=1)
         self.names = list(data)
         self.reads: list[tuple[np.ndarray, dict[Any, slice | None]]] = []
@@ -206,7 +208,9 @@ def check_case(
                 what = f"{case.describe()}, step {step}, leaf {key!r}"
                 assert same_spec(spec, want.specs[key]), (what, spec, want.specs[key])
                 assert set(shards) == set(devices), (what, "not every device of the host")
-                checked += oracle.check_shards(shards, want.leaves[key], want.specs[key], mesh, what)
+                checked += oracle.check_shards(
+                    shards, want.leaves[key], want.specs[key], mesh, what
+                )
             check_reads(case, source.reads, want, mesh, devices, step)
     return checked
 
@@ -220,7 +224,9 @@ def check_reads(
         k: oracle.needed_elements(want, k, mesh, devices, case.halo.get(k, 0)) for k in case.leaves
     }
     columns = {
-        k for k in case.leaves if oracle.column_mode(want.specs[k], mesh, 1 + len(case.leaves[k]), case.halo.get(k, 0))
+        k
+        for k in case.leaves
+        if oracle.column_mode(want.specs[k], mesh, 1 + len(case.leaves[k]), case.halo.get(k, 0))
     }
     all_rows = {i for pairs in needed.values() for i, _ in pairs}
     whole_rows = {i for k, pairs in needed.items() if k not in columns for i, _ in pairs}

@@ -252,7 +252,10 @@ def check_array(array: jax.Array, expected: np.ndarray, spec: PartitionSpec, mes
 def check_batch(batch: Any, expected: Expected, mesh: Mesh) -> int:
     """Every leaf of a loader batch (a dict, or one array for leaf ``None``) is exact."""
     got = batch if isinstance(batch, Mapping) else {None: batch}
-    assert set(got) == set(expected.leaves), (sorted(map(str, got)), sorted(map(str, expected.leaves)))
+    assert set(got) == set(expected.leaves), (
+        sorted(map(str, got)),
+        sorted(map(str, expected.leaves)),
+    )
     return sum(
         check_array(
             getattr(got[k], "array", got[k]), expected.leaves[k], expected.specs[k], mesh, k

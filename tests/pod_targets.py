@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import jax
 import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from batch_checks import (
     CountingSource,
@@ -12,9 +14,6 @@ from batch_checks import (
     physical_ids,
     token_table,
 )
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
-
 from psdp import DataLoader, MeshLayout
 from psdp.order import PAD
 

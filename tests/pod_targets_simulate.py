@@ -33,9 +33,7 @@ def global_rows(
     return jax.make_array_from_single_device_arrays(rows.shape, sharding, shards)
 
 
-def check_across_hosts(
-    corrupt_process: int | None, with_expected: bool, part: str = "all"
-) -> dict:
+def check_across_hosts(corrupt_process: int | None, with_expected: bool, part: str = "all") -> dict:
     """Every host checks one batch; one device of ``corrupt_process`` (if any) holds wrong data
     (all of its box, or its last element: see `global_rows`).
 

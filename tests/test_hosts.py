@@ -164,13 +164,19 @@ def cases(draw, mesh, hosts):
     for key in ("a", "b", "c")[: draw(st.integers(1, 3))]:
         ndim = draw(st.integers(1, 4))
         strategy = draw(st.sampled_from(["spec", "spec", "batch", "full", "replicated"]))
-        if shared is None and strategy != "spec" and (strategy != "batch" or
-                                                     set(mesh.axis_names) & set(oracle.BATCH_AXES)):
+        if (
+            shared is None
+            and strategy != "spec"
+            and (strategy != "batch" or set(mesh.axis_names) & set(oracle.BATCH_AXES))
+        ):
             specs[key] = strategy
             spec = oracle.resolve(strategy, mesh)
         else:
-            axes = shared if shared is not None else draw(
-                st.lists(st.sampled_from(mesh.axis_names), unique=True, max_size=2))
+            axes = (
+                shared
+                if shared is not None
+                else draw(st.lists(st.sampled_from(mesh.axis_names), unique=True, max_size=2))
+            )
             specs[key] = _spec(draw, mesh, ndim, axes)
             spec = oracle.resolve(spec_of(specs[key]), mesh)
         trailing = []

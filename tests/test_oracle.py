@@ -32,8 +32,24 @@ KNOWN_PERMUTATIONS = {
 # (num_rows, batch, seed, drop_last, step) -> the step's ids
 KNOWN_BATCHES = {
     (100, 8, 3, False, 37): [8, 52, 75, 91, 66, 62, 78, 40],
-    (1000, 16, 12345, False, 10**7): [784, 537, 175, 635, 551, 677, 597, 215,
-                                      745, 723, 123, 911, 625, 452, 694, 185],  # fmt: skip
+    (1000, 16, 12345, False, 10**7): [
+        784,
+        537,
+        175,
+        635,
+        551,
+        677,
+        597,
+        215,
+        745,
+        723,
+        123,
+        911,
+        625,
+        452,
+        694,
+        185,
+    ],  # fmt: skip
     (10, 4, 7, False, 2): [4, 7, PAD, PAD],  # epoch 0's short final batch
     (10, 4, 7, False, 5): [6, 0, PAD, PAD],  # epoch 1's
     (10, 4, 7, True, 2): [2, 5, 1, 7],  # epoch 1 (2 steps per epoch), its first batch

@@ -28,6 +28,7 @@ from psdp.pod import run_pod
 TARGET = f"{Path(__file__).parent / 'pod_targets_matrix.py'}:check_cases"
 pytestmark = pytest.mark.multiprocess
 
+
 @pytest.mark.parametrize("pod", list(PODS))
 def test_every_host_of_the_pod_checks_every_case(pod):
     layout, names, shape, hosts, cases = PODS[pod]
