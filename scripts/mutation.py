@@ -68,6 +68,10 @@ MUTANTS = [
            "epoch, within_epoch = divmod(step + 1, self.steps_per_epoch)", "steps off by one"),
     Mutant("O10", "order.py", "keys.append(k)", "keys.append(k & 0xFFFFFFFF)",
            "round keys cut to 32 bits"),
+    Mutant("O11", "order.py", "hi_bits, lo_bits = bits - bits // 2, bits // 2",
+           "hi_bits, lo_bits = bits // 2, bits - bits // 2", "Feistel halves swapped (odd bits)"),
+    Mutant("O12", "order.py", "f = (f ^ (f >> np.uint64(32))) * np.uint64(0xD6E8FEB86659FD93)",
+           "f = (f ^ (f >> np.uint64(31))) * np.uint64(0xD6E8FEB86659FD93)", "a Feistel shift"),
     # -------------------------------------------------------------------------------- mesh.py
     Mutant("M1", "mesh.py", "index = index * layout.shape[dim] + coords[dim]",
            "index = index + coords[dim] * count", "axes of one dimension linearised minor-major"),
@@ -98,6 +102,10 @@ MUTANTS = [
            "held[owner, 0] = key", "held sets keep one key"),
     Mutant("M13", "mesh.py", "    if len(set(axes)) != len(axes):", "    if False:",
            "batch_axes naming an axis twice accepted"),
+    Mutant("M14", "mesh.py", "whole_rows = len(shape) < 2 or sizes[1] == shape[1]",
+           "whole_rows = len(shape) < 2", "row blocks list columns of whole rows"),
+    Mutant("M15", "mesh.py", "all(is_int(n) and n >= 1 for n in shape)",
+           "all(is_int(n) and n >= 0 for n in shape)", "a zero dimension accepted"),
     # ------------------------------------------------------------------------------ layout.py
     Mutant("L1", "layout.py", "data_row = np.where(row_in_tile == 0, tile_row, dp - 1 - tile_row)",
            "data_row = np.where(row_in_tile == 0, tile_row, tile_row + dp // 2)",
@@ -116,6 +124,8 @@ MUTANTS = [
            "build_mesh places a process's devices in reverse order"),
     Mutant("L7", "layout.py", "        if counts.min() != counts.max():", "        if False:",
            "unbalanced layouts accepted"),
+    Mutant("L8", "layout.py", "host = tile_row * tiles_across + col // half",
+           "host = tile_row + (col // half) * (dp // 2)", "noncontiguous hosts numbered column-major"),
     # --------------------------------------------------------------------------- partition.py
     Mutant("P1", "partition.py", "unit = math.lcm(*shards) if shards else 1",
            "unit = max(shards) if shards else 1", "physical batch by max, not lcm"),
@@ -133,6 +143,9 @@ MUTANTS = [
            "halo on leaves not sharded along dimension 1"),
     Mutant("P7", "partition.py", "            return PartitionSpec(axes[0] if len(axes) == 1 else axes)",
            "            return PartitionSpec(axes[-1])", "batch_axes: last axis only"),
+    Mutant("P8", "partition.py", "        if unknown:\n            raise ValueError(\n                f\"batch_spec names leaves",
+           "        if False:\n            raise ValueError(\n                f\"batch_spec names leaves",
+           "batch_spec naming unknown leaves accepted"),
     # ------------------------------------------------------------------------------- reads.py
     Mutant("R1", "reads.py", "WindowSlice(key, 0, None if same else np.searchsorted(union, rows))",
            "WindowSlice(key, 0, None if same else np.arange(len(rows)))",
@@ -162,6 +175,8 @@ MUTANTS = [
     Mutant("R11", "reads.py", "fed = np.unique(index[np.isin(layout.process_index.ravel(), chosen)])",
            "fed = np.unique(index[np.isin(layout.process_index.ravel(), chosen[:1])])",
            "feeding: only the first feeding process"),
+    Mutant("R12", "reads.py", "same = np.array_equal(union, rows)", "same = True",
+           "every whole-row leaf takes the whole union read"),
     # ---------------------------------------------------------------------------- assembly.py
     Mutant("A1", "assembly.py", "rest: tuple[slice, ...] = (slice(None), *index[2:])",
            "rest: tuple[slice, ...] = (slice(None), *[slice(0, (s.stop or 0) - (s.start or 0)) if s.start else s for s in index[2:]])",
@@ -186,6 +201,11 @@ MUTANTS = [
            "rows = source_rows[: len(window.rows)]", "fill takes the first rows, not the window's"),
     Mutant("A10", "assembly.py", "        if halo > width:", "        if halo > width + 1:",
            "a halo wider than a shard accepted"),
+    Mutant("A11", "assembly.py", "offsets = {int(r): i for i, r in enumerate(plan.rows.tolist())}",
+           "offsets = {int(r): i for i, r in enumerate(plan.rows.tolist()[::-1])}",
+           "whole-row offsets counted from the end"),
+    Mutant("A12", "assembly.py", "for d in devices], devices)", "for d in devices], devices[::-1])",
+           "the batched put sends each box to another device"),
     # ---------------------------- the holes outside those modules (loader.py, consistency.py)
     Mutant("H3", "loader.py", "else np.asarray(got[key])[:, request.columns[key]]",
            "else np.asarray(got[key])[:, : request.columns[key].stop - request.columns[key].start]",
@@ -211,6 +231,8 @@ TESTS = [
     "tests/test_streams.py",
     "tests/test_bad_input.py",
     "tests/test_cli.py",
+    "tests/test_consistency.py",
+    "tests/test_simulate.py",
     "src/psdp/order.py",
     "src/psdp/mesh.py",
     "src/psdp/layout.py",
@@ -233,6 +255,7 @@ def copy_repository(to: Path) -> None:
 def run_tests(copy: Path, tests: list[str], marker: str | None) -> tuple[bool, str]:
     """(whether a test failed, the first failing test) for the copy as it is now."""
     command = [sys.executable, "-m", "pytest", *tests, "-x", "-q", "-p", "no:cacheprovider"]
+    command += ["--hypothesis-profile=mutation"]  # conftest.py: no shrinking
     if marker:
         command += ["-m", marker]
     env = {**os.environ, "PYTHONPATH": str(copy / "src")}

@@ -50,15 +50,20 @@ def fake_pod(mesh: Mesh, process_index: Any) -> Iterator[dict[Any, int]]:
         yield dict(zip(mesh.devices.flat, layout.process_index.ravel().tolist(), strict=True))
 
 
-def host_batch(loader: Any, step: int, process_of: Mapping[Any, int]) -> dict[Any, HostShards]:
-    """The boxes ``loader``'s host would place on its devices at ``step``, per leaf."""
-    host = loader.process_index
+def recorder(process_of: Mapping[Any, int], host: int) -> Any:
+    """A stand-in for ``jax.make_array_from_callback`` that asks for ``host``'s boxes alone."""
 
     def record(shape: Any, sharding: NamedSharding, callback: Any) -> HostShards:
         boxes = sharding.devices_indices_map(tuple(shape))
         shards = {d: np.array(callback(i)) for d, i in boxes.items() if process_of[d] == host}
         return HostShards(tuple(shape), sharding, shards)
 
+    return record
+
+
+def host_batch(loader: Any, step: int, process_of: Mapping[Any, int]) -> dict[Any, HostShards]:
+    """The boxes ``loader``'s host would place on its devices at ``step``, per leaf."""
+    record = recorder(process_of, loader.process_index)
     with mock.patch.object(jax, "make_array_from_callback", record):
         batch = loader.batch_at(step)
     return batch if isinstance(batch, dict) else {None: batch}

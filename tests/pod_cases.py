@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from matrix import Case
 
-SEED_LIKE = [[0, 1], [2, 3], [0, 1], [2, 3]]
-ALTERNATE_COLUMNS = [[0, 1, 0, 1], [0, 1, 0, 1]]
-TWISTED_3D = [[[0, 1], [2, 3]], [[3, 2], [1, 0]]]
+SEED_LIKE = [[0, 1], [2, 3], [0, 1], [2, 3]]  # hosts in data rows 0 and 2, or 1 and 3
+ALTERNATE_COLUMNS = [[0, 1, 0, 1], [0, 1, 0, 1]]  # each host: column shards 0 and 2, or 1 and 3
+TWISTED_3D = [[[0, 1], [2, 3]], [[3, 2], [1, 0]]]  # each host in two (replica, data) rows
 
 ON_DATA_MODEL = [
     Case({"tokens": [3], "weight": []}, {"tokens": "full", "weight": "batch"}, 16, 64,

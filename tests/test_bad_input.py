@@ -174,6 +174,20 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
         ["'context'", "('data', 'model')"],
     ),
     (
+        "feeding with leaves whose batch is split differently",
+        lambda _: _loader(
+            {"tokens": TOKENS, "w": np.arange(len(TOKENS))},
+            feeding_processes=[0],
+            batch_spec={"w": "full"},
+        ),  # fmt: skip
+        ValueError,
+        [
+            "feeding_processes needs every leaf's batch dimension split over the same mesh axes",
+            "'w': P(('data', 'model'),)",
+            "give every leaf the same batch sharding",
+        ],
+    ),
+    (
         "batch spec names an unknown leaf",
         lambda _: _loader(batch_spec={"tokenz": "batch"}),
         ValueError,

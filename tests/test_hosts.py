@@ -12,6 +12,7 @@ multi-process pods in tests/test_pod_matrix.py.
 from __future__ import annotations
 
 import math
+from unittest import mock
 
 import jax
 import numpy as np
@@ -22,9 +23,10 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 import oracle
-from fake_hosts import fake_pod, host_batch
+from psdp.assembly import LeafAssembler
+from fake_hosts import fake_pod, host_batch, recorder
 from matrix import SOURCES, Case, check_case, spec_of
-from pod_cases import PODS
+from pod_cases import ALTERNATE_COLUMNS, PODS, SEED_LIKE, TWISTED_3D
 
 # the scrambled device order of the other tests: nothing may assume devices sit in id order
 DEVICES = np.array(jax.devices())[[3, 0, 7, 4, 1, 6, 2, 5]]
@@ -46,11 +48,6 @@ def check_every_host(case: Case, mesh: Mesh, layout) -> int:
         return sum(check_case(case, mesh, p, process_of, simulated) for p in range(hosts))
 
 
-NONCONTIGUOUS_4x2 = [[0, 1], [2, 3], [0, 1], [2, 3]]  # hosts in data rows 0 and 2, or 1 and 3
-ALTERNATE_COLUMNS = [[0, 1, 0, 1], [0, 1, 0, 1]]  # each host: column shards 0 and 2, or 1 and 3
-TWISTED_3D = [[[0, 1], [2, 3]], [[3, 2], [1, 0]]]  # each host in two (replica, data) rows
-
-
 # ------------------------------------------------------------------------------------ holes
 @pytest.mark.parametrize(
     "specs",
@@ -65,7 +62,7 @@ def test_whole_row_leaves_with_different_strategies_pick_their_rows_on_every_hos
     leaves = {"tokens": [3], "weight": [], "doc": [2]}
     case = Case({k: leaves[k] for k in specs}, specs, batch_size=10, num_rows=37, seed=4,
                 float_leaves=["weight"], steps=[0, 3, 4])  # fmt: skip
-    assert check_every_host(case, mesh_of(("data", "model"), (4, 2)), NONCONTIGUOUS_4x2) > 0
+    assert check_every_host(case, mesh_of(("data", "model"), (4, 2)), SEED_LIKE) > 0
 
 
 @pytest.mark.parametrize("source", ["window", "read"])
@@ -122,6 +119,25 @@ def test_halos_at_both_sequence_edges_and_feeding_on_a_3d_mesh_with_two_batch_ax
         check_every_host(case, mesh, TWISTED_3D)
 
 
+def test_fill_cuts_each_window_from_a_hosts_own_rows():
+    """`LeafAssembler.fill` with ``positions`` (how `filter_shard` feeds a host's own rows): host
+    0 of [[0, 1], [1, 0], ...] holds column shard 0 of some rows and shard 1 of others, so each
+    window is a different subset of the host's rows."""
+    mesh = mesh_of(("data", "context"), (4, 2))
+    rows = np.arange(8 * 6, dtype=np.int32).reshape(8, 6)
+    with fake_pod(mesh, [[0, 1], [1, 0], [0, 1], [1, 0]]) as process_of:
+        for halo in (0, 1):
+            leaf = LeafAssembler.create(mesh, P("data", "context"), (8, 6), np.int32, 0, halo)
+            mine = leaf.plan.rows  # the host's rows, ascending: what filter_shard is given
+            windows = leaf.fill(rows[mine], pad_value=-1, positions=mine)
+            assert [w.shape[0] for w in windows] == [4, 4]  # not every row of the host
+            want = oracle.haloed(rows, 2, halo, -1)
+            with mock.patch.object(jax, "make_array_from_callback", recorder(process_of, 0)):
+                got = leaf.assemble(windows)
+            oracle.check_shards(got.shards, want, P("data", "context"), mesh, f"halo {halo}")
+            assert len(got.shards) == 4
+
+
 # ------------------------------------------------------------------------------- property
 MESHES = [(8,), (4, 2), (2, 4), (2, 2, 2), (1, 8), (2, 1, 4)]
 NAMES = ("data", "model", "context", "replica")
@@ -135,7 +151,6 @@ def pods(draw):
     order = draw(st.permutations(range(8)))
     hosts = draw(st.sampled_from([1, 2, 4, 4, 8]))
     layout = np.array(draw(st.permutations(np.repeat(np.arange(hosts), 8 // hosts).tolist())))
-    _, layout = np.unique(layout, return_inverse=True)  # processes numbered densely
     return mesh_of(names, shape, DEVICES[list(order)]), layout.reshape(shape)
 
 

@@ -160,10 +160,12 @@ def layouts_and_specs(draw):
     order = draw(st.permutations(range(8)))
     raw = draw(st.lists(st.integers(0, 7), min_size=8, max_size=8))
     procs = np.unique(raw, return_inverse=True)[1].reshape(mesh_shape)  # dense 0..P-1
-    # each mesh axis shards dimension 0, dimension 1, or nothing; order within a dim is drawn
-    dims = [draw(st.sampled_from((0, 1, None))) for _ in names]
+    # each mesh axis shards one dimension of a 2-D or 3-D leaf, or nothing; order within a
+    # dimension is drawn
+    ndim = draw(st.integers(2, 3))
+    dims = [draw(st.sampled_from((*range(ndim), None))) for _ in names]
     entries = []
-    for dim in (0, 1):
+    for dim in range(ndim):
         axes = [n for n, d in zip(names, dims, strict=True) if d == dim]
         axes = draw(st.permutations(axes)) if axes else []
         entries.append(tuple(axes) if len(axes) > 1 else (axes[0] if axes else None))
@@ -274,6 +276,14 @@ def test_uid_table_matches_naive_reference_on_shuffled_pods(data, model, per, se
         assert local_device_mapping(layout, "data", p) == {d: i for i, d in enumerate(held)}
 
 
+def test_build_mesh_fills_each_process_positions_in_device_order():
+    """A process's devices, in the order given, fill its positions in row-major order."""
+    devices = list(np.array(jax.devices())[[3, 0, 7, 4, 1, 6, 2, 5]])
+    mesh = MeshLayout(np.zeros((4, 2), int), ("data", "model")).build_mesh(devices)
+    assert list(mesh.devices.flat) == devices
+    assert mesh.axis_names == ("data", "model")
+
+
 def test_live_mesh_is_accepted():
     mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "model"))
     assert process_mesh_mapping(mesh, "data") == {0: 0}
@@ -307,6 +317,7 @@ SEED = MeshLayout.noncontiguous({"data": 4, "model": 4}, 4)
         (lambda: plan_batch(SEED, P("data"), (0,), 0), "positive ints"),
         (lambda: plan_batch(SEED, P("data"), (True,), 0), "positive ints"),  # a bool is no size
         (lambda: process_mesh_mapping(SEED, ()), "non-empty sequence of axis names"),
+        (lambda: process_mesh_mapping(SEED, ("data", "data")), "names an axis twice"),
         (lambda: MeshLayout(np.array([[0, 2]]), ("a", "b")), "processes [1] own no device"),
         (lambda: MeshLayout(np.array([[-1, 0]]), ("a", "b")), "must be >= 0, got -1"),
         (lambda: MeshLayout(np.zeros((2, 2), int), ("a",)), "2 mesh dimensions"),

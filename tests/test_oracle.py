@@ -27,6 +27,8 @@ KNOWN_PERMUTATIONS = {
     (10, 0, 1): [1, 5, 8, 2, 4, 6, 7, 3, 9, 0],
     (10, 1, 0): [5, 1, 6, 8, 0, 7, 2, 4, 9, 3],
     (10, 2**40 + 3, 5): [7, 2, 8, 6, 4, 5, 9, 1, 3, 0],
+    (16, 5, 0): [0, 3, 11, 15, 8, 5, 14, 10, 2, 12, 6, 1, 4, 7, 13, 9],  # N a power of two
+    (4, 1, 2): [2, 3, 1, 0],  # the smallest Feistel domain (2 bits)
 }
 
 # (num_rows, batch, seed, drop_last, step) -> the step's ids
@@ -55,6 +57,7 @@ KNOWN_BATCHES = {
     (10, 4, 7, True, 2): [2, 5, 1, 7],  # epoch 1 (2 steps per epoch), its first batch
     (10, 4, 7, True, 3): [9, 3, 8, 4],
     (2**20 + 1, 5, 0, False, 3): [234583, 570373, 745862, 662025, 445799],  # 21-bit domain
+    (1024, 8, 9, False, 300): [92, 236, 351, 190, 225, 681, 369, 550],  # exactly 10 bits
 }
 
 

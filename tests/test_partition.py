@@ -346,6 +346,25 @@ def test_named_axes_must_name_every_dimension():
                    named_axes={"tokens": ("batch",)}, axis_mapping={"batch": "data"})  # fmt: skip
 
 
+def test_batch_axes_in_the_order_given():
+    """``batch_axes`` of two axes splits the batch over both, major to minor as given."""
+    mesh = mesh_of(*RDM)
+    data = {"x": token_table(16)}
+    for axes in (("replica", "data"), ("data", "replica")):
+        loader = DataLoader(data, mesh=mesh, global_batch_size=8, batch_axes=axes, seed=6)
+        assert loader.batch_spec == {"x": P(axes)}
+        assert_batch_exact(loader.batch_at(1), expected_batch(loader, data, 1))
+
+
+def test_an_int_halo_widens_only_the_sequence_sharded_leaves():
+    """halo=2 for every leaf sharded on dimension 1; a 2-D leaf with whole rows keeps them."""
+    data = {"tokens": token_table(24, 8), "doc": token_table(24, 3), "w": np.arange(24)}
+    loader = DataLoader(data, mesh=seq_mesh(), global_batch_size=8, halo=2, seed=3,
+                        batch_spec={"tokens": P("data", "context")})  # fmt: skip
+    assert [loader.leaf(k).halo for k in data] == [2, 0, 0]
+    assert_batch_exact(loader.batch_at(2), expected_batch(loader, data, 2, halo={"tokens": 2}))
+
+
 def test_batch_axes_may_be_one_name_and_bad_knobs_are_clear_errors():
     mesh = mesh_of(("rows", "model"), (4, 2))
     data = {"x": token_table(16)}
