@@ -206,6 +206,11 @@ MUTANTS = [
            "whole-row offsets counted from the end"),
     Mutant("A12", "assembly.py", "for d in devices], devices)", "for d in devices], devices[::-1])",
            "the batched put sends each box to another device"),
+    # ------------------------------------- what the fixed weak tests guard (prefetch.py)
+    Mutant("W1", "prefetch.py", "self._observer(step, self.last_wait_s, ready)",
+           "self._observer(step, 0.0, ready)", "the observer is told no wait"),
+    Mutant("W2", "prefetch.py", "            ready = self._ready()\n",
+           "            ready = min(self._ready(), 1)\n", "the ready count capped at one"),
     # ---------------------------- the holes outside those modules (loader.py, consistency.py)
     Mutant("H3", "loader.py", "else np.asarray(got[key])[:, request.columns[key]]",
            "else np.asarray(got[key])[:, : request.columns[key].stop - request.columns[key].start]",
@@ -233,6 +238,8 @@ TESTS = [
     "tests/test_cli.py",
     "tests/test_consistency.py",
     "tests/test_simulate.py",
+    "tests/test_prefetch.py",
+    "tests/test_telemetry.py",
     "src/psdp/order.py",
     "src/psdp/mesh.py",
     "src/psdp/layout.py",

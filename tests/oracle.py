@@ -24,7 +24,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
@@ -183,13 +182,12 @@ def expected_step(
     feeding: Sequence[int] | None = None,
     process_of: Mapping[Any, int] | None = None,
     mask_key: str = "mask",
-    ids: np.ndarray | None = None,
 ) -> Expected:
     """The whole global batch of ``step`` and each leaf's spec.
 
     ``data`` is the source as numpy (an array: leaf ``None``; or a dict). ``specs`` has one
     `PartitionSpec` per leaf, in the source's leaf order. ``process_of`` maps each device to its
-    process (default: JAX's), for feeding. ``ids`` replaces the order's ids (a stream's).
+    process (default: JAX's), for feeding.
     """
     leaves = data if isinstance(data, Mapping) else {None: data}
     halo = dict(halo or {})
@@ -201,13 +199,10 @@ def expected_step(
     else:
         devices = process_of or {d: d.process_index for d in mesh.devices.flat}
         size, positions = fed_positions(batch_size, mesh, batch_entry(first), devices, feeding)
-    logical = (
-        step_ids(num_rows, batch_size, step, seed=seed, shuffle=shuffle, drop_last=drop_last)
-        if ids is None
-        else np.asarray(ids)
-    )
     physical = np.full(size, PAD, np.int64)
-    physical[positions] = logical
+    physical[positions] = step_ids(
+        num_rows, batch_size, step, seed=seed, shuffle=shuffle, drop_last=drop_last
+    )
     out, out_specs = {}, {}
     for key, leaf in leaves.items():
         spec = specs[key]
@@ -215,7 +210,7 @@ def expected_step(
         if halo.get(key):
             rows = haloed(rows, shard_count(mesh, spec[1]), halo[key], pad_value)
         out[key], out_specs[key] = rows, spec
-    padded = size > batch_size or (ids is None and ends_short(num_rows, batch_size, drop_last))
+    padded = size > batch_size or ends_short(num_rows, batch_size, drop_last)
     if padded and isinstance(data, Mapping):
         out[mask_key] = physical != PAD
         out_specs[mask_key] = PartitionSpec(batch_entry(first))
@@ -238,30 +233,6 @@ def check_shards(
                 f"{boxes[device]}, expected {want[tuple(wrong)]!r}"
             )
     return len(shards)
-
-
-def check_array(array: jax.Array, expected: np.ndarray, spec: PartitionSpec, mesh, what) -> int:
-    """A live global array: its spec and shape as expected, every addressable shard exact."""
-    assert array.shape == expected.shape, (what, array.shape, expected.shape)
-    assert array.sharding.spec == spec, (what, array.sharding.spec, spec)
-    shards = {s.device: np.asarray(s.data) for s in array.addressable_shards}
-    assert len(shards) == len(array.sharding.addressable_devices)
-    return check_shards(shards, expected, spec, mesh, what)
-
-
-def check_batch(batch: Any, expected: Expected, mesh: Mesh) -> int:
-    """Every leaf of a loader batch (a dict, or one array for leaf ``None``) is exact."""
-    got = batch if isinstance(batch, Mapping) else {None: batch}
-    assert set(got) == set(expected.leaves), (
-        sorted(map(str, got)),
-        sorted(map(str, expected.leaves)),
-    )
-    return sum(
-        check_array(
-            getattr(got[k], "array", got[k]), expected.leaves[k], expected.specs[k], mesh, k
-        )
-        for k in expected.leaves
-    )
 
 
 def needed_elements(
