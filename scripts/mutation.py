@@ -9,7 +9,7 @@ tests import the mutant too), restores the file, and prints ``killed`` (with the
 test) or ``survived``. The working tree is never touched. Mutants that survive the
 single-process tests are run again with the multi-process tests (``--pods``).
 
-Usage (about 20 minutes on 2 cores)::
+Usage (about 10 minutes on 2 cores)::
 
     .venv/bin/python scripts/mutation.py              # every mutant, then the pods for survivors
     .venv/bin/python scripts/mutation.py --only R1 A1  # some mutants
