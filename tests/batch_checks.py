@@ -1,10 +1,13 @@
-"""Exact-data oracles shared by single- and multi-process tests: every device shard, never shapes."""
+"""Exact-data checks shared by single- and multi-process tests: every device shard, never shapes.
+
+The expected values come from tests/oracle.py, never from the loader under test."""
 
 from __future__ import annotations
 
 import jax
 import numpy as np
 
+import oracle
 from psdp import ArraySource
 from psdp.order import PAD
 
@@ -21,20 +24,34 @@ def expected_global(data: np.ndarray | dict[str, np.ndarray], ids: np.ndarray, p
     return rows
 
 
-def physical_ids(loader, step: int) -> np.ndarray:
-    """The step's ids padded to the loader's physical batch with `PAD`."""
-    ids = np.full(loader.physical_batch_size, PAD, np.int64)
-    ids[loader.real_positions] = loader.order.batch_ids(step)
-    return ids
+def _oracle_step(loader, data, step: int, feeding=None, halo=None) -> oracle.Expected:
+    """The oracle's step for a loader's *settings* (its mesh, leaf specs, batch size, seed,
+    shuffle, drop_last, pad value, mask key): never its ids, positions or plans."""
+    specs = loader.batch_spec if isinstance(loader.batch_spec, dict) else {None: loader.batch_spec}
+    return oracle.expected_step(
+        data, loader.mesh, specs, loader.global_batch_size, step,
+        seed=loader.order.seed, shuffle=loader.order.shuffle, drop_last=loader.drop_last,
+        pad_value=loader.pad_value, halo=halo, feeding=feeding, mask_key=loader.mask_key,
+    )  # fmt: skip
 
 
-def expected_batch(loader, data, step: int):
-    """What the loader must deliver at ``step``: the rows, padding, and a dict batch's mask."""
-    ids = physical_ids(loader, step)
-    out = expected_global(data, ids, loader.pad_value)
-    if isinstance(data, dict) and loader.mask_key is not None:
-        out[loader.mask_key] = ids != PAD
-    return out
+def physical_ids(loader, step: int, feeding=None) -> np.ndarray:
+    """The step's ids in the physical batch, `PAD` for padding (from the oracle)."""
+    return _oracle_step(loader, _rows_like(loader), step, feeding).ids
+
+
+def _rows_like(loader):
+    """A stand-in source with the loader's leaves and length, for the ids alone."""
+    rows = np.zeros(len(loader.source), np.int8)
+    return {k: rows for k in loader.batch_spec} if isinstance(loader.batch_spec, dict) else rows
+
+
+def expected_batch(loader, data, step: int, feeding=None, halo=None):
+    """What the loader must deliver at ``step``, from the oracle (tests/oracle.py): the rows,
+    padding, halos and the mask when padded. ``feeding`` and ``halo`` are the loader's
+    ``feeding_processes`` and per-leaf halos when it was given them."""
+    want = _oracle_step(loader, data, step, feeding, halo)
+    return want.leaves if isinstance(data, dict) else want.leaves[None]
 
 
 def assert_shards_exact(batch: jax.Array, expected: np.ndarray) -> int:

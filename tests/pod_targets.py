@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import jax
 import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from batch_checks import (
     CountingSource,
@@ -12,7 +14,7 @@ from batch_checks import (
     physical_ids,
     token_table,
 )
-from psdp import DataLoader, MeshLayout, local_device_mapping
+from psdp import DataLoader, MeshLayout
 from psdp.order import PAD
 
 
@@ -29,17 +31,18 @@ def loader_exact(
     )
     source.reads.clear()  # the constructor's one-row probe
     me = jax.process_index()
-    held = local_device_mapping(mesh, batch_axes)
-    block = loader.physical_batch_size // mesh.shape[batch_axes]
     shards, want_reads = 0, []
     with loader:
         for step, batch in zip(range(steps), loader, strict=False):
             expected = expected_batch(loader, data, step)
             shards += assert_batch_exact(batch, expected)
-            # the host reads exactly its plan's rows: the blocks of the DP indices it holds,
+            # the host reads exactly the rows of its devices' boxes (JAX's), in batch order,
             # minus padding, which is never read (no read at all if it holds only padding)
             ids = physical_ids(loader, step)
-            want = np.concatenate([ids[d * block : (d + 1) * block] for d in sorted(held)])
+            boxes = NamedSharding(mesh, P(batch_axes)).devices_indices_map(ids.shape)
+            mine = sorted({boxes[d][0].start for d in mesh.devices.flat if d.process_index == me})
+            block = len(ids) // mesh.shape[batch_axes]
+            want = np.concatenate([ids[start : start + block] for start in mine])
             if (want != PAD).any():
                 want_reads.append(want[want != PAD])
             # and every process agrees on the whole batch (a global reduction over all hosts)
@@ -48,7 +51,8 @@ def loader_exact(
     assert len(source.reads) >= len(want_reads)  # the prefetcher may have read further ahead
     for got, want in zip(source.reads, want_reads, strict=False):
         np.testing.assert_array_equal(got, want)
-    return {"process": me, "shards": shards, "held": sorted(held), "reads": len(source.reads)}
+    held = [start // block for start in mine]
+    return {"process": me, "shards": shards, "held": held, "reads": len(source.reads)}
 
 
 def tensorstore_exact(

@@ -15,17 +15,27 @@ from psdp.config import MeshConfig
 from psdp.consistency import ConsistencyError, check_consistency
 
 
-def global_rows(rows: np.ndarray, sharding: NamedSharding, corrupt: int | None) -> jax.Array:
-    """``rows`` as a global array; the device with id ``corrupt`` (if local) gets its rows + 1."""
+def global_rows(
+    rows: np.ndarray, sharding: NamedSharding, corrupt: int | None, part: str = "all"
+) -> jax.Array:
+    """``rows`` as a global array; the device with id ``corrupt`` (if local) holds wrong data:
+    every element + 1 (``part="all"``), or only the last element of its box (``"last"``), so a
+    checker that compares part of a shard (its first row, say) is caught too."""
     shards = []
     for device, index in sharding.addressable_devices_indices_map(rows.shape).items():
-        block = rows[index] + (1 if device.id == corrupt else 0)
+        block = np.array(rows[index])
+        if device.id == corrupt:
+            if part == "all":
+                block += 1
+            else:
+                block[(-1,) * block.ndim] += 1
         shards.append(jax.device_put(block, device))
     return jax.make_array_from_single_device_arrays(rows.shape, sharding, shards)
 
 
-def check_across_hosts(corrupt_process: int | None, with_expected: bool) -> dict:
-    """Every host checks one batch; one device of ``corrupt_process`` (if any) holds wrong rows.
+def check_across_hosts(corrupt_process: int | None, with_expected: bool, part: str = "all") -> dict:
+    """Every host checks one batch; one device of ``corrupt_process`` (if any) holds wrong data
+    (all of its box, or its last element: see `global_rows`).
 
     Returns what this host saw: the report line, or the error message.
     """
@@ -34,7 +44,7 @@ def check_across_hosts(corrupt_process: int | None, with_expected: bool) -> dict
     corrupt = None
     if corrupt_process is not None:
         corrupt = min(d.id for d in mesh.devices.flat if d.process_index == corrupt_process)
-    batch = {"tokens": global_rows(rows, NamedSharding(mesh, P("data")), corrupt)}
+    batch = {"tokens": global_rows(rows, NamedSharding(mesh, P("data")), corrupt, part)}
     try:
         report = check_consistency(batch, {"tokens": rows} if with_expected else None)
     except ConsistencyError as err:

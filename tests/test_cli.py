@@ -64,10 +64,18 @@ def test_example_equals_explicit_options(capsys):
     assert explicit == plan_json(capsys, *SEED)
 
 
-def test_summary_survives_json_round_trip():
+def test_summary_is_plain_json_with_each_hosts_columns():
+    """Only JSON types (string keys, lists), so ``--json`` prints it unchanged; with dimension 1
+    sharded, hosts 0 and 1 hold the same rows but read different columns (their own read uids)."""
     layout = MeshLayout.noncontiguous({"data": 4, "model": 4}, num_processes=4)
     summary = plan_summary(layout, "data", ("data", "model"), (16, 32))
-    assert json.loads(json.dumps(summary)) == summary
+    assert json.loads(json.dumps(summary)) == summary  # a tuple or an int key would differ
+    assert summary["uids"] == {"0": 0, "1": 0, "2": 1, "3": 1}
+    assert summary["read_uids"] == {"0": 0, "1": 1, "2": 2, "3": 3}
+    assert [p["row_blocks"] for p in summary["processes"][:2]] == [
+        [{"rows": [0, 4], "columns": [[0, 16]]}, {"rows": [12, 16], "columns": [[0, 16]]}],
+        [{"rows": [0, 4], "columns": [[16, 32]]}, {"rows": [12, 16], "columns": [[16, 32]]}],
+    ]
 
 
 # ------------------------------------------------------------------------------ other pods

@@ -14,12 +14,14 @@ from jax.sharding import PartitionSpec as P
 
 from psdp import (
     MeshLayout,
+    RowBlock,
     local_device_mapping,
     plan_batch,
     plan_pod,
     process_mesh_mapping,
 )
 from psdp.mesh import dp_index
+from psdp.picture import plan_summary
 
 
 def seed_layout() -> MeshLayout:
@@ -158,10 +160,12 @@ def layouts_and_specs(draw):
     order = draw(st.permutations(range(8)))
     raw = draw(st.lists(st.integers(0, 7), min_size=8, max_size=8))
     procs = np.unique(raw, return_inverse=True)[1].reshape(mesh_shape)  # dense 0..P-1
-    # each mesh axis shards dimension 0, dimension 1, or nothing; order within a dim is drawn
-    dims = [draw(st.sampled_from((0, 1, None))) for _ in names]
+    # each mesh axis shards one dimension of a 2-D or 3-D leaf, or nothing; order within a
+    # dimension is drawn
+    ndim = draw(st.integers(2, 3))
+    dims = [draw(st.sampled_from((*range(ndim), None))) for _ in names]
     entries = []
-    for dim in (0, 1):
+    for dim in range(ndim):
         axes = [n for n, d in zip(names, dims, strict=True) if d == dim]
         axes = draw(st.permutations(axes)) if axes else []
         entries.append(tuple(axes) if len(axes) > 1 else (axes[0] if axes else None))
@@ -191,6 +195,10 @@ def test_plan_equals_union_of_jax_devices_indices_map(case):
         assert {_normalise(b, shape) for b in plan.blocks} == set(expected)
         rows = sorted({r for box in expected for r in range(*box[0])})
         assert plan.rows.tolist() == rows
+        assert plan.num_elements == sum(np.prod([b - a for a, b in box]) for box in set(expected))
+        assert _row_block_elements(plan.row_blocks, shape) == _elements(set(expected), shape)
+        for above, below in itertools.pairwise(plan.row_blocks):  # merged only when they may
+            assert above.rows.stop < below.rows.start or above.columns != below.columns
         unions[p] = frozenset(expected)
     # every element of the leaf is covered by some process
     covered = {box for u in unions.values() for box in u}
@@ -201,6 +209,42 @@ def test_plan_equals_union_of_jax_devices_indices_map(case):
         assert (unions[p] == unions[q]) == (uids[p] == uids[q])
     first_seen = list(dict.fromkeys(uids.values()))
     assert first_seen == list(range(pod.num_uids))
+
+
+def _elements(boxes, shape) -> set[tuple[int, int]]:
+    """(row, column) pairs of boxes (column -1 for a 1-D leaf)."""
+    columns = (lambda box: range(*box[1])) if len(shape) > 1 else (lambda box: [-1])
+    return {(r, c) for box in boxes for r in range(*box[0]) for c in columns(box)}
+
+
+def _row_block_elements(blocks, shape) -> set[tuple[int, int]]:
+    out = set()
+    for block in blocks:
+        spans = (
+            [(0, shape[1])] if block.columns is None else [(s.start, s.stop) for s in block.columns]
+        )
+        columns = [c for a, b in spans for c in range(a, b)] if len(shape) > 1 else [-1]
+        out |= {(r, c) for r in range(block.rows.start, block.rows.stop) for c in columns}
+    return out
+
+
+def test_row_blocks_with_different_columns_stay_apart():
+    """Hole 6: host 0 of [[0, 1], [1, 0]] holds rows 0:4 cols 0:4 and rows 4:8 cols 4:8: two
+    reads, never one box rows 0:8 x cols 0:4; ``psdp plan`` prints the same blocks."""
+    layout = MeshLayout(np.array([[0, 1], [1, 0]]), ("data", "context"))
+    plan = plan_batch(layout, P("data", "context"), (8, 8), process_index=0)
+    assert plan.row_blocks == (
+        RowBlock(slice(0, 4), (slice(0, 4),)),
+        RowBlock(slice(4, 8), (slice(4, 8),)),
+    )
+    summary = plan_summary(layout, "data", P("data", "context"), (8, 8))
+    assert summary["processes"][0]["row_blocks"] == [
+        {"rows": [0, 4], "columns": [[0, 4]]},
+        {"rows": [4, 8], "columns": [[4, 8]]},
+    ]
+    same = MeshLayout(np.array([[0, 1], [0, 1]]), ("data", "context"))  # same columns: one read
+    merged = plan_batch(same, P("data", "context"), (8, 8), process_index=1).row_blocks
+    assert merged == (RowBlock(slice(0, 8), (slice(4, 8),)),)
 
 
 def _naive_uid_table(procs: np.ndarray, keys: np.ndarray) -> dict[int, int]:
@@ -230,6 +274,14 @@ def test_uid_table_matches_naive_reference_on_shuffled_pods(data, model, per, se
     for p in range(layout.num_processes):
         held = sorted(set(np.flatnonzero(procs == p) // model))
         assert local_device_mapping(layout, "data", p) == {d: i for i, d in enumerate(held)}
+
+
+def test_build_mesh_fills_each_process_positions_in_device_order():
+    """A process's devices, in the order given, fill its positions in row-major order."""
+    devices = list(np.array(jax.devices())[[3, 0, 7, 4, 1, 6, 2, 5]])
+    mesh = MeshLayout(np.zeros((4, 2), int), ("data", "model")).build_mesh(devices)
+    assert list(mesh.devices.flat) == devices
+    assert mesh.axis_names == ("data", "model")
 
 
 def test_live_mesh_is_accepted():
@@ -265,6 +317,7 @@ SEED = MeshLayout.noncontiguous({"data": 4, "model": 4}, 4)
         (lambda: plan_batch(SEED, P("data"), (0,), 0), "positive ints"),
         (lambda: plan_batch(SEED, P("data"), (True,), 0), "positive ints"),  # a bool is no size
         (lambda: process_mesh_mapping(SEED, ()), "non-empty sequence of axis names"),
+        (lambda: process_mesh_mapping(SEED, ("data", "data")), "names an axis twice"),
         (lambda: MeshLayout(np.array([[-1, 0]]), ("a", "b")), "must be >= 0, got -1"),
         (lambda: MeshLayout(np.zeros((2, 2), int), ("a",)), "2 mesh dimensions"),
         (lambda: MeshLayout(np.zeros(2), ("a",)), "integer array"),
@@ -315,7 +368,7 @@ def test_bad_layout_files_name_the_file(tmp_path, text, message):
     path.write_text(text)
     with pytest.raises(ValueError, match=message) as info:
         MeshLayout.from_file(path)
-    assert "layout.json" in str(info.value)
+    assert "layout.json" in str(info.value)  # every case names the file
     with pytest.raises(ValueError, match="cannot be read"):
         MeshLayout.from_file(tmp_path)  # a directory
     with pytest.raises(ValueError, match="does not exist"):

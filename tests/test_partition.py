@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from batch_checks import (
@@ -107,17 +107,20 @@ def test_sequence_sharded_leaf_is_read_in_column_windows():
 
 @pytest.mark.parametrize(("h", "pad"), [(1, 0), (3, -7), (4, -1)])
 def test_halo_equals_a_ppermute_halo_exchange(h, pad):
+    """The oracle's halo rule is a ppermute exchange (tests/test_oracle.py); every shard is the
+    oracle's, and a ppermute exchange of the oracle's plain batch, as placed by JAX, agrees."""
     mesh = seq_mesh()
     data = {"tokens": token_table(24, 8)}
     spec = {"tokens": P("data", "context")}
     haloed = DataLoader(data, mesh=mesh, global_batch_size=8, batch_spec=spec, halo=h,
                         pad_value=pad, seed=5)  # fmt: skip
-    plain = DataLoader(data, mesh=mesh, global_batch_size=8, batch_spec=spec, seed=5)
+    sharding = NamedSharding(mesh, P("data", "context"))
     for step in range(3):
         got = haloed.batch_at(step)["tokens"]
-        assert got.shape == (8, 2 * (4 + 2 * h)) and got.sharding == plain.leaf("tokens").sharding
-        want = halo_exchange(plain.batch_at(step)["tokens"], mesh, h, pad)
-        assert_shards_exact(got, np.asarray(want))
+        assert got.shape == (8, 2 * (4 + 2 * h)) and got.sharding == sharding
+        assert_shards_exact(got, expected_batch(haloed, data, step, halo={"tokens": h})["tokens"])
+        plain = jax.device_put(expected_batch(haloed, data, step)["tokens"], sharding)
+        assert_shards_exact(got, np.asarray(halo_exchange(plain, mesh, h, pad)))
     mask = haloed.halo_mask("tokens")  # per device: h halo, 4 own, h halo columns
     assert mask.sharding.spec == P("context")
     assert np.asarray(mask).tolist() == ([True] * h + [False] * 4 + [True] * h) * 2
@@ -291,12 +294,9 @@ def test_real_sources_read_column_windows(kind, tmp_path):
     spec = {"tokens": P("data", "context")}
     loader = DataLoader(source, mesh=seq_mesh(), global_batch_size=8, batch_spec=spec, halo=1,
                         pad_value=-1, seed=2)  # fmt: skip
-    reference = DataLoader(data, mesh=seq_mesh(), global_batch_size=8, batch_spec=spec, halo=1,
-                           pad_value=-1, seed=2)  # fmt: skip
     for step in range(4):
-        got, want = loader.batch_at(step), reference.batch_at(step)
-        for key in ("tokens", "w"):
-            assert_shards_exact(got[key], np.asarray(want[key]))
+        want = expected_batch(loader, data, step, halo={"tokens": 1})
+        assert_batch_exact(loader.batch_at(step), want)
 
 
 def test_feeding_processes_on_one_process_is_the_plain_logical_batch():
@@ -323,9 +323,9 @@ def test_both_assembly_paths_deliver_the_same_exact_shards(batched, monkeypatch)
     for step in range(5):
         assert_batch_exact(loader.batch_at(step), expected_batch(loader, data, step))
     haloed = DataLoader(data, mesh=seq_mesh(), global_batch_size=8, batch_spec=spec, halo=2, seed=4)
-    want = halo_exchange(DataLoader(data, mesh=seq_mesh(), global_batch_size=8, batch_spec=spec,
-                                    seed=4).batch_at(1)["tokens"], seq_mesh(), 2, 0)  # fmt: skip
-    assert_shards_exact(haloed.batch_at(1)["tokens"], np.asarray(want))
+    for step in range(3):
+        want = expected_batch(haloed, data, step, halo={"tokens": 2})
+        assert_batch_exact(haloed.batch_at(step), want)
 
 
 def test_a_leaf_sharded_beyond_dimension_1_reads_each_row_once():
@@ -335,12 +335,7 @@ def test_a_leaf_sharded_beyond_dimension_1_reads_each_row_once():
     loader = DataLoader(source, mesh=mesh, global_batch_size=4, batch_spec={"x": P("data", "context", "model")},
                         shuffle=False, halo=1)  # fmt: skip
     source.windows.clear()
-    assert_batch_exact(
-        {"x": loader.batch_at(0)["x"]},
-        {"x": np.asarray(DataLoader(data, mesh=mesh, global_batch_size=4, shuffle=False,
-                                    batch_spec={"x": P("data", "context", "model")},
-                                    halo=1).batch_at(0)["x"])},
-    )  # fmt: skip
+    assert_batch_exact(loader.batch_at(0), expected_batch(loader, data, 0, halo={"x": 1}))
     for ids, _ in source.windows:
         assert len(set(ids.tolist())) == len(ids)  # no row twice in one read
 
@@ -352,6 +347,29 @@ def test_named_axes_must_name_every_dimension():
     ):
         DataLoader({"tokens": token_table(16)}, mesh=mesh, global_batch_size=8,
                    named_axes={"tokens": ("batch",)}, axis_mapping={"batch": "data"})  # fmt: skip
+
+
+def test_batch_axes_in_the_order_given():
+    """``batch_axes`` of two axes splits the batch over both, major to minor as given."""
+    mesh = mesh_of(*RDM)
+    data = {"x": token_table(16)}
+    for axes in (("replica", "data"), ("data", "replica")):
+        loader = DataLoader(data, mesh=mesh, global_batch_size=8, batch_axes=axes, seed=6)
+        assert loader.batch_spec == {"x": P(axes)}
+        assert_batch_exact(loader.batch_at(1), expected_batch(loader, data, 1))
+
+
+def test_an_int_halo_widens_only_the_sequence_sharded_leaves():
+    """halo=2 for every leaf sharded on dimension 1; a 2-D leaf with whole rows keeps them."""
+    data = {
+        "tokens": token_table(24, 8),
+        "doc": token_table(24, 3),
+        "w": np.arange(24, dtype=np.int32),
+    }
+    loader = DataLoader(data, mesh=seq_mesh(), global_batch_size=8, halo=2, seed=3,
+                        batch_spec={"tokens": P("data", "context")})  # fmt: skip
+    assert [loader.leaf(k).halo for k in data] == [2, 0, 0]
+    assert_batch_exact(loader.batch_at(2), expected_batch(loader, data, 2, halo={"tokens": 2}))
 
 
 def test_batch_axes_may_be_one_name_and_bad_knobs_are_clear_errors():

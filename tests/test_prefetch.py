@@ -208,8 +208,23 @@ def test_close_is_idempotent_and_drops_finished_items():
     assert items.closed
 
 
+class SteppedClock:
+    """``perf_counter`` that returns the given readings in turn (the prefetcher reads it twice per
+    ``next()``: before and after taking an item)."""
+
+    def __init__(self, *readings: float):
+        self.readings = list(readings)
+
+    def perf_counter(self) -> float:
+        return self.readings.pop(0)
+
+    def __getattr__(self, name):  # everything else from the real module
+        return getattr(time, name)
+
+
 @pytest.mark.parametrize("workers", WORKERS)
-def test_observer_sees_each_step_its_wait_and_ready_count(workers):
+def test_observer_sees_each_step_its_wait_and_ready_count(workers, monkeypatch):
+    monkeypatch.setattr(prefetch_module, "time", SteppedClock(10.0, 10.25, 20.0, 20.75))
     seen: list[tuple[int, float, int]] = []
     with Prefetcher(
         lambda s: s,
@@ -223,29 +238,31 @@ def test_observer_sees_each_step_its_wait_and_ready_count(workers):
         wait_until(lambda: items._ready() == 2 + workers)
         next(items)
     assert [s for s, _, _ in seen] == [2, 3]
-    assert all(wait >= 0 for _, wait, _ in seen)
+    assert [wait for _, wait, _ in seen] == [0.25, 0.75]  # its own clock, read around each next()
     assert seen[1][2] == 2 + workers  # every produced step was ready when asked for
 
 
 def test_parallel_workers_overlap_slow_produce_calls():
-    """Four 50 ms reads on four workers run at the same time (counted, not timed)."""
+    """Four workers run four produce calls at once: each call waits at a barrier of four, which
+    opens only when all four are inside (it breaks after 10 s, a hang guard, not a threshold)."""
     active = 0
     peak = 0
     lock = threading.Lock()
+    together = threading.Barrier(4, timeout=10)
 
     def produce(step):
         nonlocal active, peak
         with lock:
             active += 1
             peak = max(peak, active)
-        time.sleep(0.05)
+        together.wait()
         with lock:
             active -= 1
         return step
 
     with Prefetcher(produce, start=0, depth=4, name="overlap", workers=4) as items:
         assert [next(items) for _ in range(8)] == list(range(8))
-    assert peak >= 2  # reads overlapped (all four on an idle machine)
+    assert peak == 4
 
 
 @pytest.mark.parametrize(

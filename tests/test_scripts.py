@@ -28,7 +28,6 @@ def test_bench_plan_on_a_tiny_pod(tmp_path, capsys):
     assert "noncontiguous data=8 x model=8" in table
     figures = json.loads(out.read_text())
     assert {f["devices"] for f in figures.values()} == {64}
-    assert all(f["naive uid loop ms"] > 0 for f in figures.values())
 
 
 def test_naive_uid_table_matches_the_seed():
@@ -45,5 +44,4 @@ def test_bench_loader_reduced(tmp_path, capsys):
     table = capsys.readouterr().out
     assert "| train step | naive: fancy index + device_put | psdp DataLoader | speedup |" in table
     assert [c["train_ms"] for c in result["cases"]] == [0.0, 1.0]
-    assert all(c["naive_ms"] > 0 and c["psdp_ms"] > 0 for c in result["cases"])
     assert json.loads(out.read_text()) == result

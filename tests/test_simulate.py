@@ -64,6 +64,43 @@ def test_a_wrong_shard_is_caught_against_expected(mesh):
     assert "differ from the expected rows; at global index (2," in message
 
 
+@pytest.mark.parametrize("part", ["all", "last"])
+def test_one_wrong_element_in_any_shard_is_caught(mesh, part):
+    """Corrupting only the last element of one device's box: a checker comparing part of each
+    shard (its first row, its first element) must not pass it."""
+    rows = np.arange(8 * 4, dtype=np.int32).reshape(8, 4)
+    for spec, start, at in [(P("data"), 6, "(7, 3)"), (P("data", "model"), 2, "(3, 1)")]:
+        bad = first_device_of_box(mesh, spec, start, rows.shape)
+        batch = {"tokens": global_rows(rows, NamedSharding(mesh, spec), bad.id, part)}
+        with pytest.raises(ConsistencyError, match="differ from the expected rows") as info:
+            check_consistency(batch, {"tokens": rows})
+        assert f"device {bad.id} (process 0)" in str(info.value)
+        if part == "last":
+            assert f"at global index {at} it holds" in str(info.value)
+    bad = first_device_of_box(mesh, P("data"), 6, rows.shape)  # no expected rows: the replicas
+    batch = {"tokens": global_rows(rows, NamedSharding(mesh, P("data")), bad.id, part)}
+    with pytest.raises(ConsistencyError, match="the replicas of rows 6:8, cols 0:4 disagree"):
+        check_consistency(batch)
+
+
+def test_every_leaf_is_checked_not_only_the_first(mesh):
+    """Hole 5: a wrong second leaf fails the check; the report counts both leaves."""
+    sharding = NamedSharding(mesh, P("data"))
+    good = jax.device_put(ROWS, sharding)
+    report = check_consistency({"a": good, "b": good}, {"a": ROWS, "b": ROWS})
+    assert (report.leaves, report.local_shards) == (2, 16)
+    assert str(report).startswith("all 8 devices received exactly their rows (2 leaves")
+    with pytest.raises(ConsistencyError, match="leaf 'b': device"):
+        check_consistency({"a": good, "b": good}, {"a": ROWS, "b": ROWS + 1})
+    bad = first_device_of_box(mesh, P("data"), 4)
+    wrong = global_rows(ROWS, sharding, bad.id, "last")
+    with pytest.raises(ConsistencyError, match="leaf 'b': the replicas of rows 4:6"):
+        check_consistency({"a": good, "b": wrong})  # no expected rows: replicas must agree
+    same = jax.device_put(np.tile(ROWS[:2], (4, 1)), sharding)
+    with pytest.raises(ConsistencyError, match="leaf 'b': two different index boxes"):
+        check_consistency({"a": good, "b": same})  # and disjoint boxes must differ
+
+
 def test_every_host_reading_the_same_rows_is_caught(mesh):
     same = np.tile(ROWS[:2], (4, 1))  # every data shard gets rows 0:2
     batch = jax.device_put(same, NamedSharding(mesh, P("data")))
@@ -111,13 +148,13 @@ def test_bad_arguments(mesh, call, words):
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("with_expected", [False, True])
-def test_every_host_raises_the_same_error_for_one_wrong_device(with_expected):
+@pytest.mark.parametrize(("with_expected", "part"), [(False, "all"), (True, "last")])
+def test_every_host_raises_the_same_error_for_one_wrong_device(with_expected, part):
     results = run_pod(
         f"{TARGETS}:check_across_hosts",
         num_processes=4,
         devices_per_process=2,
-        args={"corrupt_process": 2, "with_expected": with_expected},
+        args={"corrupt_process": 2, "with_expected": with_expected, "part": part},
         timeout_s=60,
     )
     verdicts = {r["error"].split(";")[0] for r in results}
@@ -125,7 +162,7 @@ def test_every_host_raises_the_same_error_for_one_wrong_device(with_expected):
     corrupt = next(r["corrupt"] for r in results if r["corrupt"] is not None)
     assert f"{corrupt} (process 2)" in verdicts.pop()
     if with_expected:  # the host holding the device names the element; the others point to it
-        assert "at global index (4, 0) it holds" in results[2]["error"]
+        assert "at global index (7, 2) it holds" in results[2]["error"]  # its box's last
         assert "process 2 reports the first differing element" in results[0]["error"]
 
 

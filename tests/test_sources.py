@@ -114,7 +114,7 @@ def test_tensorstore_read_unsorted_repeated_and_empty_ids(dataset):
     assert "tokens: int32[44, 16]" in source.describe()
 
 
-def test_tensorstore_reads_each_leaf_once_per_step_from_many_threads(dataset):
+def test_tensorstore_reads_from_many_threads_at_once_are_exact(dataset):
     path, data = dataset
     source = TensorStoreSource(path, cache_bytes=1 << 20)
     rng = np.random.default_rng(0)
@@ -654,7 +654,6 @@ def test_bench_sources_runs_tiny(tmp_path, capsys):
         "zarr3 sharded, 1-row chunks, no crc32c",
         "numpy memmap",
     }
-    assert all(f["median_ms"] > 0 for f in figures["layouts"].values())
 
 
 @pytest.mark.parametrize("shift", [(5, 0), (0, -2)])

@@ -89,13 +89,17 @@ def test_a_slow_trainer_hides_the_loader():
     loader = DataLoader(token_table(64), mesh=mesh(), global_batch_size=8, prefetch=2)
     with loader:
         it = iter(loader)
-        next(it)
-        for _ in range(6):
-            time.sleep(0.05)  # the train step; the loader refills the queue meanwhile
+        for _ in range(7):
+            # the train step lasts until the loader has filled its queue (2 batches) and read
+            # one more, plus 20 ms: next() then never waits for a read
+            deadline = time.monotonic() + 10
+            while it._ready() < 3 and time.monotonic() < deadline:
+                time.sleep(0.002)
+            time.sleep(0.02)
             next(it)
     stats = loader.stats()
     assert not stats.bottleneck
-    assert stats.queue_depth_mean > 0  # batches were ready when asked for
+    assert stats.queue_depth_mean == 3  # every next() found prefetch + 1 batches ready
 
 
 @pytest.mark.parametrize("bad", ["1", 0, -1.0, True, float("nan")])

@@ -1,0 +1,350 @@
+"""Mutation testing by hand-made mutants: does a behaviour change in the planner, reads, assembly
+or order make some test fail?
+
+Each mutant is one exact text replacement in one file of ``src/psdp``, made to change behaviour (a
+wrong offset, a dropped condition, a changed constant). The script copies the repository to a
+temporary directory once, then for each mutant applies it to that copy, runs a chosen set of
+tests there with ``-x -q`` (the copy's ``src`` first on ``PYTHONPATH``, so pods started by the
+tests import the mutant too), restores the file, and prints ``killed`` (with the first failing
+test) or ``survived``. The working tree is never touched. Mutants that survive the
+single-process tests are run again with the multi-process tests (``--pods``).
+
+Usage (about 10 minutes on 2 cores)::
+
+    .venv/bin/python scripts/mutation.py              # every mutant, then the pods for survivors
+    .venv/bin/python scripts/mutation.py --only R1 A1  # some mutants
+    .venv/bin/python scripts/mutation.py --list        # the mutants, without running anything
+
+This is a development tool, not part of ``make test``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """Replace ``old`` (which must occur exactly once) by ``new`` in ``src/psdp/<file>``."""
+
+    name: str
+    file: str
+    old: str
+    new: str
+    what: str
+
+
+MUTANTS = [
+    # ------------------------------------------------------------------------------- order.py
+    Mutant("O1", "order.py", "f = (lo ^ np.uint64(key)) * np.uint64(0x9E3779B97F4A7C15)",
+           "f = (lo ^ np.uint64(key)) * np.uint64(0x9E3779B97F4A7C17)", "a Feistel constant"),
+    Mutant("O2", "order.py", "return _splitmix64((_splitmix64(self.seed & _MASK64) ^ epoch) & _MASK64)",
+           "return _splitmix64(_splitmix64((self.seed + epoch) & _MASK64))",
+           "seed/epoch mixing: seed 0 epoch 1 == seed 1 epoch 0"),
+    Mutant("O3", "order.py", "_ROUNDS = 6", "_ROUNDS = 4", "fewer Feistel rounds"),
+    Mutant("O4", "order.py", "        return -(-self.num_rows // self.batch_size)",
+           "        return self.num_rows // self.batch_size + 1",
+           "an extra step per epoch when B divides N"),
+    Mutant("O5", "order.py", "real = position < n", "real = position <= n",
+           "position N is a real row"),
+    Mutant("O6", "order.py", "not self.drop_last and self.num_rows % self.batch_size != 0",
+           "not self.drop_last and self.num_rows % self.batch_size == 0", "pads inverted"),
+    Mutant("O7", "order.py", "bits = max(2, (self.n - 1).bit_length())",
+           "bits = max(2, self.n.bit_length())", "a Feistel domain twice too wide"),
+    Mutant("O8", "order.py", "todo = todo[out[todo] >= self.n]", "todo = todo[out[todo] > self.n]",
+           "cycle walking lets N through"),
+    Mutant("O9", "order.py", "epoch, within_epoch = divmod(step, self.steps_per_epoch)",
+           "epoch, within_epoch = divmod(step + 1, self.steps_per_epoch)", "steps off by one"),
+    Mutant("O10", "order.py", "keys.append(k)", "keys.append(k & 0xFFFFFFFF)",
+           "round keys cut to 32 bits"),
+    Mutant("O11", "order.py", "hi_bits, lo_bits = bits - bits // 2, bits // 2",
+           "hi_bits, lo_bits = bits // 2, bits - bits // 2", "Feistel halves swapped (odd bits)"),
+    Mutant("O12", "order.py", "f = (f ^ (f >> np.uint64(32))) * np.uint64(0xD6E8FEB86659FD93)",
+           "f = (f ^ (f >> np.uint64(31))) * np.uint64(0xD6E8FEB86659FD93)", "a Feistel shift"),
+    # -------------------------------------------------------------------------------- mesh.py
+    Mutant("M1", "mesh.py", "index = index * layout.shape[dim] + coords[dim]",
+           "index = index + coords[dim] * count", "axes of one dimension linearised minor-major"),
+    Mutant("M2", "mesh.py", "rank[np.argsort(first)] = np.arange(first.size)",
+           "rank[:] = np.arange(first.size)", "uids in sorted order, not first appearance"),
+    Mutant("M3", "mesh.py", "blocks[-1].rows.stop == row_start and blocks[-1].columns == columns",
+           "blocks[-1].rows.stop == row_start", "row blocks with different columns merge"),
+    Mutant("M4", "mesh.py", "merged[-1] = (merged[-1][0], stop)", "merged[-1] = (start, stop)",
+           "merging column ranges drops the first"),
+    Mutant("M5", "mesh.py", "rows = (row_starts[:, None] + np.arange(self.sizes[0])).ravel()",
+           "rows = (row_starts[:1, None] + np.arange(self.sizes[0])).ravel()",
+           "a host's rows: only its first block"),
+    Mutant("M6", "mesh.py", "distinct = np.unique(starts, axis=0)", "distinct = starts",
+           "replicated boxes counted twice"),
+    Mutant("M7", "mesh.py", "starts[:, dim] = index * size",
+           "starts[:, dim] = index * size if dim < 2 else 0", "planner boxes at offset 0 beyond dim 1"),
+    Mutant("M8", "mesh.py", "block_ids = block_ids * count + index", "block_ids = block_ids + index",
+           "box ids collide"),
+    Mutant("M9", "mesh.py", "held = _held_sets(layout.process_index.ravel(), block_ids, layout.num_processes)",
+           "held = _held_sets(layout.process_index.ravel(), starts[:, 0], layout.num_processes)",
+           "uids ignore columns"),
+    Mutant("M10", "mesh.py", "            if name in seen:", "            if False:",
+           "an axis twice in a spec is accepted"),
+    Mutant("M11", "mesh.py", "held = np.unique(dp[layout.process_index.ravel() == p])",
+           "held = np.unique(dp[layout.process_index.ravel() != p])",
+           "local_device_mapping of the other processes"),
+    Mutant("M12", "mesh.py", "held[owner, np.arange(pairs.size) - first[owner]] = key",
+           "held[owner, 0] = key", "held sets keep one key"),
+    Mutant("M13", "mesh.py", "    if len(set(axes)) != len(axes):", "    if False:",
+           "batch_axes naming an axis twice accepted"),
+    Mutant("M14", "mesh.py", "whole_rows = len(shape) < 2 or sizes[1] == shape[1]",
+           "whole_rows = len(shape) < 2", "row blocks list columns of whole rows"),
+    Mutant("M15", "mesh.py", "all(is_int(n) and n >= 1 for n in shape)",
+           "all(is_int(n) and n >= 0 for n in shape)", "a zero dimension accepted"),
+    # ------------------------------------------------------------------------------ layout.py
+    Mutant("L1", "layout.py", "data_row = np.where(row_in_tile == 0, tile_row, dp - 1 - tile_row)",
+           "data_row = np.where(row_in_tile == 0, tile_row, tile_row + dp // 2)",
+           "noncontiguous fold changed"),
+    Mutant("L2", "layout.py", "procs = (np.arange(total) // per).reshape(shape)",
+           "procs = (np.arange(total) % num_processes).reshape(shape)", "contiguous becomes striped"),
+    Mutant("L3", "layout.py", "procs = np.vectorize(lambda d: d.process_index, otypes=[np.int64])(devices)",
+           "procs = np.vectorize(lambda d: 0, otypes=[np.int64])(devices)",
+           "from_mesh ignores processes"),
+    Mutant("L4", "layout.py", "0 <= process_index < self.num_processes",
+           "0 <= process_index <= self.num_processes", "process_index P accepted"),
+    Mutant("L5", "layout.py", "        if present.size != int(procs.max()) + 1:", "        if False:",
+           "sparse process numbers accepted"),
+    Mutant("L6", "layout.py", "grid.flat[position] = by_process[p][taken[p]]",
+           "grid.flat[position] = by_process[p][-1 - taken[p]]",
+           "build_mesh places a process's devices in reverse order"),
+    Mutant("L7", "layout.py", "        if counts.min() != counts.max():", "        if False:",
+           "unbalanced layouts accepted"),
+    Mutant("L8", "layout.py", "host = tile_row * tiles_across + col // half",
+           "host = tile_row + (col // half) * (dp // 2)", "noncontiguous hosts numbered column-major"),
+    # --------------------------------------------------------------------------- partition.py
+    Mutant("P1", "partition.py", "unit = math.lcm(*shards) if shards else 1",
+           "unit = max(shards) if shards else 1", "physical batch by max, not lcm"),
+    Mutant("P2", "partition.py", "return math.prod(mesh.shape[a] for a in axes)",
+           "return mesh.shape[axes[0]]", "batch shards: first axis only"),
+    Mutant("P3", "partition.py", "return PartitionSpec(tuple(mesh.axis_names))",
+           "return PartitionSpec(tuple(mesh.axis_names)[::-1])", "full: axes reversed"),
+    Mutant("P4", "partition.py", "    return PartitionSpec(axes[0] if len(axes) == 1 else axes)\n\n\ndef resolve_spec",
+           "    return PartitionSpec(axes[0])\n\n\ndef resolve_spec",
+           "default batch spec: first batch axis only"),
+    Mutant("P5", "partition.py", 'batch_spec.get(k, "batch")', 'batch_spec.get(k, "replicated")',
+           "leaves missing from a dict batch_spec replicated"),
+    Mutant("P6", "partition.py", "return {k: halo if k in sequence else 0 for k in specs}",
+           "return {k: halo if ndims[k] >= 2 else 0 for k in specs}",
+           "halo on leaves not sharded along dimension 1"),
+    Mutant("P7", "partition.py", "            return PartitionSpec(axes[0] if len(axes) == 1 else axes)",
+           "            return PartitionSpec(axes[-1])", "batch_axes: last axis only"),
+    Mutant("P8", "partition.py", "        if unknown:\n            raise ValueError(\n                f\"batch_spec names leaves",
+           "        if False:\n            raise ValueError(\n                f\"batch_spec names leaves",
+           "batch_spec naming unknown leaves accepted"),
+    # ------------------------------------------------------------------------------- reads.py
+    Mutant("R1", "reads.py", "WindowSlice(key, 0, None if same else np.searchsorted(union, rows))",
+           "WindowSlice(key, 0, None if same else np.arange(len(rows)))",
+           "hole 1: a whole-row leaf's pick out of the union read"),
+    Mutant("R2", "reads.py", "if key not in r.columns and np.array_equal(r.positions, rows)",
+           "if np.array_equal(r.positions, rows)",
+           "hole 4: a second column window of the same rows overwrites the first"),
+    Mutant("R3", "reads.py", "if runs and runs[-1][0] is rows and columns.start <= runs[-1][1].stop:",
+           "if runs and runs[-1][0] is rows and columns.start < runs[-1][1].stop:",
+           "touching windows no longer merge"),
+    Mutant("R4", "reads.py", "whole_span = columns == slice(0, span.stop - span.start)",
+           "whole_span = True", "merged windows take the whole span"),
+    Mutant("R5", "reads.py", "per_shard = -(-batch_size // len(fed))",
+           "per_shard = batch_size // len(fed) + 1", "feeding: one position too many per shard"),
+    Mutant("R6", "reads.py", "positions = (fed[:, None] * per_shard + np.arange(per_shard)).ravel()[:batch_size]",
+           "positions = (fed[:, None] * per_shard + np.arange(per_shard)).ravel()[-batch_size:]",
+           "feeding: the last B positions are real"),
+    Mutant("R7", "reads.py", "return int(uids[process_index]), len(sets)", "return int(uids[0]), len(sets)",
+           "every host reads stream shard 0"),
+    Mutant("R8", "reads.py", "if rows.min() != rows.max() or rows.min() == 0:", "if rows.min() == 0:",
+           "streams at different rates accepted"),
+    Mutant("R9", "reads.py", "(rows, span, [(i, _shift(_columns(leaf, i), -span.start)) for i in members])",
+           "(rows, span, [(i, _columns(leaf, i)) for i in members])",
+           "window columns not shifted into their read"),
+    Mutant("R10", "reads.py", "if len(firsts) != 1 or None in firsts:", "if None in firsts:",
+           "feeding with differently split leaves accepted"),
+    Mutant("R11", "reads.py", "fed = np.unique(index[np.isin(layout.process_index.ravel(), chosen)])",
+           "fed = np.unique(index[np.isin(layout.process_index.ravel(), chosen[:1])])",
+           "feeding: only the first feeding process"),
+    Mutant("R12", "reads.py", "same = np.array_equal(union, rows)", "same = True",
+           "every whole-row leaf takes the whole union read"),
+    # ---------------------------------------------------------------------------- assembly.py
+    Mutant("A1", "assembly.py", "rest: tuple[slice, ...] = (slice(None), *index[2:])",
+           "rest: tuple[slice, ...] = (slice(None), *[slice(0, (s.stop or 0) - (s.start or 0)) if s.start else s for s in index[2:]])",
+           "hole 2: column windows cut dims >= 2 from offset 0"),
+    Mutant("A2", "assembly.py", "                rest = tuple(index[1:])",
+           "                rest = tuple(slice(0, (s.stop or 0) - (s.start or 0)) if s.start else s for s in index[1:])",
+           "hole 2: whole rows cut dims >= 1 from offset 0"),
+    Mutant("A3", "assembly.py", "                window, offset = self.locate[(start, 0)]",
+           "                window, offset = 0, start", "a box's offset is its global row"),
+    Mutant("A4", "assembly.py", "rows, slice(max(first, 0), min(last, length)), max(-first, 0), max(last - length, 0)",
+           "rows, slice(max(first, 0), min(last, length)), max(-first, 0), 0",
+           "no padding after the last shard's halo"),
+    Mutant("A5", "assembly.py", "row_slices = list({s.start: s for s in all_slices}.values())",
+           "row_slices = all_slices", "rows of blocks differing beyond dim 1 read twice"),
+    Mutant("A6", "assembly.py", "locate[(s.start, shard)] = (len(windows), int(np.searchsorted(rows, s.start)))",
+           "locate[(s.start, shard)] = (len(windows), 0)", "every row block of a window at offset 0"),
+    Mutant("A7", "assembly.py", "buffer = np.full(self.window_shape(index), pad_value, self.dtype)",
+           "buffer = np.zeros(self.window_shape(index), self.dtype)", "halo padding ignores pad_value"),
+    Mutant("A8", "assembly.py", "window, offset = self.locate[(start, (index[1].start or 0) // shard_width)]",
+           "window, offset = self.locate[(start, 0)]", "every column box from the first window"),
+    Mutant("A9", "assembly.py", "rows = source_rows[np.searchsorted(positions, window.rows)]",
+           "rows = source_rows[: len(window.rows)]", "fill takes the first rows, not the window's"),
+    Mutant("A10", "assembly.py", "        if halo > width:", "        if halo > width + 1:",
+           "a halo wider than a shard accepted"),
+    Mutant("A11", "assembly.py", "offsets = {int(r): i for i, r in enumerate(plan.rows.tolist())}",
+           "offsets = {int(r): i for i, r in enumerate(plan.rows.tolist()[::-1])}",
+           "whole-row offsets counted from the end"),
+    Mutant("A12", "assembly.py", "for d in devices], devices)", "for d in devices], devices[::-1])",
+           "the batched put sends each box to another device"),
+    # ------------------------------------- what the fixed weak tests guard (prefetch.py)
+    Mutant("W1", "prefetch.py", "self._observer(step, self.last_wait_s, ready)",
+           "self._observer(step, 0.0, ready)", "the observer is told no wait"),
+    Mutant("W2", "prefetch.py", "            ready = self._ready()\n",
+           "            ready = min(self._ready(), 1)\n", "the ready count capped at one"),
+    # ---------------------------- the holes outside those modules (loader.py, consistency.py)
+    Mutant("H3", "loader.py", "else np.asarray(got[key])[:, request.columns[key]]",
+           "else np.asarray(got[key])[:, : request.columns[key].stop - request.columns[key].start]",
+           "hole 3: a source without read_window loses the column offset"),
+    Mutant("H5", "consistency.py", "    for number, name in enumerate(names):",
+           "    for number, name in enumerate(names[:1]):", "hole 5: check_consistency checks one leaf"),
+    Mutant("C1", "consistency.py", "if not np.array_equal(data, want, equal_nan=data.dtype.kind in \"fc\"):",
+           "if not np.array_equal(data[:1], want[:1], equal_nan=data.dtype.kind in \"fc\"):",
+           "a shard compared with its expected rows by its first row only"),
+    Mutant("C2", "consistency.py", "*_fingerprint(data), ok]", "*_fingerprint(data[:1]), ok]",
+           "replicas compared by their first row only"),
+]  # fmt: skip
+
+#: Single-process tests run against every mutant (the planner, reads, assembly and order).
+TESTS = [
+    "tests/test_oracle.py",
+    "tests/test_order.py",
+    "tests/test_mesh.py",
+    "tests/test_hosts.py",
+    "tests/test_partition.py",
+    "tests/test_loader.py",
+    "tests/test_filter_shard.py",
+    "tests/test_streams.py",
+    "tests/test_bad_input.py",
+    "tests/test_cli.py",
+    "tests/test_consistency.py",
+    "tests/test_simulate.py",
+    "tests/test_prefetch.py",
+    "tests/test_telemetry.py",
+    "src/psdp/order.py",
+    "src/psdp/mesh.py",
+    "src/psdp/layout.py",
+    "src/psdp/partition.py",
+    "src/psdp/reads.py",
+    "src/psdp/assembly.py",
+]
+#: Multi-process tests, for mutants that survive the single-process ones.
+POD_TESTS = ["tests/test_pod_matrix.py", "tests/test_loader_multiprocess.py"]
+
+
+def copy_repository(to: Path) -> None:
+    ignore = shutil.ignore_patterns(".venv", ".git", "__pycache__", ".hypothesis", "*.egg-info")
+    for name in ("src", "tests", "docs", "scripts"):
+        shutil.copytree(ROOT / name, to / name, ignore=ignore)
+    for name in ("conftest.py", "pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, to / name)
+
+
+def run_tests(copy: Path, tests: list[str], marker: str | None) -> tuple[bool, str]:
+    """(whether a test failed, the first failing test) for the copy as it is now."""
+    command = [sys.executable, "-m", "pytest", *tests, "-x", "-q", "-p", "no:cacheprovider"]
+    command += ["--hypothesis-profile=mutation"]  # conftest.py: no shrinking
+    if marker:
+        command += ["-m", marker]
+    env = {**os.environ, "PYTHONPATH": str(copy / "src")}
+    try:
+        done = subprocess.run(command, cwd=copy, env=env, capture_output=True, text=True,
+                              timeout=900)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return True, "timed out (900 s)"
+    if done.returncode == 0:
+        return False, ""
+    if done.returncode == 5:
+        raise SystemExit(f"no test ran: {' '.join(command)}")
+    failed = re.findall(r"^(?:FAILED|ERROR) (.+?)(?: - .*)?$", done.stdout, re.M)
+    return True, failed[0] if failed else f"exit {done.returncode}: {done.stdout[-300:]}"
+
+
+def run_mutant(
+    copy: Path, mutant: Mutant, tests: list[str], marker: str | None
+) -> tuple[bool, str]:
+    path = copy / "src" / "psdp" / mutant.file
+    original = path.read_text()
+    path.write_text(original.replace(mutant.old, mutant.new))
+    try:
+        return run_tests(copy, tests, marker)
+    finally:
+        path.write_text(original)
+
+
+def check_mutants(mutants: list[Mutant]) -> None:
+    """Every mutant's text occurs exactly once, so each one really changes the code."""
+    names = [m.name for m in mutants]
+    assert len(set(names)) == len(names), "mutant names must be unique"
+    for m in mutants:
+        count = (ROOT / "src" / "psdp" / m.file).read_text().count(m.old)
+        if count != 1:
+            raise SystemExit(f"mutant {m.name}: its text occurs {count} times in {m.file}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", nargs="*", help="mutant names to run (default: all)")
+    parser.add_argument("--tests", nargs="*", help="test paths (default: the module's TESTS)")
+    parser.add_argument("--no-pods", action="store_true", help="skip the multi-process re-run")
+    parser.add_argument("--list", action="store_true", help="list the mutants and exit")
+    args = parser.parse_args(argv)
+    mutants = [m for m in MUTANTS if not args.only or m.name in args.only]
+    check_mutants(mutants)
+    if args.list:
+        for m in mutants:
+            print(f"{m.name:4} {m.file:12} {m.what}")
+        return 0
+    tests = args.tests or TESTS
+    marker = None if args.tests else "not multiprocess"  # tests named by hand run as they are
+    survivors = []
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="psdp-mutation-") as name:
+        copy = Path(name)
+        copy_repository(copy)
+        failed, first = run_tests(copy, tests, marker)
+        if failed:
+            raise SystemExit(f"the tests fail without any mutant: {first}")
+        for m in mutants:
+            killed, by = run_mutant(copy, m, tests, marker)
+            print(f"{m.name:4} {'killed' if killed else 'SURVIVED':8} {m.what}  [{by}]", flush=True)
+            if not killed:
+                survivors.append(m)
+        if survivors and not args.no_pods:
+            print(f"re-running {len(survivors)} survivors with the multi-process tests", flush=True)
+            for m in list(survivors):
+                killed, by = run_mutant(copy, m, POD_TESTS, None)
+                print(
+                    f"{m.name:4} {'killed' if killed else 'SURVIVED':8} (pods)  [{by}]", flush=True
+                )
+                if killed:
+                    survivors.remove(m)
+    killed = len(mutants) - len(survivors)
+    print(
+        f"\n{killed}/{len(mutants)} mutants killed ({100 * killed / len(mutants):.0f}%) in "
+        f"{time.monotonic() - started:.0f} s; survivors: {[m.name for m in survivors] or 'none'}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

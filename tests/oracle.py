@@ -1,0 +1,259 @@
+"""An independent oracle: what every device must hold at a step, from the documented rules alone.
+
+Nothing here asks the loader or psdp's planner which rows, positions or columns a step holds:
+
+- the order is the documented formula (``psdp.order``'s module docstring): ``K = N // B`` steps
+  per epoch with ``drop_last``, else ``ceil(N / B)``; step ``s`` takes positions
+  ``(s % K) * B ..`` of epoch ``s // K``'s permutation, `PAD` past ``N``. Only the permutation
+  of an epoch comes from psdp (`GlobalOrder` with a batch of one row, i.e. the permutation read
+  off position by position), and tests/test_oracle.py pins it with literal known answers;
+- the physical batch is the smallest multiple of the lcm of every leaf's batch-shard count (the
+  product of the mesh axis sizes its spec names for dimension 0) that holds ``B`` rows; with
+  feeding processes, each fed batch shard (one that a feeding process holds) gets
+  ``ceil(B / fed)`` positions and the first ``B`` of them, in shard order, are real;
+- halo windows are numpy concatenations: device column shard ``c`` of a leaf with ``C`` shards
+  of ``w`` columns holds source columns ``[c*w - h, (c+1)*w + h)``, pad outside the sequence;
+- the box each device holds is JAX's own ``devices_indices_map``, and the rows are plain numpy
+  indexing of the source data.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from psdp.order import GlobalOrder
+
+#: The id of a padding position (the documented `psdp.order.PAD`; pinned in tests/test_oracle.py).
+PAD = -1
+
+#: Mesh axis names the ``"batch"`` strategy takes (the documented default), in mesh order.
+BATCH_AXES = ("replica", "data", "fsdp", "batch")
+
+
+# ------------------------------------------------------------------------------------ order
+def permuted(num_rows: int, seed: int, epoch: int, positions: np.ndarray) -> np.ndarray:
+    """Rows at ``positions`` of epoch ``epoch``'s permutation, read off one position at a time."""
+    one = GlobalOrder(num_rows, 1, shuffle=True, seed=seed)  # step epoch*N + i is position i
+    rows = np.array([one.batch_ids(epoch * num_rows + int(i))[0] for i in positions], np.int64)
+    assert ((rows >= 0) & (rows < num_rows)).all(), rows
+    return rows
+
+
+def epoch_permutation(num_rows: int, seed: int, epoch: int) -> np.ndarray:
+    """Epoch ``epoch``'s whole permutation of ``range(num_rows)``: position -> source row."""
+    perm = permuted(num_rows, seed, epoch, np.arange(num_rows))
+    assert sorted(perm.tolist()) == list(range(num_rows)), "not a permutation"
+    return perm
+
+
+def step_ids(
+    num_rows: int,
+    batch_size: int,
+    step: int,
+    *,
+    seed: int = 0,
+    shuffle: bool = True,
+    drop_last: bool = False,
+) -> np.ndarray:
+    """The ``B`` source row ids of step ``step`` (`PAD` for an epoch's short final batch)."""
+    n, b = num_rows, batch_size
+    per_epoch = n // b if drop_last else -(-n // b)
+    epoch, within = divmod(step, per_epoch)
+    position = within * b + np.arange(b)
+    real = position < n
+    safe = np.where(real, position, 0)
+    ids = permuted(n, seed, epoch, safe) if shuffle else safe
+    ids = np.where(real, ids, PAD)
+    assert len(set(ids[real].tolist())) == real.sum(), "a row twice in one batch"
+    return ids
+
+
+def ends_short(num_rows: int, batch_size: int, drop_last: bool) -> bool:
+    """Whether an epoch ends with a padded batch."""
+    return not drop_last and num_rows % batch_size != 0
+
+
+# ------------------------------------------------------------------------- specs and shards
+def resolve(strategy: Any, mesh: Mesh, batch_axes: Sequence[str] | None = None) -> PartitionSpec:
+    """The documented meaning of a strategy name (a `PartitionSpec` is used as given)."""
+    if isinstance(strategy, PartitionSpec):
+        return strategy
+    if strategy == "replicated":
+        return PartitionSpec()
+    axes = (
+        tuple(mesh.axis_names)
+        if strategy == "full"
+        else tuple(batch_axes or [a for a in mesh.axis_names if a in BATCH_AXES])
+    )
+    assert strategy in ("batch", "full") and axes, strategy
+    return PartitionSpec(axes[0] if len(axes) == 1 else axes)
+
+
+def axes_of(entry: Any) -> tuple[str, ...]:
+    if entry is None:
+        return ()
+    return (entry,) if isinstance(entry, str) else tuple(entry)
+
+
+def shard_count(mesh: Mesh, entry: Any) -> int:
+    """How many shards a spec entry splits a dimension into: the product of its axis sizes."""
+    return math.prod(mesh.shape[a] for a in axes_of(entry))
+
+
+def column_mode(spec: PartitionSpec, mesh: Mesh, ndim: int, halo: int = 0) -> bool:
+    """Whether a leaf is read in column windows: dimension 1 split into shards, or a halo."""
+    return ndim >= 2 and (halo > 0 or (len(spec) >= 2 and shard_count(mesh, spec[1]) > 1))
+
+
+def batch_entry(spec: PartitionSpec) -> Any:
+    return spec[0] if len(spec) else None
+
+
+def physical_size(batch_size: int, mesh: Mesh, specs: Sequence[PartitionSpec]) -> int:
+    """The smallest multiple of the lcm of every leaf's batch-shard count that holds ``B``."""
+    unit = math.lcm(*(shard_count(mesh, batch_entry(s)) for s in specs))
+    return -(-batch_size // unit) * unit
+
+
+def batch_shard_of(mesh: Mesh, entry: Any) -> dict[Any, int]:
+    """Device -> its batch-shard index under a spec entry, from JAX's index map."""
+    count = shard_count(mesh, entry)
+    boxes = NamedSharding(mesh, PartitionSpec(entry)).devices_indices_map((count,))
+    return {d: box[0].start or 0 for d, box in boxes.items()}
+
+
+def fed_positions(
+    batch_size: int, mesh: Mesh, entry: Any, process_of: Mapping[Any, int], feeding: Sequence[int]
+) -> tuple[int, np.ndarray]:
+    """(physical size, real positions) when only ``feeding`` processes' batch shards get rows."""
+    count = shard_count(mesh, entry)
+    shard = batch_shard_of(mesh, entry)
+    fed = sorted({shard[d] for d, p in process_of.items() if p in set(feeding)})
+    per = -(-batch_size // len(fed))
+    positions = np.concatenate([s * per + np.arange(per) for s in fed])[:batch_size]
+    return count * per, positions
+
+
+# -------------------------------------------------------------------------------- values
+def take_rows(leaf: np.ndarray, ids: np.ndarray, pad_value: Any) -> np.ndarray:
+    """``leaf[ids]`` with `PAD` ids as rows of ``pad_value``."""
+    rows = np.array(leaf[np.where(ids == PAD, 0, ids)])
+    rows[ids == PAD] = pad_value
+    return rows
+
+
+def haloed(rows: np.ndarray, shards: int, halo: int, pad_value: Any) -> np.ndarray:
+    """Each of ``shards`` column shards widened by ``halo`` neighbour columns on both sides."""
+    width = rows.shape[1] // shards
+    padding = [(0, 0), (halo, halo)] + [(0, 0)] * (rows.ndim - 2)
+    wide = np.pad(rows, padding, constant_values=pad_value)  # column j is wide column j + halo
+    return np.concatenate(
+        [wide[:, c * width : (c + 1) * width + 2 * halo] for c in range(shards)], axis=1
+    )
+
+
+@dataclass
+class Expected:
+    """The global value and the spec of every leaf at one step, and the step's physical ids."""
+
+    ids: np.ndarray
+    leaves: dict[Any, np.ndarray]
+    specs: dict[Any, PartitionSpec]
+
+
+def expected_step(
+    data: Any,
+    mesh: Mesh,
+    specs: Mapping[Any, PartitionSpec],
+    batch_size: int,
+    step: int,
+    *,
+    seed: int = 0,
+    shuffle: bool = True,
+    drop_last: bool = False,
+    pad_value: Any = 0,
+    halo: Mapping[Any, int] | None = None,
+    feeding: Sequence[int] | None = None,
+    process_of: Mapping[Any, int] | None = None,
+    mask_key: str | None = "mask",
+) -> Expected:
+    """The whole global batch of ``step`` and each leaf's spec.
+
+    ``data`` is the source as numpy (an array: leaf ``None``; or a dict). ``specs`` has one
+    `PartitionSpec` per leaf, in the source's leaf order. ``process_of`` maps each device to its
+    process (default: JAX's), for feeding.
+    """
+    leaves = data if isinstance(data, Mapping) else {None: data}
+    halo = dict(halo or {})
+    num_rows = len(next(iter(leaves.values())))
+    first = next(iter(specs.values()))
+    if feeding is None:
+        size = physical_size(batch_size, mesh, list(specs.values()))
+        positions = np.arange(batch_size)
+    else:
+        devices = process_of or {d: d.process_index for d in mesh.devices.flat}
+        size, positions = fed_positions(batch_size, mesh, batch_entry(first), devices, feeding)
+    physical = np.full(size, PAD, np.int64)
+    physical[positions] = step_ids(
+        num_rows, batch_size, step, seed=seed, shuffle=shuffle, drop_last=drop_last
+    )
+    out, out_specs = {}, {}
+    for key, leaf in leaves.items():
+        spec = specs[key]
+        rows = take_rows(leaf, physical, pad_value)
+        if halo.get(key):
+            rows = haloed(rows, shard_count(mesh, spec[1]), halo[key], pad_value)
+        out[key], out_specs[key] = rows, spec
+    if isinstance(data, Mapping) and mask_key is not None:  # every dict batch carries the mask
+        out[mask_key] = physical != PAD
+        out_specs[mask_key] = PartitionSpec(batch_entry(first))
+    return Expected(physical, out, out_specs)
+
+
+# ------------------------------------------------------------------------------ comparisons
+def check_shards(
+    shards: Mapping[Any, np.ndarray], expected: np.ndarray, spec: PartitionSpec, mesh: Mesh, what
+) -> int:
+    """Each device's data equals ``expected`` at the box JAX gives that device; returns the count."""
+    boxes = NamedSharding(mesh, spec).devices_indices_map(expected.shape)
+    for device, data in shards.items():
+        want = expected[boxes[device]]
+        assert data.shape == want.shape, (what, device, data.shape, want.shape)
+        if not np.array_equal(data, want):
+            wrong = np.argwhere(data != want)[0]
+            raise AssertionError(
+                f"{what}: device {device} holds {data[tuple(wrong)]!r} at {tuple(wrong)} of its box "
+                f"{boxes[device]}, expected {want[tuple(wrong)]!r}"
+            )
+    return len(shards)
+
+
+def needed_elements(
+    expected: Expected, key: Any, mesh: Mesh, devices: Sequence[Any], halo: int = 0
+) -> set[tuple[int, int]]:
+    """(source row id, source column) pairs a set of devices needs of one leaf (column -1: whole
+    rows, when dimension 1 is not sharded); padding positions need nothing."""
+    spec = expected.specs[key]
+    shape = expected.leaves[key].shape
+    boxes = NamedSharding(mesh, spec).devices_indices_map(shape)
+    sharded = column_mode(spec, mesh, len(shape), halo)
+    out: set[tuple[int, int]] = set()
+    for device in devices:
+        rows = boxes[device][0]
+        ids = expected.ids[rows]
+        if not sharded:
+            out |= {(int(i), -1) for i in ids if i != PAD}
+            continue
+        c = shard_count(mesh, spec[1])
+        width = shape[1] // c - 2 * halo  # unhaloed columns per shard
+        source_len = width * c
+        shard = (boxes[device][1].start or 0) // (width + 2 * halo)
+        first, last = max(shard * width - halo, 0), min((shard + 1) * width + halo, source_len)
+        out |= {(int(i), j) for i in ids if i != PAD for j in range(first, last)}
+    return out

@@ -1,0 +1,153 @@
+"""The oracle of tests/oracle.py, pinned: literal known answers for the shuffled order, the
+documented structure of epochs and padding, and the halo rule against a ppermute exchange.
+
+The literal orders are what a resume across versions relies on: a changed Feistel constant, round
+count or seed/epoch mixing re-reads or skips rows silently, so it must fail here first.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import oracle
+from batch_checks import halo_exchange
+from psdp import MeshLayout
+from psdp.order import PAD, GlobalOrder
+from psdp.reads import feeding_positions
+
+# (num_rows, seed, epoch) -> the epoch's permutation (position -> row), as psdp 0.1 computes it
+KNOWN_PERMUTATIONS = {
+    (10, 0, 0): [5, 4, 9, 8, 3, 0, 2, 7, 1, 6],
+    (10, 0, 1): [1, 5, 8, 2, 4, 6, 7, 3, 9, 0],
+    (10, 1, 0): [5, 1, 6, 8, 0, 7, 2, 4, 9, 3],
+    (10, 2**40 + 3, 5): [7, 2, 8, 6, 4, 5, 9, 1, 3, 0],
+    (16, 5, 0): [0, 3, 11, 15, 8, 5, 14, 10, 2, 12, 6, 1, 4, 7, 13, 9],  # N a power of two
+    (4, 1, 2): [2, 3, 1, 0],  # the smallest Feistel domain (2 bits)
+}
+
+# (num_rows, batch, seed, drop_last, step) -> the step's ids
+KNOWN_BATCHES = {
+    (100, 8, 3, False, 37): [8, 52, 75, 91, 66, 62, 78, 40],
+    (1000, 16, 12345, False, 10**7): [
+        784,
+        537,
+        175,
+        635,
+        551,
+        677,
+        597,
+        215,
+        745,
+        723,
+        123,
+        911,
+        625,
+        452,
+        694,
+        185,
+    ],  # fmt: skip
+    (10, 4, 7, False, 2): [4, 7, PAD, PAD],  # epoch 0's short final batch
+    (10, 4, 7, False, 5): [6, 0, PAD, PAD],  # epoch 1's
+    (10, 4, 7, True, 2): [2, 5, 1, 7],  # epoch 1 (2 steps per epoch), its first batch
+    (10, 4, 7, True, 3): [9, 3, 8, 4],
+    (2**20 + 1, 5, 0, False, 3): [234583, 570373, 745862, 662025, 445799],  # 21-bit domain
+    (1024, 8, 9, False, 300): [92, 236, 351, 190, 225, 681, 369, 550],  # exactly 10 bits
+}
+
+
+@pytest.mark.parametrize(("key", "perm"), list(KNOWN_PERMUTATIONS.items()))
+def test_known_epoch_permutations(key, perm):
+    n, seed, epoch = key
+    assert GlobalOrder(n, n, seed=seed).batch_ids(epoch).tolist() == perm
+    assert oracle.epoch_permutation(n, seed, epoch).tolist() == perm
+
+
+@pytest.mark.parametrize(("key", "ids"), list(KNOWN_BATCHES.items()))
+def test_known_batches(key, ids):
+    n, b, seed, drop_last, step = key
+    assert GlobalOrder(n, b, seed=seed, drop_last=drop_last).batch_ids(step).tolist() == ids
+    got = oracle.step_ids(n, b, step, seed=seed, drop_last=drop_last)
+    assert got.tolist() == ids
+
+
+def test_seed_and_epoch_are_not_interchangeable():
+    """seed 0 epoch 1, seed 1 epoch 0: a mixing like ``seed + epoch`` would make them equal."""
+    assert KNOWN_PERMUTATIONS[(10, 0, 1)] != KNOWN_PERMUTATIONS[(10, 1, 0)]
+    for n in (10, 1000):
+        a, b = GlobalOrder(n, n, seed=0).batch_ids(1), GlobalOrder(n, n, seed=1).batch_ids(0)
+        assert not np.array_equal(a, b)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    n=st.integers(1, 120),
+    b=st.integers(1, 40),
+    seed=st.integers(0, 2**64 - 1),
+    step=st.integers(0, 10**9),
+    shuffle=st.booleans(),
+    drop_last=st.booleans(),
+)
+def test_every_batch_follows_the_documented_formula(n, b, seed, step, shuffle, drop_last):
+    """Epochs of K steps, positions (s % K) * B .., PAD past N, from the epoch's permutation."""
+    if drop_last and b > n:
+        return
+    order = GlobalOrder(n, b, shuffle=shuffle, seed=seed, drop_last=drop_last)
+    want = oracle.step_ids(n, b, step, seed=seed, shuffle=shuffle, drop_last=drop_last)
+    np.testing.assert_array_equal(order.batch_ids(step), want)
+    assert order.steps_per_epoch == (n // b if drop_last else -(-n // b))
+    assert order.pads == oracle.ends_short(n, b, drop_last)
+
+
+def test_pad_is_the_documented_id():
+    assert PAD == oracle.PAD == -1
+
+
+# --------------------------------------------------------------------- physical batch, feeding
+@pytest.mark.parametrize(
+    ("shape", "specs", "batch", "physical"),
+    [
+        ((4, 2), [P("data")], 10, 12),
+        ((4, 2), [P("data"), P(("data", "model"))], 3, 8),
+        ((4, 2), [P()], 5, 5),
+        ((2, 3), [P("data"), P("model")], 7, 12),  # lcm(2, 3) = 6, not max = 3
+        ((2, 3), [P("model"), P(("data", "model"))], 13, 18),
+    ],
+)
+def test_physical_batch_sizes(shape, specs, batch, physical):
+    devices = np.array(jax.devices())[: np.prod(shape)].reshape(shape)
+    assert oracle.physical_size(batch, Mesh(devices, ("data", "model")), specs) == physical
+
+
+def test_feeding_rule_on_the_documented_example():
+    """docs/partitioning.md: host 0 of the 4-host pod holds data rows 0 and 2; B=6 -> 3 and 3."""
+    procs = [[0, 1], [2, 3], [0, 1], [2, 3]]
+    mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "model"))
+    process_of = dict(zip(mesh.devices.flat, np.ravel(procs).tolist(), strict=True))
+    size, positions = oracle.fed_positions(6, mesh, "data", process_of, [0])
+    assert (size, positions.tolist()) == (12, [0, 1, 2, 6, 7, 8])
+    size, positions = oracle.fed_positions(8, mesh, "data", process_of, [0])  # the docs' B=8
+    assert (size, positions.tolist()) == (16, [0, 1, 2, 3, 8, 9, 10, 11])
+    layout = MeshLayout(np.array(procs), ("data", "model"))
+    size, positions = feeding_positions([0], {"x": P("data")}, [4], 6, layout)
+    assert (size, positions.tolist()) == (12, [0, 1, 2, 6, 7, 8])
+
+
+# ---------------------------------------------------------------------------------- halos
+@pytest.mark.parametrize(("h", "pad"), [(1, 0), (2, -3), (4, 7)])
+def test_the_halo_rule_equals_a_ppermute_exchange(h, pad):
+    mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "context"))
+    rows = np.arange(8 * 8, dtype=np.int32).reshape(8, 8)
+    exchanged = halo_exchange(jax.device_put(rows, NamedSharding(mesh, P("data", "context"))),
+                              mesh, h, pad)  # fmt: skip
+    np.testing.assert_array_equal(np.asarray(exchanged), oracle.haloed(rows, 2, h, pad))
+
+
+def test_halo_rule_by_hand():
+    rows = np.arange(6)[None]  # one row, 3 shards of 2 columns, halo 1, pad -1
+    assert oracle.haloed(rows, 3, 1, -1).tolist() == [[-1, 0, 1, 2, 1, 2, 3, 4, 3, 4, 5, -1]]
