@@ -23,8 +23,8 @@ its layout, prefetch depth or number of read threads, agrees on every batch.
 
 from __future__ import annotations
 
-import logging
 import contextlib
+import logging
 import threading
 import time
 import warnings
