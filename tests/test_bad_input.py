@@ -217,7 +217,7 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
     (
         "feeding with leaves whose batch is split differently",
         lambda _: _loader(
-            {"tokens": TOKENS, "w": np.arange(len(TOKENS))},
+            {"tokens": TOKENS, "w": np.arange(len(TOKENS), dtype=np.int32)},
             feeding_processes=[0],
             batch_spec={"w": "full"},
         ),  # fmt: skip
