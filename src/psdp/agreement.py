@@ -143,10 +143,9 @@ def agree(
     base = f"{_group(processes)}/{_next_round(_group(processes))}"
     text = json.dumps(settings, sort_keys=True, default=repr)
     digest = hashlib.sha256(text.encode()).hexdigest()[:32]
-    client.key_value_set(f"{base}/here/{me}", "")
-    client.key_value_increment(f"{base}/digest/{digest}", 1)
+    client.key_value_set(f"{base}/digest/{me}", digest)
     _barrier(client, f"{base}/built", processes, base, what, timeout)
-    if int(client.key_value_try_get(f"{base}/digest/{digest}")) == len(processes):
+    if {value for _, value in client.key_value_dir_get(f"{base}/digest/")} == {digest}:
         return base
     client.key_value_set(f"{base}/settings/{me}", text)
     _barrier(client, f"{base}/told", processes, base, what, timeout)
@@ -185,11 +184,11 @@ def describe_difference(values: Mapping[int, Mapping[str, Any]], what: str) -> s
 class StreamEnds:
     """Per step of a stream, the shards that ran short, agreed by every process of the mesh.
 
-    Each process reports its shard's rows for the step only when they are short; the last
-    process to arrive collects the reports and publishes them; the others wait for that, at
-    most `TIMEOUT_S`. Keys are named by ``run`` (one per iterator, or per direct `batch_at`
-    call, numbered alike on every host) and the step, and the last arrival deletes the previous
-    step's keys, so nothing accumulates.
+    Each process reports its shard and rows for the step, then waits (at most `TIMEOUT_S`) for
+    the report of every other process of the mesh. Keys are named by ``run`` (one per iterator,
+    or per direct `batch_at` call, numbered alike on every host) and the step. A process that has
+    every report of step ``s - 1`` knows that every process finished step ``s - 2``, so it
+    deletes its own report of that step: nothing accumulates.
     """
 
     def __init__(self, namespace: str, processes: Sequence[int], shard: int, describe: str):
@@ -208,38 +207,37 @@ class StreamEnds:
         """
         client = coordination_client()
         assert client is not None  # StreamEnds exists only where agree() found one
-        key = f"{self.namespace}/{run}/{step}"
-        if got < wanted:
-            client.key_value_set(f"{key}/short/{jax.process_index()}", f"{self.shard} {got}", True)
-        if client.key_value_increment(f"{key}/arrived", 1) == len(self.processes):
-            short: dict[int, int] = {}
-            for _, report in client.key_value_dir_get(f"{key}/short/"):
-                shard, rows = report.split()
-                short[int(shard)] = int(rows)  # every host of a shard reports the same rows
-            client.key_value_set(f"{key}/done", json.dumps(short), True)
-            client.key_value_delete(f"{self.namespace}/{run}/{step - 1}")  # everyone has read it
-            return short
-        done = self._wait(client, key, step, stop)
-        return {int(k): v for k, v in json.loads(done).items()}
+        me = jax.process_index()
+        steps = f"{self.namespace}/{run}"
+        client.key_value_set(f"{steps}/{step}/{me}", f"{self.shard} {got}", True)
+        short: dict[int, int] = {}
+        for process in self.processes:
+            report = self._wait(client, f"{steps}/{step}", process, step, stop)
+            shard, rows = map(int, report.split())
+            if rows < wanted:
+                short[shard] = rows  # every host of a shard reports the same rows
+        client.key_value_delete(f"{steps}/{step - 2}/{me}")
+        return short
 
-    def _wait(self, client: Any, key: str, step: int, stop: Callable[[], bool]) -> str:
+    def _wait(self, client: Any, at: str, process: int, step: int, stop: Callable[[], bool]) -> str:
+        """``process``'s report under ``at``, once it is set; polls ``stop()`` while waiting."""
         deadline = time.monotonic() + TIMEOUT_S
         while True:
             try:
-                return str(client.blocking_key_value_get(f"{key}/done", int(_POLL_S * 1000)))
+                return str(client.blocking_key_value_get(f"{at}/{process}", int(_POLL_S * 1000)))
             except jax.errors.JaxRuntimeError as error:
                 if "DEADLINE_EXCEEDED" not in str(error):
                     raise
             if stop():
                 raise InterruptedError(f"step {step}: closed while waiting for the other hosts")
             if time.monotonic() > deadline:
-                arrived = client.key_value_try_get(f"{key}/arrived")
+                arrived = {int(key.rsplit("/", 1)[1]) for key, _ in client.key_value_dir_get(at)}
+                missing = [p for p in self.processes if p not in arrived]
                 raise TimeoutError(
-                    f"step {step} of {self.describe}: only {arrived} of the "
-                    f"{len(self.processes)} processes of the mesh reached it within "
-                    f"{TIMEOUT_S:g} s; every process must read the same steps in the same order "
-                    "(a peek with batch_at on one host only, or a host that stopped iterating, "
-                    "leaves the others waiting)"
+                    f"step {step} of {self.describe}: {_who(missing, verb=False)} of the mesh "
+                    f"did not reach it within {TIMEOUT_S:g} s; every process must read the same "
+                    "steps in the same order (a peek with batch_at on one host only, or a host "
+                    "that stopped iterating, leaves the others waiting)"
                 )
 
 
@@ -295,7 +293,7 @@ def _barrier(
         if "DEADLINE_EXCEEDED" not in str(error):
             raise
         arrived = {
-            int(key.rsplit("/", 1)[1]) for key, _ in client.key_value_dir_get(f"{base}/here/")
+            int(key.rsplit("/", 1)[1]) for key, _ in client.key_value_dir_get(f"{base}/digest/")
         }
         missing = [p for p in processes if p not in arrived]
         raise TimeoutError(
