@@ -9,13 +9,13 @@ from __future__ import annotations
 import math
 import struct
 
-import jax
 import ml_dtypes
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from psdp._compat import enable_x64  # jax.enable_x64, or jax.experimental's on older jax
 from psdp.dtypes import LeafDtype, cast_checked, check_pad_value, needs_x64, plan_dtypes
 
 INT_TARGETS = [np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, ml_dtypes.int4]
@@ -122,7 +122,7 @@ def test_64_bit_dtypes_are_refused_without_x64_and_pass_with_it(dtype):
     assert needs_x64(np.dtype(dtype).newbyteorder("="))
     with pytest.raises(TypeError, match="jax_enable_x64 is off"):
         plan_dtypes({"x": np.dtype(dtype)}, None)
-    with jax.enable_x64(True):
+    with enable_x64(True):
         assert plan_dtypes({"x": np.dtype(dtype)}, None)["x"].delivered == np.dtype(
             dtype
         ).newbyteorder("=")

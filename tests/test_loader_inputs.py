@@ -22,6 +22,7 @@ from psdp import (
     TensorStoreSource,
     write_dataset,
 )
+from psdp._compat import enable_x64  # jax.enable_x64, or jax.experimental's on older jax
 from psdp.sources.base import reads_fresh_rows
 
 B = 8
@@ -229,7 +230,7 @@ def test_with_x64_enabled_64_bit_leaves_pass_through_unchanged_on_the_loader_thr
     }
     # jax.enable_x64 is a thread-local setting: the prefetch thread must deliver what the
     # constructor (on this thread) saw
-    with jax.enable_x64(True):
+    with enable_x64(True):
         with DataLoader(data, mesh=mesh_4x2(), global_batch_size=B, shuffle=False) as loader:
             assert loader.dtypes == {k: v.dtype for k, v in data.items()}
             batches = [b for _, b in zip(range(4), loader, strict=False)]

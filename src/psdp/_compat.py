@@ -1,9 +1,11 @@
-"""The one place psdp uses JAX's private API: the coordination service's key-value store.
+"""The one place psdp uses JAX APIs that moved or are private: the coordination service's
+key-value store, and the thread-local 64-bit switch.
 
 ``jax.distributed.initialize`` starts a coordination service (on process 0) and a client in every
 process; JAX keeps the client in ``jax._src.distributed.global_state`` and has no public name for
 it (Orbax reaches it the same way). psdp uses it to compare settings across hosts and to agree on
-where a stream ended, without device collectives (see `psdp.agreement`).
+where a stream ended, without device collectives (see `psdp.agreement`). The 64-bit switch moved
+from ``jax.experimental`` to ``jax`` within psdp's supported range.
 """
 
 from __future__ import annotations
@@ -18,3 +20,16 @@ def coordination_client() -> Any | None:
     except ImportError:  # a JAX that moved it: psdp then checks nothing across hosts
         return None
     return getattr(global_state, "client", None)
+
+
+def enable_x64(enabled: bool = True) -> Any:
+    """A context manager that turns 64-bit JAX on or off for the calling thread.
+
+    ``jax.enable_x64`` since jax 0.8; ``jax.experimental.enable_x64`` before (removed later).
+    """
+    import jax
+
+    context = getattr(jax, "enable_x64", None)
+    if context is None:
+        from jax.experimental import enable_x64 as context
+    return context(enabled)

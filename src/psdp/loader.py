@@ -36,6 +36,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from psdp._checks import check_fields, check_int, preview_ids
+from psdp._compat import enable_x64
 from psdp.agreement import StreamEnds, agree, check_own_process, describe_end
 from psdp.assembly import LeafAssembler
 from psdp.dtypes import check_pad_value, needs_x64, plan_dtypes
@@ -457,8 +458,8 @@ class DataLoader:
                 "read_timeout_s if reads are just slow",
             )
         read = time.perf_counter()
-        # jax.enable_x64 is thread-local: deliver 64-bit leaves as the constructor checked them
-        with jax.enable_x64(True) if self._needs_x64 else contextlib.nullcontext():
+        # the x64 switch is thread-local: deliver 64-bit leaves as the constructor checked them
+        with enable_x64(True) if self._needs_x64 else contextlib.nullcontext():
             batch = {key: leaf.assemble(buffers[key]) for key, leaf in self._leaves.items()}
             if self._mask is not None:
                 batch[self.mask_key] = self._mask.assemble((ids != PAD)[self._mask.plan.rows])
