@@ -11,3 +11,12 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import jax
 
 jax.config.update("jax_num_cpu_devices", int(os.environ["JAX_NUM_CPU_DEVICES"]))
+
+# The doctests, docs and README show specs as jax >= 0.9.1 prints them, ``P('data',)``; older jax
+# (down to psdp's lower bound) prints ``PartitionSpec('data',)``. The lower-bound job prints the
+# newer form, so that the same examples hold on both (only the repr changes).
+if repr(jax.sharding.PartitionSpec("x")).startswith("PartitionSpec("):
+    _spec_repr = jax.sharding.PartitionSpec.__repr__
+    jax.sharding.PartitionSpec.__repr__ = (
+        lambda self: "P" + _spec_repr(self)[len("PartitionSpec") :]
+    )

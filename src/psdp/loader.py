@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import threading
 import time
-import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -34,6 +33,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from psdp._checks import check_int, preview_ids
+from psdp._imports import import_optional
 from psdp.assembly import LeafAssembler
 from psdp.mesh import _spec_axes, as_layout
 from psdp.order import PAD, GlobalOrder
@@ -208,6 +208,8 @@ class DataLoader:
         layout = as_layout(mesh)
         for key, spec in specs.items():
             _spec_axes(layout, spec, ndims[key])  # raises naming the spec and the mesh
+        if self._named:  # after the checks of the names, which need no haliax
+            self._haliax = import_optional("haliax", extra="haliax", needed_for="named_axes")
         shards = [batch_shards(mesh, spec) for spec in specs.values()]
         self.physical_batch_size = physical_batch_size(global_batch_size, shards)
         #: where the global batch's rows sit in the physical batch (the rest is padding)
@@ -474,15 +476,11 @@ class DataLoader:
 
     def _wrap(self, batch: dict[Key, jax.Array]) -> Batch:
         if self._named:
-            with warnings.catch_warnings():  # haliax 1.4.dev imports a deprecated jax module
-                warnings.simplefilter("ignore", DeprecationWarning)
-                import haliax
-
             first = next(iter(self._named.values()))
             names = dict(self._named)
             names.setdefault(self.mask_key, first[:1])
             batch = {
-                key: haliax.named(value, tuple(getattr(n, "name", n) for n in names[key]))
+                key: self._haliax.named(value, tuple(getattr(n, "name", n) for n in names[key]))
                 if key in names
                 else value
                 for key, value in batch.items()
