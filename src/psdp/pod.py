@@ -45,6 +45,8 @@ _GRACE_S = 5.0  # how long the others get to exit by themselves after one child 
 _POLL_S = 0.05
 _ECHO_WAIT_S = 1.0  # how long a failed child waits to learn it only echoed another's failure
 _LEADER_WAIT_S = 0.5  # at most this long process 0 outlives the others (< _ECHO_WAIT_S)
+#: What JAX's distributed client logs when it aborts its process because another one died.
+_JAX_PEER_DIED = "JAX distributed service detected fatal errors"
 #: Exit status of a child stopped by the watchdog because another process failed.
 STOPPED = 3
 #: Environment variable naming the file `report_progress` writes (set by `run_pod`).
@@ -231,9 +233,11 @@ class _Watch:
     def _failed_when(self, index: int, code: int | None) -> float:
         """When a child failed, to find the first of several seen at once: the others often fail
         as a consequence (a collective loses its peer). A death by signal ranks first, as it is
-        never such a consequence; then the time of the error file each child writes."""
+        never such a consequence, unless JAX's client aborted the process because another one
+        died (jax 0.6 and 0.7 do when process 0 leaves); then the time of each child's error file."""
         if code is not None and code < 0:
-            return -1.0
+            log = self.children[index][1].read_text(errors="replace")
+            return float("inf") if _JAX_PEER_DIED in log else -1.0
         try:
             return (self.tmp / f"p{index}.error").stat().st_mtime
         except FileNotFoundError:
