@@ -1,18 +1,36 @@
 # The two set-up commands of the README: `make run` and `make test`. Both create .venv themselves.
-PYTHON ?= python3
+# Every venv installs psdp (editable) with all its extras at the exact versions of a lock file under
+# requirements/ (`make lock` writes them from pyproject.toml's ranges: scripts/lock.py).
+# CI (.ci/run) runs `make lint`, then the suite at the lower bounds and at the newest releases.
+
+# The interpreter of Python $(1): on PATH, else pyenv's (its shims answer only for the active one).
+python_of = $(firstword $(foreach p,$(shell command -v python$(1)) \
+	$(wildcard $(shell pyenv root 2>/dev/null)/versions/$(1).*/bin/python$(1)), \
+	$(if $(shell $(p) -c 'print(1)' 2>/dev/null),$(p))))
+
+PYTHON ?= $(or $(call python_of,3.11),python3)
+PYTHON_LOWER ?= $(or $(call python_of,3.11),python3.11)
+PYTHON_NEWEST ?= $(or $(call python_of,3.13),python3.13)
+EXTRAS := dev,draccus,grain,haliax
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: setup run test lint bench clean
+.PHONY: setup run test lint test-lower test-newest check-install lock bench clean
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,grain]'
-	touch $(STAMP)
+# A fresh venv whenever pyproject.toml or the lock changes, so nothing outside the lock lingers.
+define make_venv
+rm -rf $(1)
+$(2) -m venv $(1)
+$(1)/bin/python -m pip install --quiet --upgrade pip
+$(1)/bin/python -m pip install --quiet -c $(3) -e '.[$(EXTRAS)]'
+touch $(1)/.installed-stamp
+endef
+
+$(STAMP): pyproject.toml requirements/dev-py311.lock
+	$(call make_venv,$(VENV),$(PYTHON),requirements/dev-py311.lock)
 
 # A 4-host non-contiguous pod on this machine: synthetic tokens in a temporary TensorStore store,
 # 300 steps of a tiny model, every device's rows checked every step (about a minute on 2 cores).
@@ -27,5 +45,30 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check src tests scripts conftest.py
 	$(VENV)/bin/mypy
 
+# The suite on Python 3.11 with every dependency and extra at its declared lower bound.
+.venv-lower/.installed-stamp: pyproject.toml requirements/lower-py311.lock
+	$(call make_venv,.venv-lower,$(PYTHON_LOWER),requirements/lower-py311.lock)
+
+test-lower: .venv-lower/.installed-stamp
+	.venv-lower/bin/python -m pytest
+
+# The suite on Python 3.13 with the newest releases (as of the last `make lock`).
+.venv-newest/.installed-stamp: pyproject.toml requirements/newest-py313.lock
+	$(call make_venv,.venv-newest,$(PYTHON_NEWEST),requirements/newest-py313.lock)
+
+test-newest: .venv-newest/.installed-stamp
+	.venv-newest/bin/python -m pytest
+
+# `pip install psdp` into an environment that already holds other allowed releases (the lower
+# bounds: jax 0.6.2, tensorstore 0.1.68, ...) installs psdp and changes no other package.
+check-install: .venv-lower/.installed-stamp
+	.venv-lower/bin/python scripts/lock.py check-install
+
+# Re-resolve the three locks from pyproject.toml (needs the package registry; about a minute each).
+lock:
+	$(PYTHON) scripts/lock.py lock requirements/dev-py311.lock $(PYTHON)
+	$(PYTHON) scripts/lock.py lock requirements/lower-py311.lock $(PYTHON_LOWER) --lower-bounds
+	$(PYTHON) scripts/lock.py lock requirements/newest-py313.lock $(PYTHON_NEWEST)
+
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache .hypothesis
+	rm -rf $(VENV) .venv-lower .venv-newest .pytest_cache .ruff_cache .mypy_cache .hypothesis

@@ -12,6 +12,15 @@ import jax
 
 jax.config.update("jax_num_cpu_devices", int(os.environ["JAX_NUM_CPU_DEVICES"]))
 
+# The doctests, docs and README show specs as jax >= 0.9.1 prints them, ``P('data',)``; older jax
+# (down to psdp's lower bound) prints ``PartitionSpec('data',)``. The lower-bound job prints the
+# newer form, so that the same examples hold on both (only the repr changes).
+if repr(jax.sharding.PartitionSpec("x")).startswith("PartitionSpec("):
+    _spec_repr = jax.sharding.PartitionSpec.__repr__
+    jax.sharding.PartitionSpec.__repr__ = (
+        lambda self: "P" + _spec_repr(self)[len("PartitionSpec") :]
+    )
+
 # scripts/mutation.py runs the tests once per mutant and needs only "does a test fail", not the
 # smallest failing example: its profile skips hypothesis's shrinking
 from hypothesis import Phase, settings  # noqa: E402

@@ -344,7 +344,7 @@ def test_trainer_doc_runs_with_flags_and_yaml(tmp_path):
 
 
 def test_named_axes_and_feeding_processes_reach_the_loader():
-    import haliax
+    haliax = pytest.importorskip("haliax", reason="haliax is optional: pip install 'psdp[haliax]'")
 
     mesh = MeshConfig(axes={"data": 4, "model": 2}).build()
     config = LoaderConfig(

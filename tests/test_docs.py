@@ -14,6 +14,7 @@ import re
 import shlex
 import tempfile
 from dataclasses import dataclass
+from importlib.util import find_spec
 from itertools import pairwise
 from pathlib import Path
 
@@ -28,6 +29,10 @@ COVERED = ["concepts.md", "loader.md", "sources.md", "partitioning.md", "reliabi
 NOT_RUN = {"sources.md": ["an outline of the stream API, not Python"]}
 
 NOT_RUN_MARK = re.compile(r"<!-- not run: (.+?) -->")
+
+#: optional dependency -> the psdp extra that installs it: where it is not installed, a block that
+#: imports it is skipped (and the doc's test reports the skip once its other blocks have passed)
+OPTIONAL = {"haliax": "haliax"}
 
 
 @dataclass(frozen=True)
@@ -77,8 +82,13 @@ def test_the_checkpoint_example_runs_again_in_the_same_directory(tmp_path, monke
 def run_blocks(doc: str) -> None:
     """Runs the doc's python blocks in order in one fresh namespace, in the current directory."""
     namespace: dict = {"__name__": f"docs.{doc}"}
+    missing = []
     for block in python_blocks(doc):
         if block.not_run:
+            continue
+        absent = absent_optional_imports(block.code)
+        if absent:
+            missing.append(f"the block at line {block.line} needs {', '.join(absent)}")
             continue
         # Blank lines in front keep the doc's line numbers in tracebacks.
         code = compile("\n" * block.line + block.code, str(DOCS / doc), "exec")
@@ -89,6 +99,17 @@ def run_blocks(doc: str) -> None:
                 f"docs/{doc}: the ```python block at line {block.line} raised "
                 f"{type(error).__name__}: {error}"
             ) from error
+    if missing:
+        pytest.skip(f"docs/{doc}: every other block ran; {'; '.join(missing)}")
+
+
+def absent_optional_imports(code: str) -> list[str]:
+    """The optional dependencies ``code`` imports that are not installed, each with its extra."""
+    return [
+        f"{module} (not installed: pip install 'psdp[{extra}]')"
+        for module, extra in OPTIONAL.items()
+        if re.search(rf"^\s*(import|from) {module}\b", code, re.M) and find_spec(module) is None
+    ]
 
 
 def test_skipped_blocks_are_the_listed_ones():

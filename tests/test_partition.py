@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import functools
 
-import haliax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -243,6 +242,7 @@ def test_an_all_true_mask_when_nothing_is_padded():
 
 # ------------------------------------------------------------------------------- NamedArray
 def test_named_axes_give_named_arrays_with_the_mapped_shardings():
+    haliax = pytest.importorskip("haliax", reason="haliax is optional: pip install 'psdp[haliax]'")
     mesh = mesh_of(("replica", "data", "context"), (2, 2, 2))
     data = {"tokens": token_table(32, 8), "weight": np.arange(32, dtype=np.float32)}
     Batch, Pos = haliax.Axis("batch", 8), haliax.Axis("position", 8)

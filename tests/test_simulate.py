@@ -382,7 +382,7 @@ def test_simulation_errors(kwargs, words):
 
 
 def test_named_arrays_are_checked_through_their_arrays(mesh):
-    import haliax as hax
+    hax = pytest.importorskip("haliax", reason="haliax is optional: pip install 'psdp[haliax]'")
 
     batch = jax.device_put(ROWS, NamedSharding(mesh, P("data")))
     named = hax.named(batch, ("batch", "feature"))

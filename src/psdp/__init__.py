@@ -5,6 +5,9 @@ hosts that hold the same rows share a data-shard uid (`process_mesh_mapping`), a
 one global `jax.Array` per batch leaf from host-local reads.
 """
 
+from typing import TYPE_CHECKING
+
+from psdp._imports import lazy_attributes
 from psdp.config import LoaderConfig as LoaderConfig
 from psdp.config import MeshConfig as MeshConfig
 from psdp.consistency import ConsistencyError as ConsistencyError
@@ -30,8 +33,16 @@ from psdp.sources import MemmapSource as MemmapSource
 from psdp.sources import Source as Source
 from psdp.sources import StreamReader as StreamReader
 from psdp.sources import StreamSource as StreamSource
-from psdp.sources import TensorStoreSource as TensorStoreSource
 from psdp.telemetry import LoaderStats as LoaderStats
-from psdp.writer import write_dataset as write_dataset
+
+if TYPE_CHECKING:  # imported on first use below: both load tensorstore, which is slow to import
+    from psdp.sources import TensorStoreSource as TensorStoreSource
+    from psdp.writer import write_dataset as write_dataset
+
+__getattr__, __dir__ = lazy_attributes(
+    __name__,
+    {"psdp.sources": ["TensorStoreSource"], "psdp.writer": ["write_dataset"]},
+    globals(),
+)
 
 __version__ = "0.1.0"

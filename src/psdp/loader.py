@@ -27,7 +27,6 @@ import contextlib
 import logging
 import threading
 import time
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -37,6 +36,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from psdp._checks import check_fields, check_int, preview_ids
 from psdp._compat import enable_x64
+from psdp._imports import import_optional
 from psdp.agreement import StreamEnds, agree, check_own_process, describe_end
 from psdp.assembly import LeafAssembler
 from psdp.dtypes import check_pad_value, needs_x64, plan_dtypes
@@ -247,6 +247,8 @@ class DataLoader:
         self.batch_spec: Any = specs[None] if None in specs else specs
         for key, spec in specs.items():
             _spec_axes(layout, spec, ndims[key])  # raises naming the spec and the mesh
+        if self._named:  # after the checks of the names, which need no haliax
+            self._haliax = import_optional("haliax", extra="haliax", needed_for="named_axes")
         shards = [batch_shards(mesh, spec) for spec in specs.values()]
         self.physical_batch_size = physical_batch_size(global_batch_size, shards)
         #: where the global batch's rows sit in the physical batch (the rest is padding)
@@ -618,16 +620,12 @@ class DataLoader:
 
     def _wrap(self, batch: dict[Key, jax.Array]) -> Batch:
         if self._named:
-            with warnings.catch_warnings():  # haliax 1.4.dev imports a deprecated jax module
-                warnings.simplefilter("ignore", DeprecationWarning)
-                import haliax
-
             first = next(iter(self._named.values()))
             names = dict(self._named)
             if self.mask_key is not None:
                 names.setdefault(self.mask_key, first[:1])
             batch = {
-                key: haliax.named(value, tuple(getattr(n, "name", n) for n in names[key]))
+                key: self._haliax.named(value, tuple(getattr(n, "name", n) for n in names[key]))
                 if key in names
                 else value
                 for key, value in batch.items()

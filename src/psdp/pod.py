@@ -16,8 +16,10 @@ file*; every child runs a watchdog thread that polls that file, prints the reaso
 process 0 stops: process 1 failed: RuntimeError: ...``) and exits with `STOPPED` even while its
 main thread is stuck in a collective. A child whose own error is only the echo of another's
 failure (a collective that lost its peer) waits a moment before exiting, so the parent names the
-first failure and the echo exits as stopped too. Whatever is still alive after a grace period, or
-at the time limit, is killed.
+first failure and the echo exits as stopped too. Process 0 stops last: it hosts JAX's coordination
+service, and a JAX client that loses it may abort its process (SIGABRT, seen on jax 0.6 and 0.7)
+before that process's watchdog runs. Whatever is still alive after a grace period, or at the time
+limit, is killed.
 """
 
 from __future__ import annotations
@@ -42,6 +44,9 @@ from typing import Any
 _GRACE_S = 5.0  # how long the others get to exit by themselves after one child failed
 _POLL_S = 0.05
 _ECHO_WAIT_S = 1.0  # how long a failed child waits to learn it only echoed another's failure
+_LEADER_WAIT_S = 0.5  # at most this long process 0 outlives the others (< _ECHO_WAIT_S)
+#: What JAX's distributed client logs when it aborts its process because another one died.
+_JAX_PEER_DIED = "JAX distributed service detected fatal errors"
 #: Exit status of a child stopped by the watchdog because another process failed.
 STOPPED = 3
 #: Environment variable naming the file `report_progress` writes (set by `run_pod`).
@@ -165,7 +170,7 @@ def _start_child(
         "--target", target,
         "--args", json.dumps(args or {}),
         "--result", str(result),
-        "--abort-file", str(tmp / "abort"),
+        "--abort-file", str(tmp / ("abort-leader" if index == 0 else "abort")),
     ]  # fmt: skip
     with log.open("wb") as out:
         proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=child_env)
@@ -186,6 +191,7 @@ class _Watch:
         self.tmp, self.children, self.deadline, self.timeout_s = tmp, children, deadline, timeout_s
         self.progress = progress
         self.shown = ""
+        self.leader_at: float | None = None  # when process 0 is told to stop, after a failure
 
     def wait(self) -> str:
         """Returns "" when every child succeeded, else why the pod failed (after stopping all)."""
@@ -207,6 +213,8 @@ class _Watch:
                 first = min(failed, key=lambda i: self._failed_when(i, codes[i]))
                 failure = self._why(first, codes[first])
                 self._abort(failure)
+            if failure:
+                self._stop_leader_when_alone(failure, codes)
             if all(code is not None for code in codes):
                 return failure or "every process exited, but not all succeeded"
             if time.monotonic() > self.deadline:
@@ -215,8 +223,8 @@ class _Watch:
                         f"the pod ran past its time limit of {self.timeout_s:g} s; stuck "
                         "processes were stopped"
                     )
-                    self._abort(failure)
                     self.deadline = time.monotonic() + 1.0  # time to print their message
+                    self._abort(failure)
                     continue
                 self.kill_all()
                 return failure
@@ -225,9 +233,11 @@ class _Watch:
     def _failed_when(self, index: int, code: int | None) -> float:
         """When a child failed, to find the first of several seen at once: the others often fail
         as a consequence (a collective loses its peer). A death by signal ranks first, as it is
-        never such a consequence; then the time of the error file each child writes."""
+        never such a consequence, unless JAX's client aborted the process because another one
+        died (jax 0.6 and 0.7 do when process 0 leaves); then the time of each child's error file."""
         if code is not None and code < 0:
-            return -1.0
+            log = self.children[index][1].read_text(errors="replace")
+            return float("inf") if _JAX_PEER_DIED in log else -1.0
         try:
             return (self.tmp / f"p{index}.error").stat().st_mtime
         except FileNotFoundError:
@@ -246,10 +256,19 @@ class _Watch:
         return f"process {index} exited with status {code}: {detail}"
 
     def _abort(self, reason: str) -> None:
-        partial = self.tmp / "abort.tmp"
-        partial.write_text(reason)
-        os.replace(partial, self.tmp / "abort")
-        self.deadline = min(self.deadline, time.monotonic() + _GRACE_S)
+        """Stops every child but process 0 now (see `_stop_leader_when_alone`)."""
+        _write_atomically(self.tmp / "abort", reason)
+        now = time.monotonic()
+        self.deadline = min(self.deadline, now + _GRACE_S)
+        self.leader_at = now + min(_LEADER_WAIT_S, (self.deadline - now) / 2)
+
+    def _stop_leader_when_alone(self, reason: str, codes: list[int | None]) -> None:
+        """Stops process 0 once the others have exited (or it waited long enough)."""
+        leader_file = self.tmp / "abort-leader"
+        alone = all(code is not None for code in codes[1:])
+        late = self.leader_at is not None and time.monotonic() >= self.leader_at
+        if (alone or late) and not leader_file.exists():
+            _write_atomically(leader_file, reason)
 
     def kill_all(self) -> None:
         for proc, _, _ in self.children:
@@ -269,6 +288,12 @@ class _Watch:
             self.shown = text
             done, total = (int(v) for v in text.split())
             self.progress(done, total)
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    partial = path.with_name(f"{path.name}.tmp")
+    partial.write_text(text)
+    os.replace(partial, path)
 
 
 def _report(failure: str, target: str, outputs: list[tuple[int | None, str]]) -> str:

@@ -202,11 +202,11 @@ def check_shards(array: jax.Array, expected: np.ndarray, what: str) -> None:
         >>> check_shards(array, host[::-1], "reversed")
         Traceback (most recent call last):
         ...
-        AssertionError: reversed: device cpu:0 holds the wrong rows
+        AssertionError: reversed: device 0 holds the wrong rows
     """
     for shard in array.addressable_shards:
         if not np.array_equal(np.asarray(shard.data), expected[shard.index]):
-            raise AssertionError(f"{what}: device {shard.device} holds the wrong rows")
+            raise AssertionError(f"{what}: device {shard.device.id} holds the wrong rows")
 
 
 def train_step(seconds: float) -> None:

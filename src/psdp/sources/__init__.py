@@ -10,6 +10,9 @@ gives a `StreamReader` of one shard (one per data-shard uid), resumed by skippin
 damaged data is an error, never a silently wrong batch. See ``docs/sources.md``.
 """
 
+from typing import TYPE_CHECKING
+
+from psdp._imports import lazy_attributes
 from psdp.sources.base import SINGLE_LEAF as SINGLE_LEAF
 from psdp.sources.base import ArraySource as ArraySource
 from psdp.sources.base import IndexableSource as IndexableSource
@@ -23,12 +26,26 @@ from psdp.sources.grain import GrainSource as GrainSource
 from psdp.sources.memmap import MemmapSource as MemmapSource
 from psdp.sources.streams import StreamReader as StreamReader
 from psdp.sources.streams import StreamSource as StreamSource
-from psdp.sources.tensorstore import DATASET_FORMAT as DATASET_FORMAT
-from psdp.sources.tensorstore import DATASET_VERSION as DATASET_VERSION
-from psdp.sources.tensorstore import INCOMPLETE_MARKER as INCOMPLETE_MARKER
-from psdp.sources.tensorstore import METADATA_FILE as METADATA_FILE
-from psdp.sources.tensorstore import TensorStoreSource as TensorStoreSource
-from psdp.sources.tensorstore import read_metadata as read_metadata
+
+if TYPE_CHECKING:  # imported on first use below: tensorstore is slow to import
+    from psdp.sources.tensorstore import DATASET_FORMAT as DATASET_FORMAT
+    from psdp.sources.tensorstore import DATASET_VERSION as DATASET_VERSION
+    from psdp.sources.tensorstore import INCOMPLETE_MARKER as INCOMPLETE_MARKER
+    from psdp.sources.tensorstore import METADATA_FILE as METADATA_FILE
+    from psdp.sources.tensorstore import TensorStoreSource as TensorStoreSource
+    from psdp.sources.tensorstore import read_metadata as read_metadata
+
+_TENSORSTORE_NAMES = [
+    "DATASET_FORMAT",
+    "DATASET_VERSION",
+    "INCOMPLETE_MARKER",
+    "METADATA_FILE",
+    "TensorStoreSource",
+    "read_metadata",
+]
+__getattr__, __dir__ = lazy_attributes(
+    __name__, {"psdp.sources.tensorstore": _TENSORSTORE_NAMES}, globals()
+)
 
 __all__ = [
     "DATASET_FORMAT",
