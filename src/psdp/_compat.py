@@ -28,8 +28,10 @@ def enable_x64(enabled: bool = True) -> Any:
     ``jax.enable_x64`` since jax 0.8; ``jax.experimental.enable_x64`` before (removed later).
     """
     import jax
+    import jax.experimental
 
-    context = getattr(jax, "enable_x64", None)
+    name = "enable_x64"  # looked up by name: each jax has only one of the two
+    context: Any = getattr(jax, name, None)  # a config State: never test its truth
     if context is None:
-        from jax.experimental import enable_x64 as context
+        context = getattr(jax.experimental, name)
     return context(enabled)
