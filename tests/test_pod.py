@@ -109,8 +109,11 @@ def test_a_process_that_exits_0_without_returning_fails_the_pod(process):
             args={"process": process},
             timeout_s=60,
         )
-    first = 0 if process is None else 1
-    assert info.value.reason == (f"process {first} exited with status 0 without returning a result")
+    # every host leaving (None): the parent names whichever exit it saw first, 0 or 1
+    first = {0, 1} if process is None else {1}
+    assert info.value.reason in {
+        f"process {i} exited with status 0 without returning a result" for i in first
+    }
     if process == 1:  # process 0 waited in a collective: it is stopped with that reason
         code, output = info.value.outputs[0]
         assert code == STOPPED and f"stops: {info.value.reason}" in output
