@@ -149,7 +149,10 @@ def test_close_from_another_thread_wakes_a_blocked_next(caplog):
 
 
 TRAINER = """
-import sys, threading, time
+import signal, sys, threading, time
+# a job started in the background by a non-interactive shell (as CI may be) inherits SIGINT
+# ignored; a trainer run by hand has Python's handler, which this test is about
+signal.signal(signal.SIGINT, signal.default_int_handler)
 import jax, numpy as np
 from jax.sharding import Mesh
 from psdp import ArraySource, DataLoader
