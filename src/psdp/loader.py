@@ -273,6 +273,7 @@ class DataLoader:
         }
         self._check_pad_value(halos)
         self._mask = self._plan_mask(specs)
+        self._all_real: jax.Array | None = None  # the mask of every step when nothing is padded
         self._requests = plan_reads(self._leaves)
         self._read_positions = np.unique(np.concatenate([r.positions for r in self._requests]))
         self._real_positions = np.intersect1d(self._read_positions, self.real_positions)
@@ -464,9 +465,20 @@ class DataLoader:
         with enable_x64(True) if self._needs_x64 else contextlib.nullcontext():
             batch = {key: leaf.assemble(buffers[key]) for key, leaf in self._leaves.items()}
             if self._mask is not None:
-                batch[self.mask_key] = self._mask.assemble((ids != PAD)[self._mask.plan.rows])
+                batch[self.mask_key] = self._mask_of(ids)
         self.telemetry.record_read(read - started, time.perf_counter() - read)
         return self._wrap(batch)
+
+    def _mask_of(self, ids: np.ndarray) -> jax.Array:
+        """The mask leaf; without padding it is the same every step, so it is assembled once
+        (jax.Arrays are immutable, so every batch may share it; two read threads racing here
+        build it twice at worst)."""
+        assert self._mask is not None
+        if self.padded:
+            return self._mask.assemble((ids != PAD)[self._mask.plan.rows])
+        if self._all_real is None:
+            self._all_real = self._mask.assemble(np.ones(len(self._mask.plan.rows), bool))
+        return self._all_real
 
     def _what_is_read(self, ids: np.ndarray) -> str:
         if self.stream_shard is not None:
