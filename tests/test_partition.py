@@ -125,6 +125,14 @@ def test_halo_equals_a_ppermute_halo_exchange(h, pad):
     assert np.asarray(mask).tolist() == ([True] * h + [False] * 4 + [True] * h) * 2
 
 
+def test_a_whole_row_leaf_has_no_halo_mask():
+    data = {"tokens": token_table(8, 8), "w": np.ones(8, np.float32)}
+    loader = DataLoader(data, mesh=seq_mesh(), global_batch_size=8, halo=1,
+                        batch_spec={"tokens": P("data", "context")})  # fmt: skip
+    with pytest.raises(ValueError, match=r"^leaf 'w' is not read in column windows; it has no"):
+        loader.halo_mask("w")
+
+
 def test_halo_inside_shard_map_sees_its_window_and_neighbours():
     mesh = seq_mesh()
     data = {"tokens": token_table(8, 8)}

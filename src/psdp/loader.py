@@ -39,7 +39,7 @@ from psdp._compat import enable_x64
 from psdp._imports import import_optional
 from psdp.agreement import StreamEnds, agree, check_own_process, describe_end
 from psdp.assembly import LeafAssembler
-from psdp.dtypes import check_pad_value, needs_x64, plan_dtypes
+from psdp.dtypes import check_pad_value, leaf_label, needs_x64, plan_dtypes
 from psdp.mesh import _spec_axes, as_layout
 from psdp.order import PAD, GlobalOrder, check_seed
 from psdp.partition import (
@@ -414,7 +414,7 @@ class DataLoader:
         leaf = self._leaves[key]
         if not leaf.column_shards:
             raise ValueError(
-                f"{_leaf_name(key)} leaf is not read in column windows; it has no halo"
+                f"{leaf_label(key)} is not read in column windows; it has no halo"
             )
         width, h = leaf.global_shape[1] // leaf.column_shards, leaf.halo
         one = np.zeros(width, bool)
