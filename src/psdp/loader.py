@@ -413,9 +413,7 @@ class DataLoader:
         """
         leaf = self._leaves[key]
         if not leaf.column_shards:
-            raise ValueError(
-                f"{leaf_label(key)} is not read in column windows; it has no halo"
-            )
+            raise ValueError(f"{leaf_label(key)} is not read in column windows; it has no halo")
         width, h = leaf.global_shape[1] // leaf.column_shards, leaf.halo
         one = np.zeros(width, bool)
         one[:h], one[width - h :] = True, True
