@@ -14,7 +14,7 @@ import sys
 os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-from psdp.benchmarks import main
+from psdp.tools.benchmarks import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -29,10 +29,10 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
 from psdp import DataLoader
-from psdp.benchmarks.common import int32_table, train_step
-from psdp.benchmarks.throughput import naive_loop
-from psdp.order import GlobalOrder
+from psdp._plan.order import GlobalOrder
 from psdp.sources import ArraySource
+from psdp.tools.benchmarks.common import int32_table, train_step
+from psdp.tools.benchmarks.throughput import naive_loop
 
 
 def timed_naive_loop(

@@ -18,11 +18,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from psdp.benchmarks.common import median_ms
-from psdp.benchmarks.planning import bench_pod, naive_uid_table, pods
-from psdp.layout import MeshLayout
+from psdp._plan.layout import MeshLayout
+from psdp.tools.benchmarks.common import median_ms
+from psdp.tools.benchmarks.planning import bench_pod, naive_uid_table, pods
 
-# the helpers live in psdp.benchmarks.planning (figure 4 of `psdp bench`); re-exported for this
+# the helpers live in psdp.tools.benchmarks.planning (figure 4 of `psdp bench`); re-exported for this
 # script's users
 __all__ = ["MeshLayout", "bench_pod", "main", "markdown", "median_ms", "naive_uid_table", "pods"]
 

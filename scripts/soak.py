@@ -37,7 +37,7 @@ import numpy as np
 from jax.sharding import Mesh, PartitionSpec
 
 from psdp import DataLoader, TensorStoreSource, write_dataset
-from psdp.order import PAD
+from psdp._plan.order import PAD
 
 MIB = 1024 * 1024
 

@@ -9,7 +9,7 @@ import numpy as np
 
 import oracle
 from psdp import ArraySource
-from psdp.order import PAD
+from psdp._plan.order import PAD
 
 
 def expected_global(data: np.ndarray | dict[str, np.ndarray], ids: np.ndarray, pad_value=0):
@@ -117,7 +117,7 @@ NONCONTIGUOUS_4x2 = [[0, 1], [2, 3], [0, 1], [2, 3]]
 
 def run_on_noncontiguous_pod(target: str, timeout_s: float = 180, **args):
     """Runs ``target`` on the 4-process `NONCONTIGUOUS_4x2` pod (``data=4 x model=2``)."""
-    from psdp.pod import run_pod
+    from psdp.tools.pod import run_pod
 
     layout = dict(process_index=NONCONTIGUOUS_4x2, axis_names=["data", "model"], mesh_shape=[4, 2])
     return run_pod(

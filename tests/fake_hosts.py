@@ -55,7 +55,7 @@ def fake_pod(mesh: Mesh, process_index: Any) -> Iterator[dict[Any, int]]:
 
     with (
         mock.patch.object(MeshLayout, "from_mesh", classmethod(from_mesh)),
-        mock.patch("psdp.loader.check_own_process", simulated_host),
+        mock.patch("psdp._runtime.loader.check_own_process", simulated_host),
     ):
         yield dict(zip(mesh.devices.flat, layout.process_index.ravel().tolist(), strict=True))
 

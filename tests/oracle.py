@@ -2,7 +2,7 @@
 
 Nothing here asks the loader or psdp's planner which rows, positions or columns a step holds:
 
-- the order is the documented formula (``psdp.order``'s module docstring): ``K = N // B`` steps
+- the order is the documented formula (``psdp._plan.order``'s module docstring): ``K = N // B`` steps
   per epoch with ``drop_last``, else ``ceil(N / B)``; step ``s`` takes positions
   ``(s % K) * B ..`` of epoch ``s // K``'s permutation, `PAD` past ``N``. Only the permutation
   of an epoch comes from psdp (`GlobalOrder` with a batch of one row, i.e. the permutation read
@@ -27,9 +27,9 @@ from typing import Any
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from psdp.order import GlobalOrder
+from psdp._plan.order import GlobalOrder
 
-#: The id of a padding position (the documented `psdp.order.PAD`; pinned in tests/test_oracle.py).
+#: The id of a padding position (the documented `psdp._plan.order.PAD`; pinned in tests/test_oracle.py).
 PAD = -1
 
 #: Mesh axis names the ``"batch"`` strategy takes (the documented default), in mesh order.

@@ -1,4 +1,4 @@
-"""Functions run inside each process of a local pod (see psdp.pod.run_pod)."""
+"""Functions run inside each process of a local pod (see psdp.tools.pod.run_pod)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from batch_checks import (
     token_table,
 )
 from psdp import DataLoader, MeshLayout
-from psdp.order import PAD
+from psdp._plan.order import PAD
 
 
 def loader_exact(

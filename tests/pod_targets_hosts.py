@@ -19,7 +19,7 @@ from jax.sharding import Mesh
 
 from batch_checks import assert_batch_exact, expected_global, token_table
 from psdp import DataLoader, MeshLayout
-from psdp.order import PAD
+from psdp._plan.order import PAD
 from psdp.sources import StreamSource
 
 ROWS = 64
@@ -205,9 +205,9 @@ def _missing_host(mesh: Mesh, timeout_s: float) -> Any:
     """Process 3 never builds its loader: the others get a TimeoutError naming it, in bounded time.
 
     The short timeout applies from here on, so this case runs last."""
-    import psdp.agreement
+    import psdp._runtime.agreement
 
-    psdp.agreement.TIMEOUT_S = timeout_s
+    psdp._runtime.agreement.TIMEOUT_S = timeout_s
     if jax.process_index() == 3:
         return "skipped"
     return _error(lambda: _build(_data(), mesh, global_batch_size=B))
@@ -250,7 +250,7 @@ def agreement_cost(process_index, axis_names, mesh_shape, steps=300, repeats=20)
     a stream step through batch_at with and without it; one tiny device all-gather, for scale."""
     from jax.experimental import multihost_utils
 
-    from psdp.agreement import StreamEnds, agree
+    from psdp._runtime.agreement import StreamEnds, agree
 
     mesh = _full_mesh(process_index, axis_names, mesh_shape)
     processes = list(range(jax.process_count()))

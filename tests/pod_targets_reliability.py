@@ -1,4 +1,4 @@
-"""Reliability pod targets (see psdp.pod.run_pod), and the batch digests they share with the tests.
+"""Reliability pod targets (see psdp.tools.pod.run_pod), and the batch digests they share with the tests.
 
 A *digest* of a batch is ``{"leaf@box": sha256}`` over its addressable shards, where ``box`` is the
 shard's slice of the global array (``"0:2,0:8"``): the same on every process layout, so the union of

@@ -15,7 +15,7 @@ from jax.sharding import PartitionSpec as P
 
 from batch_checks import assert_shards_exact, token_table
 from psdp import MeshLayout, plan_batch
-from psdp.sharding import filter_shard
+from psdp._integration.filter_shard import filter_shard
 
 SPECS = {
     "batch": P("data"),  # replicated over model: a TP group holds identical rows

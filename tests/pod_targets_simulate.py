@@ -11,8 +11,8 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from psdp.config import MeshConfig
-from psdp.consistency import ConsistencyError, check_consistency
+from psdp._integration.config import MeshConfig
+from psdp._integration.consistency import ConsistencyError, check_consistency
 
 
 def global_rows(
@@ -54,7 +54,7 @@ def check_across_hosts(corrupt_process: int | None, with_expected: bool, part: s
 
 def count_with_progress(total: int) -> int:
     """Reports progress 1..total (process 0's reaches the parent) and returns ``total``."""
-    from psdp.pod import report_progress
+    from psdp.tools.pod import report_progress
 
     for done in range(1, total + 1):
         report_progress(done, total)

@@ -1,4 +1,4 @@
-"""Stream functions run inside each process of a local pod (see psdp.pod.run_pod).
+"""Stream functions run inside each process of a local pod (see psdp.tools.pod.run_pod).
 
 Element ``k`` of every stream here names itself (token row ``k`` and ``weight == k``), and shards
 are dealt round-robin, so shard ``u`` of ``U`` holds elements ``u, u + U, u + 2U, ...``: every

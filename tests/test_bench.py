@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from psdp import benchmarks
-from psdp.benchmarks import assembly, throughput
-from psdp.cli import main as cli_main
+from psdp.tools import benchmarks
+from psdp.tools.benchmarks import assembly, throughput
+from psdp.tools.cli import main as cli_main
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 
@@ -127,7 +127,7 @@ def test_unknown_figure_is_refused(tmp_path):
 def test_latency_source_sleeps_only_after_its_probe(monkeypatch):
     import numpy as np
 
-    from psdp.benchmarks import stall
+    from psdp.tools.benchmarks import stall
 
     slept = []
     monkeypatch.setattr(stall.time, "sleep", slept.append)
@@ -139,9 +139,9 @@ def test_latency_source_sleeps_only_after_its_probe(monkeypatch):
 
 
 def test_the_package_keeps_the_import_paths_scripts_and_the_cli_use():
-    import psdp.benchmarks.common as common
+    import psdp.tools.benchmarks.common as common
 
-    assert benchmarks.main.__module__ == "psdp.benchmarks"
+    assert benchmarks.main.__module__ == "psdp.tools.benchmarks"
     assert benchmarks.QUICK is common.QUICK and benchmarks.naive_loop is throughput.naive_loop
     loader = runpy.run_path(str(SCRIPTS / "bench_loader.py"), run_name="bench_loader")
     assert loader["naive_loop"] is throughput.naive_loop

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from psdp.cli import main, parse_spec
-from psdp.layout import MeshLayout
-from psdp.picture import plan_summary
+from psdp._plan.layout import MeshLayout
+from psdp._plan.picture import plan_summary
+from psdp.tools.cli import main, parse_spec
 
 SEED = ["plan", "--example"]
 
@@ -322,7 +322,7 @@ def test_simulate_a_failing_host_exits_1_with_its_message(capsys):
     code, out, err = run_cli(capsys, *SMALL_POD, "--fail-at", "1:2")
     assert code == 1
     assert err.startswith(
-        "psdp simulate: error: pod running psdp.simulate:run_host failed: process 1 exited with "
+        "psdp simulate: error: pod running psdp.tools.simulate:run_host failed: process 1 exited with "
         "status 1: RuntimeError: injected failure: process 1 raised at step 2 (--fail-at)"
     )
     assert "--- process 0 (exit status 3)" in err
@@ -379,8 +379,8 @@ def test_simulate_bad_options_exit_2(capsys, argv, words):
     ],
 )
 def test_simulate_default_layout(capsys, monkeypatch, argv, layout):
-    import psdp.simulate
-    from psdp.pod import PodError
+    import psdp.tools.simulate
+    from psdp.tools.pod import PodError
 
     seen = []
 
@@ -388,7 +388,7 @@ def test_simulate_default_layout(capsys, monkeypatch, argv, layout):
         seen.append(simulation)
         raise PodError("not run")
 
-    monkeypatch.setattr(psdp.simulate, "simulate", fake_simulate)
+    monkeypatch.setattr(psdp.tools.simulate, "simulate", fake_simulate)
     code, _, err = run_cli(capsys, "simulate", *argv)
     assert (code, err) == (1, "psdp simulate: error: not run\n")
     assert seen[0].mesh.axes == {"data": 4, "model": 4}
@@ -466,10 +466,10 @@ def test_write_blames_the_input_for_its_data(capsys, tmp_path):
 
 
 def test_bench_passes_every_argument_on(capsys, monkeypatch):
-    import psdp.benchmarks
+    import psdp.tools.benchmarks
 
     seen = []
-    monkeypatch.setattr(psdp.benchmarks, "main", lambda argv: seen.append(argv) or 0)
+    monkeypatch.setattr(psdp.tools.benchmarks, "main", lambda argv: seen.append(argv) or 0)
     assert run_cli(capsys, "bench", "--quick", "--only", "planning")[0] == 0
     assert run_cli(capsys, "bench", "--help")[0] == 0
     assert seen == [["--quick", "--only", "planning"], ["--help"]]
@@ -502,7 +502,7 @@ def test_readme_quick_start_commands_run(capsys, tmp_path, monkeypatch):
 
 
 def test_plan_and_simulate_build_the_same_noncontiguous_layout(capsys):
-    from psdp.config import MeshConfig
+    from psdp._integration.config import MeshConfig
 
     args = ["--axes", "replica=2,data=2,model=2", "--layout", "noncontiguous"]
     assert main(["plan", *args, "--processes", "4", "--batch-axes", "replica,data",
@@ -510,7 +510,7 @@ def test_plan_and_simulate_build_the_same_noncontiguous_layout(capsys):
     drawn = json.loads(capsys.readouterr().out)
     config = MeshConfig({"replica": 2, "data": 2, "model": 2}, ("replica", "data"), "noncontiguous")
     layout = config.layout_for(num_processes=4, num_devices=8)
-    from psdp.mesh import local_device_mapping
+    from psdp._plan.mesh import local_device_mapping
 
     for entry in drawn["processes"]:  # the same DP rows on the same hosts
         want = local_device_mapping(layout, ("replica", "data"), entry["process"])

@@ -18,10 +18,10 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from batch_checks import assert_batch_exact, token_table
-from psdp.config import LoaderConfig, MeshConfig
-from psdp.consistency import check_consistency
-from psdp.layout import MeshLayout
-from psdp.writer import write_dataset
+from psdp._integration.config import LoaderConfig, MeshConfig
+from psdp._integration.consistency import check_consistency
+from psdp._plan.layout import MeshLayout
+from psdp.sources.writer import write_dataset
 
 ROOT = Path(__file__).resolve().parents[1]
 

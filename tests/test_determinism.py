@@ -21,7 +21,7 @@ from jax.sharding import Mesh
 from batch_checks import assert_shards_exact, expected_batch
 from pod_targets_reliability import batch_digest, dataset, loader_kwargs
 from psdp import ArraySource, DataLoader, MeshLayout
-from psdp.pod import run_pod
+from psdp.tools.pod import run_pod
 
 ROWS = 27  # with a batch of 6, every epoch (5 steps) ends in a short batch, padded and masked
 STEPS = 15  # three epochs: three different shuffles

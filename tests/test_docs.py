@@ -139,7 +139,7 @@ def shell_sessions(doc: str) -> list[tuple[int, list[str]]]:
 
 @pytest.mark.parametrize("doc", COVERED)
 def test_psdp_shell_sessions_print_what_the_doc_shows(doc, tmp_path, monkeypatch, capsys):
-    from psdp.cli import main
+    from psdp.tools.cli import main
 
     monkeypatch.chdir(tmp_path)
     for line, lines in shell_sessions(doc):

@@ -1,4 +1,4 @@
-"""psdp.dtypes: which leaf dtypes a batch can hold, and the checked casts of ``dtypes=``.
+"""psdp._plan.dtypes: which leaf dtypes a batch can hold, and the checked casts of ``dtypes=``.
 
 The oracles are per-value Python arithmetic (``int`` ranges, ``float.is_integer``), never the
 vectorised code under test.
@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from psdp._compat import enable_x64  # jax.enable_x64, or jax.experimental's on older jax
-from psdp.dtypes import LeafDtype, cast_checked, check_pad_value, needs_x64, plan_dtypes
+from psdp._plan.dtypes import LeafDtype, cast_checked, check_pad_value, needs_x64, plan_dtypes
 
 INT_TARGETS = [np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, ml_dtypes.int4]
 

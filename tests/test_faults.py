@@ -24,7 +24,7 @@ from jax.sharding import Mesh
 
 from batch_checks import assert_batch_exact, expected_batch, token_table
 from psdp import ArraySource, DataLoader, LoaderClosedError, MeshLayout
-from psdp.pod import STOPPED, PodError, run_pod
+from psdp.tools.pod import STOPPED, PodError, run_pod
 
 B = 8
 K = 3  # the faulty step
@@ -134,7 +134,7 @@ def test_close_from_another_thread_wakes_a_blocked_next(caplog):
     closer = threading.Timer(0.3, loader.close)
     closer.name = "fault-closer"
     try:
-        with caplog.at_level(logging.WARNING, logger="psdp.prefetch"):
+        with caplog.at_level(logging.WARNING, logger="psdp._runtime.prefetch"):
             closer.start()
             with pytest.raises(LoaderClosedError, match="close\\(\\) was called"):
                 next(iterator)  # blocked on step 3's read until close() wakes it

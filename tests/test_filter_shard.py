@@ -16,7 +16,7 @@ from batch_checks import (
     token_table,
 )
 from pod_targets_shard import check_filter_shard
-from psdp.sharding import filter_shard
+from psdp._integration.filter_shard import filter_shard
 
 TARGET = f"{Path(__file__).parent / 'pod_targets_shard.py'}:filter_shard_exact"
 

@@ -20,7 +20,7 @@ from batch_checks import (
     token_table,
 )
 from psdp import DataLoader, LoaderClosedError, StreamSource
-from psdp.order import PAD
+from psdp._plan.order import PAD
 
 MESHES = {
     "data=8": (("data",), (8,)),

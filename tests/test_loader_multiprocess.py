@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from batch_checks import NONCONTIGUOUS_4x2, run_on_noncontiguous_pod
-from psdp.pod import run_pod
+from psdp.tools.pod import run_pod
 
 TARGET = f"{Path(__file__).parent / 'pod_targets.py'}:loader_exact"
 pytestmark = pytest.mark.multiprocess

@@ -20,8 +20,8 @@ from psdp import (
     plan_pod,
     process_mesh_mapping,
 )
-from psdp.mesh import dp_index
-from psdp.picture import plan_summary
+from psdp._plan.mesh import dp_index
+from psdp._plan.picture import plan_summary
 
 
 def seed_layout() -> MeshLayout:

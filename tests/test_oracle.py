@@ -18,8 +18,8 @@ from jax.sharding import PartitionSpec as P
 import oracle
 from batch_checks import halo_exchange
 from psdp import MeshLayout
-from psdp.order import PAD, GlobalOrder
-from psdp.reads import feeding_positions
+from psdp._plan.order import PAD, GlobalOrder
+from psdp._plan.reads import feeding_positions
 
 # (num_rows, seed, epoch) -> the epoch's permutation (position -> row), as psdp 0.1 computes it
 KNOWN_PERMUTATIONS = {

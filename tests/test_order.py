@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from psdp.order import PAD, GlobalOrder, IndexShuffle
+from psdp._plan.order import PAD, GlobalOrder, IndexShuffle
 
 
 @settings(max_examples=200, deadline=None)

@@ -23,7 +23,7 @@ from batch_checks import (
     token_table,
 )
 from psdp import ArraySource, DataLoader
-from psdp.order import PAD
+from psdp._plan.order import PAD
 
 
 def mesh_of(axes: tuple[str, ...], shape: tuple[int, ...]) -> Mesh:
@@ -322,9 +322,9 @@ def test_feeding_processes_on_one_process_is_the_plain_logical_batch():
 
 @pytest.mark.parametrize("batched", [False, True])
 def test_both_assembly_paths_deliver_the_same_exact_shards(batched, monkeypatch):
-    import psdp.assembly
+    import psdp._runtime.assembly
 
-    monkeypatch.setattr(psdp.assembly, "BATCHED_PUT_MIN_BYTES", 0 if batched else 1 << 60)
+    monkeypatch.setattr(psdp._runtime.assembly, "BATCHED_PUT_MIN_BYTES", 0 if batched else 1 << 60)
     data = {"tokens": token_table(24, 8), "w": np.arange(24, dtype=np.float32)}
     spec = {"tokens": P("data", "context")}
     loader = DataLoader(data, mesh=seq_mesh(), global_batch_size=6, batch_spec=spec, seed=4)

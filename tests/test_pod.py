@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from psdp.pod import PROGRESS_ENV, STOPPED, PodError, load_target, report_progress, run_pod
+from psdp.tools.pod import PROGRESS_ENV, STOPPED, PodError, load_target, report_progress, run_pod
 
 HERE = Path(__file__).parent / "pod_helpers.py"
 pytestmark = pytest.mark.multiprocess

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from pod_cases import PODS
-from psdp.pod import run_pod
+from psdp.tools.pod import run_pod
 
 TARGET = f"{Path(__file__).parent / 'pod_targets_matrix.py'}:check_cases"
 pytestmark = pytest.mark.multiprocess

@@ -12,8 +12,8 @@ import traceback
 
 import pytest
 
-from psdp import prefetch as prefetch_module
-from psdp.prefetch import LoaderClosedError, Prefetcher
+from psdp._runtime import prefetch as prefetch_module
+from psdp._runtime.prefetch import LoaderClosedError, Prefetcher
 
 WORKERS = [1, 2, 4]
 

@@ -16,7 +16,7 @@ def test_ten_line_example_runs(capsys):
 
 
 def test_plan_picture_is_current(capsys):
-    from psdp.cli import main
+    from psdp.tools.cli import main
 
     assert main(["plan", "--example"]) == 0
     picture = capsys.readouterr().out

@@ -1,4 +1,4 @@
-"""`psdp.check_consistency` (one and several processes) and `psdp.simulate` on 2- and 4-host pods,
+"""`psdp.check_consistency` (one and several processes) and `psdp.tools.simulate` on 2- and 4-host pods,
 including hosts that raise, die or hang: the others stop with the failing host's message."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from pod_targets_simulate import global_rows
-from psdp.config import LoaderConfig, MeshConfig
-from psdp.consistency import ConsistencyError, check_consistency
-from psdp.pod import STOPPED, PodError, run_pod
-from psdp.simulate import Simulation, simulate, synthetic_tokens
+from psdp._integration.config import LoaderConfig, MeshConfig
+from psdp._integration.consistency import ConsistencyError, check_consistency
+from psdp.tools.pod import STOPPED, PodError, run_pod
+from psdp.tools.simulate import Simulation, simulate, synthetic_tokens
 
 TARGETS = Path(__file__).parent / "pod_targets_simulate.py"
 ROWS = np.arange(8 * 3, dtype=np.int32).reshape(8, 3)
@@ -239,7 +239,7 @@ def test_a_user_source_is_checked_against_itself(tmp_path):
 
 @pytest.mark.multiprocess
 def test_a_padded_final_batch_and_its_mask_are_exact(tmp_path):
-    from psdp.writer import write_dataset
+    from psdp.sources.writer import write_dataset
 
     rows = {"tokens": synthetic_tokens(np.arange(70), 5, 64), "w": np.arange(70, dtype=np.float32)}
     path = write_dataset(tmp_path / "ds", rows, rows_per_shard=16, progress=False)
@@ -258,7 +258,7 @@ def test_a_padded_final_batch_and_its_mask_are_exact(tmp_path):
 
 @pytest.mark.multiprocess
 def test_train_on_a_source_whose_leaf_is_not_named_tokens(tmp_path):
-    from psdp.writer import write_dataset
+    from psdp.sources.writer import write_dataset
 
     rows = {"ids": synthetic_tokens(np.arange(64), 6, 64), "w": np.ones(64, np.float32)}
     path = write_dataset(tmp_path / "ds", rows, rows_per_shard=16, progress=False)
@@ -269,9 +269,9 @@ def test_train_on_a_source_whose_leaf_is_not_named_tokens(tmp_path):
 
 
 def test_the_plan_is_checked_in_the_parent_before_any_process_starts(tmp_path, monkeypatch):
-    import psdp.simulate
+    import psdp.tools.simulate
 
-    monkeypatch.setattr(psdp.simulate, "run_pod", lambda *a, **k: pytest.fail("pod started"))
+    monkeypatch.setattr(psdp.tools.simulate, "run_pod", lambda *a, **k: pytest.fail("pod started"))
     context = MeshConfig(axes={"data": 2, "context": 2})
     sim = Simulation(
         processes=2,

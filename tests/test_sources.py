@@ -23,9 +23,9 @@ from jax.sharding import Mesh
 
 from batch_checks import assert_batch_exact, expected_batch, expected_global, token_table
 from psdp import DataLoader
-from psdp.pod import run_pod
 from psdp.sources import GrainSource, MemmapSource, TensorStoreSource, read_metadata
-from psdp.writer import write_dataset
+from psdp.sources.writer import write_dataset
+from psdp.tools.pod import run_pod
 
 ROOT = Path(__file__).resolve().parents[1]
 POD_TARGET = f"{Path(__file__).parent / 'pod_targets.py'}:tensorstore_exact"

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from batch_checks import NONCONTIGUOUS_4x2, run_on_noncontiguous_pod, token_table
-from psdp.pod import run_pod
 from psdp.sources import StreamReader, StreamSource
+from psdp.tools.pod import run_pod
 
 POD_TARGETS = Path(__file__).parent / "pod_targets_streams.py"
 TABLE = token_table(23, width=4)
@@ -341,8 +341,8 @@ def test_loader_feeds_streams_by_uid_on_the_noncontiguous_pod():
 def test_stream_shards_follow_the_uids_and_refuse_unequal_hosts():
     from jax.sharding import PartitionSpec as P
 
-    from psdp.layout import MeshLayout
-    from psdp.reads import stream_shard
+    from psdp._plan.layout import MeshLayout
+    from psdp._plan.reads import stream_shard
 
     layout = MeshLayout(np.array(NONCONTIGUOUS_4x2), ("data", "model"))
     got = [stream_shard({"x": P("data")}, layout, p, 16, np.arange(16)) for p in range(4)]

@@ -12,8 +12,8 @@ from jax.sharding import Mesh
 
 from batch_checks import CountingSource, token_table
 from psdp import DataLoader
-from psdp import telemetry as telemetry_module
-from psdp.telemetry import Telemetry
+from psdp._runtime import telemetry as telemetry_module
+from psdp._runtime.telemetry import Telemetry
 
 
 class FakeClock:

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from psdp.sources import TensorStoreSource, read_metadata
-from psdp.writer import write_dataset
+from psdp.sources.writer import write_dataset
 
 # A write of 4 leaves in blocks of 64 MiB, stopped by SIGINT (Ctrl-C) while its first block is in
 # flight: TensorStore writes each leaf on its own threads, so writes are still running when the
@@ -24,7 +24,7 @@ from psdp.writer import write_dataset
 INTERRUPTED_WRITE = """
 import sys
 import numpy as np
-from psdp.writer import write_dataset
+from psdp.sources.writer import write_dataset
 
 def chunks():
     for i in range(100):

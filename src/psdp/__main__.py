@@ -1,5 +1,5 @@
 """``python -m psdp``: the same as the ``psdp`` console script."""
 
-from psdp.cli import main
+from psdp.tools.cli import main
 
 raise SystemExit(main())

@@ -3,7 +3,7 @@
 Mental model: a **source** is a sized table read in batches: ``len(source)`` rows, and
 ``source.read(ids)`` returns the rows at ``ids`` (any order, repeats allowed) as one array or a dict
 of arrays, one call per step (`base`). On disk: `TensorStoreSource` reads a zarr3 dataset written
-by `psdp.writer.write_dataset` (`tensorstore`), `MemmapSource` maps ``.npy`` files (`memmap`), and
+by `psdp.sources.writer.write_dataset` (`tensorstore`), `MemmapSource` maps ``.npy`` files (`memmap`), and
 `GrainSource` batches a Grain-style per-record source on a thread pool (`grain`). A **stream** is
 an iterable without random access (`streams`): `StreamSource.open(shard, num_shards, start)`
 gives a `StreamReader` of one shard (one per data-shard uid), resumed by skipping. Missing or

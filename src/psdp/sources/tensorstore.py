@@ -1,6 +1,6 @@
 """`TensorStoreSource`: rows of a zarr3 dataset on disk, one batched TensorStore read per leaf.
 
-Mental model: a dataset is a directory written by `psdp.writer.write_dataset`, a table of N rows
+Mental model: a dataset is a directory written by `psdp.sources.writer.write_dataset`, a table of N rows
 with named leaves, one zarr3 array per leaf: sharded files of many rows, one row per inner chunk,
 so a random row costs one small ranged read. A step reads all its rows with one index-array read
 per leaf, all leaves in one ``ts.Batch``. Missing or damaged data is an error, never a silently
@@ -38,7 +38,7 @@ DATASET_VERSION = 1
 class TensorStoreSource:
     """Rows of a zarr3 dataset on disk (or of one TensorStore array), one batched read per leaf.
 
-    A dataset is a directory written by `psdp.writer.write_dataset`: ``psdp.json`` (leaves, row
+    A dataset is a directory written by `psdp.sources.writer.write_dataset`: ``psdp.json`` (leaves, row
     count, dtypes, trailing shapes) and one zarr3 array per leaf in a sub-directory of that name.
     Each step reads all its rows with one TensorStore index-array read per leaf, all leaves in one
     ``ts.Batch``; ids may be unsorted and repeated. Opening checks ``psdp.json`` against every
@@ -60,7 +60,7 @@ class TensorStoreSource:
 
     Example:
         >>> import tempfile
-        >>> from psdp.writer import write_dataset
+        >>> from psdp.sources.writer import write_dataset
         >>> tmp = tempfile.TemporaryDirectory()
         >>> rows = {"tokens": np.arange(12, dtype=np.int32).reshape(6, 2)}
         >>> path = write_dataset(f"{tmp.name}/ds", rows, rows_per_shard=4, progress=False)
@@ -223,7 +223,7 @@ def read_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
 
     Example:
         >>> import tempfile
-        >>> from psdp.writer import write_dataset
+        >>> from psdp.sources.writer import write_dataset
         >>> tmp = tempfile.TemporaryDirectory()
         >>> path = write_dataset(f"{tmp.name}/ds", np.zeros((5, 3), np.int16), progress=False)
         >>> meta = read_metadata(path)

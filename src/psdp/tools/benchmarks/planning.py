@@ -16,9 +16,9 @@ import itertools
 from collections.abc import Sequence
 from typing import Any
 
-from psdp.benchmarks.common import Sizes, median_ms, ratio
-from psdp.layout import MeshLayout
-from psdp.mesh import dp_index, plan_pod, process_mesh_mapping
+from psdp._plan.layout import MeshLayout
+from psdp._plan.mesh import dp_index, plan_pod, process_mesh_mapping
+from psdp.tools.benchmarks.common import Sizes, median_ms, ratio
 
 
 def naive_uid_table(layout: MeshLayout, batch_axes: Sequence[str]) -> dict[int, int]:

@@ -30,7 +30,7 @@ from typing import Any
 import jax
 
 from psdp._compat import coordination_client
-from psdp.layout import MeshLayout
+from psdp._plan.layout import MeshLayout
 
 logger = logging.getLogger(__name__)
 

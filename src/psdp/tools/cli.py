@@ -26,11 +26,17 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn, TypeVar
 
-from psdp.config import BUILTIN_LAYOUTS, MeshConfig, parse_axes, parse_names, parse_spec
-from psdp.layout import MeshLayout
-from psdp.mesh import _spec_axes, dp_index, plan_pod
-from psdp.picture import plan_summary, render_plan
-from psdp.pod import PodError
+from psdp._integration.config import (
+    BUILTIN_LAYOUTS,
+    MeshConfig,
+    parse_axes,
+    parse_names,
+    parse_spec,
+)
+from psdp._plan.layout import MeshLayout
+from psdp._plan.mesh import _spec_axes, dp_index, plan_pod
+from psdp._plan.picture import plan_summary, render_plan
+from psdp.tools.pod import PodError
 
 T = TypeVar("T")
 Subparsers = Any  # argparse's private _SubParsersAction
@@ -361,7 +367,7 @@ def _add_simulate(subparsers: Subparsers) -> None:
 def _run_simulate(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from psdp.simulate import check_simulation, report_json, simulate
+    from psdp.tools.simulate import check_simulation, report_json, simulate
 
     simulation = _simulation(args)
     check_simulation(simulation)  # a bad --spec or --seq-len: one line, before any process starts
@@ -387,8 +393,8 @@ def _run_simulate(args: argparse.Namespace) -> int:
 
 
 def _simulation(args: argparse.Namespace) -> Any:
-    from psdp.config import LoaderConfig
-    from psdp.simulate import DEFAULT_MESH, Simulation
+    from psdp._integration.config import LoaderConfig
+    from psdp.tools.simulate import DEFAULT_MESH, Simulation
 
     if args.axes is None and args.layout is None and args.batch_axes is None:
         mesh = DEFAULT_MESH
@@ -456,7 +462,7 @@ def _add_write(subparsers: Subparsers) -> None:
 
 def _run_write(args: argparse.Namespace) -> int:
     from psdp.sources import read_metadata
-    from psdp.writer import write_dataset
+    from psdp.sources.writer import write_dataset
 
     arrays = _load_arrays(args.input)
     try:
@@ -506,11 +512,11 @@ def _load_arrays(path: str) -> Any:
 
 
 def _dataset_chunks(path: str, hint: str) -> Iterator[Any]:
-    """The rows of a psdp dataset in blocks of about `psdp.writer.BLOCK_BYTES`, read lazily."""
+    """The rows of a psdp dataset in blocks of about `psdp.sources.writer.BLOCK_BYTES`, read lazily."""
     import numpy as np
 
     from psdp.sources import TensorStoreSource
-    from psdp.writer import BLOCK_BYTES
+    from psdp.sources.writer import BLOCK_BYTES
 
     try:
         source = TensorStoreSource(path)
@@ -530,14 +536,14 @@ def _add_bench(subparsers: Subparsers) -> None:
     parser = subparsers.add_parser(
         "bench",
         help="run the benchmarks (psdp bench --help for their options)",
-        description="Run psdp's benchmarks; every argument goes to psdp.benchmarks.",
+        description="Run psdp's benchmarks; every argument goes to psdp.tools.benchmarks.",
         add_help=False,
     )
     parser.set_defaults(run=_run_bench, passes_extra=True)
 
 
 def _run_bench(args: argparse.Namespace) -> int:
-    from psdp import benchmarks  # imported here: it pulls in every benchmark's dependencies
+    from psdp.tools import benchmarks  # imported here: it pulls in every benchmark's dependencies
 
     return int(benchmarks.main(args.extra))
 

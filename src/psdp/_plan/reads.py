@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 from jax.sharding import PartitionSpec
 
-from psdp.assembly import LeafAssembler
-from psdp.mesh import _uids, dp_index
-from psdp.partition import Key
+from psdp._plan.mesh import _uids, dp_index
+from psdp._plan.partition import Key
+from psdp._runtime.assembly import LeafAssembler
 
 
 @dataclass
@@ -117,7 +117,7 @@ def feeding_positions(
         Host 0 of a non-contiguous 4-host pod holds data rows 0 and 2: 6 rows go 3 and 3 there.
 
         >>> from jax.sharding import PartitionSpec as P
-        >>> from psdp.layout import MeshLayout
+        >>> from psdp._plan.layout import MeshLayout
         >>> layout = MeshLayout(np.array([[0, 1], [2, 3], [0, 1], [2, 3]]), ("data", "model"))
         >>> size, positions = feeding_positions([0], {"x": P("data")}, [4], 6, layout)
         >>> size, positions.tolist()
@@ -153,7 +153,7 @@ def stream_shard(
 
     Example:
         >>> from jax.sharding import PartitionSpec as P
-        >>> from psdp.layout import MeshLayout
+        >>> from psdp._plan.layout import MeshLayout
         >>> layout = MeshLayout(np.array([[0, 1], [2, 3], [0, 1], [2, 3]]), ("data", "model"))
         >>> [stream_shard({"x": P("data")}, layout, p, 8, np.arange(8)) for p in range(4)]
         [(0, 2), (0, 2), (1, 2), (1, 2)]

@@ -1,12 +1,12 @@
 """Text pictures of a data plan: who owns each device, who shares data, and who reads which rows.
 
 Mental model. The mesh is drawn as a grid whose rows are DP indices (the batch axes, flattened
-major to minor in the order given, exactly as `psdp.mesh.dp_index` linearises them) and whose
+major to minor in the order given, exactly as `psdp._plan.mesh.dp_index` linearises them) and whose
 columns are every other mesh axis, flattened row-major in mesh order. Each cell ``d4 p1`` is one
 device (its id, or its flat mesh position when the layout has no ids) and the process that owns it.
 A row is therefore one TP group: every device in it holds the same rows. A process that appears in
 several rows (a non-contiguous mesh) holds several DP indices, and processes whose sets of held
-data are equal share a uid. Everything is computed by `psdp.mesh` on a `MeshLayout`, so no JAX
+data are equal share a uid. Everything is computed by `psdp._plan.mesh` on a `MeshLayout`, so no JAX
 devices are needed; `plan_summary` is the data and `render_plan` only formats it.
 """
 
@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from psdp.layout import MeshLayout
-from psdp.mesh import (
+from psdp._plan.layout import MeshLayout
+from psdp._plan.mesh import (
     AxisNames,
     PodPlan,
     _merge,

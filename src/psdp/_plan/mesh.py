@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 import numpy as np
 
 from psdp._checks import is_int
-from psdp.layout import MeshLayout
+from psdp._plan.layout import MeshLayout
 
 if TYPE_CHECKING:
     import jax

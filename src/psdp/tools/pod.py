@@ -1,7 +1,7 @@
 """A local pod: N real JAX processes on 127.0.0.1, each with k fake CPU devices, running one function.
 
 Mental model: `run_pod` is a tiny multi-controller launcher. It picks a free port, starts N copies
-of ``python -m psdp.pod`` (each sets its CPU device count *before* JAX starts, then calls
+of ``python -m psdp.tools.pod`` (each sets its CPU device count *before* JAX starts, then calls
 ``jax.distributed.initialize`` against the coordinator on that port) and waits. Each child imports
 the target function (``path/to/file.py:function`` or ``package.module:function``), calls it with
 the JSON arguments, and writes its JSON-able result to a file. The parent returns the results in
@@ -106,7 +106,7 @@ def run_pod(
             are stopped within about `_GRACE_S` seconds.
 
     Example:
-        >>> results = run_pod("psdp.pod:_describe_host", num_processes=2, devices_per_process=2)
+        >>> results = run_pod("psdp.tools.pod:_describe_host", num_processes=2, devices_per_process=2)
         >>> results
         [{'process': 0, 'devices': 4}, {'process': 1, 'devices': 4}]
     """
@@ -162,7 +162,7 @@ def _start_child(
     child_env["JAX_NUM_CPU_DEVICES"] = str(devices)
     child_env[PROGRESS_ENV] = str(tmp / f"p{index}.progress")
     command = [
-        sys.executable, "-m", "psdp.pod",
+        sys.executable, "-m", "psdp.tools.pod",
         "--coordinator", coordinator,
         "--num-processes", str(num_processes),
         "--process-id", str(index),

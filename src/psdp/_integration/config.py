@@ -28,8 +28,8 @@ if TYPE_CHECKING:
     import jax
     from jax.sharding import Mesh, PartitionSpec
 
-    from psdp.layout import MeshLayout
-    from psdp.loader import DataLoader
+    from psdp._plan.layout import MeshLayout
+    from psdp._runtime.loader import DataLoader
     from psdp.sources import Source
 
 #: ``MeshConfig.layout`` values that are not a file.
@@ -121,7 +121,7 @@ class MeshConfig:
 
     def layout_for(self, num_processes: int, num_devices: int) -> MeshLayout:
         """The `MeshLayout` of this config on a job of ``num_processes`` hosts and ``num_devices``."""
-        from psdp.layout import MeshLayout
+        from psdp._plan.layout import MeshLayout
 
         kind = self.layout or "contiguous"
         if kind not in BUILTIN_LAYOUTS:
@@ -142,7 +142,7 @@ class MeshConfig:
             raise ValueError(f"MeshConfig.layout noncontiguous: {err}") from None
 
     def _layout_file(self, path: str, num_processes: int, num_devices: int) -> MeshLayout:
-        from psdp.layout import MeshLayout
+        from psdp._plan.layout import MeshLayout
 
         layout = MeshLayout.from_file(path)
         if self.axes is not None and layout.axis_sizes != self.axes:
@@ -426,7 +426,7 @@ class LoaderConfig:
             ...     np.asarray(next(iter(loader)))[:, 0].tolist()
             [0, 2, 4, 6, 8, 10, 12, 14]
         """
-        from psdp.loader import DataLoader
+        from psdp._runtime.loader import DataLoader
 
         if self.global_batch_size is None:
             raise ValueError(
@@ -466,7 +466,7 @@ class LoaderConfig:
             ...     np.asarray(next(iter(loader)))[:, 0].tolist()
             [16, 18, 20, 22, 24, 26, 28, 30]
         """
-        from psdp.loader import DataLoader
+        from psdp._runtime.loader import DataLoader
 
         return DataLoader.restore(
             state,

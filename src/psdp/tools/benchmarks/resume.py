@@ -29,7 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from psdp.benchmarks.common import (
+from psdp._runtime.loader import DataLoader
+from psdp.tools.benchmarks.common import (
     DEVICES,
     Sizes,
     check_shards,
@@ -38,7 +39,6 @@ from psdp.benchmarks.common import (
     interleaved_ms,
     ratio,
 )
-from psdp.loader import DataLoader
 
 FAR = 10**7
 
@@ -153,7 +153,7 @@ def rss_in_subprocess(prefetch: int, batch_mib: float, steps: int) -> dict[str, 
         MALLOC_MMAP_THRESHOLD_=str(2**20),
     )
     code = (
-        "import json; from psdp.benchmarks.resume import rss_child; "
+        "import json; from psdp.tools.benchmarks.resume import rss_child; "
         f"print(json.dumps(rss_child({prefetch}, {batch_mib}, {steps})))"
     )
     done = subprocess.run(

@@ -15,7 +15,7 @@ from typing import Any
 
 import jax
 
-from psdp.benchmarks.common import DEVICES, FIGURES
+from psdp.tools.benchmarks.common import DEVICES, FIGURES
 
 
 def machine() -> dict[str, Any]:

@@ -2,14 +2,14 @@
 
 One step, on every host (see ``docs/loader.md``)::
 
-    GlobalOrder.batch_ids(step)            the step's B source row ids, PAD-filled  (pure, psdp.order)
-      -> physical batch positions          padded up to the physical batch          (psdp.partition)
+    GlobalOrder.batch_ids(step)            the step's B source row ids, PAD-filled  (pure, psdp._plan.order)
+      -> physical batch positions          padded up to the physical batch          (psdp._plan.partition)
       -> source reads, one per request     the boxes this host's devices hold       (background thread)
-      -> LeafAssembler.assemble(...)       one global jax.Array per leaf            (psdp.assembly)
+      -> LeafAssembler.assemble(...)       one global jax.Array per leaf            (psdp._runtime.assembly)
       -> Prefetcher queue -> trainer
 
-Planning happens once, in the constructor: every leaf gets a spec (`psdp.partition`), an
-assembler with its windows (`psdp.assembly`), and the windows of all leaves are grouped into
+Planning happens once, in the constructor: every leaf gets a spec (`psdp._plan.partition`), an
+assembler with its windows (`psdp._runtime.assembly`), and the windows of all leaves are grouped into
 *read requests*: a set of batch positions and, per leaf, the columns to read. Whole-row leaves
 share one request (the union of their rows); each column window of a sequence-sharded leaf is a
 request of its own unless another leaf has a window on the same rows. Positions whose id is `PAD`
@@ -37,12 +37,10 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from psdp._checks import check_fields, check_int, preview_ids
 from psdp._compat import enable_x64
 from psdp._imports import import_optional
-from psdp.agreement import StreamEnds, agree, check_own_process, describe_end
-from psdp.assembly import LeafAssembler
-from psdp.dtypes import check_pad_value, leaf_label, needs_x64, plan_dtypes
-from psdp.mesh import _spec_axes, as_layout
-from psdp.order import PAD, GlobalOrder, check_seed
-from psdp.partition import (
+from psdp._plan.dtypes import check_pad_value, leaf_label, needs_x64, plan_dtypes
+from psdp._plan.mesh import _spec_axes, as_layout
+from psdp._plan.order import PAD, GlobalOrder, check_seed
+from psdp._plan.partition import (
     DEFAULT_BATCH_AXES,
     Strategy,
     batch_shards,
@@ -53,11 +51,13 @@ from psdp.partition import (
     resolve_named_axes,
     resolve_specs,
 )
-from psdp.prefetch import LoaderClosedError, Prefetcher
-from psdp.reads import Key, ReadRequest, feeding_positions, plan_reads, stream_shard
+from psdp._plan.reads import Key, ReadRequest, feeding_positions, plan_reads, stream_shard
+from psdp._runtime.agreement import StreamEnds, agree, check_own_process, describe_end
+from psdp._runtime.assembly import LeafAssembler
+from psdp._runtime.prefetch import LoaderClosedError, Prefetcher
+from psdp._runtime.telemetry import LoaderStats, Telemetry
 from psdp.sources import ArraySource, Rows, StreamReader, StreamSource, as_source
 from psdp.sources.base import reads_fresh_rows
-from psdp.telemetry import LoaderStats, Telemetry
 
 __all__ = ["DEFAULT_BATCH_AXES", "DataLoader", "LoaderIterator", "default_batch_spec"]
 

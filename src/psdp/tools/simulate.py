@@ -2,7 +2,7 @@
 
 Mental model. `simulate` is the parent: it resolves the mesh and layout from a `Simulation`
 config, writes a small synthetic token dataset to a temporary TensorStore store (unless a source
-is given), and starts a local pod with `psdp.pod.run_pod`: N processes on 127.0.0.1, each with
+is given), and starts a local pod with `psdp.tools.pod.run_pod`: N processes on 127.0.0.1, each with
 k fake CPU devices and a real ``jax.distributed`` runtime. Every process runs `run_host`:
 
     mesh = MeshConfig.build()                       the same (non-contiguous) mesh on every host
@@ -33,9 +33,9 @@ from typing import Any
 
 import numpy as np
 
-from psdp.config import LoaderConfig, MeshConfig
-from psdp.layout import MeshLayout
-from psdp.pod import report_progress, run_pod
+from psdp._integration.config import LoaderConfig, MeshConfig
+from psdp._plan.layout import MeshLayout
+from psdp.tools.pod import report_progress, run_pod
 
 #: The mesh of ``make run``: the seed pod of docs/concepts.md (4 hosts x 4 devices, folded).
 DEFAULT_MESH = MeshConfig(axes={"data": 4, "model": 4}, layout="noncontiguous")
@@ -204,7 +204,7 @@ def simulate(
         ``train``, steps/s, the loader wait per step and the verdict.
 
     Raises:
-        psdp.pod.PodError: a host failed (its error first, then every host's output), or the pod
+        psdp.tools.pod.PodError: a host failed (its error first, then every host's output), or the pod
             ran past ``timeout_s``; the other hosts are stopped within seconds.
         ValueError: the configuration does not fit (mesh, processes, batch).
 
@@ -225,7 +225,7 @@ def simulate(
         else:
             path, described, synthetic = source, source, False
         hosts = run_pod(
-            "psdp.simulate:run_host",
+            "psdp.tools.simulate:run_host",
             num_processes=simulation.processes,
             devices_per_process=simulation.devices_per_process(),
             args={"simulation": simulation.to_json(), "path": path, "synthetic": synthetic},
@@ -252,7 +252,7 @@ def check_simulation(simulation: Simulation, source: str | None = None) -> MeshL
         source: a dataset path (overrides ``simulation.data.source``); unset: synthetic rows.
 
     Returns:
-        The `psdp.layout.MeshLayout` of the simulated pod.
+        The `psdp._plan.layout.MeshLayout` of the simulated pod.
 
     Raises:
         ValueError: the spec, the sequence length or the source does not fit; the message starts
@@ -300,7 +300,7 @@ def synthetic_tokens(ids: np.ndarray, seq_len: int, vocab: int) -> np.ndarray:
 
 
 def _write_synthetic(path: str, simulation: Simulation) -> None:
-    from psdp.writer import write_dataset
+    from psdp.sources.writer import write_dataset
 
     rows = synthetic_tokens(np.arange(simulation.rows), simulation.seq_len, simulation.vocab)
     write_dataset(path, {"tokens": rows}, rows_per_shard=256, progress=False)
@@ -325,8 +325,8 @@ def _check_plan(
     written or any process started. ``row_shape`` is a source's; None: the synthetic rows."""
     from jax.sharding import AbstractMesh
 
-    from psdp.mesh import _spec_axes, plan_pod
-    from psdp.partition import physical_batch_size, resolve_spec
+    from psdp._plan.mesh import _spec_axes, plan_pod
+    from psdp._plan.partition import physical_batch_size, resolve_spec
 
     partition = simulation.data.partition
     text = partition.get(leaf, "batch") if isinstance(partition, dict) else partition or "batch"
@@ -392,7 +392,7 @@ def _picture(
     simulation: Simulation, layout: MeshLayout, shape: tuple[int, ...], spec: list[Any]
 ) -> str:
     """The plan picture of the main leaf, with the spec the loader resolved on the hosts."""
-    from psdp.picture import render_plan
+    from psdp._plan.picture import render_plan
 
     entries = tuple(tuple(e) if isinstance(e, list) else e for e in spec)
     return render_plan(layout, simulation.mesh.resolved_batch_axes(), entries, shape)
@@ -423,13 +423,13 @@ def _parse_fail_at(text: str, processes: int) -> tuple[int, int, str]:
 def run_host(simulation: dict[str, Any], path: str, synthetic: bool) -> dict[str, Any]:
     """The pod target: one host's loader (and model) for every step; returns its figures.
 
-    Runs inside a `psdp.pod` process, after ``jax.distributed.initialize``. Every step it checks
+    Runs inside a `psdp.tools.pod` process, after ``jax.distributed.initialize``. Every step it checks
     the batch with `psdp.check_consistency` against the expected rows (recomputed from the row
     ids for synthetic data, re-read from the source otherwise).
     """
     import jax
 
-    from psdp.consistency import check_consistency
+    from psdp._integration.consistency import check_consistency
 
     sim = Simulation.from_json(simulation)
     me = jax.process_index()

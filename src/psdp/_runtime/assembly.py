@@ -32,7 +32,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from psdp._checks import check_int
-from psdp.mesh import DataPlan, plan_pod
+from psdp._plan.mesh import DataPlan, plan_pod
 
 #: Host bytes per leaf from which `LeafAssembler.assemble` sends every box in one batched
 #: ``jax.device_put`` instead of ``jax.make_array_from_callback`` (measured, see the docstring).

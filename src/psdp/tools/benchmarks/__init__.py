@@ -5,14 +5,14 @@ the same data, machine and process, interleaved repeat by repeat so drift hits b
 reports the ratio; absolute times are printed for context but are only meaningful on that machine.
 One module per figure, each saying what it measures, its baseline and how to read its ratio:
 
-1. `psdp.benchmarks.assembly`: host buffer -> global ``jax.Array``, psdp's batched
+1. `psdp.tools.benchmarks.assembly`: host buffer -> global ``jax.Array``, psdp's batched
    ``device_put`` against JAX's other paths and the memcpy floor.
-2. `psdp.benchmarks.throughput`: shuffled batches, psdp against the naive loop and Grain.
-3. `psdp.benchmarks.stall`: the trainer's time spent waiting in ``next()`` under slow reads.
-4. `psdp.benchmarks.planning`: planning a 65,536-device pod against a naive per-device loop.
-5. `psdp.benchmarks.resume`: resume at step 10**7 against step 0; peak RSS per ``prefetch``.
+2. `psdp.tools.benchmarks.throughput`: shuffled batches, psdp against the naive loop and Grain.
+3. `psdp.tools.benchmarks.stall`: the trainer's time spent waiting in ``next()`` under slow reads.
+4. `psdp.tools.benchmarks.planning`: planning a 65,536-device pod against a naive per-device loop.
+5. `psdp.tools.benchmarks.resume`: resume at step 10**7 against step 0; peak RSS per ``prefetch``.
 
-`psdp.benchmarks.common` holds the sizes and timing helpers, `psdp.benchmarks.report` the
+`psdp.tools.benchmarks.common` holds the sizes and timing helpers, `psdp.tools.benchmarks.report` the
 markdown. Run ``psdp bench`` / ``python scripts/bench.py`` (full) or ``--quick`` (tiny sizes,
 seconds; what CI runs so the benchmark cannot rot). Timing lives here and never in unit tests.
 """
@@ -29,8 +29,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from psdp.benchmarks.assembly import assembly_paths, bench_assembly
-from psdp.benchmarks.common import (
+from psdp.tools.benchmarks.assembly import assembly_paths, bench_assembly
+from psdp.tools.benchmarks.common import (
     DEVICES,
     FIGURES,
     FULL,
@@ -41,11 +41,11 @@ from psdp.benchmarks.common import (
     interleaved_ms,
     median_ms,
 )
-from psdp.benchmarks.planning import bench_planning, bench_pod, naive_uid_table, pods
-from psdp.benchmarks.report import machine, markdown, markdown_figure, rows
-from psdp.benchmarks.resume import bench_resume, rss_child
-from psdp.benchmarks.stall import LatencySource, bench_stall
-from psdp.benchmarks.throughput import bench_throughput, load_grain, naive_loop
+from psdp.tools.benchmarks.planning import bench_planning, bench_pod, naive_uid_table, pods
+from psdp.tools.benchmarks.report import machine, markdown, markdown_figure, rows
+from psdp.tools.benchmarks.resume import bench_resume, rss_child
+from psdp.tools.benchmarks.stall import LatencySource, bench_stall
+from psdp.tools.benchmarks.throughput import bench_throughput, load_grain, naive_loop
 
 __all__ = [
     "DEVICES",
@@ -78,7 +78,7 @@ __all__ = [
     "run",
 ]
 
-#: The exit code of a usage error, as in `psdp.cli`.
+#: The exit code of a usage error, as in `psdp.tools.cli`.
 USAGE_ERROR = 2
 
 RUNNERS: dict[str, Callable[[Sizes, Path], dict[str, Any]]] = {

@@ -24,9 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from psdp.benchmarks.common import Sizes, cpu_mesh, int32_table, train_step
-from psdp.loader import DataLoader
+from psdp._runtime.loader import DataLoader
 from psdp.sources import ArraySource
+from psdp.tools.benchmarks.common import Sizes, cpu_mesh, int32_table, train_step
 
 
 class LatencySource(ArraySource):

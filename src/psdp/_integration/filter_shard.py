@@ -12,7 +12,7 @@ devices' boxes out of it; a host that only has its own rows cannot call it, and 
 ``make_array_from_process_local_data`` accepts a wrong but correctly sized host array silently on
 non-contiguous meshes. Here the host's rows must come in the planner's order
 (``plan_batch(mesh, spec, shape).rows``: ascending global rows, replicas counted once), and
-`psdp.assembly.LeafAssembler` (the loader's own assembly) hands every local device a view of its
+`psdp._runtime.assembly.LeafAssembler` (the loader's own assembly) hands every local device a view of its
 rows; a wrong row count is an error that names the leaf.
 
 How the global shape is known. A host-local leaf of shape ``(n, *rest)`` has global shape
@@ -44,7 +44,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, Sharding, SingleDeviceSharding
 
 from psdp._checks import check_int, preview_ids
-from psdp.assembly import LeafAssembler
+from psdp._runtime.assembly import LeafAssembler
 
 _TARGETS = (jax.Device, Sharding)
 

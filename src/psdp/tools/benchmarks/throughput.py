@@ -24,7 +24,11 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from psdp.benchmarks.common import (
+from psdp._plan.order import GlobalOrder
+from psdp._runtime.loader import DataLoader
+from psdp.sources import ArraySource, TensorStoreSource
+from psdp.sources.writer import write_dataset
+from psdp.tools.benchmarks.common import (
     Sizes,
     check_shards,
     cpu_mesh,
@@ -33,10 +37,6 @@ from psdp.benchmarks.common import (
     ratio,
     train_step,
 )
-from psdp.loader import DataLoader
-from psdp.order import GlobalOrder
-from psdp.sources import ArraySource, TensorStoreSource
-from psdp.writer import write_dataset
 
 
 class Records:

@@ -22,8 +22,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from psdp.assembly import LeafAssembler
-from psdp.benchmarks.common import (
+from psdp._runtime.assembly import LeafAssembler
+from psdp.tools.benchmarks.common import (
     Sizes,
     blocking,
     check_shards,

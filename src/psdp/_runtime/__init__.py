@@ -1,0 +1,4 @@
+"""The runtime: the `DataLoader`, its feeds, step reads, assembly, prefetch threads and telemetry.
+
+See ``docs/architecture.md``.
+"""
