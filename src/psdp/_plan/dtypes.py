@@ -20,7 +20,7 @@ from typing import Any
 import jax
 import numpy as np
 
-Key = str | None  # a leaf's name; None for an array source's single leaf
+from psdp._plan.leaves import Key, leaf_label
 
 #: the x64 switch, as the error messages spell it
 ENABLE_X64 = 'jax.config.update("jax_enable_x64", True)'
@@ -162,11 +162,6 @@ def cast_checked(values: np.ndarray, dtype: np.dtype) -> tuple[np.ndarray, np.nd
     if lost is not None:
         bad = lost if bad is None else bad | lost
     return out, bad if bad is not None and bad.any() else None
-
-
-def leaf_label(key: Key) -> str:
-    """How messages name a leaf: ``leaf 'tokens'``, or ``the array source`` for a single array."""
-    return "the array source" if key is None else f"leaf {key!r}"
 
 
 # ------------------------------------------------------------------------------------ helpers

@@ -25,6 +25,7 @@ from typing import Any
 from jax.sharding import Mesh, PartitionSpec
 
 from psdp._checks import check_int
+from psdp._plan.leaves import Key
 
 #: Mesh axis names taken as batch axes by the ``"batch"`` strategy, in mesh order.
 DEFAULT_BATCH_AXES = ("replica", "data", "fsdp", "batch")
@@ -187,7 +188,6 @@ def named_spec(
     return PartitionSpec(*entries)
 
 
-Key = str | None  # a leaf's name; None for an array source's only leaf
 
 
 def resolve_named_axes(

@@ -37,7 +37,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from psdp._checks import check_fields, check_int, preview_ids
 from psdp._compat import enable_x64
 from psdp._imports import import_optional
-from psdp._plan.dtypes import check_pad_value, leaf_label, needs_x64, plan_dtypes
+from psdp._plan.dtypes import check_pad_value, needs_x64, plan_dtypes
+from psdp._plan.leaves import Key, leaf_label, leaves_of
 from psdp._plan.mesh import _spec_axes, as_layout
 from psdp._plan.order import PAD, GlobalOrder, check_seed
 from psdp._plan.partition import (
@@ -51,7 +52,7 @@ from psdp._plan.partition import (
     resolve_named_axes,
     resolve_specs,
 )
-from psdp._plan.reads import Key, ReadRequest, feeding_positions, plan_reads, stream_shard
+from psdp._plan.reads import ReadRequest, feeding_positions, plan_reads, stream_shard
 from psdp._runtime.agreement import StreamEnds, agree, check_own_process, describe_end
 from psdp._runtime.assembly import LeafAssembler
 from psdp._runtime.prefetch import LoaderClosedError, Prefetcher
@@ -225,7 +226,7 @@ class DataLoader:
                 seed,
                 drop_last,
             )
-        probe = {k: np.asarray(v) for k, v in _leaves_of(self._probe()).items()}
+        probe = {k: np.asarray(v) for k, v in leaves_of(self._probe()).items()}
         ndims = {k: v.ndim for k, v in probe.items()}
         self._dtypes = plan_dtypes({k: v.dtype for k, v in probe.items()}, dtypes)
         #: the dtype each leaf is delivered in (a dict for dict sources; one for an array source)
@@ -500,7 +501,7 @@ class DataLoader:
                     reader.close()
                 reader = self._reader = self._stream.open(*self.stream_shard, start=step * per_step)
             rows = reader.take(per_step)
-        got = 0 if rows is None else len(next(iter(_leaves_of(rows).values())))
+        got = 0 if rows is None else len(next(iter(leaves_of(rows).values())))
         shard, num_shards = self.stream_shard
         short = {shard: got} if got < per_step else {}
         if self._ends is not None:  # the other hosts' shards may end first (unequal lengths)
@@ -575,9 +576,9 @@ class DataLoader:
             c is not None for c in request.columns.values()
         )
         if partial and read_window is not None:
-            return _leaves_of(read_window(ids, request.columns))
+            return leaves_of(read_window(ids, request.columns))
         # a source without column reads: read whole rows, keep this request's leaves and columns
-        got = _leaves_of(source.read(ids))
+        got = leaves_of(source.read(ids))
         wanted = {key for key in got if key in request.columns or key not in self._leaves}
         return {
             key: got[key]
@@ -610,13 +611,13 @@ class DataLoader:
             expected = self._row_shape(key, columns, len(ids))
             if data.shape[:1] != (len(ids),):
                 raise ValueError(
-                    f"step {step}: {_leaf_name(key)} read returned {len(data) if data.ndim else 0} "
+                    f"step {step}: {leaf_label(key)} read returned {len(data) if data.ndim else 0} "
                     f"rows for {len(ids)} ids ({preview_ids(ids)}); a source's read(ids) must "
                     "return one row per id, in the order of the ids"
                 )
             if data.shape != expected or data.dtype != dtype.source:
                 raise ValueError(
-                    f"step {step}: {_leaf_name(key)} rows have shape {data.shape[1:]} and dtype "
+                    f"step {step}: {leaf_label(key)} rows have shape {data.shape[1:]} and dtype "
                     f"{data.dtype}, but the source's first row had {leaf.plan.global_shape[1:]} "
                     f"{dtype.source} (read of {len(ids)} rows, ids {preview_ids(ids)}); every row "
                     "of a source must have one shape and dtype"
@@ -842,17 +843,6 @@ def _read_window_of(source: Any) -> Any:
         for n in ("read", "read_window")
     ]
     return read_window if defines[1] <= defines[0] else None
-
-
-def _leaves_of(rows: Rows) -> dict[Key, np.ndarray]:
-    """A read's leaves by name; an array source's single leaf is named ``None``."""
-    if isinstance(rows, dict):
-        return {(None if k is None else str(k)): v for k, v in rows.items()}
-    return {None: rows}
-
-
-def _leaf_name(key: Key) -> str:
-    return "the" if key is None else f"leaf {key!r}"
 
 
 def _stray_stop_iteration(where: str, source: Any) -> RuntimeError:
