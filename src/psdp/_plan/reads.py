@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 from jax.sharding import PartitionSpec
 
-from psdp._plan.mesh import _uids, dp_index
 from psdp._plan.leaves import Key
+from psdp._plan.mesh import _uids, dp_index
 from psdp._runtime.assembly import LeafAssembler
 
 
