@@ -188,8 +188,6 @@ def named_spec(
     return PartitionSpec(*entries)
 
 
-
-
 def resolve_named_axes(
     named_axes: Sequence[Any] | Mapping[str, Sequence[Any]] | None,
     axis_mapping: Mapping[str, Any] | None,
