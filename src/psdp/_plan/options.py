@@ -6,7 +6,7 @@ CONTRACT STUB (session 4): field names are fixed; validation is being written.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 
@@ -51,7 +51,7 @@ class ReadingOptions:
     stall_warning_s: float | None = 1.0
 
 
-GROUPS = {
+GROUPS: dict[str, Any] = {
     "order": OrderOptions,
     "sharding": ShardingOptions,
     "output": OutputOptions,
@@ -79,9 +79,10 @@ class LoaderOptions:
     ) -> LoaderOptions:
         """The groups from group objects and/or flat keywords (each keyword goes to its group)."""
         given = {"order": order, "sharding": sharding, "output": output, "reading": reading}
-        made = {}
+        made: dict[str, Any] = {}
         for name, kind in GROUPS.items():
-            mine = {k: keywords.pop(k) for k in list(keywords) if k in kind.__dataclass_fields__}
+            names = {f.name for f in fields(kind)}
+            mine = {k: keywords.pop(k) for k in list(keywords) if k in names}
             made[name] = given[name] or kind(**mine)
         if keywords:
             raise TypeError(f"unknown DataLoader options {sorted(keywords)}")
