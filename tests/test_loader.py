@@ -279,7 +279,8 @@ def test_rows_changing_shape_mid_dataset_is_a_clear_error():
     it = iter(loader)
     next(it)
     with pytest.raises(
-        ValueError, match=r"step 1: the rows have shape \(2,\).*first row had \(3,\)"
+        ValueError,
+        match=r"step 1: rows of the array source have shape \(2,\).*first row had \(3,\)",
     ):
         next(it)
     loader.close()

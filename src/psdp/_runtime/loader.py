@@ -40,10 +40,16 @@ from psdp._imports import import_optional
 from psdp._plan.dtypes import check_pad_value, needs_x64, plan_dtypes
 from psdp._plan.leaves import Key, leaf_label, leaves_of
 from psdp._plan.mesh import _spec_axes, as_layout
+from psdp._plan.options import (
+    LoaderOptions,
+    OrderOptions,
+    OutputOptions,
+    ReadingOptions,
+    ShardingOptions,
+)
 from psdp._plan.order import PAD, GlobalOrder, check_seed
 from psdp._plan.partition import (
     DEFAULT_BATCH_AXES,
-    Strategy,
     batch_shards,
     default_batch_spec,
     named_spec,
@@ -160,26 +166,36 @@ class DataLoader:
         source: Any,
         *,
         mesh: Mesh,
-        global_batch_size: int,
-        batch_spec: Strategy | Mapping[str, Strategy] | None = None,
-        batch_axes: str | Sequence[str] | None = None,
-        shuffle: bool | None = None,
-        seed: int = 0,
-        prefetch: int = 2,
-        drop_last: bool = False,
-        halo: int | Mapping[str, int] = 0,
-        pad_value: int | float = 0,
-        mask_key: str | None = "mask",
-        dtypes: Any = None,
-        named_axes: Sequence[Any] | Mapping[str, Sequence[Any]] | None = None,
-        axis_mapping: Mapping[str, Any] | None = None,
-        feeding_processes: Sequence[int] | None = None,
-        read_threads: int = 1,
-        read_timeout_s: float | None = None,
+        order: OrderOptions | None = None,
+        sharding: ShardingOptions | None = None,
+        output: OutputOptions | None = None,
+        reading: ReadingOptions | None = None,
         process_index: int | None = None,
         name: str = "psdp-loader",
-        stall_warning_s: float | None = 1.0,
+        **options: Any,
     ):
+        groups = LoaderOptions.create(order, sharding, output, reading, **options)
+        self.options = groups
+        global_batch_size = groups.order.global_batch_size
+        if global_batch_size is None:
+            raise TypeError(
+                "DataLoader needs global_batch_size (the real rows per step), e.g. "
+                "DataLoader(source, mesh=mesh, global_batch_size=256)"
+            )
+        shuffle, seed, drop_last = groups.order.shuffle, groups.order.seed, groups.order.drop_last
+        batch_spec, batch_axes = groups.sharding.batch_spec, groups.sharding.batch_axes
+        named_axes, axis_mapping = groups.sharding.named_axes, groups.sharding.axis_mapping
+        halo, feeding_processes = groups.sharding.halo, groups.sharding.feeding_processes
+        pad_value, mask_key, dtypes = (
+            groups.output.pad_value,
+            groups.output.mask_key,
+            groups.output.dtypes,
+        )
+        prefetch, read_threads = groups.reading.prefetch, groups.reading.read_threads
+        read_timeout_s, stall_warning_s = (
+            groups.reading.read_timeout_s,
+            groups.reading.stall_warning_s,
+        )
         if not isinstance(mesh, Mesh):
             raise TypeError(f"mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}")
         check_int("global_batch_size", global_batch_size, minimum=1)
@@ -611,13 +627,13 @@ class DataLoader:
             expected = self._row_shape(key, columns, len(ids))
             if data.shape[:1] != (len(ids),):
                 raise ValueError(
-                    f"step {step}: {leaf_label(key)} read returned {len(data) if data.ndim else 0} "
+                    f"step {step}: the read of {leaf_label(key)} returned {len(data) if data.ndim else 0} "
                     f"rows for {len(ids)} ids ({preview_ids(ids)}); a source's read(ids) must "
                     "return one row per id, in the order of the ids"
                 )
             if data.shape != expected or data.dtype != dtype.source:
                 raise ValueError(
-                    f"step {step}: {leaf_label(key)} rows have shape {data.shape[1:]} and dtype "
+                    f"step {step}: rows of {leaf_label(key)} have shape {data.shape[1:]} and dtype "
                     f"{data.dtype}, but the source's first row had {leaf.plan.global_shape[1:]} "
                     f"{dtype.source} (read of {len(ids)} rows, ids {preview_ids(ids)}); every row "
                     "of a source must have one shape and dtype"
