@@ -30,8 +30,9 @@ def _oracle_step(loader, data, step: int, feeding=None, halo=None) -> oracle.Exp
     specs = loader.batch_spec if isinstance(loader.batch_spec, dict) else {None: loader.batch_spec}
     return oracle.expected_step(
         data, loader.mesh, specs, loader.global_batch_size, step,
-        seed=loader.order.seed, shuffle=loader.order.shuffle, drop_last=loader.drop_last,
-        pad_value=loader.pad_value, halo=halo, feeding=feeding, mask_key=loader.mask_key,
+        seed=loader.order.seed, shuffle=loader.order.shuffle,
+        drop_last=loader.options.order.drop_last, pad_value=loader.options.output.pad_value,
+        halo=halo, feeding=feeding, mask_key=loader.options.output.mask_key,
     )  # fmt: skip
 
 

@@ -1,6 +1,6 @@
 r"""Read planning: which source reads serve one step, and where their rows go. Pure: no I/O.
 
-Mental model. Every leaf's `LeafAssembler` has *windows*: host buffers of some batch positions
+Mental model. Every leaf's `LeafWindows` has *windows*: host buffers of some batch positions
 (and, for a sequence-sharded leaf, some source columns). A step is served by a few
 `ReadRequest`\ s: one set of batch positions read in one call, with, per leaf, the columns to read
 (``None``: whole rows). Whole-row leaves share one request, the union of their rows (each leaf
@@ -16,7 +16,7 @@ reads (`stream_shard`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,7 +25,7 @@ from jax.sharding import PartitionSpec
 
 from psdp._plan.leaves import Key
 from psdp._plan.mesh import _uids, dp_index
-from psdp._runtime.assembly import LeafAssembler
+from psdp._plan.windows import LeafWindows
 
 
 @dataclass
@@ -47,7 +47,7 @@ class WindowSlice:
     columns: slice | None = None  # which columns of the leaf's read; None: all of them
 
 
-def plan_reads(leaves: dict[Key, LeafAssembler]) -> list[ReadRequest]:
+def plan_reads(leaves: Mapping[Key, LeafWindows]) -> list[ReadRequest]:
     """Groups every leaf window into reads.
 
     Whole-row leaves share one read (the union of their rows). A sequence-sharded leaf's windows
@@ -64,8 +64,8 @@ def plan_reads(leaves: dict[Key, LeafAssembler]) -> list[ReadRequest]:
         >>> from jax.sharding import Mesh, PartitionSpec as P
         >>> mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "context"))
         >>> leaves = {
-        ...     "tokens": LeafAssembler.create(mesh, P("data", "context"), (8, 8), np.int32, 0, halo=1),
-        ...     "w": LeafAssembler.create(mesh, P("data"), (8,), np.float32, 0),
+        ...     "tokens": LeafWindows.create(mesh, P("data", "context"), (8, 8), np.int32, 0, halo=1),
+        ...     "w": LeafWindows.create(mesh, P("data"), (8,), np.float32, 0),
         ... }
         >>> [(r.columns, [(e.key, e.window, e.columns) for e in r.entries]) for r in plan_reads(leaves)]
         [({'w': None}, [('w', 0, None)]), ({'tokens': slice(0, 8, None)}, [('tokens', 0, slice(0, 5, None)), ('tokens', 1, slice(3, 8, None))])]
@@ -202,7 +202,7 @@ def _batch_shard_index(
 
 
 def _column_runs(
-    leaf: LeafAssembler,
+    leaf: LeafWindows,
 ) -> list[tuple[np.ndarray, slice, list[tuple[int, slice]]]]:
     """A leaf's column windows as reads: (rows, column span, [(window, columns within span)])."""
     if not leaf.column_shards:
@@ -230,7 +230,7 @@ def _column_runs(
     ]
 
 
-def _columns(leaf: LeafAssembler, index: int) -> slice:
+def _columns(leaf: LeafWindows, index: int) -> slice:
     columns = leaf.windows[index].columns
     assert columns is not None  # column-mode windows always name their columns
     return columns

@@ -1,196 +1,60 @@
-"""Assembly: from a host's buffers to one global `jax.Array` per batch leaf.
-
-Mental model: the planner gives this host the distinct boxes its devices hold (``plan.blocks``).
-The host reads them into a few buffers, its *windows*; every local device's box is then a *view*
-of a window. Small batches go through ``jax.make_array_from_callback`` (device by device); from
-`BATCHED_PUT_MIN_BYTES` on, all the views go to their devices in one batched ``jax.device_put`` and
-``jax.make_array_from_single_device_arrays`` makes the global array. The results are identical;
-on this machine's CPU devices the batched call has a fixed cost of about 0.1 ms that makes it 1.1-4x
-slower below 1 MiB and 1.05-1.5x faster from 16 MiB (``docs/performance.md``, figure 1). The buffers are laid out by the plan, not by device order, so replicas of a box (a
-tensor-parallel group) share one buffer region, and a host never reads what it does not hold.
-
-- Whole rows (dimension 1 unsharded, the usual case): one window, the host's rows
-  ``plan.rows`` in ascending order, whole.
-- Column windows (dimension 1 sharded, e.g. ``P("data", "context")``, or a halo): one window per
-  distinct column shard the host holds, each with the rows that hold it, reading only those
-  columns. With ``halo=h`` each window is widened by ``h`` columns on each side, read from the
-  neighbouring shards' columns (or filled with the pad value outside the sequence), and the global
-  array's dimension 1 becomes ``C * (S/C + 2h)``: under ``jax.shard_map`` every device sees its
-  ``S/C`` columns with ``h`` halo columns on each side, exactly what a halo exchange would give.
-
-`LeafAssembler` holds what is fixed for a leaf (sharding, plan, windows); `assemble` is the per-step
-work.
-"""
+"""Assembly: a host's window buffers -> one global `jax.Array` per leaf (``docs/performance.md``,
+figure 1, measures the two paths)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+import contextlib
+from collections.abc import Mapping, Sequence
+from dataclasses import fields
+from functools import cached_property
+from typing import Any
 
 import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from psdp._checks import check_int
-from psdp._plan.mesh import DataPlan, plan_pod
+from psdp._compat import enable_x64
+from psdp._imports import import_optional
+from psdp._plan.leaves import Key, leaf_label
+from psdp._plan.loader_plan import LoaderPlan
+from psdp._plan.order import PAD
+from psdp._plan.windows import LeafWindows
 
 #: Host bytes per leaf from which `LeafAssembler.assemble` sends every box in one batched
-#: ``jax.device_put`` instead of ``jax.make_array_from_callback`` (measured, see the docstring).
+#: ``jax.device_put`` instead of ``jax.make_array_from_callback`` (below it the batched call's
+#: fixed cost of about 0.1 ms dominates).
 BATCHED_PUT_MIN_BYTES = 4 << 20
 
 
-@dataclass(frozen=True)
-class Window:
-    """One host buffer of a leaf: some batch rows, and which source columns they hold.
-
-    Attributes:
-        rows: the (physical) batch positions the buffer holds, ascending.
-        columns: the source columns to read (already clipped to the sequence), or ``None`` for
-            whole rows.
-        pad_before: halo columns before ``columns`` that lie outside the sequence (pad-filled).
-        pad_after: the same after ``columns``.
-    """
-
-    rows: np.ndarray
-    columns: slice | None = None
-    pad_before: int = 0
-    pad_after: int = 0
-
-
-@dataclass(frozen=True, eq=False)
-class LeafAssembler:
-    """Everything fixed about one batch leaf: its global shape, sharding, plan and windows.
+class LeafAssembler(LeafWindows):
+    """A leaf's windows (`LeafWindows`) and the per-step work: `assemble`.
 
     Example:
         >>> import jax, numpy as np
         >>> from jax.sharding import Mesh, PartitionSpec as P
         >>> mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "model"))
         >>> leaf = LeafAssembler.create(mesh, P("data"), (8, 3), np.int32, process_index=0)
-        >>> leaf.plan.rows.tolist()
-        [0, 1, 2, 3, 4, 5, 6, 7]
         >>> batch = leaf.assemble(np.arange(24, dtype=np.int32).reshape(8, 3))
         >>> batch.shape, batch.sharding.spec
         ((8, 3), P('data',))
 
-        A sequence sharded over ``model`` with one halo column: each device holds its 2 columns
-        and one column of each neighbour (``-1`` outside the sequence).
+        A sequence sharded over ``model`` with one halo column (``-1`` outside the sequence):
 
-        >>> leaf = LeafAssembler.create(
-        ...     mesh, P("data", "model"), (4, 4), np.int32, process_index=0, halo=1)
-        >>> [(w.columns, w.pad_before, w.pad_after) for w in leaf.windows]
-        [(slice(0, 3, None), 1, 0), (slice(1, 4, None), 0, 1)]
-        >>> rows = np.arange(16, dtype=np.int32).reshape(4, 4)
-        >>> batch = leaf.assemble(leaf.fill(rows, pad_value=-1))
+        >>> leaf = LeafAssembler.create(mesh, P("data", "model"), (4, 4), np.int32, 0, halo=1)
+        >>> batch = leaf.assemble(leaf.fill(np.arange(16, dtype=np.int32).reshape(4, 4), -1))
         >>> np.asarray(batch)[0].tolist()  # row 0 = [0, 1, 2, 3], as two haloed windows
         [-1, 0, 1, 2, 1, 2, 3, -1]
     """
 
-    global_shape: tuple[int, ...]
-    dtype: np.dtype
-    sharding: NamedSharding
-    plan: DataPlan
-    windows: tuple[Window, ...]
-    halo: int
-    column_shards: int  # C: shards of dimension 1 in column mode, 0 for whole rows
-    locate: dict[tuple[int, int], tuple[int, int]]  # (row start, column shard) -> (window, offset)
-    device_boxes: dict[jax.Device, tuple[slice, ...]]  # each local device's box of the global array
-
     @classmethod
-    def create(
-        cls,
-        mesh: jax.sharding.Mesh,
-        spec: PartitionSpec,
-        global_shape: tuple[int, ...],
-        dtype: np.dtype | type,
-        process_index: int,
-        halo: int = 0,
-    ) -> LeafAssembler:
-        """Plans one leaf of (unhaloed) global shape ``global_shape`` for ``process_index``.
+    def of(cls, windows: LeafWindows) -> LeafAssembler:
+        """The assembler of a planned leaf."""
+        return cls(**{f.name: getattr(windows, f.name) for f in fields(windows)})
 
-        Raises:
-            ValueError: a dimension does not divide into its shards, or the halo is negative,
-                given for a 1-D leaf, or wider than a column shard.
-        """
-        check_int("halo", halo, minimum=0)
-        shape = tuple(global_shape)
-        plan = plan_pod(mesh, spec, shape).plan(process_index)
-        column_mode = len(shape) >= 2 and (halo > 0 or _is_sharded(plan, 1))
-        if halo and len(shape) < 2:
-            raise ValueError(
-                f"halo={halo} needs a leaf with a sequence dimension (dimension 1), but the leaf "
-                f"has shape {shape}; give halos only to (batch, sequence, ...) leaves"
-            )
-        if not column_mode:
-            offsets = {int(r): i for i, r in enumerate(plan.rows.tolist())}
-            locate = {(b[0].start, 0): (0, offsets[b[0].start]) for b in plan.blocks}
-            sharding = NamedSharding(mesh, spec)
-            return cls(
-                shape, np.dtype(dtype), sharding, plan, (Window(plan.rows),), 0, 0, locate,
-                sharding.addressable_devices_indices_map(shape),  # type: ignore[arg-type]
-            )  # fmt: skip
-        width = plan.blocks[0][1].stop - plan.blocks[0][1].start
-        shards = shape[1] // width
-        if halo > width:
-            raise ValueError(
-                f"halo={halo} is wider than one sequence shard: {shape[1]} columns over {shards} "
-                f"shards is {width} columns per device, and a halo may be at most one shard (a "
-                f"device's neighbours only); use halo <= {width} or fewer sequence shards"
-            )
-        windows, locate = _column_windows(plan, width, halo, shape[1])
-        haloed = (shape[0], shards * (width + 2 * halo), *shape[2:])
-        sharding = NamedSharding(mesh, spec)
-        return cls(
-            haloed, np.dtype(dtype), sharding, plan, windows, halo, shards, locate,
-            sharding.addressable_devices_indices_map(haloed),  # type: ignore[arg-type]
-        )  # fmt: skip
-
-    @property
-    def host_shape(self) -> tuple[int, ...]:
-        """The shape of the only window's buffer (whole-row leaves; see `window_shape`)."""
-        if len(self.windows) != 1:
-            raise ValueError(f"this leaf has {len(self.windows)} windows; use window_shape(i)")
-        return self.window_shape(0)
-
-    def window_shape(self, index: int) -> tuple[int, ...]:
-        """The shape of window ``index``'s buffer, halo columns included."""
-        rows = len(self.windows[index].rows)
-        if not self.column_shards:
-            return (rows, *self.global_shape[1:])
-        return (rows, self.global_shape[1] // self.column_shards, *self.global_shape[2:])
-
-    def fill(
-        self,
-        source_rows: np.ndarray,
-        pad_value: int | float = 0,
-        positions: np.ndarray | None = None,
-    ) -> list[np.ndarray]:
-        """Window buffers cut from whole rows of the leaf (its unhaloed shape).
-
-        ``source_rows[i]`` is batch position ``i``, or ``positions[i]`` (ascending) when given,
-        e.g. a host's own rows in ``plan.rows`` order; a window holding exactly those rows is a
-        view of ``source_rows``.
-        """
-        out = []
-        for i, window in enumerate(self.windows):
-            if positions is None:
-                rows = source_rows[window.rows]
-            elif np.array_equal(positions, window.rows):
-                rows = source_rows
-            else:
-                rows = source_rows[np.searchsorted(positions, window.rows)]
-            if window.columns is not None:
-                rows = rows[:, window.columns]
-            out.append(self.pad_columns(i, rows, pad_value))
-        return out
-
-    def pad_columns(self, index: int, rows: np.ndarray, pad_value: int | float) -> np.ndarray:
-        """Adds window ``index``'s out-of-sequence halo columns (a copy only when there are any)."""
-        window = self.windows[index]
-        if not (window.pad_before or window.pad_after):
-            return rows
-        buffer = np.full(self.window_shape(index), pad_value, self.dtype)
-        buffer[:, window.pad_before : buffer.shape[1] - window.pad_after] = rows
-        return buffer
+    @cached_property
+    def device_boxes(self) -> dict[jax.Device, tuple[slice, ...]]:
+        """Each local device's box of the global array."""
+        return self.sharding.addressable_devices_indices_map(self.global_shape)  # type: ignore[return-value]
 
     def assemble(self, buffers: np.ndarray | Sequence[np.ndarray]) -> jax.Array:
         """Builds the global array from this host's window buffers (one array if one window)."""
@@ -226,30 +90,77 @@ class LeafAssembler:
         return jax.make_array_from_single_device_arrays(self.global_shape, self.sharding, shards)
 
 
-def _is_sharded(plan: DataPlan, dim: int) -> bool:
-    box = plan.blocks[0][dim]
-    return box.stop - box.start < plan.global_shape[dim]
+class BatchAssembler:
+    """A step's window buffers -> the batch: every leaf's global array, the mask leaf, haliax
+    NamedArrays where asked, and the single leaf of an array source unwrapped.
+
+    Example:
+        >>> import jax, numpy as np
+        >>> from jax.sharding import Mesh
+        >>> from psdp._plan.loader_plan import LoaderPlan
+        >>> from psdp._plan.options import LoaderOptions
+        >>> mesh = Mesh(np.array(jax.devices()).reshape(8), ("data",))
+        >>> plan = LoaderPlan.create({"x": np.zeros(1, np.int32)}, mesh,
+        ...     LoaderOptions.create(global_batch_size=6), 0, stream=False, ends_short=False)
+        >>> ids = np.array([0, 1, 2, 3, 4, 5, -1, -1])
+        >>> batch = BatchAssembler(plan).assemble(ids, {"x": [np.arange(8, dtype=np.int32)]})
+        >>> np.asarray(batch["mask"]).tolist()
+        [True, True, True, True, True, True, False, False]
+    """
+
+    def __init__(self, plan: LoaderPlan) -> None:
+        self.plan = plan
+        self.leaves = {key: LeafAssembler.of(leaf) for key, leaf in plan.leaves.items()}
+        self.mask = None if plan.mask is None else LeafAssembler.of(plan.mask)
+        self._all_real: jax.Array | None = None  # the mask of every step when nothing is padded
+        if plan.named:  # after the planner's checks of the names, which need no haliax
+            self._haliax = import_optional("haliax", extra="haliax", needed_for="named_axes")
+
+    def assemble(self, ids: np.ndarray, buffers: Mapping[Key, Sequence[np.ndarray]]) -> Any:
+        """The batch of a physical batch holding ``ids`` (`PAD` for padding), from its buffers."""
+        # the x64 switch is thread-local: deliver 64-bit leaves as the planner checked them
+        with enable_x64(True) if self.plan.needs_x64 else contextlib.nullcontext():
+            batch = {key: leaf.assemble(buffers[key]) for key, leaf in self.leaves.items()}
+            if self.mask is not None:
+                batch[self.plan.options.output.mask_key] = self._mask_of(ids)
+        return self._wrap(batch)
+
+    def _mask_of(self, ids: np.ndarray) -> jax.Array:
+        """Without padding the mask is the same every step, so it is assembled once (jax.Arrays
+        are immutable, so batches may share it; two read threads racing here build it twice)."""
+        assert self.mask is not None
+        if self.plan.padded:
+            return self.mask.assemble((ids != PAD)[self.mask.plan.rows])
+        if self._all_real is None:
+            self._all_real = self.mask.assemble(np.ones(len(self.mask.plan.rows), bool))
+        return self._all_real
+
+    def _wrap(self, batch: dict[Key, jax.Array]) -> Any:
+        named = self.plan.named
+        if named:
+            names = dict(named)
+            mask_key = self.plan.options.output.mask_key
+            if mask_key is not None:
+                names.setdefault(mask_key, next(iter(named.values()))[:1])
+            batch = {
+                key: self._haliax.named(value, tuple(getattr(n, "name", n) for n in names[key]))
+                if key in names
+                else value
+                for key, value in batch.items()
+            }
+        return batch[None] if None in batch else batch
 
 
-def _column_windows(
-    plan: DataPlan, width: int, halo: int, length: int
-) -> tuple[tuple[Window, ...], dict[tuple[int, int], tuple[int, int]]]:
-    """One window per distinct column shard the host holds, with the rows that hold it."""
-    by_shard: dict[int, list[slice]] = {}
-    for box in plan.blocks:
-        by_shard.setdefault(box[1].start // width, []).append(box[0])
-    windows: list[Window] = []
-    locate: dict[tuple[int, int], tuple[int, int]] = {}
-    for shard, all_slices in sorted(by_shard.items()):
-        # blocks that differ only beyond dimension 1 hold the same rows: read them once
-        row_slices = list({s.start: s for s in all_slices}.values())
-        rows = np.concatenate([np.arange(s.start, s.stop) for s in row_slices])
-        for s in row_slices:
-            locate[(s.start, shard)] = (len(windows), int(np.searchsorted(rows, s.start)))
-        first, last = shard * width - halo, (shard + 1) * width + halo
-        windows.append(
-            Window(
-                rows, slice(max(first, 0), min(last, length)), max(-first, 0), max(last - length, 0)
-            )
-        )
-    return tuple(windows), locate
+def halo_mask(leaf: LeafWindows, key: Key) -> jax.Array:
+    """Which columns of a column-windowed leaf are halo columns (``True``), as a global array
+    sharded like the leaf's dimension 1 (`DataLoader.halo_mask`)."""
+    if not leaf.column_shards:
+        raise ValueError(f"{leaf_label(key)} is not read in column windows; it has no halo")
+    width, h = leaf.global_shape[1] // leaf.column_shards, leaf.halo
+    one = np.zeros(width, bool)
+    one[:h], one[width - h :] = True, True
+    value = np.tile(one, leaf.column_shards)
+    spec = leaf.sharding.spec
+    mesh = leaf.sharding.mesh
+    sharding = NamedSharding(mesh, PartitionSpec(spec[1] if len(spec) > 1 else None))
+    return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])

@@ -1,0 +1,233 @@
+"""`LoaderPlan`: everything a loader fixes once, from its options, mesh and first row (pure).
+
+What each part means: ``docs/loader.md``; where it lives: ``docs/architecture.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from jax.sharding import Mesh, PartitionSpec
+
+from psdp._plan.dtypes import LeafDtype, check_pad_value, needs_x64, plan_dtypes
+from psdp._plan.layout import MeshLayout
+from psdp._plan.leaves import Key
+from psdp._plan.mesh import _spec_axes
+from psdp._plan.options import LoaderOptions
+from psdp._plan.partition import (
+    batch_shards,
+    named_spec,
+    physical_batch_size,
+    resolve_halos,
+    resolve_named_axes,
+    resolve_specs,
+)
+from psdp._plan.reads import ReadRequest, feeding_positions, plan_reads, stream_shard
+from psdp._plan.windows import LeafWindows
+
+
+@dataclass(frozen=True, eq=False)
+class LoaderPlan:
+    """One host's plan of every step: specs, physical batch, windows, reads and the mask.
+
+    Built by `LoaderPlan.create`; the same every step, so a step's work is only reading.
+
+    Example:
+        >>> import jax, numpy as np
+        >>> from jax.sharding import Mesh
+        >>> from psdp._plan.options import LoaderOptions
+        >>> mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "model"))
+        >>> first_row = {"tokens": np.zeros((1, 16), np.int32)}
+        >>> plan = LoaderPlan.create(
+        ...     first_row, mesh, LoaderOptions.create(global_batch_size=6), process_index=0,
+        ...     stream=False, ends_short=False)
+        >>> plan.physical_batch_size, plan.padded, plan.specs["tokens"], plan.mask is not None
+        (8, True, P('data',), True)
+    """
+
+    options: LoaderOptions
+    layout: MeshLayout
+    process_index: int
+    #: each leaf's `PartitionSpec`
+    specs: dict[Key, PartitionSpec]
+    #: each leaf's haliax axis names (only leaves delivered as NamedArrays)
+    named: dict[Key, tuple[Any, ...]]
+    #: each leaf's source and delivered dtype
+    dtypes: dict[Key, LeafDtype]
+    halos: dict[Key, int]
+    physical_batch_size: int
+    #: where the global batch's rows sit in the physical batch (the rest is padding)
+    real_positions: np.ndarray
+    #: whether a batch can hold padding rows (a physical batch larger than the global one, or an
+    #: epoch's short final batch)
+    padded: bool
+    leaves: dict[Key, LeafWindows]
+    #: the mask leaf's windows (``None``: no mask leaf)
+    mask: LeafWindows | None
+    requests: tuple[ReadRequest, ...]
+    #: positions within each physical batch this host reads, sorted
+    read_positions: np.ndarray
+    #: the real ones among them
+    real_read_positions: np.ndarray
+    #: (uid, number of uids): the stream shard this host reads; ``None`` for random access
+    stream_shard: tuple[int, int] | None
+    #: whether a delivered leaf is 64-bit (assembled with ``jax_enable_x64`` on)
+    needs_x64: bool
+
+    @classmethod
+    def create(
+        cls,
+        first_row: Mapping[Key, np.ndarray],
+        mesh: Mesh,
+        options: LoaderOptions,
+        process_index: int,
+        *,
+        layout: MeshLayout | None = None,
+        stream: bool,
+        ends_short: bool,
+    ) -> LoaderPlan:
+        """Plans a loader from its source's first row (one row per leaf, ``(1, ...)``).
+
+        ``stream``: the rows come from a stream (each host reads a stream shard); ``ends_short``:
+        an epoch's final batch may be short (so batches can hold padding); ``layout``: the mesh's
+        (default: `MeshLayout.from_mesh`).
+        """
+        layout = MeshLayout.from_mesh(mesh) if layout is None else layout
+        order, sharding, output = options.order, options.sharding, options.output
+        assert order.global_batch_size is not None  # LoaderOptions.create refuses it unset
+        batch = order.global_batch_size
+        ndims = {k: np.ndim(v) for k, v in first_row.items()}
+        dtypes = plan_dtypes({k: np.asarray(v).dtype for k, v in first_row.items()}, output.dtypes)
+        named = resolve_named_axes(sharding.named_axes, sharding.axis_mapping, ndims)
+        mapping = sharding.axis_mapping or {}
+        specs = resolve_specs(
+            sharding.batch_spec,
+            mesh,
+            list(first_row),
+            {k: named_spec(v, mapping, mesh, repr(k)) for k, v in named.items()},
+            sharding.batch_axes,
+        )
+        for key, spec in specs.items():
+            _spec_axes(layout, spec, ndims[key])  # raises naming the spec and the mesh
+        shards = [batch_shards(mesh, spec) for spec in specs.values()]
+        physical = physical_batch_size(batch, shards)
+        real = np.arange(batch)
+        if sharding.feeding_processes is not None:
+            physical, real = feeding_positions(
+                sharding.feeding_processes, specs, shards, batch, layout
+            )
+        padded = physical > batch or ends_short
+        halos = resolve_halos(sharding.halo, specs, ndims)
+        leaves = {
+            key: LeafWindows.create(
+                mesh,
+                specs[key],
+                (physical, *np.shape(row)[1:]),
+                dtypes[key].delivered,
+                process_index,
+                halo=halos[key],
+            )
+            for key, row in first_row.items()
+        }
+        _check_pad_value(options, dtypes, halos, padded, physical)
+        mask = _plan_mask(options, mesh, specs, leaves, padded, physical, process_index)
+        requests = tuple(plan_reads(leaves))
+        read_positions = np.unique(np.concatenate([r.positions for r in requests]))
+        return cls(
+            options=options,
+            layout=layout,
+            process_index=process_index,
+            specs=specs,
+            named=named,
+            dtypes=dtypes,
+            halos=halos,
+            physical_batch_size=physical,
+            real_positions=real,
+            padded=padded,
+            leaves=leaves,
+            mask=mask,
+            requests=requests,
+            read_positions=read_positions,
+            real_read_positions=np.intersect1d(read_positions, real),
+            stream_shard=stream_shard(specs, layout, process_index, physical, real)
+            if stream
+            else None,
+            needs_x64=any(needs_x64(d.delivered) for d in dtypes.values()),
+        )
+
+    def leaf_shapes(self) -> dict[str, list[Any]]:
+        """Each leaf's delivered dtype and trailing shape, by name (part of a source's fingerprint)."""
+        return {
+            str(k): [str(v.dtype), list(v.plan.global_shape[1:])]
+            for k, v in sorted(self.leaves.items(), key=lambda kv: str(kv[0]))
+        }
+
+    def settings(self) -> dict[str, Any]:
+        """What the batches depend on beyond the order and the source, as JSON values: every host
+        of the mesh must agree on it."""
+        feeding = self.options.sharding.feeding_processes
+        return {
+            "batch_spec": {str(k): str(v) for k, v in self.specs.items()},
+            "halo": {str(k): int(v) for k, v in self.halos.items()},
+            "feeding_processes": None if feeding is None else sorted(int(p) for p in feeding),
+            "pad_value": np.asarray(self.options.output.pad_value).item(),
+            "mask_key": self.options.output.mask_key,
+        }
+
+
+def _check_pad_value(
+    options: LoaderOptions,
+    dtypes: dict[Key, LeafDtype],
+    halos: dict[Key, int],
+    padded: bool,
+    physical: int,
+) -> None:
+    """Every leaf that ``pad_value`` can ever fill holds it exactly."""
+    order = options.order
+    for key, dtype in dtypes.items():
+        if padded:
+            reason = (
+                f"the batch can hold padding rows (global_batch_size={order.global_batch_size} "
+                f"in a physical batch of {physical}, drop_last={order.drop_last})"
+            )
+        elif halos[key]:
+            reason = f"its halo={halos[key]} columns beyond the sequence's ends are filled with it"
+        else:
+            continue
+        check_pad_value(options.output.pad_value, dtype.delivered, key, reason)
+
+
+def _plan_mask(
+    options: LoaderOptions,
+    mesh: Mesh,
+    specs: dict[Key, PartitionSpec],
+    leaves: dict[Key, LeafWindows],
+    padded: bool,
+    physical: int,
+    process_index: int,
+) -> LeafWindows | None:
+    """The mask leaf of every dict batch (unless ``mask_key=None``); padding needs one."""
+    mask_key = options.output.mask_key
+    if padded and (None in leaves or mask_key is None):
+        why = (
+            "which an array source cannot carry; pass a dict source, e.g. {'inputs': array}"
+            if None in leaves
+            else "but mask_key=None; pass mask_key='mask' (the default)"
+        )
+        raise ValueError(
+            f"global_batch_size={options.order.global_batch_size} needs padding (the physical "
+            f"batch is {physical} rows for the batch shards, and drop_last="
+            f"{options.order.drop_last} for an epoch's short final batch), so batches need a mask "
+            f"leaf, {why}, or a global_batch_size that is a multiple of the batch shards "
+            "with drop_last=True"
+        )
+    if None in leaves or mask_key is None:
+        return None
+    if mask_key in leaves:
+        raise ValueError(f"the source already has a leaf named {mask_key!r}; pass another mask_key")
+    first = next(iter(specs.values()))
+    spec = PartitionSpec(first[0] if len(first) else None)
+    return LeafWindows.create(mesh, spec, (physical,), np.dtype(bool), process_index)

@@ -1,0 +1,207 @@
+"""Feeds: where a step's rows come from, for random-access sources and for streams
+(``docs/loader.md``, ``docs/sources.md``). The loader sees only the `Feed` protocol."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import numpy as np
+
+from psdp._checks import preview_ids
+from psdp._plan.leaves import Key, leaves_of
+from psdp._plan.loader_plan import LoaderPlan
+from psdp._plan.options import OrderOptions
+from psdp._plan.order import PAD, GlobalOrder
+from psdp._runtime.agreement import StreamEnds, describe_end
+from psdp._runtime.prefetch import LoaderClosedError
+from psdp._runtime.step_reader import stray_stop_iteration
+from psdp.sources import ArraySource, StreamReader, StreamSource, as_source
+from psdp.sources.base import reads_fresh_rows
+
+logger = logging.getLogger(__name__)
+
+
+class Feed(Protocol):
+    """A step's rows: its ids in the physical batch, and a source that reads them."""
+
+    #: the source, as `describe` names it
+    source: Any
+    #: the global order (``None`` for a stream: it has none)
+    order: GlobalOrder | None
+    #: the source's length, part of its fingerprint (``None`` for a stream)
+    rows: int | None
+    #: whether each host reads a stream shard instead of ids of a global order
+    stream: bool
+    #: whether a final batch may be short (so batches may hold padding)
+    ends_short: bool
+    #: whether reads return new arrays (not memory the source refills)
+    fresh: bool
+
+    def probe(self) -> dict[Key, np.ndarray]:
+        """One row per leaf, ``(1, ...)``: the leaves' names, shapes and dtypes."""
+        ...
+
+    def start(self, plan: LoaderPlan, namespace: str | None) -> None:
+        """Ready to read ``plan``'s steps (``namespace``: the hosts' agreement, if several)."""
+        ...
+
+    def read_threads(self, requested: int) -> int:
+        """How many steps may be read concurrently."""
+        ...
+
+    def step(self, step: int, run: str, stop: Callable[[], bool]) -> tuple[np.ndarray, Any]:
+        """The physical batch's ids (`PAD` for padding) and a source whose ``read(ids)`` serves
+        them; raises `StopIteration` where a stream ends. ``run`` names the iteration (hosts of a
+        stream agree per run and step), ``stop()`` says it was closed."""
+        ...
+
+    def what_is_read(self, step: int) -> str:
+        """What this host reads for ``step``, in words (for timeout messages)."""
+        ...
+
+    def close(self) -> None:
+        """Releases what the feed holds open; idempotent."""
+        ...
+
+
+def open_feed(source: Any, order: OrderOptions) -> Feed:
+    """The feed of ``source``: a `StreamFeed` for a `StreamSource`, else a `RandomAccessFeed`."""
+    if isinstance(source, StreamSource):
+        return StreamFeed(source, order)
+    return RandomAccessFeed(as_source(source), order)
+
+
+class RandomAccessFeed:
+    """Rows by id, in the global order of (source length, batch size, seed, shuffle, epoch)."""
+
+    stream = False
+
+    def __init__(self, source: Any, order: OrderOptions) -> None:
+        assert order.global_batch_size is not None
+        self.source = source
+        self.rows: int | None = len(source)
+        self.order: GlobalOrder | None = GlobalOrder(
+            len(source),
+            order.global_batch_size,
+            True if order.shuffle is None else order.shuffle,
+            order.seed,
+            order.drop_last,
+        )
+        self.ends_short = self.order.pads
+        self.fresh = reads_fresh_rows(source)  # other reads may be views of memory they refill
+        self._plan: LoaderPlan | None = None
+
+    def probe(self) -> dict[Key, np.ndarray]:
+        try:
+            return leaves_of(self.source.read(np.zeros(1, np.int64)))
+        except StopIteration as err:
+            raise stray_stop_iteration("the first read (row 0)", self.source) from err
+
+    def start(self, plan: LoaderPlan, namespace: str | None) -> None:
+        self._plan = plan
+
+    def read_threads(self, requested: int) -> int:
+        return requested
+
+    def step(self, step: int, run: str, stop: Callable[[], bool]) -> tuple[np.ndarray, Any]:
+        assert self._plan is not None and self.order is not None
+        ids = np.full(self._plan.physical_batch_size, PAD, np.int64)
+        ids[self._plan.real_positions] = self.order.batch_ids(step)
+        return ids, self.source
+
+    def what_is_read(self, step: int) -> str:
+        ids, _ = self.step(step, "", lambda: False)
+        read = ids[self._plan.read_positions if self._plan is not None else slice(None)]
+        return f"{len(read)} rows (ids {preview_ids(read)})"
+
+    def close(self) -> None:
+        pass
+
+
+class StreamFeed:
+    """The next elements of this host's stream shard, for its real batch positions: hosts with
+    the same data-shard uid read the same shard, so they hold the same elements."""
+
+    stream = True
+    rows = None
+    order = None
+    fresh = True
+
+    def __init__(self, source: StreamSource, order: OrderOptions) -> None:
+        if order.shuffle:
+            raise ValueError(
+                f"shuffle=True with a stream ({source.describe()}): a stream has no random "
+                "access, so psdp cannot permute it; shuffle upstream (e.g. a shuffle buffer in "
+                "the stream) and pass shuffle=False"
+            )
+        self.source = source
+        self.drop_last = order.drop_last
+        self.ends_short = not order.drop_last
+        self._plan: LoaderPlan | None = None
+        self._shard = (0, 1)
+        self._reader: StreamReader | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+        #: per step, which shards of a callable stream ran short, agreed by every host
+        self.ends: StreamEnds | None = None
+
+    def probe(self) -> dict[Key, np.ndarray]:
+        with self.source.open(0, 1) as reader:
+            rows = reader.take(1)
+        if rows is None:
+            raise ValueError(f"the stream {self.source.describe()} is empty; it needs elements")
+        return leaves_of(rows)
+
+    def start(self, plan: LoaderPlan, namespace: str | None) -> None:
+        assert plan.stream_shard is not None
+        self._plan, self._shard = plan, plan.stream_shard
+        shard, num_shards = self._shard
+        # hosts agree per step where a callable stream's shards (maybe unequally long) end
+        if namespace is not None and not self.source.round_robin and num_shards > 1:
+            self.ends = StreamEnds(namespace, plan.layout.processes, shard, self.source.describe())
+
+    def read_threads(self, requested: int) -> int:
+        return 1  # a shard is read in order
+
+    def step(self, step: int, run: str, stop: Callable[[], bool]) -> tuple[np.ndarray, Any]:
+        """O(1) per step in order; a jump reopens the shard at ``step * rows per step``."""
+        assert self._plan is not None
+        real = self._plan.real_read_positions
+        per_step = len(real)  # the same on every host (stream_shard checks)
+        with self._lock:
+            reader = self._reader
+            if reader is None or reader.consumed != step * per_step:
+                if self._closed:
+                    raise LoaderClosedError("this DataLoader is closed")
+                if reader is not None:
+                    reader.close()
+                reader = self._reader = self.source.open(*self._shard, start=step * per_step)
+            rows = reader.take(per_step)
+        got = 0 if rows is None else len(next(iter(leaves_of(rows).values())))
+        shard, num_shards = self._shard
+        short = {shard: got} if got < per_step else {}
+        if self.ends is not None:  # the other hosts' shards may end first (unequal lengths)
+            short = self.ends.short_shards(run, step, got, per_step, stop)
+        ended = sorted(u for u, n in short.items() if n == 0 or self.drop_last)
+        if ended:
+            message = describe_end(step, ended, short, num_shards, self.source.describe())
+            if shard not in ended:
+                logger.warning("this host's stream shard %d still had elements: %s", shard, message)
+            raise StopIteration(message)
+        assert rows is not None  # a shard without rows ended above
+        ids = np.full(self._plan.physical_batch_size, PAD, np.int64)
+        ids[real[:got]] = np.arange(got)
+        return ids, ArraySource(rows)
+
+    def what_is_read(self, step: int) -> str:
+        assert self._plan is not None
+        return f"the next {len(self._plan.real_read_positions)} elements of shard {self._shard[0]}"
+
+    def close(self) -> None:
+        self._closed = True
+        reader, self._reader = self._reader, None  # no lock: a stuck read may hold it forever
+        if reader is not None:
+            reader.close()  # never waits for a take in progress

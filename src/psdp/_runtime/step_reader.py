@@ -1,0 +1,214 @@
+"""`StepReader`: one step's source reads -> window buffers: read, pad, check, cast, cut, time out
+(``docs/loader.md``; the errors: ``docs/reliability.md``)."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+
+from psdp._checks import preview_ids
+from psdp._plan.leaves import Key, leaf_label, leaves_of
+from psdp._plan.loader_plan import LoaderPlan
+from psdp._plan.order import PAD
+from psdp._plan.reads import ReadRequest
+
+#: One leaf's window buffers, in window order.
+Buffers = dict[Key, list[np.ndarray]]
+
+
+class StepReader:
+    """Reads a step's requests (`LoaderPlan.requests`) from a source into each leaf's windows.
+
+    Positions whose id is `PAD` are never read: they hold ``pad_value``.
+
+    Example:
+        >>> import jax, numpy as np
+        >>> from jax.sharding import Mesh
+        >>> from psdp._plan.options import LoaderOptions
+        >>> from psdp.sources import ArraySource
+        >>> mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "model"))
+        >>> source = ArraySource({"x": np.arange(10, dtype=np.int32)})
+        >>> plan = LoaderPlan.create(source.read(np.arange(1)), mesh,
+        ...     LoaderOptions.create(global_batch_size=6, pad_value=-1), 0, stream=False,
+        ...     ends_short=False)
+        >>> ids = np.array([3, 1, 4, 1, 5, 9, -1, -1])
+        >>> StepReader(plan, fresh=True).read(0, ids, source)["x"][0].tolist()
+        [3, 1, 4, 1, 5, 9, -1, -1]
+    """
+
+    def __init__(self, plan: LoaderPlan, *, fresh: bool) -> None:
+        self.plan = plan
+        self.fresh = fresh  # reads return new arrays; otherwise buffers are copied out
+        self.pad_value = plan.options.output.pad_value
+
+    def read(self, step: int, ids: np.ndarray, source: Any) -> Buffers:
+        """Every window buffer of step ``step``, whose physical batch holds ``ids``."""
+        empty = np.empty(0, np.int8)
+        buffers = {k: [empty] * len(v.windows) for k, v in self.plan.leaves.items()}
+        for request in self.plan.requests:
+            got, borrowed = self._read(step, ids[request.positions], request, source)
+            for entry in request.entries:
+                rows = got[entry.key]
+                if entry.rows is not None:
+                    rows = rows[entry.rows]
+                if entry.columns is not None:
+                    rows = rows[:, entry.columns]
+                leaf = self.plan.leaves[entry.key]
+                buffer = leaf.pad_columns(entry.window, rows, self.pad_value)
+                if entry.key in borrowed and np.may_share_memory(buffer, got[entry.key]):
+                    buffer = buffer.copy()  # the source may refill it while the batch lives
+                buffers[entry.key][entry.window] = buffer
+        return buffers
+
+    def _read(
+        self, step: int, ids: np.ndarray, request: ReadRequest, source: Any
+    ) -> tuple[dict[Key, np.ndarray], set[Key]]:
+        """One request's rows, each leaf cut to its columns; `PAD` ids become pad rows.
+
+        Also returns the leaves whose arrays may be memory the source keeps (not copied yet).
+        """
+        real = ids != PAD
+        if real.all():
+            return self._checked(step, ids, request, self._source_read(step, source, ids, request))
+        out = {
+            key: np.full(
+                self._row_shape(key, columns, len(ids)),
+                self.pad_value,
+                self.plan.leaves[key].dtype,
+            )
+            for key, columns in request.columns.items()
+        }
+        if real.any():
+            got, _ = self._checked(
+                step, ids[real], request, self._source_read(step, source, ids[real], request)
+            )
+            for key in out:
+                out[key][real] = got[key]
+        return out, set()
+
+    def _source_read(
+        self, step: int, source: Any, ids: np.ndarray, request: ReadRequest
+    ) -> dict[Key, np.ndarray]:
+        try:
+            return self._read_columns(source, ids, request)
+        except StopIteration as err:  # only a stream's end may end iteration (as in PEP 479)
+            where = f"step {step}: reading {len(ids)} rows (ids {preview_ids(ids)})"
+            raise stray_stop_iteration(where, source) from err
+
+    def _read_columns(
+        self, source: Any, ids: np.ndarray, request: ReadRequest
+    ) -> dict[Key, np.ndarray]:
+        # `read` is the protocol; `read_window` (optional) serves column windows and leaf subsets
+        read_window = _read_window_of(source)
+        leaves = self.plan.leaves
+        partial = len(request.columns) < len(leaves) or any(
+            c is not None for c in request.columns.values()
+        )
+        if partial and read_window is not None:
+            return leaves_of(read_window(ids, request.columns))
+        # a source without column reads: read whole rows, keep this request's leaves and columns
+        got = leaves_of(source.read(ids))
+        wanted = {key for key in got if key in request.columns or key not in leaves}
+        return {
+            key: got[key]
+            if request.columns.get(key) is None
+            else np.asarray(got[key])[:, request.columns[key]]
+            for key in wanted
+        }
+
+    def _row_shape(self, key: Key, columns: slice | None, rows: int) -> tuple[int, ...]:
+        trailing = list(self.plan.leaves[key].plan.global_shape[1:])
+        if columns is not None:
+            trailing[0] = columns.stop - columns.start
+        return (rows, *trailing)
+
+    def _checked(
+        self, step: int, ids: np.ndarray, request: ReadRequest, got: dict[Key, np.ndarray]
+    ) -> tuple[dict[Key, np.ndarray], set[Key]]:
+        """The read's leaves checked and in their delivered dtypes, and which may be borrowed."""
+        leaves = self.plan.leaves
+        missing = set(request.columns) - set(got)
+        extra = set(got) - set(leaves)
+        if missing or extra:
+            raise ValueError(
+                f"step {step}: the source returned leaves {sorted(map(str, got))}, but its first "
+                f"row had {sorted(map(str, leaves))}; every read must return the same leaves"
+            )
+        out, borrowed = {}, set()
+        for key, columns in request.columns.items():
+            data = np.asarray(got[key])
+            leaf, dtype = leaves[key], self.plan.dtypes[key]
+            expected = self._row_shape(key, columns, len(ids))
+            if data.shape[:1] != (len(ids),):
+                raise ValueError(
+                    f"step {step}: the read of {leaf_label(key)} returned "
+                    f"{len(data) if data.ndim else 0} rows for {len(ids)} ids ({preview_ids(ids)}); "
+                    "a source's read(ids) must return one row per id, in the order of the ids"
+                )
+            if data.shape != expected or data.dtype != dtype.source:
+                raise ValueError(
+                    f"step {step}: rows of {leaf_label(key)} have shape {data.shape[1:]} and dtype "
+                    f"{data.dtype}, but the source's first row had {leaf.plan.global_shape[1:]} "
+                    f"{dtype.source} (read of {len(ids)} rows, ids {preview_ids(ids)}); every row "
+                    "of a source must have one shape and dtype"
+                )
+            if dtype.casts:
+                data = dtype.convert(data, step=step, key=key, ids=ids)  # a new array
+            elif not self.fresh:
+                borrowed.add(key)
+            out[key] = data
+        return out, borrowed
+
+
+def stray_stop_iteration(where: str, source: Any) -> RuntimeError:
+    """The error for a `StopIteration` out of a random-access read (it would end training)."""
+    return RuntimeError(
+        f"{where} from {source.describe()} raised StopIteration. Only a stream's end may end "
+        "iteration; from a random-access source it would end the training loop early without a "
+        "word (a stray next() on an exhausted iterator inside read?), so it is an error: catch "
+        "it in the source, or wrap an iterable without random access in psdp.StreamSource"
+    )
+
+
+def with_timeout(work: Any, timeout_s: float | None, message: Any) -> Any:
+    """Runs ``work()`` on a daemon thread; raises `TimeoutError` if it takes over ``timeout_s``
+    (``None``: runs it on the calling thread, unbounded).
+
+    A read that never returns cannot be interrupted from Python; its daemon thread is abandoned
+    (it ends with the process), and the step fails instead of hanging the trainer.
+    """
+    if timeout_s is None:
+        return work()
+    result: list[Any] = []
+    error: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            result.append(work())
+        except BaseException as err:  # re-raised on the calling thread
+            error.append(err)
+
+    thread = threading.Thread(target=run, name="psdp-read", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise TimeoutError(message())
+    if error:
+        raise error[0]
+    return result[0]
+
+
+def _read_window_of(source: Any) -> Any:
+    """The source's ``read_window``, unless a subclass overrides ``read`` below it (then the
+    override is what the user means, and ``read_window`` would bypass it)."""
+    read_window = getattr(source, "read_window", None)
+    if read_window is None:
+        return None
+    mro = type(source).__mro__
+    defines = [
+        next((i for i, c in enumerate(mro) if n in c.__dict__), len(mro))
+        for n in ("read", "read_window")
+    ]
+    return read_window if defines[1] <= defines[0] else None
