@@ -111,7 +111,7 @@ def open_loader(source: Any, mesh: Mesh, args: argparse.Namespace, state=None) -
 
 def check_weights(loader: DataLoader, batch: dict[str, jax.Array], step: int) -> None:
     """The ``weight`` leaf names its rows: it must hold exactly the rows of ``step``."""
-    ids = np.full(loader.physical_batch_size, PAD, np.int64)
+    ids = np.full(loader.plan.physical_batch_size, PAD, np.int64)
     ids[: loader.global_batch_size] = loader.order.batch_ids(step)
     want = np.where(ids == PAD, 0, ids).astype(np.float32)
     got = np.asarray(batch["weight"])

@@ -78,6 +78,6 @@ def tensorstore_exact(
     return {
         "process": jax.process_index(),
         "shards": shards,
-        "rows_per_step": len(loader.read_positions),
+        "rows_per_step": len(loader.plan.read_positions),
         "source": source.describe(),
     }

@@ -95,7 +95,7 @@ def stream_loader_exact(
         source, mesh=mesh, global_batch_size=batch_size, shuffle=False, drop_last=True
     )
     with loader:
-        np.testing.assert_array_equal(loader.read_positions, positions[uids[me]])
+        np.testing.assert_array_equal(loader.plan.read_positions, positions[uids[me]])
         for step, batch in zip(range(steps), loader, strict=False):
             shards += check(step, batch)
             mine += _held_values(batch["weight"])

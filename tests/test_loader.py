@@ -292,7 +292,7 @@ def test_a_stream_fills_batches_in_order_and_pads_its_end():
     elements = [{k: v[i] for k, v in data.items()} for i in range(21)]
     mesh = make_mesh("data=4 x model=2")
     with DataLoader(StreamSource(elements), mesh=mesh, global_batch_size=8) as loader:
-        assert loader.stream_shard == (0, 1) and loader.padded
+        assert loader.plan.stream_shard == (0, 1) and loader.plan.padded
         batches = list(loader)  # the stream ends: 8 + 8 + 5 rows, the last batch padded
     assert len(batches) == 3
     for step, batch in enumerate(batches):
@@ -308,7 +308,7 @@ def test_a_stream_resumes_by_skipping_and_drops_its_end_with_drop_last():
     )
     mesh = make_mesh("data=8")
     with DataLoader(stream, mesh=mesh, global_batch_size=8, drop_last=True) as loader:
-        assert not loader.padded
+        assert not loader.plan.padded
         assert [np.asarray(b["x"])[0, 0] for b in loader] == [0, 8, 16]  # 24..29 dropped
         resumed = next(loader.iter_from(2))
         assert np.asarray(resumed["x"])[:, 0].tolist() == list(range(16, 24))

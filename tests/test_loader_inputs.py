@@ -279,7 +279,7 @@ def test_a_list_of_arrays_is_a_source():
 def test_dict_batches_carry_the_mask_even_when_nothing_is_padded():
     data = {"tokens": token_table(32)}
     with DataLoader(data, mesh=mesh_4x2(), global_batch_size=B, shuffle=False) as loader:
-        assert not loader.padded
+        assert not loader.plan.padded
         for step, batch in zip(range(5), loader, strict=False):
             assert set(batch) == {"tokens", "mask"}
             assert_batch_exact(batch, unshuffled(data, step, 32, mask=True))
@@ -298,7 +298,7 @@ def test_a_pad_value_is_only_checked_against_leaves_it_can_fill():
     data = {"tokens": token_table(32).astype(np.uint16)}  # 32 rows, B=8 on 4 shards: no padding
     loader = DataLoader(data, mesh=mesh_4x2(), global_batch_size=B, pad_value=-1, shuffle=False)
     with loader:
-        assert not loader.padded
+        assert not loader.plan.padded
         assert_batch_exact(loader.batch_at(0), unshuffled(data, 0, 32, mask=True))
 
 

@@ -201,7 +201,7 @@ def test_logical_batches_on_data_4(batch_size, shuffle):
     data = {"x": token_table(n), "y": np.arange(n, dtype=np.float32) + 1}
     loader = DataLoader(data, mesh=mesh, global_batch_size=batch_size, shuffle=shuffle, seed=4)
     physical = -(-batch_size // 4) * 4
-    assert loader.physical_batch_size == physical and loader.padded
+    assert loader.plan.physical_batch_size == physical and loader.plan.padded
     per_epoch = -(-n // batch_size)
     seen = []
     with loader:
@@ -244,7 +244,7 @@ def test_an_all_true_mask_when_nothing_is_padded():
     mesh = mesh_of(("data", "model"), (4, 2))
     loader = DataLoader({"x": token_table(32)}, mesh=mesh, global_batch_size=8)
     batch = loader.batch_at(0)
-    assert not loader.padded and set(batch) == {"x", "mask"}
+    assert not loader.plan.padded and set(batch) == {"x", "mask"}
     assert np.asarray(batch["mask"]).all()
 
 
@@ -311,7 +311,7 @@ def test_feeding_processes_on_one_process_is_the_plain_logical_batch():
     mesh = mesh_of(("data", "model"), (4, 2))
     data = {"x": token_table(30)}
     fed = DataLoader(data, mesh=mesh, global_batch_size=10, feeding_processes=[0], seed=1)
-    assert fed.physical_batch_size == 12 and fed.real_positions.tolist() == list(range(10))
+    assert fed.plan.physical_batch_size == 12 and fed.plan.real_positions.tolist() == list(range(10))
     assert_batch_exact(fed.batch_at(1), expected_batch(fed, data, 1))
     with pytest.raises(ValueError, match=r"process_index=3 is out of range: this layout has 1"):
         DataLoader(data, mesh=mesh, global_batch_size=10, feeding_processes=[3])

@@ -25,7 +25,7 @@ from psdp._runtime.agreement import agree, check_own_process
 from psdp._runtime.assembly import BatchAssembler, LeafAssembler, halo_mask
 from psdp._runtime.feeds import open_feed
 from psdp._runtime.prefetch import LoaderClosedError, Prefetcher
-from psdp._runtime.state import check_state, fingerprint, loader_state, restored_order
+from psdp._runtime.state import check_restored, check_state, loader_state, restored_order
 from psdp._runtime.step_reader import StepReader, with_timeout
 from psdp._runtime.telemetry import LoaderStats, Telemetry
 
@@ -128,31 +128,6 @@ class DataLoader:
     def global_batch_size(self) -> int:
         """Real rows per global batch."""
         return int(self.options.order.global_batch_size)  # type: ignore[arg-type]
-
-    @property
-    def physical_batch_size(self) -> int:
-        """Rows per global batch, padding included."""
-        return self.plan.physical_batch_size
-
-    @property
-    def real_positions(self) -> Any:
-        """Where the global batch's rows sit in the physical batch (the rest is padding)."""
-        return self.plan.real_positions
-
-    @property
-    def read_positions(self) -> Any:
-        """Positions within each (physical) batch this host reads, sorted; the same every step."""
-        return self.plan.read_positions
-
-    @property
-    def padded(self) -> bool:
-        """Whether a batch can hold padding rows."""
-        return self.plan.padded
-
-    @property
-    def stream_shard(self) -> tuple[int, int] | None:
-        """(uid, number of uids): the stream shard this host reads; ``None`` for random access."""
-        return self.plan.stream_shard
 
     @property
     def batch_spec(self) -> Any:
@@ -287,18 +262,8 @@ class DataLoader:
         """
         check_state(state)
         loader = cls(source, mesh=mesh, order=restored_order(state, kwargs), **kwargs)
-        try:  # hosts that restored from different checkpoints would feed one batch two ways
-            agree(
-                {"step": state["step"], "saved source": state["source"]},
-                loader.plan.layout.processes,
-                f"restored DataLoader {loader.name!r}",
-            )
-            found = fingerprint(loader.feed.rows, loader.plan)
-            if found != state["source"]:
-                raise ValueError(
-                    f"the source does not match the saved state: saved {state['source']}, found "
-                    f"{found}; resume with the source the state was saved from"
-                )
+        try:
+            check_restored(state, loader.plan, loader.feed.rows, loader.name)
         except BaseException:
             loader.close()
             raise
@@ -324,7 +289,7 @@ class DataLoader:
         return (
             f"DataLoader({self.source.describe()}, global_batch_size={self.global_batch_size}, "
             f"batch_spec={self.batch_spec}, process {self.process_index} reads "
-            f"{len(self.read_positions)} rows/step)"
+            f"{len(self.plan.read_positions)} rows/step)"
         )
 
 

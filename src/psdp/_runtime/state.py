@@ -9,6 +9,7 @@ from typing import Any
 from psdp._checks import check_fields, check_int
 from psdp._plan.loader_plan import LoaderPlan
 from psdp._plan.options import OrderOptions
+from psdp._runtime.agreement import agree
 
 #: The ``format`` field of a loader state.
 STATE_FORMAT = "psdp.loader/1"
@@ -94,3 +95,19 @@ def restored_order(state: Mapping[str, Any], kwargs: dict[str, Any]) -> OrderOpt
                 "run from step 0)"
             )
     return dataclasses.replace(OrderOptions(), **{name: state[name] for name in ORDER_FIELDS})
+
+
+def check_restored(state: Mapping[str, Any], plan: LoaderPlan, rows: int | None, name: str) -> None:
+    """Raises unless every host restored the same state, from the source it was saved from."""
+    # hosts that restored from different checkpoints would feed one batch two ways
+    agree(
+        {"step": state["step"], "saved source": state["source"]},
+        plan.layout.processes,
+        f"restored DataLoader {name!r}",
+    )
+    found = fingerprint(rows, plan)
+    if found != state["source"]:
+        raise ValueError(
+            f"the source does not match the saved state: saved {state['source']}, found "
+            f"{found}; resume with the source the state was saved from"
+        )

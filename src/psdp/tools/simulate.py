@@ -461,7 +461,7 @@ def run_host(simulation: dict[str, Any], path: str, synthetic: bool) -> dict[str
                 last_note = time.perf_counter()
         elapsed = time.perf_counter() - first_done
         stats = loader.stats()
-        rows_per_step = len(loader.read_positions)
+        rows_per_step = len(loader.plan.read_positions)
     return {
         "process": me,
         "steps": sim.steps,
@@ -504,7 +504,7 @@ def _physical_ids(loader: Any, step: int) -> np.ndarray:
     if physical == len(ids):
         return np.asarray(ids)
     out = np.full(physical, -1, np.int64)
-    out[loader.real_positions] = ids
+    out[loader.plan.real_positions] = ids
     return out
 
 
