@@ -24,9 +24,16 @@ from psdp._plan.options import (
 from psdp._runtime.agreement import agree, check_own_process
 from psdp._runtime.assembly import BatchAssembler, LeafAssembler, halo_mask
 from psdp._runtime.feeds import open_feed
-from psdp._runtime.prefetch import LoaderClosedError, Prefetcher
-from psdp._runtime.state import check_restored, check_state, loader_state, restored_order
-from psdp._runtime.step_reader import StepReader, with_timeout
+from psdp._runtime.iterator import Iterators, LoaderIterator
+from psdp._runtime.prefetch import LoaderClosedError
+from psdp._runtime.state import (
+    agreed_settings,
+    check_restored,
+    check_state,
+    loader_state,
+    restored_order,
+)
+from psdp._runtime.step_reader import StepReader
 from psdp._runtime.telemetry import LoaderStats, Telemetry
 
 __all__ = ["DataLoader", "LoaderIterator"]
@@ -104,26 +111,22 @@ class DataLoader:
             stream=self.feed.stream,
             ends_short=self.feed.ends_short,
         )
-        self._reader = StepReader(self.plan, fresh=self.feed.fresh)
+        self._reader = StepReader(self.plan, self.feed, self.options.reading.read_timeout_s)
         self._assembler = BatchAssembler(self.plan)
         self.telemetry = Telemetry(stall_warning_s=self.options.reading.stall_warning_s)
-        self._iterators: list[LoaderIterator] = []
-        self._last_iterator: LoaderIterator | None = None  # state() counts from it, even closed
+        self._iterators = Iterators()
         self._lock = threading.Lock()
         self._closed = False
         self._direct_reads = 0  # batch_at calls, numbered alike on every host (stream ends)
         self._iterations = 0  # iterators started, numbered alike on every host (stream ends)
         self.start_step = 0
-        agreed = {
-            **{k: v for k, v in self._state_at(0).items() if k not in ("format", "step", "source")},
-            "source rows": self.feed.rows,
-            "source leaves": self.plan.leaf_shapes(),
-            **self.plan.settings(),
-        }
-        namespace = agree(agreed, layout.processes, f"built DataLoader {self.name!r}")
+        namespace = agree(
+            agreed_settings(self.options.order, self.feed, self.plan),
+            layout.processes,
+            f"built DataLoader {self.name!r}",
+        )
         self.feed.start(self.plan, namespace)
 
-    # ---------------------------------------------------------------------- the plan, in parts
     @property
     def global_batch_size(self) -> int:
         """Real rows per global batch."""
@@ -153,7 +156,6 @@ class DataLoader:
         """
         return halo_mask(self.plan.leaves[key], key)
 
-    # ------------------------------------------------------------------------------ one step
     def batch_at(self, step: int) -> Batch:
         """Reads and assembles the batch of ``step`` on the calling thread (no prefetch).
 
@@ -169,20 +171,7 @@ class DataLoader:
         """The batch of ``step`` for the read named ``run`` (an iterator, or a direct call)."""
         check_int("step", step, minimum=0)
         started = time.perf_counter()
-        timeout_s = self.options.reading.read_timeout_s
-
-        def read_step() -> tuple[Any, Any]:
-            ids, source = self.feed.step(step, run, stop)
-            return ids, self._reader.read(step, ids, source)
-
-        ids, buffers = with_timeout(
-            read_step,
-            timeout_s,
-            lambda: f"step {step}: reading {self.feed.what_is_read(step)} from "
-            f"{self.source.describe()} took longer than read_timeout_s={timeout_s}; the source "
-            "may be stuck (a hung filesystem or object store); raise read_timeout_s if reads are "
-            "just slow",
-        )
+        ids, buffers = self._reader.read_step(step, run, stop)
         read = time.perf_counter()
         batch = self._assembler.assemble(ids, buffers)
         self.telemetry.record_read(read - started, time.perf_counter() - read)
@@ -193,7 +182,6 @@ class DataLoader:
         bottleneck; ``print(loader.stats())`` gives a one-line verdict."""
         return self.telemetry.stats()
 
-    # ----------------------------------------------------------------------------- iteration
     def iter_from(self, step: int) -> LoaderIterator:
         """An iterator over the batches of steps ``step, step + 1, ...``, prefetched.
 
@@ -206,27 +194,25 @@ class DataLoader:
                 raise LoaderClosedError(
                     "this DataLoader is closed; create a new DataLoader to read again"
                 )
-            self._iterators = [it for it in self._iterators if not it.closed]
             self._iterations += 1
+            run = f"i{self._iterations}"
             threads = self.feed.read_threads(reading.read_threads)
-            iterator = LoaderIterator(
-                self,
-                f"i{self._iterations}",
-                start=step,
-                depth=reading.prefetch,
-                name=f"{self.name}-{step}",
-                observer=self.telemetry.record_next,
-                **({"workers": threads} if threads > 1 else {}),
+            return self._iterators.add(
+                lambda: LoaderIterator(
+                    lambda step, stopped: self._batch(step, run, lambda: stopped() or self._closed),
+                    self._state_at,
+                    start=step,
+                    depth=reading.prefetch,
+                    name=f"{self.name}-{step}",
+                    observer=self.telemetry.record_next,
+                    **({"workers": threads} if threads > 1 else {}),
+                )
             )
-            self._iterators.append(iterator)
-            self._last_iterator = iterator
-        return iterator
 
     def __iter__(self) -> LoaderIterator:
         """Iterates from `start_step` (0, or the step of a restored `state`)."""
         return self.iter_from(self.start_step)
 
-    # ---------------------------------------------------------------------------- state
     def state(self) -> dict[str, Any]:
         """A small JSON-able record to resume from: the next step and what the order depends on.
 
@@ -234,19 +220,7 @@ class DataLoader:
         one's once all are closed). With two open iterators it is ambiguous, so this raises: save
         ``it.state()`` of the iterator you train from (``docs/reliability.md``).
         """
-        with self._lock:
-            open_iterators = [it for it in self._iterators if not it.closed]
-            if len(open_iterators) > 1:
-                steps = [it.next_step for it in open_iterators]
-                raise ValueError(
-                    f"loader.state() is ambiguous: {len(open_iterators)} iterators of this loader "
-                    f"are open (next steps {steps}); save the state of the one you train from "
-                    "with it.state(), or close the others (next(iter(loader)) leaves an iterator "
-                    "open; peek with loader.batch_at(step), which opens none)"
-                )
-            last = open_iterators[0] if open_iterators else self._last_iterator
-            step = self.start_step if last is None else last.next_step
-        return self._state_at(step)
+        return self._state_at(self._iterators.next_step(self.start_step))
 
     def _state_at(self, step: int) -> dict[str, Any]:
         return loader_state(step, self.options.order, self.feed, self.plan)
@@ -274,9 +248,7 @@ class DataLoader:
         """Stops every iterator this loader started and joins their threads; idempotent."""
         with self._lock:
             self._closed = True
-            iterators, self._iterators = self._iterators, []
-        for iterator in iterators:
-            iterator.close()
+        self._iterators.close()
         self.feed.close()
 
     def __enter__(self) -> DataLoader:
@@ -291,31 +263,3 @@ class DataLoader:
             f"batch_spec={self.batch_spec}, process {self.process_index} reads "
             f"{len(self.plan.read_positions)} rows/step)"
         )
-
-
-class LoaderIterator(Prefetcher[Batch]):
-    """What ``iter(loader)`` and `DataLoader.iter_from` return: batches prefetched on background
-    threads, and the iterator's own `state`.
-
-    Example:
-        >>> import jax, numpy as np
-        >>> from jax.sharding import Mesh
-        >>> mesh = Mesh(np.array(jax.devices()).reshape(8), ("data",))
-        >>> with DataLoader(np.arange(64, dtype=np.int32), mesh=mesh, global_batch_size=8) as loader:
-        ...     it = iter(loader)
-        ...     _ = next(it), next(it)
-        ...     it.state()["step"]
-        2
-    """
-
-    def __init__(self, loader: DataLoader, run: str, *, start: int, **kwargs: Any) -> None:
-        self._loader = loader
-        self._run = run  # names this iterator's reads in the hosts' stream agreement
-        super().__init__(self._produce, start=start, **kwargs)
-
-    def _produce(self, step: int) -> Batch:
-        return self._loader._batch(step, self._run, lambda: self.closed or self._loader._closed)
-
-    def state(self) -> dict[str, Any]:
-        """The loader's state with this iterator's next step: what `DataLoader.restore` takes."""
-        return self._loader._state_at(self.next_step)

@@ -111,3 +111,14 @@ def check_restored(state: Mapping[str, Any], plan: LoaderPlan, rows: int | None,
             f"the source does not match the saved state: saved {state['source']}, found "
             f"{found}; resume with the source the state was saved from"
         )
+
+
+def agreed_settings(order: OrderOptions, feed: Any, plan: LoaderPlan) -> dict[str, Any]:
+    """What the batches depend on, which every host of the mesh must agree on."""
+    state = loader_state(0, order, feed, plan)
+    return {
+        **{k: v for k, v in state.items() if k not in ("format", "step", "source")},
+        "source rows": feed.rows,
+        "source leaves": plan.leaf_shapes(),
+        **plan.settings(),
+    }

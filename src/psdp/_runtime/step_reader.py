@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -27,6 +28,7 @@ class StepReader:
         >>> import jax, numpy as np
         >>> from jax.sharding import Mesh
         >>> from psdp._plan.options import LoaderOptions
+        >>> from psdp._runtime.feeds import open_feed
         >>> from psdp.sources import ArraySource
         >>> mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "model"))
         >>> source = ArraySource({"x": np.arange(10, dtype=np.int32)})
@@ -34,14 +36,32 @@ class StepReader:
         ...     LoaderOptions.create(global_batch_size=6, pad_value=-1), 0, stream=False,
         ...     ends_short=False)
         >>> ids = np.array([3, 1, 4, 1, 5, 9, -1, -1])
-        >>> StepReader(plan, fresh=True).read(0, ids, source)["x"][0].tolist()
+        >>> StepReader(plan, open_feed(source, plan.options.order)).read(0, ids, source)["x"][0].tolist()
         [3, 1, 4, 1, 5, 9, -1, -1]
     """
 
-    def __init__(self, plan: LoaderPlan, *, fresh: bool) -> None:
-        self.plan = plan
-        self.fresh = fresh  # reads return new arrays; otherwise buffers are copied out
+    def __init__(self, plan: LoaderPlan, feed: Any, timeout_s: float | None = None) -> None:
+        self.plan, self.feed, self.timeout_s = plan, feed, timeout_s
+        self.fresh = feed.fresh  # reads return new arrays; otherwise buffers are copied out
         self.pad_value = plan.options.output.pad_value
+
+    def read_step(
+        self, step: int, run: str, stop: Callable[[], bool]
+    ) -> tuple[np.ndarray, Buffers]:
+        """Step ``step``'s ids (from the feed) and buffers, within ``timeout_s``."""
+
+        def read() -> tuple[np.ndarray, Buffers]:
+            ids, source = self.feed.step(step, run, stop)
+            return ids, self.read(step, ids, source)
+
+        return with_timeout(
+            read,
+            self.timeout_s,
+            lambda: f"step {step}: reading {self.feed.what_is_read(step)} from "
+            f"{self.feed.source.describe()} took longer than read_timeout_s={self.timeout_s}; the "
+            "source may be stuck (a hung filesystem or object store); raise read_timeout_s if "
+            "reads are just slow",
+        )
 
     def read(self, step: int, ids: np.ndarray, source: Any) -> Buffers:
         """Every window buffer of step ``step``, whose physical batch holds ``ids``."""
