@@ -272,7 +272,7 @@ def agreement_cost(process_index, axis_names, mesh_shape, steps=300, repeats=20)
     with DataLoader(source, mesh=mesh, global_batch_size=B, shuffle=False) as loader:
         loader.batch_at(0)  # warm up: open the shard, compile nothing further
         out["batch_at with agreement"] = median_ms(lambda i: loader.batch_at(i + 1), steps)
-        loader._ends = None  # the same loader without the agreement
+        loader.feed.ends = None  # the same loader without the agreement
         out["batch_at without"] = median_ms(lambda i: loader.batch_at(steps + i + 1), steps)
     flag = np.int32(1)
     multihost_utils.process_allgather(flag)  # compile once

@@ -180,3 +180,15 @@ def test_docs_that_need_8_devices_say_how_to_fake_them(doc):
         return
     assert text.count(FAKE_DEVICES) == 1, f"docs/{doc}: say {FAKE_DEVICES} once"
     assert text.index(FAKE_DEVICES) < need.start(), f"docs/{doc}: say it before {need.group()}"
+
+
+def test_architecture_names_only_modules_that_exist():
+    """docs/architecture.md's map of the package: every module it names is where it says."""
+    text = (DOCS / "architecture.md").read_text()
+    named = set(re.findall(r"\b((?:_plan|_runtime|_integration|sources|tools)/\w+\.py)", text))
+    named |= set(re.findall(r"`(_\w+\.py)`", text))
+    assert len(named) >= 20
+    src = DOCS.parent / "src" / "psdp"
+    assert sorted(p for p in named if not (src / p).exists()) == []
+    modules = {str(p.relative_to(src)) for p in src.glob("_*/*.py") if p.name != "__init__.py"}
+    assert sorted(modules - named) == [], "modules docs/architecture.md does not place"

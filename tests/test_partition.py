@@ -311,7 +311,9 @@ def test_feeding_processes_on_one_process_is_the_plain_logical_batch():
     mesh = mesh_of(("data", "model"), (4, 2))
     data = {"x": token_table(30)}
     fed = DataLoader(data, mesh=mesh, global_batch_size=10, feeding_processes=[0], seed=1)
-    assert fed.plan.physical_batch_size == 12 and fed.plan.real_positions.tolist() == list(range(10))
+    assert fed.plan.physical_batch_size == 12 and fed.plan.real_positions.tolist() == list(
+        range(10)
+    )
     assert_batch_exact(fed.batch_at(1), expected_batch(fed, data, 1))
     with pytest.raises(ValueError, match=r"process_index=3 is out of range: this layout has 1"):
         DataLoader(data, mesh=mesh, global_batch_size=10, feeding_processes=[3])
