@@ -26,6 +26,7 @@ from jax.sharding import Mesh, PartitionSpec
 
 from psdp._checks import check_int
 from psdp._plan.leaves import Key
+from psdp._plan.mesh import axes_of, spec_entry
 
 #: Mesh axis names taken as batch axes by the ``"batch"`` strategy, in mesh order.
 DEFAULT_BATCH_AXES = ("replica", "data", "fsdp", "batch")
@@ -52,7 +53,7 @@ def default_batch_spec(mesh: Mesh) -> PartitionSpec:
             f"the mesh axes {tuple(mesh.axis_names)} include none of the usual batch axes "
             f"{DEFAULT_BATCH_AXES}; pass batch_spec=PartitionSpec(<your batch axes>)"
         )
-    return PartitionSpec(axes[0] if len(axes) == 1 else axes)
+    return PartitionSpec(spec_entry(axes))
 
 
 def resolve_spec(
@@ -76,8 +77,7 @@ def resolve_spec(
         return strategy
     if strategy == "batch":
         if batch_axes:
-            axes = (batch_axes,) if isinstance(batch_axes, str) else tuple(batch_axes)
-            return PartitionSpec(axes[0] if len(axes) == 1 else axes)
+            return PartitionSpec(spec_entry(axes_of(batch_axes)))
         return default_batch_spec(mesh)
     if strategy == "full":
         return PartitionSpec(tuple(mesh.axis_names))
@@ -145,9 +145,7 @@ def batch_shards(mesh: Mesh, spec: PartitionSpec) -> int:
         >>> batch_shards(mesh, P(("data", "model"))), batch_shards(mesh, P())
         (8, 1)
     """
-    if not len(spec) or spec[0] is None:
-        return 1
-    axes = (spec[0],) if isinstance(spec[0], str) else tuple(spec[0])
+    axes = axes_of(spec[0]) if len(spec) else ()
     return math.prod(mesh.shape[a] for a in axes)
 
 
@@ -178,7 +176,7 @@ def named_spec(
     for name in names:
         axis_name = getattr(name, "name", name)
         entry = axis_mapping.get(axis_name)
-        for axis in (entry,) if isinstance(entry, str) else entry or ():
+        for axis in axes_of(entry):
             if axis not in mesh.axis_names:
                 raise ValueError(
                     f"axis_mapping maps {axis_name!r} (a dimension of leaf {leaf}) to mesh axis "

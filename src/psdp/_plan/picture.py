@@ -21,13 +21,14 @@ from psdp._plan.layout import MeshLayout
 from psdp._plan.mesh import (
     AxisNames,
     PodPlan,
-    _merge,
-    _normalise_batch_axes,
-    _spec_axes,
+    batch_axes_of,
     dp_index,
     local_device_mapping,
+    merge_ranges,
     plan_pod,
     process_mesh_mapping,
+    spec_axes,
+    spec_entry,
 )
 
 Range = tuple[int, int]
@@ -65,12 +66,12 @@ def plan_summary(
         >>> p0["devices"], p0["local_device_mapping"], p0["rows"]
         ([0, 1, 2, 3], {'0': 0, '3': 1}, [[0, 4], [12, 16]])
     """
-    axes = _normalise_batch_axes(batch_axes)
+    axes = batch_axes_of(batch_axes)
     pod = plan_pod(layout, spec, global_shape)
     uids = process_mesh_mapping(layout, axes)
     return {
         "mesh": _mesh_summary(layout, axes),
-        "spec": [list(names) for names in _spec_axes(layout, spec, len(pod.global_shape))],
+        "spec": [list(names) for names in spec_axes(layout, spec, len(pod.global_shape))],
         "global_shape": list(pod.global_shape),
         "uids": {str(p): u for p, u in uids.items()},
         "uid_groups": _groups(uids),
@@ -253,7 +254,7 @@ def _int_keys(table: dict[str, int]) -> dict[int, int]:
 
 
 def _spec_text(spec: list[list[str]]) -> str:
-    entries = [repr(names[0] if len(names) == 1 else tuple(names) or None) for names in spec]
+    entries = [repr(spec_entry(names)) for names in spec]
     return f"P({', '.join(entries)})"
 
 
@@ -292,7 +293,7 @@ def _reads_text(process: dict[str, Any]) -> str:
         columns = _ranges_text(block["columns"])
         by_columns.setdefault(columns, []).append(tuple(block["rows"]))
     return "; ".join(
-        f"rows {_ranges_text(_merge(rows))} x cols {columns}"
+        f"rows {_ranges_text(merge_ranges(rows))} x cols {columns}"
         for columns, rows in by_columns.items()
     )
 

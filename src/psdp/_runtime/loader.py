@@ -39,7 +39,7 @@ from psdp._compat import enable_x64
 from psdp._imports import import_optional
 from psdp._plan.dtypes import check_pad_value, needs_x64, plan_dtypes
 from psdp._plan.leaves import Key, leaf_label, leaves_of
-from psdp._plan.mesh import _spec_axes, as_layout
+from psdp._plan.mesh import as_layout, spec_axes
 from psdp._plan.options import (
     LoaderOptions,
     OrderOptions,
@@ -263,7 +263,7 @@ class DataLoader:
         #: each leaf's `PartitionSpec` (a dict for dict sources; one spec for an array source)
         self.batch_spec: Any = specs[None] if None in specs else specs
         for key, spec in specs.items():
-            _spec_axes(layout, spec, ndims[key])  # raises naming the spec and the mesh
+            spec_axes(layout, spec, ndims[key])  # raises naming the spec and the mesh
         if self._named:  # after the checks of the names, which need no haliax
             self._haliax = import_optional("haliax", extra="haliax", needed_for="named_axes")
         shards = [batch_shards(mesh, spec) for spec in specs.values()]

@@ -13,14 +13,11 @@ damaged data is an error, never a silently wrong batch. See ``docs/sources.md``.
 from typing import TYPE_CHECKING
 
 from psdp._imports import lazy_attributes
-from psdp.sources.base import SINGLE_LEAF as SINGLE_LEAF
+from psdp._plan.leaves import SINGLE_LEAF as SINGLE_LEAF
 from psdp.sources.base import ArraySource as ArraySource
 from psdp.sources.base import IndexableSource as IndexableSource
 from psdp.sources.base import Rows as Rows
 from psdp.sources.base import Source as Source
-from psdp.sources.base import _as_rows as _as_rows
-from psdp.sources.base import _check_ids as _check_ids
-from psdp.sources.base import _describe_rows as _describe_rows
 from psdp.sources.base import as_source as as_source
 from psdp.sources.grain import GrainSource as GrainSource
 from psdp.sources.memmap import MemmapSource as MemmapSource

@@ -24,7 +24,8 @@ import numpy as np
 import tensorstore as ts
 
 from psdp._checks import check_int, preview_ids
-from psdp.sources.base import SINGLE_LEAF, Rows, _check_ids, fresh_rows
+from psdp._plan.leaves import SINGLE_LEAF
+from psdp.sources.base import Rows, check_ids, fresh_rows
 
 #: The metadata file of a psdp dataset directory; `write_dataset` writes it last.
 METADATA_FILE = "psdp.json"
@@ -162,7 +163,7 @@ class TensorStoreSource:
 
     @fresh_rows  # every TensorStore read returns a new array (tested)
     def read(self, ids: np.ndarray) -> Rows:
-        ids = _check_ids(ids, self._len, self._where)
+        ids = check_ids(ids, self._len, self._where)
         if ids.size == 0:
             rows = {
                 k: np.empty((0, *shape), dtype) for k, (dtype, shape) in self._leaf_types.items()
@@ -188,7 +189,7 @@ class TensorStoreSource:
 
         One batched read, like `read`; a sequence-sharded host reads only its columns' chunks.
         """
-        ids = _check_ids(ids, self._len, self._where)
+        ids = check_ids(ids, self._len, self._where)
         arrays = {key: self._arrays[SINGLE_LEAF if key is None else key] for key in columns}
         try:
             with ts.Batch() as batch:

@@ -38,13 +38,13 @@ import tensorstore as ts
 from tqdm import tqdm
 
 from psdp._checks import is_int
-from psdp.sources import (
+from psdp._plan.leaves import SINGLE_LEAF
+from psdp.sources.base import as_rows
+from psdp.sources.tensorstore import (
     DATASET_FORMAT,
     DATASET_VERSION,
     INCOMPLETE_MARKER,
     METADATA_FILE,
-    SINGLE_LEAF,
-    _as_rows,
 )
 
 #: Rows are written in blocks of whole shards of about this many bytes (all leaves together).
@@ -388,7 +388,7 @@ def _as_chunk(chunk: Any, index: int | None, single: bool) -> Chunk:
 
 def _leaf_array(value: Any, what: str, index: int | None) -> np.ndarray:
     where = "" if index is None else f"chunk {index}: "
-    value = _as_rows(value, f"{where}{what}")
+    value = as_rows(value, f"{where}{what}")
     try:
         if value.dtype.kind in "OSUMmV" and value.dtype.name != "bfloat16":
             raise TypeError
