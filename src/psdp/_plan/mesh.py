@@ -1,25 +1,8 @@
-"""The pure planner: which rows (and columns) each host must read, and which hosts read the same.
+"""The pure planner: which rows (and columns) each host reads, and which hosts read the same.
 
-Mental model. A batch leaf of global shape ``G`` with a `PartitionSpec` ``S`` on a mesh ``M`` gives
-every device ``d`` one box ``I(d)`` of the leaf (JAX's ``devices_indices_map``). Along each leaf
-dimension the spec names some mesh axes; a device's *shard index* on that dimension is its position
-along those axes, linearised major-to-minor in the order the spec names them, and its box on that
-dimension is ``[i * n, (i + 1) * n)`` with ``n = G[dim] / shards``. Everything here is that formula,
-evaluated for all devices at once with numpy, over a `MeshLayout` (the process of every position).
-
-Why reading ``U(p) = union of I(d) over the devices d of process p`` is necessary and sufficient:
-after assembly, process ``p``'s devices must hold exactly their boxes, and a process can only place
-data on its own devices, so every element of ``U(p)`` must be read by ``p`` (necessary); and
-``jax.make_array_from_callback`` asks ``p`` only for the boxes of its own devices, so nothing outside
-``U(p)`` is ever needed (sufficient). ``U(p)`` depends only on the layout, ``S`` and ``G``, which
-every process knows without talking to the others, so every process computes the same ``U`` for
-every process, and hence the same uid table: two processes get the same uid exactly when their
-``U`` are equal. Boxes of one leaf are either equal or disjoint (they are products of aligned
-blocks), so ``U(p)`` is determined by the *set* of distinct box ids ``p`` holds, and comparing those
-sets is comparing ``U``. Nothing assumes a 2-D mesh, box-shaped hosts or contiguous device ids.
-
-For a batch-only spec the box id is the DP index, which gives `local_device_mapping` and
-`process_mesh_mapping`; `plan_batch` handles any spec, including a sharded sequence dimension.
+Everything is numpy over a `MeshLayout`, for all devices at once. Why reading the union of a
+host's device boxes is necessary and sufficient, and why equal sets of box ids mean equal data:
+``docs/concepts.md``, "Why the plan is right".
 """
 
 from __future__ import annotations
@@ -207,8 +190,8 @@ def local_device_mapping(
         process_index: the process to plan for; defaults to ``jax.process_index()``.
 
     Example:
-        The seed example (4 hosts x 4 devices, ``data=4 x model=4``): host 0 holds data rows 0
-        and 3.
+        The example pod of ``docs/concepts.md`` (4 hosts x 4 devices on ``data=4 x model=4``,
+        each host folded across two data rows): host 0 holds data rows 0 and 3.
 
         >>> layout = MeshLayout.noncontiguous({"data": 4, "model": 4}, num_processes=4)
         >>> local_device_mapping(layout, "data", process_index=0)

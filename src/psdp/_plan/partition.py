@@ -1,19 +1,7 @@
-"""Partition strategies: from what the user asks for to one `PartitionSpec` per batch leaf.
+"""Partition strategies: from ``batch_spec`` (and ``named_axes``) to one `PartitionSpec` per leaf.
 
-Mental model (AXLearn's input partition types). A leaf's spec says which mesh axes split its
-batch dimension (and, for a sequence-sharded leaf, its dimension 1). Three named strategies cover
-most trainings:
-
-- ``"batch"`` (the default): dimension 0 over the mesh's batch axes (`DEFAULT_BATCH_AXES`), so
-  the devices of a tensor-parallel group get identical rows and no input reshard is needed;
-- ``"full"``: dimension 0 over every mesh axis, so every device gets different rows (fewest bytes
-  per host; the model reshards before its tensor-parallel layers);
-- ``"replicated"``: every device gets the whole batch.
-
-A `PartitionSpec` is used as given; ``batch_spec`` may also be a dict of those per leaf. Leaves
-named in ``named_axes`` take their spec from a haliax-style axis mapping instead. The *physical*
-batch is the global batch rounded up so that every leaf's batch dimension divides into its shards
-(AXLearn's logical batch): the extra rows are padding, masked out by the loader.
+Also the physical batch: the global batch rounded up so every leaf's shards divide it. The
+strategies, what each host reads and when to pick which: ``docs/partitioning.md``.
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
-"""Text pictures of a data plan: who owns each device, who shares data, and who reads which rows.
+"""Text pictures of a plan (``psdp plan``): who owns each device, who shares data, who reads what.
 
-Mental model. The mesh is drawn as a grid whose rows are DP indices (the batch axes, flattened
-major to minor in the order given, exactly as `psdp._plan.mesh.dp_index` linearises them) and whose
-columns are every other mesh axis, flattened row-major in mesh order. Each cell ``d4 p1`` is one
-device (its id, or its flat mesh position when the layout has no ids) and the process that owns it.
-A row is therefore one TP group: every device in it holds the same rows. A process that appears in
-several rows (a non-contiguous mesh) holds several DP indices, and processes whose sets of held
-data are equal share a uid. Everything is computed by `psdp._plan.mesh` on a `MeshLayout`, so no JAX
-devices are needed; `plan_summary` is the data and `render_plan` only formats it.
+`plan_summary` is the data, computed by the planner on a `MeshLayout` (no devices needed), and
+`render_plan` only formats it; how to read the picture: ``docs/concepts.md``.
 """
 
 from __future__ import annotations
@@ -56,7 +50,7 @@ def plan_summary(
         dimension 1) and ``processes`` (one entry per process).
 
     Example:
-        The seed example: process 0 reads rows 0-3 and 12-15 of a batch of 16.
+        The example pod of ``docs/concepts.md``: process 0 reads rows 0-3 and 12-15 of 16.
 
         >>> layout = MeshLayout.noncontiguous({"data": 4, "model": 4}, num_processes=4)
         >>> summary = plan_summary(layout, "data", ("data",), (16,))

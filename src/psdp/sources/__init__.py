@@ -1,13 +1,8 @@
-"""Sources: where rows come from. One module per kind; everything is importable from here.
+"""Sources: where rows come from, one module per kind (``docs/sources.md``).
 
-Mental model: a **source** is a sized table read in batches: ``len(source)`` rows, and
-``source.read(ids)`` returns the rows at ``ids`` (any order, repeats allowed) as one array or a dict
-of arrays, one call per step (`base`). On disk: `TensorStoreSource` reads a zarr3 dataset written
-by `psdp.sources.writer.write_dataset` (`tensorstore`), `MemmapSource` maps ``.npy`` files (`memmap`), and
-`GrainSource` batches a Grain-style per-record source on a thread pool (`grain`). A **stream** is
-an iterable without random access (`streams`): `StreamSource.open(shard, num_shards, start)`
-gives a `StreamReader` of one shard (one per data-shard uid), resumed by skipping. Missing or
-damaged data is an error, never a silently wrong batch. See ``docs/sources.md``.
+A random-access source is a sized table read in batches (`base`); `tensorstore`, `memmap` and
+`grain` read from disk or per-record sources, and the writer next to them writes datasets; a
+stream (`streams`) is an iterable without random access, read shard by shard.
 """
 
 from typing import TYPE_CHECKING

@@ -1,13 +1,6 @@
-"""The random-access source protocol, the in-memory sources, and helpers every source shares.
-
-Mental model: a random-access source is a sized table. It has ``len(source)`` rows and
-``source.read(ids)`` returns those rows (an int64 array of row ids, any order, repeats allowed) as
-one array or a dict of arrays whose first dimension is ``len(ids)``. Reads are batched (one call
-per step, never one per row) and must be thread-safe, because the loader reads on a background
-thread and several iterators may share a source. `as_source` turns what users already have (a
-numpy array, a dict of equally long arrays, a list of records, any object with ``__len__`` and a
-batched ``__getitem__(ids)``) into a source. Iterables without random access are not sources; they are
-streams (`psdp.sources.streams`).
+"""The random-access source protocol, the in-memory sources, `as_source`, and the helpers every
+source shares. What a read must return (any order, repeats, thread-safe): ``docs/sources.md``,
+"The protocol".
 """
 
 from __future__ import annotations
@@ -16,6 +9,8 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol, TypeAlias, TypeVar, runtime_checkable
 
 import numpy as np
+
+from psdp._plan.leaves import Key
 
 Rows: TypeAlias = "np.ndarray | dict[str, np.ndarray]"
 
@@ -111,8 +106,8 @@ class ArraySource:
 
     @fresh_rows
     def read_window(
-        self, ids: np.ndarray, columns: Mapping[str | None, slice | None]
-    ) -> dict[str | None, np.ndarray]:
+        self, ids: np.ndarray, columns: Mapping[Key, slice | None]
+    ) -> dict[Key, np.ndarray]:
         """Only some leaves (``None``: the single array), each cut to a range of dimension 1.
 
         The loader uses this for sequence-sharded leaves, so a host copies only its columns.

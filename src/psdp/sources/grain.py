@@ -1,9 +1,5 @@
-"""`GrainSource`: adapts a Grain-style per-record source (``__len__``, ``__getitem__(int)``).
-
-Mental model: Grain's sources read one record per call; the loader wants one batched read per
-step. A read takes the step's unique ids, fetches their records on a small thread pool (each
-thread a contiguous slice of the ids), stacks each leaf, and repeats rows for repeated ids. Grain
-itself is never imported: any object with that interface works (a list of records, too).
+"""`GrainSource`: a Grain-style per-record source (``__len__``, ``__getitem__(int)``) read in
+batches on a small thread pool (``docs/sources.md``). Grain itself is never imported.
 """
 
 from __future__ import annotations
@@ -22,10 +18,8 @@ from psdp.sources.base import Rows, check_ids, fresh_rows
 class GrainSource:
     """Adapts a Grain-style random-access source: ``__len__`` and ``__getitem__(int)`` per record.
 
-    Grain's sources (``grain.sources.ArrayRecordDataSource``, ``grain.MapDataset``, ...) read one
-    record per call. A step's records are fetched on a small thread pool (each thread reads a
-    contiguous slice of the unique ids) and stacked per leaf; a record is an array or a dict of
-    arrays. Grain itself is never imported: any object with that interface works.
+    A read fetches the unique ids' records on a thread pool (each thread a contiguous slice) and
+    stacks them per leaf; a record is an array or a dict of arrays.
 
     Args:
         data_source: the per-record source.

@@ -1,9 +1,5 @@
-"""`MemmapSource`: rows of ``.npy`` files, memory-mapped.
-
-Mental model: an `ArraySource` whose arrays are ``np.load(path, mmap_mode="r")`` views, so a read
-is a gather from the OS page cache (the fastest random reads on a local disk) and the OS decides
-what stays in memory. Files must hold uncompressed arrays written by ``np.save``; ``.npz``
-archives, pickles and directories are refused with the reason.
+"""`MemmapSource`: rows of ``.npy`` files, memory-mapped: an `ArraySource` over ``np.load`` views
+(``docs/sources.md``).
 """
 
 from __future__ import annotations
