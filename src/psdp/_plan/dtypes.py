@@ -71,7 +71,7 @@ def plan_dtypes(sources: Mapping[Key, np.dtype], declared: Any) -> dict[Key, Lea
     """Every leaf's `LeafDtype`, from the source dtypes and the user's ``dtypes=``.
 
     ``declared`` is ``None``, one dtype (an array source), or a dict leaf -> dtype (some leaves of
-    a dict source). The rules are in the module docstring; the current ``jax_enable_x64``
+    a dict source). The rules are in ``docs/loader.md``; the current ``jax_enable_x64``
     setting decides whether 64-bit dtypes can be delivered.
 
     Raises:
