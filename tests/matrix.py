@@ -85,7 +85,7 @@ class GrainReads(GrainSource):
         records = [
             {k: v[i] for k, v in data.items()} for i in range(len(next(iter(data.values()))))
         ]
-        super().__init__(records, num_threads=1)
+        super().__init__(records, read_threads=1)
         self.names = list(data)
         self.reads: list[tuple[np.ndarray, dict[Any, slice | None]]] = []
 

@@ -109,7 +109,7 @@ def _fresh_sources(tmp_path):
         "ArraySource": ArraySource({"tokens": rows}),
         "MemmapSource": MemmapSource({"tokens": tmp_path / "rows.npy"}),
         "TensorStoreSource": TensorStoreSource(store),
-        "GrainSource": GrainSource(records, num_threads=1),
+        "GrainSource": GrainSource(records, read_threads=1),
     }
 
 

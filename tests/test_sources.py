@@ -416,7 +416,7 @@ def test_records_that_change_shape_reach_the_trainer_at_their_step():
     data = token_table(48, width=4)
     records = list(data)
     records[20] = np.zeros(5, np.int32)  # step 2 reads records 16..23
-    with loader_of(GrainSource(records, num_threads=2)) as loader:
+    with loader_of(GrainSource(records, read_threads=2)) as loader:
         batches = iter(loader)
         for step in range(2):
             ids = np.arange(step * 8, step * 8 + 8)
@@ -561,7 +561,7 @@ def test_grain_map_dataset_through_the_loader():
     grain = pytest.importorskip("grain", reason="grain is optional (pip install psdp[grain])")
     data = corpus(44)
     records = [{k: v[i] for k, v in data.items()} for i in range(44)]
-    source = GrainSource(grain.MapDataset.source(records), num_threads=4)
+    source = GrainSource(grain.MapDataset.source(records), read_threads=4)
     assert len(source) == 44 and "4 threads" in source.describe()
     assert check_loader(source, data) == 7 * 4 * 8
     source.close()
@@ -580,12 +580,12 @@ def test_grain_array_record_source_through_the_loader(tmp_path):
     writer.close()
     records = grain.sources.ArrayRecordDataSource([str(tmp_path / "rows.array_record")])
     decoded = grain.MapDataset.source(records).map(lambda b: np.frombuffer(b, np.int32))
-    with GrainSource(decoded, num_threads=3) as source:
+    with GrainSource(decoded, read_threads=3) as source:
         assert check_loader(source, data, batch=8) == 7 * 8
 
 
 def test_grain_source_single_thread_and_errors():
-    source = GrainSource([np.array([i, i]) for i in range(6)], num_threads=1)
+    source = GrainSource([np.array([i, i]) for i in range(6)], read_threads=1)
     assert source.read(np.array([5, 0, 5])).tolist() == [[5, 5], [0, 0], [5, 5]]
     assert source.read(np.zeros(0, np.int64)).shape == (0, 2)
 
@@ -595,9 +595,9 @@ def test_grain_source_single_thread_and_errors():
 
     with pytest.raises(TypeError, match=r"Stream has no __len__"):
         GrainSource(Stream())
-    with pytest.raises(ValueError, match="num_threads must be >= 1, got 0"):
-        GrainSource([1], num_threads=0)
-    ragged = GrainSource([np.zeros(2), np.zeros(3)], num_threads=2)
+    with pytest.raises(ValueError, match="read_threads must be >= 1, got 0"):
+        GrainSource([1], read_threads=0)
+    ragged = GrainSource([np.zeros(2), np.zeros(3)], read_threads=2)
     with pytest.raises(ValueError, match=r"record 1 is float64\[3\] but record 0 is float64\[2\]"):
         ragged.read(np.array([0, 1]))
     mixed = GrainSource([{"a": 1}, {"b": 2}])

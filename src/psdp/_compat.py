@@ -1,11 +1,7 @@
 """The one place psdp uses JAX APIs that moved or are private: the coordination service's
-key-value store, and the thread-local 64-bit switch.
-
-``jax.distributed.initialize`` starts a coordination service (on process 0) and a client in every
-process; JAX keeps the client in ``jax._src.distributed.global_state`` and has no public name for
-it (Orbax reaches it the same way). psdp uses it to compare settings across hosts and to agree on
-where a stream ended, without device collectives (see `psdp._runtime.agreement`). The 64-bit switch moved
-from ``jax.experimental`` to ``jax`` within psdp's supported range.
+key-value store (JAX keeps its client in ``jax._src.distributed.global_state``, as Orbax reads it;
+`psdp._runtime.agreement` uses it), and the 64-bit switch, which moved from ``jax.experimental``
+to ``jax`` within psdp's supported range.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
-"""Imports on first use: optional dependencies (extras) and slow ones.
+"""Imports on first use: optional dependencies (extras) and slow ones (``docs/install.md``).
 
-``import psdp`` loads JAX and numpy, nothing more: TensorStore, haliax and Grain load when a feature
-needs them. `import_optional` gives an optional dependency or an `ImportError` that names the psdp
-extra installing it; `lazy_attributes` lets a package export names whose module loads on first
-access (PEP 562), so ``psdp.TensorStoreSource`` still works as a plain attribute.
+`import_optional` gives an optional dependency or an `ImportError` naming the extra that installs
+it; `lazy_attributes` exports names whose module loads on first access (PEP 562).
 """
 
 from __future__ import annotations

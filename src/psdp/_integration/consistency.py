@@ -1,23 +1,7 @@
-"""Did every device get exactly its rows? A collective check of a global batch, on every host.
+"""Did every device get exactly its rows? `check_consistency`, a collective check of a batch.
 
-Mental model. A global batch leaf is a `jax.Array` whose sharding gives every device an *index box*
-(a tuple of slices of the global shape). Each host sees only its own devices' shards, so
-`check_consistency` summarises every addressable shard as one small record (device id, index box,
-a 64-bit fingerprint of its bytes, and whether it equals the expected rows when those are given)
-and gathers the records of every host with one ``process_allgather``. Every host then checks the
-same global table and reaches the same verdict, so a bad shard makes *every* host raise the same
-`ConsistencyError`, never one host raising while the others wait in the next collective:
-
-- replicas agree: devices holding the same box hold the same bytes (a tensor-parallel group saw
-  one batch);
-- the boxes tile the leaf: their volumes sum to the global size (no gap, no overlap);
-- disjoint shards differ: two different boxes hold different bytes (hosts did not all read the
-  same rows); this is the oracle for leaves with no expected rows, so leaves compared exactly and
-  boolean leaves (masks) are exempt, and ``distinct=False`` (or a set of leaf names) covers data
-  with legitimately repeated rows;
-- with ``expected`` (or ``source`` + ``ids``), every shard equals ``expected[leaf][box]`` exactly.
-
-Single-process runs take the same path (the gather is then the identity).
+Every host gathers one small record per shard of every host and checks the same table, so every
+host reaches the same verdict; the checks: ``docs/reliability.md``, "Checking a batch on every host".
 """
 
 from __future__ import annotations

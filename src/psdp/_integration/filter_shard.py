@@ -1,38 +1,8 @@
-"""`filter_shard`: put a pytree on a sharding, with host-local numpy leaves on a multi-host mesh.
+"""`filter_shard`: ``equinox.filter_shard``, plus host-local numpy leaves on a multi-host mesh.
 
-Mental model. ``psdp.filter_shard(tree, sharding)`` is ``equinox.filter_shard`` (outside jit it
-places every array leaf on ``sharding``, inside jit it constrains it; non-array leaves pass through
-untouched; a device means a single-device sharding), plus one thing Equinox cannot know: with
-``host_local=True`` each numpy leaf holds only *this host's rows* of a global batch, as a data
-loader reads them, and the global `jax.Array` is assembled from those rows by the planner.
-
-Why the extra mode is needed. On a mesh that spans processes, ``jax.device_put`` of a numpy array
-(what Equinox does outside jit) treats the array as the *global* value and lets each host slice its
-devices' boxes out of it; a host that only has its own rows cannot call it, and JAX's
-``make_array_from_process_local_data`` accepts a wrong but correctly sized host array silently on
-non-contiguous meshes. Here the host's rows must come in the planner's order
-(``plan_batch(mesh, spec, shape).rows``: ascending global rows, replicas counted once), and
-`psdp._runtime.assembly.LeafAssembler` (the loader's own assembly) hands every local device a view of its
-rows; a wrong row count is an error that names the leaf.
-
-How the global shape is known. A host-local leaf of shape ``(n, *rest)`` has global shape
-``(global_batch_size, *rest)``: the global batch size is an argument, never inferred. Inferring it
-from ``n`` and the fraction of the batch a host holds would turn a host that passes the wrong number
-of rows into a host that silently disagrees with the others about the global shape; with it given,
-every host checks ``n == len(plan.rows)`` before any device work.
-
-Where each leaf goes:
-
-============================  ==================================================================
-leaf                          handled by
-============================  ==================================================================
-not an array                  returned as is
-``jax.Array`` or tracer       ``equinox.filter_shard`` (reshard outside jit, constrain inside)
-numpy, ``host_local=False``   ``equinox.filter_shard``: the value is global; each host keeps its
-                              devices' boxes (on several hosts every host must pass the same value)
-numpy, ``host_local=True``    the planner + ``LeafAssembler``: the rows are this host's, in
-                              ``plan.rows`` order
-============================  ==================================================================
+With ``host_local=True`` each numpy leaf holds this host's rows of a global batch, in the planner's
+order, and the loader's own `LeafAssembler` builds the global array. Where each kind of leaf goes,
+and why the global batch size is given, never inferred: ``docs/partitioning.md``.
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
-"""Leaf dtypes: which ones a batch can hold, and the casts the loader makes on every read.
+"""Leaf dtypes: which ones a batch can hold, and the checked casts the loader makes on a read.
 
-Mental model: every leaf has a *source* dtype (what the source's rows hold, learned from the first
-row) and a *delivered* dtype (what the batch's `jax.Array` holds). They differ in two cases only,
-both decided at construction: a non-native byte order (``>i4`` on a little-endian host) is
-delivered in native order, a lossless byte swap; and a leaf given a dtype in ``dtypes=`` is cast on
-every read, value by value checked, so a value that does not fit is an error naming the step, the
-leaf, the row and the value. Anything JAX would change silently is refused at construction: with
-``jax_enable_x64`` off JAX holds int64, uint64, float64 and complex128 as their 32-bit (64-bit
-complex) kin and wraps what does not fit, and strings, objects, datetimes and raw bytes are no JAX
-dtype at all.
+A leaf's *source* dtype (learned from one row) and *delivered* dtype differ only for a byte swap
+or a ``dtypes=`` cast; what JAX would change silently is refused at construction: ``docs/loader.md``,
+"What the loader makes of a read".
 """
 
 from __future__ import annotations
@@ -77,7 +71,7 @@ def plan_dtypes(sources: Mapping[Key, np.dtype], declared: Any) -> dict[Key, Lea
     """Every leaf's `LeafDtype`, from the source dtypes and the user's ``dtypes=``.
 
     ``declared`` is ``None``, one dtype (an array source), or a dict leaf -> dtype (some leaves of
-    a dict source). The rules are in the module docstring; the current ``jax_enable_x64``
+    a dict source). The rules are in ``docs/loader.md``; the current ``jax_enable_x64``
     setting decides whether 64-bit dtypes can be delivered.
 
     Raises:

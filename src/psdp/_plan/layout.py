@@ -1,11 +1,8 @@
-"""Mesh layouts: which process owns each position of a device mesh.
+"""Mesh layouts: which process owns each position of a device mesh (``docs/concepts.md``).
 
-A `MeshLayout` is the only fact about a mesh that data planning needs: an integer array shaped like
-the mesh whose entry at every position is the index of the process (host) owning that device, plus
-the axis names. It can be read off a live `jax.sharding.Mesh` (`MeshLayout.from_mesh`) or built by
-hand, so a 65,536-device pod can be planned in one process without any devices. The builders
-`contiguous` and `noncontiguous` give the two shapes of pod that matter: every host one box of the
-mesh, or hosts folded across several data-parallel rows (the seed example of the Levanter PR).
+A layout is all the planner needs to know of a mesh, so a 65,536-device pod is planned in one
+process without devices. Build one from a live mesh, by hand, from a JSON file, or with
+`MeshLayout.contiguous` / `MeshLayout.noncontiguous`.
 """
 
 from __future__ import annotations
@@ -39,8 +36,9 @@ class MeshLayout:
         device_ids: optional array of device ids shaped like the mesh (for pictures only).
 
     Example:
-        The seed example: 4 hosts with 4 devices each on a ``data=4 x model=4`` mesh, where each
-        host's devices sit in two data rows that are not adjacent.
+        The 4-host non-contiguous example pod of ``docs/concepts.md``: 4 hosts with 4 devices
+        each on a ``data=4 x model=4`` mesh, each host's devices in two data rows that are not
+        adjacent.
 
         >>> layout = MeshLayout.noncontiguous({"data": 4, "model": 4}, num_processes=4)
         >>> layout.process_index
@@ -225,7 +223,7 @@ class MeshLayout:
     def noncontiguous(
         cls, axis_sizes: Mapping[str, int], num_processes: int, batch_axes: int = 1
     ) -> MeshLayout:
-        """Hosts folded across data rows, as on a torus: the seed example generalised.
+        """Hosts folded across data rows, as on a torus: the example pod of ``docs/concepts.md``.
 
         The mesh is viewed as a grid of ``DP`` data rows (the first ``batch_axes`` axes) by ``M``
         model columns (the rest). Each host owns a tile of 2 data rows by ``k/2`` model columns of a

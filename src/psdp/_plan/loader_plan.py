@@ -15,7 +15,7 @@ from jax.sharding import Mesh, PartitionSpec
 from psdp._plan.dtypes import LeafDtype, check_pad_value, needs_x64, plan_dtypes
 from psdp._plan.layout import MeshLayout
 from psdp._plan.leaves import Key
-from psdp._plan.mesh import _spec_axes
+from psdp._plan.mesh import spec_axes
 from psdp._plan.options import LoaderOptions
 from psdp._plan.partition import (
     batch_shards,
@@ -111,7 +111,7 @@ class LoaderPlan:
             sharding.batch_axes,
         )
         for key, spec in specs.items():
-            _spec_axes(layout, spec, ndims[key])  # raises naming the spec and the mesh
+            spec_axes(layout, spec, ndims[key])  # raises naming the spec and the mesh
         shards = [batch_shards(mesh, spec) for spec in specs.values()]
         physical = physical_batch_size(batch, shards)
         real = np.arange(batch)

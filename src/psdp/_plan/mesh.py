@@ -1,25 +1,8 @@
-"""The pure planner: which rows (and columns) each host must read, and which hosts read the same.
+"""The pure planner: which rows (and columns) each host reads, and which hosts read the same.
 
-Mental model. A batch leaf of global shape ``G`` with a `PartitionSpec` ``S`` on a mesh ``M`` gives
-every device ``d`` one box ``I(d)`` of the leaf (JAX's ``devices_indices_map``). Along each leaf
-dimension the spec names some mesh axes; a device's *shard index* on that dimension is its position
-along those axes, linearised major-to-minor in the order the spec names them, and its box on that
-dimension is ``[i * n, (i + 1) * n)`` with ``n = G[dim] / shards``. Everything here is that formula,
-evaluated for all devices at once with numpy, over a `MeshLayout` (the process of every position).
-
-Why reading ``U(p) = union of I(d) over the devices d of process p`` is necessary and sufficient:
-after assembly, process ``p``'s devices must hold exactly their boxes, and a process can only place
-data on its own devices, so every element of ``U(p)`` must be read by ``p`` (necessary); and
-``jax.make_array_from_callback`` asks ``p`` only for the boxes of its own devices, so nothing outside
-``U(p)`` is ever needed (sufficient). ``U(p)`` depends only on the layout, ``S`` and ``G``, which
-every process knows without talking to the others, so every process computes the same ``U`` for
-every process, and hence the same uid table: two processes get the same uid exactly when their
-``U`` are equal. Boxes of one leaf are either equal or disjoint (they are products of aligned
-blocks), so ``U(p)`` is determined by the *set* of distinct box ids ``p`` holds, and comparing those
-sets is comparing ``U``. Nothing assumes a 2-D mesh, box-shaped hosts or contiguous device ids.
-
-For a batch-only spec the box id is the DP index, which gives `local_device_mapping` and
-`process_mesh_mapping`; `plan_batch` handles any spec, including a sharded sequence dimension.
+Everything is numpy over a `MeshLayout`, for all devices at once. Why reading the union of a
+host's device boxes is necessary and sufficient, and why equal sets of box ids mean equal data:
+``docs/concepts.md``, "Why the plan is right".
 """
 
 from __future__ import annotations
@@ -62,29 +45,75 @@ def _current_process(process_index: int | None) -> int:
 
 
 # ------------------------------------------------------------------------------- index maths
-def _axes_of(entry: Any) -> tuple[str, ...]:
-    """The mesh axes one spec entry names: ``None`` -> (), ``"data"`` -> ("data",), tuples as is."""
-    if entry is None:
-        return ()
-    if isinstance(entry, str):
-        return (entry,)
-    if isinstance(entry, tuple | list) and all(isinstance(a, str) for a in entry):
-        return tuple(entry)
-    raise ValueError(
-        f"partition spec entry {entry!r} is not supported; use None, an axis name, or a tuple of "
-        "axis names"
-    )
+def _names(value: Any) -> tuple[str, ...] | None:
+    """``value`` as a tuple of axis names (one name, or a sequence of names); None if it is not."""
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, Sequence) and all(isinstance(a, str) for a in value):
+        return tuple(value)
+    return None
 
 
-def _spec_axes(layout: MeshLayout, spec: Any, ndim: int) -> tuple[tuple[str, ...], ...]:
-    """Normalises a spec to one tuple of axis names per leaf dimension, checking it on the mesh."""
+def axes_of(entry: Any) -> tuple[str, ...]:
+    """The mesh axes one spec entry names: the one normaliser of axis names.
+
+    Example:
+        >>> axes_of(None), axes_of("data"), axes_of(("replica", "data"))
+        ((), ('data',), ('replica', 'data'))
+    """
+    names = () if entry is None else _names(entry)
+    if names is None:
+        raise ValueError(
+            f"partition spec entry {entry!r} is not supported; use None, an axis name, or a tuple "
+            "of axis names"
+        )
+    return names
+
+
+def spec_entry(axes: Sequence[str]) -> str | tuple[str, ...] | None:
+    """The spec entry that splits one dimension over ``axes``, major to minor: `axes_of` reversed.
+
+    Example:
+        >>> spec_entry(()), spec_entry(["data"]), spec_entry(["replica", "data"])
+        (None, 'data', ('replica', 'data'))
+    """
+    axes = tuple(axes)
+    return None if not axes else axes[0] if len(axes) == 1 else axes
+
+
+def batch_axes_of(batch_axes: AxisNames) -> tuple[str, ...]:
+    """``batch_axes`` (a name or a sequence of names) as a tuple of distinct names.
+
+    Example:
+        >>> batch_axes_of("data"), batch_axes_of(["replica", "data"])
+        (('data',), ('replica', 'data'))
+    """
+    axes = _names(batch_axes)
+    if not axes:
+        raise ValueError(
+            f"batch_axes must be an axis name or a non-empty sequence of axis names, got "
+            f"{batch_axes!r}"
+        )
+    if len(set(axes)) != len(axes):
+        raise ValueError(f"batch_axes {axes} names an axis twice")
+    return axes
+
+
+def spec_axes(layout: MeshLayout, spec: Any, ndim: int) -> tuple[tuple[str, ...], ...]:
+    """Normalises a spec to one tuple of axis names per leaf dimension, checking it on the mesh.
+
+    Example:
+        >>> layout = MeshLayout.contiguous({"data": 2, "context": 2}, num_processes=1)
+        >>> spec_axes(layout, ("data",), 2), spec_axes(layout, "data", 1)
+        ((('data',), ()), (('data',),))
+    """
     entries = (spec,) if isinstance(spec, str) else tuple(spec)  # "data" means P("data")
     if len(entries) > ndim:
         raise ValueError(
             f"partition spec {spec} has {len(entries)} entries but the leaf has only {ndim} "
             "dimensions; drop the extra entries"
         )
-    per_dim = tuple(_axes_of(e) for e in entries) + ((),) * (ndim - len(entries))
+    per_dim = tuple(axes_of(e) for e in entries) + ((),) * (ndim - len(entries))
     seen: list[str] = []
     for axes in per_dim:
         for name in axes:
@@ -114,18 +143,6 @@ def _describe_axes(layout: MeshLayout, axes: tuple[str, ...]) -> str:
     return " x ".join(f"{a}={layout.axis_sizes[a]}" for a in axes)
 
 
-def _normalise_batch_axes(batch_axes: AxisNames) -> tuple[str, ...]:
-    axes = (batch_axes,) if isinstance(batch_axes, str) else tuple(batch_axes)
-    if not axes or not all(isinstance(a, str) for a in axes):
-        raise ValueError(
-            f"batch_axes must be an axis name or a non-empty sequence of axis names, got "
-            f"{batch_axes!r}"
-        )
-    if len(set(axes)) != len(axes):
-        raise ValueError(f"batch_axes {axes} names an axis twice")
-    return axes
-
-
 def dp_index(layout: MeshLayout, batch_axes: AxisNames) -> tuple[np.ndarray, int]:
     """The DP index of every mesh position (flattened row-major) and the number of DP shards.
 
@@ -135,7 +152,7 @@ def dp_index(layout: MeshLayout, batch_axes: AxisNames) -> tuple[np.ndarray, int
         >>> dp.tolist(), count
         ([0, 0, 1, 1], 2)
     """
-    return _shard_index(layout, _normalise_batch_axes(batch_axes))
+    return _shard_index(layout, batch_axes_of(batch_axes))
 
 
 # ------------------------------------------------------------------------------ uid tables
@@ -151,7 +168,7 @@ def _held_sets(procs: np.ndarray, keys: np.ndarray, num_processes: int) -> np.nd
     return held
 
 
-def _uids(held: np.ndarray) -> np.ndarray:
+def uids_of(held: np.ndarray) -> np.ndarray:
     """Equal rows of ``held`` get equal uids, numbered by first appearance (process order)."""
     _, first, inverse = np.unique(held, axis=0, return_index=True, return_inverse=True)
     rank = np.empty(first.size, np.int64)
@@ -173,8 +190,8 @@ def local_device_mapping(
         process_index: the process to plan for; defaults to ``jax.process_index()``.
 
     Example:
-        The seed example (4 hosts x 4 devices, ``data=4 x model=4``): host 0 holds data rows 0
-        and 3.
+        The example pod of ``docs/concepts.md`` (4 hosts x 4 devices on ``data=4 x model=4``,
+        each host folded across two data rows): host 0 holds data rows 0 and 3.
 
         >>> layout = MeshLayout.noncontiguous({"data": 4, "model": 4}, num_processes=4)
         >>> local_device_mapping(layout, "data", process_index=0)
@@ -200,7 +217,7 @@ def process_mesh_mapping(mesh_or_layout: MeshLike, batch_axes: AxisNames) -> dic
     """
     layout = as_layout(mesh_or_layout)
     dp, _ = dp_index(layout, batch_axes)
-    uids = _uids(_held_sets(layout.ranks.ravel(), dp, layout.num_processes))
+    uids = uids_of(_held_sets(layout.ranks.ravel(), dp, layout.num_processes))
     return dict(zip(layout.processes, uids.tolist(), strict=True))
 
 
@@ -263,10 +280,7 @@ class PodPlan:
     global_shape: tuple[int, ...]
     starts: np.ndarray  # (num_devices, ndim) first index of each device's box
     sizes: tuple[int, ...]  # box extent per dimension
-    block_ids: np.ndarray  # (num_devices,) equal boxes <=> equal ids
-    uids: (
-        np.ndarray
-    )  # (num_processes,), one per process of the mesh in `MeshLayout.processes` order
+    uids: np.ndarray  # (num_processes,): one per process of the mesh, in `processes` order
 
     @property
     def num_uids(self) -> int:
@@ -302,7 +316,7 @@ def _box(starts: list[int], sizes: tuple[int, ...]) -> tuple[slice, ...]:
     return tuple(slice(s, s + n) for s, n in zip(starts, sizes, strict=True))
 
 
-def _merge(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+def merge_ranges(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
     merged: list[tuple[int, int]] = []
     for start, stop in sorted(ranges):
         if merged and merged[-1][1] == start:
@@ -322,7 +336,9 @@ def _row_blocks(
         columns = None
         if not whole_rows:
             starts = distinct[distinct[:, 0] == row_start, 1].tolist()
-            columns = tuple(slice(a, b) for a, b in _merge([(s, s + sizes[1]) for s in starts]))
+            columns = tuple(
+                slice(a, b) for a, b in merge_ranges([(s, s + sizes[1]) for s in starts])
+            )
         if blocks and blocks[-1].rows.stop == row_start and blocks[-1].columns == columns:
             blocks[-1] = RowBlock(slice(blocks[-1].rows.start, row_start + sizes[0]), columns)
         else:
@@ -349,7 +365,7 @@ def plan_pod(
     """
     layout = as_layout(mesh_or_layout)
     shape = _checked_shape(global_shape)
-    per_dim = _spec_axes(layout, spec, len(shape))
+    per_dim = spec_axes(layout, spec, len(shape))
     starts = np.zeros((layout.num_devices, len(shape)), np.int64)
     sizes = []
     block_ids = np.zeros(layout.num_devices, np.int64)
@@ -362,7 +378,7 @@ def plan_pod(
         sizes.append(size)
         block_ids = block_ids * count + index
     held = _held_sets(layout.ranks.ravel(), block_ids, layout.num_processes)
-    return PodPlan(layout, shape, starts, tuple(sizes), block_ids, _uids(held))
+    return PodPlan(layout, shape, starts, tuple(sizes), uids_of(held))
 
 
 def plan_batch(

@@ -1,18 +1,7 @@
-"""The global order: which source rows make up the batch of a given step.
+"""The global order: the source rows of every step's batch, a pure function of the step.
 
-Mental model: the data is an endless sequence of epochs; each epoch is a permutation of the ``N``
-source rows chosen from ``(seed, epoch)`` alone, and each step takes the next ``B`` positions of its
-epoch. The permutation is an index shuffle (a Feistel network with cycle walking) evaluated on
-demand for just the positions a step needs, so looking up step 10**7 costs the same as step 0 and
-no permutation is ever stored. Nothing here depends on hosts, prefetch depth or threads: the batch
-at a step is a pure function of ``(N, B, seed, step, shuffle, drop_last)``.
-
-Epochs never mix: epoch ``e`` is steps ``e*K .. e*K + K-1`` and step ``s`` takes positions
-``(s % K)*B ..`` of its epoch's permutation. With ``drop_last=True``, ``K = N // B`` and the last
-``N % B`` positions of each epoch are skipped (different rows each epoch when shuffled); with
-``drop_last=False``, ``K = ceil(N / B)`` and the short final batch is filled with `PAD` ids, which
-the loader turns into padding rows and a ``False`` mask. Either way every row is read at most once
-per epoch, and exactly once without ``drop_last``.
+Endless epochs, each a keyed permutation evaluated only where a step needs it, so any step costs
+the same to look up: ``docs/loader.md``, "The order and the resume rule".
 """
 
 from __future__ import annotations
@@ -122,7 +111,7 @@ class GlobalOrder:
         shuffle: permute each epoch (from ``seed`` and the epoch number) or keep source order.
         seed: the shuffle seed.
         drop_last: drop each epoch's short final batch (its last ``N % B`` rows) instead of
-            padding it (see the module docstring).
+            padding it with `PAD` ids.
 
     Example:
         >>> GlobalOrder(10, 4, shuffle=False).batch_ids(2).tolist()  # the short final batch

@@ -1,19 +1,7 @@
-"""Partition strategies: from what the user asks for to one `PartitionSpec` per batch leaf.
+"""Partition strategies: from ``batch_spec`` (and ``named_axes``) to one `PartitionSpec` per leaf.
 
-Mental model (AXLearn's input partition types). A leaf's spec says which mesh axes split its
-batch dimension (and, for a sequence-sharded leaf, its dimension 1). Three named strategies cover
-most trainings:
-
-- ``"batch"`` (the default): dimension 0 over the mesh's batch axes (`DEFAULT_BATCH_AXES`), so
-  the devices of a tensor-parallel group get identical rows and no input reshard is needed;
-- ``"full"``: dimension 0 over every mesh axis, so every device gets different rows (fewest bytes
-  per host; the model reshards before its tensor-parallel layers);
-- ``"replicated"``: every device gets the whole batch.
-
-A `PartitionSpec` is used as given; ``batch_spec`` may also be a dict of those per leaf. Leaves
-named in ``named_axes`` take their spec from a haliax-style axis mapping instead. The *physical*
-batch is the global batch rounded up so that every leaf's batch dimension divides into its shards
-(AXLearn's logical batch): the extra rows are padding, masked out by the loader.
+Also the physical batch: the global batch rounded up so every leaf's shards divide it. The
+strategies, what each host reads and when to pick which: ``docs/partitioning.md``.
 """
 
 from __future__ import annotations
@@ -26,6 +14,7 @@ from jax.sharding import Mesh, PartitionSpec
 
 from psdp._checks import check_int
 from psdp._plan.leaves import Key
+from psdp._plan.mesh import axes_of, spec_entry
 
 #: Mesh axis names taken as batch axes by the ``"batch"`` strategy, in mesh order.
 DEFAULT_BATCH_AXES = ("replica", "data", "fsdp", "batch")
@@ -52,7 +41,7 @@ def default_batch_spec(mesh: Mesh) -> PartitionSpec:
             f"the mesh axes {tuple(mesh.axis_names)} include none of the usual batch axes "
             f"{DEFAULT_BATCH_AXES}; pass batch_spec=PartitionSpec(<your batch axes>)"
         )
-    return PartitionSpec(axes[0] if len(axes) == 1 else axes)
+    return PartitionSpec(spec_entry(axes))
 
 
 def resolve_spec(
@@ -76,8 +65,7 @@ def resolve_spec(
         return strategy
     if strategy == "batch":
         if batch_axes:
-            axes = (batch_axes,) if isinstance(batch_axes, str) else tuple(batch_axes)
-            return PartitionSpec(axes[0] if len(axes) == 1 else axes)
+            return PartitionSpec(spec_entry(axes_of(batch_axes)))
         return default_batch_spec(mesh)
     if strategy == "full":
         return PartitionSpec(tuple(mesh.axis_names))
@@ -145,9 +133,7 @@ def batch_shards(mesh: Mesh, spec: PartitionSpec) -> int:
         >>> batch_shards(mesh, P(("data", "model"))), batch_shards(mesh, P())
         (8, 1)
     """
-    if not len(spec) or spec[0] is None:
-        return 1
-    axes = (spec[0],) if isinstance(spec[0], str) else tuple(spec[0])
+    axes = axes_of(spec[0]) if len(spec) else ()
     return math.prod(mesh.shape[a] for a in axes)
 
 
@@ -178,7 +164,7 @@ def named_spec(
     for name in names:
         axis_name = getattr(name, "name", name)
         entry = axis_mapping.get(axis_name)
-        for axis in (entry,) if isinstance(entry, str) else entry or ():
+        for axis in axes_of(entry):
             if axis not in mesh.axis_names:
                 raise ValueError(
                     f"axis_mapping maps {axis_name!r} (a dimension of leaf {leaf}) to mesh axis "

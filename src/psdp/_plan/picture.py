@@ -1,13 +1,7 @@
-"""Text pictures of a data plan: who owns each device, who shares data, and who reads which rows.
+"""Text pictures of a plan (``psdp plan``): who owns each device, who shares data, who reads what.
 
-Mental model. The mesh is drawn as a grid whose rows are DP indices (the batch axes, flattened
-major to minor in the order given, exactly as `psdp._plan.mesh.dp_index` linearises them) and whose
-columns are every other mesh axis, flattened row-major in mesh order. Each cell ``d4 p1`` is one
-device (its id, or its flat mesh position when the layout has no ids) and the process that owns it.
-A row is therefore one TP group: every device in it holds the same rows. A process that appears in
-several rows (a non-contiguous mesh) holds several DP indices, and processes whose sets of held
-data are equal share a uid. Everything is computed by `psdp._plan.mesh` on a `MeshLayout`, so no JAX
-devices are needed; `plan_summary` is the data and `render_plan` only formats it.
+`plan_summary` is the data, computed by the planner on a `MeshLayout` (no devices needed), and
+`render_plan` only formats it; how to read the picture: ``docs/concepts.md``.
 """
 
 from __future__ import annotations
@@ -21,13 +15,14 @@ from psdp._plan.layout import MeshLayout
 from psdp._plan.mesh import (
     AxisNames,
     PodPlan,
-    _merge,
-    _normalise_batch_axes,
-    _spec_axes,
+    batch_axes_of,
     dp_index,
     local_device_mapping,
+    merge_ranges,
     plan_pod,
     process_mesh_mapping,
+    spec_axes,
+    spec_entry,
 )
 
 Range = tuple[int, int]
@@ -55,7 +50,7 @@ def plan_summary(
         dimension 1) and ``processes`` (one entry per process).
 
     Example:
-        The seed example: process 0 reads rows 0-3 and 12-15 of a batch of 16.
+        The example pod of ``docs/concepts.md``: process 0 reads rows 0-3 and 12-15 of 16.
 
         >>> layout = MeshLayout.noncontiguous({"data": 4, "model": 4}, num_processes=4)
         >>> summary = plan_summary(layout, "data", ("data",), (16,))
@@ -65,12 +60,12 @@ def plan_summary(
         >>> p0["devices"], p0["local_device_mapping"], p0["rows"]
         ([0, 1, 2, 3], {'0': 0, '3': 1}, [[0, 4], [12, 16]])
     """
-    axes = _normalise_batch_axes(batch_axes)
+    axes = batch_axes_of(batch_axes)
     pod = plan_pod(layout, spec, global_shape)
     uids = process_mesh_mapping(layout, axes)
     return {
         "mesh": _mesh_summary(layout, axes),
-        "spec": [list(names) for names in _spec_axes(layout, spec, len(pod.global_shape))],
+        "spec": [list(names) for names in spec_axes(layout, spec, len(pod.global_shape))],
         "global_shape": list(pod.global_shape),
         "uids": {str(p): u for p, u in uids.items()},
         "uid_groups": _groups(uids),
@@ -253,7 +248,7 @@ def _int_keys(table: dict[str, int]) -> dict[int, int]:
 
 
 def _spec_text(spec: list[list[str]]) -> str:
-    entries = [repr(names[0] if len(names) == 1 else tuple(names) or None) for names in spec]
+    entries = [repr(spec_entry(names)) for names in spec]
     return f"P({', '.join(entries)})"
 
 
@@ -292,7 +287,7 @@ def _reads_text(process: dict[str, Any]) -> str:
         columns = _ranges_text(block["columns"])
         by_columns.setdefault(columns, []).append(tuple(block["rows"]))
     return "; ".join(
-        f"rows {_ranges_text(_merge(rows))} x cols {columns}"
+        f"rows {_ranges_text(merge_ranges(rows))} x cols {columns}"
         for columns, rows in by_columns.items()
     )
 

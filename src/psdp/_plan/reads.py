@@ -24,7 +24,7 @@ import numpy as np
 from jax.sharding import PartitionSpec
 
 from psdp._plan.leaves import Key
-from psdp._plan.mesh import _uids, dp_index
+from psdp._plan.mesh import dp_index, uids_of
 from psdp._plan.windows import LeafWindows
 
 
@@ -177,7 +177,7 @@ def stream_shard(
             f"{count} batch shards); use a global_batch_size that is a multiple of {count} and "
             "no feeding_processes, or a random-access source"
         )
-    uids = _uids(held)  # the planner's uids: equal shard sets, equal uid, first-appearance order
+    uids = uids_of(held)  # the planner's uids: equal shard sets, equal uid, first-appearance order
     sets = held[np.unique(uids, return_index=True)[1]]
     if (sets.sum(axis=0) > 1).any():
         raise ValueError(

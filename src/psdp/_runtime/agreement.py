@@ -1,20 +1,7 @@
-"""Agreement across the processes of a mesh: the settings batches depend on, and where a stream ends.
-
-Mental model. Every host computes its batches alone, from its own arguments and its own copy of
-the data. When hosts disagree (a seed from ``time.time()``, a stale copy of the dataset one row
-short), devices of one tensor-parallel group receive different rows and nothing fails. So a
-`DataLoader` whose mesh spans several processes checks once, when it is built (and when it is
-restored), that every process of the mesh built it from the same settings (`agree`); and a
-callable stream, whose shards may end at different steps, agrees at every step on which shards
-ran short (`StreamEnds`), so that every host stops at the same step.
-
-Both go through the coordination service that ``jax.distributed.initialize`` starts (a small
-key-value store, `psdp._compat`), not through device collectives: it works from the prefetch
-thread (a collective issued there could interleave differently with the trainer's on different
-hosts and deadlock), it involves only the processes of the mesh, it carries the values
-themselves into the error message, and it waits with a timeout (`TIMEOUT_S`), so a host that
-never arrives is named instead of hanging the pod. Without ``jax.distributed`` (one process)
-there is nothing to agree on.
+"""Agreement across the processes of a mesh: the settings batches depend on (`agree`), and the
+step where a callable stream's shards end (`StreamEnds`), through the coordination service's
+key-value store, not device collectives. Why and how: ``docs/loader.md``, "Hosts that must
+agree", and ``docs/sources.md``, "Shards of unequal length".
 """
 
 from __future__ import annotations

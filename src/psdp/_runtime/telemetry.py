@@ -1,15 +1,8 @@
-"""Stall telemetry: is the loader the bottleneck?
+"""Stall telemetry: is the loader the bottleneck? (``docs/loader.md``).
 
-Mental model: two clocks run per step. The background thread times its ``read`` and its
-``assemble``; the trainer's ``next()`` times how long it *waited* for a batch and sees how many
-batches were ready (queue depth). Between two ``next()`` returns lies one trainer step; the share
-of that interval spent waiting is the stall fraction. If the trainer waits a noticeable share of
-its time, the loader is the bottleneck, and the read and assembly figures say which half to fix.
-Figures cover a sliding window of recent steps. ``record_read`` is called by every reader thread
-(several with parallel reads), ``record_next`` by the trainer; one lock guards every append and
-every snapshot, so `stats` never sees a half-recorded step. With ``N`` reader threads a read may
-take up to ``N`` trainer steps without a stall, so the verdict rests on the trainer's wait, never
-on the read time alone.
+Reader threads call ``record_read``, the trainer ``record_next``; one lock guards every append and
+every snapshot. The verdict rests on the trainer's wait, never on read times alone: with ``N``
+reader threads a read may take up to ``N`` trainer steps without a stall.
 """
 
 from __future__ import annotations

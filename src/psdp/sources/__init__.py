@@ -1,26 +1,18 @@
-"""Sources: where rows come from. One module per kind; everything is importable from here.
+"""Sources: where rows come from, one module per kind (``docs/sources.md``).
 
-Mental model: a **source** is a sized table read in batches: ``len(source)`` rows, and
-``source.read(ids)`` returns the rows at ``ids`` (any order, repeats allowed) as one array or a dict
-of arrays, one call per step (`base`). On disk: `TensorStoreSource` reads a zarr3 dataset written
-by `psdp.sources.writer.write_dataset` (`tensorstore`), `MemmapSource` maps ``.npy`` files (`memmap`), and
-`GrainSource` batches a Grain-style per-record source on a thread pool (`grain`). A **stream** is
-an iterable without random access (`streams`): `StreamSource.open(shard, num_shards, start)`
-gives a `StreamReader` of one shard (one per data-shard uid), resumed by skipping. Missing or
-damaged data is an error, never a silently wrong batch. See ``docs/sources.md``.
+A random-access source is a sized table read in batches (`base`); `tensorstore`, `memmap` and
+`grain` read from disk or per-record sources, and the writer next to them writes datasets; a
+stream (`streams`) is an iterable without random access, read shard by shard.
 """
 
 from typing import TYPE_CHECKING
 
 from psdp._imports import lazy_attributes
-from psdp.sources.base import SINGLE_LEAF as SINGLE_LEAF
+from psdp._plan.leaves import SINGLE_LEAF as SINGLE_LEAF
 from psdp.sources.base import ArraySource as ArraySource
 from psdp.sources.base import IndexableSource as IndexableSource
 from psdp.sources.base import Rows as Rows
 from psdp.sources.base import Source as Source
-from psdp.sources.base import _as_rows as _as_rows
-from psdp.sources.base import _check_ids as _check_ids
-from psdp.sources.base import _describe_rows as _describe_rows
 from psdp.sources.base import as_source as as_source
 from psdp.sources.grain import GrainSource as GrainSource
 from psdp.sources.memmap import MemmapSource as MemmapSource

@@ -1,13 +1,6 @@
-"""The random-access source protocol, the in-memory sources, and helpers every source shares.
-
-Mental model: a random-access source is a sized table. It has ``len(source)`` rows and
-``source.read(ids)`` returns those rows (an int64 array of row ids, any order, repeats allowed) as
-one array or a dict of arrays whose first dimension is ``len(ids)``. Reads are batched (one call
-per step, never one per row) and must be thread-safe, because the loader reads on a background
-thread and several iterators may share a source. `as_source` turns what users already have (a
-numpy array, a dict of equally long arrays, a list of records, any object with ``__len__`` and a
-batched ``__getitem__(ids)``) into a source. Iterables without random access are not sources; they are
-streams (`psdp.sources.streams`).
+"""The random-access source protocol, the in-memory sources, `as_source`, and the helpers every
+source shares. What a read must return (any order, repeats, thread-safe): ``docs/sources.md``,
+"The protocol".
 """
 
 from __future__ import annotations
@@ -17,10 +10,9 @@ from typing import Any, Protocol, TypeAlias, TypeVar, runtime_checkable
 
 import numpy as np
 
-Rows: TypeAlias = "np.ndarray | dict[str, np.ndarray]"
+from psdp._plan.leaves import Key
 
-#: The leaf name under which a source of one array keeps it (reads return an array, not a dict).
-SINGLE_LEAF = "array"
+Rows: TypeAlias = "np.ndarray | dict[str, np.ndarray]"
 
 Method = TypeVar("Method", bound=Callable[..., Any])
 
@@ -90,7 +82,7 @@ class ArraySource:
         if isinstance(data, Mapping):
             if not data:
                 raise ValueError("a dict source needs at least one leaf, got an empty dict")
-            leaves = {str(k): _as_rows(v, f"leaf {k!r}") for k, v in data.items()}
+            leaves = {str(k): as_rows(v, f"leaf {k!r}") for k, v in data.items()}
             lengths = {k: len(v) for k, v in leaves.items()}
             if len(set(lengths.values())) > 1:
                 raise ValueError(
@@ -100,7 +92,7 @@ class ArraySource:
             self._data: Rows = leaves
             self._len = next(iter(lengths.values()))
         else:
-            self._data = _as_rows(data, "the source")
+            self._data = as_rows(data, "the source")
             self._len = len(self._data)
 
     def __len__(self) -> int:
@@ -114,8 +106,8 @@ class ArraySource:
 
     @fresh_rows
     def read_window(
-        self, ids: np.ndarray, columns: Mapping[str | None, slice | None]
-    ) -> dict[str | None, np.ndarray]:
+        self, ids: np.ndarray, columns: Mapping[Key, slice | None]
+    ) -> dict[Key, np.ndarray]:
         """Only some leaves (``None``: the single array), each cut to a range of dimension 1.
 
         The loader uses this for sequence-sharded leaves, so a host copies only its columns.
@@ -132,7 +124,7 @@ class ArraySource:
         return out
 
     def describe(self) -> str:
-        return f"ArraySource({_describe_rows(self._data)})"
+        return f"ArraySource({describe_rows(self._data)})"
 
 
 class IndexableSource:
@@ -178,7 +170,7 @@ def as_source(data: Any) -> Source:
     if isinstance(data, list | tuple):  # records: read one by one (slow), stacked per leaf
         from psdp.sources.grain import GrainSource  # grain imports this module
 
-        return GrainSource(data, num_threads=1)
+        return GrainSource(data, read_threads=1)
     if hasattr(data, "__len__") and hasattr(data, "__getitem__"):
         return IndexableSource(data)
     hint = (
@@ -193,7 +185,7 @@ def as_source(data: Any) -> Source:
 
 
 # ------------------------------------------------------------------------------ shared helpers
-def _as_rows(value: Any, what: str) -> np.ndarray:
+def as_rows(value: Any, what: str) -> np.ndarray:
     """``value`` itself when it is a numpy array with a row dimension; raises otherwise."""
     if not isinstance(value, np.ndarray):
         raise TypeError(
@@ -205,13 +197,13 @@ def _as_rows(value: Any, what: str) -> np.ndarray:
     return value
 
 
-def _describe_rows(data: Rows) -> str:
+def describe_rows(data: Rows) -> str:
     if isinstance(data, dict):
         return ", ".join(f"{k}: {v.dtype}{list(v.shape)}" for k, v in data.items())
     return f"{data.dtype}{list(data.shape)}"
 
 
-def _check_ids(ids: Any, num_rows: int, where: str) -> np.ndarray:
+def check_ids(ids: Any, num_rows: int, where: str) -> np.ndarray:
     """``ids`` as a 1-d int64 array, each in ``[0, num_rows)``; raises naming ``where``."""
     ids = np.asarray(ids)
     if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):

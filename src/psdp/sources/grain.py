@@ -1,9 +1,5 @@
-"""`GrainSource`: adapts a Grain-style per-record source (``__len__``, ``__getitem__(int)``).
-
-Mental model: Grain's sources read one record per call; the loader wants one batched read per
-step. A read takes the step's unique ids, fetches their records on a small thread pool (each
-thread a contiguous slice of the ids), stacks each leaf, and repeats rows for repeated ids. Grain
-itself is never imported: any object with that interface works (a list of records, too).
+"""`GrainSource`: a Grain-style per-record source (``__len__``, ``__getitem__(int)``) read in
+batches on a small thread pool (``docs/sources.md``). Grain itself is never imported.
 """
 
 from __future__ import annotations
@@ -16,29 +12,27 @@ from typing import Any
 import numpy as np
 
 from psdp._checks import check_int
-from psdp.sources.base import Rows, _check_ids, fresh_rows
+from psdp.sources.base import Rows, check_ids, fresh_rows
 
 
 class GrainSource:
     """Adapts a Grain-style random-access source: ``__len__`` and ``__getitem__(int)`` per record.
 
-    Grain's sources (``grain.sources.ArrayRecordDataSource``, ``grain.MapDataset``, ...) read one
-    record per call. A step's records are fetched on a small thread pool (each thread reads a
-    contiguous slice of the unique ids) and stacked per leaf; a record is an array or a dict of
-    arrays. Grain itself is never imported: any object with that interface works.
+    A read fetches the unique ids' records on a thread pool (each thread a contiguous slice) and
+    stacks them per leaf; a record is an array or a dict of arrays.
 
     Args:
         data_source: the per-record source.
-        num_threads: threads fetching records; 1 reads on the calling thread.
+        read_threads: threads fetching records; 1 reads on the calling thread.
 
     Example:
         >>> records = [{"x": np.array([i, 10 * i])} for i in range(5)]
-        >>> with GrainSource(records, num_threads=2) as src:
+        >>> with GrainSource(records, read_threads=2) as src:
         ...     src.read(np.array([3, 1, 3]))["x"].tolist()
         [[3, 30], [1, 10], [3, 30]]
     """
 
-    def __init__(self, data_source: Any, *, num_threads: int = 8):
+    def __init__(self, data_source: Any, *, read_threads: int = 8):
         for method in ("__len__", "__getitem__"):
             if not hasattr(data_source, method):
                 raise TypeError(
@@ -46,9 +40,9 @@ class GrainSource:
                     f"__getitem__(int), but {type(data_source).__name__} has no {method}; "
                     "wrap an iterable dataset in a list, or use a grain MapDataset with a length"
                 )
-        check_int("num_threads", num_threads, minimum=1)
+        check_int("read_threads", read_threads, minimum=1)
         self._source = data_source
-        self.num_threads = num_threads
+        self.read_threads = read_threads
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
 
@@ -57,7 +51,7 @@ class GrainSource:
 
     @fresh_rows  # records are stacked into new arrays
     def read(self, ids: np.ndarray) -> Rows:
-        ids = _check_ids(ids, len(self), type(self._source).__name__)
+        ids = check_ids(ids, len(self), type(self._source).__name__)
         unique, inverse = np.unique(ids, return_inverse=True)
         if unique.size == 0:  # learn the leaves from record 0, keep none of its rows
             unique, inverse = np.zeros(1, np.int64), np.zeros(0, np.int64)
@@ -65,9 +59,9 @@ class GrainSource:
         return _stack_records(records, unique, type(self._source).__name__, inverse)
 
     def _fetch(self, ids: list[int]) -> list[Any]:
-        if self.num_threads == 1 or len(ids) < 2:
+        if self.read_threads == 1 or len(ids) < 2:
             return [self._source[i] for i in ids]
-        parts = [p for p in np.array_split(np.asarray(ids), self.num_threads) if p.size]
+        parts = [p for p in np.array_split(np.asarray(ids), self.read_threads) if p.size]
         pool = self._executor()
         chunks = pool.map(lambda part: [self._source[int(i)] for i in part], parts)
         return [record for chunk in chunks for record in chunk]
@@ -75,7 +69,7 @@ class GrainSource:
     def _executor(self) -> ThreadPoolExecutor:
         with self._lock:
             if self._pool is None:
-                self._pool = ThreadPoolExecutor(self.num_threads, thread_name_prefix="psdp-grain")
+                self._pool = ThreadPoolExecutor(self.read_threads, thread_name_prefix="psdp-grain")
             return self._pool
 
     def close(self) -> None:
@@ -94,7 +88,7 @@ class GrainSource:
     def describe(self) -> str:
         return (
             f"GrainSource({type(self._source).__name__}, {len(self)} records, "
-            f"{self.num_threads} threads)"
+            f"{self.read_threads} threads)"
         )
 
 

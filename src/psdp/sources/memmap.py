@@ -1,9 +1,5 @@
-"""`MemmapSource`: rows of ``.npy`` files, memory-mapped.
-
-Mental model: an `ArraySource` whose arrays are ``np.load(path, mmap_mode="r")`` views, so a read
-is a gather from the OS page cache (the fastest random reads on a local disk) and the OS decides
-what stays in memory. Files must hold uncompressed arrays written by ``np.save``; ``.npz``
-archives, pickles and directories are refused with the reason.
+"""`MemmapSource`: rows of ``.npy`` files, memory-mapped: an `ArraySource` over ``np.load`` views
+(``docs/sources.md``).
 """
 
 from __future__ import annotations
@@ -14,7 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from psdp.sources.base import SINGLE_LEAF, ArraySource, Rows, _as_rows, _describe_rows, fresh_rows
+from psdp._plan.leaves import SINGLE_LEAF
+from psdp.sources.base import ArraySource, Rows, as_rows, describe_rows, fresh_rows
 
 
 class MemmapSource(ArraySource):
@@ -65,7 +62,7 @@ class MemmapSource(ArraySource):
 
     def describe(self) -> str:
         files = ", ".join(str(p) for p in self._files.values())
-        return f"MemmapSource({_describe_rows(self._data)} from {files})"
+        return f"MemmapSource({describe_rows(self._data)} from {files})"
 
 
 def _map_npy(path: Path, what: str) -> np.ndarray:
@@ -89,4 +86,4 @@ def _map_npy(path: Path, what: str) -> np.ndarray:
             f"{what}: {path} is an .npz archive, not a .npy file; save each array with np.save "
             "and pass a dict of leaf name -> .npy path"
         )
-    return _as_rows(array, f"{what} ({path})")
+    return as_rows(array, f"{what} ({path})")

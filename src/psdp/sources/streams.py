@@ -1,24 +1,7 @@
 """Streams: iterables without random access, sharded by data-shard uid, resumed by skipping.
 
-Mental model: a stream is a sequence of elements that can only be walked forwards (a generator over
-files, a tokenizing pipeline). It is cut into ``num_shards`` shards, one per data-shard uid of the
-pod (`psdp.process_mesh_mapping`): hosts with the same uid open the same shard and see the same
-elements in the same order; hosts with different uids see disjoint elements. A reader's only state
-is how many elements of its shard it has consumed, so resuming at step ``s`` opens the shard again
-and skips ``s * rows_per_step`` elements: O(step) work, where a random-access source resumes in
-O(1). Two ways to shard:
-
-- a **re-iterable** (``iter()`` starts it over: a list, an array, a class whose ``__iter__``
-  re-opens its files): element ``k`` goes to shard ``k % num_shards``, in whole rounds of
-  ``num_shards`` elements (a final incomplete round is dropped, so shards are equally long and
-  every host reaches the end at the same step). Every shard walks the whole stream and keeps every
-  ``num_shards``-th element.
-- a **callable** ``(shard_index, num_shards) -> iterable``: the user's own sharding, e.g. a
-  disjoint subset of files per shard, which reads only what it keeps.
-
-An element is one row: an array-like (the same shape and dtype every time) or a dict of them.
-`StreamReader.take` stacks the next ``n`` elements into rows, like a random-access source's
-``read``. A one-shot iterator (a generator object) cannot restart, so it is refused.
+How elements are dealt to shards (round-robin over a re-iterable, or a callable per shard), what an
+element is, and why resume is O(step): ``docs/sources.md``, "Streams".
 """
 
 from __future__ import annotations
@@ -32,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from psdp._checks import check_int
+from psdp._plan.leaves import Key
 from psdp.sources.base import Rows
 
 #: dtype kinds a stream element may have: bool, integers, floats, complex (what JAX arrays hold).
@@ -40,8 +24,8 @@ _NUMERIC_KINDS = "biufc"
 #: What `StreamReader._next` returns at the end of a shard (an element may be anything, even None).
 _END = object()
 
-Leaves = dict[str | None, np.ndarray]
-Schema = dict[str | None, tuple[np.dtype, tuple[int, ...]]]
+Leaves = dict[Key, np.ndarray]
+Schema = dict[Key, tuple[np.dtype, tuple[int, ...]]]
 
 
 class StreamSource:
@@ -293,7 +277,7 @@ class StreamReader:
                     f"{self._where}: element {self._number(index)} is an empty dict; an element "
                     "is one row: an array or a dict of arrays"
                 )
-            items: list[tuple[str | None, Any]] = [(str(k), v) for k, v in element.items()]
+            items: list[tuple[Key, Any]] = [(str(k), v) for k, v in element.items()]
         else:
             items = [(None, element)]
         leaves: Leaves = {}
@@ -302,12 +286,12 @@ class StreamReader:
                 array = np.asarray(value)
             except ValueError as error:  # ragged nested lists
                 raise TypeError(
-                    f"{self._where}: element {self._number(index)}{_leaf_label(key)} is not an "
+                    f"{self._where}: element {self._number(index)}{_leaf_suffix(key)} is not an "
                     f"array ({error}); pad it to one shape"
                 ) from error
             if array.dtype.kind not in _NUMERIC_KINDS:
                 raise TypeError(
-                    f"{self._where}: element {self._number(index)}{_leaf_label(key)} has dtype "
+                    f"{self._where}: element {self._number(index)}{_leaf_suffix(key)} has dtype "
                     f"{array.dtype}; stream elements must be numeric or bool arrays (tokenize "
                     "or encode them first)"
                 )
@@ -389,7 +373,8 @@ def _default_name(stream: Any) -> str:
     return name if isinstance(name, str) else type(stream).__name__
 
 
-def _leaf_label(key: str | None) -> str:
+def _leaf_suffix(key: Key) -> str:
+    """How an element's messages name a leaf: nothing for an array element."""
     return "" if key is None else f" leaf {key!r}"
 
 

@@ -1,13 +1,6 @@
-"""`TensorStoreSource`: rows of a zarr3 dataset on disk, one batched TensorStore read per leaf.
-
-Mental model: a dataset is a directory written by `psdp.sources.writer.write_dataset`, a table of N rows
-with named leaves, one zarr3 array per leaf: sharded files of many rows, one row per inner chunk,
-so a random row costs one small ranged read. A step reads all its rows with one index-array read
-per leaf, all leaves in one ``ts.Batch``. Missing or damaged data is an error, never a silently
-wrong batch: a missing zarr3 chunk would otherwise read as the fill value (zeros), so arrays open
-with ``fill_missing_data_reads=False``, and opening checks ``psdp.json`` against every array and
-``stat``s every shard file. The format constants and `read_metadata` live here too, shared with
-the writer.
+"""`TensorStoreSource`: rows of a zarr3 dataset (written by `write_dataset`), one batched read per
+leaf, and the dataset format's constants and `read_metadata`, shared with the writer. The layout,
+and how missing or damaged data becomes an error, never a wrong batch: ``docs/sources.md``.
 """
 
 from __future__ import annotations
@@ -24,7 +17,8 @@ import numpy as np
 import tensorstore as ts
 
 from psdp._checks import check_int, preview_ids
-from psdp.sources.base import SINGLE_LEAF, Rows, _check_ids, fresh_rows
+from psdp._plan.leaves import SINGLE_LEAF, Key
+from psdp.sources.base import Rows, check_ids, fresh_rows
 
 #: The metadata file of a psdp dataset directory; `write_dataset` writes it last.
 METADATA_FILE = "psdp.json"
@@ -38,13 +32,8 @@ DATASET_VERSION = 1
 class TensorStoreSource:
     """Rows of a zarr3 dataset on disk (or of one TensorStore array), one batched read per leaf.
 
-    A dataset is a directory written by `psdp.sources.writer.write_dataset`: ``psdp.json`` (leaves, row
-    count, dtypes, trailing shapes) and one zarr3 array per leaf in a sub-directory of that name.
-    Each step reads all its rows with one TensorStore index-array read per leaf, all leaves in one
-    ``ts.Batch``; ids may be unsorted and repeated. Opening checks ``psdp.json`` against every
-    array (row count, dtype, trailing shape) and that every shard file exists, and every read
-    refuses to fill missing chunks with the fill value, so a damaged store raises instead of
-    yielding a wrong batch. Thread-safe.
+    Ids may be unsorted and repeated; all leaves are read in one ``ts.Batch``. A damaged store
+    raises on open or on read, never yields a wrong batch (``docs/sources.md``). Thread-safe.
 
     Args:
         path_or_spec: a dataset directory; a directory holding one zarr3 array (``zarr.json``);
@@ -162,7 +151,7 @@ class TensorStoreSource:
 
     @fresh_rows  # every TensorStore read returns a new array (tested)
     def read(self, ids: np.ndarray) -> Rows:
-        ids = _check_ids(ids, self._len, self._where)
+        ids = check_ids(ids, self._len, self._where)
         if ids.size == 0:
             rows = {
                 k: np.empty((0, *shape), dtype) for k, (dtype, shape) in self._leaf_types.items()
@@ -182,13 +171,13 @@ class TensorStoreSource:
 
     @fresh_rows
     def read_window(
-        self, ids: np.ndarray, columns: Mapping[str | None, slice | None]
-    ) -> dict[str | None, np.ndarray]:
+        self, ids: np.ndarray, columns: Mapping[Key, slice | None]
+    ) -> dict[Key, np.ndarray]:
         """Only some leaves (``None``: a single-array store), each cut to a range of dimension 1.
 
         One batched read, like `read`; a sequence-sharded host reads only its columns' chunks.
         """
-        ids = _check_ids(ids, self._len, self._where)
+        ids = check_ids(ids, self._len, self._where)
         arrays = {key: self._arrays[SINGLE_LEAF if key is None else key] for key in columns}
         try:
             with ts.Batch() as batch:

@@ -1,23 +1,6 @@
-"""Writes datasets for `TensorStoreSource`: zarr3, sharded files of many rows, one row per chunk.
-
-Mental model: a dataset is a table of N rows with named leaves (``tokens (N, 2048) int32``,
-``loss_mask (N, 2048) bool``, ...). A random row read costs one small read per leaf when every row
-is its own inner chunk, and sharding packs ``rows_per_shard`` rows into one file (with an index of
-offsets and checksums at its end), so 100M rows make 100k files, not 100M. On disk::
-
-    path/
-      psdp.json            leaves, row count, dtypes, trailing shapes, layout  (written last)
-      tokens/zarr.json     one zarr3 array per leaf, shape (N, *trailing)
-      tokens/c/0/0         shard 0: rows 0 .. rows_per_shard - 1
-      ...
-
-Rows arrive as one array, one dict of arrays, or an iterable of such chunks (a corpus bigger than
-memory); they are buffered into whole shards, so every write but the last fills whole shard files,
-and each leaf grows as rows arrive. Everything is written into a hidden sibling directory
-(``.NAME.psdp-partial-*``, holding ``.psdp-incomplete`` so no reader opens it) that is renamed to
-``path`` only when complete: a failed or interrupted write removes the sibling, after waiting for
-the writes in flight, and leaves ``path`` as it was, so a dataset can even be rewritten from its
-own rows.
+"""`write_dataset`: the zarr3 datasets `TensorStoreSource` reads, written atomically in shard
+files of many rows, one row per chunk. The layout on disk, the input kinds, atomicity and
+overwriting: ``docs/sources.md``, "write_dataset and TensorStoreSource".
 """
 
 from __future__ import annotations
@@ -38,13 +21,13 @@ import tensorstore as ts
 from tqdm import tqdm
 
 from psdp._checks import is_int
-from psdp.sources import (
+from psdp._plan.leaves import SINGLE_LEAF
+from psdp.sources.base import as_rows
+from psdp.sources.tensorstore import (
     DATASET_FORMAT,
     DATASET_VERSION,
     INCOMPLETE_MARKER,
     METADATA_FILE,
-    SINGLE_LEAF,
-    _as_rows,
 )
 
 #: Rows are written in blocks of whole shards of about this many bytes (all leaves together).
@@ -388,7 +371,7 @@ def _as_chunk(chunk: Any, index: int | None, single: bool) -> Chunk:
 
 def _leaf_array(value: Any, what: str, index: int | None) -> np.ndarray:
     where = "" if index is None else f"chunk {index}: "
-    value = _as_rows(value, f"{where}{what}")
+    value = as_rows(value, f"{where}{what}")
     try:
         if value.dtype.kind in "OSUMmV" and value.dtype.name != "bfloat16":
             raise TypeError

@@ -34,7 +34,7 @@ from psdp._integration.config import (
     parse_spec,
 )
 from psdp._plan.layout import MeshLayout
-from psdp._plan.mesh import _spec_axes, dp_index, plan_pod
+from psdp._plan.mesh import dp_index, plan_pod, spec_axes
 from psdp._plan.picture import plan_summary, render_plan
 from psdp.tools.pod import PodError
 
@@ -295,7 +295,7 @@ def _plan_shape(
             f"--spec {args.spec!r} has {len(spec)} entries but the leaf has {len(shape)} "
             "dimension(s); give --seq-len for a second dimension or drop the extra entries"
         )
-    _given("--spec", repr(args.spec), _spec_axes, layout, spec, len(shape))
+    _given("--spec", repr(args.spec), spec_axes, layout, spec, len(shape))
     _given("--batch-size", args.batch_size, plan_pod, layout, spec[:1], shape[:1])
     if args.seq_len is not None:
         _given("--seq-len", args.seq_len, plan_pod, layout, spec, shape)

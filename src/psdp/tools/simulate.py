@@ -325,7 +325,7 @@ def _check_plan(
     written or any process started. ``row_shape`` is a source's; None: the synthetic rows."""
     from jax.sharding import AbstractMesh
 
-    from psdp._plan.mesh import _spec_axes, plan_pod
+    from psdp._plan.mesh import plan_pod, spec_axes
     from psdp._plan.partition import physical_batch_size, resolve_spec
 
     partition = simulation.data.partition
@@ -336,7 +336,7 @@ def _check_plan(
     mesh: Any = AbstractMesh(layout.shape, layout.axis_names)  # all that resolve_spec reads
     try:
         spec = resolve_spec(strategy, mesh, batch_axes=simulation.mesh.batch_axes)
-        per_dim = _spec_axes(layout, spec, 1 + len(shape))
+        per_dim = spec_axes(layout, spec, 1 + len(shape))
     except ValueError as err:
         raise ValueError(f"{option}: {err}") from None
     shards = math.prod(layout.axis_sizes[a] for a in per_dim[0])
