@@ -145,7 +145,9 @@ def _config_resume(_: Path) -> None:
         iterator = iter(loader)
         next(iterator), next(iterator)
         state = iterator.state()
-    LoaderConfig(global_batch_size=B, seed=4).restore(state, _mesh(), source={"tokens": TOKENS})
+    LoaderConfig.create(global_batch_size=B, seed=4).restore(
+        state, _mesh(), source={"tokens": TOKENS}
+    )
 
 
 def _state_of_two_iterators(_: Path) -> None:

@@ -18,7 +18,7 @@ from jax.sharding import PartitionSpec
 
 from psdp._checks import is_int
 from psdp._plan.order import check_seed
-from psdp._plan.partition import STRATEGIES
+from psdp._plan.partition import DEFAULT_BATCH_AXES, STRATEGIES
 
 #: A leaf's spec as the options hold it: a strategy name or a `PartitionSpec`.
 Spec = str | PartitionSpec
@@ -542,6 +542,13 @@ def _spec(where: str, value: Any) -> Spec:
     text = value.strip()
     if text in STRATEGIES:
         return text
+    close = _misspelt_strategy(text)
+    if close:
+        raise ValueError(
+            f"{where} is not a strategy (did you mean {close!r}?), got {value!r}; use a "
+            f"jax.sharding.PartitionSpec or one of the strategies {STRATEGIES}, or write "
+            f"'({text})' to mean the mesh axis {text!r}"
+        )
     try:
         return PartitionSpec(*parse_spec(text))
     except ValueError as err:
@@ -549,6 +556,14 @@ def _spec(where: str, value: Any) -> Spec:
             f"{where} {value!r} is neither a strategy {STRATEGIES} nor a partition spec text "
             f"({err}); {fix}"
         ) from None
+
+
+def _misspelt_strategy(text: str) -> str | None:
+    """The strategy a bare name is a near miss of (``fully``), unless it is a usual axis name."""
+    if text in DEFAULT_BATCH_AXES or not text.isidentifier():
+        return None
+    close = difflib.get_close_matches(text, STRATEGIES, n=1, cutoff=0.75)
+    return close[0] if close else None
 
 
 def _named_axes(value: Any) -> dict[str, tuple[Any, ...]] | tuple[Any, ...]:
@@ -598,12 +613,10 @@ def _halo(value: Any) -> int | dict[str, int]:
 
 def _columns(where: str, value: Any, fix: str) -> int:
     if not is_int(value):
-        raise _type_error(
-            where, value, "an int >= 0 (sequence columns on each side) or a dict", fix
-        )
+        raise _type_error(where, value, "an int >= 0 (sequence columns on each side)", fix)
     if value < 0:
         raise ValueError(
-            f"{where} must be >= 0 (sequence columns on each side), got {value}; {fix}"
+            f"{where} must be >= 0, got {value} (sequence columns on each side); {fix}"
         )
     return int(value)
 
