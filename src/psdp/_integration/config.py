@@ -244,7 +244,7 @@ class LoaderConfig:
         >>> LoaderConfig(order=OrderOptions(global_batch_size=0))
         Traceback (most recent call last):
             ...
-        ValueError: OrderOptions.global_batch_size must be >= 1 (the real rows per step), got 0; e.g. global_batch_size=256
+        ValueError: OrderOptions.global_batch_size must be >= 1, got 0 (the real rows per step); e.g. global_batch_size=256
     """
 
     source: str | None = None

@@ -39,7 +39,7 @@ class OrderOptions:
         >>> OrderOptions(global_batch_size=0)
         Traceback (most recent call last):
             ...
-        ValueError: OrderOptions.global_batch_size must be >= 1 (the real rows per step), got 0; e.g. global_batch_size=256
+        ValueError: OrderOptions.global_batch_size must be >= 1, got 0 (the real rows per step); e.g. global_batch_size=256
     """
 
     global_batch_size: int | None = None
@@ -205,7 +205,7 @@ class ReadingOptions:
         >>> ReadingOptions(read_threads=0)
         Traceback (most recent call last):
             ...
-        ValueError: ReadingOptions.read_threads must be >= 1 (steps read at once), got 0; e.g. read_threads=1
+        ValueError: ReadingOptions.read_threads must be >= 1, got 0 (steps read at once); e.g. read_threads=1
     """
 
     prefetch: int = 2
@@ -450,7 +450,7 @@ def _count(where: str, value: Any, meaning: str, example: int) -> int:
         raise _type_error(where, value, "an int", _example(where, example))
     if value < 1:
         raise ValueError(
-            f"{where} must be >= 1 ({meaning}), got {value}; {_example(where, example)}"
+            f"{where} must be >= 1, got {value} ({meaning}); {_example(where, example)}"
         )
     return int(value)
 
