@@ -479,7 +479,7 @@ def _number(where: str, value: Any) -> Any:
     if not _is_number(value):
         rule = "a number (it fills padding rows and halo columns)"
         raise _type_error(where, value, rule, _example(where, 0))
-    return value
+    return value.item() if isinstance(value, np.generic) else value  # exact: a Python number
 
 
 def _leaf_name(where: str, value: Any) -> str:
