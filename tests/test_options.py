@@ -45,6 +45,7 @@ Sharding = ShardingOptions  # the tables below are wide
         (Sharding, {"batch_spec": {"x": "data,model", "y": P("data")}}, "batch_spec",
          {"x": P("data", "model"), "y": P("data")}),
         # sequences become tuples, one name a 1-tuple
+        (Sharding, {"batch_spec": {}}, "batch_spec", {}),  # no leaf overridden: all "batch"
         (Sharding, {"batch_axes": "data"}, "batch_axes", ("data",)),
         (Sharding, {"batch_axes": ["replica", "data"]}, "batch_axes", ("replica", "data")),
         (Sharding, {"named_axes": ["batch", "pos"], "axis_mapping": {"batch": ["data"], "pos": None}},
@@ -57,6 +58,7 @@ Sharding = ShardingOptions  # the tables below are wide
         (OutputOptions, {"pad_value": np.float32(-1.5)}, "pad_value", -1.5),
         (OutputOptions, {"mask_key": None}, "mask_key", None),
         (OutputOptions, {"dtypes": {"x": np.int32, "y": "float16"}}, "dtypes", {"x": np.int32, "y": "float16"}),
+        (OutputOptions, {"dtypes": {}}, "dtypes", {}),
         (ReadingOptions, {"read_timeout_s": 30}, "read_timeout_s", 30.0),
         (ReadingOptions, {"stall_warning_s": None}, "stall_warning_s", None),
         (ReadingOptions, {"prefetch": np.int8(3)}, "prefetch", 3),
@@ -111,7 +113,6 @@ BAD = [
      ["'data-parallel'", "('batch', 'full', 'replicated')", "'(replica,data),context'"]),
     (Sharding, {"batch_spec": "fully"}, ValueError,
      ["did you mean 'full'?", "got 'fully'", "write '(fully)' to mean the mesh axis"]),
-    (Sharding, {"batch_spec": {}}, ValueError, ["ShardingOptions.batch_spec is an empty dict", "leave it unset"]),
     (Sharding, {"batch_spec": {"x": "da ta"}}, ValueError, ["ShardingOptions.batch_spec['x'] 'da ta'"]),
     (Sharding, {"batch_spec": {"x": None}}, TypeError, ["ShardingOptions.batch_spec['x']", "got None"]),
     (Sharding, {"batch_spec": {1: "batch"}}, TypeError, ["ShardingOptions.batch_spec key", "got 1 of type int"]),
@@ -146,7 +147,6 @@ BAD = [
     (OutputOptions, {"dtypes": "int33"}, TypeError,
      ["OutputOptions.dtypes must be a numpy dtype or dtype name, got 'int33' of type str", "dtypes=np.int32"]),
     (OutputOptions, {"dtypes": {"x": None}}, TypeError, ["OutputOptions.dtypes['x']", "got None"]),  # np.dtype(None) is float64
-    (OutputOptions, {"dtypes": {}}, ValueError, ["OutputOptions.dtypes is an empty dict"]),
     # ----- reading
     (ReadingOptions, {"prefetch": 0}, ValueError, ["ReadingOptions.prefetch must be >= 1, got 0", "prefetch=2"]),
     (ReadingOptions, {"read_threads": "2"}, TypeError, ["ReadingOptions.read_threads must be an int, got '2'"]),
@@ -154,7 +154,9 @@ BAD = [
      ["ReadingOptions.read_timeout_s must be > 0 or None (a number of seconds, or no limit), got 0", "read_timeout_s=60"]),
     (ReadingOptions, {"read_timeout_s": float("nan")}, ValueError, ["read_timeout_s must be > 0 or None", "got nan"]),
     (ReadingOptions, {"read_timeout_s": True}, TypeError, ["ReadingOptions.read_timeout_s", "got True of type bool"]),
-    (ReadingOptions, {"stall_warning_s": -1}, ValueError, ["ReadingOptions.stall_warning_s must be > 0 or None", "or no warning), got -1"]),
+    (ReadingOptions, {"stall_warning_s": -1}, ValueError,
+     ["ReadingOptions.stall_warning_s must be a positive number of seconds or None (no warning), got -1", "stall_warning_s=1"]),
+    (ReadingOptions, {"stall_warning_s": "1"}, TypeError, ["ReadingOptions.stall_warning_s", "got '1' of type str"]),
 ]  # fmt: skip
 
 

@@ -224,8 +224,14 @@ class ReadingOptions:
     def __post_init__(self) -> None:
         _fix(self, "prefetch", _count, "batches ahead", 2)
         _fix(self, "read_threads", _count, "steps read at once", 1)
-        _fix(self, "read_timeout_s", _seconds, "or no limit", 60)
-        _fix(self, "stall_warning_s", _seconds, "or no warning", 1)
+        _fix(self, "read_timeout_s", _seconds, "> 0 or None (a number of seconds, or no limit)", 60)
+        _fix(
+            self,
+            "stall_warning_s",
+            _seconds,
+            "a positive number of seconds or None (no warning)",
+            1,
+        )
 
 
 GROUPS: dict[str, Any] = {
@@ -493,10 +499,9 @@ def _leaf_name(where: str, value: Any) -> str:
     return value
 
 
-def _seconds(where: str, value: Any, none_means: str, example: int) -> float | None:
+def _seconds(where: str, value: Any, rule: str, example: int) -> float | None:
     if value is None:
         return None
-    rule = f"> 0 or None (a number of seconds, {none_means})"
     if not _is_number(value):
         raise _type_error(where, value, rule, _example(where, example))
     if not value > 0:
@@ -515,8 +520,6 @@ def _names(where: str, value: Any, fix: str) -> tuple[str, ...]:
 
 
 def _leaf_dict(where: str, value: Mapping[Any, Any], fix: str) -> dict[str, Any]:
-    if not value:
-        raise ValueError(f"{where} is an empty dict; {fix}, or leave it unset")
     bad = [k for k in value if not isinstance(k, str)]
     if bad:
         raise _type_error(f"{where} key", bad[0], "a leaf name (a str)", fix)
@@ -606,7 +609,7 @@ def _halo(value: Any) -> int | dict[str, int]:
     where = "ShardingOptions.halo"
     fix = "e.g. halo=128, or halo={'tokens': 128}"
     if isinstance(value, Mapping):
-        halos = _leaf_dict(where, value, fix) if value else {}
+        halos = _leaf_dict(where, value, fix)
         return {leaf: _columns(f"{where}[{leaf!r}]", h, fix) for leaf, h in halos.items()}
     return _columns(where, value, fix)
 
