@@ -31,6 +31,7 @@ from psdp import (
     LoaderConfig,
     MemmapSource,
     MeshLayout,
+    ReadingOptions,
     TensorStoreSource,
     write_dataset,
 )
@@ -145,7 +146,9 @@ def _config_resume(_: Path) -> None:
         iterator = iter(loader)
         next(iterator), next(iterator)
         state = iterator.state()
-    LoaderConfig(global_batch_size=B, seed=4).restore(state, _mesh(), source={"tokens": TOKENS})
+    LoaderConfig.create(global_batch_size=B, seed=4).restore(
+        state, _mesh(), source={"tokens": TOKENS}
+    )
 
 
 def _state_of_two_iterators(_: Path) -> None:
@@ -697,6 +700,136 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
         lambda _: _loader({"mask": TOKENS}, global_batch_size=6),
         ValueError,
         ["'mask'", "pass another mask_key"],
+    ),
+    # ------------------------------------------------ option groups (checked before any planning)
+    (
+        "an unknown loader option",
+        lambda _: _loader(batch_size=8),
+        TypeError,
+        [
+            "unknown loader option 'batch_size'",
+            "did you mean 'global_batch_size'?",
+            "the options are",
+        ],
+    ),
+    (
+        "an option given as a keyword and in its group",
+        lambda _: _loader(reading=ReadingOptions(prefetch=2), read_threads=2),
+        TypeError,
+        [
+            "read_threads given as keywords and in reading=ReadingOptions(...)",
+            "dataclasses.replace",
+        ],
+    ),
+    (
+        "a group that is not its options class",
+        lambda _: _loader(output={"pad_value": 0}),
+        TypeError,
+        ["output must be a OutputOptions", "{'pad_value': 0}", "output=OutputOptions(...)"],
+    ),
+    (
+        "no global batch size",
+        lambda _: DataLoader({"tokens": TOKENS}, mesh=_mesh(), seed=3),
+        TypeError,
+        ["needs global_batch_size", "global_batch_size=256", "OrderOptions(global_batch_size=256)"],
+    ),
+    (
+        "seed as a string",
+        lambda _: _loader(seed="3"),
+        TypeError,
+        ["OrderOptions.seed must be an int", "'3' of type str", "seed=0"],
+    ),
+    (
+        "shuffle as a string",  # "false" would be true
+        lambda _: _loader(shuffle="false"),
+        TypeError,
+        ["OrderOptions.shuffle must be True or False", "'false'", "shuffle=True"],
+    ),
+    (
+        "pad_value as a string",
+        lambda _: _loader(pad_value="0"),
+        TypeError,
+        ["OutputOptions.pad_value must be a number", "'0' of type str", "pad_value=0"],
+    ),
+    (
+        "an empty mask key",
+        lambda _: _loader(mask_key=""),
+        ValueError,
+        ["OutputOptions.mask_key must be a non-empty leaf name or None", "mask_key='mask'"],
+    ),
+    (
+        "read timeout as a string",
+        lambda _: _loader(read_timeout_s="60"),
+        TypeError,
+        ["ReadingOptions.read_timeout_s must be > 0 or None", "'60' of type str"],
+    ),
+    (
+        "a batch spec of the wrong type",  # a tuple is not a PartitionSpec
+        lambda _: _loader(batch_spec=("data", "model")),
+        TypeError,
+        ["ShardingOptions.batch_spec must be a strategy", "('data', 'model') of type tuple"],
+    ),
+    (
+        "a spec text that does not parse",
+        lambda _: _loader(batch_spec="(data,model"),
+        ValueError,
+        ["'(data,model'", "neither a strategy", "not closed", "'(replica,data),context'"],
+    ),
+    (
+        "a misspelt strategy",  # not read as a mesh axis named "fully"
+        lambda _: _loader(batch_spec="fully"),
+        ValueError,
+        ["did you mean 'full'?", "'fully'", "write '(fully)'"],
+    ),
+    (
+        "batch axes that a spec would ignore",
+        lambda _: _loader(batch_spec=PartitionSpec("data"), batch_axes=("data",)),
+        ValueError,
+        ["batch_axes ('data',) would be ignored", "P('data',)", "drop batch_axes"],
+    ),
+    (
+        "an axis mapping without named axes",
+        lambda _: _loader(axis_mapping={"batch": "data"}),
+        ValueError,
+        ["axis_mapping {'batch': 'data'} is given without named_axes", "drop axis_mapping"],
+    ),
+    (
+        "a leaf with both a batch spec and named axes",
+        lambda _: _loader(
+            batch_spec={"tokens": "full"},
+            named_axes={"tokens": ("batch", "position")},
+            axis_mapping={"batch": "data"},
+        ),
+        ValueError,
+        ["leaf 'tokens' has both a batch_spec entry", "give one of them"],
+    ),  # fmt: skip
+    (
+        "no feeding process",
+        lambda _: _loader(feeding_processes=[]),
+        ValueError,
+        ["feeding_processes must name at least one process", "got []", "None to feed every"],
+    ),
+    (
+        "a negative halo",
+        lambda _: _loader(halo=-1),
+        ValueError,
+        ["ShardingOptions.halo must be >= 0, got -1", "halo=128"],
+    ),
+    (
+        "a config source that is not a path",
+        lambda _: LoaderConfig(source=Path("tokens.npy")),  # type: ignore[arg-type]
+        TypeError,
+        [
+            "LoaderConfig.source must be a path (a str)",
+            "PosixPath('tokens.npy')",
+            "source: data/tokens",
+        ],
+    ),
+    (
+        "a config without a global batch size",
+        lambda tmp: LoaderConfig.create(source=str(tmp / "t.npy")).build(_mesh()),
+        TypeError,
+        ["needs global_batch_size", "order.global_batch_size: 256"],
     ),
     (
         "named axes without an axis mapping",

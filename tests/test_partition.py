@@ -389,8 +389,8 @@ def test_batch_axes_may_be_one_name_and_bad_knobs_are_clear_errors():
     assert loader.batch_spec == {"x": P("rows")}
     assert_batch_exact(loader.batch_at(0), expected_batch(loader, data, 0))
     with pytest.raises(
-        ValueError, match=r"read_timeout_s must be > 0 or None \(a number of seconds.*'x'"
+        TypeError, match=r"read_timeout_s must be > 0 or None \(a number of seconds.*'x'"
     ):
         DataLoader(data, mesh=mesh, global_batch_size=8, batch_axes="rows", read_timeout_s="x")
-    with pytest.raises(ValueError, match=r"pad_value must be a number .* got 'a'"):
+    with pytest.raises(TypeError, match=r"pad_value must be a number .* got 'a'"):
         DataLoader(data, mesh=mesh, global_batch_size=6, batch_axes="rows", pad_value="a")

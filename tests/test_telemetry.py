@@ -102,9 +102,18 @@ def test_a_slow_trainer_hides_the_loader():
     assert stats.queue_depth_mean == 3  # every next() found prefetch + 1 batches ready
 
 
-@pytest.mark.parametrize("bad", ["1", 0, -1.0, True, float("nan")])
-def test_bad_stall_threshold_is_refused_up_front(bad):
-    with pytest.raises(ValueError, match="stall_warning_s must be a positive number"):
+@pytest.mark.parametrize(
+    ("bad", "error"),
+    [
+        ("1", TypeError),
+        (0, ValueError),
+        (-1.0, ValueError),
+        (True, TypeError),
+        (float("nan"), ValueError),
+    ],
+)
+def test_bad_stall_threshold_is_refused_up_front(bad, error):
+    with pytest.raises(error, match="stall_warning_s must be a positive number"):
         DataLoader(token_table(16), mesh=mesh(), global_batch_size=8, stall_warning_s=bad)
 
 

@@ -1,43 +1,50 @@
 """Trainer configs: `MeshConfig` (the device mesh) and `LoaderConfig` (the `DataLoader`).
 
-Mental model. A config is a frozen dataclass of plain values (ints, strings, dicts of strings)
-with ``None`` meaning "unset: use the library's default", so it drops into a Levanter-style
-``TrainerConfig`` as a field and parses from YAML and command-line flags with draccus, which
-shows each field's docstring in ``--help``. Checks that need nothing but the values run when the
-config is made and name the field, the value and the fix; checks that need devices run in the
-explicit methods that use them (`MeshConfig.build`, `LoaderConfig.build`), never in properties.
-
-    mesh = config.mesh.build()                 # a jax.sharding.Mesh over every process's devices
-    loader = config.data.build(mesh)           # a psdp.DataLoader
-
-The text forms shared with the command line live here too: `parse_axes` (``data=4,model=2``),
-`parse_names` and `parse_spec` (``(replica,data),context``).
+Both are frozen dataclasses of plain values that drop into a Levanter-style ``TrainerConfig`` and
+parse from YAML and flags with draccus (``docs/trainer.md``). `LoaderConfig` is the loader's four
+option groups (`psdp._plan.options`) plus a source path, so the same checks guard the API and the
+config. Checks that need devices run in `MeshConfig.build` and `LoaderConfig.build`.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+from jax.sharding import PartitionSpec
+
 from psdp._checks import is_int
+from psdp._plan.options import (
+    GROUPS,
+    LoaderOptions,
+    OrderOptions,
+    OutputOptions,
+    ReadingOptions,
+    ShardingOptions,
+    check_groups,
+    parse_names,
+    parse_spec,
+    route,
+    spec_text,
+)
+from psdp._plan.partition import DEFAULT_BATCH_AXES
 
 if TYPE_CHECKING:
     import jax
-    from jax.sharding import Mesh, PartitionSpec
+    from jax.sharding import Mesh
 
     from psdp._plan.layout import MeshLayout
     from psdp._runtime.loader import DataLoader
     from psdp.sources import Source
 
+__all__ = ["LoaderConfig", "MeshConfig", "parse_axes", "parse_names", "parse_spec"]
+
 #: ``MeshConfig.layout`` values that are not a file.
 BUILTIN_LAYOUTS = ("contiguous", "noncontiguous")
-#: ``LoaderConfig.partition`` strategies the `DataLoader` understands by name.
-PARTITION_STRATEGIES = ("batch", "full", "replicated")
-#: Mesh axis names taken as batch axes when ``MeshConfig.batch_axes`` is unset, in mesh order.
-DEFAULT_BATCH_AXES = ("replica", "data", "fsdp", "batch")
 
 
 # ------------------------------------------------------------------------------------ mesh
@@ -83,9 +90,13 @@ class MeshConfig:
                 f"batch axis {list(DEFAULT_BATCH_AXES)}; set batch_axes, e.g. batch_axes: "
                 f"[{next(iter(self.axes))}]"
             )
+        if self.layout is not None and not isinstance(self.layout, str):
+            raise TypeError(
+                f"MeshConfig.layout must be a str, got {self.layout!r} of type "
+                f"{type(self.layout).__name__}; e.g. layout: noncontiguous"
+            )
         if self.layout is not None and (
-            not isinstance(self.layout, str)
-            or (self.layout not in BUILTIN_LAYOUTS and not self.layout.endswith(".json"))
+            self.layout not in BUILTIN_LAYOUTS and not self.layout.endswith(".json")
         ):
             raise ValueError(
                 f"MeshConfig.layout must be contiguous, noncontiguous or a .json layout file, got "
@@ -176,17 +187,24 @@ class MeshConfig:
 
 def _checked_axes(axes: Any) -> dict[str, int]:
     example = "e.g. axes: {data: 4, model: 2}"
-    if not isinstance(axes, Mapping) or not axes:
-        raise ValueError(
-            f"MeshConfig.axes must be a non-empty mapping of axis name -> size, got {axes!r}; "
-            f"{example}"
+    if not isinstance(axes, Mapping):
+        raise TypeError(
+            f"MeshConfig.axes must be a mapping of axis name -> size, got {axes!r} of type "
+            f"{type(axes).__name__}; {example}"
         )
+    if not axes:
+        raise ValueError(f"MeshConfig.axes must be a non-empty mapping, got {{}}; {example}")
     for name, size in axes.items():
-        if not isinstance(name, str) or not name.isidentifier():
+        if not isinstance(name, str) or not is_int(size):
+            raise TypeError(
+                f"MeshConfig.axes: axis {name!r} has size {size!r}; every name must be a str and "
+                f"every size a positive int, {example}"
+            )
+        if not name.isidentifier():
             raise ValueError(
                 f"MeshConfig.axes: {name!r} is not an axis name; use identifiers, {example}"
             )
-        if not is_int(size) or size < 1:
+        if size < 1:
             raise ValueError(
                 f"MeshConfig.axes: axis {name!r} has size {size!r}; every size must be a positive "
                 f"int, {example}"
@@ -195,8 +213,13 @@ def _checked_axes(axes: Any) -> dict[str, int]:
 
 
 def _checked_batch_axes(batch_axes: Any, axes: dict[str, int] | None) -> tuple[str, ...]:
-    names = (batch_axes,) if isinstance(batch_axes, str) else tuple(batch_axes)
+    names = (batch_axes,) if isinstance(batch_axes, str) else batch_axes
     known = list(axes) if axes is not None else ["data"]
+    if not isinstance(names, Sequence) or not all(isinstance(n, str) for n in names):
+        raise TypeError(
+            f"MeshConfig.batch_axes must be a list of axis names, got {batch_axes!r}; e.g. "
+            f"batch_axes: [{known[0]}]"
+        )
     unknown = [n for n in names if n not in known]
     if not names or unknown or len(set(names)) != len(names):
         why = f"{unknown[0]!r} is not a mesh axis" if unknown else "give each axis once"
@@ -204,192 +227,100 @@ def _checked_batch_axes(batch_axes: Any, axes: dict[str, int] | None) -> tuple[s
             f"MeshConfig.batch_axes {list(names)}: {why}; choose among the mesh axes {known}, "
             f"e.g. batch_axes: [{known[0]}]"
         )
-    return names
-
-
-def _checked_processes(value: Any) -> list[int]:
-    if (
-        not isinstance(value, list | tuple)
-        or not value
-        or not all(is_int(p) and p >= 0 for p in value)
-    ):
-        raise ValueError(
-            f"LoaderConfig.feeding_processes must be a non-empty list of process indices, got "
-            f"{value!r}; e.g. feeding_processes: [0, 1], or leave it unset to feed every process"
-        )
-    return [int(p) for p in value]
-
-
-def _checked_names(field_name: str, value: Any) -> dict[str, list[str]]:
-    ok = isinstance(value, dict) and all(
-        isinstance(k, str)
-        and isinstance(v, list | tuple)
-        and v
-        and all(isinstance(n, str) and n for n in v)
-        for k, v in value.items()
-    )
-    if not ok or not value:
-        raise ValueError(
-            f"LoaderConfig.{field_name} must map names to non-empty lists of names, got "
-            f"{value!r}; e.g. {field_name}: "
-            + ("{tokens: [batch, position]}" if field_name == "named_axes" else "{batch: [data]}")
-        )
-    return {k: [str(n) for n in v] for k, v in value.items()}
+    return tuple(names)
 
 
 # ---------------------------------------------------------------------------------- loader
 @dataclass(frozen=True)
 class LoaderConfig:
-    """The data loader: where rows come from, how many per step, and how the batch is sharded.
+    """The data loader: a source path and the `DataLoader`'s four option groups.
 
-    Only the fields that are set reach the `DataLoader`; unset fields keep its defaults.
+    `create` takes the groups' fields as flat keywords, as `DataLoader` does.
 
     Example:
-        >>> config = LoaderConfig(source="data/tokens", global_batch_size=256, seed=3)
-        >>> config.loader_kwargs()
-        {'global_batch_size': 256, 'seed': 3}
-        >>> LoaderConfig(global_batch_size=0)
+        >>> config = LoaderConfig.create(source="data/tokens", global_batch_size=256, seed=3)
+        >>> config.order
+        OrderOptions(global_batch_size=256, shuffle=None, seed=3, drop_last=False)
+        >>> LoaderConfig(order=OrderOptions(global_batch_size=0))
         Traceback (most recent call last):
             ...
-        ValueError: LoaderConfig.global_batch_size must be an int >= 1, got 0; set the rows per step, e.g. global_batch_size: 256
+        ValueError: OrderOptions.global_batch_size must be >= 1, got 0 (the real rows per step); e.g. global_batch_size=256
     """
 
     source: str | None = None
     """The rows: a psdp TensorStore dataset directory (written by ``psdp write`` or
     ``psdp.write_dataset``) or a ``.npy`` file (memory-mapped)."""
 
-    global_batch_size: int | None = None
-    """Rows per step, over all hosts."""
+    order: OrderOptions = field(default_factory=OrderOptions)
+    """Which rows each step holds: global_batch_size, shuffle, seed, drop_last."""
 
-    partition: dict[str, str] | str | None = None
-    """How each leaf is sharded: a strategy (``batch``: dimension 0 over the batch axes; ``full``:
-    over every mesh axis; ``replicated``) or a partition spec such as ``(replica,data),context``;
-    or a dict leaf -> one of those. Unset: batch."""
+    sharding: ShardingOptions = field(default_factory=ShardingOptions)
+    """How leaves are split over the mesh: batch_spec, batch_axes, named_axes, axis_mapping,
+    halo, feeding_processes."""
 
-    shuffle: bool | None = None
-    """Permute the rows each epoch. Unset: the loader's default (true for random-access sources)."""
+    output: OutputOptions = field(default_factory=OutputOptions)
+    """What batches hold beyond the rows: pad_value, mask_key, dtypes."""
 
-    seed: int | None = None
-    """The shuffle seed (unset: 0)."""
-
-    prefetch: int | None = None
-    """Batches prepared ahead of the trainer (unset: 2)."""
-
-    drop_last: bool | None = None
-    """Drop each epoch's short final batch instead of padding it (unset: the loader's default)."""
-
-    halo: dict[str, int] | int | None = None
-    """Extra sequence columns on each side of a context-sharded leaf, or a dict leaf -> columns
-    (unset: 0)."""
-
-    pad_value: int | float | None = None
-    """Fill for padding rows and halo columns outside the sequence (unset: 0)."""
-
-    mask_key: str | None = None
-    """Name of the boolean leaf of every dict batch that marks its real rows (unset: ``mask``)."""
-
-    dtypes: dict[str, str] | str | None = None
-    """Cast leaves on every read, range-checked: a dict leaf -> dtype name, e.g. ``{tokens:
-    int32}`` (needed for 64-bit leaves without ``jax_enable_x64``), or one name for a single-array
-    source (unset: the source's dtypes)."""
-
-    read_threads: int | None = None
-    """Steps read concurrently by background threads (unset: 1)."""
-
-    feeding_processes: list[int] | None = None
-    """Only these processes' batch shards get real rows, the rest padding (unset: every process)."""
-
-    named_axes: dict[str, list[str]] | None = None
-    """haliax axis names per leaf, e.g. ``{tokens: [batch, position]}``: those leaves come out as
-    ``NamedArray`` with specs from ``axis_mapping`` (unset: plain arrays)."""
-
-    axis_mapping: dict[str, list[str]] | None = None
-    """Axis name -> mesh axes, e.g. ``{batch: [replica, data], position: [context]}``; needed with
-    ``named_axes``."""
-
-    read_timeout_s: float | None = None
-    """Raise `TimeoutError` naming the step when one read takes longer (unset: no limit)."""
+    reading: ReadingOptions = field(default_factory=ReadingOptions)
+    """How rows are read: prefetch, read_threads, read_timeout_s, stall_warning_s."""
 
     def __post_init__(self) -> None:
-        if self.source is not None and (not isinstance(self.source, str) or not self.source):
+        if self.source is not None and not isinstance(self.source, str):
+            raise TypeError(
+                f"LoaderConfig.source must be a path (a str), got {self.source!r} of type "
+                f"{type(self.source).__name__}; e.g. source: data/tokens"
+            )
+        if self.source == "":
             raise ValueError(
-                f"LoaderConfig.source must be a path, got {self.source!r}; give a psdp dataset "
-                "directory or a .npy file, e.g. source: data/tokens"
+                "LoaderConfig.source must be a path, got ''; give a psdp dataset directory or a "
+                ".npy file, e.g. source: data/tokens"
             )
-        _check_count("global_batch_size", self.global_batch_size, "set the rows per step", 256)
-        _check_count("prefetch", self.prefetch, "prepare at least one batch ahead", 2)
-        _check_count("read_threads", self.read_threads, "use at least one reader thread", 1)
-        if self.seed is not None and not is_int(self.seed):
-            raise ValueError(f"LoaderConfig.seed must be an int, got {self.seed!r}; e.g. seed: 0")
-        for name in ("shuffle", "drop_last"):
-            value = getattr(self, name)
-            if value is not None and not isinstance(value, bool):
-                raise ValueError(
-                    f"LoaderConfig.{name} must be true or false, got {value!r}; e.g. {name}: true"
-                )
-        if self.partition is not None:
-            object.__setattr__(self, "partition", _checked_partition(self.partition))
-        if self.halo is not None:
-            object.__setattr__(self, "halo", _checked_halo(self.halo))
-        if self.pad_value is not None and (
-            isinstance(self.pad_value, bool) or not isinstance(self.pad_value, int | float)
-        ):
-            raise ValueError(
-                f"LoaderConfig.pad_value must be a number, got {self.pad_value!r}; e.g. pad_value: 0"
-            )
-        if self.mask_key is not None and (not isinstance(self.mask_key, str) or not self.mask_key):
-            raise ValueError(
-                f"LoaderConfig.mask_key must be a non-empty leaf name, got {self.mask_key!r}; "
-                "e.g. mask_key: mask"
-            )
-        if self.dtypes is not None:
-            object.__setattr__(self, "dtypes", _checked_dtypes(self.dtypes))
-        if self.feeding_processes is not None:
-            object.__setattr__(
-                self, "feeding_processes", _checked_processes(self.feeding_processes)
-            )
-        for name in ("named_axes", "axis_mapping"):
-            if getattr(self, name) is not None:
-                object.__setattr__(self, name, _checked_names(name, getattr(self, name)))
-        if (self.named_axes is None) != (self.axis_mapping is None):
-            raise ValueError(
-                "LoaderConfig.named_axes and LoaderConfig.axis_mapping go together: set both "
-                "(e.g. named_axes: {tokens: [batch, position]}, axis_mapping: {batch: [data], "
-                "position: [context]}) or neither"
-            )
-        if self.read_timeout_s is not None and (
-            isinstance(self.read_timeout_s, bool)
-            or not isinstance(self.read_timeout_s, int | float)
-            or not self.read_timeout_s > 0
-        ):
-            raise ValueError(
-                f"LoaderConfig.read_timeout_s must be a positive number of seconds, got "
-                f"{self.read_timeout_s!r}; e.g. read_timeout_s: 60, or leave it unset for no limit"
-            )
+        check_groups("LoaderConfig", {name: getattr(self, name) for name in GROUPS})
 
-    def batch_spec(self) -> str | PartitionSpec | dict[str, str | PartitionSpec] | None:
-        """``partition`` in the form `DataLoader` takes: strategy names stay, specs are parsed.
+    @classmethod
+    def create(cls, source: str | None = None, **options: Any) -> LoaderConfig:
+        """The config of ``source`` with the groups from group objects and/or flat keywords."""
+        return cls(source=source, **route(**options))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The config as YAML/JSON values (specs as text); `from_dict` reads it back.
 
         Example:
-            >>> LoaderConfig(partition={"tokens": "data,model", "mask": "batch"}).batch_spec()
-            {'tokens': P('data', 'model'), 'mask': 'batch'}
+            >>> config = LoaderConfig.create(global_batch_size=8, batch_spec="data,model")
+            >>> config.to_dict()["sharding"]["batch_spec"]
+            'data,model'
+            >>> LoaderConfig.from_dict(config.to_dict()) == config
+            True
         """
-        if self.partition is None:
-            return None
-        if isinstance(self.partition, dict):
-            return {leaf: _spec_of(text) for leaf, text in self.partition.items()}
-        return _spec_of(self.partition)
+        out: dict[str, Any] = {"source": self.source}
+        for name in GROUPS:
+            group = getattr(self, name)
+            out[name] = {f.name: _plain(getattr(group, f.name)) for f in fields(group)}
+        return out
 
-    def loader_kwargs(self) -> dict[str, Any]:
-        """The `DataLoader` keyword arguments this config sets (unset fields are left out)."""
-        kwargs = {
-            f.name: getattr(self, f.name)
-            for f in fields(self)
-            if f.name not in ("source", "partition") and getattr(self, f.name) is not None
-        }
-        if self.partition is not None:
-            kwargs["batch_spec"] = self.batch_spec()
-        return kwargs
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> LoaderConfig:
+        """The config `to_dict` wrote (or one parsed from YAML/JSON of the same form)."""
+        groups = {name: kind(**raw.get(name, {})) for name, kind in GROUPS.items()}
+        return cls(source=raw.get("source"), **groups)
+
+    def options(self, batch_axes: Sequence[str] | None = None) -> LoaderOptions:
+        """The `LoaderOptions` of `build`; ``batch_axes`` fills an unset ``sharding.batch_axes``
+        where the batch strategy uses it."""
+        return LoaderOptions(self.order, self._sharding(batch_axes), self.output, self.reading)
+
+    def _sharding(self, batch_axes: Sequence[str] | None) -> ShardingOptions:
+        if batch_axes is None or not self.sharding.uses_batch_axes():
+            return self.sharding  # the spec names its axes: the mesh's batch axes do not apply
+        if self.sharding.batch_axes is None:
+            return replace(self.sharding, batch_axes=tuple(batch_axes))
+        if self.sharding.batch_axes != tuple(batch_axes):
+            raise ValueError(
+                f"LoaderConfig.sharding.batch_axes {self.sharding.batch_axes} differs from the "
+                f"batch_axes {tuple(batch_axes)} given to build/restore (the mesh's); set one of "
+                "them, or make them agree"
+            )
+        return self.sharding
 
     def open_source(self) -> Source:
         """The source at ``source``: a `MemmapSource` for ``.npy``, else a `TensorStoreSource`."""
@@ -415,29 +346,28 @@ class LoaderConfig:
     ) -> DataLoader:
         """The `DataLoader` for ``mesh``, reading ``source`` (default: `open_source`).
 
-        ``batch_axes`` (e.g. ``MeshConfig.batch_axes``) are the axes the ``batch`` partition
-        splits over; default: the mesh axes named like batch axes.
+        ``batch_axes`` (e.g. ``MeshConfig.batch_axes``) are the axes the ``batch`` strategy
+        splits over, unless ``sharding.batch_axes`` says; default: the mesh axes named like
+        batch axes.
 
         Example:
             >>> import numpy as np
             >>> mesh = MeshConfig(axes={"data": 4, "model": 2}).build()
-            >>> config = LoaderConfig(global_batch_size=8, shuffle=False)
+            >>> config = LoaderConfig.create(global_batch_size=8, shuffle=False)
             >>> with config.build(mesh, source=np.arange(32, dtype=np.int32).reshape(16, 2)) as loader:
             ...     np.asarray(next(iter(loader)))[:, 0].tolist()
             [0, 2, 4, 6, 8, 10, 12, 14]
         """
         from psdp._runtime.loader import DataLoader
 
-        if self.global_batch_size is None:
-            raise ValueError(
-                "LoaderConfig.global_batch_size is unset; set the rows per step, e.g. "
-                "global_batch_size: 256"
-            )
+        options = self.options(batch_axes)  # checked before the source is opened
         return DataLoader(
             self.open_source() if source is None else source,
             mesh=mesh,
-            batch_axes=batch_axes,
-            **self.loader_kwargs(),
+            order=options.order,
+            sharding=options.sharding,
+            output=options.output,
+            reading=options.reading,
         )
 
     def restore(
@@ -449,14 +379,15 @@ class LoaderConfig:
     ) -> DataLoader:
         """The `DataLoader` of `build`, continuing from a saved ``loader.state()``.
 
-        Checks as `DataLoader.restore` does: a set ``global_batch_size``, ``seed``, ``shuffle``
-        or ``drop_last`` that differs from the state, or a source with other rows or leaves, is
-        an error naming both values; unset ones take the state's value.
+        Checks as `DataLoader.restore` does: a ``global_batch_size``, ``seed``, ``shuffle`` or
+        ``drop_last`` that differs from the state, or a source with other rows or leaves, is an
+        error naming both values; an unset ``global_batch_size`` or ``shuffle`` takes the
+        state's.
 
         Example:
             >>> import numpy as np
             >>> mesh = MeshConfig(axes={"data": 4, "model": 2}).build()
-            >>> config = LoaderConfig(global_batch_size=8, shuffle=False)
+            >>> config = LoaderConfig.create(global_batch_size=8, shuffle=False)
             >>> rows = np.arange(32, dtype=np.int32).reshape(16, 2)
             >>> with config.build(mesh, source=rows) as loader:
             ...     it = iter(loader)
@@ -468,82 +399,50 @@ class LoaderConfig:
         """
         from psdp._runtime.loader import DataLoader
 
+        # DataLoader.restore compares flat order keywords with the state and fills the unset ones
+        order = {f.name: getattr(self.order, f.name) for f in fields(self.order)}
         return DataLoader.restore(
             state,
             self.open_source() if source is None else source,
             mesh=mesh,
-            batch_axes=batch_axes,
-            **self.loader_kwargs(),
+            sharding=self._sharding(batch_axes),
+            output=self.output,
+            reading=self.reading,
+            **{name: value for name, value in order.items() if value is not None},
         )
 
 
-def _check_count(name: str, value: Any, fix: str, example: int) -> None:
-    if value is not None and (not is_int(value) or value < 1):
-        raise ValueError(
-            f"LoaderConfig.{name} must be an int >= 1, got {value!r}; {fix}, e.g. {name}: {example}"
-        )
+def _plain(value: Any) -> Any:
+    """A group's value as YAML/JSON has it: specs as text, tuples as lists, dicts by leaf."""
+    if isinstance(value, PartitionSpec):
+        return spec_text(value)
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, np.generic):
+        return value.item()
+    name = getattr(value, "name", None)  # a numpy dtype, or a haliax Axis
+    return name if isinstance(name, str) else np.dtype(value).name  # a type such as np.int32
 
 
-def _checked_partition(partition: Any) -> str | dict[str, str]:
-    if isinstance(partition, Mapping):
-        if not partition:
-            raise ValueError(
-                "LoaderConfig.partition is an empty dict; give leaf -> strategy or spec, e.g. "
-                "partition: {tokens: batch}, or leave it unset"
-            )
-        for leaf, text in partition.items():
-            _spec_text(text, f"LoaderConfig.partition[{leaf!r}]")
-        return {str(k): str(v) for k, v in partition.items()}
-    return _spec_text(partition, "LoaderConfig.partition")
-
-
-def _spec_text(text: Any, where: str) -> str:
+def _register_draccus_codecs() -> None:
+    """Lets draccus read and write a `PartitionSpec` field as its text, e.g. ``data,model``."""
     try:
-        if not isinstance(text, str):
-            raise ValueError(f"got a {type(text).__name__}")
-        _spec_of(text)
-    except ValueError as err:
-        raise ValueError(
-            f"{where} {text!r} is not a strategy ({', '.join(PARTITION_STRATEGIES)}) or a partition "
-            f"spec ({err}); e.g. partition: batch, or partition: '(replica,data),context'"
-        ) from None
-    return text
+        import draccus
+    except ImportError:  # draccus is optional: psdp[draccus]
+        return
+
+    def decode(raw: Any, path: Sequence[str] = ()) -> PartitionSpec:
+        return PartitionSpec(*parse_spec(raw))
+
+    draccus.decode.register(PartitionSpec, decode)
+    draccus.encode.register(PartitionSpec, lambda spec, declared_type=None: spec_text(spec))
 
 
-def _spec_of(text: str) -> str | PartitionSpec:
-    from jax.sharding import PartitionSpec
-
-    if text.strip() in PARTITION_STRATEGIES:
-        return text.strip()
-    return PartitionSpec(*parse_spec(text))
-
-
-def _checked_dtypes(dtypes: Any) -> str | dict[str, str]:
-    import numpy as np
-
-    items = dtypes.items() if isinstance(dtypes, Mapping) else [(None, dtypes)]
-    for leaf, name in items:
-        try:
-            np.dtype(name)
-        except TypeError:
-            where = "LoaderConfig.dtypes" + ("" if leaf is None else f"[{leaf!r}]")
-            raise ValueError(
-                f"{where} must be a numpy dtype name, got {name!r}; e.g. dtypes: {{tokens: int32}}"
-            ) from None
-    return {str(k): str(v) for k, v in dtypes.items()} if isinstance(dtypes, Mapping) else dtypes
-
-
-def _checked_halo(halo: Any) -> int | dict[str, int]:
-    example = "e.g. halo: 128, or halo: {tokens: 128}"
-    items = halo.items() if isinstance(halo, Mapping) else [(None, halo)]
-    for leaf, value in items:
-        if not is_int(value) or value < 0:
-            where = "LoaderConfig.halo" + ("" if leaf is None else f"[{leaf!r}]")
-            raise ValueError(
-                f"{where} must be an int >= 0 (sequence columns on each side), got {value!r}; "
-                f"{example}"
-            )
-    return {str(k): int(v) for k, v in halo.items()} if isinstance(halo, Mapping) else int(halo)
+_register_draccus_codecs()
 
 
 # ----------------------------------------------------------------------------------- text forms
@@ -566,68 +465,3 @@ def parse_axes(text: str) -> dict[str, int]:
             raise ValueError(f"axis {name!r} is given twice; name each mesh axis once")
         axes[name] = int(size)
     return axes
-
-
-def parse_names(text: str) -> tuple[str, ...]:
-    """Parses a comma-separated list of axis names: ``"replica,data"`` -> ``("replica", "data")``.
-
-    Example:
-        >>> parse_names("replica, data")
-        ('replica', 'data')
-    """
-    names = tuple(part.strip() for part in text.split(","))
-    bad = [name for name in names if not name.isidentifier()]
-    if bad:
-        raise ValueError(
-            f"{bad[0]!r} is not an axis name; give comma-separated axis names, e.g. replica,data"
-        )
-    return names
-
-
-def parse_spec(text: str) -> tuple[Any, ...]:
-    """Parses a partition spec text into its entries, one per leaf dimension.
-
-    Each entry is an axis name, several axis names as ``(a,b)`` or ``a+b``, or ``None``/``-`` for
-    a replicated dimension.
-
-    Example:
-        >>> parse_spec("(replica,data),context")
-        (('replica', 'data'), 'context')
-        >>> parse_spec("data+fsdp,-")
-        (('data', 'fsdp'), None)
-    """
-    return tuple(_spec_entry(entry) for entry in _split_top_level(text))
-
-
-def _split_top_level(text: str) -> list[str]:
-    """Splits on the commas outside parentheses."""
-    entries, depth, current = [], 0, ""
-    for char in text:
-        depth += {"(": 1, ")": -1}.get(char, 0)
-        if depth not in (0, 1):
-            raise ValueError(
-                "parentheses are unbalanced or nested; group axes once, e.g. '(replica,data),context'"
-            )
-        if char == "," and depth == 0:
-            entries.append(current)
-            current = ""
-        else:
-            current += char
-    if depth:
-        raise ValueError("a '(' is not closed; group axes like '(replica,data)'")
-    return [*entries, current]
-
-
-def _spec_entry(entry: str) -> str | tuple[str, ...] | None:
-    entry = entry.strip()
-    if entry in ("None", "-"):
-        return None
-    if entry.startswith("(") and entry.endswith(")"):
-        names = parse_names(entry[1:-1])
-    else:
-        names = tuple(part.strip() for part in entry.split("+"))
-    if not all(name.isidentifier() for name in names):
-        raise ValueError(
-            f"entry {entry!r} is not an axis name, (a,b), a+b, None or -; e.g. '(replica,data),context'"
-        )
-    return names[0] if len(names) == 1 else names
