@@ -57,7 +57,7 @@ def test_batch_at_peeks_without_an_iterator_or_a_thread():
 
 def test_loader_config_restore_continues_a_saved_run():
     mesh = _mesh()
-    config = LoaderConfig(global_batch_size=B, shuffle=False)
+    config = LoaderConfig.create(global_batch_size=B, shuffle=False)
     with config.build(mesh, source=DATA) as loader:
         train = iter(loader)
         for _ in range(3):
@@ -67,7 +67,7 @@ def test_loader_config_restore_continues_a_saved_run():
         assert loader.start_step == 3
         assert_batch_exact(next(iter(loader)), _unshuffled(3))
     with pytest.raises(ValueError, match="resuming with seed=4, but the saved state has seed=0"):
-        LoaderConfig(global_batch_size=B, shuffle=False, seed=4).restore(state, mesh, source=DATA)
+        LoaderConfig.create(global_batch_size=B, shuffle=False, seed=4).restore(state, mesh, source=DATA)
     with pytest.raises(ValueError, match="the source does not match the saved state"):
         config.restore(state, mesh, source={"tokens": DATA["tokens"][:32]})
 
@@ -87,7 +87,7 @@ def test_the_trainer_doc_resumes_from_its_checkpoint(tmp_path, monkeypatch):
     exec(trainer.group(1).replace('if __name__ == "__main__":', "if False:"), namespace)
     exec(resume.group(1), namespace)
     np.save(tmp_path / "tokens.npy", DATA["tokens"])
-    data = LoaderConfig(source=str(tmp_path / "tokens.npy"), global_batch_size=B, shuffle=False)
+    data = LoaderConfig.create(source=str(tmp_path / "tokens.npy"), global_batch_size=B, shuffle=False)
     config = namespace["TrainerConfig"](mesh=MeshConfig(axes={"data": 4, "model": 2}), data=data)
     starts: list[int] = []
     iter_from = DataLoader.iter_from

@@ -91,11 +91,6 @@ class DataLoader:
         if not isinstance(mesh, Mesh):
             raise TypeError(f"mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}")
         self.options = LoaderOptions.create(order, sharding, output, reading, **options)
-        if self.options.order.global_batch_size is None:
-            raise TypeError(
-                "DataLoader needs global_batch_size (the real rows per step), e.g. "
-                "DataLoader(source, mesh=mesh, global_batch_size=256)"
-            )
         self.mesh, self.name = mesh, name
         self.feed = open_feed(source, self.options.order)
         self.source, self.order = self.feed.source, self.feed.order
