@@ -4,12 +4,15 @@ The expected values come from tests/oracle.py, never from the loader under test.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import jax
 import numpy as np
 
-import oracle
 from psdp import ArraySource
 from psdp._plan.order import PAD
+from tests import oracle
 
 
 def expected_global(data: np.ndarray | dict[str, np.ndarray], ids: np.ndarray, pad_value=0):
@@ -115,8 +118,9 @@ class WindowSource(CountingSource):
 NONCONTIGUOUS_4x2 = [[0, 1], [2, 3], [0, 1], [2, 3]]
 
 
-def run_on_noncontiguous_pod(target: str, timeout_s: float = 180, **args):
-    """Runs ``target`` on the 4-process `NONCONTIGUOUS_4x2` pod (``data=4 x model=2``)."""
+def run_on_noncontiguous_pod(target: Callable[..., Any], timeout_s: float = 180, **args):
+    """Runs the pod target ``target`` (a function of a ``tests.pod_targets*`` module) on the
+    4-process `NONCONTIGUOUS_4x2` pod (``data=4 x model=2``)."""
     from psdp.tools.pod import run_pod
 
     layout = dict(process_index=NONCONTIGUOUS_4x2, axis_names=["data", "model"], mesh_shape=[4, 2])

@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 from jax.sharding import Mesh, PartitionSpec
 
-import oracle
 from psdp import ArraySource, DataLoader, GrainSource
+from tests import oracle
 
 SOURCES = ("window", "read", "getitem", "grain")
 

@@ -13,9 +13,9 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
 from jax.sharding import PartitionSpec as P
 
-from batch_checks import assert_shards_exact, token_table
 from psdp import MeshLayout, plan_batch
 from psdp._integration.filter_shard import filter_shard
+from tests.batch_checks import assert_shards_exact, token_table
 
 SPECS = {
     "batch": P("data"),  # replicated over model: a TP group holds identical rows

@@ -22,7 +22,6 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, PartitionSpec
 
-from batch_checks import assert_batch_exact, expected_batch, token_table
 from psdp import (
     ArraySource,
     DataLoader,
@@ -34,6 +33,7 @@ from psdp import (
     TensorStoreSource,
     write_dataset,
 )
+from tests.batch_checks import assert_batch_exact, expected_batch, token_table
 
 B = 8  # global batch: one row per data shard pair on data=4 x model=2
 TOKENS = token_table(64, width=8)  # row r is [r*1000, r*1000 + 1, ...]

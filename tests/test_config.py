@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from batch_checks import assert_batch_exact, token_table
 from psdp._integration.config import LoaderConfig, MeshConfig
 from psdp._integration.consistency import check_consistency
 from psdp._plan.layout import MeshLayout
 from psdp.sources.writer import write_dataset
+from tests.batch_checks import assert_batch_exact, token_table
 
 ROOT = Path(__file__).resolve().parents[1]
 

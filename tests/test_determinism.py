@@ -18,14 +18,13 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh
 
-from batch_checks import assert_shards_exact, expected_batch
-from pod_targets_reliability import batch_digest, dataset, loader_kwargs
 from psdp import ArraySource, DataLoader, MeshLayout
 from psdp.tools.pod import run_pod
+from tests.batch_checks import assert_shards_exact, expected_batch
+from tests.pod_targets_reliability import batch_digest, dataset, layout_digests, loader_kwargs
 
 ROWS = 27  # with a batch of 6, every epoch (5 steps) ends in a short batch, padded and masked
 STEPS = 15  # three epochs: three different shuffles
-TARGET = f"{Path(__file__).parent / 'pod_targets_reliability.py'}:layout_digests"
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "reliability.md"
 
 
@@ -150,7 +149,7 @@ def test_process_layouts_deliver_the_single_process_bytes(reference, name):
     """Each process restarts at step 4 and uses its own prefetch and thread counts."""
     layout = LAYOUTS[name]
     results = run_pod(
-        TARGET,
+        layout_digests,
         num_processes=layout.num_processes,
         devices_per_process=layout.devices_per_process,
         args=dict(

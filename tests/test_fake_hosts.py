@@ -22,11 +22,11 @@ from hypothesis import strategies as st
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-import oracle
-from fake_hosts import fake_pod, host_batch, recorder
-from matrix import SOURCES, Case, check_case, spec_of
-from pod_cases import ALTERNATE_COLUMNS, PODS, SEED_LIKE, TWISTED_3D
 from psdp._runtime.assembly import LeafAssembler
+from tests import oracle
+from tests.fake_hosts import fake_pod, host_batch, recorder
+from tests.matrix import SOURCES, Case, check_case, spec_of
+from tests.pod_cases import ALTERNATE_COLUMNS, PODS, SEED_LIKE, TWISTED_3D
 
 # the scrambled device order of the other tests: nothing may assume devices sit in id order
 DEVICES = np.array(jax.devices())[[3, 0, 7, 4, 1, 6, 2, 5]]

@@ -15,21 +15,20 @@ import sys
 import threading
 import time
 import traceback
-from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
 from jax.sharding import Mesh
 
-from batch_checks import assert_batch_exact, expected_batch, token_table
 from psdp import ArraySource, DataLoader, LoaderClosedError, MeshLayout
 from psdp.tools.pod import STOPPED, PodError, run_pod
+from tests.batch_checks import assert_batch_exact, expected_batch, token_table
+from tests.pod_targets_reliability import killed_mid_run
 
 B = 8
 K = 3  # the faulty step
 DATA = {"tokens": token_table(64, width=4)}
-POD_TARGET = f"{Path(__file__).parent / 'pod_targets_reliability.py'}:killed_mid_run"
 
 
 def _mesh() -> Mesh:
@@ -236,7 +235,7 @@ def test_a_process_killed_mid_run_stops_the_pod_with_a_clear_error(how, reason):
     started = time.monotonic()
     with pytest.raises(PodError) as info:
         run_pod(
-            POD_TARGET,
+            killed_mid_run,
             num_processes=2,
             devices_per_process=4,
             args=dict(

@@ -2,23 +2,19 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import jax
 import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from batch_checks import (
+from psdp._integration.filter_shard import filter_shard
+from tests.batch_checks import (
     assert_shards_exact,
     run_on_noncontiguous_pod,
     token_table,
 )
-from pod_targets_shard import check_filter_shard
-from psdp._integration.filter_shard import filter_shard
-
-TARGET = f"{Path(__file__).parent / 'pod_targets_shard.py'}:filter_shard_exact"
+from tests.pod_targets_shard import check_filter_shard, filter_shard_exact
 
 
 @pytest.fixture
@@ -94,7 +90,7 @@ def test_numpy_scalars_and_non_arrays_outside_host_local(mesh):
 @pytest.mark.multiprocess
 def test_noncontiguous_four_hosts_every_shard_exact():
     results = run_on_noncontiguous_pod(
-        TARGET,
+        filter_shard_exact,
         batch_size=16,
     )
     # per spec: 2 modes x 2 leaves x 2 local devices; then reshard 4, prefix 4, jit 4, device 2

@@ -11,7 +11,9 @@ import pytest
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from batch_checks import (
+from psdp import DataLoader, LoaderClosedError, StreamSource
+from psdp._plan.order import PAD
+from tests.batch_checks import (
     CountingSource,
     assert_batch_exact,
     expected_batch,
@@ -19,8 +21,6 @@ from batch_checks import (
     physical_ids,
     token_table,
 )
-from psdp import DataLoader, LoaderClosedError, StreamSource
-from psdp._plan.order import PAD
 
 MESHES = {
     "data=8": (("data",), (8,)),

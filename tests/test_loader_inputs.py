@@ -13,7 +13,6 @@ import pytest
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from batch_checks import assert_batch_exact, token_table
 from psdp import (
     ArraySource,
     DataLoader,
@@ -24,6 +23,7 @@ from psdp import (
 )
 from psdp._compat import enable_x64  # jax.enable_x64, or jax.experimental's on older jax
 from psdp.sources.base import reads_fresh_rows
+from tests.batch_checks import assert_batch_exact, token_table
 
 B = 8
 

@@ -15,11 +15,11 @@ from hypothesis import strategies as st
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-import oracle
-from batch_checks import halo_exchange
 from psdp import MeshLayout
 from psdp._plan.order import PAD, GlobalOrder
 from psdp._plan.reads import feeding_positions
+from tests import oracle
+from tests.batch_checks import halo_exchange
 
 # (num_rows, seed, epoch) -> the epoch's permutation (position -> row), as psdp 0.1 computes it
 KNOWN_PERMUTATIONS = {

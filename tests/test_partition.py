@@ -12,7 +12,9 @@ import pytest
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from batch_checks import (
+from psdp import ArraySource, DataLoader
+from psdp._plan.order import PAD
+from tests.batch_checks import (
     CountingSource,
     WindowSource,
     assert_batch_exact,
@@ -22,8 +24,6 @@ from batch_checks import (
     physical_ids,
     token_table,
 )
-from psdp import ArraySource, DataLoader
-from psdp._plan.order import PAD
 
 
 def mesh_of(axes: tuple[str, ...], shape: tuple[int, ...]) -> Mesh:

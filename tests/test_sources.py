@@ -21,14 +21,14 @@ import pytest
 import tensorstore as ts
 from jax.sharding import Mesh
 
-from batch_checks import assert_batch_exact, expected_batch, expected_global, token_table
 from psdp import DataLoader
 from psdp.sources import GrainSource, MemmapSource, TensorStoreSource, read_metadata
 from psdp.sources.writer import write_dataset
 from psdp.tools.pod import run_pod
+from tests.batch_checks import assert_batch_exact, expected_batch, expected_global, token_table
+from tests.pod_targets import tensorstore_exact
 
 ROOT = Path(__file__).resolve().parents[1]
-POD_TARGET = f"{Path(__file__).parent / 'pod_targets.py'}:tensorstore_exact"
 
 
 def make_mesh() -> Mesh:
@@ -616,7 +616,7 @@ def test_tensorstore_on_a_noncontiguous_four_host_pod(tmp_path):
     path = write_dataset(tmp_path / "ds", data, rows_per_shard=8, progress=False)
     np.savez(tmp_path / "expected.npz", **data)
     results = run_pod(
-        POD_TARGET,
+        tensorstore_exact,
         num_processes=4,
         devices_per_process=2,
         args=dict(

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh
 
-from batch_checks import assert_batch_exact, token_table
 from psdp import DataLoader, LoaderConfig
+from tests.batch_checks import assert_batch_exact, token_table
 
 ROWS, B = 64, 8
 DATA = {"tokens": token_table(ROWS)}

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh
 
-from batch_checks import CountingSource, token_table
 from psdp import DataLoader
 from psdp._runtime import telemetry as telemetry_module
 from psdp._runtime.telemetry import Telemetry
+from tests.batch_checks import CountingSource, token_table
 
 
 class FakeClock:
