@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 import pytest
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from psdp._integration.filter_shard import filter_shard
@@ -14,14 +14,14 @@ from tests.batch_checks import (
     run_on_noncontiguous_pod,
     token_table,
 )
+from tests.meshes import mesh_of
 from tests.pod_targets_shard import check_filter_shard, filter_shard_exact
 
 
 @pytest.fixture
 def mesh():
     # devices out of id order, so nothing can pass by assuming a device's position from its id
-    devices = np.array(jax.devices())[[5, 2, 7, 0, 3, 6, 1, 4]]
-    return Mesh(devices.reshape(4, 2), ("data", "model"))
+    return mesh_of(("data", "model"), (4, 2), [5, 2, 7, 0, 3, 6, 1, 4])
 
 
 def test_every_check_in_one_process(mesh):

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from psdp import MeshLayout
@@ -20,6 +20,7 @@ from psdp._plan.order import PAD, GlobalOrder
 from psdp._plan.reads import feeding_positions
 from tests import oracle
 from tests.batch_checks import halo_exchange
+from tests.meshes import mesh_of
 
 # (num_rows, seed, epoch) -> the epoch's permutation (position -> row), as psdp 0.1 computes it
 KNOWN_PERMUTATIONS = {
@@ -120,18 +121,17 @@ def test_pad_is_the_documented_id():
     ],
 )
 def test_physical_batch_sizes(shape, specs, batch, physical):
-    devices = np.array(jax.devices())[: np.prod(shape)].reshape(shape)
-    assert oracle.physical_size(batch, Mesh(devices, ("data", "model")), specs) == physical
+    mesh = mesh_of(("data", "model"), shape)
+    assert oracle.physical_size(batch, mesh, specs) == physical
 
 
-def test_feeding_rule_on_the_documented_example():
+def test_feeding_rule_on_the_documented_example(mesh_2d):
     """docs/partitioning.md: host 0 of the 4-host pod holds data rows 0 and 2; B=6 -> 3 and 3."""
     procs = [[0, 1], [2, 3], [0, 1], [2, 3]]
-    mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "model"))
-    process_of = dict(zip(mesh.devices.flat, np.ravel(procs).tolist(), strict=True))
-    size, positions = oracle.fed_positions(6, mesh, "data", process_of, [0])
+    process_of = dict(zip(mesh_2d.devices.flat, np.ravel(procs).tolist(), strict=True))
+    size, positions = oracle.fed_positions(6, mesh_2d, "data", process_of, [0])
     assert (size, positions.tolist()) == (12, [0, 1, 2, 6, 7, 8])
-    size, positions = oracle.fed_positions(8, mesh, "data", process_of, [0])  # the docs' B=8
+    size, positions = oracle.fed_positions(8, mesh_2d, "data", process_of, [0])  # the docs' B=8
     assert (size, positions.tolist()) == (16, [0, 1, 2, 3, 8, 9, 10, 11])
     layout = MeshLayout(np.array(procs), ("data", "model"))
     size, positions = feeding_positions([0], {"x": P("data")}, [4], 6, layout)
@@ -140,11 +140,10 @@ def test_feeding_rule_on_the_documented_example():
 
 # ---------------------------------------------------------------------------------- halos
 @pytest.mark.parametrize(("h", "pad"), [(1, 0), (2, -3), (4, 7)])
-def test_the_halo_rule_equals_a_ppermute_exchange(h, pad):
-    mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "context"))
+def test_the_halo_rule_equals_a_ppermute_exchange(h, pad, mesh_context):
     rows = np.arange(8 * 8, dtype=np.int32).reshape(8, 8)
-    exchanged = halo_exchange(jax.device_put(rows, NamedSharding(mesh, P("data", "context"))),
-                              mesh, h, pad)  # fmt: skip
+    sharded = jax.device_put(rows, NamedSharding(mesh_context, P("data", "context")))
+    exchanged = halo_exchange(sharded, mesh_context, h, pad)
     np.testing.assert_array_equal(np.asarray(exchanged), oracle.haloed(rows, 2, h, pad))
 
 

@@ -6,10 +6,8 @@ from __future__ import annotations
 import json
 import threading
 
-import jax
 import numpy as np
 import pytest
-from jax.sharding import Mesh
 
 from psdp import DataLoader, LoaderConfig
 from tests.batch_checks import assert_batch_exact, token_table
@@ -18,17 +16,13 @@ ROWS, B = 64, 8
 DATA = {"tokens": token_table(ROWS)}
 
 
-def _mesh() -> Mesh:
-    return Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "model"))
-
-
 def _unshuffled(step: int) -> dict[str, np.ndarray]:
     """Unshuffled step s holds rows s*B .. s*B + B - 1 (64 rows: no short batch, all real)."""
     return {"tokens": DATA["tokens"][(step * B) % ROWS + np.arange(B)], "mask": np.ones(B, bool)}
 
 
-def test_each_iterator_has_its_own_state_and_the_loader_refuses_to_guess():
-    with DataLoader(DATA, mesh=_mesh(), global_batch_size=B, shuffle=False) as loader:
+def test_each_iterator_has_its_own_state_and_the_loader_refuses_to_guess(mesh_2d):
+    with DataLoader(DATA, mesh=mesh_2d, global_batch_size=B, shuffle=False) as loader:
         train = iter(loader)
         for _ in range(5):
             next(train)
@@ -40,12 +34,12 @@ def test_each_iterator_has_its_own_state_and_the_loader_refuses_to_guess():
         peek.close()
         assert loader.state() == train.state()
         saved = json.loads(json.dumps(train.state()))  # JSON-able, in the format restore takes
-    with DataLoader.restore(saved, DATA, mesh=_mesh()) as loader:
+    with DataLoader.restore(saved, DATA, mesh=mesh_2d) as loader:
         assert_batch_exact(next(iter(loader)), _unshuffled(5))
 
 
-def test_batch_at_peeks_without_an_iterator_or_a_thread():
-    with DataLoader(DATA, mesh=_mesh(), global_batch_size=B, shuffle=False) as loader:
+def test_batch_at_peeks_without_an_iterator_or_a_thread(mesh_2d):
+    with DataLoader(DATA, mesh=mesh_2d, global_batch_size=B, shuffle=False) as loader:
         train = iter(loader)
         next(train), next(train)
         before, threads = loader.state(), threading.active_count()
@@ -55,21 +49,22 @@ def test_batch_at_peeks_without_an_iterator_or_a_thread():
         assert_batch_exact(next(train), _unshuffled(2))
 
 
-def test_loader_config_restore_continues_a_saved_run():
-    mesh = _mesh()
+def test_loader_config_restore_continues_a_saved_run(mesh_2d):
     config = LoaderConfig(global_batch_size=B, shuffle=False)
-    with config.build(mesh, source=DATA) as loader:
+    with config.build(mesh_2d, source=DATA) as loader:
         train = iter(loader)
         for _ in range(3):
             next(train)
         state = train.state()
-    with config.restore(state, mesh, source=DATA) as loader:
+    with config.restore(state, mesh_2d, source=DATA) as loader:
         assert loader.start_step == 3
         assert_batch_exact(next(iter(loader)), _unshuffled(3))
     with pytest.raises(ValueError, match="resuming with seed=4, but the saved state has seed=0"):
-        LoaderConfig(global_batch_size=B, shuffle=False, seed=4).restore(state, mesh, source=DATA)
+        LoaderConfig(global_batch_size=B, shuffle=False, seed=4).restore(
+            state, mesh_2d, source=DATA
+        )
     with pytest.raises(ValueError, match="the source does not match the saved state"):
-        config.restore(state, mesh, source={"tokens": DATA["tokens"][:32]})
+        config.restore(state, mesh_2d, source={"tokens": DATA["tokens"][:32]})
 
 
 def test_the_trainer_doc_resumes_from_its_checkpoint(tmp_path, monkeypatch):

@@ -367,11 +367,8 @@ def test_stream_shards_follow_the_uids_and_refuse_unequal_hosts():
         stream_shard({"x": P("data")}, overlapping, 0, 8, np.arange(8))
 
 
-def test_closing_a_loader_does_not_wait_for_a_stuck_stream_read():
+def test_closing_a_loader_does_not_wait_for_a_stuck_stream_read(mesh_1d):
     import time
-
-    import jax
-    from jax.sharding import Mesh
 
     from psdp import DataLoader
 
@@ -383,8 +380,7 @@ def test_closing_a_loader_does_not_wait_for_a_stuck_stream_read():
                 release.wait(60)  # a hung remote read
             yield {"x": np.int32(k)}
 
-    mesh = Mesh(np.array(jax.devices()).reshape(8), ("data",))
-    loader = DataLoader(StreamSource(stuck_after_16), mesh=mesh, global_batch_size=8,
+    loader = DataLoader(StreamSource(stuck_after_16), mesh=mesh_1d, global_batch_size=8,
                         drop_last=True, read_timeout_s=0.5)  # fmt: skip
     it = iter(loader)
     next(it), next(it)

@@ -5,10 +5,7 @@ from __future__ import annotations
 import logging
 import time
 
-import jax
-import numpy as np
 import pytest
-from jax.sharding import Mesh
 
 from psdp import DataLoader
 from psdp._runtime import telemetry as telemetry_module
@@ -68,13 +65,9 @@ class SlowSource(CountingSource):
         return super().read(ids)
 
 
-def mesh() -> Mesh:
-    return Mesh(np.array(jax.devices()).reshape(8), ("data",))
-
-
-def test_a_slow_source_is_reported_as_the_bottleneck_and_warned_about(caplog):
+def test_a_slow_source_is_reported_as_the_bottleneck_and_warned_about(caplog, mesh_1d):
     loader = DataLoader(
-        SlowSource(token_table(64)), mesh=mesh(), global_batch_size=8, stall_warning_s=0.01
+        SlowSource(token_table(64)), mesh=mesh_1d, global_batch_size=8, stall_warning_s=0.01
     )
     with caplog.at_level(logging.WARNING, logger="psdp"), loader:
         for _, _batch in zip(range(5), loader, strict=False):
@@ -85,8 +78,8 @@ def test_a_slow_source_is_reported_as_the_bottleneck_and_warned_about(caplog):
     assert "the trainer waited" in caplog.text and "the loader IS the bottleneck" in caplog.text
 
 
-def test_a_slow_trainer_hides_the_loader():
-    loader = DataLoader(token_table(64), mesh=mesh(), global_batch_size=8, prefetch=2)
+def test_a_slow_trainer_hides_the_loader(mesh_1d):
+    loader = DataLoader(token_table(64), mesh=mesh_1d, global_batch_size=8, prefetch=2)
     with loader:
         it = iter(loader)
         for _ in range(7):
@@ -103,9 +96,9 @@ def test_a_slow_trainer_hides_the_loader():
 
 
 @pytest.mark.parametrize("bad", ["1", 0, -1.0, True, float("nan")])
-def test_bad_stall_threshold_is_refused_up_front(bad):
+def test_bad_stall_threshold_is_refused_up_front(bad, mesh_1d):
     with pytest.raises(ValueError, match="stall_warning_s must be a positive number"):
-        DataLoader(token_table(16), mesh=mesh(), global_batch_size=8, stall_warning_s=bad)
+        DataLoader(token_table(16), mesh=mesh_1d, global_batch_size=8, stall_warning_s=bad)
 
 
 def test_reads_recorded_from_many_threads_are_all_counted():
