@@ -57,21 +57,26 @@ def expected_batch(loader, data, step: int, feeding=None, halo=None):
     return want.leaves if isinstance(data, dict) else want.leaves[None]
 
 
-def assert_shards_exact(batch: jax.Array, expected: np.ndarray) -> int:
-    """Every addressable shard of ``batch`` equals ``expected[shard.index]``; returns the count."""
-    assert batch.shape == expected.shape, (batch.shape, expected.shape)
+def assert_shards_exact(batch: jax.Array, expected: np.ndarray, leaf: Any = None) -> int:
+    """Every addressable shard of ``batch`` (leaf ``leaf``) equals ``expected[shard.index]``;
+    returns the count. A failure names the leaf, the device and the first differing index."""
+    assert batch.shape == expected.shape, (leaf, batch.shape, expected.shape)
     count = 0
     for shard in batch.addressable_shards:
-        np.testing.assert_array_equal(np.asarray(shard.data), expected[shard.index])
+        oracle.assert_shard_equal(
+            np.asarray(shard.data), expected[shard.index], shard.index, expected.shape,
+            leaf=leaf, device=shard.device, process=shard.device.process_index,
+        )  # fmt: skip
         count += 1
     assert count == len(batch.sharding.addressable_devices)
     return count
 
 
 def assert_batch_exact(batch, expected) -> int:
+    """`assert_shards_exact` for every leaf of a batch (a dict of leaves, or one array)."""
     if isinstance(expected, dict):
-        assert set(batch) == set(expected)
-        return sum(assert_shards_exact(batch[k], expected[k]) for k in expected)
+        assert set(batch) == set(expected), (set(batch), set(expected))
+        return sum(assert_shards_exact(batch[k], expected[k], leaf=k) for k in expected)
     return assert_shards_exact(batch, expected)
 
 

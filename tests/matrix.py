@@ -205,12 +205,13 @@ def check_case(
             )  # fmt: skip
             assert set(got) == set(want.leaves), (case.describe(), set(got), set(want.leaves))
             for key, (spec, shards) in got.items():
-                what = f"{case.describe()}, step {step}, leaf {key!r}"
-                assert same_spec(spec, want.specs[key]), (what, spec, want.specs[key])
-                assert set(shards) == set(devices), (what, "not every device of the host")
+                what = f"{case.describe()}, step {step}"
+                assert same_spec(spec, want.specs[key]), (what, key, spec, want.specs[key])
+                assert set(shards) == set(devices), (what, key, "not every device of the host")
                 checked += oracle.check_shards(
-                    shards, want.leaves[key], want.specs[key], mesh, what
-                )
+                    shards, want.leaves[key], want.specs[key], mesh, what,
+                    leaf=key, process_of=process_of,
+                )  # fmt: skip
             check_reads(case, source.reads, want, mesh, devices, step)
     return checked
 

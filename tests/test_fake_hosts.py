@@ -128,7 +128,9 @@ def test_fill_cuts_each_window_from_a_hosts_own_rows():
             want = oracle.haloed(rows, 2, halo, -1)
             with mock.patch.object(jax, "make_array_from_callback", recorder(process_of, 0)):
                 got = leaf.assemble(windows)
-            oracle.check_shards(got.shards, want, P("data", "context"), mesh, f"halo {halo}")
+            oracle.check_shards(
+                got.shards, want, P("data", "context"), mesh, f"halo {halo}", process_of=process_of
+            )
             assert len(got.shards) == 4
 
 

@@ -19,7 +19,7 @@ from psdp import MeshLayout
 from psdp._plan.order import PAD, GlobalOrder
 from psdp._plan.reads import feeding_positions
 from tests import oracle
-from tests.batch_checks import halo_exchange
+from tests.batch_checks import assert_batch_exact, halo_exchange, token_table
 from tests.meshes import mesh_of
 
 # (num_rows, seed, epoch) -> the epoch's permutation (position -> row), as psdp 0.1 computes it
@@ -150,3 +150,24 @@ def test_the_halo_rule_equals_a_ppermute_exchange(h, pad, mesh_context):
 def test_halo_rule_by_hand():
     rows = np.arange(6)[None]  # one row, 3 shards of 2 columns, halo 1, pad -1
     assert oracle.haloed(rows, 3, 1, -1).tolist() == [[-1, 0, 1, 2, 1, 2, 3, 4, 3, 4, 5, -1]]
+
+
+# ---------------------------------------------------------------------------- comparisons
+def test_a_wrong_shard_names_its_leaf_device_process_and_first_differing_index(mesh_2d):
+    rows = token_table(8, width=3).astype(np.float32)
+    rows[0, 0] = np.nan  # NaN where NaN is expected is exact
+    batch = {"tokens": jax.device_put(rows, NamedSharding(mesh_2d, P("data")))}
+    assert assert_batch_exact(batch, {"tokens": rows}) == 8
+    wrong = rows.copy()
+    wrong[5, 2] = -1  # row 5 is on data shard 2: the devices at mesh positions (2, 0) and (2, 1)
+    device = mesh_2d.devices[2, 0]
+    message = (
+        rf"^leaf 'tokens', device {device.id} \(process 0\), box \[4:6, 0:3\]: first difference "
+        r"at global index \(5, 2\): holds 5002.0, expected -1.0 \(1 of 6 elements differ\)$"
+    )
+    with pytest.raises(AssertionError, match=message):
+        assert_batch_exact(batch, {"tokens": wrong})
+    # a simulated host's device is named with the process it plays
+    shards = {device: rows[4:6]}
+    with pytest.raises(AssertionError, match=rf"^step 3: .* device {device.id} \(process 7\), "):
+        oracle.check_shards(shards, wrong, P("data"), mesh_2d, "step 3", process_of={device: 7})
