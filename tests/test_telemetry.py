@@ -86,7 +86,7 @@ def test_a_slow_trainer_hides_the_loader(mesh_1d):
             # the train step lasts until the loader has filled its queue (2 batches) and read
             # one more, plus 20 ms: next() then never waits for a read
             deadline = time.monotonic() + 10
-            while it._ready() < 3 and time.monotonic() < deadline:
+            while it.ready < 3 and time.monotonic() < deadline:
                 time.sleep(0.002)
             time.sleep(0.02)
             next(it)
