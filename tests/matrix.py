@@ -34,10 +34,11 @@ class WindowReads(ArraySource):
 
     def __init__(self, data: Mapping[str, np.ndarray]):
         super().__init__(dict(data))
+        self.names = list(data)
         self.reads: list[tuple[np.ndarray, dict[Any, slice | None]]] = []
 
     def read(self, ids):
-        self.reads.append((np.array(ids), dict.fromkeys(self._data)))
+        self.reads.append((np.array(ids), dict.fromkeys(self.names)))
         return super().read(ids)
 
     def read_window(self, ids, columns):
