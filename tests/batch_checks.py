@@ -4,12 +4,15 @@ The expected values come from tests/oracle.py, never from the loader under test.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import jax
 import numpy as np
 
-import oracle
 from psdp import ArraySource
 from psdp._plan.order import PAD
+from tests import oracle
 
 
 def expected_global(data: np.ndarray | dict[str, np.ndarray], ids: np.ndarray, pad_value=0):
@@ -55,21 +58,26 @@ def expected_batch(loader, data, step: int, feeding=None, halo=None):
     return want.leaves if isinstance(data, dict) else want.leaves[None]
 
 
-def assert_shards_exact(batch: jax.Array, expected: np.ndarray) -> int:
-    """Every addressable shard of ``batch`` equals ``expected[shard.index]``; returns the count."""
-    assert batch.shape == expected.shape, (batch.shape, expected.shape)
+def assert_shards_exact(batch: jax.Array, expected: np.ndarray, leaf: Any = None) -> int:
+    """Every addressable shard of ``batch`` (leaf ``leaf``) equals ``expected[shard.index]``;
+    returns the count. A failure names the leaf, the device and the first differing index."""
+    assert batch.shape == expected.shape, (leaf, batch.shape, expected.shape)
     count = 0
     for shard in batch.addressable_shards:
-        np.testing.assert_array_equal(np.asarray(shard.data), expected[shard.index])
+        oracle.assert_shard_equal(
+            np.asarray(shard.data), expected[shard.index], shard.index, expected.shape,
+            leaf=leaf, device=shard.device, process=shard.device.process_index,
+        )  # fmt: skip
         count += 1
     assert count == len(batch.sharding.addressable_devices)
     return count
 
 
 def assert_batch_exact(batch, expected) -> int:
+    """`assert_shards_exact` for every leaf of a batch (a dict of leaves, or one array)."""
     if isinstance(expected, dict):
-        assert set(batch) == set(expected)
-        return sum(assert_shards_exact(batch[k], expected[k]) for k in expected)
+        assert set(batch) == set(expected), (set(batch), set(expected))
+        return sum(assert_shards_exact(batch[k], expected[k], leaf=k) for k in expected)
     return assert_shards_exact(batch, expected)
 
 
@@ -116,8 +124,9 @@ class WindowSource(CountingSource):
 NONCONTIGUOUS_4x2 = [[0, 1], [2, 3], [0, 1], [2, 3]]
 
 
-def run_on_noncontiguous_pod(target: str, timeout_s: float = 180, **args):
-    """Runs ``target`` on the 4-process `NONCONTIGUOUS_4x2` pod (``data=4 x model=2``)."""
+def run_on_noncontiguous_pod(target: Callable[..., Any], timeout_s: float = 180, **args):
+    """Runs the pod target ``target`` (a function of a ``tests.pod_targets*`` module) on the
+    4-process `NONCONTIGUOUS_4x2` pod (``data=4 x model=2``)."""
     from psdp.tools.pod import run_pod
 
     layout = dict(process_index=NONCONTIGUOUS_4x2, axis_names=["data", "model"], mesh_shape=[4, 2])

@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 from jax.sharding import Mesh, PartitionSpec
 
-import oracle
 from psdp import ArraySource, DataLoader, GrainSource
+from tests import oracle
 
 SOURCES = ("window", "read", "getitem", "grain")
 
@@ -34,10 +34,11 @@ class WindowReads(ArraySource):
 
     def __init__(self, data: Mapping[str, np.ndarray]):
         super().__init__(dict(data))
+        self.names = list(data)
         self.reads: list[tuple[np.ndarray, dict[Any, slice | None]]] = []
 
     def read(self, ids):
-        self.reads.append((np.array(ids), dict.fromkeys(self._data)))
+        self.reads.append((np.array(ids), dict.fromkeys(self.names)))
         return super().read(ids)
 
     def read_window(self, ids, columns):
@@ -205,12 +206,13 @@ def check_case(
             )  # fmt: skip
             assert set(got) == set(want.leaves), (case.describe(), set(got), set(want.leaves))
             for key, (spec, shards) in got.items():
-                what = f"{case.describe()}, step {step}, leaf {key!r}"
-                assert same_spec(spec, want.specs[key]), (what, spec, want.specs[key])
-                assert set(shards) == set(devices), (what, "not every device of the host")
+                what = f"{case.describe()}, step {step}"
+                assert same_spec(spec, want.specs[key]), (what, key, spec, want.specs[key])
+                assert set(shards) == set(devices), (what, key, "not every device of the host")
                 checked += oracle.check_shards(
-                    shards, want.leaves[key], want.specs[key], mesh, what
-                )
+                    shards, want.leaves[key], want.specs[key], mesh, what,
+                    leaf=key, process_of=process_of,
+                )  # fmt: skip
             check_reads(case, source.reads, want, mesh, devices, step)
     return checked
 

@@ -217,20 +217,67 @@ def expected_step(
 
 
 # ------------------------------------------------------------------------------ comparisons
+def _box_label(box: tuple[slice, ...], shape: tuple[int, ...]) -> str:
+    """``[0:2, 0:8]``: a device's box as global index ranges."""
+    ranges = (part.indices(n)[:2] for part, n in zip(box, shape, strict=True))
+    return "[" + ", ".join(f"{start}:{stop}" for start, stop in ranges) + "]"
+
+
+def assert_shard_equal(
+    got: np.ndarray,
+    want: np.ndarray,
+    box: tuple[slice, ...],
+    global_shape: tuple[int, ...],
+    *,
+    leaf: Any,
+    device: Any,
+    process: int,
+    what: str = "",
+) -> None:
+    """What ``device`` holds equals ``want``, the oracle's values at its ``box`` of the global
+    leaf (NaN equals NaN); else an AssertionError naming the leaf, the device (id and process) and
+    the first differing global index with both values."""
+    where = f"{what}: " if what else ""
+    who = (
+        f"{where}leaf {'(the single leaf)' if leaf is None else repr(leaf)}, device {device.id} "
+        f"(process {process}), box {_box_label(box, global_shape)}"
+    )
+    if got.shape != want.shape:
+        raise AssertionError(f"{who}: holds shape {got.shape}, expected {want.shape}")
+    differ = got != want
+    if got.dtype.kind in "fc" and want.dtype.kind in "fc":
+        differ &= ~(np.isnan(got) & np.isnan(want))
+    if differ.any():
+        local = tuple(int(i) for i in np.argwhere(differ)[0])
+        start = tuple(part.indices(n)[0] for part, n in zip(box, global_shape, strict=True))
+        index = tuple(b + i for b, i in zip(start, local, strict=True))
+        raise AssertionError(
+            f"{who}: first difference at global index {index}: holds {got[local].tolist()!r}, "
+            f"expected {want[local].tolist()!r} ({int(differ.sum())} of {differ.size} elements "
+            "differ)"
+        )
+
+
 def check_shards(
-    shards: Mapping[Any, np.ndarray], expected: np.ndarray, spec: PartitionSpec, mesh: Mesh, what
+    shards: Mapping[Any, np.ndarray],
+    expected: np.ndarray,
+    spec: PartitionSpec,
+    mesh: Mesh,
+    what: str,
+    *,
+    leaf: Any = None,
+    process_of: Mapping[Any, int] | None = None,
 ) -> int:
-    """Each device's data equals ``expected`` at the box JAX gives that device; returns the count."""
+    """Each device's data equals ``expected`` at the box JAX gives that device; returns the count.
+
+    ``process_of`` maps a device to its (simulated) process; default: the device's own."""
     boxes = NamedSharding(mesh, spec).devices_indices_map(expected.shape)
     for device, data in shards.items():
-        want = expected[boxes[device]]
-        assert data.shape == want.shape, (what, device, data.shape, want.shape)
-        if not np.array_equal(data, want):
-            wrong = np.argwhere(data != want)[0]
-            raise AssertionError(
-                f"{what}: device {device} holds {data[tuple(wrong)]!r} at {tuple(wrong)} of its box "
-                f"{boxes[device]}, expected {want[tuple(wrong)]!r}"
-            )
+        process = process_of[device] if process_of is not None else device.process_index
+        assert_shard_equal(
+            data, expected[boxes[device]], boxes[device], expected.shape,
+            leaf=leaf, device=device, process=process, what=what,
+        )  # fmt: skip
     return len(shards)
 
 

@@ -3,7 +3,7 @@ list on a real pod; tests/test_hosts.py on the same layouts simulated in one pro
 
 from __future__ import annotations
 
-from matrix import Case
+from tests.matrix import Case
 
 SEED_LIKE = [[0, 1], [2, 3], [0, 1], [2, 3]]  # hosts in data rows 0 and 2, or 1 and 3
 ALTERNATE_COLUMNS = [[0, 1, 0, 1], [0, 1, 0, 1]]  # each host: column shards 0 and 2, or 1 and 3

@@ -7,15 +7,15 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from batch_checks import (
+from psdp import DataLoader, MeshLayout
+from psdp._plan.order import PAD
+from tests.batch_checks import (
     CountingSource,
     assert_batch_exact,
     expected_batch,
     physical_ids,
     token_table,
 )
-from psdp import DataLoader, MeshLayout
-from psdp._plan.order import PAD
 
 
 def loader_exact(

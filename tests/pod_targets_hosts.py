@@ -17,10 +17,10 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from batch_checks import assert_batch_exact, expected_global, token_table
 from psdp import DataLoader, MeshLayout
 from psdp._plan.order import PAD
 from psdp.sources import StreamSource
+from tests.batch_checks import assert_batch_exact, expected_global, token_table
 
 ROWS = 64
 B = 8

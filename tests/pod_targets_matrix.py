@@ -5,8 +5,8 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from matrix import Case, check_case, live_shards
 from psdp import MeshLayout
+from tests.matrix import Case, check_case, live_shards
 
 
 def check_cases(process_index, axis_names, mesh_shape, cases) -> dict:

@@ -13,9 +13,9 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
 from jax.sharding import PartitionSpec as P
 
-from batch_checks import assert_shards_exact, token_table
 from psdp import MeshLayout, plan_batch
 from psdp._integration.filter_shard import filter_shard
+from tests.batch_checks import assert_shards_exact, token_table
 
 SPECS = {
     "batch": P("data"),  # replicated over model: a TP group holds identical rows
@@ -52,7 +52,7 @@ def _exact(out: dict, tree: dict, targets) -> int:
     for key in ("tokens", "weight"):
         want = targets[key] if isinstance(targets, dict) else targets
         assert out[key].sharding == want, (key, out[key].sharding, want)
-        count += assert_shards_exact(out[key], tree[key])
+        count += assert_shards_exact(out[key], tree[key], leaf=key)
     return count
 
 
@@ -98,8 +98,8 @@ def check_filter_shard(mesh: Mesh, batch_size: int) -> dict:
         global_batch_size=batch_size,
     )
     assert out["tokens"].sharding == batch and out["weight"].sharding == full
-    shards += assert_shards_exact(out["tokens"], tree["tokens"])
-    shards += assert_shards_exact(out["weight"], tree["weight"])
+    shards += assert_shards_exact(out["tokens"], tree["tokens"], leaf="tokens")
+    shards += assert_shards_exact(out["weight"], tree["weight"], leaf="weight")
 
     # inside jit: a sharding constraint; non-array leaves pass through filter_jit untouched
     @eqx.filter_jit
@@ -108,8 +108,8 @@ def check_filter_shard(mesh: Mesh, batch_size: int) -> dict:
 
     out = step(placed)
     assert out["tokens"].sharding.spec == full.spec, out["tokens"].sharding
-    shards += assert_shards_exact(out["tokens"], tree["tokens"] + 1)
-    shards += assert_shards_exact(out["weight"], tree["weight"])
+    shards += assert_shards_exact(out["tokens"], tree["tokens"] + 1, leaf="tokens")
+    shards += assert_shards_exact(out["weight"], tree["weight"], leaf="weight")
     _check_untouched(out, tree)
 
     # a device means a single-device sharding

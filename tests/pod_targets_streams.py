@@ -11,9 +11,9 @@ import jax
 import numpy as np
 from jax.sharding import PartitionSpec
 
-from batch_checks import assert_batch_exact, expected_global, token_table
 from psdp import DataLoader, MeshLayout, plan_batch, process_mesh_mapping
 from psdp.sources import StreamSource
+from tests.batch_checks import assert_batch_exact, expected_global, token_table
 
 
 def _stream(num_elements: int) -> tuple[dict[str, np.ndarray], StreamSource]:

@@ -17,12 +17,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import jax
 import numpy as np
 import pytest
 from jax.sharding import Mesh, PartitionSpec
 
-from batch_checks import assert_batch_exact, expected_batch, token_table
 from psdp import (
     ArraySource,
     DataLoader,
@@ -35,6 +33,8 @@ from psdp import (
     TensorStoreSource,
     write_dataset,
 )
+from tests.batch_checks import assert_batch_exact, expected_batch, token_table
+from tests.meshes import mesh_of
 
 B = 8  # global batch: one row per data shard pair on data=4 x model=2
 TOKENS = token_table(64, width=8)  # row r is [r*1000, r*1000 + 1, ...]
@@ -42,7 +42,7 @@ HANG_GUARD_S = 120  # not a timing threshold: only turns a hang into a failure
 
 
 def _mesh(names=("data", "model")) -> Mesh:
-    return Mesh(np.array(jax.devices()).reshape(4, 2), names)
+    return mesh_of(names, (4, 2))
 
 
 def _loader(source: Any = None, **kwargs: Any) -> DataLoader:

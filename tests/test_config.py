@@ -17,13 +17,13 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-import oracle
-from batch_checks import assert_batch_exact, assert_shards_exact, token_table
 from psdp import LoaderOptions, OrderOptions, OutputOptions, ReadingOptions, ShardingOptions
 from psdp._integration.config import LoaderConfig, MeshConfig
 from psdp._integration.consistency import check_consistency
 from psdp._plan.layout import MeshLayout
 from psdp.sources.writer import write_dataset
+from tests import oracle
+from tests.batch_checks import assert_batch_exact, assert_shards_exact, token_table
 
 ROOT = Path(__file__).resolve().parents[1]
 

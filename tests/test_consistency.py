@@ -3,21 +3,15 @@ tests/test_simulate.py)."""
 
 from __future__ import annotations
 
-import jax
 import numpy as np
 import pytest
-from jax.sharding import Mesh
 
 from psdp import ConsistencyError, DataLoader, check_consistency
 
 
-def mesh_4x2() -> Mesh:
-    return Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "model"))
-
-
-def test_padding_boxes_may_repeat_but_real_ones_may_not():
+def test_padding_boxes_may_repeat_but_real_ones_may_not(mesh_2d):
     source = {"tokens": np.arange(40, dtype=np.int32).reshape(10, 4) + 1}
-    with DataLoader(source, mesh=mesh_4x2(), global_batch_size=8, shuffle=False) as loader:
+    with DataLoader(source, mesh=mesh_2d, global_batch_size=8, shuffle=False) as loader:
         it = iter(loader)
         next(it)
         batch = next(it)  # rows 8, 9 and six padding rows: boxes 1..3 are all padding
@@ -27,16 +21,16 @@ def test_padding_boxes_may_repeat_but_real_ones_may_not():
     with pytest.raises(ConsistencyError, match="two different index boxes hold identical bytes"):
         check_consistency(batch, mask_key=None)  # without the mask, padding looks like a bug
     ones = {"tokens": np.ones((10, 4), np.int32)}
-    with DataLoader(ones, mesh=mesh_4x2(), global_batch_size=8, shuffle=False) as loader:
+    with DataLoader(ones, mesh=mesh_2d, global_batch_size=8, shuffle=False) as loader:
         repeated = next(iter(loader))  # real rows, all equal: still caught
     with pytest.raises(ConsistencyError, match="identical bytes"):
         check_consistency(repeated)
 
 
-def test_nan_where_nan_is_expected_is_exact():
+def test_nan_where_nan_is_expected_is_exact(mesh_2d):
     data = np.arange(32, dtype=np.float32).reshape(8, 4)
     data[0, 1] = np.nan
-    with DataLoader({"x": data}, mesh=mesh_4x2(), global_batch_size=8, shuffle=False) as loader:
+    with DataLoader({"x": data}, mesh=mesh_2d, global_batch_size=8, shuffle=False) as loader:
         batch = next(iter(loader))
     assert check_consistency(batch, {"x": data, "mask": np.ones(8, bool)}).exact
     wrong = data.copy()

@@ -22,18 +22,12 @@ from hypothesis import strategies as st
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-import oracle
-from fake_hosts import fake_pod, host_batch, recorder
-from matrix import SOURCES, Case, check_case, spec_of
-from pod_cases import ALTERNATE_COLUMNS, PODS, SEED_LIKE, TWISTED_3D
 from psdp._runtime.assembly import LeafAssembler
-
-# the scrambled device order of the other tests: nothing may assume devices sit in id order
-DEVICES = np.array(jax.devices())[[3, 0, 7, 4, 1, 6, 2, 5]]
-
-
-def mesh_of(names, shape, devices=DEVICES) -> Mesh:
-    return Mesh(np.asarray(devices).reshape(shape), tuple(names))
+from tests import oracle
+from tests.fake_hosts import fake_pod, host_batch, recorder
+from tests.matrix import SOURCES, Case, check_case, spec_of
+from tests.meshes import SCRAMBLED, mesh_of
+from tests.pod_cases import ALTERNATE_COLUMNS, PODS, SEED_LIKE, TWISTED_3D
 
 
 def check_every_host(case: Case, mesh: Mesh, layout) -> int:
@@ -62,13 +56,13 @@ def test_whole_row_leaves_with_different_strategies_pick_their_rows_on_every_hos
     leaves = {"tokens": [3], "weight": [], "doc": [2]}
     case = Case({k: leaves[k] for k in specs}, specs, batch_size=10, num_rows=37, seed=4,
                 float_leaves=["weight"], steps=[0, 3, 4])  # fmt: skip
-    assert check_every_host(case, mesh_of(("data", "model"), (4, 2)), SEED_LIKE) > 0
+    assert check_every_host(case, mesh_of(("data", "model"), (4, 2), SCRAMBLED), SEED_LIKE) > 0
 
 
 @pytest.mark.parametrize("source", ["window", "read"])
 def test_leaves_sharded_beyond_dimension_one_get_their_boxes(source):
     """Hole 2: dimensions >= 2 of a device's box are cut at their offsets, on one host and four."""
-    mesh = mesh_of(("data", "context", "model"), (2, 2, 2))
+    mesh = mesh_of(("data", "context", "model"), (2, 2, 2), SCRAMBLED)
     case = Case(
         leaves={"x3": [3, 4], "x4": [4, 2, 6], "seq": [4, 2], "w": []},
         specs={
@@ -89,7 +83,7 @@ def test_sources_without_read_window_give_each_host_its_columns(source, halo):
     """Hole 3: a host holding only column shard 1 cuts it from whole rows at its offset."""
     case = Case({"tokens": [8], "w": []}, {"tokens": ["data", "context"]}, batch_size=8,
                 num_rows=20, source=source, halo={"tokens": halo})  # fmt: skip
-    check_every_host(case, mesh_of(("data", "context"), (4, 2)), [[0, 1]] * 4)
+    check_every_host(case, mesh_of(("data", "context"), (4, 2), SCRAMBLED), [[0, 1]] * 4)
 
 
 @pytest.mark.parametrize("halo", [0, 1, 2, 3])
@@ -98,19 +92,19 @@ def test_a_host_holding_two_non_adjacent_column_shards(halo, source):
     """Hole 4: two column windows of one host on the same rows; with halo 2 they touch, 3 overlap."""
     case = Case({"tokens": [16], "w": [2]}, {"tokens": ["data", "context"]}, batch_size=4,
                 num_rows=11, source=source, halo={"tokens": halo}, steps=[0, 2])  # fmt: skip
-    check_every_host(case, mesh_of(("data", "context"), (2, 4)), ALTERNATE_COLUMNS)
+    check_every_host(case, mesh_of(("data", "context"), (2, 4), SCRAMBLED), ALTERNATE_COLUMNS)
 
 
 def test_physical_batch_is_a_multiple_of_every_leafs_shards():
     """Hole 8: shard counts 2 and 3 (six devices): batch 7 -> lcm 6 -> 12 rows, not 9."""
-    mesh = mesh_of(("data", "model"), (2, 3), DEVICES[:6])
+    mesh = mesh_of(("data", "model"), (2, 3), SCRAMBLED)
     case = Case({"a": [2], "b": []}, {"a": ["data"], "b": ["model"]}, batch_size=7, num_rows=30)
     assert oracle.physical_size(7, mesh, [P("data"), P("model")]) == 12
     assert check_every_host(case, mesh, [[0, 0, 1], [1, 0, 1]]) == 3 * 6 * 2
 
 
 def test_halos_at_both_sequence_edges_and_feeding_on_a_3d_mesh_with_two_batch_axes():
-    mesh = mesh_of(("replica", "data", "context"), (2, 2, 2))
+    mesh = mesh_of(("replica", "data", "context"), (2, 2, 2), SCRAMBLED)
     for feeding in (None, [1], [0, 3]):
         case = Case({"tokens": [8, 2], "w": []},
                     {"tokens": [["replica", "data"], "context"], "w": [["replica", "data"]]},
@@ -123,7 +117,7 @@ def test_fill_cuts_each_window_from_a_hosts_own_rows():
     """`LeafAssembler.fill` with ``positions`` (how `filter_shard` feeds a host's own rows): host
     0 of [[0, 1], [1, 0], ...] holds column shard 0 of some rows and shard 1 of others, so each
     window is a different subset of the host's rows."""
-    mesh = mesh_of(("data", "context"), (4, 2))
+    mesh = mesh_of(("data", "context"), (4, 2), SCRAMBLED)
     rows = np.arange(8 * 6, dtype=np.int32).reshape(8, 6)
     with fake_pod(mesh, [[0, 1], [1, 0], [0, 1], [1, 0]]) as process_of:
         for halo in (0, 1):
@@ -134,7 +128,9 @@ def test_fill_cuts_each_window_from_a_hosts_own_rows():
             want = oracle.haloed(rows, 2, halo, -1)
             with mock.patch.object(jax, "make_array_from_callback", recorder(process_of, 0)):
                 got = leaf.assemble(windows)
-            oracle.check_shards(got.shards, want, P("data", "context"), mesh, f"halo {halo}")
+            oracle.check_shards(
+                got.shards, want, P("data", "context"), mesh, f"halo {halo}", process_of=process_of
+            )
             assert len(got.shards) == 4
 
 
@@ -151,7 +147,7 @@ def pods(draw):
     order = draw(st.permutations(range(8)))
     hosts = draw(st.sampled_from([1, 2, 4, 4, 8]))
     layout = np.array(draw(st.permutations(np.repeat(np.arange(hosts), 8 // hosts).tolist())))
-    return mesh_of(names, shape, DEVICES[list(order)]), layout.reshape(shape)
+    return mesh_of(names, shape, [SCRAMBLED[i] for i in order]), layout.reshape(shape)
 
 
 def _spec(draw, mesh, ndim, batch_axes):
@@ -229,6 +225,6 @@ def test_every_simulated_host_gets_exactly_its_boxes_and_reads_exactly_them(data
 def test_the_pod_matrix_on_simulated_hosts(pod):
     """tests/test_pod_matrix.py's cases, on the same layouts, every host in this process."""
     layout, names, shape, _, cases = PODS[pod]
-    mesh = mesh_of(names, shape)
+    mesh = mesh_of(names, shape, SCRAMBLED)
     for case in cases:
         check_every_host(case, mesh, layout)

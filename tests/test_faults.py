@@ -15,25 +15,17 @@ import sys
 import threading
 import time
 import traceback
-from pathlib import Path
 
-import jax
-import numpy as np
 import pytest
-from jax.sharding import Mesh
 
-from batch_checks import assert_batch_exact, expected_batch, token_table
 from psdp import ArraySource, DataLoader, LoaderClosedError, MeshLayout
 from psdp.tools.pod import STOPPED, PodError, run_pod
+from tests.batch_checks import assert_batch_exact, expected_batch, token_table
+from tests.pod_targets_reliability import killed_mid_run
 
 B = 8
 K = 3  # the faulty step
 DATA = {"tokens": token_table(64, width=4)}
-POD_TARGET = f"{Path(__file__).parent / 'pod_targets_reliability.py'}:killed_mid_run"
-
-
-def _mesh() -> Mesh:
-    return Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "model"))
 
 
 def _psdp_threads() -> list[str]:
@@ -81,10 +73,12 @@ def _take_good_steps(loader: DataLoader, iterator, count: int) -> None:
 
 
 @pytest.mark.parametrize(("read_threads", "prefetch"), [(1, 1), (1, 4), (3, 2)])
-def test_a_source_error_reaches_the_trainer_at_its_step_with_its_traceback(read_threads, prefetch):
+def test_a_source_error_reaches_the_trainer_at_its_step_with_its_traceback(
+    read_threads, prefetch, mesh_2d
+):
     source = FaultySource("raise")
     with DataLoader(
-        source, mesh=_mesh(), global_batch_size=B, shuffle=False, read_threads=read_threads,
+        source, mesh=mesh_2d, global_batch_size=B, shuffle=False, read_threads=read_threads,
         prefetch=prefetch,
     ) as loader:  # fmt: skip
         iterator = iter(loader)
@@ -101,11 +95,11 @@ def test_a_source_error_reaches_the_trainer_at_its_step_with_its_traceback(read_
 
 
 @pytest.mark.parametrize("read_threads", [1, 3])
-def test_a_read_that_never_returns_times_out_naming_step_and_rows(read_threads):
+def test_a_read_that_never_returns_times_out_naming_step_and_rows(read_threads, mesh_2d):
     source = FaultySource("block")
     try:
         with DataLoader(
-            source, mesh=_mesh(), global_batch_size=B, shuffle=False, read_timeout_s=0.5,
+            source, mesh=mesh_2d, global_batch_size=B, shuffle=False, read_timeout_s=0.5,
             read_threads=read_threads,
         ) as loader:  # fmt: skip
             iterator = iter(loader)
@@ -126,9 +120,9 @@ def test_a_read_that_never_returns_times_out_naming_step_and_rows(read_threads):
     assert _wait_for_no_threads() == []
 
 
-def test_close_from_another_thread_wakes_a_blocked_next(caplog):
+def test_close_from_another_thread_wakes_a_blocked_next(caplog, mesh_2d):
     source = FaultySource("block")
-    loader = DataLoader(source, mesh=_mesh(), global_batch_size=B, shuffle=False)
+    loader = DataLoader(source, mesh=mesh_2d, global_batch_size=B, shuffle=False)
     iterator = iter(loader)
     _take_good_steps(loader, iterator, K)
     closer = threading.Timer(0.3, loader.close)
@@ -236,7 +230,7 @@ def test_a_process_killed_mid_run_stops_the_pod_with_a_clear_error(how, reason):
     started = time.monotonic()
     with pytest.raises(PodError) as info:
         run_pod(
-            POD_TARGET,
+            killed_mid_run,
             num_processes=2,
             devices_per_process=4,
             args=dict(

@@ -2,30 +2,26 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import jax
 import numpy as np
 import pytest
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from batch_checks import (
+from psdp._integration.filter_shard import filter_shard
+from tests.batch_checks import (
     assert_shards_exact,
     run_on_noncontiguous_pod,
     token_table,
 )
-from pod_targets_shard import check_filter_shard
-from psdp._integration.filter_shard import filter_shard
-
-TARGET = f"{Path(__file__).parent / 'pod_targets_shard.py'}:filter_shard_exact"
+from tests.meshes import mesh_of
+from tests.pod_targets_shard import check_filter_shard, filter_shard_exact
 
 
 @pytest.fixture
 def mesh():
     # devices out of id order, so nothing can pass by assuming a device's position from its id
-    devices = np.array(jax.devices())[[5, 2, 7, 0, 3, 6, 1, 4]]
-    return Mesh(devices.reshape(4, 2), ("data", "model"))
+    return mesh_of(("data", "model"), (4, 2), [5, 2, 7, 0, 3, 6, 1, 4])
 
 
 def test_every_check_in_one_process(mesh):
@@ -94,7 +90,7 @@ def test_numpy_scalars_and_non_arrays_outside_host_local(mesh):
 @pytest.mark.multiprocess
 def test_noncontiguous_four_hosts_every_shard_exact():
     results = run_on_noncontiguous_pod(
-        TARGET,
+        filter_shard_exact,
         batch_size=16,
     )
     # per spec: 2 modes x 2 leaves x 2 local devices; then reshard 4, prefix 4, jit 4, device 2

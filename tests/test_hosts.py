@@ -8,13 +8,11 @@ two hosts.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from batch_checks import run_on_noncontiguous_pod
+from tests.batch_checks import run_on_noncontiguous_pod
+from tests.pod_targets_hosts import host_cases
 
-TARGET = f"{Path(__file__).parent / 'pod_targets_hosts.py'}:host_cases"
 pytestmark = pytest.mark.multiprocess
 
 POD_CASES = [
@@ -37,7 +35,7 @@ POD_CASES = [
 @pytest.fixture(scope="module")
 def pod() -> list[dict]:
     return run_on_noncontiguous_pod(
-        TARGET, cases=POD_CASES, missing_host_timeout_s=3, timeout_s=240
+        host_cases, cases=POD_CASES, missing_host_timeout_s=3, timeout_s=240
     )
 
 

@@ -5,13 +5,14 @@ from __future__ import annotations
 import threading
 import time
 
-import jax
 import numpy as np
 import pytest
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from batch_checks import (
+from psdp import DataLoader, LoaderClosedError, StreamSource
+from psdp._plan.order import PAD
+from tests.batch_checks import (
     CountingSource,
     assert_batch_exact,
     expected_batch,
@@ -19,8 +20,7 @@ from batch_checks import (
     physical_ids,
     token_table,
 )
-from psdp import DataLoader, LoaderClosedError, StreamSource
-from psdp._plan.order import PAD
+from tests.meshes import SCRAMBLED, mesh_of
 
 MESHES = {
     "data=8": (("data",), (8,)),
@@ -30,10 +30,7 @@ MESHES = {
 
 
 def make_mesh(name: str) -> Mesh:
-    axes, shape = MESHES[name]
-    # a scrambled device order: nothing may assume devices sit in id order
-    devices = np.array(jax.devices())[[3, 0, 7, 4, 1, 6, 2, 5]].reshape(shape)
-    return Mesh(devices, axes)
+    return mesh_of(*MESHES[name], SCRAMBLED)
 
 
 def live_threads(prefix: str) -> list[threading.Thread]:
@@ -251,7 +248,7 @@ def test_bad_arguments(kwargs, error, message):
 
 
 def test_no_batch_axis_in_mesh_asks_for_a_spec():
-    mesh = Mesh(np.array(jax.devices()).reshape(8), ("x",))
+    mesh = mesh_of(("x",), (8,))
     with pytest.raises(ValueError, match="pass batch_spec=PartitionSpec"):
         DataLoader(token_table(16), mesh=mesh, global_batch_size=8)
 
@@ -322,7 +319,7 @@ def test_a_stream_cannot_be_shuffled():
                    shuffle=True)  # fmt: skip
 
 
-def test_a_subclass_overriding_read_is_not_bypassed_by_read_window():
+def test_a_subclass_overriding_read_is_not_bypassed_by_read_window(mesh_context):
     from psdp import ArraySource
 
     class Doubling(ArraySource):  # overrides read only: read_window (inherited) must not be used
@@ -330,9 +327,10 @@ def test_a_subclass_overriding_read_is_not_bypassed_by_read_window():
             return {k: v * 2 for k, v in super().read(ids).items()}
 
     data = {"tokens": token_table(16, 4), "w": np.arange(16, dtype=np.int32)}
-    mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "context"))
     spec = {"tokens": P("data", "context")}  # a column window: served by read_window otherwise
-    loader = DataLoader(Doubling(data), mesh=mesh, global_batch_size=8, batch_spec=spec, seed=1)
+    loader = DataLoader(
+        Doubling(data), mesh=mesh_context, global_batch_size=8, batch_spec=spec, seed=1
+    )
     doubled = {k: v * 2 for k, v in data.items()}
     assert_batch_exact(loader.batch_at(0), expected_batch(loader, doubled, 0))
 

@@ -7,13 +7,10 @@ loader computed.
 
 from __future__ import annotations
 
-import jax
 import numpy as np
 import pytest
-from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from batch_checks import assert_batch_exact, token_table
 from psdp import (
     ArraySource,
     DataLoader,
@@ -24,12 +21,9 @@ from psdp import (
 )
 from psdp._compat import enable_x64  # jax.enable_x64, or jax.experimental's on older jax
 from psdp.sources.base import reads_fresh_rows
+from tests.batch_checks import assert_batch_exact, token_table
 
 B = 8
-
-
-def mesh_4x2(names=("data", "model")) -> Mesh:
-    return Mesh(np.array(jax.devices()).reshape(4, 2), names)
 
 
 def unshuffled(data, step: int, num_rows: int, mask: bool | None = None):
@@ -87,12 +81,14 @@ class RefillingSource:
         ("4 MiB rows: the batched device_put path", 6, 131072),
     ],
 )
-def test_a_source_that_refills_one_buffer_never_changes_delivered_batches(case, steps, width):
+def test_a_source_that_refills_one_buffer_never_changes_delivered_batches(
+    case, steps, width, mesh_2d
+):
     rows = token_table(64, width=width)
     data = (
         {"tokens": rows, "weight": rows[:, 0].astype(np.float32)} if case == "dict source" else rows
     )
-    loader = DataLoader(RefillingSource(data), mesh=mesh_4x2(), global_batch_size=B, shuffle=False)
+    loader = DataLoader(RefillingSource(data), mesh=mesh_2d, global_batch_size=B, shuffle=False)
     with loader:
         held = [batch for _, batch in zip(range(steps), loader, strict=False)]
     assert len(held) == steps
@@ -159,13 +155,15 @@ class StopsAt:
 
 @pytest.mark.parametrize("batch_spec", [None, {"tokens": P("data", "model")}])
 @pytest.mark.parametrize("read_timeout_s", [None, 60.0])
-def test_a_stray_stop_iteration_in_a_read_is_an_error_at_its_step(batch_spec, read_timeout_s):
+def test_a_stray_stop_iteration_in_a_read_is_an_error_at_its_step(
+    batch_spec, read_timeout_s, mesh_2d
+):
     data = {"tokens": token_table(160, width=4)}
     source = StopsAt(data, from_step=6)
     delivered = []
     loader = DataLoader(
         source,
-        mesh=mesh_4x2(),
+        mesh=mesh_2d,
         global_batch_size=B,
         shuffle=False,
         batch_spec=batch_spec,
@@ -181,20 +179,20 @@ def test_a_stray_stop_iteration_in_a_read_is_an_error_at_its_step(batch_spec, re
     assert isinstance(raised.value.__cause__, StopIteration)
 
 
-def test_a_stop_iteration_in_the_first_read_is_an_error_at_construction():
+def test_a_stop_iteration_in_the_first_read_is_an_error_at_construction(mesh_2d):
     source = StopsAt({"tokens": token_table(16)}, from_step=0)
     source._maybe_stop = lambda ids: next(iter([]))  # type: ignore[method-assign]
     with pytest.raises(RuntimeError, match="StopsAt.*StopIteration"):
-        DataLoader(source, mesh=mesh_4x2(), global_batch_size=B)
+        DataLoader(source, mesh=mesh_2d, global_batch_size=B)
 
 
 # ------------------------------------------------------- 64-bit leaves and dtypes=
-def test_a_declared_dtype_casts_every_read_and_the_loader_reports_it():
+def test_a_declared_dtype_casts_every_read_and_the_loader_reports_it(mesh_2d):
     wide = token_table(32).astype(np.int64)
     data = {"tokens": wide, "weight": np.linspace(0, 1, 32)}  # int64 and float64
     dtypes = {"tokens": np.int32, "weight": "float32"}
     with DataLoader(
-        data, mesh=mesh_4x2(), global_batch_size=B, shuffle=False, dtypes=dtypes
+        data, mesh=mesh_2d, global_batch_size=B, shuffle=False, dtypes=dtypes
     ) as loader:
         assert loader.dtypes == {"tokens": np.dtype(np.int32), "weight": np.dtype(np.float32)}
         for step, batch in zip(range(5), loader, strict=False):
@@ -205,10 +203,10 @@ def test_a_declared_dtype_casts_every_read_and_the_loader_reports_it():
             assert_batch_exact(batch, want)
 
 
-def test_a_value_that_does_not_fit_the_declared_dtype_stops_at_its_step():
+def test_a_value_that_does_not_fit_the_declared_dtype_stops_at_its_step(mesh_2d):
     wide = token_table(32).astype(np.int64)
     wide[27, 1] = 2**40 + 7  # step 3
-    with DataLoader({"tokens": wide}, mesh=mesh_4x2(), global_batch_size=B, shuffle=False,
+    with DataLoader({"tokens": wide}, mesh=mesh_2d, global_batch_size=B, shuffle=False,
                     dtypes={"tokens": np.int32}) as loader:  # fmt: skip
         delivered = []
         with pytest.raises(ValueError) as raised:
@@ -222,7 +220,7 @@ def test_a_value_that_does_not_fit_the_declared_dtype_stops_at_its_step():
         assert fragment in message, message
 
 
-def test_with_x64_enabled_64_bit_leaves_pass_through_unchanged_on_the_loader_threads():
+def test_with_x64_enabled_64_bit_leaves_pass_through_unchanged_on_the_loader_threads(mesh_2d):
     data = {
         "i": token_table(32).astype(np.int64) + 2**40,
         "u": token_table(32).astype(np.uint64) + 2**63,
@@ -231,7 +229,7 @@ def test_with_x64_enabled_64_bit_leaves_pass_through_unchanged_on_the_loader_thr
     # jax.enable_x64 is a thread-local setting: the prefetch thread must deliver what the
     # constructor (on this thread) saw
     with enable_x64(True):
-        with DataLoader(data, mesh=mesh_4x2(), global_batch_size=B, shuffle=False) as loader:
+        with DataLoader(data, mesh=mesh_2d, global_batch_size=B, shuffle=False) as loader:
             assert loader.dtypes == {k: v.dtype for k, v in data.items()}
             batches = [b for _, b in zip(range(4), loader, strict=False)]
         for step, batch in enumerate(batches):
@@ -240,12 +238,10 @@ def test_with_x64_enabled_64_bit_leaves_pass_through_unchanged_on_the_loader_thr
 
 
 # ---------------------------------------------------------- byte order is converted
-def test_a_big_endian_leaf_is_delivered_in_native_byte_order():
+def test_a_big_endian_leaf_is_delivered_in_native_byte_order(mesh_2d):
     big = token_table(30).astype(">i4")  # 30 rows: a short, padded final batch too
     data = {"tokens": big}
-    with DataLoader(
-        data, mesh=mesh_4x2(), global_batch_size=B, shuffle=False, pad_value=-1
-    ) as loader:
+    with DataLoader(data, mesh=mesh_2d, global_batch_size=B, shuffle=False, pad_value=-1) as loader:
         assert loader.dtypes == {"tokens": np.dtype(np.int32)}
         batches = [b for _, b in zip(range(4), loader, strict=False)]
     for step, batch in enumerate(batches):
@@ -258,53 +254,53 @@ def test_a_big_endian_leaf_is_delivered_in_native_byte_order():
 
 
 # ------------------------------------------------------------------- Python lists
-def test_a_list_of_records_is_a_source():
+def test_a_list_of_records_is_a_source(mesh_2d):
     rows = token_table(24)
     weights = np.arange(24, dtype=np.float32)
     records = [{"tokens": rows[i], "weight": weights[i]} for i in range(24)]
     data = {"tokens": rows, "weight": weights}
-    with DataLoader(records, mesh=mesh_4x2(), global_batch_size=B, shuffle=False) as loader:
+    with DataLoader(records, mesh=mesh_2d, global_batch_size=B, shuffle=False) as loader:
         for step, batch in zip(range(4), loader, strict=False):
             assert_batch_exact(batch, unshuffled(data, step, 24, mask=True))
 
 
-def test_a_list_of_arrays_is_a_source():
+def test_a_list_of_arrays_is_a_source(mesh_2d):
     rows = token_table(24)
-    with DataLoader(list(rows), mesh=mesh_4x2(), global_batch_size=B, shuffle=False) as loader:
+    with DataLoader(list(rows), mesh=mesh_2d, global_batch_size=B, shuffle=False) as loader:
         for step, batch in zip(range(4), loader, strict=False):
             assert_batch_exact(batch, unshuffled(rows, step, 24))
 
 
 # ------------------------------------------------------------------------- the mask leaf
-def test_dict_batches_carry_the_mask_even_when_nothing_is_padded():
+def test_dict_batches_carry_the_mask_even_when_nothing_is_padded(mesh_2d):
     data = {"tokens": token_table(32)}
-    with DataLoader(data, mesh=mesh_4x2(), global_batch_size=B, shuffle=False) as loader:
+    with DataLoader(data, mesh=mesh_2d, global_batch_size=B, shuffle=False) as loader:
         assert not loader.plan.padded
         for step, batch in zip(range(5), loader, strict=False):
             assert set(batch) == {"tokens", "mask"}
             assert_batch_exact(batch, unshuffled(data, step, 32, mask=True))
 
 
-def test_mask_key_none_leaves_the_mask_out_when_nothing_can_be_padded():
+def test_mask_key_none_leaves_the_mask_out_when_nothing_can_be_padded(mesh_2d):
     data = {"tokens": token_table(32)}
-    loader = DataLoader(data, mesh=mesh_4x2(), global_batch_size=B, shuffle=False, mask_key=None)
+    loader = DataLoader(data, mesh=mesh_2d, global_batch_size=B, shuffle=False, mask_key=None)
     with loader:
         assert set(loader.batch_at(0)) == {"tokens"}
         assert_batch_exact(loader.batch_at(1), unshuffled(data, 1, 32))
 
 
 # ------------------------------------------------------- what is not refused
-def test_a_pad_value_is_only_checked_against_leaves_it_can_fill():
+def test_a_pad_value_is_only_checked_against_leaves_it_can_fill(mesh_2d):
     data = {"tokens": token_table(32).astype(np.uint16)}  # 32 rows, B=8 on 4 shards: no padding
-    loader = DataLoader(data, mesh=mesh_4x2(), global_batch_size=B, pad_value=-1, shuffle=False)
+    loader = DataLoader(data, mesh=mesh_2d, global_batch_size=B, pad_value=-1, shuffle=False)
     with loader:
         assert not loader.plan.padded
         assert_batch_exact(loader.batch_at(0), unshuffled(data, 0, 32, mask=True))
 
 
-def test_an_indivisible_sequence_never_suggests_padding_the_batch():
+def test_an_indivisible_sequence_never_suggests_padding_the_batch(mesh_context):
     with pytest.raises(ValueError) as raised:
-        DataLoader({"tokens": token_table(32, width=7)}, mesh=mesh_4x2(("data", "context")),
+        DataLoader({"tokens": token_table(32, width=7)}, mesh=mesh_context,
                    global_batch_size=B, batch_spec={"tokens": P("data", "context")})  # fmt: skip
     message = str(raised.value)
     assert "pad the batch" not in message and "sequence length" in message

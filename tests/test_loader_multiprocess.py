@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
-from batch_checks import NONCONTIGUOUS_4x2, run_on_noncontiguous_pod
 from psdp.tools.pod import run_pod
+from tests.batch_checks import NONCONTIGUOUS_4x2, run_on_noncontiguous_pod
+from tests.pod_targets import loader_exact
 
-TARGET = f"{Path(__file__).parent / 'pod_targets.py'}:loader_exact"
 pytestmark = pytest.mark.multiprocess
 
 CONTIGUOUS_2x4 = [[0, 0], [0, 0], [1, 1], [1, 1]]
@@ -19,7 +17,7 @@ CONTIGUOUS_2x4 = [[0, 0], [0, 0], [1, 1], [1, 1]]
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_noncontiguous_four_hosts_every_shard_exact(shuffle):
     results = run_on_noncontiguous_pod(
-        TARGET,
+        loader_exact,
         num_rows=40,  # B=16: steps 2 and 5 are short epoch ends, padded and masked
         batch_size=16,
         steps=6,
@@ -34,7 +32,7 @@ def test_noncontiguous_four_hosts_every_shard_exact(shuffle):
 
 def test_contiguous_two_hosts_every_shard_exact():
     results = run_pod(
-        TARGET,
+        loader_exact,
         num_processes=2,
         devices_per_process=4,
         args=dict(

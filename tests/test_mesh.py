@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from psdp import (
@@ -22,6 +22,7 @@ from psdp import (
 )
 from psdp._plan.mesh import dp_index
 from psdp._plan.picture import plan_summary
+from tests.meshes import SCRAMBLED, mesh_of
 
 
 def seed_layout() -> MeshLayout:
@@ -181,8 +182,8 @@ def layouts_and_specs(draw):
 @given(layouts_and_specs())
 def test_plan_equals_union_of_jax_devices_indices_map(case):
     mesh_shape, names, order, procs, spec, shape = case
-    devices = np.array(jax.devices())[list(order)].reshape(mesh_shape)
-    mesh = Mesh(devices, names)
+    mesh = mesh_of(names, mesh_shape, order)
+    devices = mesh.devices
     jax_map = NamedSharding(mesh, spec).devices_indices_map(shape)
     layout = MeshLayout(procs, names)
     pod = plan_pod(layout, spec, shape)
@@ -278,17 +279,16 @@ def test_uid_table_matches_naive_reference_on_shuffled_pods(data, model, per, se
 
 def test_build_mesh_fills_each_process_positions_in_device_order():
     """A process's devices, in the order given, fill its positions in row-major order."""
-    devices = list(np.array(jax.devices())[[3, 0, 7, 4, 1, 6, 2, 5]])
+    devices = list(np.array(jax.devices())[list(SCRAMBLED)])
     mesh = MeshLayout(np.zeros((4, 2), int), ("data", "model")).build_mesh(devices)
     assert list(mesh.devices.flat) == devices
     assert mesh.axis_names == ("data", "model")
 
 
-def test_live_mesh_is_accepted():
-    mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "model"))
-    assert process_mesh_mapping(mesh, "data") == {0: 0}
-    assert local_device_mapping(mesh, "data") == {0: 0, 1: 1, 2: 2, 3: 3}
-    plan = plan_batch(mesh, P("data"), (8, 3))
+def test_live_mesh_is_accepted(mesh_2d):
+    assert process_mesh_mapping(mesh_2d, "data") == {0: 0}
+    assert local_device_mapping(mesh_2d, "data") == {0: 0, 1: 1, 2: 2, 3: 3}
+    plan = plan_batch(mesh_2d, P("data"), (8, 3))
     assert plan.rows.tolist() == list(range(8))
 
 

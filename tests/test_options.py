@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from batch_checks import assert_shards_exact, token_table
 from psdp import (
     DataLoader,
     LoaderOptions,
@@ -23,6 +22,7 @@ from psdp import (
     ShardingOptions,
 )
 from psdp._plan.options import GROUPS, parse_spec, spec_text
+from tests.batch_checks import assert_shards_exact, token_table
 
 Sharding = ShardingOptions  # the tables below are wide
 

@@ -12,14 +12,15 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-import oracle
-from batch_checks import halo_exchange
 from psdp import MeshLayout
 from psdp._plan.order import PAD, GlobalOrder
 from psdp._plan.reads import feeding_positions
+from tests import oracle
+from tests.batch_checks import assert_batch_exact, halo_exchange, token_table
+from tests.meshes import mesh_of
 
 # (num_rows, seed, epoch) -> the epoch's permutation (position -> row), as psdp 0.1 computes it
 KNOWN_PERMUTATIONS = {
@@ -120,18 +121,17 @@ def test_pad_is_the_documented_id():
     ],
 )
 def test_physical_batch_sizes(shape, specs, batch, physical):
-    devices = np.array(jax.devices())[: np.prod(shape)].reshape(shape)
-    assert oracle.physical_size(batch, Mesh(devices, ("data", "model")), specs) == physical
+    mesh = mesh_of(("data", "model"), shape)
+    assert oracle.physical_size(batch, mesh, specs) == physical
 
 
-def test_feeding_rule_on_the_documented_example():
+def test_feeding_rule_on_the_documented_example(mesh_2d):
     """docs/partitioning.md: host 0 of the 4-host pod holds data rows 0 and 2; B=6 -> 3 and 3."""
     procs = [[0, 1], [2, 3], [0, 1], [2, 3]]
-    mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "model"))
-    process_of = dict(zip(mesh.devices.flat, np.ravel(procs).tolist(), strict=True))
-    size, positions = oracle.fed_positions(6, mesh, "data", process_of, [0])
+    process_of = dict(zip(mesh_2d.devices.flat, np.ravel(procs).tolist(), strict=True))
+    size, positions = oracle.fed_positions(6, mesh_2d, "data", process_of, [0])
     assert (size, positions.tolist()) == (12, [0, 1, 2, 6, 7, 8])
-    size, positions = oracle.fed_positions(8, mesh, "data", process_of, [0])  # the docs' B=8
+    size, positions = oracle.fed_positions(8, mesh_2d, "data", process_of, [0])  # the docs' B=8
     assert (size, positions.tolist()) == (16, [0, 1, 2, 3, 8, 9, 10, 11])
     layout = MeshLayout(np.array(procs), ("data", "model"))
     size, positions = feeding_positions([0], {"x": P("data")}, [4], 6, layout)
@@ -140,14 +140,34 @@ def test_feeding_rule_on_the_documented_example():
 
 # ---------------------------------------------------------------------------------- halos
 @pytest.mark.parametrize(("h", "pad"), [(1, 0), (2, -3), (4, 7)])
-def test_the_halo_rule_equals_a_ppermute_exchange(h, pad):
-    mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "context"))
+def test_the_halo_rule_equals_a_ppermute_exchange(h, pad, mesh_context):
     rows = np.arange(8 * 8, dtype=np.int32).reshape(8, 8)
-    exchanged = halo_exchange(jax.device_put(rows, NamedSharding(mesh, P("data", "context"))),
-                              mesh, h, pad)  # fmt: skip
+    sharded = jax.device_put(rows, NamedSharding(mesh_context, P("data", "context")))
+    exchanged = halo_exchange(sharded, mesh_context, h, pad)
     np.testing.assert_array_equal(np.asarray(exchanged), oracle.haloed(rows, 2, h, pad))
 
 
 def test_halo_rule_by_hand():
     rows = np.arange(6)[None]  # one row, 3 shards of 2 columns, halo 1, pad -1
     assert oracle.haloed(rows, 3, 1, -1).tolist() == [[-1, 0, 1, 2, 1, 2, 3, 4, 3, 4, 5, -1]]
+
+
+# ---------------------------------------------------------------------------- comparisons
+def test_a_wrong_shard_names_its_leaf_device_process_and_first_differing_index(mesh_2d):
+    rows = token_table(8, width=3).astype(np.float32)
+    rows[0, 0] = np.nan  # NaN where NaN is expected is exact
+    batch = {"tokens": jax.device_put(rows, NamedSharding(mesh_2d, P("data")))}
+    assert assert_batch_exact(batch, {"tokens": rows}) == 8
+    wrong = rows.copy()
+    wrong[5, 2] = -1  # row 5 is on data shard 2: the devices at mesh positions (2, 0) and (2, 1)
+    device = mesh_2d.devices[2, 0]
+    message = (
+        rf"^leaf 'tokens', device {device.id} \(process 0\), box \[4:6, 0:3\]: first difference "
+        r"at global index \(5, 2\): holds 5002.0, expected -1.0 \(1 of 6 elements differ\)$"
+    )
+    with pytest.raises(AssertionError, match=message):
+        assert_batch_exact(batch, {"tokens": wrong})
+    # a simulated host's device is named with the process it plays
+    shards = {device: rows[4:6]}
+    with pytest.raises(AssertionError, match=rf"^step 3: .* device {device.id} \(process 7\), "):
+        oracle.check_shards(shards, wrong, P("data"), mesh_2d, "step 3", process_of={device: 7})

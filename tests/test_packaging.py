@@ -15,13 +15,12 @@ import tomllib
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-import numpy as np
 import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from batch_checks import token_table
+from tests.batch_checks import token_table
 
 ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
@@ -68,18 +67,14 @@ def test_lazy_names_load_their_dependency_on_first_use():
 
 
 # ------------------------------------------------------------------------------ optional extras
-def test_named_axes_without_haliax_name_the_extra(monkeypatch):
-    import jax
-    from jax.sharding import Mesh
-
+def test_named_axes_without_haliax_name_the_extra(monkeypatch, mesh_2d):
     from psdp import DataLoader
 
     monkeypatch.setitem(sys.modules, "haliax", None)  # as if haliax were not installed
-    mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "model"))
     with pytest.raises(
         ImportError, match=r"named_axes needs haliax, .*pip install 'psdp\[haliax\]'"
     ):
-        DataLoader({"tokens": token_table(16)}, mesh=mesh, global_batch_size=8,
+        DataLoader({"tokens": token_table(16)}, mesh=mesh_2d, global_batch_size=8,
                    named_axes={"tokens": ("batch", "pos")}, axis_mapping={"batch": "data"})  # fmt: skip
 
 

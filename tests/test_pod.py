@@ -2,19 +2,35 @@
 
 from __future__ import annotations
 
+import functools
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from psdp.tools.pod import PROGRESS_ENV, STOPPED, PodError, load_target, report_progress, run_pod
+from psdp.tools.pod import (
+    PROGRESS_ENV,
+    STOPPED,
+    PodError,
+    load_target,
+    report_progress,
+    run_pod,
+    target_of,
+)
+from tests import pod_helpers
+from tests.pod_helpers import exit_0_on, fail_on_one, sleep_forever, whoami
+from tests.pod_targets_simulate import count_with_progress, kill_one
 
-HERE = Path(__file__).parent / "pod_helpers.py"
 pytestmark = pytest.mark.multiprocess
+ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_results_come_back_in_process_order():
-    results = run_pod(f"{HERE}:whoami", num_processes=3, devices_per_process=2, args={"tag": "x"})
+def test_results_come_back_in_process_order(tmp_path, monkeypatch):
+    # from another directory, where ``tests`` is not the working directory's package (an installed
+    # package of that name may even be found first): the children import it where we did
+    monkeypatch.chdir(tmp_path)
+    results = run_pod(whoami, num_processes=3, devices_per_process=2, args={"tag": "x"})
     assert [r["process"] for r in results] == [0, 1, 2]
     assert all(r["count"] == 3 and r["local"] == 2 and r["global"] == 6 for r in results)
     assert results[0]["tag"] == "x"
@@ -22,8 +38,13 @@ def test_results_come_back_in_process_order():
 
 def test_a_failing_process_fails_the_pod_with_its_message():
     started = time.monotonic()
-    with pytest.raises(PodError) as info:
-        run_pod(f"{HERE}:fail_on_one", num_processes=2, devices_per_process=1, timeout_s=60)
+    with pytest.raises(PodError) as info:  # a target named by its file, as a string
+        run_pod(
+            f"{ROOT / 'tests' / 'pod_helpers.py'}:fail_on_one",
+            num_processes=2,
+            devices_per_process=1,
+            timeout_s=60,
+        )
     message = str(info.value)
     assert "process 1 exited with status 1" in message
     assert "ZeroDivisionError: host 1 cannot divide" in message
@@ -33,7 +54,7 @@ def test_a_failing_process_fails_the_pod_with_its_message():
 def test_a_stuck_pod_is_killed_at_its_time_limit():
     started = time.monotonic()
     with pytest.raises(PodError, match="ran past its time limit"):
-        run_pod(f"{HERE}:sleep_forever", num_processes=2, devices_per_process=1, timeout_s=8)
+        run_pod(sleep_forever, num_processes=2, devices_per_process=1, timeout_s=8)
     assert time.monotonic() - started < 20
 
 
@@ -41,15 +62,48 @@ def test_bad_targets_are_clear():
     with pytest.raises(ValueError, match="must look like 'path/to/file.py:function'"):
         load_target("no_colon")
     with pytest.raises(ValueError, match="at least one process"):
-        run_pod(f"{HERE}:whoami", num_processes=0, devices_per_process=1)
+        run_pod(whoami, num_processes=0, devices_per_process=1)
 
 
-SIM = Path(__file__).parent / "pod_targets_simulate.py"
+def nested_function():
+    def inner():
+        return 0
+
+    return inner
+
+
+@pytest.mark.parametrize(
+    ("target", "match"),
+    [
+        (lambda: 0, r"import by name: a function at the top level of a module, got <lambda> of "),
+        (nested_function(), r"got nested_function.<locals>.inner of tests.test_pod; define it at"),
+        (functools.partial(whoami, tag=1), r"a function or a 'package.module:function' string"),
+        (print, r"must be a function or a 'package.module:function' string, got "),
+    ],
+)
+def test_targets_a_child_cannot_import_are_refused_before_any_process_starts(target, match):
+    with pytest.raises(TypeError, match=match):
+        run_pod(target, num_processes=2, devices_per_process=1)
+
+
+def test_a_function_is_named_by_its_module_and_the_folder_it_was_imported_from():
+    assert target_of(whoami) == ("tests.pod_helpers:whoami", str(ROOT))
+    assert target_of("tests.pod_helpers:whoami") == ("tests.pod_helpers:whoami", None)
+
+
+def test_a_file_of_a_package_loads_as_that_packages_module(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "path", list(sys.path))  # load_target adds the file's folder
+    assert load_target(f"{ROOT / 'tests' / 'pod_helpers.py'}:whoami") is pod_helpers.whoami
+    script = tmp_path / "psdp_pod_script.py"  # no package: run as a script, as before
+    script.write_text("def answer():\n    return 42\n")
+    monkeypatch.delitem(sys.modules, "psdp_pod_script", raising=False)
+    assert load_target(f"{script}:answer")() == 42
+    del sys.modules["psdp_pod_script"]
 
 
 def test_the_others_stop_with_the_failing_process_message():
     with pytest.raises(PodError) as info:
-        run_pod(f"{HERE}:fail_on_one", num_processes=3, devices_per_process=1, timeout_s=60)
+        run_pod(fail_on_one, num_processes=3, devices_per_process=1, timeout_s=60)
     error = info.value
     assert error.reason == (
         "process 1 exited with status 1: ZeroDivisionError: host 1 cannot divide"
@@ -62,7 +116,7 @@ def test_the_others_stop_with_the_failing_process_message():
 
 def test_a_killed_process_is_named_with_its_signal():
     with pytest.raises(PodError) as info:
-        run_pod(f"{SIM}:kill_one", num_processes=2, devices_per_process=1, timeout_s=60)
+        run_pod(kill_one, num_processes=2, devices_per_process=1, timeout_s=60)
     assert info.value.reason == "process 1 exited with status -9: killed by signal SIGKILL"
     assert info.value.outputs[0][0] == STOPPED
 
@@ -70,7 +124,7 @@ def test_a_killed_process_is_named_with_its_signal():
 def test_progress_of_process_0_reaches_the_parent():
     seen = []
     results = run_pod(
-        f"{SIM}:count_with_progress",
+        count_with_progress,
         num_processes=2,
         devices_per_process=1,
         args={"total": 8},
@@ -91,7 +145,7 @@ def test_an_error_in_the_parent_stops_the_children():
 
     with pytest.raises(KeyboardInterrupt):
         run_pod(
-            f"{SIM}:count_with_progress",
+            count_with_progress,
             num_processes=2,
             devices_per_process=1,
             args={"total": 100},  # 6 s unless stopped
@@ -103,7 +157,7 @@ def test_an_error_in_the_parent_stops_the_children():
 def test_a_process_that_exits_0_without_returning_fails_the_pod(process):
     with pytest.raises(PodError) as info:  # not FileNotFoundError, nor a hang to the time limit
         run_pod(
-            f"{HERE}:exit_0_on",
+            exit_0_on,
             num_processes=2,
             devices_per_process=1,
             args={"process": process},

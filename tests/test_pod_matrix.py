@@ -18,14 +18,13 @@ same cases run on every host of the same layouts simulated in one process (tests
 from __future__ import annotations
 
 from dataclasses import asdict
-from pathlib import Path
 
 import pytest
 
-from pod_cases import PODS
 from psdp.tools.pod import run_pod
+from tests.pod_cases import PODS
+from tests.pod_targets_matrix import check_cases
 
-TARGET = f"{Path(__file__).parent / 'pod_targets_matrix.py'}:check_cases"
 pytestmark = pytest.mark.multiprocess
 
 
@@ -33,7 +32,7 @@ pytestmark = pytest.mark.multiprocess
 def test_every_host_of_the_pod_checks_every_case(pod):
     layout, names, shape, hosts, cases = PODS[pod]
     results = run_pod(
-        TARGET,
+        check_cases,
         num_processes=hosts,
         devices_per_process=8 // hosts,
         args=dict(process_index=layout, axis_names=names, mesh_shape=shape,

@@ -1,4 +1,6 @@
-"""Prefetcher: step order, bounded backlog, errors at their step, and prompt shutdown, for 1..N workers.
+"""Prefetcher: step order, bounded backlog, errors at their step, and prompt shutdown, for 1..N
+read threads, observed through its public behaviour: what ``produce`` is called with, what
+``next()`` returns or raises, ``ready``, and the threads it names.
 
 Timing is only ever used to provoke interleavings (random sleeps), never asserted as a threshold.
 """
@@ -9,13 +11,14 @@ import random
 import threading
 import time
 import traceback
+import weakref
 
 import pytest
 
 from psdp._runtime import prefetch as prefetch_module
 from psdp._runtime.prefetch import LoaderClosedError, Prefetcher
 
-WORKERS = [1, 2, 4]
+READ_THREADS = [1, 2, 4]
 
 
 def wait_until(condition, timeout_s: float = 5.0) -> None:
@@ -26,28 +29,31 @@ def wait_until(condition, timeout_s: float = 5.0) -> None:
         time.sleep(0.002)
 
 
-def threads_named(prefix: str) -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name.startswith(prefix)]
+def threads_of(name: str) -> list[threading.Thread]:
+    """The live threads of the prefetcher called ``name`` (``name``, or ``name-w0``, ``name-w1``...)."""
+    return [t for t in threading.enumerate() if t.name == name or t.name.startswith(f"{name}-w")]
 
 
-@pytest.mark.parametrize("workers", WORKERS)
+@pytest.mark.parametrize("read_threads", READ_THREADS)
 @pytest.mark.parametrize("depth", [1, 3])
-def test_items_come_in_step_order_under_random_produce_delays(workers, depth):
-    rng = random.Random(workers * 10 + depth)
+def test_items_come_in_step_order_under_random_produce_delays(read_threads, depth):
+    rng = random.Random(read_threads * 10 + depth)
     delays = [rng.uniform(0, 0.004) for _ in range(200)]
 
     def produce(step):
         time.sleep(delays[step % len(delays)])  # later steps often finish first
         return ("item", step)
 
-    with Prefetcher(produce, start=7, depth=depth, name="order", workers=workers) as items:
+    with Prefetcher(
+        produce, start=7, depth=depth, name="order", read_threads=read_threads
+    ) as items:
         got = [next(items) for _ in range(60)]
         assert items.next_step == 67
     assert got == [("item", s) for s in range(7, 67)]
 
 
-@pytest.mark.parametrize("workers", WORKERS)
-def test_produce_is_called_once_per_step_and_never_skips(workers):
+@pytest.mark.parametrize("read_threads", READ_THREADS)
+def test_produce_is_called_once_per_step_and_never_skips(read_threads):
     calls: list[int] = []
     lock = threading.Lock()
 
@@ -57,17 +63,17 @@ def test_produce_is_called_once_per_step_and_never_skips(workers):
         time.sleep(random.uniform(0, 0.002))
         return step
 
-    items = Prefetcher(produce, start=0, depth=2, name="once", workers=workers)
+    items = Prefetcher(produce, start=0, depth=2, name="once", read_threads=read_threads)
     assert [next(items) for _ in range(30)] == list(range(30))
     items.close()
-    # claimed steps are consecutive and unique; at most depth + workers beyond the consumer
+    # claimed steps are consecutive and unique; at most depth + read_threads beyond the consumer
     assert sorted(calls) == list(range(len(calls)))
-    assert 30 <= len(calls) <= 30 + 2 + workers
+    assert 30 <= len(calls) <= 30 + 2 + read_threads
 
 
-@pytest.mark.parametrize("workers", WORKERS)
+@pytest.mark.parametrize("read_threads", READ_THREADS)
 @pytest.mark.parametrize("depth", [1, 2, 5])
-def test_backlog_is_bounded_by_depth_plus_workers(workers, depth):
+def test_backlog_is_bounded_by_depth_plus_read_threads(read_threads, depth):
     started: list[int] = []
     lock = threading.Lock()
 
@@ -76,38 +82,41 @@ def test_backlog_is_bounded_by_depth_plus_workers(workers, depth):
             started.append(step)
         return step
 
-    with Prefetcher(produce, start=0, depth=depth, name="bound", workers=workers) as items:
-        # nobody consumes: the workers fill up to the bound, then stop claiming
-        wait_until(lambda: len(started) >= depth + workers)
+    with Prefetcher(
+        produce, start=0, depth=depth, name="bound", read_threads=read_threads
+    ) as items:
+        # nobody consumes: the threads fill up to the bound, then stop claiming
+        wait_until(lambda: len(started) >= depth + read_threads)
         time.sleep(0.05)
-        assert sorted(started) == list(range(depth + workers))
-        assert items._ready() == depth + workers
+        assert sorted(started) == list(range(depth + read_threads))
+        assert items.ready == depth + read_threads  # all of them finished
         # consuming one frees exactly one slot
         assert next(items) == 0
-        wait_until(lambda: len(started) >= depth + workers + 1)
+        wait_until(lambda: len(started) >= depth + read_threads + 1)
         time.sleep(0.05)
-        assert len(started) == depth + workers + 1
+        assert len(started) == depth + read_threads + 1
 
 
-def test_one_worker_keeps_depth_ready_plus_one_in_flight():
-    """workers=1 is the classic one thread + queue of ``depth``: depth + 1 produced ahead."""
+def test_one_read_thread_keeps_depth_ready_plus_one_in_flight():
+    """read_threads=1 is the classic one thread + queue of ``depth``: depth + 1 produced ahead."""
     started: list[int] = []
     with Prefetcher(started.append, start=5, depth=3, name="classic") as items:
         wait_until(lambda: len(started) >= 4)
         time.sleep(0.05)
         assert started == [5, 6, 7, 8]
-        assert [t.name for t in items._threads] == ["classic"]
+        assert [t.name for t in threads_of("classic")] == ["classic"]
+        assert items.ready == 4
 
 
-@pytest.mark.parametrize("workers", WORKERS)
-def test_error_surfaces_at_its_step_with_the_original_traceback(workers):
+@pytest.mark.parametrize("read_threads", READ_THREADS)
+def test_error_surfaces_at_its_step_with_the_original_traceback(read_threads):
     def produce(step):
         time.sleep(random.uniform(0, 0.003))
         if step == 5:
             raise KeyError(f"bad row in step {step}")
         return step
 
-    items = Prefetcher(produce, start=0, depth=2, name="err", workers=workers)
+    items = Prefetcher(produce, start=0, depth=2, name="err", read_threads=read_threads)
     assert [next(items) for _ in range(5)] == [0, 1, 2, 3, 4]  # steps before k are all delivered
     with pytest.raises(KeyError, match="bad row in step 5") as info:
         next(items)
@@ -116,22 +125,22 @@ def test_error_surfaces_at_its_step_with_the_original_traceback(workers):
     assert items.closed
     with pytest.raises(LoaderClosedError, match=r"step 5 raised KeyError.*iter_from\(5\)"):
         next(items)
-    assert not any(t.is_alive() for t in items._threads)
+    assert threads_of("err") == []
 
 
-@pytest.mark.parametrize("workers", WORKERS)
-def test_error_in_the_first_step(workers):
+@pytest.mark.parametrize("read_threads", READ_THREADS)
+def test_error_in_the_first_step(read_threads):
     def produce(step):
         raise ValueError("cannot open")
 
-    items = Prefetcher(produce, start=3, depth=2, name="err0", workers=workers)
+    items = Prefetcher(produce, start=3, depth=2, name="err0", read_threads=read_threads)
     with pytest.raises(ValueError, match="cannot open"):
         next(items)
     assert items.closed
 
 
-@pytest.mark.parametrize("workers", WORKERS)
-def test_close_from_another_thread_wakes_a_blocked_next(workers):
+@pytest.mark.parametrize("read_threads", READ_THREADS)
+def test_close_from_another_thread_wakes_a_blocked_next(read_threads):
     release = threading.Event()
 
     def produce(step):
@@ -139,7 +148,7 @@ def test_close_from_another_thread_wakes_a_blocked_next(workers):
             release.wait(5)  # a read that hangs until the test ends
         return step
 
-    items = Prefetcher(produce, start=0, depth=2, name="wake", workers=workers)
+    items = Prefetcher(produce, start=0, depth=2, name="wake", read_threads=read_threads)
     assert [next(items), next(items)] == [0, 1]
     outcome: list[BaseException] = []
 
@@ -160,51 +169,70 @@ def test_close_from_another_thread_wakes_a_blocked_next(workers):
     assert "close() was called" in str(outcome[0])
     release.set()
     closer.join(timeout=3)
-    wait_until(lambda: not any(t.is_alive() for t in items._threads))
+    wait_until(lambda: threads_of("wake") == [])
 
 
-@pytest.mark.parametrize("workers", WORKERS)
-def test_close_returns_within_the_bound_when_produce_is_blocked(workers, monkeypatch, caplog):
-    monkeypatch.setattr(prefetch_module, "_JOIN_TIMEOUT_S", 0.2)
+@pytest.mark.parametrize("read_threads", READ_THREADS)
+def test_close_returns_within_the_bound_when_produce_is_blocked(read_threads, monkeypatch, caplog):
+    monkeypatch.setattr(prefetch_module, "JOIN_TIMEOUT_S", 0.2)
     release = threading.Event()
+    entered = threading.Semaphore(0)
 
     def produce(step):
+        entered.release()
         release.wait(10)
         return step
 
-    items = Prefetcher(produce, start=0, depth=1, name="stuck", workers=workers)
-    wait_until(lambda: all(t.is_alive() for t in items._threads))
-    time.sleep(0.02)
+    items = Prefetcher(produce, start=0, depth=1, name="stuck", read_threads=read_threads)
+    for _ in range(read_threads):  # every thread is inside produce, stuck
+        assert entered.acquire(timeout=5)
     started = time.monotonic()
     items.close()
     elapsed = time.monotonic() - started
-    # generous: the bound is shared by all workers, not paid once per worker
+    # generous: the bound is shared by all threads, not paid once per thread
     assert elapsed < 0.2 + 2.0
     assert "did not stop" in caplog.text
     release.set()  # the stuck reads finish; their results are dropped and the threads exit
-    wait_until(lambda: not any(t.is_alive() for t in items._threads))
+    wait_until(lambda: threads_of("stuck") == [])
     with pytest.raises(LoaderClosedError):
         next(items)
 
 
-@pytest.mark.parametrize("workers", WORKERS)
-def test_thread_count_returns_to_baseline(workers):
+@pytest.mark.parametrize("read_threads", READ_THREADS)
+def test_thread_count_returns_to_baseline(read_threads):
     baseline = threading.active_count()
     for round_ in range(3):
-        items = Prefetcher(lambda s: s, start=0, depth=2, name=f"count{round_}", workers=workers)
-        assert len(threads_named(f"count{round_}")) == workers
+        items = Prefetcher(
+            lambda s: s, start=0, depth=2, name=f"count{round_}", read_threads=read_threads
+        )
+        assert len(threads_of(f"count{round_}")) == read_threads
         assert [next(items) for _ in range(4)] == [0, 1, 2, 3]
         items.close()
-        assert threads_named(f"count{round_}") == []
+        assert threads_of(f"count{round_}") == []
     assert threading.active_count() == baseline
 
 
+class Buffer:
+    """A produced item that can be watched for being freed (a weak reference to it)."""
+
+    def __init__(self) -> None:
+        self.data = bytearray(10)
+
+
 def test_close_is_idempotent_and_drops_finished_items():
-    items = Prefetcher(lambda s: bytearray(10), start=0, depth=3, name="idem", workers=2)
-    wait_until(lambda: items._ready() == 5)
+    produced: list[weakref.ref] = []
+
+    def produce(step):
+        item = Buffer()
+        produced.append(weakref.ref(item))
+        return item
+
+    items = Prefetcher(produce, start=0, depth=3, name="idem", read_threads=2)
+    wait_until(lambda: items.ready == 5)
     items.close()
     items.close()
-    assert items._results == {}
+    assert items.ready == 0
+    assert len(produced) == 5 and all(ref() is None for ref in produced)  # no buffer kept alive
     assert items.closed
 
 
@@ -222,8 +250,8 @@ class SteppedClock:
         return getattr(time, name)
 
 
-@pytest.mark.parametrize("workers", WORKERS)
-def test_observer_sees_each_step_its_wait_and_ready_count(workers, monkeypatch):
+@pytest.mark.parametrize("read_threads", READ_THREADS)
+def test_observer_sees_each_step_its_wait_and_ready_count(read_threads, monkeypatch):
     monkeypatch.setattr(prefetch_module, "time", SteppedClock(10.0, 10.25, 20.0, 20.75))
     seen: list[tuple[int, float, int]] = []
     with Prefetcher(
@@ -231,19 +259,19 @@ def test_observer_sees_each_step_its_wait_and_ready_count(workers, monkeypatch):
         start=2,
         depth=2,
         name="obs",
-        workers=workers,
+        read_threads=read_threads,
         observer=lambda *a: seen.append(a),
     ) as items:
         next(items)
-        wait_until(lambda: items._ready() == 2 + workers)
+        wait_until(lambda: items.ready == 2 + read_threads)
         next(items)
     assert [s for s, _, _ in seen] == [2, 3]
     assert [wait for _, wait, _ in seen] == [0.25, 0.75]  # its own clock, read around each next()
-    assert seen[1][2] == 2 + workers  # every produced step was ready when asked for
+    assert seen[1][2] == 2 + read_threads  # every produced step was ready when asked for
 
 
-def test_parallel_workers_overlap_slow_produce_calls():
-    """Four workers run four produce calls at once: each call waits at a barrier of four, which
+def test_parallel_read_threads_overlap_slow_produce_calls():
+    """Four read threads run four produce calls at once: each call waits at a barrier of four, which
     opens only when all four are inside (it breaks after 10 s, a hang guard, not a threshold)."""
     active = 0
     peak = 0
@@ -260,7 +288,7 @@ def test_parallel_workers_overlap_slow_produce_calls():
             active -= 1
         return step
 
-    with Prefetcher(produce, start=0, depth=4, name="overlap", workers=4) as items:
+    with Prefetcher(produce, start=0, depth=4, name="overlap", read_threads=4) as items:
         assert [next(items) for _ in range(8)] == list(range(8))
     assert peak == 4
 
@@ -269,8 +297,8 @@ def test_parallel_workers_overlap_slow_produce_calls():
     "kwargs, error, match",
     [
         ({"depth": 0}, ValueError, "depth must be >= 1, got 0"),
-        ({"workers": 0}, ValueError, "workers must be >= 1, got 0"),
-        ({"workers": 2.0}, TypeError, "workers must be an int"),
+        ({"read_threads": 0}, ValueError, "read_threads must be >= 1, got 0"),
+        ({"read_threads": 2.0}, TypeError, "read_threads must be an int"),
     ],
 )
 def test_bad_arguments_are_refused(kwargs, error, match):

@@ -11,11 +11,11 @@ import pytest
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from pod_targets_simulate import global_rows
 from psdp._integration.config import LoaderConfig, MeshConfig
 from psdp._integration.consistency import ConsistencyError, check_consistency
 from psdp.tools.pod import STOPPED, PodError, run_pod
 from psdp.tools.simulate import Simulation, simulate, synthetic_tokens
+from tests.pod_targets_simulate import global_rows
 
 TARGETS = Path(__file__).parent / "pod_targets_simulate.py"
 ROWS = np.arange(8 * 3, dtype=np.int32).reshape(8, 3)

@@ -15,26 +15,20 @@ import shutil
 import threading
 from pathlib import Path
 
-import jax
 import numpy as np
 import pytest
 import tensorstore as ts
-from jax.sharding import Mesh
 
-from batch_checks import assert_batch_exact, expected_batch, expected_global, token_table
 from psdp import DataLoader
 from psdp.sources import GrainSource, MemmapSource, TensorStoreSource, read_metadata
 from psdp.sources.writer import write_dataset
 from psdp.tools.pod import run_pod
+from tests.batch_checks import assert_batch_exact, expected_batch, expected_global, token_table
+from tests.meshes import SCRAMBLED, mesh_of
+from tests.pod_targets import tensorstore_exact
 
 ROOT = Path(__file__).resolve().parents[1]
-POD_TARGET = f"{Path(__file__).parent / 'pod_targets.py'}:tensorstore_exact"
-
-
-def make_mesh() -> Mesh:
-    # data=4 x model=2 on a scrambled device order, as in test_loader.py
-    devices = np.array(jax.devices())[[3, 0, 7, 4, 1, 6, 2, 5]].reshape(4, 2)
-    return Mesh(devices, ("data", "model"))
+MESH = mesh_of(("data", "model"), (4, 2), SCRAMBLED)  # the scrambled order of test_loader.py
 
 
 def corpus(num_rows: int) -> dict[str, np.ndarray]:
@@ -53,7 +47,7 @@ def check_loader(source, data, *, steps=7, batch=16, shuffle=True) -> int:
     dict batches get a ``mask`` leaf: 4 leaves for `corpus`, checked like the others.
     """
     shards = 0
-    with DataLoader(source, mesh=make_mesh(), global_batch_size=batch, shuffle=shuffle) as loader:
+    with DataLoader(source, mesh=MESH, global_batch_size=batch, shuffle=shuffle) as loader:
         for step, got in zip(range(steps), loader, strict=False):
             shards += assert_batch_exact(got, expected_batch(loader, data, step))
     return shards
@@ -366,7 +360,7 @@ def even_dataset(tmp_path):
 
 
 def loader_of(source, batch=8):
-    return DataLoader(source, mesh=make_mesh(), global_batch_size=batch, shuffle=False, prefetch=1)
+    return DataLoader(source, mesh=MESH, global_batch_size=batch, shuffle=False, prefetch=1)
 
 
 def expect_steps(iterator, data, steps, batch=8):
@@ -616,7 +610,7 @@ def test_tensorstore_on_a_noncontiguous_four_host_pod(tmp_path):
     path = write_dataset(tmp_path / "ds", data, rows_per_shard=8, progress=False)
     np.savez(tmp_path / "expected.npz", **data)
     results = run_pod(
-        POD_TARGET,
+        tensorstore_exact,
         num_processes=4,
         devices_per_process=2,
         args=dict(

@@ -6,20 +6,14 @@ from __future__ import annotations
 import json
 import threading
 
-import jax
 import numpy as np
 import pytest
-from jax.sharding import Mesh
 
-from batch_checks import assert_batch_exact, token_table
 from psdp import DataLoader, LoaderConfig
+from tests.batch_checks import assert_batch_exact, token_table
 
 ROWS, B = 64, 8
 DATA = {"tokens": token_table(ROWS)}
-
-
-def _mesh() -> Mesh:
-    return Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "model"))
 
 
 def _unshuffled(step: int) -> dict[str, np.ndarray]:
@@ -27,8 +21,8 @@ def _unshuffled(step: int) -> dict[str, np.ndarray]:
     return {"tokens": DATA["tokens"][(step * B) % ROWS + np.arange(B)], "mask": np.ones(B, bool)}
 
 
-def test_each_iterator_has_its_own_state_and_the_loader_refuses_to_guess():
-    with DataLoader(DATA, mesh=_mesh(), global_batch_size=B, shuffle=False) as loader:
+def test_each_iterator_has_its_own_state_and_the_loader_refuses_to_guess(mesh_2d):
+    with DataLoader(DATA, mesh=mesh_2d, global_batch_size=B, shuffle=False) as loader:
         train = iter(loader)
         for _ in range(5):
             next(train)
@@ -40,12 +34,12 @@ def test_each_iterator_has_its_own_state_and_the_loader_refuses_to_guess():
         peek.close()
         assert loader.state() == train.state()
         saved = json.loads(json.dumps(train.state()))  # JSON-able, in the format restore takes
-    with DataLoader.restore(saved, DATA, mesh=_mesh()) as loader:
+    with DataLoader.restore(saved, DATA, mesh=mesh_2d) as loader:
         assert_batch_exact(next(iter(loader)), _unshuffled(5))
 
 
-def test_batch_at_peeks_without_an_iterator_or_a_thread():
-    with DataLoader(DATA, mesh=_mesh(), global_batch_size=B, shuffle=False) as loader:
+def test_batch_at_peeks_without_an_iterator_or_a_thread(mesh_2d):
+    with DataLoader(DATA, mesh=mesh_2d, global_batch_size=B, shuffle=False) as loader:
         train = iter(loader)
         next(train), next(train)
         before, threads = loader.state(), threading.active_count()
@@ -55,21 +49,22 @@ def test_batch_at_peeks_without_an_iterator_or_a_thread():
         assert_batch_exact(next(train), _unshuffled(2))
 
 
-def test_loader_config_restore_continues_a_saved_run():
-    mesh = _mesh()
+def test_loader_config_restore_continues_a_saved_run(mesh_2d):
     config = LoaderConfig.create(global_batch_size=B, shuffle=False)
-    with config.build(mesh, source=DATA) as loader:
+    with config.build(mesh_2d, source=DATA) as loader:
         train = iter(loader)
         for _ in range(3):
             next(train)
         state = train.state()
-    with config.restore(state, mesh, source=DATA) as loader:
+    with config.restore(state, mesh_2d, source=DATA) as loader:
         assert loader.start_step == 3
         assert_batch_exact(next(iter(loader)), _unshuffled(3))
     with pytest.raises(ValueError, match="resuming with seed=4, but the saved state has seed=0"):
-        LoaderConfig.create(global_batch_size=B, shuffle=False, seed=4).restore(state, mesh, source=DATA)
+        LoaderConfig.create(global_batch_size=B, shuffle=False, seed=4).restore(
+            state, mesh_2d, source=DATA
+        )
     with pytest.raises(ValueError, match="the source does not match the saved state"):
-        config.restore(state, mesh, source={"tokens": DATA["tokens"][:32]})
+        config.restore(state, mesh_2d, source={"tokens": DATA["tokens"][:32]})
 
 
 def test_the_trainer_doc_resumes_from_its_checkpoint(tmp_path, monkeypatch):
@@ -87,7 +82,9 @@ def test_the_trainer_doc_resumes_from_its_checkpoint(tmp_path, monkeypatch):
     exec(trainer.group(1).replace('if __name__ == "__main__":', "if False:"), namespace)
     exec(resume.group(1), namespace)
     np.save(tmp_path / "tokens.npy", DATA["tokens"])
-    data = LoaderConfig.create(source=str(tmp_path / "tokens.npy"), global_batch_size=B, shuffle=False)
+    data = LoaderConfig.create(
+        source=str(tmp_path / "tokens.npy"), global_batch_size=B, shuffle=False
+    )
     config = namespace["TrainerConfig"](mesh=MeshConfig(axes={"data": 4, "model": 2}), data=data)
     starts: list[int] = []
     iter_from = DataLoader.iter_from

@@ -8,16 +8,19 @@ DataLoader on the 4-host non-contiguous pod, where two hosts share each uid.
 from __future__ import annotations
 
 import threading
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from batch_checks import NONCONTIGUOUS_4x2, run_on_noncontiguous_pod, token_table
 from psdp.sources import StreamReader, StreamSource
 from psdp.tools.pod import run_pod
+from tests.batch_checks import NONCONTIGUOUS_4x2, run_on_noncontiguous_pod, token_table
+from tests.pod_targets_streams import (
+    stream_loader_exact,
+    stream_runs_to_its_end,
+    stream_uid_shards,
+)
 
-POD_TARGETS = Path(__file__).parent / "pod_targets_streams.py"
 TABLE = token_table(23, width=4)
 
 
@@ -305,7 +308,7 @@ def test_errors_from_the_users_iterator_say_where_they_happened():
 def test_uid_shards_on_the_noncontiguous_pod():
     """Without the loader: hosts open shard uid of num_uids; equal uids read equal elements."""
     results = run_pod(
-        f"{POD_TARGETS}:stream_uid_shards",
+        stream_uid_shards,
         num_processes=4,
         devices_per_process=2,
         args=dict(process_index=NONCONTIGUOUS_4x2, num_elements=37, rows_per_step=4, steps=3),
@@ -322,7 +325,7 @@ def test_uid_shards_on_the_noncontiguous_pod():
 def test_loader_feeds_streams_by_uid_on_the_noncontiguous_pod():
     """DataLoader(StreamSource) on data=4 x model=2 over 4 hosts: exact rows on every device."""
     results = run_on_noncontiguous_pod(
-        f"{POD_TARGETS}:stream_loader_exact",
+        stream_loader_exact,
         num_elements=80,  # 40 per uid, 8 per host per step: 5 whole steps
         batch_size=16,
         steps=4,
@@ -364,11 +367,8 @@ def test_stream_shards_follow_the_uids_and_refuse_unequal_hosts():
         stream_shard({"x": P("data")}, overlapping, 0, 8, np.arange(8))
 
 
-def test_closing_a_loader_does_not_wait_for_a_stuck_stream_read():
+def test_closing_a_loader_does_not_wait_for_a_stuck_stream_read(mesh_1d):
     import time
-
-    import jax
-    from jax.sharding import Mesh
 
     from psdp import DataLoader
 
@@ -380,8 +380,7 @@ def test_closing_a_loader_does_not_wait_for_a_stuck_stream_read():
                 release.wait(60)  # a hung remote read
             yield {"x": np.int32(k)}
 
-    mesh = Mesh(np.array(jax.devices()).reshape(8), ("data",))
-    loader = DataLoader(StreamSource(stuck_after_16), mesh=mesh, global_batch_size=8,
+    loader = DataLoader(StreamSource(stuck_after_16), mesh=mesh_1d, global_batch_size=8,
                         drop_last=True, read_timeout_s=0.5)  # fmt: skip
     it = iter(loader)
     next(it), next(it)
@@ -398,12 +397,12 @@ def test_every_host_reaches_the_end_of_a_round_robin_stream_at_the_same_step():
     # 33 elements over 2 uids: whole rounds give each shard 16 (element 32 is dropped); dealt one
     # by one, uid 0 would get 17, run one step longer than uid 1 and hang the collective
     results = run_on_noncontiguous_pod(
-        f"{POD_TARGETS}:stream_runs_to_its_end", num_elements=33, batch_size=8, timeout_s=60
+        stream_runs_to_its_end, num_elements=33, batch_size=8, timeout_s=60
     )
     assert [r["batches"] for r in results] == [4] * 4  # 4 rows per host per step
     assert all(r["real_rows"] == [8, 8, 8, 8] for r in results)
     # and a short end is padded on every host alike: 38 elements, 19 per shard, 4 + 3 rows
     results = run_on_noncontiguous_pod(
-        f"{POD_TARGETS}:stream_runs_to_its_end", num_elements=38, batch_size=8, timeout_s=60
+        stream_runs_to_its_end, num_elements=38, batch_size=8, timeout_s=60
     )
     assert all(r["real_rows"] == [8, 8, 8, 8, 6] for r in results)

@@ -5,15 +5,12 @@ from __future__ import annotations
 import logging
 import time
 
-import jax
-import numpy as np
 import pytest
-from jax.sharding import Mesh
 
-from batch_checks import CountingSource, token_table
 from psdp import DataLoader
 from psdp._runtime import telemetry as telemetry_module
 from psdp._runtime.telemetry import Telemetry
+from tests.batch_checks import CountingSource, token_table
 
 
 class FakeClock:
@@ -68,13 +65,9 @@ class SlowSource(CountingSource):
         return super().read(ids)
 
 
-def mesh() -> Mesh:
-    return Mesh(np.array(jax.devices()).reshape(8), ("data",))
-
-
-def test_a_slow_source_is_reported_as_the_bottleneck_and_warned_about(caplog):
+def test_a_slow_source_is_reported_as_the_bottleneck_and_warned_about(caplog, mesh_1d):
     loader = DataLoader(
-        SlowSource(token_table(64)), mesh=mesh(), global_batch_size=8, stall_warning_s=0.01
+        SlowSource(token_table(64)), mesh=mesh_1d, global_batch_size=8, stall_warning_s=0.01
     )
     with caplog.at_level(logging.WARNING, logger="psdp"), loader:
         for _, _batch in zip(range(5), loader, strict=False):
@@ -85,15 +78,15 @@ def test_a_slow_source_is_reported_as_the_bottleneck_and_warned_about(caplog):
     assert "the trainer waited" in caplog.text and "the loader IS the bottleneck" in caplog.text
 
 
-def test_a_slow_trainer_hides_the_loader():
-    loader = DataLoader(token_table(64), mesh=mesh(), global_batch_size=8, prefetch=2)
+def test_a_slow_trainer_hides_the_loader(mesh_1d):
+    loader = DataLoader(token_table(64), mesh=mesh_1d, global_batch_size=8, prefetch=2)
     with loader:
         it = iter(loader)
         for _ in range(7):
             # the train step lasts until the loader has filled its queue (2 batches) and read
             # one more, plus 20 ms: next() then never waits for a read
             deadline = time.monotonic() + 10
-            while it._ready() < 3 and time.monotonic() < deadline:
+            while it.ready < 3 and time.monotonic() < deadline:
                 time.sleep(0.002)
             time.sleep(0.02)
             next(it)
@@ -112,9 +105,9 @@ def test_a_slow_trainer_hides_the_loader():
         (float("nan"), ValueError),
     ],
 )
-def test_bad_stall_threshold_is_refused_up_front(bad, error):
+def test_bad_stall_threshold_is_refused_up_front(bad, error, mesh_1d):
     with pytest.raises(error, match="stall_warning_s must be a positive number"):
-        DataLoader(token_table(16), mesh=mesh(), global_batch_size=8, stall_warning_s=bad)
+        DataLoader(token_table(16), mesh=mesh_1d, global_batch_size=8, stall_warning_s=bad)
 
 
 def test_reads_recorded_from_many_threads_are_all_counted():

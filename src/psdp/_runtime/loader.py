@@ -200,7 +200,7 @@ class DataLoader:
                     depth=reading.prefetch,
                     name=f"{self.name}-{step}",
                     observer=self.telemetry.record_next,
-                    **({"workers": threads} if threads > 1 else {}),
+                    read_threads=threads,
                 )
             )
 

@@ -1,21 +1,22 @@
 """Background threads that keep the next few steps' items ready, delivered strictly in step order.
 
-Mental model (Grain's prefetch iterator, widened to a few workers): ``workers`` named daemon
+Mental model (Grain's prefetch iterator, widened to a few threads): ``read_threads`` named daemon
 threads take consecutive steps from one counter, call ``produce(step)`` and file the result (or the
 exception) under its step; the consumer's ``next()`` takes step after step, waiting for the one it
-needs even when later ones are already done. A worker may start step ``s`` only while
-``s < next_step + depth + workers``, so at most ``depth + workers`` items exist besides the one the
-trainer holds: ``depth`` finished ones waiting plus one in flight per worker. With ``workers=1``
-this is exactly one thread and a queue of ``depth``. Production is continuous (a worker starts the
-next step as soon as the bound allows, never in windows), and with several workers slow reads
-(network, disk latency) overlap, so a read may take up to ``workers`` trainer steps without a stall.
+needs even when later ones are already done. A thread may start step ``s`` only while
+``s < next_step + depth + read_threads``, so at most ``depth + read_threads`` items exist besides
+the one the trainer holds: ``depth`` finished ones waiting plus one in flight per thread. With
+``read_threads=1`` this is exactly one thread and a queue of ``depth``. Production is continuous (a
+thread starts the next step as soon as the bound allows, never in windows), and with several
+threads slow reads (network, disk latency) overlap, so a read may take up to ``read_threads``
+trainer steps without a stall.
 
 An exception in ``produce(k)`` is re-raised by the consumer's ``next()`` for step ``k`` (after
 steps ``< k`` were delivered) with its original type and traceback; then the iterator is closed.
-``close()`` (safe from any thread, idempotent) stops the workers, drops finished items, wakes a
-blocked ``next()`` (which raises `LoaderClosedError`) and joins every worker. A worker blocked
-inside ``produce`` cannot be interrupted: ``close()`` waits for all workers together at most
-``_JOIN_TIMEOUT_S`` (1 s), then logs a warning and returns; such a daemon thread finishes its
+``close()`` (safe from any thread, idempotent) stops the threads, drops finished items, wakes a
+blocked ``next()`` (which raises `LoaderClosedError`) and joins every thread. A thread blocked
+inside ``produce`` cannot be interrupted: ``close()`` waits for all threads together at most
+`JOIN_TIMEOUT_S` (1 s), then logs a warning and returns; such a daemon thread finishes its
 call, discards the result and exits, and never keeps the process alive. Nothing here knows about
 JAX or meshes.
 """
@@ -34,7 +35,8 @@ T = TypeVar("T")
 logger = logging.getLogger(__name__)
 
 _POLL_S = 0.02
-_JOIN_TIMEOUT_S = 1.0
+#: How long ``close()`` waits for all threads together before it gives up on a stuck ``produce``.
+JOIN_TIMEOUT_S = 1.0
 
 
 class LoaderClosedError(RuntimeError):
@@ -45,22 +47,22 @@ class Prefetcher(Generic[T]):
     """Yields ``produce(start), produce(start + 1), ...`` computed ahead on background threads.
 
     Args:
-        produce: the per-step work; runs on the worker threads only, so with ``workers > 1`` it
-            must be thread-safe.
+        produce: the per-step work; runs on the background threads only, so with
+            ``read_threads > 1`` it must be thread-safe.
         start: the first step.
         depth: how many finished items may wait for the consumer (>= 1).
-        name: the thread's name (shows up in stack dumps and py-spy); with several workers,
+        name: the thread's name (shows up in stack dumps and py-spy); with several threads,
             thread ``i`` is named ``f"{name}-w{i}"``.
         observer: called on the consumer's thread after each successful ``next()`` with
             ``(step, seconds waited, items that were ready when next() was called)``.
-        workers: threads producing consecutive steps concurrently (>= 1); items are still
-            delivered in step order, and at most ``depth + workers`` exist at once.
+        read_threads: threads producing consecutive steps concurrently (>= 1); items are still
+            delivered in step order, and at most ``depth + read_threads`` exist at once.
 
     Example:
         >>> with Prefetcher(lambda step: step * step, start=3, depth=2, name="demo") as items:
         ...     [next(items) for _ in range(3)]
         [9, 16, 25]
-        >>> with Prefetcher(lambda s: s, start=0, depth=2, name="demo", workers=4) as items:
+        >>> with Prefetcher(lambda s: s, start=0, depth=2, name="demo", read_threads=4) as items:
         ...     [next(items) for _ in range(6)]
         [0, 1, 2, 3, 4, 5]
     """
@@ -73,16 +75,16 @@ class Prefetcher(Generic[T]):
         depth: int,
         name: str,
         observer: Callable[[int, float, int], None] | None = None,
-        workers: int = 1,
+        read_threads: int = 1,
     ):
         check_int("depth", depth, minimum=1)
-        check_int("workers", workers, minimum=1)
+        check_int("read_threads", read_threads, minimum=1)
         self._produce = produce
         self._observer = observer
         self.depth = depth
-        self.workers = workers
+        self.read_threads = read_threads
         # everything below is guarded by one lock, with two conditions on it so a step's result
-        # wakes only the consumer and a freed slot wakes only one worker (no thundering herd of
+        # wakes only the consumer and a freed slot wakes only one thread (no thundering herd of
         # threads all wanting the GIL right when the trainer does)
         self._lock = threading.Lock()
         self._result_ready = threading.Condition(self._lock)
@@ -94,14 +96,15 @@ class Prefetcher(Generic[T]):
         self._closed_because: str | None = None
         self.next_step = start
         self.last_wait_s = 0.0
-        names = [name] if workers == 1 else [f"{name}-w{i}" for i in range(workers)]
+        names = [name] if read_threads == 1 else [f"{name}-w{i}" for i in range(read_threads)]
         self._threads = [threading.Thread(target=self._work, name=n, daemon=True) for n in names]
         for thread in self._threads:
             thread.start()
 
-    # ------------------------------------------------------------------------ worker threads
+    # -------------------------------------------------------------------- background threads
     def _may_claim(self) -> bool:
-        return not self._failed and self._next_claim < self.next_step + self.depth + self.workers
+        bound = self.next_step + self.depth + self.read_threads
+        return not self._failed and self._next_claim < bound
 
     def _work(self) -> None:
         while True:
@@ -124,7 +127,7 @@ class Prefetcher(Generic[T]):
                 self._results[step] = item
                 if item[1] is not None:
                     self._failed = True
-                    self._slot_free.notify_all()  # idle workers exit instead of polling
+                    self._slot_free.notify_all()  # idle threads exit instead of polling
                 if step == self.next_step:
                     self._result_ready.notify()
             del item  # the consumer owns it now; do not keep it alive while waiting
@@ -155,7 +158,7 @@ class Prefetcher(Generic[T]):
                 self._result_ready.wait(_POLL_S)
             if error is None:
                 self.next_step = step + 1
-                self._slot_free.notify()  # one worker may claim the next step now
+                self._slot_free.notify()  # one thread may claim the next step now
         self.last_wait_s = time.perf_counter() - started
         if error is not None:
             self._close(f"step {step} raised {type(error).__name__}")
@@ -164,8 +167,21 @@ class Prefetcher(Generic[T]):
             self._observer(step, self.last_wait_s, ready)
         return value  # type: ignore[return-value]
 
+    @property
+    def ready(self) -> int:
+        """Finished items ``next()`` can take now without waiting (consecutive from `next_step`).
+
+        Example:
+            >>> items = Prefetcher(lambda step: step, start=0, depth=2, name="demo")
+            >>> items.close()
+            >>> items.ready  # close() dropped whatever was finished
+            0
+        """
+        with self._lock:
+            return self._ready()
+
     def _ready(self) -> int:
-        """Finished items the consumer can take without waiting (consecutive from next_step)."""
+        """`ready`, with the lock held."""
         count = 0
         while self.next_step + count in self._results:
             count += 1
@@ -177,7 +193,8 @@ class Prefetcher(Generic[T]):
         return self._closed_because is not None
 
     def close(self) -> None:
-        """Stops and joins the worker threads (at most 1 s in all); idempotent, from any thread."""
+        """Stops and joins the threads (at most `JOIN_TIMEOUT_S` in all); idempotent, from any
+        thread."""
         self._close("close() was called")
 
     def _close(self, reason: str) -> None:
@@ -188,7 +205,7 @@ class Prefetcher(Generic[T]):
             self._results.clear()  # free finished items' buffers now
             self._result_ready.notify_all()
             self._slot_free.notify_all()
-        deadline = time.monotonic() + _JOIN_TIMEOUT_S
+        deadline = time.monotonic() + JOIN_TIMEOUT_S
         me = threading.current_thread()
         for thread in self._threads:
             if thread is not me:
@@ -199,7 +216,7 @@ class Prefetcher(Generic[T]):
                 "prefetch threads %s did not stop within %.1fs (a read is still running); they "
                 "are daemon threads, will drop their result, and will not keep the process alive",
                 stuck,
-                _JOIN_TIMEOUT_S,
+                JOIN_TIMEOUT_S,
             )
 
     def __enter__(self) -> Prefetcher[T]:

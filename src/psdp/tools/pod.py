@@ -3,8 +3,9 @@
 Mental model: `run_pod` is a tiny multi-controller launcher. It picks a free port, starts N copies
 of ``python -m psdp.tools.pod`` (each sets its CPU device count *before* JAX starts, then calls
 ``jax.distributed.initialize`` against the coordinator on that port) and waits. Each child imports
-the target function (``path/to/file.py:function`` or ``package.module:function``), calls it with
-the JSON arguments, and writes its JSON-able result to a file. The parent returns the results in
+the target function (a module-level function, named to the child by its module and name, or a
+``package.module:function`` or ``path/to/file.py:function`` string), calls it with the JSON
+arguments, and writes its JSON-able result to a file. The parent returns the results in
 process order, or raises `PodError` with every child's output when any child fails (exits
 non-zero, or exits 0 without its result file, as ``os._exit(0)`` in the target does) or the pod
 overruns its time limit.
@@ -37,6 +38,7 @@ import tempfile
 import threading
 import time
 import traceback
+import types
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -77,7 +79,7 @@ def free_port() -> int:
 
 
 def run_pod(
-    target: str,
+    target: str | Callable[..., Any],
     *,
     num_processes: int,
     devices_per_process: int,
@@ -89,8 +91,10 @@ def run_pod(
     """Runs ``target(**args)`` in ``num_processes`` JAX processes and returns their results.
 
     Args:
-        target: ``"path/to/file.py:function"`` or ``"package.module:function"``; the function runs
-            after ``jax.distributed.initialize`` and returns something JSON-able.
+        target: a module-level function, ``"package.module:function"`` or
+            ``"path/to/file.py:function"``; it runs after ``jax.distributed.initialize`` and
+            returns something JSON-able. A function's module is imported in each child from the
+            folder it was imported from here, whatever the working directory.
         num_processes: how many processes (hosts) to launch.
         devices_per_process: fake CPU devices per process.
         args: keyword arguments for the target (JSON-able).
@@ -100,6 +104,8 @@ def run_pod(
             progress with `report_progress` (e.g. to move a progress bar).
 
     Raises:
+        TypeError: ``target`` is a function a child process cannot import by name (a lambda, a
+            nested function, one defined in ``__main__``).
         PodError: a child exited non-zero, exited 0 without returning (``os._exit(0)`` in the
             target), or the pod timed out; the message starts with the failing process and its
             error, then each child's exit status and the tail of its output. The other children
@@ -110,6 +116,7 @@ def run_pod(
         >>> results
         [{'process': 0, 'devices': 4}, {'process': 1, 'devices': 4}]
     """
+    named, root = target_of(target)
     if num_processes < 1 or devices_per_process < 1:
         raise ValueError(
             f"a pod needs at least one process and one device per process, got "
@@ -119,7 +126,9 @@ def run_pod(
     with tempfile.TemporaryDirectory(prefix="psdp-pod-") as name:
         tmp = Path(name)
         children = [
-            _start_child(tmp, i, coordinator, num_processes, devices_per_process, target, args, env)
+            _start_child(
+                tmp, i, coordinator, num_processes, devices_per_process, named, root, args, env
+            )
             for i in range(num_processes)
         ]
         watch = _Watch(tmp, children, time.monotonic() + timeout_s, timeout_s, progress)
@@ -130,7 +139,7 @@ def run_pod(
             raise
         outputs = [(proc.returncode, log.read_text(errors="replace")) for proc, log, _ in children]
         if failure:
-            raise PodError(_report(failure, target, outputs), failure, outputs)
+            raise PodError(_report(failure, named, outputs), failure, outputs)
         return [json.loads(result.read_text()) for _, _, result in children]
 
 
@@ -147,6 +156,48 @@ def report_progress(done: int, total: int) -> None:
         os.replace(partial, path)
 
 
+def target_of(target: str | Callable[..., Any]) -> tuple[str, str | None]:
+    """``(target string, folder to import it from)`` for `run_pod`'s children.
+
+    A string is kept as given (no folder). A function becomes ``"module:name"`` and the folder
+    that holds its top-level package, so a child finds the same module as this process did, even
+    from another working directory or where another installed package has the same name.
+
+    Example:
+        >>> target_of(target_of)[0]
+        'psdp.tools.pod:target_of'
+        >>> target_of(lambda: 0)
+        Traceback (most recent call last):
+        ...
+        TypeError: run_pod needs a target that a child process can import by name: a function at the top level of a module, got <lambda> of psdp.tools.pod; define it at the top level of a module, or pass 'package.module:function'
+    """
+    if isinstance(target, str):
+        return target, None
+    if not isinstance(target, types.FunctionType):
+        raise TypeError(
+            f"run_pod's target must be a function or a 'package.module:function' string, got "
+            f"{type(target).__name__} {target!r}"
+        )
+    module, name = target.__module__, target.__qualname__
+    loaded = sys.modules.get(module)
+    if name != target.__name__ or module == "__main__" or getattr(loaded, name, None) is not target:
+        raise TypeError(
+            "run_pod needs a target that a child process can import by name: a function at the "
+            f"top level of a module, got {name} of {module}; define it at the top level of a "
+            "module, or pass 'package.module:function'"
+        )
+    return f"{module}:{name}", _import_root(module, getattr(loaded, "__file__", None))
+
+
+def _import_root(module: str, file: str | None) -> str | None:
+    """The folder on ``sys.path`` that ``module`` (loaded from ``file``) was imported from."""
+    if file is None:  # a namespace package or a built-in: the child finds it as this one did
+        return None
+    path = Path(file).resolve()
+    depth = module.count(".") + (path.stem == "__init__")
+    return str(path.parents[depth])
+
+
 def _start_child(
     tmp: Path,
     index: int,
@@ -154,6 +205,7 @@ def _start_child(
     num_processes: int,
     devices: int,
     target: str,
+    root: str | None,
     args: dict[str, Any] | None,
     env: dict[str, str] | None,
 ) -> Child:
@@ -168,6 +220,7 @@ def _start_child(
         "--process-id", str(index),
         "--devices", str(devices),
         "--target", target,
+        *(["--import-root", root] if root else []),
         "--args", json.dumps(args or {}),
         "--result", str(result),
         "--abort-file", str(tmp / ("abort-leader" if index == 0 else "abort")),
@@ -305,24 +358,47 @@ def _report(failure: str, target: str, outputs: list[tuple[int | None, str]]) ->
 
 
 # ------------------------------------------------------------------------------ the child
-def load_target(target: str) -> Callable[..., Any]:
-    """Imports ``"file.py:function"`` (its folder importable, as for a script) or ``"module:function"``."""
+def load_target(target: str, import_root: str | None = None) -> Callable[..., Any]:
+    """Imports ``"module:function"`` (from ``import_root`` first, when given) or
+    ``"path/to/file.py:function"``: a file in a package is imported as that package's module (the
+    package's folder importable), any other file as a script (its folder importable)."""
     where, _, name = target.rpartition(":")
     if not where or not name:
-        raise ValueError(f"target {target!r} must look like 'path/to/file.py:function'")
+        raise ValueError(
+            f"target {target!r} must look like 'path/to/file.py:function' or "
+            "'package.module:function'"
+        )
     if where.endswith(".py"):
-        sys.path.insert(
-            0, str(Path(where).resolve().parent)
-        )  # its siblings import, as for a script
-        spec = importlib.util.spec_from_file_location(Path(where).stem, where)
-        if spec is None or spec.loader is None:
-            raise ValueError(f"cannot import {where!r}")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-    else:
-        module = importlib.import_module(where)
-    return getattr(module, name)
+        path = Path(where).resolve()
+        import_root, where = _module_of_file(path)
+        if "." not in where:  # no package: run the file as a script, its siblings importable
+            sys.path.insert(0, import_root)
+            return getattr(_exec_file(path, where), name)
+    if import_root is not None:
+        sys.path.insert(0, import_root)
+    return getattr(importlib.import_module(where), name)
+
+
+def _module_of_file(path: Path) -> tuple[str, str]:
+    """``(folder to import from, dotted module name)`` of a ``.py`` file: the package it sits in
+    (folders with ``__init__.py``) is part of the name."""
+    parts = [path.stem]
+    folder = path.parent
+    while (folder / "__init__.py").exists():
+        parts.insert(0, folder.name)
+        folder = folder.parent
+    return str(folder), ".".join(parts)
+
+
+def _exec_file(path: Path, name: str) -> types.ModuleType:
+    """Runs a script file as module ``name`` (a file that is no package's module)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ValueError(f"cannot import {str(path)!r}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def _describe_host() -> dict[str, int]:
@@ -354,6 +430,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--process-id", type=int, required=True)
     parser.add_argument("--devices", type=int, required=True)
     parser.add_argument("--target", required=True)
+    parser.add_argument("--import-root")
     parser.add_argument("--args", default="{}")
     parser.add_argument("--result", required=True)
     parser.add_argument("--abort-file")
@@ -375,7 +452,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             process_id=opts.process_id,
             initialization_timeout=60,
         )
-        result = load_target(opts.target)(**json.loads(opts.args))
+        result = load_target(opts.target, opts.import_root)(**json.loads(opts.args))
         Path(opts.result).write_text(json.dumps(result))
         jax.distributed.shutdown()  # a barrier: process 0 hosts the coordinator the others need
     except BaseException as err:
