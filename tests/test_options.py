@@ -21,7 +21,8 @@ from psdp import (
     ReadingOptions,
     ShardingOptions,
 )
-from psdp._plan.options import GROUPS, parse_spec, spec_text
+from psdp._plan.options import GROUPS
+from psdp._plan.spec_text import parse_spec, spec_text
 from tests.batch_checks import assert_shards_exact, token_table
 
 Sharding = ShardingOptions  # the tables below are wide

@@ -26,12 +26,10 @@ from psdp._plan.options import (
     ReadingOptions,
     ShardingOptions,
     check_groups,
-    parse_names,
-    parse_spec,
     route,
-    spec_text,
 )
 from psdp._plan.partition import DEFAULT_BATCH_AXES
+from psdp._plan.spec_text import parse_names, parse_spec, spec_text
 
 if TYPE_CHECKING:
     import jax
