@@ -59,7 +59,7 @@ def test_example_equals_explicit_options(capsys):
     explicit = plan_json(
         capsys,
         *["plan", "--axes", "data=4,model=4", "--processes", "4", "--layout", "noncontiguous"],
-        *["--batch-axes", "data", "--spec", "data", "--batch-size", "16"],
+        *["--batch-axes", "data", "--batch-spec", "data", "--batch-size", "16"],
     )
     assert explicit == plan_json(capsys, *SEED)
 
@@ -81,7 +81,7 @@ def test_summary_is_plain_json_with_each_hosts_columns():
 # ------------------------------------------------------------------------------ other pods
 def test_three_d_contiguous_mesh_is_flattened_with_a_caption(capsys):
     argv = ["plan", "--axes", "replica=2,data=2,model=2", "--processes", "4"]
-    argv += ["--batch-axes", "replica,data", "--spec", "(replica,data)", "--batch-size", "8"]
+    argv += ["--batch-axes", "replica,data", "--batch-spec", "(replica,data)", "--batch-size", "8"]
     code, out, _ = run_cli(capsys, *argv)
     assert code == 0
     assert "replica=2 x data=2 (flattened, major to minor)" in out
@@ -102,7 +102,7 @@ def test_model_axis_between_batch_axes_groups_rows_by_dp_index(capsys):
 
 
 def test_seq_len_with_sharded_columns_shows_column_ranges(capsys):
-    argv = [*SEED, "--spec", "data,model", "--seq-len", "32"]
+    argv = [*SEED, "--batch-spec", "data,model", "--seq-len", "32"]
     code, out, _ = run_cli(capsys, *argv)
     assert code == 0
     assert "    rows 0-3, 12-15 x cols 0-15\n" in out  # p0: model columns 0, 1
@@ -119,15 +119,15 @@ def test_seq_len_with_sharded_columns_shows_column_ranges(capsys):
     "argv",
     [
         [*SEED],  # the batch spec: labels are the batch uids
-        [*SEED, "--spec", "(data,model)"],  # FULL: each host of a TP group reads other rows
-        [*SEED, "--spec", "data,model", "--seq-len", "32"],  # sequence: other columns
+        [*SEED, "--batch-spec", "(data,model)"],  # FULL: each host of a TP group reads other rows
+        [*SEED, "--batch-spec", "data,model", "--seq-len", "32"],  # sequence: other columns
         [
             "plan",
             "--axes",
             "data=2,context=2",
             "--processes",
             "4",
-            "--spec",
+            "--batch-spec",
             "data,context",
             "--batch-size",
             "4",
@@ -154,7 +154,7 @@ def test_layout_file(capsys, tmp_path):
     layout = {"axis_names": ["data", "model"], "process_index": [[0, 1], [0, 1]]}
     path.write_text(json.dumps(layout))
     summary = plan_json(
-        capsys, "plan", "--layout", str(path), "--spec", "data", "--batch-size", "4"
+        capsys, "plan", "--layout", str(path), "--batch-spec", "data", "--batch-size", "4"
     )
     assert summary["uids"] == {"0": 0, "1": 0}
     assert [p["rows"] for p in summary["processes"]] == [[[0, 4]], [[0, 4]]]
@@ -197,17 +197,23 @@ POD = ["--axes", "data=4,model=4", "--processes", "4", "--batch-axes", "data"]
             ["--batch-axes 'foo'", "'foo' is not a mesh axis", "['data', 'model']"],
         ),
         # an unknown axis in the spec
-        ([*SEED, "--spec", "(data,ctx)"], ["--spec '(data,ctx)'", "'ctx'"]),
+        ([*SEED, "--batch-spec", "(data,ctx)"], ["--batch-spec '(data,ctx)'", "'ctx'"]),
         # a spec with an unclosed group
-        ([*SEED, "--spec", "(data,model"], ["--spec '(data,model'", "not closed"]),
+        ([*SEED, "--batch-spec", "(data,model"], ["--batch-spec '(data,model'", "not closed"]),
         # an axis used twice in the spec
-        ([*SEED, "--spec", "data,data", "--seq-len", "4"], ["--spec 'data,data'", "twice"]),
+        (
+            [*SEED, "--batch-spec", "data,data", "--seq-len", "4"],
+            ["--batch-spec 'data,data'", "twice"],
+        ),
         # two spec entries for a 1-D leaf
-        ([*SEED, "--spec", "data,model"], ["--spec 'data,model'", "--seq-len"]),
+        ([*SEED, "--batch-spec", "data,model"], ["--batch-spec 'data,model'", "--seq-len"]),
         # a batch the 4 data shards do not divide
         ([*SEED, "--batch-size", "10"], ["--batch-size 10", "multiple of 4"]),
         # a sequence the 4 model shards do not divide
-        ([*SEED, "--spec", "data,model", "--seq-len", "30"], ["--seq-len 30", "multiple of 4"]),
+        (
+            [*SEED, "--batch-spec", "data,model", "--seq-len", "30"],
+            ["--seq-len 30", "multiple of 4"],
+        ),
         # no batch size at all
         (POD, ["--batch-size None", "--batch-size 16"]),
         # a missing layout file
@@ -233,7 +239,7 @@ def test_plan_of_a_layout_over_some_processes_names_the_real_processes(capsys, t
     path = tmp_path / "layout.json"
     path.write_text('{"axis_names": ["data", "model"], "process_index": [[0, 2], [2, 0]]}')
     summary = plan_json(
-        capsys, "plan", "--layout", str(path), "--spec", "data", "--batch-size", "4"
+        capsys, "plan", "--layout", str(path), "--batch-spec", "data", "--batch-size", "4"
     )
     assert summary["uids"] == {"0": 0, "2": 0}
     assert [p["process"] for p in summary["processes"]] == [0, 2]
@@ -250,7 +256,7 @@ def test_bad_layout_file(capsys, tmp_path, content, names):
     path = tmp_path / "layout.json"
     path.write_text(content)
     code, _, err = run_cli(
-        capsys, "plan", "--layout", str(path), "--spec", "a", "--batch-size", "4"
+        capsys, "plan", "--layout", str(path), "--batch-spec", "a", "--batch-size", "4"
     )
     assert code == 2
     assert f"--layout {str(path)!r}" in err and err.count("\n") == 1
@@ -261,7 +267,7 @@ def test_bad_layout_file(capsys, tmp_path, content, names):
 def test_layout_file_rejects_processes_and_other_axes(capsys, tmp_path):
     path = tmp_path / "layout.json"
     path.write_text('{"axis_names": ["data", "model"], "process_index": [[0, 1], [0, 1]]}')
-    argv = ["plan", "--layout", str(path), "--spec", "data", "--batch-size", "4"]
+    argv = ["plan", "--layout", str(path), "--batch-spec", "data", "--batch-size", "4"]
     code, _, err = run_cli(capsys, *argv, "--processes", "2")
     assert code == 2 and "--processes 2: a layout file already fixes the processes" in err
     code, _, err = run_cli(capsys, *argv, "--axes", "data=4,model=1")
@@ -322,7 +328,7 @@ def test_simulate_a_failing_host_exits_1_with_its_message(capsys):
     code, out, err = run_cli(capsys, *SMALL_POD, "--fail-at", "1:2")
     assert code == 1
     assert err.startswith(
-        "psdp simulate: error: pod running psdp.tools.simulate:run_host failed: process 1 exited with "
+        "psdp simulate: error: pod running psdp.tools.simulate.host:run_host failed: process 1 exited with "
         "status 1: RuntimeError: injected failure: process 1 raised at step 2 (--fail-at)"
     )
     assert "--- process 0 (exit status 3)" in err
@@ -344,7 +350,7 @@ def test_simulate_a_failing_host_exits_1_with_its_message(capsys):
                 "2",
                 "--axes",
                 "data=2,context=2",
-                "--spec",
+                "--batch-spec",
                 "data,context",
                 "--seq-len",
                 "7",
@@ -352,12 +358,12 @@ def test_simulate_a_failing_host_exits_1_with_its_message(capsys):
             ["psdp simulate: error: --seq-len 7: dimension 1 of size 7", "(context=2)"],
         ),
         (
-            ["--processes", "2", "--axes", "data=2,model=2", "--spec", "data,context"],
-            ["--spec 'data,context': axis 'context' is not in the mesh"],
+            ["--processes", "2", "--axes", "data=2,model=2", "--batch-spec", "data,context"],
+            ["--batch-spec 'data,context': axis 'context' is not in the mesh"],
         ),
         (
-            ["--processes", "2", "--axes", "data=2,model=2", "--spec", "data,model,model"],
-            ["--spec 'data,model,model': partition spec", "has 3 entries"],
+            ["--processes", "2", "--axes", "data=2,model=2", "--batch-spec", "data,model,model"],
+            ["--batch-spec 'data,model,model': partition spec", "has 3 entries"],
         ),
     ],
 )
@@ -527,3 +533,11 @@ def test_plan_piped_into_head_ends_quietly():
         done.stdout == "mesh data=1024: 1024 devices on 1024 processes; cell = device id, process\n"
     )
     assert done.stderr == ""
+
+
+def test_the_old_spec_flag_is_a_hidden_alias_of_batch_spec(capsys):
+    new = plan_json(capsys, *SEED, "--batch-spec", "data,model", "--seq-len", "32")
+    assert plan_json(capsys, *SEED, "--spec", "data,model", "--seq-len", "32") == new
+    for command in ("plan", "simulate"):
+        code, out, _ = run_cli(capsys, command, "--help")
+        assert code == 0 and "--batch-spec" in out and "--spec" not in out

@@ -285,11 +285,13 @@ def test_the_plan_is_checked_in_the_parent_before_any_process_starts(tmp_path, m
     with pytest.raises(ValueError) as info:
         simulate(sim, source=str(tmp_path / "rows.npy"))
     assert str(info.value).startswith(
-        "--spec 'data,context' does not fit the source's array of rows (5,): dimension 1 of "
+        "--batch-spec 'data,context' does not fit the array source of rows (5,): dimension 1 of "
         "size 5 is not divisible by its 2 shards (context=2)"
     )
     per_leaf = LoaderConfig(global_batch_size=8, partition={"tokens": "data,model"})
-    with pytest.raises(ValueError, match=r"^--spec 'data,model': axis 'model' is not in the mesh"):
+    with pytest.raises(
+        ValueError, match=r"^--batch-spec 'data,model': axis 'model' is not in the mesh"
+    ):
         simulate(Simulation(processes=2, mesh=context, data=per_leaf))
 
 
@@ -311,7 +313,7 @@ def test_train_refuses_rows_that_are_not_tokens(tmp_path, rows, problem):
     with pytest.raises(ValueError) as info:
         simulate(sim, source=str(path))
     message = str(info.value)
-    assert "the source's array " + problem in message and "None" not in message, message
+    assert "the array source " + problem in message and "None" not in message, message
     assert message.endswith("drop --train")
 
 
