@@ -135,7 +135,7 @@ def _add_plan(subparsers: Subparsers) -> None:
     parser.add_argument(
         "--example",
         action="store_true",
-        help="the seed pod: data=4,model=4 on 4 processes, noncontiguous, batch 16; "
+        help="the pod of docs/concepts.md: data=4,model=4 on 4 processes, noncontiguous, batch 16; "
         "any option given overrides it",
     )
     parser.add_argument("--axes", help="mesh axes in order, NAME=SIZE pairs: data=4,model=4")
@@ -256,8 +256,8 @@ def _plan_spec(
         batch_axes = (spec[0],) if isinstance(spec[0], str) else spec[0]
     else:
         raise UsageError(
-            "--batch-axes is missing and --batch-spec does not shard dimension 0; give the batch axes, "
-            f"e.g. --batch-axes {layout.axis_names[0]}"
+            "--batch-axes is missing and --batch-spec does not shard dimension 0; give the batch "
+            f"axes, e.g. --batch-axes {layout.axis_names[0]}"
         )
     if spec is None:
         spec = (batch_axes[0] if len(batch_axes) == 1 else batch_axes,)
@@ -279,8 +279,9 @@ def _plan_shape(
     shape = (args.batch_size,) if args.seq_len is None else (args.batch_size, args.seq_len)
     if len(spec) > len(shape):
         raise UsageError(
-            f"--batch-spec {args.batch_spec!r} has {len(spec)} entries but the leaf has {len(shape)} "
-            "dimension(s); give --seq-len for a second dimension or drop the extra entries"
+            f"--batch-spec {args.batch_spec!r} has {len(spec)} entries but the leaf has "
+            f"{len(shape)} dimension(s); give --seq-len for a second dimension or drop the extra "
+            "entries"
         )
     # every shard count divides the device count: this plan fails only on the spec itself
     _given(
@@ -308,8 +309,8 @@ def _add_simulate(subparsers: Subparsers) -> None:
             "on a chosen mesh layout, run the loader on every host, check every step that each "
             "device holds exactly its rows (psdp.check_consistency), and report steps/s and the "
             "loader wait per step. Without --source, a synthetic token dataset is written to a "
-            "temporary TensorStore store. Defaults: the seed pod (data=4,model=4 on 4 processes, "
-            "noncontiguous), batch 16 x 32 tokens, 300 steps."
+            "temporary TensorStore store. Defaults: the pod of docs/concepts.md (data=4,model=4 on "
+            "4 processes, noncontiguous), batch 16 x 32 tokens, 300 steps."
         ),
     )
     parser.add_argument("--processes", type=int, default=4, help="processes (hosts); default 4")
@@ -390,7 +391,7 @@ def _run_simulate(args: argparse.Namespace) -> int:
 
 
 def _simulation(args: argparse.Namespace) -> Any:
-    from psdp._integration.config import LoaderConfig
+    from psdp import LoaderConfig
     from psdp.tools.simulate import DEFAULT_MESH, Simulation
 
     if args.axes is None and args.layout is None and args.batch_axes is None:
