@@ -401,6 +401,24 @@ def test_simulate_default_layout(capsys, monkeypatch, argv, layout):
     assert seen[0].mesh.layout == layout
 
 
+def test_simulate_flags_reach_the_loader_config(capsys, monkeypatch):
+    import psdp.tools.simulate
+    from psdp.tools.pod import PodError
+
+    seen = []
+
+    def fake_simulate(simulation, progress=None):
+        seen.append(simulation)
+        raise PodError("not run")
+
+    monkeypatch.setattr(psdp.tools.simulate, "simulate", fake_simulate)
+    argv = ["--batch-spec", "data,model", "--read-threads", "3", "--prefetch", "4", "--seed", "7"]
+    assert run_cli(capsys, "simulate", *argv, "--no-shuffle", "--drop-last")[0] == 1
+    data = seen[0].data
+    assert (data.partition, data.read_threads, data.prefetch, data.seed) == ("data,model", 3, 4, 7)
+    assert (data.shuffle, data.drop_last) == (False, True)
+
+
 def test_write_npy_and_npz(capsys, tmp_path):
     from psdp.sources import TensorStoreSource
 

@@ -341,6 +341,7 @@ def _add_simulate(subparsers: Subparsers) -> None:
         "--shuffle", action=argparse.BooleanOptionalAction, default=None, help="shuffle rows"
     )
     parser.add_argument("--prefetch", type=int, help="batches prepared ahead")
+    parser.add_argument("--read-threads", type=int, help="steps read concurrently")
     parser.add_argument(
         "--drop-last",
         action=argparse.BooleanOptionalAction,
@@ -415,6 +416,7 @@ def _simulation(args: argparse.Namespace) -> Any:
         shuffle=args.shuffle,
         seed=args.seed,
         prefetch=args.prefetch,
+        read_threads=args.read_threads,
         drop_last=args.drop_last,
     )
     return Simulation(
