@@ -268,6 +268,30 @@ def test_train_on_a_source_whose_leaf_is_not_named_tokens(tmp_path):
     assert report.hosts[0]["consistency"].startswith("all 4 devices received exactly")
 
 
+@pytest.mark.parametrize("synthetic", [True, False])
+def test_the_expected_batch_of_padded_steps_is_what_the_loader_delivers(mesh, synthetic):
+    """In one process: the expected batch a host checks against (rows, padding rows, the mask)
+    equals the loader's on every device, at a step padded up to the physical batch (10 rows over
+    data=4: 12) and at the epoch's short final step (6 real rows)."""
+    from psdp import DataLoader
+    from psdp.tools.simulate.host import expected_batch
+
+    sim = Simulation(
+        processes=2,
+        mesh=TWO_HOSTS.mesh,
+        data=LoaderConfig(global_batch_size=10, shuffle=False),
+        seq_len=5,
+    )
+    rows = {"tokens": synthetic_tokens(np.arange(66), sim.seq_len, sim.vocab)}
+    with DataLoader(rows, mesh=mesh, global_batch_size=10, shuffle=False) as loader:
+        assert loader.physical_batch_size == 12
+        for step in (0, 6):
+            batch = loader.batch_at(step)
+            want = expected_batch(loader, batch, step, sim, synthetic)
+            assert want["mask"].sum() == (10 if step == 0 else 6)
+            assert check_consistency(batch, want).exact
+
+
 def test_the_plan_is_checked_in_the_parent_before_any_process_starts(tmp_path, monkeypatch):
     import psdp.tools.simulate
 
