@@ -7,7 +7,7 @@ import contextlib
 import math
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -162,7 +162,7 @@ def median_ms(action: Callable[[], Any], repeats: int) -> float:
     return statistics.median(times) * 1e3
 
 
-def interleaved_ms(actions: dict[str, Callable[[], Any]], repeats: int) -> dict[str, float]:
+def interleaved_ms(actions: Mapping[str, Callable[[], Any]], repeats: int) -> dict[str, float]:
     """Median ms of each action, timed round-robin (one of each per repeat) after one warm-up.
 
     Example:
