@@ -15,7 +15,7 @@ from psdp._plan.layout import MeshLayout
 from psdp._plan.picture import plan_summary
 from psdp.tools.cli import main, parse_spec
 
-SEED = ["plan", "--example"]
+EXAMPLE = ["plan", "--example"]
 
 
 def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -30,19 +30,19 @@ def plan_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:
     return json.loads(out)
 
 
-# --------------------------------------------------------------------------------- seed pod
-def test_example_text_shows_seed_uids_mapping_and_rows(capsys):
-    code, out, err = run_cli(capsys, *SEED)
+# ------------------------------------------------------------------------------ example pod
+def test_example_text_shows_uids_mapping_and_rows(capsys):
+    code, out, err = run_cli(capsys, *EXAMPLE)
     assert (code, err) == (0, "")
     assert "uids (process_mesh_mapping): {0: 0, 1: 0, 2: 1, 3: 1}" in out
     assert "p0  uid 0  devices d0 d1 d2 d3  local_device_mapping {0: 0, 3: 1}\n" in out
     assert "    rows 0-3, 12-15\n" in out
-    assert "DP0 | d0 p0   d1 p0   d4 p1   d5 p1" in out  # device ids of DESIGN.md's seed
+    assert "DP0 | d0 p0   d1 p0   d4 p1   d5 p1" in out  # the device ids of docs/concepts.md
     assert "DP3 | d2 p0   d3 p0   d6 p1   d7 p1" in out
 
 
 def test_example_json_rows_of_every_process(capsys):
-    summary = plan_json(capsys, *SEED)
+    summary = plan_json(capsys, *EXAMPLE)
     assert summary["uids"] == {"0": 0, "1": 0, "2": 1, "3": 1}
     assert summary["uid_groups"] == {"0": [0, 1], "1": [2, 3]}
     rows = {p["process"]: p["rows"] for p in summary["processes"]}
@@ -61,7 +61,7 @@ def test_example_equals_explicit_options(capsys):
         *["plan", "--axes", "data=4,model=4", "--processes", "4", "--layout", "noncontiguous"],
         *["--batch-axes", "data", "--batch-spec", "data", "--batch-size", "16"],
     )
-    assert explicit == plan_json(capsys, *SEED)
+    assert explicit == plan_json(capsys, *EXAMPLE)
 
 
 def test_summary_is_plain_json_with_each_hosts_columns():
@@ -102,7 +102,7 @@ def test_model_axis_between_batch_axes_groups_rows_by_dp_index(capsys):
 
 
 def test_seq_len_with_sharded_columns_shows_column_ranges(capsys):
-    argv = [*SEED, "--batch-spec", "data,model", "--seq-len", "32"]
+    argv = [*EXAMPLE, "--batch-spec", "data,model", "--seq-len", "32"]
     code, out, _ = run_cli(capsys, *argv)
     assert code == 0
     assert "    rows 0-3, 12-15 x cols 0-15\n" in out  # p0: model columns 0, 1
@@ -118,9 +118,13 @@ def test_seq_len_with_sharded_columns_shows_column_ranges(capsys):
 @pytest.mark.parametrize(
     "argv",
     [
-        [*SEED],  # the batch spec: labels are the batch uids
-        [*SEED, "--batch-spec", "(data,model)"],  # FULL: each host of a TP group reads other rows
-        [*SEED, "--batch-spec", "data,model", "--seq-len", "32"],  # sequence: other columns
+        [*EXAMPLE],  # the batch spec: labels are the batch uids
+        [
+            *EXAMPLE,
+            "--batch-spec",
+            "(data,model)",
+        ],  # FULL: each host of a TP group reads other rows
+        [*EXAMPLE, "--batch-spec", "data,model", "--seq-len", "32"],  # sequence: other columns
         [
             "plan",
             "--axes",
@@ -188,42 +192,42 @@ POD = ["--axes", "data=4,model=4", "--processes", "4", "--batch-axes", "data"]
         # a process count that does not divide the 16 devices
         ([*POD[:3], "3", *POD[4:], "--batch-size", "16"], ["--processes 3", "divisor"]),
         # a process count the noncontiguous tiling cannot use (1 device per host)
-        ([*SEED, "--processes", "16"], ["--layout noncontiguous", "--processes 16"]),
+        ([*EXAMPLE, "--processes", "16"], ["--layout noncontiguous", "--processes 16"]),
         # a non-integer process count (argparse)
-        ([*SEED, "--processes", "x"], ["--processes", "'x'"]),
+        ([*EXAMPLE, "--processes", "x"], ["--processes", "'x'"]),
         # an unknown batch axis
         (
             [*POD[:5], "foo", "--batch-size", "16"],
             ["--batch-axes 'foo'", "'foo' is not a mesh axis", "['data', 'model']"],
         ),
         # an unknown axis in the spec
-        ([*SEED, "--batch-spec", "(data,ctx)"], ["--batch-spec '(data,ctx)'", "'ctx'"]),
+        ([*EXAMPLE, "--batch-spec", "(data,ctx)"], ["--batch-spec '(data,ctx)'", "'ctx'"]),
         # a spec with an unclosed group
-        ([*SEED, "--batch-spec", "(data,model"], ["--batch-spec '(data,model'", "not closed"]),
+        ([*EXAMPLE, "--batch-spec", "(data,model"], ["--batch-spec '(data,model'", "not closed"]),
         # an axis used twice in the spec
         (
-            [*SEED, "--batch-spec", "data,data", "--seq-len", "4"],
+            [*EXAMPLE, "--batch-spec", "data,data", "--seq-len", "4"],
             ["--batch-spec 'data,data'", "twice"],
         ),
         # two spec entries for a 1-D leaf
-        ([*SEED, "--batch-spec", "data,model"], ["--batch-spec 'data,model'", "--seq-len"]),
+        ([*EXAMPLE, "--batch-spec", "data,model"], ["--batch-spec 'data,model'", "--seq-len"]),
         # a batch the 4 data shards do not divide
-        ([*SEED, "--batch-size", "10"], ["--batch-size 10", "multiple of 4"]),
+        ([*EXAMPLE, "--batch-size", "10"], ["--batch-size 10", "multiple of 4"]),
         # a sequence the 4 model shards do not divide
         (
-            [*SEED, "--batch-spec", "data,model", "--seq-len", "30"],
+            [*EXAMPLE, "--batch-spec", "data,model", "--seq-len", "30"],
             ["--seq-len 30", "multiple of 4"],
         ),
         # no batch size at all
         (POD, ["--batch-size None", "--batch-size 16"]),
         # a missing layout file
-        ([*SEED[:1], "--layout", "missing.json"], ["--layout 'missing.json'", "does not exist"]),
+        ([*EXAMPLE[:1], "--layout", "missing.json"], ["--layout 'missing.json'", "does not exist"]),
         # --example keeps a file --layout, which must exist
-        ([*SEED, "--layout", "missing.json"], ["--layout 'missing.json'", "does not exist"]),
+        ([*EXAMPLE, "--layout", "missing.json"], ["--layout 'missing.json'", "does not exist"]),
         # a built-in layout name misspelt reads as a file name, and the fix lists the built-ins
-        ([*SEED, "--layout", "noncontig"], ["--layout 'noncontig'", "noncontiguous"]),
+        ([*EXAMPLE, "--layout", "noncontig"], ["--layout 'noncontig'", "noncontiguous"]),
         # an unknown option
-        ([*SEED, "--frob"], ["--frob"]),
+        ([*EXAMPLE, "--frob"], ["--frob"]),
     ],
 )
 def test_bad_arguments_exit_2_with_one_line_naming_the_value(capsys, argv, names):
@@ -554,8 +558,8 @@ def test_plan_piped_into_head_ends_quietly():
 
 
 def test_the_old_spec_flag_is_a_hidden_alias_of_batch_spec(capsys):
-    new = plan_json(capsys, *SEED, "--batch-spec", "data,model", "--seq-len", "32")
-    assert plan_json(capsys, *SEED, "--spec", "data,model", "--seq-len", "32") == new
+    new = plan_json(capsys, *EXAMPLE, "--batch-spec", "data,model", "--seq-len", "32")
+    assert plan_json(capsys, *EXAMPLE, "--spec", "data,model", "--seq-len", "32") == new
     for command in ("plan", "simulate"):
         code, out, _ = run_cli(capsys, command, "--help")
         assert code == 0 and "--batch-spec" in out and "--spec" not in out
