@@ -103,7 +103,9 @@ def physical_ids(loader: Any, step: int) -> np.ndarray:
 
 
 def expected_batch(loader: Any, batch: Any, step: int, sim: Simulation, synthetic: bool) -> Any:
-    """The expected global batch of ``step`` (padding rows filled with ``pad_value``)."""
+    """The expected global batch of ``step``: its rows, padding rows filled with the loader's
+    ``pad_value``, and its mask leaf when the batch has one."""
+    output = loader.options.output
     ids = physical_ids(loader, step)
     real = ids >= 0
     if synthetic:
@@ -113,13 +115,12 @@ def expected_batch(loader: Any, batch: Any, step: int, sim: Simulation, syntheti
     out = {}
     for name, value in leaves_of(rows).items():
         value = np.array(value)
-        value[~real] = sim.data.pad_value or 0
+        value[~real] = output.pad_value
         out[name] = value
     if not isinstance(batch, dict):
         return out[None] if None in out else out
-    mask_key = sim.data.mask_key or "mask"
     if None in out and None not in batch:  # an array source whose batch gained a mask leaf
-        out[next(k for k in batch if k != mask_key)] = out.pop(None)
-    if mask_key in batch:
-        out[mask_key] = real
+        out[next(k for k in batch if k != output.mask_key)] = out.pop(None)
+    if output.mask_key in batch:
+        out[output.mask_key] = real
     return out
