@@ -135,8 +135,8 @@ def _add_plan(subparsers: Subparsers) -> None:
     parser.add_argument(
         "--example",
         action="store_true",
-        help="the pod of docs/concepts.md: data=4,model=4 on 4 processes, noncontiguous, batch 16; "
-        "any option given overrides it",
+        help="the pod of docs/concepts.md: data=4,model=4 on 4 processes, noncontiguous, "
+        "batch 16; any option given overrides it",
     )
     parser.add_argument("--axes", help="mesh axes in order, NAME=SIZE pairs: data=4,model=4")
     parser.add_argument(
