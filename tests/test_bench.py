@@ -54,9 +54,10 @@ def test_each_figure_has_the_rows_the_issue_asks_for(quick_report):
     assert len({r["batch_mib"] for r in figures["assembly"]["rows"]}) == 2
     loops = {(r["source"], r["loader"]) for r in figures["throughput"]["rows"]}
     for source in ("in-memory", "TensorStore zarr3"):
-        assert (source, "naive loop") in loops and (source, "psdp") in loops
+        assert (source, throughput.NAIVE) in loops and (source, "psdp") in loops
         if throughput.load_grain() is not None:
-            assert (source, "Grain DataLoader") in loops
+            assert (source, "Grain, 1 read thread") in loops
+            assert (source, f"Grain, {benchmarks.QUICK.read_threads} read threads") in loops
     stall = figures["stall"]["rows"]
     assert sorted({r["step_ms"] for r in stall}) == [5, 20, 100]
     assert all("bottleneck" in r["stats"] for r in stall)
@@ -143,5 +144,66 @@ def test_the_package_keeps_the_import_paths_scripts_and_the_cli_use():
 
     assert benchmarks.main.__module__ == "psdp.tools.benchmarks"
     assert benchmarks.QUICK is common.QUICK and benchmarks.naive_loop is throughput.naive_loop
-    loader = runpy.run_path(str(SCRIPTS / "bench_loader.py"), run_name="bench_loader")
-    assert loader["naive_loop"] is throughput.naive_loop
+
+
+# ------------------------------------------------------ --set: the sizes of any figure (what
+# scripts/bench_plan.py and scripts/bench_loader.py measured before they were folded in here)
+def test_planning_on_a_pod_of_any_size(tmp_path, capsys):
+    argv = ["--only", "planning", "--set", "pod=64,16,8", "repeats=1", "--out", str(tmp_path)]
+    assert benchmarks.main(argv) == 0
+    table = capsys.readouterr().out
+    assert "| pod | devices | hosts | step | ms | naive_ms | ratio | goal_ms |" in table
+    assert "noncontiguous data=8 x model=8" in table
+    report = json.loads((tmp_path / "bench.json").read_text())
+    assert {r["devices"] for r in report["figures"]["planning"]["rows"]} == {64}
+    assert report["sizes"]["pod"] == [64, 16, 8] and report["quick"] is False
+
+
+def test_naive_uid_table_matches_the_pod_of_the_docs():
+    from psdp import MeshLayout
+
+    layout = MeshLayout.noncontiguous({"data": 4, "model": 4}, num_processes=4)
+    assert benchmarks.naive_uid_table(layout, ["data"]) == {0: 0, 1: 0, 2: 1, 3: 1}
+
+
+def test_throughput_of_any_size_and_train_steps(tmp_path, capsys):
+    sizes = ["rows=64", "width=8", "batch=16", "steps=3", "repeats=1", "train_ms=0,1", "prefetch=3"]
+    argv = ["--quick", "--only", "throughput", "--set", *sizes, "--out", str(tmp_path)]
+    assert benchmarks.main(argv) == 0
+    table = capsys.readouterr().out
+    assert "| source | train_ms | loader | ms_per_batch | ratio | vs_grain |" in table
+    assert "shuffled 16 x 8 int32 batches" in table and "prefetch=3" in table
+    report = json.loads((tmp_path / "bench.json").read_text())
+    figure = report["figures"]["throughput"]
+    assert sorted({r["train_ms"] for r in figure["rows"]}) == [0.0, 1.0]
+    assert {r["loader"] for r in figure["rows"]} >= {throughput.NAIVE, "psdp"}
+    assert report["sizes"]["rows"] == 64 and report["quick"] is True
+
+
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        ("pod=64,16", "give 3 comma-separated values, each an int >= 1, e.g. pod=256,64,8"),
+        ("repeats=0", "give one value, an int >= 1, e.g. repeats=2"),
+        ("train_ms=-1", "give comma-separated values, each a number >= 0, e.g. train_ms=0,1"),
+        ("rowz=4", "'rowz' is not a size; use FIELD=VALUE with a field among assembly_mib,"),
+    ],
+)
+def test_a_bad_size_is_refused_before_the_run(tmp_path, capsys, change, words):
+    out = tmp_path / "out"
+    assert benchmarks.main(["--quick", "--set", change, "--out", str(out)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and not out.exists()  # nothing ran, nothing was created
+    assert captured.err.startswith(f"psdp bench: error: --set {change!r}: {words}")
+    assert captured.err.count("\n") == 1
+
+
+def test_the_hand_loop_reads_sorted_ids_of_a_permutation_per_epoch():
+    import numpy as np
+
+    ids = throughput.sorted_shuffled_ids(num_rows=12, batch=4, seed=3)
+    epochs = [np.concatenate([next(ids) for _ in range(3)]) for _ in range(2)]
+    for epoch in epochs:
+        assert sorted(epoch.tolist()) == list(range(12))  # every row once per epoch
+        assert all((np.diff(b) > 0).all() for b in np.split(epoch, 3))  # each batch sorted
+    assert epochs[0].tolist() != epochs[1].tolist()  # a new permutation each epoch

@@ -10,12 +10,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from jax.sharding import PartitionSpec as P
 
 from psdp._plan.layout import MeshLayout
 from psdp._plan.picture import plan_summary
 from psdp.tools.cli import main, parse_spec
 
-SEED = ["plan", "--example"]
+EXAMPLE = ["plan", "--example"]
 
 
 def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -30,19 +31,19 @@ def plan_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:
     return json.loads(out)
 
 
-# --------------------------------------------------------------------------------- seed pod
-def test_example_text_shows_seed_uids_mapping_and_rows(capsys):
-    code, out, err = run_cli(capsys, *SEED)
+# ------------------------------------------------------------------------------ example pod
+def test_example_text_shows_uids_mapping_and_rows(capsys):
+    code, out, err = run_cli(capsys, *EXAMPLE)
     assert (code, err) == (0, "")
     assert "uids (process_mesh_mapping): {0: 0, 1: 0, 2: 1, 3: 1}" in out
     assert "p0  uid 0  devices d0 d1 d2 d3  local_device_mapping {0: 0, 3: 1}\n" in out
     assert "    rows 0-3, 12-15\n" in out
-    assert "DP0 | d0 p0   d1 p0   d4 p1   d5 p1" in out  # device ids of DESIGN.md's seed
+    assert "DP0 | d0 p0   d1 p0   d4 p1   d5 p1" in out  # the device ids of docs/concepts.md
     assert "DP3 | d2 p0   d3 p0   d6 p1   d7 p1" in out
 
 
 def test_example_json_rows_of_every_process(capsys):
-    summary = plan_json(capsys, *SEED)
+    summary = plan_json(capsys, *EXAMPLE)
     assert summary["uids"] == {"0": 0, "1": 0, "2": 1, "3": 1}
     assert summary["uid_groups"] == {"0": [0, 1], "1": [2, 3]}
     rows = {p["process"]: p["rows"] for p in summary["processes"]}
@@ -59,9 +60,9 @@ def test_example_equals_explicit_options(capsys):
     explicit = plan_json(
         capsys,
         *["plan", "--axes", "data=4,model=4", "--processes", "4", "--layout", "noncontiguous"],
-        *["--batch-axes", "data", "--spec", "data", "--batch-size", "16"],
+        *["--batch-axes", "data", "--batch-spec", "data", "--batch-size", "16"],
     )
-    assert explicit == plan_json(capsys, *SEED)
+    assert explicit == plan_json(capsys, *EXAMPLE)
 
 
 def test_summary_is_plain_json_with_each_hosts_columns():
@@ -81,7 +82,7 @@ def test_summary_is_plain_json_with_each_hosts_columns():
 # ------------------------------------------------------------------------------ other pods
 def test_three_d_contiguous_mesh_is_flattened_with_a_caption(capsys):
     argv = ["plan", "--axes", "replica=2,data=2,model=2", "--processes", "4"]
-    argv += ["--batch-axes", "replica,data", "--spec", "(replica,data)", "--batch-size", "8"]
+    argv += ["--batch-axes", "replica,data", "--batch-spec", "(replica,data)", "--batch-size", "8"]
     code, out, _ = run_cli(capsys, *argv)
     assert code == 0
     assert "replica=2 x data=2 (flattened, major to minor)" in out
@@ -102,7 +103,7 @@ def test_model_axis_between_batch_axes_groups_rows_by_dp_index(capsys):
 
 
 def test_seq_len_with_sharded_columns_shows_column_ranges(capsys):
-    argv = [*SEED, "--spec", "data,model", "--seq-len", "32"]
+    argv = [*EXAMPLE, "--batch-spec", "data,model", "--seq-len", "32"]
     code, out, _ = run_cli(capsys, *argv)
     assert code == 0
     assert "    rows 0-3, 12-15 x cols 0-15\n" in out  # p0: model columns 0, 1
@@ -118,16 +119,20 @@ def test_seq_len_with_sharded_columns_shows_column_ranges(capsys):
 @pytest.mark.parametrize(
     "argv",
     [
-        [*SEED],  # the batch spec: labels are the batch uids
-        [*SEED, "--spec", "(data,model)"],  # FULL: each host of a TP group reads other rows
-        [*SEED, "--spec", "data,model", "--seq-len", "32"],  # sequence: other columns
+        [*EXAMPLE],  # the batch spec: labels are the batch uids
+        [
+            *EXAMPLE,
+            "--batch-spec",
+            "(data,model)",
+        ],  # FULL: each host of a TP group reads other rows
+        [*EXAMPLE, "--batch-spec", "data,model", "--seq-len", "32"],  # sequence: other columns
         [
             "plan",
             "--axes",
             "data=2,context=2",
             "--processes",
             "4",
-            "--spec",
+            "--batch-spec",
             "data,context",
             "--batch-size",
             "4",
@@ -154,7 +159,7 @@ def test_layout_file(capsys, tmp_path):
     layout = {"axis_names": ["data", "model"], "process_index": [[0, 1], [0, 1]]}
     path.write_text(json.dumps(layout))
     summary = plan_json(
-        capsys, "plan", "--layout", str(path), "--spec", "data", "--batch-size", "4"
+        capsys, "plan", "--layout", str(path), "--batch-spec", "data", "--batch-size", "4"
     )
     assert summary["uids"] == {"0": 0, "1": 0}
     assert [p["rows"] for p in summary["processes"]] == [[[0, 4]], [[0, 4]]]
@@ -188,36 +193,42 @@ POD = ["--axes", "data=4,model=4", "--processes", "4", "--batch-axes", "data"]
         # a process count that does not divide the 16 devices
         ([*POD[:3], "3", *POD[4:], "--batch-size", "16"], ["--processes 3", "divisor"]),
         # a process count the noncontiguous tiling cannot use (1 device per host)
-        ([*SEED, "--processes", "16"], ["--layout noncontiguous", "--processes 16"]),
+        ([*EXAMPLE, "--processes", "16"], ["--layout noncontiguous", "--processes 16"]),
         # a non-integer process count (argparse)
-        ([*SEED, "--processes", "x"], ["--processes", "'x'"]),
+        ([*EXAMPLE, "--processes", "x"], ["--processes", "'x'"]),
         # an unknown batch axis
         (
             [*POD[:5], "foo", "--batch-size", "16"],
             ["--batch-axes 'foo'", "'foo' is not a mesh axis", "['data', 'model']"],
         ),
         # an unknown axis in the spec
-        ([*SEED, "--spec", "(data,ctx)"], ["--spec '(data,ctx)'", "'ctx'"]),
+        ([*EXAMPLE, "--batch-spec", "(data,ctx)"], ["--batch-spec '(data,ctx)'", "'ctx'"]),
         # a spec with an unclosed group
-        ([*SEED, "--spec", "(data,model"], ["--spec '(data,model'", "not closed"]),
+        ([*EXAMPLE, "--batch-spec", "(data,model"], ["--batch-spec '(data,model'", "not closed"]),
         # an axis used twice in the spec
-        ([*SEED, "--spec", "data,data", "--seq-len", "4"], ["--spec 'data,data'", "twice"]),
+        (
+            [*EXAMPLE, "--batch-spec", "data,data", "--seq-len", "4"],
+            ["--batch-spec 'data,data'", "twice"],
+        ),
         # two spec entries for a 1-D leaf
-        ([*SEED, "--spec", "data,model"], ["--spec 'data,model'", "--seq-len"]),
+        ([*EXAMPLE, "--batch-spec", "data,model"], ["--batch-spec 'data,model'", "--seq-len"]),
         # a batch the 4 data shards do not divide
-        ([*SEED, "--batch-size", "10"], ["--batch-size 10", "multiple of 4"]),
+        ([*EXAMPLE, "--batch-size", "10"], ["--batch-size 10", "multiple of 4"]),
         # a sequence the 4 model shards do not divide
-        ([*SEED, "--spec", "data,model", "--seq-len", "30"], ["--seq-len 30", "multiple of 4"]),
+        (
+            [*EXAMPLE, "--batch-spec", "data,model", "--seq-len", "30"],
+            ["--seq-len 30", "multiple of 4"],
+        ),
         # no batch size at all
         (POD, ["--batch-size None", "--batch-size 16"]),
         # a missing layout file
-        ([*SEED[:1], "--layout", "missing.json"], ["--layout 'missing.json'", "does not exist"]),
+        ([*EXAMPLE[:1], "--layout", "missing.json"], ["--layout 'missing.json'", "does not exist"]),
         # --example keeps a file --layout, which must exist
-        ([*SEED, "--layout", "missing.json"], ["--layout 'missing.json'", "does not exist"]),
+        ([*EXAMPLE, "--layout", "missing.json"], ["--layout 'missing.json'", "does not exist"]),
         # a built-in layout name misspelt reads as a file name, and the fix lists the built-ins
-        ([*SEED, "--layout", "noncontig"], ["--layout 'noncontig'", "noncontiguous"]),
+        ([*EXAMPLE, "--layout", "noncontig"], ["--layout 'noncontig'", "noncontiguous"]),
         # an unknown option
-        ([*SEED, "--frob"], ["--frob"]),
+        ([*EXAMPLE, "--frob"], ["--frob"]),
     ],
 )
 def test_bad_arguments_exit_2_with_one_line_naming_the_value(capsys, argv, names):
@@ -233,7 +244,7 @@ def test_plan_of_a_layout_over_some_processes_names_the_real_processes(capsys, t
     path = tmp_path / "layout.json"
     path.write_text('{"axis_names": ["data", "model"], "process_index": [[0, 2], [2, 0]]}')
     summary = plan_json(
-        capsys, "plan", "--layout", str(path), "--spec", "data", "--batch-size", "4"
+        capsys, "plan", "--layout", str(path), "--batch-spec", "data", "--batch-size", "4"
     )
     assert summary["uids"] == {"0": 0, "2": 0}
     assert [p["process"] for p in summary["processes"]] == [0, 2]
@@ -250,7 +261,7 @@ def test_bad_layout_file(capsys, tmp_path, content, names):
     path = tmp_path / "layout.json"
     path.write_text(content)
     code, _, err = run_cli(
-        capsys, "plan", "--layout", str(path), "--spec", "a", "--batch-size", "4"
+        capsys, "plan", "--layout", str(path), "--batch-spec", "a", "--batch-size", "4"
     )
     assert code == 2
     assert f"--layout {str(path)!r}" in err and err.count("\n") == 1
@@ -261,7 +272,7 @@ def test_bad_layout_file(capsys, tmp_path, content, names):
 def test_layout_file_rejects_processes_and_other_axes(capsys, tmp_path):
     path = tmp_path / "layout.json"
     path.write_text('{"axis_names": ["data", "model"], "process_index": [[0, 1], [0, 1]]}')
-    argv = ["plan", "--layout", str(path), "--spec", "data", "--batch-size", "4"]
+    argv = ["plan", "--layout", str(path), "--batch-spec", "data", "--batch-size", "4"]
     code, _, err = run_cli(capsys, *argv, "--processes", "2")
     assert code == 2 and "--processes 2: a layout file already fixes the processes" in err
     code, _, err = run_cli(capsys, *argv, "--axes", "data=4,model=1")
@@ -322,7 +333,7 @@ def test_simulate_a_failing_host_exits_1_with_its_message(capsys):
     code, out, err = run_cli(capsys, *SMALL_POD, "--fail-at", "1:2")
     assert code == 1
     assert err.startswith(
-        "psdp simulate: error: pod running psdp.tools.simulate:run_host failed: process 1 exited with "
+        "psdp simulate: error: pod running psdp.tools.simulate.host:run_host failed: process 1 exited with "
         "status 1: RuntimeError: injected failure: process 1 raised at step 2 (--fail-at)"
     )
     assert "--- process 0 (exit status 3)" in err
@@ -334,7 +345,7 @@ def test_simulate_a_failing_host_exits_1_with_its_message(capsys):
     [
         (["--processes", "3"], ["psdp simulate: error:", "--processes 3 does not divide"]),
         (["--axes", "data=4,model"], ["--axes 'data=4,model'"]),
-        (["--batch-size", "0"], ["LoaderConfig.global_batch_size", "got 0"]),
+        (["--batch-size", "0"], ["OrderOptions.global_batch_size", "got 0"]),
         (["--fail-at", "x"], ["--fail-at 'x' must be PROCESS:STEP"]),
         (["--layout", "torus"], ["MeshConfig.layout", "'torus'"]),
         # planned in the parent: one line before any data is written or process started
@@ -344,7 +355,7 @@ def test_simulate_a_failing_host_exits_1_with_its_message(capsys):
                 "2",
                 "--axes",
                 "data=2,context=2",
-                "--spec",
+                "--batch-spec",
                 "data,context",
                 "--seq-len",
                 "7",
@@ -352,12 +363,12 @@ def test_simulate_a_failing_host_exits_1_with_its_message(capsys):
             ["psdp simulate: error: --seq-len 7: dimension 1 of size 7", "(context=2)"],
         ),
         (
-            ["--processes", "2", "--axes", "data=2,model=2", "--spec", "data,context"],
-            ["--spec 'data,context': axis 'context' is not in the mesh"],
+            ["--processes", "2", "--axes", "data=2,model=2", "--batch-spec", "data,context"],
+            ["--batch-spec 'data,context': axis 'context' is not in the mesh"],
         ),
         (
-            ["--processes", "2", "--axes", "data=2,model=2", "--spec", "data,model,model"],
-            ["--spec 'data,model,model': partition spec", "has 3 entries"],
+            ["--processes", "2", "--axes", "data=2,model=2", "--batch-spec", "data,model,model"],
+            ["--batch-spec 'data,model,model': partition spec", "has 3 entries"],
         ),
     ],
 )
@@ -393,6 +404,25 @@ def test_simulate_default_layout(capsys, monkeypatch, argv, layout):
     assert (code, err) == (1, "psdp simulate: error: not run\n")
     assert seen[0].mesh.axes == {"data": 4, "model": 4}
     assert seen[0].mesh.layout == layout
+
+
+def test_simulate_flags_reach_the_loader_config(capsys, monkeypatch):
+    import psdp.tools.simulate
+    from psdp.tools.pod import PodError
+
+    seen = []
+
+    def fake_simulate(simulation, progress=None):
+        seen.append(simulation)
+        raise PodError("not run")
+
+    monkeypatch.setattr(psdp.tools.simulate, "simulate", fake_simulate)
+    argv = ["--batch-spec", "data,model", "--read-threads", "3", "--prefetch", "4", "--seed", "7"]
+    assert run_cli(capsys, "simulate", *argv, "--no-shuffle", "--drop-last")[0] == 1
+    data = seen[0].data
+    assert data.sharding.batch_spec == P("data", "model")
+    assert (data.reading.read_threads, data.reading.prefetch, data.order.seed) == (3, 4, 7)
+    assert (data.order.shuffle, data.order.drop_last) == (False, True)
 
 
 def test_write_npy_and_npz(capsys, tmp_path):
@@ -527,3 +557,11 @@ def test_plan_piped_into_head_ends_quietly():
         done.stdout == "mesh data=1024: 1024 devices on 1024 processes; cell = device id, process\n"
     )
     assert done.stderr == ""
+
+
+def test_the_old_spec_flag_is_a_hidden_alias_of_batch_spec(capsys):
+    new = plan_json(capsys, *EXAMPLE, "--batch-spec", "data,model", "--seq-len", "32")
+    assert plan_json(capsys, *EXAMPLE, "--spec", "data,model", "--seq-len", "32") == new
+    for command in ("plan", "simulate"):
+        code, out, _ = run_cli(capsys, command, "--help")
+        assert code == 0 and "--batch-spec" in out and "--spec" not in out

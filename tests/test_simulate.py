@@ -194,7 +194,7 @@ def test_synthetic_rows_follow_the_rule():
 TWO_HOSTS = Simulation(
     processes=2,
     mesh=MeshConfig(axes={"data": 2, "model": 2}),
-    data=LoaderConfig(global_batch_size=8),
+    data=LoaderConfig.create(global_batch_size=8),
     steps=12,
     seq_len=8,
     rows=96,
@@ -223,7 +223,9 @@ def test_four_hosts_noncontiguous_training_lowers_the_loss():
     losses = report.losses
     assert len(losses) == 40 and losses[-1] < 0.7 * losses[0]
     text = str(report)
-    assert "DP3 | d2 p0   d3 p0   d6 p1   d7 p1" in text  # the non-contiguous seed pod
+    assert (
+        "DP3 | d2 p0   d3 p0   d6 p1   d7 p1" in text
+    )  # the non-contiguous pod of docs/concepts.md
     assert "loss went down" in text and "steps/s" in text and "loader wait per step" in text
     assert "all 16 devices received exactly their rows" in text
 
@@ -246,7 +248,7 @@ def test_a_padded_final_batch_and_its_mask_are_exact(tmp_path):
     sim = Simulation(
         processes=2,
         mesh=TWO_HOSTS.mesh,
-        data=LoaderConfig(global_batch_size=8, shuffle=False),
+        data=LoaderConfig.create(global_batch_size=8, shuffle=False),
         steps=10,  # step 8 is the epoch's short final batch: 6 rows and 2 padding rows
         timeout_s=60,
     )
@@ -268,6 +270,30 @@ def test_train_on_a_source_whose_leaf_is_not_named_tokens(tmp_path):
     assert report.hosts[0]["consistency"].startswith("all 4 devices received exactly")
 
 
+@pytest.mark.parametrize("synthetic", [True, False])
+def test_the_expected_batch_of_padded_steps_is_what_the_loader_delivers(mesh, synthetic):
+    """In one process: the expected batch a host checks against (rows, padding rows, the mask)
+    equals the loader's on every device, at a step padded up to the physical batch (10 rows over
+    data=4: 12) and at the epoch's short final step (6 real rows)."""
+    from psdp import DataLoader
+    from psdp.tools.simulate.host import expected_batch
+
+    sim = Simulation(
+        processes=2,
+        mesh=TWO_HOSTS.mesh,
+        data=LoaderConfig.create(global_batch_size=10, shuffle=False),
+        seq_len=5,
+    )
+    rows = {"tokens": synthetic_tokens(np.arange(66), sim.seq_len, sim.vocab)}
+    with DataLoader(rows, mesh=mesh, global_batch_size=10, shuffle=False) as loader:
+        assert loader.plan.physical_batch_size == 12
+        for step in (0, 6):
+            batch = loader.batch_at(step)
+            want = expected_batch(loader, batch, step, sim, synthetic)
+            assert want["mask"].sum() == (10 if step == 0 else 6)
+            assert check_consistency(batch, want).exact
+
+
 def test_the_plan_is_checked_in_the_parent_before_any_process_starts(tmp_path, monkeypatch):
     import psdp.tools.simulate
 
@@ -276,7 +302,7 @@ def test_the_plan_is_checked_in_the_parent_before_any_process_starts(tmp_path, m
     sim = Simulation(
         processes=2,
         mesh=context,
-        data=LoaderConfig(global_batch_size=8, partition="data,context"),
+        data=LoaderConfig.create(global_batch_size=8, batch_spec="data,context"),
         seq_len=7,
     )
     with pytest.raises(ValueError, match=r"^--seq-len 7: dimension 1 of size 7 is not divisible"):
@@ -285,11 +311,13 @@ def test_the_plan_is_checked_in_the_parent_before_any_process_starts(tmp_path, m
     with pytest.raises(ValueError) as info:
         simulate(sim, source=str(tmp_path / "rows.npy"))
     assert str(info.value).startswith(
-        "--spec 'data,context' does not fit the source's array of rows (5,): dimension 1 of "
+        "--batch-spec 'data,context' does not fit the array source of rows (5,): dimension 1 of "
         "size 5 is not divisible by its 2 shards (context=2)"
     )
-    per_leaf = LoaderConfig(global_batch_size=8, partition={"tokens": "data,model"})
-    with pytest.raises(ValueError, match=r"^--spec 'data,model': axis 'model' is not in the mesh"):
+    per_leaf = LoaderConfig.create(global_batch_size=8, batch_spec={"tokens": "data,model"})
+    with pytest.raises(
+        ValueError, match=r"^--batch-spec 'data,model': axis 'model' is not in the mesh"
+    ):
         simulate(Simulation(processes=2, mesh=context, data=per_leaf))
 
 
@@ -311,7 +339,7 @@ def test_train_refuses_rows_that_are_not_tokens(tmp_path, rows, problem):
     with pytest.raises(ValueError) as info:
         simulate(sim, source=str(path))
     message = str(info.value)
-    assert "the source's array " + problem in message and "None" not in message, message
+    assert "the array source " + problem in message and "None" not in message, message
     assert message.endswith("drop --train")
 
 

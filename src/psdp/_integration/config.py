@@ -51,7 +51,7 @@ class MeshConfig:
     """The device mesh: its axes, which of them carry the batch, and which host owns which device.
 
     Example:
-        The seed pod: 4 hosts x 4 devices, each host folded across two data rows.
+        The example pod: 4 hosts x 4 devices, each host folded across two data rows.
 
         >>> config = MeshConfig(axes={"data": 4, "model": 4}, layout="noncontiguous")
         >>> config.resolved_batch_axes(), config.batch_spec()

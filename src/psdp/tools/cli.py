@@ -1,19 +1,6 @@
-"""The ``psdp`` command line: one subcommand per task, each a small ``_add_*`` + ``_run_*`` pair.
+"""The ``psdp`` command line: ``plan``, ``simulate``, ``write`` and ``bench`` (``docs/cli.md``).
 
-Mental model. `main` builds the parser from `SUBCOMMANDS` (each entry registers one subparser and
-sets its ``run`` function), runs the chosen command, and is the only place that turns a user error
-into an exit code: every `ValueError` (the planner's messages already say the rule, the values and
-the fix) and every argparse error becomes one line on stderr and exit code 2, never a traceback.
-Errors raised while handling one option are prefixed with that option and its value by `_given`.
-
-Subcommands: ``plan`` (no devices: who reads which rows), ``simulate`` (a local multi-process pod
-that runs the loader, optionally trains a tiny model, and checks every device's rows), ``write``
-(a .npy/.npz file to a psdp TensorStore dataset) and ``bench`` (the benchmarks). Long runs show a
-progress bar on a terminal; ``--json`` prints what a script would parse.
-
-Adding a subcommand: write ``_add_<name>(subparsers)`` that calls ``subparsers.add_parser`` and
-``set_defaults(run=_run_<name>)``, write ``_run_<name>(args) -> int``, and append ``_add_<name>`` to
-`SUBCOMMANDS`.
+Every user error, from argparse or from the library, ends as one line on stderr and exit code 2.
 """
 
 from __future__ import annotations
@@ -26,15 +13,9 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn, TypeVar
 
-from psdp._integration.config import (
-    BUILTIN_LAYOUTS,
-    MeshConfig,
-    parse_axes,
-    parse_names,
-    parse_spec,
-)
-from psdp._plan.layout import MeshLayout
-from psdp._plan.mesh import dp_index, plan_pod, spec_axes
+from psdp import MeshConfig, MeshLayout, plan_pod
+from psdp._integration.config import BUILTIN_LAYOUTS, parse_axes, parse_names, parse_spec
+from psdp._plan.mesh import dp_index, spec_axes
 from psdp._plan.picture import plan_summary, render_plan
 from psdp.tools.pod import PodError
 
@@ -43,13 +24,13 @@ Subparsers = Any  # argparse's private _SubParsersAction
 
 USAGE_ERROR = 2
 
-# `psdp plan --example`: the seed pod of the Levanter PR (see docs/concepts.md).
+#: `psdp plan --example`: the pod of docs/concepts.md.
 EXAMPLE = {
     "axes": "data=4,model=4",
     "processes": 4,
     "layout": "noncontiguous",
     "batch_axes": "data",
-    "spec": "data",
+    "batch_spec": "data",
     "batch_size": 16,
 }
 
@@ -128,6 +109,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_batch_spec(parser: argparse.ArgumentParser, help_text: str) -> None:
+    parser.add_argument("--batch-spec", help=help_text)
+    parser.add_argument("--spec", dest="batch_spec", help=argparse.SUPPRESS)  # its old name
+
+
 def _given(option: str, value: Any, action: Callable[..., T], *args: Any) -> T:
     """Runs ``action(*args)``, prefixing any `ValueError` with the option and value it came from."""
     try:
@@ -149,8 +135,8 @@ def _add_plan(subparsers: Subparsers) -> None:
     parser.add_argument(
         "--example",
         action="store_true",
-        help="the seed pod: data=4,model=4 on 4 processes, noncontiguous, batch 16; "
-        "any option given overrides it",
+        help="the pod of docs/concepts.md: data=4,model=4 on 4 processes, noncontiguous, "
+        "batch 16; any option given overrides it",
     )
     parser.add_argument("--axes", help="mesh axes in order, NAME=SIZE pairs: data=4,model=4")
     parser.add_argument(
@@ -164,9 +150,9 @@ def _add_plan(subparsers: Subparsers) -> None:
     parser.add_argument(
         "--batch-axes", help="comma-separated batch axes, major to minor (default: spec entry 0)"
     )
-    parser.add_argument(
-        "--spec",
-        help="partition spec, one entry per leaf dimension: NAME, (A,B) or A+B, None or -; "
+    _add_batch_spec(
+        parser,
+        "partition spec, one entry per leaf dimension: NAME, (A,B) or A+B, None or -; "
         "e.g. '(replica,data),context' (default: the batch axes)",
     )
     parser.add_argument("--batch-size", type=int, help="global batch size (leaf dimension 0)")
@@ -261,7 +247,8 @@ def _plan_spec(
     args: argparse.Namespace, layout: MeshLayout
 ) -> tuple[tuple[Any, ...], tuple[str, ...]]:
     """The spec entries and batch axes, each defaulting to the other."""
-    spec = _given("--spec", repr(args.spec), parse_spec, args.spec) if args.spec else None
+    text = args.batch_spec
+    spec = _given("--batch-spec", repr(text), parse_spec, text) if text else None
     if args.batch_axes:
         batch_axes = _given("--batch-axes", repr(args.batch_axes), parse_names, args.batch_axes)
         _given("--batch-axes", repr(args.batch_axes), dp_index, layout, batch_axes)
@@ -269,8 +256,8 @@ def _plan_spec(
         batch_axes = (spec[0],) if isinstance(spec[0], str) else spec[0]
     else:
         raise UsageError(
-            "--batch-axes is missing and --spec does not shard dimension 0; give the batch axes, "
-            f"e.g. --batch-axes {layout.axis_names[0]}"
+            "--batch-axes is missing and --batch-spec does not shard dimension 0; give the batch "
+            f"axes, e.g. --batch-axes {layout.axis_names[0]}"
         )
     if spec is None:
         spec = (batch_axes[0] if len(batch_axes) == 1 else batch_axes,)
@@ -292,10 +279,11 @@ def _plan_shape(
     shape = (args.batch_size,) if args.seq_len is None else (args.batch_size, args.seq_len)
     if len(spec) > len(shape):
         raise UsageError(
-            f"--spec {args.spec!r} has {len(spec)} entries but the leaf has {len(shape)} "
-            "dimension(s); give --seq-len for a second dimension or drop the extra entries"
+            f"--batch-spec {args.batch_spec!r} has {len(spec)} entries but the leaf has "
+            f"{len(shape)} dimension(s); give --seq-len for a second dimension or drop the extra "
+            "entries"
         )
-    _given("--spec", repr(args.spec), spec_axes, layout, spec, len(shape))
+    _given("--batch-spec", repr(args.batch_spec), spec_axes, layout, spec, len(shape))
     _given("--batch-size", args.batch_size, plan_pod, layout, spec[:1], shape[:1])
     if args.seq_len is not None:
         _given("--seq-len", args.seq_len, plan_pod, layout, spec, shape)
@@ -313,8 +301,8 @@ def _add_simulate(subparsers: Subparsers) -> None:
             "on a chosen mesh layout, run the loader on every host, check every step that each "
             "device holds exactly its rows (psdp.check_consistency), and report steps/s and the "
             "loader wait per step. Without --source, a synthetic token dataset is written to a "
-            "temporary TensorStore store. Defaults: the seed pod (data=4,model=4 on 4 processes, "
-            "noncontiguous), batch 16 x 32 tokens, 300 steps."
+            "temporary TensorStore store. Defaults: the pod of docs/concepts.md (data=4,model=4 on "
+            "4 processes, noncontiguous), batch 16 x 32 tokens, 300 steps."
         ),
     )
     parser.add_argument("--processes", type=int, default=4, help="processes (hosts); default 4")
@@ -325,10 +313,10 @@ def _add_simulate(subparsers: Subparsers) -> None:
         "mesh, contiguous when --axes is given)",
     )
     parser.add_argument("--batch-axes", help="comma-separated batch axes (default: data-like axes)")
-    parser.add_argument(
-        "--spec",
-        help="partition of the tokens leaf: batch, full, replicated or a spec like "
-        "'data,model' (default: batch)",
+    _add_batch_spec(
+        parser,
+        "how the main leaf is sharded: batch, full, replicated or a spec like 'data,model' "
+        "(default: batch)",
     )
     parser.add_argument("--batch-size", type=int, default=16, help="global batch size; default 16")
     parser.add_argument("--seq-len", type=int, default=32, help="tokens per synthetic row")
@@ -345,6 +333,7 @@ def _add_simulate(subparsers: Subparsers) -> None:
         "--shuffle", action=argparse.BooleanOptionalAction, default=None, help="shuffle rows"
     )
     parser.add_argument("--prefetch", type=int, help="batches prepared ahead")
+    parser.add_argument("--read-threads", type=int, help="steps read concurrently")
     parser.add_argument(
         "--drop-last",
         action=argparse.BooleanOptionalAction,
@@ -370,7 +359,9 @@ def _run_simulate(args: argparse.Namespace) -> int:
     from psdp.tools.simulate import check_simulation, report_json, simulate
 
     simulation = _simulation(args)
-    check_simulation(simulation)  # a bad --spec or --seq-len: one line, before any process starts
+    check_simulation(
+        simulation
+    )  # a bad --batch-spec or --seq-len: one line, before any process starts
     bar = tqdm(total=simulation.steps, desc="simulate", unit="step", disable=args.json or None)
     if not args.json:
         print(
@@ -393,7 +384,7 @@ def _run_simulate(args: argparse.Namespace) -> int:
 
 
 def _simulation(args: argparse.Namespace) -> Any:
-    from psdp._integration.config import LoaderConfig
+    from psdp import LoaderConfig
     from psdp.tools.simulate import DEFAULT_MESH, Simulation
 
     if args.axes is None and args.layout is None and args.batch_axes is None:
@@ -410,15 +401,16 @@ def _simulation(args: argparse.Namespace) -> Any:
         # only --axes changes the default layout (see --layout's help), not --batch-axes alone
         layout = args.layout or (DEFAULT_MESH.layout if args.axes is None else None)
         mesh = MeshConfig(axes=axes, batch_axes=batch, layout=layout)
-    data = LoaderConfig(
-        source=args.source,
-        global_batch_size=args.batch_size,
-        partition=args.spec,
-        shuffle=args.shuffle,
-        seed=args.seed,
-        prefetch=args.prefetch,
-        drop_last=args.drop_last,
-    )
+    given = {
+        "global_batch_size": args.batch_size,
+        "batch_spec": args.batch_spec,
+        "shuffle": args.shuffle,
+        "seed": args.seed,
+        "prefetch": args.prefetch,
+        "read_threads": args.read_threads,
+        "drop_last": args.drop_last,
+    }
+    data = LoaderConfig.create(args.source, **{k: v for k, v in given.items() if v is not None})
     return Simulation(
         processes=args.processes,
         mesh=mesh,

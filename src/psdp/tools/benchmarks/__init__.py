@@ -1,20 +1,8 @@
-"""The performance benchmark: five figures, each a ratio against a baseline measured in the same run.
+"""``psdp bench``: five figures, each psdp against a baseline measured in the same run.
 
-Mental model: every figure times psdp and what a user would otherwise write (or a hard floor) on
-the same data, machine and process, interleaved repeat by repeat so drift hits both alike, and
-reports the ratio; absolute times are printed for context but are only meaningful on that machine.
-One module per figure, each saying what it measures, its baseline and how to read its ratio:
-
-1. `psdp.tools.benchmarks.assembly`: host buffer -> global ``jax.Array``, psdp's batched
-   ``device_put`` against JAX's other paths and the memcpy floor.
-2. `psdp.tools.benchmarks.throughput`: shuffled batches, psdp against the naive loop and Grain.
-3. `psdp.tools.benchmarks.stall`: the trainer's time spent waiting in ``next()`` under slow reads.
-4. `psdp.tools.benchmarks.planning`: planning a 65,536-device pod against a naive per-device loop.
-5. `psdp.tools.benchmarks.resume`: resume at step 10**7 against step 0; peak RSS per ``prefetch``.
-
-`psdp.tools.benchmarks.common` holds the sizes and timing helpers, `psdp.tools.benchmarks.report` the
-markdown. Run ``psdp bench`` / ``python scripts/bench.py`` (full) or ``--quick`` (tiny sizes,
-seconds; what CI runs so the benchmark cannot rot). Timing lives here and never in unit tests.
+What each figure measures, its baseline, how to read its ratio, and the results:
+``docs/performance.md``. One module per figure; ``common`` holds the sizes and timing helpers,
+``report`` the markdown.
 """
 
 from __future__ import annotations
@@ -26,6 +14,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +29,7 @@ from psdp.tools.benchmarks.common import (
     cpu_mesh,
     interleaved_ms,
     median_ms,
+    with_changes,
 )
 from psdp.tools.benchmarks.planning import bench_planning, bench_pod, naive_uid_table, pods
 from psdp.tools.benchmarks.report import machine, markdown, markdown_figure, rows
@@ -76,6 +66,7 @@ __all__ = [
     "rows",
     "rss_child",
     "run",
+    "with_changes",
 ]
 
 #: The exit code of a usage error, as in `psdp.tools.cli`.
@@ -90,19 +81,24 @@ RUNNERS: dict[str, Callable[[Sizes, Path], dict[str, Any]]] = {
 }
 
 
-def run(figures: Sequence[str], quick: bool, command: str) -> dict[str, Any]:
+def run(
+    figures: Sequence[str], quick: bool, command: str, sizes: Sizes | None = None
+) -> dict[str, Any]:
     """Measures the chosen figures and returns the JSON-able report.
+
+    ``sizes`` default to `QUICK` or `FULL`, as ``quick`` says.
 
     Example:
         >>> report = run(["planning"], quick=True, command="psdp bench --quick")
-        >>> list(report["figures"]), report["quick"]
-        (['planning'], True)
+        >>> list(report["figures"]), report["quick"], report["sizes"]["pod"]
+        (['planning'], True, [256, 64, 8])
     """
-    sizes = QUICK if quick else FULL
+    sizes = sizes or (QUICK if quick else FULL)
     report: dict[str, Any] = {
         "command": command,
         "quick": quick,
         "machine": machine(),
+        "sizes": json.loads(json.dumps(asdict(sizes))),  # tuples as lists, as bench.json has them
         "figures": {},
     }
     with tempfile.TemporaryDirectory(prefix="psdp-bench-") as tmp:
@@ -118,14 +114,15 @@ def run(figures: Sequence[str], quick: bool, command: str) -> dict[str, Any]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the benchmark, prints the markdown table and writes ``bench.md`` and ``bench.json``.
 
-    ``--out`` is checked before anything runs (an unwritable place is a one-line error and exit
-    code 2), and the table is printed before the files are written, so a write that still fails
-    loses nothing.
+    ``--out`` and ``--set`` are checked before anything runs (a bad one is a one-line error and
+    exit code 2), and the table is printed before the files are written, so a write that still
+    fails loses nothing.
 
     Example (``--quick`` is what CI runs; the full run takes a minute or two)::
 
-        python scripts/bench.py --out bench-results
-        python scripts/bench.py --quick --only assembly planning --out /tmp/bench
+        psdp bench --out bench-results
+        psdp bench --quick --only assembly planning --out /tmp/bench
+        psdp bench --only planning --set pod=4096,1024,64 repeats=5
     """
     parser = argparse.ArgumentParser(prog="psdp bench", description=(__doc__ or "").splitlines()[0])
     parser.add_argument(
@@ -137,20 +134,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--only", nargs="+", choices=FIGURES, default=list(FIGURES), help="figures to run"
     )
+    parser.add_argument(
+        "--set",
+        nargs="+",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="change sizes, e.g. --set rows=512 steps=20 train_ms=0,2 pod=4096,1024,64; the "
+        f"fields: {', '.join(f.name for f in fields(Sizes))}",
+    )
     args = parser.parse_args(argv)
+    try:
+        sizes = with_changes(QUICK if args.quick else FULL, args.set)
+    except ValueError as err:
+        return _usage_error(parser.prog, str(err))
     files = [args.out / "bench.md", args.out / "bench.json"]
     problem = _unwritable(args.out, files)
     if problem:
-        print(
-            f"{parser.prog}: error: --out {args.out}: {problem}; choose a writable directory",
-            file=sys.stderr,
+        return _usage_error(
+            parser.prog, f"--out {args.out}: {problem}; choose a writable directory"
         )
-        return USAGE_ERROR
     ask_for_cpu_devices(DEVICES)
     script = sys.argv[0].endswith("bench.py")
     prog = "python scripts/bench.py" if script else "psdp bench"
     command = prog + " " + " ".join(sys.argv[1:] if argv is None else argv)
-    report = run(args.only, args.quick, command.strip())
+    report = run(args.only, args.quick, command.strip(), sizes)
     text = markdown(report)
     print(text, flush=True)  # first: the results survive a write that fails below
     try:
@@ -165,6 +172,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return USAGE_ERROR
     print(f"wrote {files[0]} and {files[1]}")
     return 0
+
+
+def _usage_error(prog: str, message: str) -> int:
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    return USAGE_ERROR
 
 
 def _unwritable(out: Path, files: Sequence[Path]) -> str | None:

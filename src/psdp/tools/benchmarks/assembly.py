@@ -1,17 +1,5 @@
-"""Figure 1, assembly: turning the host's batch (a numpy buffer) into one global `jax.Array`.
-
-What it measures: the time of every way to build the global array of an int32 batch on 8 fake CPU
-devices arranged ``data=4 x model=2`` (so every row lives on the 2 devices of its model group):
-psdp's `LeafAssembler.assemble` (every local device's box, a view of the host buffer, sent in one
-batched ``jax.device_put``, then ``make_array_from_single_device_arrays``); the same raw JAX
-calls without psdp; ``jax.make_array_from_callback`` over views of the buffer (psdp's method
-before); ``jax.device_put(global, sharding)``; ``jax.make_array_from_process_local_data``; and one
-``device_put`` call per device. Every path's shards are checked against the host buffer first.
-
-The baseline is the floor: a numpy memcpy of the host's bytes once per model replica, the bytes
-every path must copy at least. Ratio = path time / floor time, so 1 is the best possible and lower
-is better; ``vs_device_put`` is path time / ``device_put(global)`` time (below 1: faster).
-"""
+"""Figure 1, assembly: host buffer -> one global `jax.Array`, every JAX path against the memcpy
+floor (``docs/performance.md``)."""
 
 from __future__ import annotations
 

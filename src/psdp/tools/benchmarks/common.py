@@ -1,11 +1,5 @@
-"""What every benchmark figure shares: the sizes, the fake-CPU mesh, timing, and the checks.
-
-Mental model: a figure times psdp and its baseline on the same data, machine and process,
-interleaved repeat by repeat (`interleaved_ms`), so drift and noise from other jobs hit both alike,
-and reports the ratio (`ratio`). Before timing anything it checks that every path put exactly the
-right rows on every device (`check_shards`): a fast wrong answer is not a result. `Sizes` holds
-every size a figure uses; `FULL` is the real run, `QUICK` the seconds-long one CI runs.
-"""
+"""What every figure shares: the sizes, the fake-CPU mesh, interleaved timing, and the shard
+check run before any timing (``docs/performance.md``)."""
 
 from __future__ import annotations
 
@@ -13,8 +7,8 @@ import contextlib
 import math
 import statistics
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import jax
@@ -58,6 +52,8 @@ class Sizes:
     """Latency injected into every read of figure 3."""
     read_threads: int
     """The several-read-threads setting of figures 2 and 3."""
+    prefetch: int
+    """The loader's prefetch depth in figures 2 and 3."""
     pod: tuple[int, int, int]
     """Figure 4's pod: devices, hosts, model axis size."""
     rss_prefetch: tuple[int, ...]
@@ -81,6 +77,7 @@ FULL = Sizes(
     stall_steps=100,
     read_latency_ms=10,
     read_threads=4,
+    prefetch=2,
     pod=(65536, 16384, 256),
     rss_prefetch=(1, 2, 4, 8),
     rss_batch_mib=16,
@@ -99,11 +96,55 @@ QUICK = Sizes(
     stall_steps=4,
     read_latency_ms=10,
     read_threads=4,
+    prefetch=2,
     pod=(256, 64, 8),
     rss_prefetch=(1, 2),
     rss_batch_mib=1,
     rss_steps=6,
 )
+
+
+def with_changes(sizes: Sizes, assignments: Sequence[str]) -> Sizes:
+    """``sizes`` with ``FIELD=VALUE`` assignments (``psdp bench --set``); a tuple takes ``A,B,..``.
+
+    Example:
+        >>> changed = with_changes(QUICK, ["pod=64,16,8", "train_ms=0"])
+        >>> changed.pod, changed.train_ms
+        ((64, 16, 8), (0.0,))
+    """
+    types = {f.name: str(f.type) for f in fields(Sizes)}
+    changes: dict[str, Any] = {}
+    for text in assignments:
+        name, _, value = (part.strip() for part in text.partition("="))
+        if name not in types:
+            raise ValueError(
+                f"--set {text!r}: {name!r} is not a size; use FIELD=VALUE with a field among "
+                f"{', '.join(types)}"
+            )
+        changes[name] = _parsed(text, value, types[name], getattr(sizes, name))
+    return replace(sizes, **changes)
+
+
+def _parsed(text: str, value: str, annotation: str, current: Any) -> Any:
+    """``value`` as the field's type: an int >= 1, a float >= 0, or a tuple of them."""
+    kind = float if "float" in annotation else int
+    many = annotation.startswith("tuple")
+    count = None if "..." in annotation else len(current) if many else 1  # None: any number
+    try:
+        parsed = tuple(kind(v) for v in value.split(","))
+    except ValueError:
+        parsed = ()
+    minimum = 1 if kind is int else 0
+    if not parsed or min(parsed) < minimum or count not in (None, len(parsed)):
+        each = "an int >= 1" if kind is int else "a number >= 0"
+        amount = {None: "comma-separated values", 1: "one value"}.get(
+            count, f"{count} comma-separated values"
+        )
+        example = ",".join(map(str, current)) if many else str(current)
+        name = text.partition("=")[0].strip()
+        each = each if count == 1 else f"each {each}"
+        raise ValueError(f"--set {text!r}: give {amount}, {each}, e.g. {name}={example}")
+    return parsed if many else parsed[0]
 
 
 def median_ms(action: Callable[[], Any], repeats: int) -> float:
@@ -121,7 +162,7 @@ def median_ms(action: Callable[[], Any], repeats: int) -> float:
     return statistics.median(times) * 1e3
 
 
-def interleaved_ms(actions: dict[str, Callable[[], Any]], repeats: int) -> dict[str, float]:
+def interleaved_ms(actions: Mapping[str, Callable[[], Any]], repeats: int) -> dict[str, float]:
     """Median ms of each action, timed round-robin (one of each per repeat) after one warm-up.
 
     Example:

@@ -1,10 +1,4 @@
-"""The benchmark's report: where it ran, and each figure as a markdown table.
-
-Mental model: a report is one JSON-able dict, ``{"command", "quick", "machine", "figures"}``, where
-each figure is ``{"title", "ratio_means", "note"?, "rows"}`` and each row a flat dict with a
-``ratio``. `markdown` turns it into ``bench.md``: the command and machine first (a figure means
-something only on the machine that produced it), then one table per figure, in `FIGURES` order.
-"""
+"""The benchmark's report: one JSON-able dict, and its markdown (``docs/performance.md``)."""
 
 from __future__ import annotations
 

@@ -1,19 +1,5 @@
-"""Figure 5, resume and memory: a resume at step 10**7 costs what step 0 costs; RSS is bounded.
-
-What it measures, part one: the time of ``GlobalOrder.batch_ids`` and of ``iter_from(step)`` +
-the first ``next()`` at step 10**7 against the same at step 0 (the baseline). Ratio = time at step
-10**7 / time at step 0, so about 1 means resume is O(1) in the step.
-
-Part two: peak RSS above the idle loader, each setting in a fresh subprocess (`rss_child`), with
-batches of ``rss_batch_mib`` and a trainer slow enough that the prefetch queue is always full.
-The baseline is ``prefetch=0``: the same loader's ``batch_at`` called in the trainer's loop, no
-prefetch thread, which holds one batch plus what JAX's CPU allocator keeps (a constant). A
-prefetch row's ``batches_held`` = its extra RSS in batches less that constant, and its ratio =
-batches held / ``(prefetch + 2)``, the bound (at most 1 is within it). The slope row is the RSS
-growth per extra prefetch slot, in batches (bound 1). The kernel's peak counter is reset after
-start-up (importing JAX peaks higher than a few batches) and glibc's mmap threshold is fixed, so
-freed batches leave RSS at once.
-"""
+"""Figure 5, resume and memory: resume at step 10**7 against step 0; peak RSS per ``prefetch``
+(``docs/performance.md``)."""
 
 from __future__ import annotations
 
@@ -29,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from psdp._runtime.loader import DataLoader
+from psdp import DataLoader
 from psdp.tools.benchmarks.common import (
     DEVICES,
     Sizes,

@@ -1,20 +1,5 @@
-"""Figure 3, stall: how much of a trainer's time goes to waiting for its next batch.
-
-What it measures: a trainer whose step takes 5, 20 or 100 ms (a sleep, like XLA compute) reads
-from a source whose every read first sleeps 10 ms (a remote or cold read, `LatencySource`), with
-one and with several read threads; p50, p99 and max of the per-step wait inside ``next()`` show
-whether stalls are periodic (they would show as a p99 near the read time).
-
-The baseline is the trainer's own time: ratio = wait fraction = time spent inside ``next()`` /
-the trainer's total time after the first batch, so 0 is a loader that never stalls and the goal is
-under 0.5% when reads are shorter than a step (``goal_applies``). ``reads_keep_up`` marks rows
-where read time / threads < step time, which several read threads reach even when one read takes
-longer than a step. Each row also keeps ``loader.stats()``'s one-line verdict, and
-``floor_ms_p50``: what the same trainer pays, after the same sleep, for code that cannot wait at
-all (taking a lock, popping a dict entry, notifying a condition: the bookkeeping of a ready
-``next()``), measured in the same run. On a VM, the first instructions after a sleep are slow
-(cold caches, a descheduled core), so a wait near the floor is no stall.
-"""
+"""Figure 3, stall: the share of a trainer's time spent waiting in ``next()`` under slow reads
+(``docs/performance.md``)."""
 
 from __future__ import annotations
 
@@ -24,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from psdp._runtime.loader import DataLoader
+from psdp import DataLoader
 from psdp.sources import ArraySource
 from psdp.tools.benchmarks.common import Sizes, cpu_mesh, int32_table, train_step
 
@@ -106,7 +91,7 @@ def bench_stall(sizes: Sizes) -> dict[str, Any]:
                 mesh=mesh,
                 global_batch_size=sizes.batch,
                 seed=1,
-                prefetch=2,
+                prefetch=sizes.prefetch,
                 stall_warning_s=None,
             )
             with loader:
@@ -130,7 +115,7 @@ def bench_stall(sizes: Sizes) -> dict[str, Any]:
     return {
         "title": (
             f"Stall: share of the trainer's time spent in next(), reads of "
-            f"{sizes.read_latency_ms:g} ms each, prefetch=2, {sizes.stall_steps} steps"
+            f"{sizes.read_latency_ms:g} ms each, prefetch={sizes.prefetch}, {sizes.stall_steps} steps"
         ),
         "ratio_means": "wait fraction = time in next() / trainer time; goal < 0.5% when reads keep up",
         "rows": rows_out,

@@ -1,21 +1,11 @@
-"""Figure 2, throughput: time per shuffled batch, psdp's `DataLoader` against the naive loop and Grain.
-
-What it measures: ms per batch of shuffled int32 batches, from an in-memory array and from a
-TensorStore zarr3 dataset written by `write_dataset`, on 8 fake CPU devices (``data=4 x model=2``),
-each loop with no train step (pure loader throughput) and with a fixed-cost one (a sleep, which
-like XLA compute frees the GIL). Loops: psdp with 1 and with several read threads, and Grain's
-``DataLoader`` (+ ``device_put``) reading record by record as Grain does, when grain is installed.
-
-The baseline is the naive loop (`naive_loop`), what a user writes without psdp: read the global
-batch with one fancy index in psdp's own order, ``device_put`` it, train. Ratio = naive ms per
-batch / this loop's ms per batch, so above 1 is faster than the naive loop; ``vs_grain`` is the
-same against Grain. Grain's shuffle is its own permutation (same kind of order, not the same one).
-"""
+"""Figure 2, throughput: ms per shuffled batch, psdp against a tight hand-written loop and Grain
+(``docs/performance.md``)."""
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -24,9 +14,9 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from psdp._plan.order import GlobalOrder
-from psdp._runtime.loader import DataLoader
-from psdp.sources import ArraySource, TensorStoreSource
+from psdp import DataLoader
+from psdp._plan.leaves import SINGLE_LEAF
+from psdp.sources import TensorStoreSource
 from psdp.sources.writer import write_dataset
 from psdp.tools.benchmarks.common import (
     Sizes,
@@ -38,49 +28,41 @@ from psdp.tools.benchmarks.common import (
     train_step,
 )
 
+Read = Callable[[np.ndarray], np.ndarray]
+NAIVE = "hand loop"
 
-class Records:
-    """A per-record view of a psdp source, the way Grain reads: one row per ``__getitem__``.
+
+def sorted_shuffled_ids(num_rows: int, batch: int, seed: int = 1) -> Iterator[np.ndarray]:
+    """Each step's ids as a user shuffles them: a numpy permutation per epoch, each batch sorted
+    (sorted ids make the gather, and a store's reads, faster).
 
     Example:
-        >>> records = Records(ArraySource(np.arange(6).reshape(3, 2)))
-        >>> len(records), records[2].tolist()
-        (3, [4, 5])
+        >>> ids = sorted_shuffled_ids(num_rows=8, batch=4)
+        >>> first, second = next(ids), next(ids)
+        >>> sorted(np.concatenate([first, second]).tolist()), bool((np.diff(first) > 0).all())
+        ([0, 1, 2, 3, 4, 5, 6, 7], True)
     """
-
-    def __init__(self, source: Any):
-        self._source = source
-
-    def __len__(self) -> int:
-        return len(self._source)
-
-    def __getitem__(self, i: int) -> np.ndarray:
-        return np.asarray(self._source.read(np.array([i], np.int64)))[0]
-
-
-def load_grain() -> Any | None:
-    """The ``grain`` module, or ``None`` when it is not installed (its rows are then skipped)."""
-    try:
-        import grain
-    except ImportError:
-        return None
-    return grain
+    rng = np.random.default_rng(seed)
+    while True:
+        permutation = rng.permutation(num_rows)
+        for start in range(0, num_rows - batch + 1, batch):
+            yield np.sort(permutation[start : start + batch])
 
 
 def naive_loop(
-    source: Any, order: GlobalOrder, sharding: NamedSharding, steps: int, train_s: float
+    read: Read, num_rows: int, batch: int, sharding: NamedSharding, steps: int, train_s: float
 ) -> None:
-    """What a user writes without psdp: read the whole global batch, ``device_put`` it, train.
+    """What a user writes without psdp, at its best: per step the sorted ids, one read (one fancy
+    index, or one batched TensorStore read), one global ``device_put``, the train step.
 
     Example:
         >>> from jax.sharding import PartitionSpec as P
         >>> sharding = NamedSharding(cpu_mesh((8,), ("data",)), P("data"))
-        >>> order = GlobalOrder(num_rows=32, batch_size=8, seed=1)
-        >>> naive_loop(ArraySource(int32_table(32, 4)), order, sharding, steps=2, train_s=0)
+        >>> table = int32_table(32, 4)
+        >>> naive_loop(table.__getitem__, 32, 8, sharding, steps=2, train_s=0)
     """
-    for step in range(steps):
-        batch = jax.device_put(np.asarray(source.read(order.batch_ids(step))), sharding)
-        batch.block_until_ready()
+    for ids in itertools.islice(sorted_shuffled_ids(num_rows, batch), steps):
+        jax.device_put(read(ids), sharding).block_until_ready()
         train_step(train_s)
 
 
@@ -95,87 +77,185 @@ def psdp_loop(loader: DataLoader, steps: int, train_s: float) -> None:
         it.close()
 
 
+def load_grain() -> Any | None:
+    """The ``grain`` module, or ``None`` when it is not installed (its rows are then skipped)."""
+    try:
+        import grain
+    except ImportError:
+        return None
+    return grain
+
+
+class Records:
+    """A per-record view of a batched read, the way Grain reads: one row per ``__getitem__``.
+
+    Example:
+        >>> records = Records(np.arange(6).reshape(3, 2).__getitem__, 3)
+        >>> len(records), records[2].tolist()
+        (3, [4, 5])
+    """
+
+    def __init__(self, read: Read, length: int):
+        self._read, self._length = read, length
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return np.asarray(self._read(np.array([i], np.int64)))[0]
+
+
+def grain_batches(grain: Any, records: Any, batch: int, threads: int) -> Iterator[np.ndarray]:
+    """Grain's own pipeline: a ``MapDataset`` shuffled and batched, read ahead by ``threads``
+    threads (``to_iter_dataset``).
+
+    Example:
+        >>> grain = load_grain()
+        >>> grain is None or next(grain_batches(grain, int32_table(8, 2), 4, 1)).shape == (4, 2)
+        True
+    """
+    dataset = grain.MapDataset.source(records).shuffle(seed=1).repeat().batch(batch)
+    options = grain.ReadOptions(num_threads=threads, prefetch_buffer_size=2 * threads)
+    return iter(dataset.to_iter_dataset(options))
+
+
 def grain_loop(
     grain: Any,
     records: Any,
     batch: int,
+    threads: int,
     sharding: NamedSharding,
     steps: int,
     train_s: float,
 ) -> None:
-    """Grain's ``DataLoader`` (shuffled index sampler, ``Batch``) plus ``device_put`` per batch."""
-    loader = grain.DataLoader(
-        data_source=records,
-        sampler=grain.samplers.IndexSampler(len(records), shuffle=True, seed=1, num_epochs=None),
-        operations=[grain.transforms.Batch(batch, drop_remainder=True)],
-        worker_count=0,
-    )
-    for host_batch in itertools.islice(iter(loader), steps):
+    """`grain_batches`, one ``device_put`` per batch, the train step."""
+    for host_batch in itertools.islice(grain_batches(grain, records, batch, threads), steps):
         jax.device_put(host_batch, sharding).block_until_ready()
         train_step(train_s)
 
 
+def check_rows_of(batch: np.ndarray, table: np.ndarray, what: str) -> None:
+    """Raises unless ``batch`` holds distinct rows of ``table`` (for loops with their own order).
+
+    Example:
+        >>> table = int32_table(8, 3)
+        >>> check_rows_of(table[[5, 1]], table, "ok")
+        >>> check_rows_of(table[[5, 5]], table, "twice")
+        Traceback (most recent call last):
+        ...
+        AssertionError: twice: the batch does not hold distinct rows of the source
+    """
+    rows = {row.tobytes() for row in table}
+    got = {row.tobytes() for row in np.asarray(batch)}
+    if len(got) != len(batch) or not got <= rows:
+        raise AssertionError(f"{what}: the batch does not hold distinct rows of the source")
+
+
+def tensorstore_read(path: Path) -> Read:
+    """One batched read of a dataset's single array with TensorStore alone, as a user writes it."""
+    import tensorstore as ts
+
+    kvstore = {"driver": "file", "path": str(path / SINGLE_LEAF)}
+    array = ts.open({"driver": "zarr3", "kvstore": kvstore}, read=True).result()
+    return lambda ids: array[ids].read().result()
+
+
 def bench_throughput(sizes: Sizes, workdir: Path) -> dict[str, Any]:
-    """Time per shuffled batch: psdp vs the naive loop and Grain, in memory and on TensorStore."""
+    """Time per shuffled batch: psdp vs the hand loop and Grain, in memory and on TensorStore."""
     mesh = cpu_mesh((4, 2), ("data", "model"))
     table = int32_table(sizes.rows, sizes.width)
-    store = TensorStoreSource(write_dataset(workdir / "tokens", table, progress=False))
-    grain = load_grain()
-    spec = PartitionSpec("data")
-    sharding = NamedSharding(mesh, spec)
-    threads = sizes.read_threads
-    steps, grain_steps = sizes.steps, max(sizes.steps // 5, 2)  # Grain is slow; ms per batch
+    path = write_dataset(workdir / "tokens", table, progress=False)
+    sources: dict[str, tuple[Any, Read]] = {
+        "in-memory": (table, table.__getitem__),
+        "TensorStore zarr3": (TensorStoreSource(path), tensorstore_read(path)),
+    }
     rows_out = []
-    for kind, source in (("in-memory", ArraySource(table)), ("TensorStore zarr3", store)):
-        options: dict[str, Any] = {
-            "mesh": mesh,
-            "global_batch_size": sizes.batch,
-            "batch_spec": spec,
-            "seed": 1,
-        }
-        one = DataLoader(source, **options)
-        many = DataLoader(source, read_threads=threads, **options)
-        order = one.order
-        assert order is not None, "a random-access source has a global order"
-        check_shards(one.batch_at(3), table[order.batch_ids(3)], f"psdp on {kind}")
-        records = table if kind == "in-memory" else Records(source)
-        for train_ms in sizes.train_ms:
-            train_s = train_ms / 1e3
-            loops: dict[str, tuple[int, Callable[[], Any]]] = {
-                "naive loop": (steps, partial(naive_loop, source, order, sharding, steps, train_s)),
-                "psdp": (steps, partial(psdp_loop, one, steps, train_s)),
-                f"psdp, {threads} read threads": (steps, partial(psdp_loop, many, steps, train_s)),
-            }
-            if grain is not None:
-                loops["Grain DataLoader"] = (
-                    grain_steps,
-                    partial(
-                        grain_loop, grain, records, sizes.batch, sharding, grain_steps, train_s
-                    ),
-                )
-            ms = interleaved_ms({k: v[1] for k, v in loops.items()}, max(sizes.repeats // 4, 2))
-            per_step = {name: ms[name] / loops[name][0] for name in loops}
-            grain_ms = per_step.get("Grain DataLoader")
-            rows_out += [
-                {
-                    "source": kind,
-                    "train_ms": train_ms,
-                    "loader": name,
-                    "ms_per_batch": per_step[name],
-                    "ratio": ratio(per_step["naive loop"], per_step[name]),
-                    "vs_grain": ratio(grain_ms, per_step[name]),
-                }
-                for name in loops
-            ]
-        one.close()
-        many.close()
+    for kind, (source, read) in sources.items():
+        with ExitStack() as loaders:
+            loops = _loops(sizes, mesh, table, source, read, kind, loaders)
+            for train_ms in sizes.train_ms:
+                rows_out += _rows(sizes, kind, train_ms, loops)
     return {
         "title": (
             f"Loader throughput: shuffled {sizes.batch} x {sizes.width} int32 batches "
-            f"({sizes.batch * sizes.width * 4 / 2**20:.2f} MiB), data=4 x model=2, prefetch=2, "
-            "with no train step and with a fixed-cost one (a sleep)"
+            f"({sizes.batch * sizes.width * 4 / 2**20:.2f} MiB), data=4 x model=2, "
+            f"prefetch={sizes.prefetch}, with no train step and with a fixed-cost one (a sleep)"
         ),
-        "ratio_means": "speed-up over the naive loop (naive ms / this ms); vs_grain the same over Grain",
-        "note": None if grain is not None else "grain is not installed: its column is skipped",
+        "ratio_means": (
+            "speed-up over the hand loop (its ms / this ms); vs_grain the same over the faster "
+            "Grain row"
+        ),
+        "note": None
+        if load_grain() is not None
+        else "grain is not installed: its rows are skipped",
         "rows": rows_out,
     }
+
+
+Loop = Callable[[int, float], None]  # (steps, train_s) -> None
+
+
+def _loops(
+    sizes: Sizes,
+    mesh: Any,
+    table: np.ndarray,
+    source: Any,
+    read: Read,
+    kind: str,
+    loaders: ExitStack,
+) -> dict[str, tuple[int, Loop]]:
+    """Every loop of one source, name -> (steps, loop), each checked for its rows first."""
+    sharding = NamedSharding(mesh, PartitionSpec("data"))
+    options = {
+        "mesh": mesh,
+        "global_batch_size": sizes.batch,
+        "seed": 1,
+        "batch_spec": sharding.spec,
+    }
+    one = loaders.enter_context(DataLoader(source, prefetch=sizes.prefetch, **options))
+    many = loaders.enter_context(
+        DataLoader(source, prefetch=sizes.prefetch, read_threads=sizes.read_threads, **options)
+    )
+    assert one.order is not None, "a random-access source has a global order"
+    check_shards(one.batch_at(3), table[one.order.batch_ids(3)], f"psdp on {kind}")
+    ids = next(sorted_shuffled_ids(sizes.rows, sizes.batch))
+    check_shards(jax.device_put(read(ids), sharding), table[ids], f"{NAIVE} on {kind}")
+    steps, threads = sizes.steps, sizes.read_threads
+    loops: dict[str, tuple[int, Loop]] = {
+        NAIVE: (steps, partial(naive_loop, read, sizes.rows, sizes.batch, sharding)),
+        "psdp": (steps, partial(psdp_loop, one)),
+        f"psdp, {threads} read threads": (steps, partial(psdp_loop, many)),
+    }
+    grain = load_grain()
+    if grain is not None:  # record by record, as Grain reads; in memory, the array itself
+        records = table if kind == "in-memory" else Records(read, sizes.rows)
+        grain_steps = max(steps // 5, 2)  # slower per batch: fewer steps, same ms per batch
+        for count in (1, threads):
+            name = f"Grain, {count} read thread" + ("s" if count > 1 else "")
+            first = next(grain_batches(grain, records, sizes.batch, count))
+            check_rows_of(first, table, f"{name} on {kind}")
+            run = partial(grain_loop, grain, records, sizes.batch, count, sharding)
+            loops[name] = (grain_steps, run)
+    return loops
+
+
+def _rows(
+    sizes: Sizes, kind: str, train_ms: float, loops: dict[str, tuple[int, Loop]]
+) -> list[dict[str, Any]]:
+    """One row per loop at one train step cost, timed interleaved."""
+    train_s = train_ms / 1e3
+    actions = {name: partial(loop, steps, train_s) for name, (steps, loop) in loops.items()}
+    ms = interleaved_ms(actions, max(sizes.repeats // 4, 2))
+    per_batch = {name: ms[name] / loops[name][0] for name in loops}
+    grain_ms = min((v for k, v in per_batch.items() if k.startswith("Grain")), default=None)
+    return [
+        {
+            "source": kind,
+            "train_ms": train_ms,
+            "loader": name,
+            "ms_per_batch": per_batch[name],
+            "ratio": ratio(per_batch[NAIVE], per_batch[name]),
+            "vs_grain": ratio(grain_ms, per_batch[name]),
+        }
+        for name in loops
+    ]

@@ -1,0 +1,45 @@
+"""The rows of ``psdp simulate``: synthetic tokens a bigram model can learn, and a source's main
+leaf (``docs/cli.md``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from psdp._plan.leaves import Key
+
+_MULTIPLIER, _INCREMENT = 5, 3  # a full-period rule mod any power of two
+
+
+def synthetic_tokens(ids: np.ndarray, seq_len: int, vocab: int) -> np.ndarray:
+    """The synthetic rows ``ids``: row ``r`` starts at ``7919 r mod vocab`` and follows the rule.
+
+    Example:
+        >>> synthetic_tokens(np.array([0, 1]), seq_len=4, vocab=64).tolist()
+        [[0, 3, 18, 29], [47, 46, 41, 16]]
+    """
+    tokens = np.empty((len(ids), seq_len), np.int32)
+    tokens[:, 0] = (np.asarray(ids, np.int64) * 7919) % vocab
+    for column in range(1, seq_len):
+        tokens[:, column] = (tokens[:, column - 1] * _MULTIPLIER + _INCREMENT) % vocab
+    return tokens
+
+
+def write_synthetic(path: str, rows: int, seq_len: int, vocab: int) -> None:
+    """Writes ``rows`` synthetic rows as a dataset with one leaf, ``tokens``."""
+    from psdp.sources.writer import write_dataset
+
+    tokens = synthetic_tokens(np.arange(rows), seq_len, vocab)
+    write_dataset(path, {"tokens": tokens}, rows_per_shard=256, progress=False)
+
+
+def main_leaf(leaves: dict[Key, Any], mask_key: str = "mask") -> tuple[Key, Any]:
+    """The leaf the model trains on and the picture shows: ``tokens``, else the first other.
+
+    Example:
+        >>> main_leaf({"mask": 1, "ids": 2, "w": 3})
+        ('ids', 2)
+    """
+    name = "tokens" if "tokens" in leaves else next(k for k in leaves if k != mask_key)
+    return name, leaves[name]
