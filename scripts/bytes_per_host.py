@@ -22,7 +22,7 @@ size (1.0: every byte read once in the pod).
         [--seq-len 4096] [--halo 128] [--itemsize 4] [--layout noncontiguous] [--json]
 
 A ``--pod`` is ``AXES@HOSTS``; its last axis is the model axis, the others are batch axes. The
-defaults are the seed pod (``psdp plan --example``) and ``replica=2 x data=8 x model=4`` on 16 hosts.
+defaults are the 4-host example pod (``psdp plan --example``) and ``replica=2 x data=8 x model=4`` on 16 hosts.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""scripts/bytes_per_host.py: exact byte counts, derived by hand, on small pods and the seed pod."""
+"""scripts/bytes_per_host.py: exact byte counts, derived by hand, on small pods and the 4-host example pod."""
 
 import json
 import runpy
@@ -60,7 +60,7 @@ def test_one_host_holding_both_column_shards_reads_the_shared_halo_once(script, 
 
 
 def test_seed_pod_defaults(script, capsys):
-    # B=64, S=4096, int32: the batch is 1 MiB. Each host of the seed pod holds 2 of the 4 data
+    # B=64, S=4096, int32: the batch is 1 MiB. Each host of the example pod holds 2 of the 4 data
     # rows (32 rows) and 2 adjacent model columns (2 of 4 column shards of 1024).
     out = run_json(script, capsys, "--pod", "data=4,model=4@4")
     pod = out["pods"]["data=4 x model=4, 4 hosts"]

@@ -53,7 +53,7 @@ def test_contiguous_two_hosts_every_shard_exact():
 
 
 def test_layout_matches_the_seed_shape():
-    # sanity of the fixture itself: it is non-contiguous in the sense DESIGN.md uses
+    # sanity of the fixture itself: it is non-contiguous: a host holds several data rows that are not neighbours
     procs = np.array(NONCONTIGUOUS_4x2)
     for p in range(4):
         rows = sorted(set(np.nonzero(procs == p)[0].tolist()))
