@@ -33,3 +33,13 @@ def leaf_label(key: Key) -> str:
         ("leaf 'tokens'", 'the array source')
     """
     return "the array source" if key is None else f"leaf {key!r}"
+
+
+def unwrap(values: dict[Key, Any]) -> Any:
+    """An array source's single value, or the dict of a dict source's leaves.
+
+    Example:
+        >>> unwrap({None: 1}), unwrap({"tokens": 1})
+        (1, {'tokens': 1})
+    """
+    return values[None] if None in values else values

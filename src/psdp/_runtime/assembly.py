@@ -15,7 +15,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from psdp._compat import enable_x64
 from psdp._imports import import_optional
-from psdp._plan.leaves import Key, leaf_label
+from psdp._plan.leaves import Key, leaf_label, unwrap
 from psdp._plan.loader_plan import LoaderPlan
 from psdp._plan.order import PAD
 from psdp._plan.windows import LeafWindows
@@ -148,7 +148,7 @@ class BatchAssembler:
                 else value
                 for key, value in batch.items()
             }
-        return batch[None] if None in batch else batch
+        return unwrap(batch)
 
 
 def halo_mask(leaf: LeafWindows, key: Key) -> jax.Array:

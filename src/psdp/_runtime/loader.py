@@ -12,6 +12,7 @@ import jax
 from jax.sharding import Mesh
 
 from psdp._checks import check_int
+from psdp._plan.leaves import unwrap
 from psdp._plan.loader_plan import LoaderPlan
 from psdp._plan.mesh import as_layout
 from psdp._plan.options import (
@@ -130,25 +131,20 @@ class DataLoader:
     @property
     def batch_spec(self) -> Any:
         """Each leaf's `PartitionSpec` (one spec for an array source)."""
-        return self.plan.specs[None] if None in self.plan.specs else self.plan.specs
+        return unwrap(self.plan.specs)
 
     @property
     def dtypes(self) -> Any:
         """The dtype each leaf is delivered in (one dtype for an array source)."""
-        found = {k: v.delivered for k, v in self.plan.dtypes.items()}
-        return found[None] if None in found else found
+        return unwrap({k: v.delivered for k, v in self.plan.dtypes.items()})
 
     def leaf(self, key: str | None = None) -> LeafAssembler:
         """The `LeafAssembler` of one leaf: its global shape, sharding and windows."""
         return self._assembler.leaves[key]
 
     def halo_mask(self, key: str | None = None) -> jax.Array:
-        """Which columns of a sequence-sharded leaf are halo columns (``True``), as a global array.
-
-        It is the same every step: shape ``(C * (S/C + 2h),)``, sharded like the leaf's dimension
-        1, so inside ``jax.shard_map`` each device sees ``h`` ``True`` on each side of ``S/C``
-        ``False``. Halo columns outside the sequence hold ``pad_value``.
-        """
+        """Which columns of a sequence-sharded leaf are halo columns (``True``), as a global array
+        sharded like the leaf's dimension 1, the same every step (``docs/partitioning.md``)."""
         return halo_mask(self.plan.leaves[key], key)
 
     def batch_at(self, step: int) -> Batch:
