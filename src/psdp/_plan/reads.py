@@ -1,18 +1,6 @@
-r"""Read planning: which source reads serve one step, and where their rows go. Pure: no I/O.
-
-Mental model. Every leaf's `LeafWindows` has *windows*: host buffers of some batch positions
-(and, for a sequence-sharded leaf, some source columns). A step is served by a few
-`ReadRequest`\ s: one set of batch positions read in one call, with, per leaf, the columns to read
-(``None``: whole rows). Whole-row leaves share one request, the union of their rows (each leaf
-picks its rows out of it); a sequence-sharded leaf's windows on the same rows whose columns
-overlap or touch (a host holding neighbouring shards, halos included) merge into one read of their
-span, so no column is read twice; windows of different leaves on the same rows share a request.
-A `WindowSlice` says how one window's buffer is cut out of its request's read.
-
-The same module holds the other per-host facts the loader plans once: where a logical batch's
-real rows sit when only some hosts are fed (`feeding_positions`) and which stream shard a host
-reads (`stream_shard`).
-"""
+"""Read planning: which source reads serve one step (`plan_reads`), where the real rows sit when
+only some hosts are fed (`feeding_positions`), and which stream shard a host reads
+(`stream_shard`). Pure: no I/O (``docs/loader.md``, "One step")."""
 
 from __future__ import annotations
 

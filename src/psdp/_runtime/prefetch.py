@@ -1,25 +1,6 @@
-"""Background threads that keep the next few steps' items ready, delivered strictly in step order.
-
-Mental model (Grain's prefetch iterator, widened to a few threads): ``read_threads`` named daemon
-threads take consecutive steps from one counter, call ``produce(step)`` and file the result (or the
-exception) under its step; the consumer's ``next()`` takes step after step, waiting for the one it
-needs even when later ones are already done. A thread may start step ``s`` only while
-``s < next_step + depth + read_threads``, so at most ``depth + read_threads`` items exist besides
-the one the trainer holds: ``depth`` finished ones waiting plus one in flight per thread. With
-``read_threads=1`` this is exactly one thread and a queue of ``depth``. Production is continuous (a
-thread starts the next step as soon as the bound allows, never in windows), and with several
-threads slow reads (network, disk latency) overlap, so a read may take up to ``read_threads``
-trainer steps without a stall.
-
-An exception in ``produce(k)`` is re-raised by the consumer's ``next()`` for step ``k`` (after
-steps ``< k`` were delivered) with its original type and traceback; then the iterator is closed.
-``close()`` (safe from any thread, idempotent) stops the threads, drops finished items, wakes a
-blocked ``next()`` (which raises `LoaderClosedError`) and joins every thread. A thread blocked
-inside ``produce`` cannot be interrupted: ``close()`` waits for all threads together at most
-`JOIN_TIMEOUT_S` (1 s), then logs a warning and returns; such a daemon thread finishes its
-call, discards the result and exits, and never keeps the process alive. Nothing here knows about
-JAX or meshes.
-"""
+"""`Prefetcher`: background threads that keep the next few steps' items ready, delivered strictly
+in step order; errors at their step; a bounded, prompt `close` (``docs/loader.md``, "Threads, errors
+and shutdown"). Nothing here knows about JAX or meshes."""
 
 from __future__ import annotations
 

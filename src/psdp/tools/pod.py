@@ -1,27 +1,5 @@
-"""A local pod: N real JAX processes on 127.0.0.1, each with k fake CPU devices, running one function.
-
-Mental model: `run_pod` is a tiny multi-controller launcher. It picks a free port, starts N copies
-of ``python -m psdp.tools.pod`` (each sets its CPU device count *before* JAX starts, then calls
-``jax.distributed.initialize`` against the coordinator on that port) and waits. Each child imports
-the target function (a module-level function, named to the child by its module and name, or a
-``package.module:function`` or ``path/to/file.py:function`` string), calls it with the JSON
-arguments, and writes its JSON-able result to a file. The parent returns the results in
-process order, or raises `PodError` with every child's output when any child fails (exits
-non-zero, or exits 0 without its result file, as ``os._exit(0)`` in the target does) or the pod
-overruns its time limit.
-
-Failure is bounded in time. JAX's own heartbeat notices a dead peer only after minutes, and a
-process blocked in a collective cannot notice anything, so the parent watches: as soon as one
-child fails (an exception, killed, or exited 0 without a result) it writes the reason to an *abort
-file*; every child runs a watchdog thread that polls that file, prints the reason (``psdp pod:
-process 0 stops: process 1 failed: RuntimeError: ...``) and exits with `STOPPED` even while its
-main thread is stuck in a collective. A child whose own error is only the echo of another's
-failure (a collective that lost its peer) waits a moment before exiting, so the parent names the
-first failure and the echo exits as stopped too. Process 0 stops last: it hosts JAX's coordination
-service, and a JAX client that loses it may abort its process (SIGABRT, seen on jax 0.6 and 0.7)
-before that process's watchdog runs. Whatever is still alive after a grace period, or at the time
-limit, is killed.
-"""
+"""A local pod: N real JAX processes on 127.0.0.1, each with k fake CPU devices, running one function;
+a failing process stops the others within seconds (``docs/cli.md``, "The local pod")."""
 
 from __future__ import annotations
 
