@@ -310,6 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", nargs="*", help="mutant names to run (default: all)")
     parser.add_argument("--tests", nargs="*", help="test paths (default: the module's TESTS)")
+    parser.add_argument("--skip", nargs="*", default=[], help="test paths to leave out of TESTS")
     parser.add_argument("--no-pods", action="store_true", help="skip the multi-process re-run")
     parser.add_argument("--list", action="store_true", help="list the mutants and exit")
     args = parser.parse_args(argv)
@@ -319,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
         for m in mutants:
             print(f"{m.name:4} {m.file:28} {m.what}")
         return 0
-    tests = args.tests or TESTS
+    tests = args.tests or [t for t in TESTS if t not in args.skip]
     marker = None if args.tests else "not multiprocess"  # tests named by hand run as they are
     survivors = []
     started = time.monotonic()
