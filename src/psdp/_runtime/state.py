@@ -79,7 +79,8 @@ def restored_order(state: Mapping[str, Any], kwargs: dict[str, Any]) -> OrderOpt
     given = {name: kwargs.pop(name) for name in ORDER_FIELDS if name in kwargs}
     group = kwargs.pop("order", None)
     if group is not None:
-        check_groups("", {"order": group})  # the constructor's TypeError, before its fields are read
+        # a group of the wrong type: the constructor's TypeError, before its fields are read
+        check_groups("", {"order": group})
         defaults = OrderOptions()
         given.update(
             {
