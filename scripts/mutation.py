@@ -270,6 +270,8 @@ TESTS = [
     "tests/test_state.py",
     "tests/test_sources.py",
     "tests/test_faults.py",
+    "tests/test_fake_hosts.py",
+    "tests/test_loader_inputs.py",
     "tests/test_config.py",
     "src/psdp/_plan/order.py",
     "src/psdp/_plan/mesh.py",
