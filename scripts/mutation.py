@@ -14,6 +14,7 @@ Usage (about 10 minutes on 2 cores)::
     .venv/bin/python scripts/mutation.py              # every mutant, then the pods for survivors
     .venv/bin/python scripts/mutation.py --only R1 A1  # some mutants
     .venv/bin/python scripts/mutation.py --list        # the mutants, without running anything
+    .venv/bin/python scripts/mutation.py --skip tests/test_cli.py  # leave a test file out
 
 This is a development tool, not part of ``make test``.
 """
