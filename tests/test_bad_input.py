@@ -600,6 +600,12 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
         ["lacks keys ['seed', 'step']", "pass the whole dict DataLoader.state() returned"],
     ),  # fmt: skip
     (
+        "resume with an order group of the wrong type",  # like the constructor: not AttributeError
+        _resume({}, order={"seed": 3}),
+        TypeError,
+        ["order must be a OrderOptions", "{'seed': 3}", "order=OrderOptions(...)"],
+    ),
+    (
         "resume from a state with a step of the wrong type",
         lambda _: DataLoader.restore(_state_with(step="3"), {"tokens": TOKENS}, mesh=_mesh()),
         TypeError,

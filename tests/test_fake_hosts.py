@@ -113,6 +113,16 @@ def test_halos_at_both_sequence_edges_and_feeding_on_a_3d_mesh_with_two_batch_ax
         check_every_host(case, mesh, TWISTED_3D)
 
 
+def test_a_host_holding_an_unfed_shard_before_a_fed_one_keeps_each_row_in_place():
+    """Host 1 holds batch shards 0 and 2; with feeding_processes=[3] only shards 2 and 3 are fed,
+    so host 1's read holds padding before real rows (each row must stay at its position)."""
+    mesh = mesh_of(("data", "model"), (4, 2), SCRAMBLED)
+    for feeding in ([3], [2]):
+        case = Case({"tokens": [2]}, {"tokens": ["data"]}, batch_size=3, num_rows=11,
+                    feeding=feeding, steps=[0, 3])  # fmt: skip
+        assert check_every_host(case, mesh, [[0, 1], [0, 2], [1, 3], [2, 3]]) == 4 * 8
+
+
 def test_fill_cuts_each_window_from_a_hosts_own_rows():
     """`LeafAssembler.fill` with ``positions`` (how `filter_shard` feeds a host's own rows): host
     0 of [[0, 1], [1, 0], ...] holds column shard 0 of some rows and shard 1 of others, so each

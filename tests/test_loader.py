@@ -299,6 +299,24 @@ def test_a_stream_fills_batches_in_order_and_pads_its_end():
         assert_batch_exact(batch, want)
 
 
+def test_a_stream_takes_no_elements_for_the_physical_batchs_padding():
+    """6 real rows on 4 data shards: a physical batch of 8, whose last 2 rows are padding every
+    step; each step takes the next 6 elements (21 = 6 + 6 + 6 + 3)."""
+    data = {"x": token_table(21)}
+    elements = [{"x": row} for row in data["x"]]
+    with DataLoader(
+        StreamSource(elements), mesh=make_mesh("data=4 x model=2"), global_batch_size=6
+    ) as loader:
+        assert loader.plan.physical_batch_size == 8
+        batches = list(loader)
+    assert len(batches) == 4
+    for step, batch in enumerate(batches):
+        ids = np.full(8, PAD)
+        ids[:6] = np.arange(step * 6, step * 6 + 6)
+        ids[ids >= 21] = PAD
+        assert_batch_exact(batch, expected_global(data, ids) | {"mask": ids != PAD})
+
+
 def test_a_stream_resumes_by_skipping_and_drops_its_end_with_drop_last():
     stream = StreamSource(
         lambda shard, num_shards: ({"x": np.array([k, -k], np.int32)} for k in range(30))

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 import threading
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
-from psdp import DataLoader, LoaderConfig
+from psdp import DataLoader, LoaderConfig, OrderOptions
 from tests.batch_checks import assert_batch_exact, token_table
 
 ROWS, B = 64, 8
@@ -99,3 +100,21 @@ def test_the_trainer_doc_resumes_from_its_checkpoint(tmp_path, monkeypatch):
     assert starts == [0, 100]
     with data.restore(saved, longer.mesh.build()) as loader:
         assert_batch_exact(next(iter(loader)), _unshuffled(100)["tokens"])
+
+
+def test_restore_takes_the_order_from_an_order_group_or_flat_keywords(mesh_2d):
+    """`DataLoader.restore` checks an ``order=`` group's fields like flat keywords; both may
+    repeat the saved order, and a field that differs is refused."""
+    with DataLoader(DATA, mesh=mesh_2d, global_batch_size=B, shuffle=False, seed=3) as loader:
+        train = iter(loader)
+        next(train), next(train)
+        saved = train.state()
+    same = OrderOptions(global_batch_size=B, shuffle=False, seed=3)
+    for given in ({"order": same}, {"global_batch_size": B, "shuffle": False}):
+        with DataLoader.restore(saved, DATA, mesh=mesh_2d, **given) as loader:
+            assert_batch_exact(next(iter(loader)), _unshuffled(2))
+    for given in ({"order": replace(same, seed=4)}, {"seed": 4}):
+        with pytest.raises(
+            ValueError, match=r"resuming with seed=4, but the saved state has seed=3"
+        ):
+            DataLoader.restore(saved, DATA, mesh=mesh_2d, **given)

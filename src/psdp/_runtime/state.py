@@ -8,7 +8,7 @@ from typing import Any
 
 from psdp._checks import check_fields, check_int
 from psdp._plan.loader_plan import LoaderPlan
-from psdp._plan.options import OrderOptions
+from psdp._plan.options import OrderOptions, check_groups
 from psdp._runtime.agreement import agree
 
 #: The ``format`` field of a loader state.
@@ -79,6 +79,8 @@ def restored_order(state: Mapping[str, Any], kwargs: dict[str, Any]) -> OrderOpt
     given = {name: kwargs.pop(name) for name in ORDER_FIELDS if name in kwargs}
     group = kwargs.pop("order", None)
     if group is not None:
+        # a group of the wrong type: the constructor's TypeError, before its fields are read
+        check_groups("", {"order": group})
         defaults = OrderOptions()
         given.update(
             {
