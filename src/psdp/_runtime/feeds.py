@@ -174,7 +174,7 @@ class StreamFeed:
         with self._lock:
             reader = self._reader
             if reader is None or reader.consumed != step * per_step:
-                if self._closed:
+                if self._closed or stop():
                     raise LoaderClosedError("this DataLoader is closed")
                 if reader is not None:
                     reader.close()
