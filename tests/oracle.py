@@ -61,7 +61,8 @@ def step_ids(
     shuffle: bool = True,
     drop_last: bool = False,
 ) -> np.ndarray:
-    """The ``B`` source row ids of step ``step`` (`PAD` for an epoch's short final batch)."""
+    """The ``B`` source row ids of step ``step``, increasing (`PAD` for an epoch's short final
+    batch, after the real ones)."""
     n, b = num_rows, batch_size
     per_epoch = n // b if drop_last else -(-n // b)
     epoch, within = divmod(step, per_epoch)
@@ -71,6 +72,7 @@ def step_ids(
     ids = permuted(n, seed, epoch, safe) if shuffle else safe
     ids = np.where(real, ids, PAD)
     assert len(set(ids[real].tolist())) == real.sum(), "a row twice in one batch"
+    ids[real] = np.sort(ids[real])  # a batch's rows in increasing id order (real ones lead)
     return ids
 
 

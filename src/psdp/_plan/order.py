@@ -157,7 +157,8 @@ class GlobalOrder:
         return not self.drop_last and self.num_rows % self.batch_size != 0
 
     def batch_ids(self, step: int) -> np.ndarray:
-        """The ``B`` source row ids of the global batch at ``step`` (int64; `PAD` for padding)."""
+        """The ``B`` source row ids of the global batch at ``step``: increasing, then `PAD` for
+        padding (int64)."""
         step = operator.index(step)
         if step < 0:
             raise ValueError(f"step must be >= 0, got {step}")
@@ -166,8 +167,11 @@ class GlobalOrder:
         position = within_epoch * b + np.arange(b, dtype=np.int64)
         real = position < n
         position = np.where(real, position, 0)
-        ids = IndexShuffle(n, self._epoch_key(epoch))(position) if self.shuffle else position
-        return np.where(real, ids, PAD)
+        if not self.shuffle:
+            return np.where(real, position, PAD)
+        ids = IndexShuffle(n, self._epoch_key(epoch))(position[real])
+        # a batch is a set of rows: in increasing id order, every host's reads are sorted gathers
+        return np.concatenate([np.sort(ids), np.full(b - len(ids), PAD, np.int64)])
 
     def _epoch_key(self, epoch: int) -> int:
         return _splitmix64((_splitmix64(self.seed & _MASK64) ^ epoch) & _MASK64)
