@@ -73,6 +73,8 @@ MUTANTS = [
            "hi_bits, lo_bits = bits // 2, bits - bits // 2", "Feistel halves swapped (odd bits)"),
     Mutant("O12", "_plan/order.py", "f = (f ^ (f >> np.uint64(32))) * np.uint64(0xD6E8FEB86659FD93)",
            "f = (f ^ (f >> np.uint64(31))) * np.uint64(0xD6E8FEB86659FD93)", "a Feistel shift"),
+    Mutant("O13", "_plan/order.py", "np.concatenate([np.sort(ids), np.full(",
+           "np.concatenate([ids, np.full(", "a step's rows in permutation order, not sorted"),
     # -------------------------------------------------------------------------------- mesh.py
     Mutant("M1", "_plan/mesh.py", "index = index * layout.shape[dim] + coords[dim]",
            "index = index + coords[dim] * count", "axes of one dimension linearised minor-major"),
