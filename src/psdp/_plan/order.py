@@ -166,7 +166,6 @@ class GlobalOrder:
         epoch, within_epoch = divmod(step, self.steps_per_epoch)
         position = within_epoch * b + np.arange(b, dtype=np.int64)
         real = position < n
-        position = np.where(real, position, 0)
         if not self.shuffle:
             return np.where(real, position, PAD)
         ids = IndexShuffle(n, self._epoch_key(epoch))(position[real])
