@@ -106,15 +106,19 @@ class RandomAccessFeed:
     def read_threads(self, requested: int) -> int:
         return requested
 
-    def step(self, step: int, run: str, stop: Callable[[], bool]) -> tuple[np.ndarray, Any]:
+    def ids(self, step: int) -> np.ndarray:
+        """The physical batch's source row ids at ``step`` (`PAD` for padding); reads nothing."""
         assert self._plan is not None and self.order is not None
         ids = np.full(self._plan.physical_batch_size, PAD, np.int64)
         ids[self._plan.real_positions] = self.order.batch_ids(step)
-        return ids, self.source
+        return ids
+
+    def step(self, step: int, run: str, stop: Callable[[], bool]) -> tuple[np.ndarray, Any]:
+        return self.ids(step), self.source
 
     def what_is_read(self, step: int) -> str:
-        ids, _ = self.step(step, "", lambda: False)
-        read = ids[self._plan.read_positions if self._plan is not None else slice(None)]
+        assert self._plan is not None
+        read = self.ids(step)[self._plan.read_positions]
         return f"{len(read)} rows (ids {preview_ids(read)})"
 
     def close(self) -> None:

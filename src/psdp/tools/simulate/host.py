@@ -97,9 +97,7 @@ def physical_ids(loader: Any, step: int) -> np.ndarray:
             "psdp simulate checks every batch against its source rows, so it needs a "
             "random-access source (a dataset directory or a .npy file), not a stream"
         )
-    ids = np.full(loader.plan.physical_batch_size, -1, np.int64)
-    ids[loader.plan.real_positions] = loader.order.batch_ids(step)
-    return ids
+    return loader.feed.ids(step)
 
 
 def expected_batch(loader: Any, batch: Any, step: int, sim: Simulation, synthetic: bool) -> Any:
