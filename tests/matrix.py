@@ -8,13 +8,15 @@ source). `check_case` builds the loader for one host, reads some steps and check
 - every device it holds (its addressable shards, or a simulated host's boxes) equals the
   oracle's global batch at the box JAX gives that device (`oracle.check_shards`);
 - its reads are exactly what its devices need (`oracle.needed_elements`): a sequence-sharded
-  leaf read through ``read_window`` reads exactly its (row, column) pairs, each once; whole-row
+  leaf (or one split after dimension 1) read through ``read_window`` reads exactly its (row,
+  entry) pairs, each once; whole-row
   leaves read exactly the union of the rows they need, once; a source without ``read_window``
   reads whole rows, exactly the union of the rows any leaf needs. Padding is never read.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -228,7 +230,7 @@ def check_reads(
     columns = {
         k
         for k in case.leaves
-        if oracle.column_mode(want.specs[k], mesh, 1 + len(case.leaves[k]), case.halo.get(k, 0))
+        if oracle.windowed_dims(want.specs[k], mesh, 1 + len(case.leaves[k]), case.halo.get(k, 0))
     }
     all_rows = {i for pairs in needed.values() for i, _ in pairs}
     whole_rows = {i for k, pairs in needed.items() if k not in columns for i, _ in pairs}
@@ -242,7 +244,7 @@ def check_reads(
             for ids, cols in reads
             if key in cols
             for i in ids
-            for c in ([-1] if cols[key] is None else range(cols[key].start, cols[key].stop))
+            for c in entries_of(cols[key], case.leaves[key])
         ]
         assert len(pairs) == len(set(pairs)), (what, key, "an element was read twice")
         if key in columns:
@@ -250,3 +252,16 @@ def check_reads(
         else:
             rows = {i for i, _ in pairs}
             assert rows == whole_rows, (what, key, sorted(rows ^ whole_rows)[:8])
+
+
+def entries_of(box: Any, trailing: list[int]) -> list[tuple[int, ...]]:
+    """The entries a read of one row cut to ``box`` takes (what ``read_window`` was given: None
+    for whole rows, a slice of dimension 1, or a slice or index array per dimension from 1)."""
+    if box is None:
+        return [()]
+    parts = box if isinstance(box, tuple) else (box,)
+    ranges = [
+        range(n)[part] if isinstance(part, slice) else [int(x) for x in part]
+        for part, n in zip(parts, trailing, strict=False)
+    ]
+    return list(itertools.product(*ranges))

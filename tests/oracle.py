@@ -19,6 +19,7 @@ Nothing here asks the loader or psdp's planner which rows, positions or columns 
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -106,11 +107,6 @@ def axes_of(entry: Any) -> tuple[str, ...]:
 def shard_count(mesh: Mesh, entry: Any) -> int:
     """How many shards a spec entry splits a dimension into: the product of its axis sizes."""
     return math.prod(mesh.shape[a] for a in axes_of(entry))
-
-
-def column_mode(spec: PartitionSpec, mesh: Mesh, ndim: int, halo: int = 0) -> bool:
-    """Whether a leaf is read in column windows: dimension 1 split into shards, or a halo."""
-    return ndim >= 2 and (halo > 0 or (len(spec) >= 2 and shard_count(mesh, spec[1]) > 1))
 
 
 def batch_entry(spec: PartitionSpec) -> Any:
@@ -283,26 +279,37 @@ def check_shards(
     return len(shards)
 
 
+def windowed_dims(spec: PartitionSpec, mesh: Mesh, ndim: int, halo: int = 0) -> list[int]:
+    """The dimensions after the batch a leaf is read in windows along: each one its spec splits
+    into shards, and dimension 1 when it has a halo (``docs/partitioning.md``)."""
+    return [
+        d
+        for d in range(1, ndim)
+        if (d < len(spec) and shard_count(mesh, spec[d]) > 1) or (d == 1 and halo > 0)
+    ]
+
+
 def needed_elements(
     expected: Expected, key: Any, mesh: Mesh, devices: Sequence[Any], halo: int = 0
-) -> set[tuple[int, int]]:
-    """(source row id, source column) pairs a set of devices needs of one leaf (column -1: whole
-    rows, when dimension 1 is not sharded); padding positions need nothing."""
+) -> set[tuple[int, tuple[int, ...]]]:
+    """(source row id, source entry) pairs a set of devices needs of one leaf: the entry is an
+    index along dimensions 1 to the leaf's last windowed one (``()``: whole rows, when no
+    dimension after the batch is windowed); padding positions need nothing. ``halo`` is a
+    dimension-1 halo; every other dimension divides evenly."""
     spec = expected.specs[key]
     shape = expected.leaves[key].shape
     boxes = NamedSharding(mesh, spec).devices_indices_map(shape)
-    sharded = column_mode(spec, mesh, len(shape), halo)
-    out: set[tuple[int, int]] = set()
+    windowed = windowed_dims(spec, mesh, len(shape), halo)
+    out: set[tuple[int, tuple[int, ...]]] = set()
     for device in devices:
-        rows = boxes[device][0]
-        ids = expected.ids[rows]
-        if not sharded:
-            out |= {(int(i), -1) for i in ids if i != PAD}
-            continue
-        c = shard_count(mesh, spec[1])
-        width = shape[1] // c - 2 * halo  # unhaloed columns per shard
-        source_len = width * c
-        shard = (boxes[device][1].start or 0) // (width + 2 * halo)
-        first, last = max(shard * width - halo, 0), min((shard + 1) * width + halo, source_len)
-        out |= {(int(i), j) for i in ids if i != PAD for j in range(first, last)}
+        ids = [int(i) for i in expected.ids[boxes[device][0]] if i != PAD]
+        entries = []
+        for d in range(1, max(windowed, default=0) + 1):
+            count = shard_count(mesh, spec[d]) if d < len(spec) else 1
+            h = halo if d == 1 else 0
+            width = shape[d] // count - 2 * h  # a shard's own entries
+            shard = (boxes[device][d].start or 0) // (width + 2 * h)
+            first, last = shard * width - h, (shard + 1) * width + h
+            entries.append(range(max(first, 0), min(last, width * count)))
+        out |= {(i, entry) for i in ids for entry in itertools.product(*entries)}
     return out

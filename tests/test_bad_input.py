@@ -268,14 +268,6 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
         ValueError,
         ["halo=1", 'give a leaf a spec like P("data", "context") or drop the halo'],
     ),
-    (
-        "sequence not divisible by its shards",
-        lambda _: _loader(
-            {"tokens": TOKENS[:, :7]}, batch_spec={"tokens": PartitionSpec("data", "model")}
-        ),
-        ValueError,
-        ["size 7", "2 shards (model=2)", "a multiple of 2 (e.g. 6 or 8", "fewer mesh axes"],
-    ),
     # ------------------------------------------------------------------------------ sources
     (
         "source shorter than one batch with drop_last",

@@ -17,6 +17,7 @@ from psdp import (
     GrainSource,
     MemmapSource,
     TensorStoreSource,
+    plan_batch,
     write_dataset,
 )
 from psdp._compat import enable_x64  # jax.enable_x64, or jax.experimental's on older jax
@@ -299,8 +300,9 @@ def test_a_pad_value_is_only_checked_against_leaves_it_can_fill(mesh_2d):
 
 
 def test_an_indivisible_sequence_never_suggests_padding_the_batch(mesh_context):
+    # the loader pads an uneven sequence (tests/test_spatial.py); a plan of a given global
+    # shape refuses it, naming the sequence's own fix
     with pytest.raises(ValueError) as raised:
-        DataLoader({"tokens": token_table(32, width=7)}, mesh=mesh_context,
-                   global_batch_size=B, batch_spec={"tokens": P("data", "context")})  # fmt: skip
+        plan_batch(mesh_context, P("data", "context"), (B, 7), process_index=0)
     message = str(raised.value)
     assert "pad the batch" not in message and "sequence length" in message

@@ -26,7 +26,7 @@ from psdp._plan.partition import (
     resolve_specs,
 )
 from psdp._plan.reads import ReadRequest, feeding_positions, plan_reads, stream_shard
-from psdp._plan.windows import LeafWindows
+from psdp._plan.windows import AxisHalo, LeafWindows
 
 
 @dataclass(frozen=True, eq=False)
@@ -57,7 +57,8 @@ class LoaderPlan:
     named: dict[Key, tuple[Any, ...]]
     #: each leaf's source and delivered dtype
     dtypes: dict[Key, LeafDtype]
-    halos: dict[Key, int]
+    #: each leaf's halo per dimension
+    halos: dict[Key, dict[int, AxisHalo]]
     physical_batch_size: int
     #: where the global batch's rows sit in the physical batch (the rest is padding)
     real_positions: np.ndarray
@@ -129,10 +130,11 @@ class LoaderPlan:
                 dtypes[key].delivered,
                 process_index,
                 halo=halos[key],
+                pad_uneven=True,
             )
             for key, row in first_row.items()
         }
-        _check_pad_value(options, dtypes, halos, padded, physical)
+        _check_pad_value(options, dtypes, leaves, padded, physical)
         mask = _plan_mask(options, mesh, specs, leaves, padded, physical, process_index)
         requests = tuple(plan_reads(leaves))
         read_positions = np.unique(np.concatenate([r.positions for r in requests]))
@@ -161,7 +163,7 @@ class LoaderPlan:
     def leaf_shapes(self) -> dict[str, list[Any]]:
         """Each leaf's delivered dtype and trailing shape, by name (part of a source's fingerprint)."""
         return {
-            str(k): [str(v.dtype), list(v.plan.global_shape[1:])]
+            str(k): [str(v.dtype), list(v.source_shape[1:])]
             for k, v in sorted(self.leaves.items(), key=lambda kv: str(kv[0]))
         }
 
@@ -171,17 +173,25 @@ class LoaderPlan:
         feeding = self.options.sharding.feeding_processes
         return {
             "batch_spec": {str(k): str(v) for k, v in self.specs.items()},
-            "halo": {str(k): int(v) for k, v in self.halos.items()},
+            "halo": {str(k): _halo_setting(v) for k, v in self.halos.items()},
             "feeding_processes": None if feeding is None else sorted(int(p) for p in feeding),
             "pad_value": np.asarray(self.options.output.pad_value).item(),
             "mask_key": self.options.output.mask_key,
         }
 
 
+def _halo_setting(halos: dict[int, AxisHalo]) -> int | dict[str, list[Any]]:
+    """A leaf's halos as the hosts agree on them: an int for dimension 1 with ``pad`` (as saved
+    before halos had dimensions), else dimension -> [width, boundary]."""
+    if not halos or (list(halos) == [1] and halos[1].boundary == "pad"):
+        return halos[1].width if halos else 0
+    return {str(d): [h.width, h.boundary] for d, h in halos.items()}
+
+
 def _check_pad_value(
     options: LoaderOptions,
     dtypes: dict[Key, LeafDtype],
-    halos: dict[Key, int],
+    leaves: dict[Key, LeafWindows],
     padded: bool,
     physical: int,
 ) -> None:
@@ -193,11 +203,29 @@ def _check_pad_value(
                 f"the batch can hold padding rows (global_batch_size={order.global_batch_size} "
                 f"in a physical batch of {physical}, drop_last={order.drop_last})"
             )
-        elif halos[key]:
-            reason = f"its halo={halos[key]} columns beyond the sequence's ends are filled with it"
         else:
-            continue
+            reason = _pad_filled(leaves[key])
+            if not reason:
+                continue
         check_pad_value(options.output.pad_value, dtype.delivered, key, reason)
+
+
+def _pad_filled(leaf: LeafWindows) -> str:
+    """Why ``pad_value`` fills some entries of a leaf's windows ("": it never does)."""
+    for d, count, halo in zip(leaf.windowed, leaf.shards, leaf.halos, strict=True):
+        size = leaf.source_shape[d]
+        if size % count:
+            return (
+                f"its dimension {d} of {size} entries is padded to {leaf.plan.global_shape[d]} "
+                f"for its {count} shards"
+            )
+        if halo.width and halo.boundary == "pad":
+            if d == 1:
+                return (
+                    f"its halo={halo.width} columns beyond the sequence's ends are filled with it"
+                )
+            return f"its halo of {halo.width} on dimension {d} is filled with it beyond the edges"
+    return ""
 
 
 def _plan_mask(

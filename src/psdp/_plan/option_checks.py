@@ -14,6 +14,7 @@ from psdp._checks import is_int
 from psdp._plan.order import check_seed
 from psdp._plan.partition import DEFAULT_BATCH_AXES, STRATEGIES
 from psdp._plan.spec_text import parse_spec
+from psdp._plan.windows import BOUNDARIES, AxisHalo
 
 #: A leaf's spec as the options hold it: a strategy name or a `PartitionSpec`.
 Spec = str | PartitionSpec
@@ -190,22 +191,85 @@ def as_axis_mapping(value: Any) -> dict[str, tuple[str, ...] | str | None]:
     }
 
 
-def as_halo(value: Any) -> int | dict[str, int]:
+#: A leaf's halos as the options hold them: an int (dimension 1, ``pad``), or per dimension.
+LeafHalo = int | dict[int, AxisHalo]
+
+
+def as_halo(value: Any) -> int | dict[str, LeafHalo]:
+    """``ShardingOptions.halo``: an int for every sequence-sharded leaf, or a dict leaf -> an int
+    (dimension 1) or a dict dimension -> width or ``(width, boundary)``, normalised to
+    `AxisHalo` (dimension keys may be digit strings, as JSON writes them).
+
+    Example:
+        >>> as_halo({"tokens": 4, "field": {2: 1, "3": [2, "periodic"]}})
+        {'tokens': 4, 'field': {2: AxisHalo(width=1, boundary='pad'), 3: AxisHalo(width=2, boundary='periodic')}}
+    """
     where = "ShardingOptions.halo"
-    fix = "e.g. halo=128, or halo={'tokens': 128}"
+    fix = "e.g. halo=128, halo={'tokens': 128}, or halo={'field': {2: 1, 3: (2, 'periodic')}}"
     if isinstance(value, Mapping):
         halos = as_leaf_dict(where, value, fix)
-        return {leaf: as_columns(f"{where}[{leaf!r}]", h, fix) for leaf, h in halos.items()}
+        return {leaf: as_leaf_halo(f"{where}[{leaf!r}]", h, fix) for leaf, h in halos.items()}
     return as_columns(where, value, fix)
 
 
-def as_columns(where: str, value: Any, fix: str) -> int:
-    if not is_int(value):
-        raise type_error(where, value, "an int >= 0 (sequence columns on each side)", fix)
-    if value < 0:
+def as_leaf_halo(where: str, value: Any, fix: str) -> LeafHalo:
+    """One leaf's halos: an int (dimension 1) or a dict dimension -> width or (width, boundary)."""
+    if not isinstance(value, Mapping):
+        return as_columns(where, value, fix)
+    return {
+        as_dimension(where, dim, fix): as_axis_halo(f"{where}[{dim!r}]", axis, fix)
+        for dim, axis in value.items()
+    }
+
+
+def as_dimension(where: str, value: Any, fix: str) -> int:
+    """A dimension key of a leaf's halos: an int >= 1 (or its digits, as JSON keys are strings)."""
+    dim = int(value) if isinstance(value, str) and value.isdigit() else value
+    if not is_int(dim):
+        raise type_error(f"{where} key", value, "a dimension number (an int >= 1)", fix)
+    if dim == 0:
         raise ValueError(
-            f"{where} must be >= 0, got {value} (sequence columns on each side); {fix}"
+            f"{where} gives dimension 0 a halo, but dimension 0 is the batch: its rows are "
+            "separate samples with no neighbours; give halos to dimensions >= 1, e.g. "
+            "halo={'field': {2: 1, 3: (2, 'periodic')}}"
         )
+    if dim < 0:
+        raise ValueError(f"{where} key must be a dimension >= 1, got {dim}; {fix}")
+    return int(dim)
+
+
+def as_axis_halo(where: str, value: Any, fix: str) -> AxisHalo:
+    """A dimension's halo: a width (``pad``), or ``(width, boundary)`` with a boundary rule."""
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        if len(value) != 2 or not isinstance(value[1], str):
+            raise type_error(where, value, "a width or (width, boundary)", fix)
+        width, boundary = value
+        if boundary not in BOUNDARIES:
+            close = _OTHER_BOUNDARIES.get(boundary) or next(
+                iter(difflib.get_close_matches(boundary, BOUNDARIES, n=1)), None
+            )
+            hint = f" (did you mean {close!r}?)" if close else ""
+            raise ValueError(
+                f"{where} has boundary {boundary!r}{hint}; a halo's boundary is one of "
+                f"{BOUNDARIES}: 'pad' fills beyond the domain's edges with pad_value, 'periodic' "
+                f"wraps to the other end; {fix}"
+            )
+        return AxisHalo(as_columns(where, width, fix, _ENTRIES), boundary)
+    return AxisHalo(as_columns(where, value, fix, _ENTRIES))
+
+
+#: numpy's ``np.pad`` modes (and other usual names) for the two boundary rules
+_OTHER_BOUNDARIES = {"wrap": "periodic", "circular": "periodic", "constant": "pad", "zeros": "pad"}
+_ENTRIES = "entries of each neighbour on each side"
+
+
+def as_columns(
+    where: str, value: Any, fix: str, meaning: str = "sequence columns on each side"
+) -> int:
+    if not is_int(value):
+        raise type_error(where, value, f"an int >= 0 ({meaning})", fix)
+    if value < 0:
+        raise ValueError(f"{where} must be >= 0, got {value} ({meaning}); {fix}")
     return int(value)
 
 

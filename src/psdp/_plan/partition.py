@@ -15,6 +15,7 @@ from jax.sharding import Mesh, PartitionSpec
 from psdp._checks import check_int
 from psdp._plan.leaves import Key
 from psdp._plan.mesh import axes_of, spec_entry
+from psdp._plan.windows import AxisHalo
 
 #: Mesh axis names taken as batch axes by the ``"batch"`` strategy, in mesh order.
 DEFAULT_BATCH_AXES = ("replica", "data", "fsdp", "batch")
@@ -214,20 +215,25 @@ def resolve_named_axes(
 
 
 def resolve_halos(
-    halo: int | Mapping[str, int], specs: dict[Key, PartitionSpec], ndims: dict[Key, int]
-) -> dict[Key, int]:
-    """Each leaf's halo: a dict as given, an int for every leaf sharded on dimension 1.
+    halo: int | Mapping[str, Any],
+    specs: dict[Key, PartitionSpec],
+    ndims: dict[Key, int],
+) -> dict[Key, dict[int, AxisHalo]]:
+    """Each leaf's halos per dimension: an int is dimension 1 (``pad``) of every leaf sharded on
+    dimension 1; a dict gives its leaves an int (dimension 1) or halos per dimension.
 
     Example:
         >>> from jax.sharding import PartitionSpec as P
         >>> resolve_halos(2, {"tokens": P("data", "context"), "w": P("data")}, {"tokens": 2, "w": 1})
-        {'tokens': 2, 'w': 0}
+        {'tokens': {1: AxisHalo(width=2, boundary='pad')}, 'w': {}}
+        >>> resolve_halos({"field": {3: AxisHalo(1, "periodic")}}, {"field": P("data")}, {"field": 4})
+        {'field': {3: AxisHalo(width=1, boundary='periodic')}}
     """
     if isinstance(halo, Mapping):
         unknown = sorted(map(str, set(halo) - set(specs)))
         if unknown:
             raise ValueError(f"halo names leaves {unknown} that the source does not have")
-        return {k: halo.get(k, 0) if k is not None else 0 for k in specs}
+        return {k: _leaf_halos(halo.get(k, 0), k, ndims[k]) if k is not None else {} for k in specs}
     check_int("halo", halo, minimum=0)
     sequence = {k for k, s in specs.items() if ndims[k] >= 2 and len(s) > 1 and s[1] is not None}
     if halo and not sequence:
@@ -235,4 +241,22 @@ def resolve_halos(
             f"halo={halo} but no leaf is sharded along its sequence dimension (dimension 1); "
             'give a leaf a spec like P("data", "context") or drop the halo'
         )
-    return {k: halo if k in sequence else 0 for k in specs}
+    return {k: {1: AxisHalo(halo)} if halo and k in sequence else {} for k in specs}
+
+
+def _leaf_halos(halo: int | Mapping[int, Any], key: Key, ndim: int) -> dict[int, AxisHalo]:
+    """One leaf's halos per dimension, each on a dimension the leaf has (widths 0 dropped)."""
+    if not isinstance(halo, Mapping):
+        if halo and ndim < 2:
+            raise ValueError(
+                f"halo={halo} for leaf {key!r} needs a sequence dimension (dimension 1), but the "
+                f"leaf has {ndim} dimension; give halos only to (batch, sequence, ...) leaves"
+            )
+        return {1: AxisHalo(halo)} if halo else {}
+    missing = sorted(d for d in halo if d >= ndim)
+    if missing:
+        raise ValueError(
+            f"halo gives leaf {key!r} a halo on dimension {missing[0]}, but the leaf has {ndim} "
+            f"dimensions (0 is the batch); give halos to dimensions 1..{ndim - 1}"
+        )
+    return {d: AxisHalo(*h) for d, h in sorted(halo.items()) if h[0]}

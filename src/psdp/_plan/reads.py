@@ -13,15 +13,16 @@ from jax.sharding import PartitionSpec
 
 from psdp._plan.leaves import Key
 from psdp._plan.mesh import dp_index, uids_of
-from psdp._plan.windows import LeafWindows
+from psdp._plan.windows import Box, Indexer, LeafWindows, as_indexer
 
 
 @dataclass
 class ReadRequest:
-    """One source read per step: batch positions, and per leaf the columns to read."""
+    """One source read per step: batch positions, and per leaf the `Box` to read (``None``:
+    whole rows; the value ``read_window`` gets)."""
 
     positions: np.ndarray
-    columns: dict[Key, slice | None] = field(default_factory=dict)
+    columns: dict[Key, Box] = field(default_factory=dict)
     entries: list[WindowSlice] = field(default_factory=list)
 
 
@@ -32,16 +33,17 @@ class WindowSlice:
     key: Key
     window: int
     rows: np.ndarray | None = None  # which rows of the read, in order; None: all of them
-    columns: slice | None = None  # which columns of the leaf's read; None: all of them
+    columns: Box = None  # which entries of the leaf's read (a `Box`); None: all of them
 
 
 def plan_reads(leaves: Mapping[Key, LeafWindows]) -> list[ReadRequest]:
     """Groups every leaf window into reads.
 
-    Whole-row leaves share one read (the union of their rows). A sequence-sharded leaf's windows
-    on the same rows whose columns overlap or touch (a host holding neighbouring shards, halos
-    included) merge into one read of their column span, so no column is read twice; windows of
-    different leaves on the same rows share a read.
+    Whole-row leaves share one read (the union of their rows). A windowed leaf's windows on the
+    same rows that form a grid (every combination of the shards they hold) are read together,
+    and along each dimension their entries that overlap or touch (neighbouring shards, halos
+    included; around the ends of a periodic dimension too) merge into one range, so no entry is
+    read twice; windows of different leaves on the same rows share a read.
 
     Example:
         A ``(B, 8)`` token leaf split over ``context`` with a halo of 1, and a whole-row weight,
@@ -56,9 +58,9 @@ def plan_reads(leaves: Mapping[Key, LeafWindows]) -> list[ReadRequest]:
         ...     "w": LeafWindows.create(mesh, P("data"), (8,), np.float32, 0),
         ... }
         >>> [(r.columns, [(e.key, e.window, e.columns) for e in r.entries]) for r in plan_reads(leaves)]
-        [({'w': None}, [('w', 0, None)]), ({'tokens': slice(0, 8, None)}, [('tokens', 0, slice(0, 5, None)), ('tokens', 1, slice(3, 8, None))])]
+        [({'w': None}, [('w', 0, None)]), ({'tokens': slice(0, 8, None)}, [('tokens', 0, (slice(0, 5, None),)), ('tokens', 1, (slice(3, 8, None),))])]
     """
-    whole = {k: leaf.windows[0].rows for k, leaf in leaves.items() if not leaf.column_shards}
+    whole = {k: leaf.windows[0].rows for k, leaf in leaves.items() if not leaf.windowed}
     requests: list[ReadRequest] = []
     if whole:
         union = np.unique(np.concatenate(list(whole.values())))
@@ -71,7 +73,7 @@ def plan_reads(leaves: Mapping[Key, LeafWindows]) -> list[ReadRequest]:
             )
         requests.append(request)
     for key, leaf in leaves.items():
-        for rows, span, members in _column_runs(leaf):
+        for rows, box, members in window_reads(leaf):
             shared = [
                 r
                 for r in requests[1 if whole else 0 :]
@@ -80,12 +82,9 @@ def plan_reads(leaves: Mapping[Key, LeafWindows]) -> list[ReadRequest]:
             request = shared[0] if shared else ReadRequest(rows)
             if not shared:
                 requests.append(request)
-            request.columns[key] = span
-            for index, columns in members:
-                whole_span = columns == slice(0, span.stop - span.start)
-                request.entries.append(
-                    WindowSlice(key, index, None, None if whole_span else columns)
-                )
+            request.columns[key] = box[0] if len(box) == 1 and isinstance(box[0], slice) else box
+            for index, within in members:
+                request.entries.append(WindowSlice(key, index, None, within))
     return requests
 
 
@@ -189,11 +188,16 @@ def _batch_shard_index(
     return dp_index(layout, axes)
 
 
-def _column_runs(
+def window_reads(
     leaf: LeafWindows,
-) -> list[tuple[np.ndarray, slice, list[tuple[int, slice]]]]:
-    """A leaf's column windows as reads: (rows, column span, [(window, columns within span)])."""
-    if not leaf.column_shards:
+) -> list[tuple[np.ndarray, tuple[Indexer, ...], list[tuple[int, Box]]]]:
+    """A windowed leaf's reads: ``(rows, box, [(window, its entries within the box or None)])``.
+
+    Windows on the same rows are split into grids of shards (`shard_grids`); a grid's windows
+    are read along each windowed dimension as the merged ranges of their entries
+    (`merged_ranges`), so each window lies inside one read.
+    """
+    if not leaf.windowed:
         return []
     by_rows: list[tuple[np.ndarray, list[int]]] = []
     for index, window in enumerate(leaf.windows):
@@ -202,27 +206,102 @@ def _column_runs(
             same[0].append(index)
         else:
             by_rows.append((window.rows, [index]))
-    runs: list[tuple[np.ndarray, slice, list[int]]] = []
+    reads = []
     for rows, members in by_rows:
-        for index in sorted(members, key=lambda i: _columns(leaf, i).start):
-            columns = _columns(leaf, index)
-            if runs and runs[-1][0] is rows and columns.start <= runs[-1][1].stop:
-                span = runs[-1][1]
-                runs[-1] = (rows, slice(span.start, max(span.stop, columns.stop)), runs[-1][2])
-                runs[-1][2].append(index)
-            else:
-                runs.append((rows, columns, [index]))
+        shard_of = {leaf.windows[i].shard: i for i in members}
+        for grid in shard_grids(set(shard_of)):
+            reads += _grid_reads(leaf, rows, [shard_of[s] for s in sorted(grid)])
+    return reads
+
+
+def _grid_reads(
+    leaf: LeafWindows, rows: np.ndarray, members: list[int]
+) -> list[tuple[np.ndarray, tuple[Indexer, ...], list[tuple[int, Box]]]]:
+    """The reads of one grid of windows: one per combination of merged ranges."""
+    per_dim = []  # per windowed dimension: (ranges, range of each member, within each member)
+    for axis, d in enumerate(leaf.windowed):
+        periodic = leaf.halos[axis].boundary == "periodic"
+        held = [leaf.windows[i].axes[axis].indices for i in members]
+        per_dim.append(merged_ranges(held, leaf.source_shape[d], periodic))
+    by_ranges: dict[tuple[int, ...], list[int]] = {}
+    for m in range(len(members)):
+        by_ranges.setdefault(tuple(ranges_of[m] for _, ranges_of, _ in per_dim), []).append(m)
+    reads = []
+    for chosen, group in sorted(by_ranges.items()):
+        axes = {
+            d: per_dim[a][0][r] for a, (d, r) in enumerate(zip(leaf.windowed, chosen, strict=True))
+        }
+        box = tuple(
+            as_indexer(axes[d]) if d in axes else slice(0, leaf.source_shape[d])
+            for d in range(1, leaf.windowed[-1] + 1)
+        )
+        entries: list[tuple[int, Box]] = []
+        for m in group:
+            within = {d: per_dim[a][2][m] for a, d in enumerate(leaf.windowed)}
+            whole = all(np.array_equal(within[d], np.arange(len(axes[d]))) for d in leaf.windowed)
+            parts = tuple(
+                as_indexer(within[d]) if d in within else slice(None)
+                for d in range(1, leaf.windowed[-1] + 1)
+            )
+            entries.append((members[m], None if whole else parts))
+        reads.append((rows, box, entries))
+    return reads
+
+
+def shard_grids(shards: set[tuple[int, ...]]) -> list[set[tuple[int, ...]]]:
+    """``shards`` split into disjoint grids: sets that hold every combination of their shard
+    indices (a product), so each grid's windows are one box.
+
+    Example:
+        >>> [sorted(g) for g in shard_grids({(0, 0), (0, 1), (1, 0), (1, 1)})]  # a whole grid
+        [[(0, 0), (0, 1), (1, 0), (1, 1)]]
+        >>> sorted(map(sorted, shard_grids({(0, 0), (1, 1)})))  # a diagonal: two grids
+        [[(0, 0)], [(1, 1)]]
+    """
+    if not shards or not next(iter(shards)):
+        return [shards]
+    rest_of: dict[int, set[tuple[int, ...]]] = {}
+    for shard in shards:
+        rest_of.setdefault(shard[0], set()).add(shard[1:])
+    firsts_of: dict[frozenset[tuple[int, ...]], list[int]] = {}
+    for first, rest in sorted(rest_of.items()):
+        firsts_of.setdefault(frozenset(rest), []).append(first)
     return [
-        (rows, span, [(i, _shift(_columns(leaf, i), -span.start)) for i in members])
-        for rows, span, members in runs
+        {(first, *r) for first in firsts for r in sub}
+        for rest, firsts in firsts_of.items()
+        for sub in shard_grids(set(rest))
     ]
 
 
-def _columns(leaf: LeafWindows, index: int) -> slice:
-    columns = leaf.windows[index].columns
-    assert columns is not None  # column-mode windows always name their columns
-    return columns
+def merged_ranges(
+    held: list[np.ndarray], size: int, periodic: bool
+) -> tuple[list[np.ndarray], list[int], list[np.ndarray]]:
+    """Merges the entries some windows hold along one dimension of ``size`` entries into ranges.
 
+    Entries that overlap or touch merge; on a ``periodic`` dimension the range that ends at the
+    last entry and the one that starts at entry 0 merge too (read as one index array).
 
-def _shift(columns: slice, by: int) -> slice:
-    return slice(columns.start + by, columns.stop + by)
+    Returns:
+        ``(ranges, range of each window, positions of each window's entries in its range)``.
+
+    Example:
+        Shards 0 and 3 of 4 of 8 entries with a periodic halo of 1: one range, wrapping.
+
+        >>> ranges, which, within = merged_ranges([np.array([7, 0, 1, 2]), np.array([5, 6, 7, 0])], 8, True)
+        >>> [r.tolist() for r in ranges], which, [w.tolist() for w in within]
+        ([[5, 6, 7, 0, 1, 2]], [0, 0], [[2, 3, 4, 5], [0, 1, 2, 3]])
+    """
+    covered = np.zeros(size, bool)
+    for entries in held:
+        covered[entries] = True
+    edges = np.flatnonzero(np.diff(np.concatenate(([0], covered.astype(np.int8), [0]))))
+    runs = [np.arange(a, b) for a, b in zip(edges[::2], edges[1::2], strict=True)]
+    if periodic and len(runs) > 1 and runs[0][0] == 0 and runs[-1][-1] == size - 1:
+        runs = [np.concatenate((runs[-1], runs[0])), *runs[1:-1]]
+    runs = runs or [np.arange(0)]
+    range_of = np.zeros(size, np.int64)
+    position = np.zeros(size, np.int64)
+    for r, entries in enumerate(runs):
+        range_of[entries], position[entries] = r, np.arange(len(entries))
+    which = [int(range_of[e[0]]) if len(e) else 0 for e in held]
+    return runs, which, [position[e] for e in held]

@@ -44,6 +44,15 @@ class LeafAssembler(LeafWindows):
         >>> batch = leaf.assemble(leaf.fill(np.arange(16, dtype=np.int32).reshape(4, 4), -1))
         >>> np.asarray(batch)[0].tolist()  # row 0 = [0, 1, 2, 3], as two haloed windows
         [-1, 0, 1, 2, 1, 2, 3, -1]
+
+        A ``(B, H, W)`` field over ``data x model`` in ``W``, with a periodic halo of 1:
+
+        >>> from psdp._plan.windows import AxisHalo
+        >>> leaf = LeafAssembler.create(mesh, P("data", None, "model"), (4, 2, 4), np.int32, 0,
+        ...                             halo={2: AxisHalo(1, "periodic")})
+        >>> batch = leaf.assemble(leaf.fill(np.arange(32, dtype=np.int32).reshape(4, 2, 4)))
+        >>> batch.shape, np.asarray(batch)[0, 0].tolist()  # row 0, H = 0: [0, 1, 2, 3]
+        ((4, 2, 8), [3, 0, 1, 2, 1, 2, 3, 0])
     """
 
     @classmethod
@@ -52,9 +61,15 @@ class LeafAssembler(LeafWindows):
         return cls(**{f.name: getattr(windows, f.name) for f in fields(windows)})
 
     @cached_property
+    def live_sharding(self) -> NamedSharding:
+        """The leaf's sharding (an assembler is planned on a live mesh)."""
+        assert self.sharding is not None, "planned on a MeshLayout: nothing to assemble"
+        return self.sharding
+
+    @cached_property
     def device_boxes(self) -> dict[jax.Device, tuple[slice, ...]]:
         """Each local device's box of the global array."""
-        return self.sharding.addressable_devices_indices_map(self.global_shape)  # type: ignore[return-value]
+        return self.live_sharding.addressable_devices_indices_map(self.global_shape)  # type: ignore[return-value]
 
     def assemble(self, buffers: np.ndarray | Sequence[np.ndarray]) -> jax.Array:
         """Builds the global array from this host's window buffers (one array if one window)."""
@@ -69,25 +84,28 @@ class LeafAssembler(LeafWindows):
                     f"the plan needs {self.window_shape(i)} {self.dtype}"
                 )
         batch = self.global_shape[0]
-        shard_width = self.global_shape[1] // self.column_shards if self.column_shards else 0
+        extents = [
+            self.global_shape[d] // c for d, c in zip(self.windowed, self.shards, strict=True)
+        ]
 
         def device_box(index: tuple[slice, ...] | None) -> np.ndarray:
             assert index is not None  # only None for arrays with no addressable shards
             start = index[0].start or 0
             stop = batch if index[0].stop is None else index[0].stop
-            if shard_width:
-                window, offset = self.locate[(start, (index[1].start or 0) // shard_width)]
-                rest: tuple[slice, ...] = (slice(None), *index[2:])
-            else:
-                window, offset = self.locate[(start, 0)]
-                rest = tuple(index[1:])
-            return buffers[window][(slice(offset, offset + stop - start), *rest)]
+            shard = tuple(
+                (index[d].start or 0) // n for d, n in zip(self.windowed, extents, strict=True)
+            )
+            window, offset = self.locate[(start, shard)]
+            # a window is one device's box in every dimension but the batch
+            return buffers[window][offset : offset + stop - start]
 
         if sum(b.nbytes for b in buffers) < BATCHED_PUT_MIN_BYTES:
-            return jax.make_array_from_callback(self.global_shape, self.sharding, device_box)
+            return jax.make_array_from_callback(self.global_shape, self.live_sharding, device_box)
         devices = list(self.device_boxes)
         shards = jax.device_put([device_box(self.device_boxes[d]) for d in devices], devices)
-        return jax.make_array_from_single_device_arrays(self.global_shape, self.sharding, shards)
+        return jax.make_array_from_single_device_arrays(
+            self.global_shape, self.live_sharding, shards
+        )
 
 
 class BatchAssembler:
@@ -151,16 +169,75 @@ class BatchAssembler:
         return unwrap(batch)
 
 
-def halo_mask(leaf: LeafWindows, key: Key) -> jax.Array:
-    """Which columns of a column-windowed leaf are halo columns (``True``), as a global array
-    sharded like the leaf's dimension 1 (`DataLoader.halo_mask`)."""
-    if not leaf.column_shards:
-        raise ValueError(f"{leaf_label(key)} is not read in column windows; it has no halo")
-    width, h = leaf.global_shape[1] // leaf.column_shards, leaf.halo
-    one = np.zeros(width, bool)
-    one[:h], one[width - h :] = True, True
-    value = np.tile(one, leaf.column_shards)
+def halo_mask(leaf: LeafWindows, key: Key, dim: int | None = None) -> jax.Array:
+    """Which positions of a windowed leaf's dimension ``dim`` are halo positions (``True``), as a
+    global array sharded like that dimension (`DataLoader.halo_mask`); ``dim`` may be left out
+    when the leaf has one windowed dimension.
+
+    Example:
+        >>> import jax, numpy as np
+        >>> from jax.sharding import Mesh, PartitionSpec as P
+        >>> mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "model"))
+        >>> leaf = LeafWindows.create(mesh, P("data", "model"), (4, 4), np.int32, 0, halo=1)
+        >>> np.asarray(halo_mask(leaf, "tokens")).astype(int).tolist()
+        [1, 0, 0, 1, 1, 0, 0, 1]
+    """
+    axis = _windowed_axis(leaf, key, dim)
+    h = leaf.halos[axis].width
+    count = leaf.shards[axis]
+    extent = leaf.global_shape[leaf.windowed[axis]] // count
+    position = np.arange(extent)
+    one = (position < h) | (position >= extent - h)
+    return _axis_array(leaf, axis, np.tile(one, count))
+
+
+def domain_mask(leaf: LeafWindows, key: Key, dim: int | None = None) -> jax.Array:
+    """Which positions of a windowed leaf's dimension ``dim`` lie inside the domain (``True``),
+    as a global array sharded like that dimension: ``False`` for an uneven domain's padding and
+    for halo positions beyond the domain's edges, whatever their boundary rule filled in. A
+    device's own entries are ``domain_mask & ~halo_mask``.
+
+    Example:
+        7 columns over 2 shards: 4 per device, the last one padding.
+
+        >>> import jax, numpy as np
+        >>> from jax.sharding import Mesh, PartitionSpec as P
+        >>> mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "model"))
+        >>> leaf = LeafWindows.create(mesh, P("data", "model"), (4, 7), np.int32, 0, pad_uneven=True)
+        >>> np.asarray(domain_mask(leaf, "tokens")).astype(int).tolist()
+        [1, 1, 1, 1, 1, 1, 1, 0]
+    """
+    axis = _windowed_axis(leaf, key, dim)
+    d = leaf.windowed[axis]
+    h, count = leaf.halos[axis].width, leaf.shards[axis]
+    width = leaf.plan.global_shape[d] // count  # a shard's own entries
+    coordinate = (np.arange(count)[:, None] * width - h + np.arange(width + 2 * h)).ravel()
+    return _axis_array(leaf, axis, (coordinate >= 0) & (coordinate < leaf.source_shape[d]))
+
+
+def _windowed_axis(leaf: LeafWindows, key: Key, dim: int | None) -> int:
+    """The position of dimension ``dim`` among the leaf's windowed dimensions."""
+    if not leaf.windowed:
+        raise ValueError(f"{leaf_label(key)} is not read in windows; it has no halo")
+    if dim is None:
+        if len(leaf.windowed) > 1:
+            raise ValueError(
+                f"{leaf_label(key)} is windowed in dimensions {list(leaf.windowed)}; name one, "
+                f"e.g. dim={leaf.windowed[-1]}"
+            )
+        return 0
+    if dim not in leaf.windowed:
+        raise ValueError(
+            f"dimension {dim} of {leaf_label(key)} is not read in windows (its windowed "
+            f"dimensions are {list(leaf.windowed)}); pass one of them"
+        )
+    return leaf.windowed.index(dim)
+
+
+def _axis_array(leaf: LeafWindows, axis: int, value: np.ndarray) -> jax.Array:
+    """``value`` (one entry per position of a windowed dimension) sharded like that dimension."""
+    assert leaf.sharding is not None  # planned on a live mesh
     spec = leaf.sharding.spec
-    mesh = leaf.sharding.mesh
-    sharding = NamedSharding(mesh, PartitionSpec(spec[1] if len(spec) > 1 else None))
+    d = leaf.windowed[axis]
+    sharding = NamedSharding(leaf.sharding.mesh, PartitionSpec(spec[d] if len(spec) > d else None))
     return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])

@@ -14,6 +14,7 @@ from psdp._plan.leaves import Key, leaf_label, leaves_of
 from psdp._plan.loader_plan import LoaderPlan
 from psdp._plan.order import PAD
 from psdp._plan.reads import ReadRequest
+from psdp._plan.windows import Box, take_box
 
 #: One leaf's window buffers, in window order.
 Buffers = dict[Key, list[np.ndarray]]
@@ -74,9 +75,9 @@ class StepReader:
                 if entry.rows is not None:
                     rows = rows[entry.rows]
                 if entry.columns is not None:
-                    rows = rows[:, entry.columns]
+                    rows = take_box(rows, entry.columns)
                 leaf = self.plan.leaves[entry.key]
-                buffer = leaf.pad_columns(entry.window, rows, self.pad_value)
+                buffer = leaf.pad_window(entry.window, rows, self.pad_value)
                 if entry.key in borrowed and np.may_share_memory(buffer, got[entry.key]):
                     buffer = buffer.copy()  # the source may refill it while the batch lives
                 buffers[entry.key][entry.window] = buffer
@@ -134,15 +135,12 @@ class StepReader:
         return {
             key: got[key]
             if request.columns.get(key) is None
-            else np.asarray(got[key])[:, request.columns[key]]
+            else take_box(np.asarray(got[key]), request.columns[key])
             for key in wanted
         }
 
-    def _row_shape(self, key: Key, columns: slice | None, rows: int) -> tuple[int, ...]:
-        trailing = list(self.plan.leaves[key].plan.global_shape[1:])
-        if columns is not None:
-            trailing[0] = columns.stop - columns.start
-        return (rows, *trailing)
+    def _row_shape(self, key: Key, columns: Box, rows: int) -> tuple[int, ...]:
+        return self.plan.leaves[key].read_shape(columns, rows)
 
     def _checked(
         self, step: int, ids: np.ndarray, request: ReadRequest, got: dict[Key, np.ndarray]
@@ -170,7 +168,7 @@ class StepReader:
             if data.shape != expected or data.dtype != dtype.source:
                 raise ValueError(
                     f"step {step}: rows of {leaf_label(key)} have shape {data.shape[1:]} and dtype "
-                    f"{data.dtype}, but the source's first row had {leaf.plan.global_shape[1:]} "
+                    f"{data.dtype}, but the source's first row had {leaf.source_shape[1:]} "
                     f"{dtype.source} (read of {len(ids)} rows, ids {preview_ids(ids)}); every row "
                     "of a source must have one shape and dtype"
                 )

@@ -11,6 +11,7 @@ from typing import Any, Protocol, TypeAlias, TypeVar, runtime_checkable
 import numpy as np
 
 from psdp._plan.leaves import Key
+from psdp._plan.windows import Box, read_box
 
 Rows: TypeAlias = "np.ndarray | dict[str, np.ndarray]"
 
@@ -49,9 +50,10 @@ class Source(Protocol):
 
     ``read(ids)`` returns the rows at ``ids`` (an array, or a dict of arrays for a dict batch).
     A source may also offer ``read_window(ids, columns)``, where ``columns`` maps some leaves
-    (``None`` for a single array) to a slice of dimension 1 or ``None`` (whole rows), returning
-    just those leaves: the loader then reads a sequence-sharded leaf's columns only, instead of
-    whole rows (`ArraySource`, `MemmapSource` and `TensorStoreSource` do).
+    (``None`` for a single array) to a slice of dimension 1, a box (a tuple with a slice or an
+    index array per dimension from 1 on) or ``None`` (whole rows), returning just those leaves:
+    the loader then reads a windowed leaf's columns or box only, instead of whole rows
+    (`ArraySource`, `MemmapSource` and `TensorStoreSource` do).
 
     Example:
         >>> class Squares:
@@ -105,12 +107,11 @@ class ArraySource:
         return self._data[ids]
 
     @fresh_rows
-    def read_window(
-        self, ids: np.ndarray, columns: Mapping[Key, slice | None]
-    ) -> dict[Key, np.ndarray]:
-        """Only some leaves (``None``: the single array), each cut to a range of dimension 1.
+    def read_window(self, ids: np.ndarray, columns: Mapping[Key, Box]) -> dict[Key, np.ndarray]:
+        """Only some leaves (``None``: the single array), each cut to a range of dimension 1, or
+        to a box of several dimensions (``docs/sources.md``, "Spatial reads").
 
-        The loader uses this for sequence-sharded leaves, so a host copies only its columns.
+        The loader uses this for windowed leaves, so a host copies only its columns or box.
 
         Example:
             >>> src = ArraySource({"tokens": np.arange(12).reshape(3, 4), "weight": np.ones(3)})
@@ -120,7 +121,7 @@ class ArraySource:
         out = {}
         for key, cols in columns.items():
             leaf: Any = self._data if key is None else self._data[key]
-            out[key] = np.asarray(leaf[ids] if cols is None else leaf[ids, cols])
+            out[key] = read_box(leaf, ids, cols)
         return out
 
     def describe(self) -> str:

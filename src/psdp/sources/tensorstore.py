@@ -18,6 +18,7 @@ import tensorstore as ts
 
 from psdp._checks import check_int, preview_ids
 from psdp._plan.leaves import SINGLE_LEAF, Key
+from psdp._plan.windows import Box
 from psdp.sources.base import Rows, check_ids, fresh_rows
 
 #: The metadata file of a psdp dataset directory; `write_dataset` writes it last.
@@ -170,21 +171,18 @@ class TensorStoreSource:
         return rows[SINGLE_LEAF] if self._single else rows
 
     @fresh_rows
-    def read_window(
-        self, ids: np.ndarray, columns: Mapping[Key, slice | None]
-    ) -> dict[Key, np.ndarray]:
-        """Only some leaves (``None``: a single-array store), each cut to a range of dimension 1.
+    def read_window(self, ids: np.ndarray, columns: Mapping[Key, Box]) -> dict[Key, np.ndarray]:
+        """Only some leaves (``None``: a single-array store), each cut to a range of dimension 1
+        or to a box of several dimensions (``docs/sources.md``, "Spatial reads").
 
-        One batched read, like `read`; a sequence-sharded host reads only its columns' chunks.
+        One batched read, like `read`; a windowed host reads only its columns' or box's chunks.
         """
         ids = check_ids(ids, self._len, self._where)
         arrays = {key: self._arrays[SINGLE_LEAF if key is None else key] for key in columns}
         try:
             with ts.Batch() as batch:
                 futures = {
-                    key: (a[ids] if columns[key] is None else a[ids, columns[key]]).read(
-                        batch=batch
-                    )
+                    key: _box_of(a, ids, columns[key]).read(batch=batch)
                     for key, a in arrays.items()
                 }
             return {key: f.result() for key, f in futures.items()}
@@ -345,3 +343,13 @@ def _check_shard_files(path: Path, name: str, leaf_path: Path, array: ts.TensorS
             f"({shown}{', ...' if len(missing) > 3 else ''}); those rows would read as zeros. "
             "Restore the files or rewrite the dataset with write_dataset(..., overwrite=True)"
         )
+
+
+def _box_of(array: ts.TensorStore, ids: np.ndarray, box: Box) -> ts.TensorStore:
+    """The rows ``ids`` of ``array`` cut to ``box``: a box with index arrays (a periodic wrap)
+    is read with outer indexing, each array selecting along its own dimension."""
+    if box is None:
+        return array[ids]
+    if isinstance(box, slice):
+        return array[ids, box]
+    return array.oindex[(ids, *box)]
