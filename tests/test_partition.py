@@ -183,7 +183,6 @@ def test_bad_halos(kwargs, message):
         DataLoader({"tokens": token_table(16, 8)}, mesh=seq_mesh(), global_batch_size=8, **args)
 
 
-
 # ------------------------------------------------------------------------- logical batches
 @pytest.mark.parametrize("batch_size", [1, 3, 10])
 @pytest.mark.parametrize("shuffle", [False, True])

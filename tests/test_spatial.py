@@ -1,0 +1,462 @@
+"""Domain parallelism on 8 fake devices: leaves split along any dimension, halos per dimension
+(``pad`` or ``periodic``), uneven domains, every device's box against the numpy oracle of
+tests/test_spatial_oracle.py, a ppermute halo exchange, and the bytes each host reads.
+
+Hosts are simulated in one process (tests/fake_hosts.py), so a host holds only part of the
+domain; the same checks on a real 4-process pod: tests/test_spatial_pod.py.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from psdp import ArraySource, DataLoader, LoaderConfig, ShardingOptions
+from psdp._plan.windows import AxisHalo
+from psdp._runtime.assembly import domain_mask, halo_mask
+from psdp.sources import TensorStoreSource
+from psdp.sources.writer import write_dataset
+from tests import oracle
+from tests.batch_checks import assert_shards_exact, expected_batch, physical_ids
+from tests.fake_hosts import fake_pod, host_batch
+from tests.meshes import SCRAMBLED, mesh_of
+from tests.test_spatial_oracle import expected_leaf, needed_bytes, needed_cells, windowed
+
+SPEC_2D = P("data", None, "h", "w")  # (B, C, H, W) over data x h x w
+SPEC_3D = P(None, "x", "y", "z")  # (B, X, Y, Z) over x x y x z, the batch on every device
+
+# data=2 x h=2 x w=2 -> process: each host's two devices in different data rows and shards
+NONCONTIGUOUS = [[[0, 1], [2, 3]], [[3, 2], [1, 0]]]
+# host 0 holds (d0, h0, w0) and (d0, h0, w1): one grid, one read of both windows
+ROW_OF_W = [[[0, 0], [1, 1]], [[2, 2], [3, 3]]]
+# host 0 holds (d0, h0, w0) and (d0, h1, w1): no grid; each window is its own read
+DIAGONAL = [[[0, 1], [1, 0]], [[2, 3], [3, 2]]]
+
+
+def mesh_2d():
+    return mesh_of(("data", "h", "w"), (2, 2, 2), SCRAMBLED)
+
+
+def mesh_3d():
+    return mesh_of(("x", "y", "z"), (2, 2, 2), SCRAMBLED)
+
+
+def field(rows: int, *shape: int, dtype=np.float32) -> np.ndarray:
+    """Every entry distinct: a wrong entry is always visible."""
+    return (np.arange(rows * math.prod(shape)).reshape(rows, *shape) + 1).astype(dtype)
+
+
+class Recording(ArraySource):
+    """An in-memory source with ``read_window`` that records each read and the bytes it returned."""
+
+    def __init__(self, data):
+        super().__init__(data)
+        self.reads: list[tuple[np.ndarray, dict[Any, Any]]] = []
+        self.bytes = 0
+
+    def read(self, ids):
+        rows = super().read(ids)
+        self.reads.append((np.array(ids), dict.fromkeys(rows)))
+        self.bytes += sum(v.nbytes for v in rows.values())
+        return rows
+
+    def read_window(self, ids, columns):
+        got = super().read_window(ids, columns)
+        self.reads.append((np.array(ids), dict(columns)))
+        self.bytes += sum(v.nbytes for v in got.values())
+        return got
+
+
+class RecordingStore:
+    """A `TensorStoreSource` behind a counter of the bytes its reads return."""
+
+    def __init__(self, path):
+        self.store = TensorStoreSource(path)
+        self.reads = 0
+        self.bytes = 0
+
+    def __len__(self):
+        return len(self.store)
+
+    def read(self, ids):
+        rows = self.store.read(ids)
+        self.reads += 1
+        self.bytes += sum(v.nbytes for v in rows.values())
+        return rows
+
+    def read_window(self, ids, columns):
+        got = self.store.read_window(ids, columns)
+        self.reads += 1
+        self.bytes += sum(v.nbytes for v in got.values())
+        return got
+
+    def describe(self):
+        return "RecordingStore"
+
+
+def want_of(loader, data, step, halos, pad_value=0):
+    """The oracle's delivered batch: whole rows from tests/oracle.py, widened per dimension."""
+    want = expected_batch(loader, data, step)
+    specs = loader.batch_spec
+    return {
+        k: v
+        if k == "mask"
+        else expected_leaf(v, loader.mesh, specs[k], halos.get(k, {}), pad_value)
+        for k, v in want.items()
+    }
+
+
+def check_host(batch, want, mesh, process_of, host) -> int:
+    """Every device of ``host`` holds the oracle's values at the box JAX gives it."""
+    count = 0
+    for key, leaf in batch.items():
+        assert leaf.shape == want[key].shape, (key, leaf.shape, want[key].shape)
+        count += oracle.check_shards(
+            leaf.shards, want[key], leaf.sharding.spec, mesh, f"host {host}", leaf=key,
+            process_of=process_of,
+        )  # fmt: skip
+    assert count == len(batch) * sum(1 for p in process_of.values() if p == host)
+    return count
+
+
+def options(halos):
+    return {k: {d: tuple(h) for d, h in v.items()} for k, v in halos.items()}
+
+
+# ------------------------------------------------------------------------ every device's box
+CASES_2D = [
+    # (H, W, halos of the field)
+    (8, 12, {2: (1, "periodic"), 3: (2, "periodic")}),
+    (8, 12, {2: (2, "pad"), 3: (1, "periodic")}),
+    (7, 10, {2: (1, "periodic"), 3: (2, "pad")}),  # uneven: 7 -> 8, 10 -> 10 (even), h then w
+    (5, 9, {2: (3, "periodic"), 3: (5, "periodic")}),  # uneven both, halos a whole shard wide
+    (6, 8, {}),  # no halos: the boxes alone
+    (6, 8, {1: (1, "periodic")}),  # a halo on an unsharded dimension wraps its own ends
+]
+
+
+@pytest.mark.parametrize("layout", [NONCONTIGUOUS, ROW_OF_W, DIAGONAL, np.zeros((2, 2, 2), int)])
+@pytest.mark.parametrize(("height", "width", "halos"), CASES_2D)
+def test_2d_domain_every_device_exact_on_every_host(layout, height, width, halos):
+    mesh = mesh_2d()
+    data = {"field": field(13, 3, height, width), "label": np.arange(13, dtype=np.int32)}
+    halo = {"field": halos}
+    hosts = int(np.max(layout)) + 1
+    with fake_pod(mesh, layout) as process_of:
+        for host in range(hosts):
+            loader = DataLoader(
+                data, mesh=mesh, global_batch_size=4, batch_spec={"field": SPEC_2D},
+                halo=options(halo), pad_value=-1, seed=2, process_index=host,
+            )  # fmt: skip
+            for step in (0, 2):
+                want = want_of(loader, data, step, halo, pad_value=-1)
+                check_host(host_batch(loader, step, process_of), want, mesh, process_of, host)
+
+
+CASES_3D = [
+    (4, 6, 8, {1: (1, "periodic"), 2: (2, "periodic"), 3: (1, "pad")}),
+    (5, 6, 7, {1: (2, "periodic"), 2: (1, "pad"), 3: (3, "periodic")}),  # uneven X and Z
+]
+
+
+@pytest.mark.parametrize(("nx", "ny", "nz", "halos"), CASES_3D)
+def test_3d_domain_every_device_exact_with_the_batch_replicated(nx, ny, nz, halos):
+    """The batch dimension on every device (replicated), a 'full' leaf beside it, 3 hosts' worth
+    of devices each holding a different corner of the cube."""
+    mesh = mesh_3d()
+    data = {"field": field(9, nx, ny, nz), "label": np.arange(9, dtype=np.int32)}
+    halo = {"field": halos}
+    layout = [[[0, 1], [2, 3]], [[1, 0], [3, 2]]]
+    with fake_pod(mesh, layout) as process_of:
+        for host in range(4):
+            loader = DataLoader(
+                data, mesh=mesh, global_batch_size=5,
+                batch_spec={"field": SPEC_3D, "label": "full"}, halo=options(halo), pad_value=-2,
+                seed=1, process_index=host,
+            )  # fmt: skip
+            assert loader.plan.physical_batch_size == 8  # "full" splits 5 rows over 8 devices
+            want = want_of(loader, data, 1, halo, pad_value=-2)
+            check_host(host_batch(loader, 1, process_of), want, mesh, process_of, host)
+
+
+def test_every_batch_strategy_feeding_and_an_uneven_batch_beside_a_2d_domain():
+    mesh = mesh_2d()
+    data = {
+        "field": field(11, 2, 6, 8),
+        "tokens": field(11, 8, dtype=np.int32),
+        "weight": np.arange(11, dtype=np.float32),
+    }
+    halo = {"field": {2: (1, "periodic"), 3: (1, "periodic")}}
+    specs = [
+        {"field": SPEC_2D, "tokens": "full", "weight": "replicated"},
+        {"field": P(None, None, "h", "w"), "tokens": "replicated", "weight": "full"},
+        {"field": P("data", None, "h", "w"), "tokens": P("data", ("h", "w"))},  # a sequence too
+    ]
+    with fake_pod(mesh, NONCONTIGUOUS) as process_of:
+        for batch_spec in specs:
+            for host in range(4):
+                loader = DataLoader(
+                    data, mesh=mesh, global_batch_size=3, batch_spec=batch_spec,
+                    halo=options(halo), seed=7, process_index=host,
+                )  # fmt: skip
+                want = want_of(loader, data, 0, halo)
+                check_host(host_batch(loader, 0, process_of), want, mesh, process_of, host)
+        for host in range(4):  # only hosts 0 and 3 fed: the others' rows are padding
+            loader = DataLoader(
+                data, mesh=mesh, global_batch_size=3, batch_spec={"field": SPEC_2D, "tokens": P("data")},
+                halo=options(halo), feeding_processes=[0, 3], process_index=host, seed=3,
+            )  # fmt: skip
+            want = {k: v for k, v in expected_batch(loader, data, 0, feeding=[0, 3]).items()}
+            want["field"] = expected_leaf(want["field"], mesh, SPEC_2D, halo["field"], 0)
+            check_host(host_batch(loader, 0, process_of), want, mesh, process_of, host)
+
+
+def test_a_periodic_sequence_and_the_int_halo_side_by_side():
+    """``halo={"tokens": 2}`` is dimension 1 with ``pad``, as it always was; a dict per dimension
+    gives the same leaf a periodic halo."""
+    mesh = mesh_of(("data", "context"), (4, 2), SCRAMBLED)
+    data = {"tokens": field(16, 12, dtype=np.int32)}
+    spec = {"tokens": P("data", "context")}
+    for halo, boundary in ((2, "pad"), ({1: (2, "periodic")}, "periodic")):
+        loader = DataLoader(data, mesh=mesh, global_batch_size=8, batch_spec=spec,
+                            halo={"tokens": halo}, pad_value=-1, seed=4)  # fmt: skip
+        assert loader.plan.halos == {"tokens": {1: AxisHalo(2, boundary)}}
+        want = expected_leaf(expected_batch(loader, data, 1)["tokens"], mesh, spec["tokens"],
+                             {1: (2, boundary)}, -1)  # fmt: skip
+        assert_shards_exact(loader.batch_at(1)["tokens"], want, leaf="tokens")
+
+
+def test_a_source_without_read_window_gives_the_same_boxes():
+    class ReadOnly:
+        def __init__(self, data):
+            self.data = data
+
+        def __len__(self):
+            return len(self.data["field"])
+
+        def read(self, ids):
+            return {k: v[ids] for k, v in self.data.items()}
+
+        def describe(self):
+            return "ReadOnly"
+
+    mesh = mesh_2d()
+    data = {"field": field(9, 2, 7, 6)}
+    halo = {"field": {2: (2, "periodic"), 3: (1, "pad")}}
+    with fake_pod(mesh, NONCONTIGUOUS) as process_of:
+        for host in range(4):
+            loader = DataLoader(ReadOnly(data), mesh=mesh, global_batch_size=4,
+                                batch_spec={"field": SPEC_2D}, halo=options(halo),
+                                process_index=host)  # fmt: skip
+            want = want_of(loader, data, 1, halo)
+            check_host(host_batch(loader, 1, process_of), want, mesh, process_of, host)
+
+
+# ------------------------------------------------------------------------- a ppermute exchange
+def exchange(x: jax.Array, mesh, spec: P, halos: dict[int, tuple[int, str]], pad) -> jax.Array:
+    """The reference: inside ``shard_map``, each dimension in turn gets ``h`` entries of each
+    neighbour along its mesh axis by ``ppermute`` (around the ring when periodic, ``pad`` at the
+    edges otherwise); the corners follow from doing the dimensions one after the other."""
+
+    @functools.partial(jax.shard_map, mesh=mesh, in_specs=spec, out_specs=spec)
+    def step(block):
+        for dim, (h, boundary) in sorted(halos.items()):
+            axis = spec[dim]
+            c = mesh.shape[axis]
+            index = jax.lax.axis_index(axis)
+            ring = boundary == "periodic"
+            right = [(i, (i + 1) % c) for i in range(c) if ring or i + 1 < c]
+            left = [(i, (i - 1) % c) for i in range(c) if ring or i > 0]
+            last = jax.lax.slice_in_dim(block, block.shape[dim] - h, block.shape[dim], axis=dim)
+            first = jax.lax.slice_in_dim(block, 0, h, axis=dim)
+            from_left = jax.lax.ppermute(last, axis, right)
+            from_right = jax.lax.ppermute(first, axis, left)
+            if not ring:
+                from_left = jnp.where(index == 0, pad, from_left)
+                from_right = jnp.where(index == c - 1, pad, from_right)
+            block = jnp.concatenate([from_left, block, from_right], axis=dim)
+        return block
+
+    return step(x)
+
+
+@pytest.mark.parametrize(
+    ("mesh_fn", "spec", "shape", "halos"),
+    [
+        (mesh_2d, SPEC_2D, (2, 8, 12), {2: (1, "periodic"), 3: (3, "periodic")}),
+        (mesh_2d, SPEC_2D, (2, 8, 12), {2: (4, "pad"), 3: (2, "periodic")}),
+        (mesh_3d, SPEC_3D, (4, 6, 8), {1: (2, "periodic"), 2: (1, "pad"), 3: (4, "periodic")}),
+    ],
+)
+def test_halos_equal_a_ppermute_halo_exchange(mesh_fn, spec, shape, halos):
+    mesh = mesh_fn()
+    data = {"field": field(10, *shape)}
+    batch_spec = {"field": spec}
+    loader = DataLoader(data, mesh=mesh, global_batch_size=4, batch_spec=batch_spec,
+                        halo={"field": halos}, pad_value=-3, seed=5)  # fmt: skip
+    plain = DataLoader(data, mesh=mesh, global_batch_size=4, batch_spec=batch_spec, seed=5)
+    for step in range(2):
+        got = loader.batch_at(step)["field"]
+        assert got.sharding == NamedSharding(mesh, spec)
+        want = exchange(plain.batch_at(step)["field"], mesh, spec, halos, -3)
+        assert_shards_exact(got, np.asarray(want), leaf="field")
+
+
+# ---------------------------------------------------------------------------------- the masks
+def test_halo_and_domain_masks_per_dimension():
+    mesh = mesh_2d()
+    data = {"field": field(8, 1, 7, 10)}  # H = 7 over 2 shards: 4 each, the last one padding
+    halos = {2: (1, "periodic"), 3: (2, "pad")}
+    loader = DataLoader(data, mesh=mesh, global_batch_size=4, batch_spec={"field": SPEC_2D},
+                        halo={"field": halos})  # fmt: skip
+    leaf = loader.plan.leaves["field"]
+    h_mask, w_mask = halo_mask(leaf, "field", 2), halo_mask(leaf, "field", 3)
+    assert h_mask.sharding.spec == P("h") and w_mask.sharding.spec == P("w")
+    assert np.asarray(h_mask).astype(int).tolist() == [1, 0, 0, 0, 0, 1] * 2
+    assert np.asarray(w_mask).astype(int).tolist() == [1, 1, 0, 0, 0, 0, 0, 1, 1] * 2
+    # position p of shard k is entry k * w - h + p: inside [0, n) or not
+    h_domain = np.asarray(domain_mask(leaf, "field", 2)).astype(int).tolist()
+    assert h_domain[:6] == [0, 1, 1, 1, 1, 1] and h_domain[6:] == [1, 1, 1, 1, 0, 0]  # -1..4, 3..8
+    w_domain = np.asarray(domain_mask(leaf, "field", 3)).astype(int).tolist()
+    assert w_domain[:9] == [0, 0, 1, 1, 1, 1, 1, 1, 1] and w_domain[9:] == [1] * 7 + [0, 0]
+    with pytest.raises(ValueError, match=r"windowed in dimensions \[2, 3\]; name one, e.g. dim=3"):
+        halo_mask(leaf, "field")
+    with pytest.raises(ValueError, match=r"dimension 1 of leaf 'field' is not read in windows"):
+        domain_mask(leaf, "field", 1)
+
+
+def test_own_entries_of_the_uneven_last_shard_end_at_the_domain():
+    """The valid entries of a device (domain and not halo) are exactly the domain, once."""
+    mesh = mesh_of(("data", "context"), (4, 2), SCRAMBLED)
+    data = {"tokens": field(8, 7, dtype=np.int32)}
+    loader = DataLoader(data, mesh=mesh, global_batch_size=4, batch_spec={"tokens": P("data", "context")},
+                        halo={"tokens": {1: (1, "periodic")}}, shuffle=False)  # fmt: skip
+    leaf = loader.plan.leaves["tokens"]
+    own = np.asarray(domain_mask(leaf, "tokens")) & ~np.asarray(halo_mask(leaf, "tokens"))
+    row = np.asarray(loader.batch_at(0)["tokens"])[0]
+    # 4 entries per shard: [wrap | 1 2 3 4 | 5] and [4 | 5 6 7 + the wrap (1), adjacent to the
+    # domain's end | padding]
+    assert row.tolist() == [7, 1, 2, 3, 4, 5, 4, 5, 6, 7, 1, 0]  # shard 1: 3 real + wrap + pad
+    assert row[own].tolist() == [1, 2, 3, 4, 5, 6, 7]
+
+
+# ------------------------------------------------------------------------ bytes at the source
+def host_reads(loader, source, step, process_of):
+    source.reads.clear()
+    source.bytes = 0
+    host_batch(loader, step, process_of)
+    return list(source.reads), source.bytes
+
+
+@pytest.mark.parametrize(
+    ("layout", "exact"),
+    [(NONCONTIGUOUS, True), (ROW_OF_W, True), (np.zeros((2, 2, 2), int), True), (DIAGONAL, False)],
+)
+@pytest.mark.parametrize(
+    "halos",
+    [{2: (1, "periodic"), 3: (2, "periodic")}, {2: (2, "pad"), 3: (1, "periodic")}, {}],
+)
+def test_bytes_read_per_host_are_the_union_of_its_boxes_and_halos(layout, exact, halos):
+    mesh = mesh_2d()
+    shape = (13, 2, 8, 12)
+    data = {"field": field(*shape)}
+    with fake_pod(mesh, layout) as process_of:
+        for host in range(int(np.max(layout)) + 1):
+            source = Recording(data)
+            loader = DataLoader(source, mesh=mesh, global_batch_size=4,
+                                batch_spec={"field": SPEC_2D}, halo={"field": halos},
+                                seed=9, process_index=host)  # fmt: skip
+            devices = [d for d, p in process_of.items() if p == host]
+            ids = physical_ids(loader, 1)
+            cells = needed_cells(ids, (len(ids), *shape[1:]), mesh, SPEC_2D, halos, devices)
+            union = needed_bytes(cells, shape, [2, 3], 4)
+            reads, got = host_reads(loader, source, 1, process_of)
+            if exact:
+                assert got == union, (host, got, union)
+            else:  # the two windows are read apart: the halo corners they share, twice
+                each = sum(
+                    needed_bytes(needed_cells(ids, (len(ids), *shape[1:]), mesh, SPEC_2D, halos, [d]),
+                                 shape, [2, 3], 4)
+                    for d in devices
+                )  # fmt: skip
+                assert union <= got == each, (host, got, union, each)
+            # one read per box: windows on other rows, or not in one grid, apart
+            assert len(reads) == (2 if layout is DIAGONAL else row_sets(mesh, devices)), host
+
+
+def row_sets(mesh, devices) -> int:
+    """How many distinct sets of data rows the devices' (h, w) shards are held on."""
+    rows: dict[tuple[int, int], set[int]] = {}
+    for device in devices:
+        d, h, w = (int(i) for i in np.argwhere(mesh.devices == device)[0])
+        rows.setdefault((h, w), set()).add(d)
+    return len({frozenset(r) for r in rows.values()})
+
+
+def test_bytes_read_from_tensorstore_per_host_and_one_read_per_box(tmp_path):
+    mesh = mesh_2d()
+    data = {"field": field(10, 2, 7, 12)}
+    path = write_dataset(tmp_path / "ds", data, progress=False)
+    halos = {2: (1, "periodic"), 3: (2, "periodic")}
+    with fake_pod(mesh, NONCONTIGUOUS) as process_of:
+        for host in range(4):
+            source = RecordingStore(path)
+            loader = DataLoader(source, mesh=mesh, global_batch_size=4,
+                                batch_spec={"field": SPEC_2D}, halo={"field": halos},
+                                seed=3, process_index=host)  # fmt: skip
+            source.reads = source.bytes = 0
+            batch = host_batch(loader, 1, process_of)
+            check_host(batch, want_of(loader, data, 1, {"field": halos}), mesh, process_of, host)
+            devices = [d for d, p in process_of.items() if p == host]
+            ids = physical_ids(loader, 1)
+            cells = needed_cells(ids, (len(ids), 2, 7, 12), mesh, SPEC_2D, halos, devices)
+            assert source.bytes == needed_bytes(cells, (10, 2, 7, 12), [2, 3], 4)
+            assert source.reads == 2  # the host's two boxes, one batched read each
+
+
+# ---------------------------------------------------------------------------------- options
+def test_the_halo_spelling_through_options_and_config():
+    halo = {"tokens": 4, "field": {2: 1, 3: (2, "periodic")}}
+    want = {"tokens": 4, "field": {2: AxisHalo(1, "pad"), 3: AxisHalo(2, "periodic")}}
+    assert ShardingOptions(halo=halo).halo == want
+    config = LoaderConfig.create(global_batch_size=8, halo=halo)
+    raw = config.to_dict()
+    assert raw["sharding"]["halo"] == {
+        "tokens": 4,
+        "field": {"2": [1, "pad"], "3": [2, "periodic"]},
+    }
+    assert LoaderConfig.from_dict(raw) == config  # JSON's string keys read back as dimensions
+
+
+def test_the_halo_spelling_through_draccus_flags_and_yaml():
+    draccus = pytest.importorskip("draccus")
+    flags = ["--sharding.halo", "{tokens: 4, field: {2: 1, 3: [2, periodic]}}"]
+    config = draccus.parse(LoaderConfig, args=flags)
+    assert config.sharding.halo == {
+        "tokens": 4, "field": {2: AxisHalo(1, "pad"), 3: AxisHalo(2, "periodic")}
+    }  # fmt: skip
+    yaml = "sharding:\n  halo:\n    field:\n      3: [1, periodic]\n"
+    assert draccus.load(LoaderConfig, io.StringIO(yaml)).sharding.halo == {
+        "field": {3: AxisHalo(1, "periodic")}
+    }
+    assert draccus.parse(LoaderConfig, args=["--sharding.halo", "4"]).sharding.halo == 4
+
+
+def test_settings_keep_the_int_form_for_a_sequence_pad_halo():
+    """Hosts agree on (and states record) an int for halos of the old kind, as before."""
+    mesh = mesh_2d()
+    data = {"field": field(8, 2, 8, 12), "tokens": field(8, 4, dtype=np.int32)}
+    loader = DataLoader(data, mesh=mesh, global_batch_size=4,
+                        batch_spec={"field": SPEC_2D, "tokens": P("data", "w")},
+                        halo={"tokens": 1, "field": {3: (2, "periodic")}})  # fmt: skip
+    assert loader.plan.settings()["halo"] == {"field": {"3": [2, "periodic"]}, "tokens": 1}
+    assert windowed(mesh, SPEC_2D, 4, {}) == [2, 3]
