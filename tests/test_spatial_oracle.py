@@ -13,14 +13,18 @@ the periodic wrap mapped back into the domain, padding and ``pad`` halos beyond 
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from psdp import ArraySource
 from tests import oracle
 
 #: One dimension's halo as the tests give it: (width, boundary).
@@ -115,6 +119,98 @@ def needed_bytes(
     return len(cells) * rest * itemsize
 
 
+# -------------------------------------------------------------------- device-side reference
+def exchange(
+    x: jax.Array, mesh, spec: PartitionSpec, halos: dict[int, tuple[int, str]], pad
+) -> jax.Array:
+    """The reference: inside ``shard_map``, each dimension in turn gets ``h`` entries of each
+    neighbour along its mesh axis by ``ppermute`` (around the ring when periodic, ``pad`` at the
+    edges otherwise); the corners follow from doing the dimensions one after the other."""
+
+    @functools.partial(jax.shard_map, mesh=mesh, in_specs=spec, out_specs=spec)
+    def step(block):
+        for dim, (h, boundary) in sorted(halos.items()):
+            axis = spec[dim]
+            c = mesh.shape[axis]
+            index = jax.lax.axis_index(axis)
+            ring = boundary == "periodic"
+            right = [(i, (i + 1) % c) for i in range(c) if ring or i + 1 < c]
+            left = [(i, (i - 1) % c) for i in range(c) if ring or i > 0]
+            last = jax.lax.slice_in_dim(block, block.shape[dim] - h, block.shape[dim], axis=dim)
+            first = jax.lax.slice_in_dim(block, 0, h, axis=dim)
+            from_left = jax.lax.ppermute(last, axis, right)
+            from_right = jax.lax.ppermute(first, axis, left)
+            if not ring:
+                from_left = jnp.where(index == 0, pad, from_left)
+                from_right = jnp.where(index == c - 1, pad, from_right)
+            block = jnp.concatenate([from_left, block, from_right], axis=dim)
+        return block
+
+    return step(x)
+
+
+class Recording(ArraySource):
+    """An in-memory source with ``read_window`` that records each read and the bytes it
+    returned, in all (``bytes``) and per leaf (``leaf_bytes``)."""
+
+    def __init__(self, data):
+        super().__init__(data)
+        self.reads: list[tuple[np.ndarray, dict[Any, Any]]] = []
+        self.bytes = 0
+        self.leaf_bytes: dict[Any, int] = {}
+
+    def read(self, ids):
+        rows = super().read(ids)
+        self.reads.append((np.array(ids), dict.fromkeys(rows)))
+        self._count(rows)
+        return rows
+
+    def read_window(self, ids, columns):
+        got = super().read_window(ids, columns)
+        self.reads.append((np.array(ids), dict(columns)))
+        self._count(got)
+        return got
+
+    def clear(self):
+        self.reads.clear()
+        self.bytes = 0
+        self.leaf_bytes = {}
+
+    def _count(self, rows):
+        for key, value in rows.items():
+            self.bytes += value.nbytes
+            self.leaf_bytes[key] = self.leaf_bytes.get(key, 0) + value.nbytes
+
+
+class RecordingStore:
+    """A `TensorStoreSource` behind a counter of the bytes its reads return."""
+
+    def __init__(self, path):
+        from psdp.sources import TensorStoreSource
+
+        self.store = TensorStoreSource(path)
+        self.reads = 0
+        self.bytes = 0
+
+    def __len__(self):
+        return len(self.store)
+
+    def read(self, ids):
+        rows = self.store.read(ids)
+        self.reads += 1
+        self.bytes += sum(v.nbytes for v in rows.values())
+        return rows
+
+    def read_window(self, ids, columns):
+        got = self.store.read_window(ids, columns)
+        self.reads += 1
+        self.bytes += sum(v.nbytes for v in got.values())
+        return got
+
+    def describe(self):
+        return "RecordingStore"
+
+
 # ------------------------------------------------------------------------------ literal answers
 def test_widen_periodic_by_hand():
     # 5 entries over 2 shards of 3 (one padding entry), periodic halo 1:
@@ -143,6 +239,4 @@ def test_axis_cells_by_hand():
 
 
 def _mesh_1() -> Mesh:
-    import jax
-
     return Mesh(np.array(jax.devices()[:1]).reshape(1), ("data",))

@@ -4,6 +4,7 @@ only some hosts are fed (`feeding_positions`), and which stream shard a host rea
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +35,9 @@ class WindowSlice:
     window: int
     rows: np.ndarray | None = None  # which rows of the read, in order; None: all of them
     columns: Box = None  # which entries of the leaf's read (a `Box`); None: all of them
+    #: which entries of the window they are (a `Box` of positions after its padding): a window
+    #: put together from several reads; None: the whole window
+    into: Box = None
 
 
 def plan_reads(leaves: Mapping[Key, LeafWindows]) -> list[ReadRequest]:
@@ -83,8 +87,8 @@ def plan_reads(leaves: Mapping[Key, LeafWindows]) -> list[ReadRequest]:
             if not shared:
                 requests.append(request)
             request.columns[key] = box[0] if len(box) == 1 and isinstance(box[0], slice) else box
-            for index, within in members:
-                request.entries.append(WindowSlice(key, index, None, within))
+            for index, within, into in members:
+                request.entries.append(WindowSlice(key, index, None, within, into))
     return requests
 
 
@@ -188,14 +192,20 @@ def _batch_shard_index(
     return dp_index(layout, axes)
 
 
-def window_reads(
-    leaf: LeafWindows,
-) -> list[tuple[np.ndarray, tuple[Indexer, ...], list[tuple[int, Box]]]]:
-    """A windowed leaf's reads: ``(rows, box, [(window, its entries within the box or None)])``.
+#: One read of a windowed leaf: (rows, box, [(window, the entries of the read it takes, the
+#: positions of its entries they fill)]); ``None`` for all of them.
+WindowRead = tuple[np.ndarray, tuple[Indexer, ...], list[tuple[int, Box, Box]]]
 
-    Windows on the same rows are split into grids of shards (`shard_grids`); a grid's windows
-    are read along each windowed dimension as the merged ranges of their entries
-    (`merged_ranges`), so each window lies inside one read.
+
+def window_reads(leaf: LeafWindows) -> list[WindowRead]:
+    """A windowed leaf's reads, each entry of the host's windows read once.
+
+    Windows on the same rows are read together. Along each windowed dimension their entries merge
+    into ranges (`merged_ranges`); windows in different ranges share no entry and are read apart.
+    Windows in the same ranges are read as the boxes of `shard_grids` over the pieces their
+    overlaps cut the ranges into: one box when they form a grid (every combination of their
+    shards: the usual case), several when they do not (a host holding two diagonal corners of a
+    domain), and a window that spans several boxes is put together from its pieces.
     """
     if not leaf.windowed:
         return []
@@ -208,44 +218,89 @@ def window_reads(
             by_rows.append((window.rows, [index]))
     reads = []
     for rows, members in by_rows:
-        shard_of = {leaf.windows[i].shard: i for i in members}
-        for grid in shard_grids(set(shard_of)):
-            reads += _grid_reads(leaf, rows, [shard_of[s] for s in sorted(grid)])
+        per_dim = [
+            merged_ranges(
+                [leaf.windows[i].axes[axis].indices for i in members],
+                leaf.source_shape[d],
+                leaf.halos[axis].boundary == "periodic",
+            )
+            for axis, d in enumerate(leaf.windowed)
+        ]
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for m, index in enumerate(members):
+            groups.setdefault(tuple(which[m] for _, which, _ in per_dim), []).append(index)
+        for chosen, group in sorted(groups.items()):
+            ranges = [per_dim[axis][0][r] for axis, r in enumerate(chosen)]
+            reads += _boxes(leaf, rows, group, ranges)
     return reads
 
 
-def _grid_reads(
-    leaf: LeafWindows, rows: np.ndarray, members: list[int]
-) -> list[tuple[np.ndarray, tuple[Indexer, ...], list[tuple[int, Box]]]]:
-    """The reads of one grid of windows: one per combination of merged ranges."""
-    per_dim = []  # per windowed dimension: (ranges, range of each member, within each member)
-    for axis, d in enumerate(leaf.windowed):
-        periodic = leaf.halos[axis].boundary == "periodic"
-        held = [leaf.windows[i].axes[axis].indices for i in members]
-        per_dim.append(merged_ranges(held, leaf.source_shape[d], periodic))
-    by_ranges: dict[tuple[int, ...], list[int]] = {}
-    for m in range(len(members)):
-        by_ranges.setdefault(tuple(ranges_of[m] for _, ranges_of, _ in per_dim), []).append(m)
+def _boxes(
+    leaf: LeafWindows, rows: np.ndarray, group: list[int], ranges: list[np.ndarray]
+) -> list[WindowRead]:
+    """The reads of windows that share ``ranges`` (one per windowed dimension): each range is cut
+    into *atoms*, entries held by the same windows; a window holds a product of atoms, and the
+    union of those products splits into disjoint products (`shard_grids`), one box each."""
+    atoms, held, place = [], [], []
+    for axis, run in enumerate(ranges):
+        size = leaf.source_shape[leaf.windowed[axis]]
+        where = np.full(size, -1, np.int64)
+        where[run] = np.arange(len(run))  # an entry's position in its range
+        positions = [where[leaf.windows[i].axes[axis].indices] for i in group]
+        inside = np.zeros((len(run), len(group)), bool)
+        for w, held_at in enumerate(positions):
+            inside[held_at, w] = True
+        _, first, inverse = np.unique(inside, axis=0, return_index=True, return_inverse=True)
+        rank = np.empty(len(first), np.int64)
+        rank[np.argsort(first)] = np.arange(len(first))  # atoms in order along the range
+        atom = rank[inverse.ravel()]
+        atoms.append(atom)
+        held.append([sorted(set(atom[p].tolist())) for p in positions])
+        place.append(positions)
+    covered = {
+        cell
+        for w in range(len(group))
+        for cell in itertools.product(*(held[axis][w] for axis in range(len(ranges))))
+    }
     reads = []
-    for chosen, group in sorted(by_ranges.items()):
-        axes = {
-            d: per_dim[a][0][r] for a, (d, r) in enumerate(zip(leaf.windowed, chosen, strict=True))
-        }
+    for grid in sorted(shard_grids(covered), key=min):
+        keep = [np.isin(atoms[a], sorted({cell[a] for cell in grid})) for a in range(len(ranges))]
+        axes = {d: ranges[a][keep[a]] for a, d in enumerate(leaf.windowed)}
         box = tuple(
             as_indexer(axes[d]) if d in axes else slice(0, leaf.source_shape[d])
             for d in range(1, leaf.windowed[-1] + 1)
         )
-        entries: list[tuple[int, Box]] = []
-        for m in group:
-            within = {d: per_dim[a][2][m] for a, d in enumerate(leaf.windowed)}
-            whole = all(np.array_equal(within[d], np.arange(len(axes[d]))) for d in leaf.windowed)
-            parts = tuple(
-                as_indexer(within[d]) if d in within else slice(None)
-                for d in range(1, leaf.windowed[-1] + 1)
+        in_box = [np.cumsum(k) - 1 for k in keep]
+        entries: list[tuple[int, Box, Box]] = []
+        for w, index in enumerate(group):
+            mine = [keep[a][place[a][w]] for a in range(len(ranges))]
+            if not all(m.any() for m in mine):
+                continue
+            read = [in_box[a][place[a][w][m]] for a, m in enumerate(mine)]
+            window = [np.flatnonzero(m) for m in mine]
+            whole_window = all(m.all() for m in mine)
+            whole_read = whole_window and all(
+                np.array_equal(r, np.arange(len(axes[d])))
+                for r, d in zip(read, leaf.windowed, strict=True)
             )
-            entries.append((members[m], None if whole else parts))
+            entries.append(
+                (
+                    index,
+                    None if whole_read else _parts(leaf, read),
+                    None if whole_window else _parts(leaf, window),
+                )
+            )
         reads.append((rows, box, entries))
     return reads
+
+
+def _parts(leaf: LeafWindows, positions: list[np.ndarray]) -> tuple[Indexer, ...]:
+    """Positions along each windowed dimension as a `Box` (the dimensions between them whole)."""
+    by_dim = dict(zip(leaf.windowed, positions, strict=True))
+    return tuple(
+        as_indexer(by_dim[d]) if d in by_dim else slice(None)
+        for d in range(1, leaf.windowed[-1] + 1)
+    )
 
 
 def shard_grids(shards: set[tuple[int, ...]]) -> list[set[tuple[int, ...]]]:

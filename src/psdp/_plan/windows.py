@@ -243,6 +243,25 @@ class LeafWindows:
         buffer[tuple(inner)] = data
         return buffer
 
+    def place(
+        self,
+        buffers: list[np.ndarray],
+        index: int,
+        data: np.ndarray,
+        into: Box,
+        pad_value: int | float,
+    ) -> None:
+        """Writes ``data``, the entries ``into`` of window ``index`` (one read of a window that
+        spans several), into its buffer in ``buffers``, made the first time (``pad_value``)."""
+        shape = self.window_shape(index)
+        if buffers[index].shape != shape:
+            buffers[index] = np.full(shape, pad_value, self.dtype)
+        where = [np.arange(n) for n in shape]
+        parts = box_parts(into)
+        for d, axis in zip(self.windowed, self.windows[index].axes, strict=True):
+            where[d] = axis.before + np.arange(len(axis.indices))[parts[d - 1]]
+        buffers[index][np.ix_(*where)] = data
+
 
 def as_indexer(indices: np.ndarray) -> slice | np.ndarray:
     """Source entries as a read takes them: a slice when they are one ascending range.

@@ -77,6 +77,9 @@ class StepReader:
                 if entry.columns is not None:
                     rows = take_box(rows, entry.columns)
                 leaf = self.plan.leaves[entry.key]
+                if entry.into is not None:  # one of several reads of a window: a copy
+                    leaf.place(buffers[entry.key], entry.window, rows, entry.into, self.pad_value)
+                    continue
                 buffer = leaf.pad_window(entry.window, rows, self.pad_value)
                 if entry.key in borrowed and np.may_share_memory(buffer, got[entry.key]):
                     buffer = buffer.copy()  # the source may refill it while the batch lives
