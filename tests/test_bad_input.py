@@ -193,6 +193,15 @@ def _truncated_npy(tmp_path: Path) -> None:
     MemmapSource(path)
 
 
+FIELD = np.zeros((16, 2, 8, 12), np.float32)  # (B, C, H, W) for data=2 x h=2 x w=2
+
+
+def _field_loader(field: np.ndarray = FIELD, **kwargs: Any) -> DataLoader:
+    kwargs.setdefault("batch_spec", {"field": PartitionSpec("data", None, "h", "w")})
+    mesh = mesh_of(("data", "h", "w"), (2, 2, 2))
+    return DataLoader({"field": field}, mesh=mesh, global_batch_size=4, **kwargs)
+
+
 _SHAPE_RULE = "every row of a source must have one shape and dtype"
 _RESUME_FIX = "resume with the saved value"
 
@@ -834,6 +843,67 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
         lambda _: _loader(named_axes={"tokens": ("batch", "position")}),
         ValueError,
         ["named_axes needs an axis_mapping", '{"batch": ("replica", "data")'],
+    ),
+    # ------------------------------------------------------------------- spatial domains
+    (
+        "a halo wider than a shard of a spatial dimension",
+        lambda _: _field_loader(halo={"field": {3: (7, "periodic")}}),
+        ValueError,
+        ["leaf 'field'", "halo=7 on dimension 3", "12 entries over 2 shards is 6", "halo <= 6"],
+    ),
+    (
+        "a halo wider than a shard of an uneven dimension",
+        lambda _: _field_loader(FIELD[:, :, :7], halo={"field": {2: 5}}),
+        ValueError,
+        ["halo=5 on dimension 2", "7 entries over 2 shards is 4 per device (padded to 8)"],
+    ),
+    (
+        "a periodic halo on the batch dimension",
+        lambda _: _field_loader(halo={"field": {0: (1, "periodic")}}),
+        ValueError,
+        ["ShardingOptions.halo['field'] gives dimension 0 a halo", "halo={'field': {2: 1"],
+    ),
+    (
+        "a spec that shards one dimension twice over one axis",
+        lambda _: _field_loader(batch_spec={"field": PartitionSpec("data", None, ("h", "h"))}),
+        ValueError,
+        ["mesh axis 'h' appears twice", "('h', 'h')", "at most one dimension once"],
+    ),
+    (
+        "a spec that shards two dimensions over one axis",
+        lambda _: _field_loader(batch_spec={"field": PartitionSpec("data", None, "h", "h")}),
+        ValueError,
+        ["mesh axis 'h' appears twice", "P('data', None, 'h', 'h')", "at most one dimension"],
+    ),
+    (
+        "an unknown halo boundary",
+        lambda _: _field_loader(halo={"field": {3: (1, "wrap")}}),
+        ValueError,
+        ["halo['field'][3] has boundary 'wrap' (did you mean 'periodic'?)", "('pad', 'periodic')"],
+    ),
+    (
+        "a halo on a dimension the leaf lacks",
+        lambda _: _field_loader(halo={"field": {4: 1}}),
+        ValueError,
+        ["leaf 'field' a halo on dimension 4", "4 dimensions", "dimensions 1..3"],
+    ),
+    (
+        "a halo keyed by a mesh axis name",
+        lambda _: _field_loader(halo={"field": {"w": 1}}),
+        TypeError,
+        ["halo['field'] key must be a dimension number", "not a mesh axis name", "got 'w'"],
+    ),
+    (
+        "a halo that is neither a width nor (width, boundary)",
+        lambda _: _field_loader(halo={"field": {3: (1, 2)}}),
+        TypeError,
+        ["halo['field'][3] must be a width or (width, boundary)", "got (1, 2)", "(2, 'periodic')"],
+    ),
+    (
+        "a halo mask of a domain windowed in two dimensions, without the dimension",
+        lambda _: _field_loader(halo={"field": {3: 1}}).halo_mask("field"),
+        ValueError,
+        ["leaf 'field' is windowed in dimensions [2, 3]", "dim=3"],
     ),
 ]
 

@@ -14,7 +14,7 @@ from jax.sharding import Mesh, PartitionSpec
 
 from psdp._plan.dtypes import LeafDtype, check_pad_value, needs_x64, plan_dtypes
 from psdp._plan.layout import MeshLayout
-from psdp._plan.leaves import Key
+from psdp._plan.leaves import Key, leaf_label
 from psdp._plan.mesh import spec_axes
 from psdp._plan.options import LoaderOptions
 from psdp._plan.partition import (
@@ -123,14 +123,14 @@ class LoaderPlan:
         padded = physical > batch or ends_short
         halos = resolve_halos(sharding.halo, specs, ndims)
         leaves = {
-            key: LeafWindows.create(
+            key: _windows_of(
+                key,
                 mesh,
                 specs[key],
                 (physical, *np.shape(row)[1:]),
                 dtypes[key].delivered,
                 process_index,
-                halo=halos[key],
-                pad_uneven=True,
+                halos[key],
             )
             for key, row in first_row.items()
         }
@@ -178,6 +178,24 @@ class LoaderPlan:
             "pad_value": np.asarray(self.options.output.pad_value).item(),
             "mask_key": self.options.output.mask_key,
         }
+
+
+def _windows_of(
+    key: Key,
+    mesh: Mesh,
+    spec: PartitionSpec,
+    shape: tuple[int, ...],
+    dtype: np.dtype,
+    process_index: int,
+    halos: dict[int, AxisHalo],
+) -> LeafWindows:
+    """A leaf's windows, uneven dimensions padded; an error names the leaf."""
+    try:
+        return LeafWindows.create(
+            mesh, spec, shape, dtype, process_index, halo=halos, pad_uneven=True
+        )
+    except ValueError as err:
+        raise ValueError(f"{leaf_label(key)}: {err}") from None
 
 
 def _halo_setting(halos: dict[int, AxisHalo]) -> int | dict[str, list[Any]]:

@@ -226,7 +226,12 @@ def as_dimension(where: str, value: Any, fix: str) -> int:
     """A dimension key of a leaf's halos: an int >= 1 (or its digits, as JSON keys are strings)."""
     dim = int(value) if isinstance(value, str) and value.isdigit() else value
     if not is_int(dim):
-        raise type_error(f"{where} key", value, "a dimension number (an int >= 1)", fix)
+        raise type_error(
+            f"{where} key",
+            value,
+            "a dimension number (an int >= 1; 0 is the batch), not a mesh axis name",
+            fix,
+        )
     if dim == 0:
         raise ValueError(
             f"{where} gives dimension 0 a halo, but dimension 0 is the batch: its rows are "
