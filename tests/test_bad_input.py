@@ -905,6 +905,17 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
         ValueError,
         ["leaf 'field' is windowed in dimensions [2, 3]", "dim=3"],
     ),
+    (
+        "halos per dimension for a dict source",
+        lambda _: _field_loader(halo={3: (1, "periodic")}),
+        ValueError,
+        [
+            "halo={3: AxisHalo(width=1, boundary='periodic')} gives halos per dimension",
+            "an array source's single leaf",
+            "['field']",
+            "halo={'field': {3:",
+        ],
+    ),
 ]
 
 

@@ -122,8 +122,8 @@ def test_the_runnable_blocks_are_found():
     assert run == {
         "concepts.md": 0,
         "loader.md": 4,
-        "sources.md": 3,
-        "partitioning.md": 8,
+        "sources.md": 4,
+        "partitioning.md": 10,
         "reliability.md": 2,
     }
 

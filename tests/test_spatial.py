@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import io
 import math
+import runpy
+from pathlib import Path
 
 import numpy as np
 import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from psdp import DataLoader, LoaderConfig, ShardingOptions
+from psdp import DataLoader, LoaderConfig, MeshLayout, ShardingOptions
 from psdp._plan.windows import AxisHalo
 from psdp._runtime.assembly import domain_mask, halo_mask
 from psdp.sources.writer import write_dataset
@@ -380,3 +382,42 @@ def test_settings_keep_the_int_form_for_a_sequence_pad_halo():
                         halo={"tokens": 1, "field": {3: (2, "periodic")}})  # fmt: skip
     assert loader.plan.settings()["halo"] == {"field": {"3": [2, "periodic"]}, "tokens": 1}
     assert windowed(mesh, SPEC_2D, 4, {}) == [2, 3]
+
+
+def test_an_array_source_takes_its_halos_per_dimension():
+    mesh = mesh_2d()
+    rows = field(9, 2, 6, 8)
+    halos = {2: (1, "pad"), 3: (2, "periodic")}
+    loader = DataLoader(rows, mesh=mesh, global_batch_size=4, batch_spec=SPEC_2D, halo=halos,
+                        pad_value=-1, seed=1, drop_last=True)  # fmt: skip
+    assert loader.plan.halos == {None: {2: AxisHalo(1, "pad"), 3: AxisHalo(2, "periodic")}}
+    want = expected_leaf(expected_batch(loader, rows, 0), mesh, SPEC_2D, halos, -1)
+    assert_shards_exact(loader.batch_at(0), want)
+    config = LoaderConfig.create(global_batch_size=4, halo=halos)
+    assert config.to_dict()["sharding"]["halo"] == {"2": [1, "pad"], "3": [2, "periodic"]}
+    assert LoaderConfig.from_dict(config.to_dict()) == config
+    draccus = pytest.importorskip("draccus")
+    flags = ["--sharding.halo", "{2: 1, 3: [2, periodic]}"]
+    assert draccus.parse(LoaderConfig, args=flags).sharding.halo == loader.options.sharding.halo
+
+
+def test_the_bytes_script_gives_what_the_source_counts():
+    """scripts/spatial_bytes.py plans on a layout alone; each host's figure is what its reads
+    return at the source, on the same layout simulated in this process."""
+    script = runpy.run_path(str(Path(__file__).parents[1] / "scripts" / "spatial_bytes.py"))
+    mesh = mesh_2d()
+    shape = (8, 2, 7, 12)
+    halos = script["parse_halo"]("2:2:pad,3:1:periodic")
+    data = {"field": field(*shape)}
+    layout = script["LAYOUTS"]["4 hosts, non-contiguous"]
+    plan_layout = MeshLayout(layout, ("data", "h", "w"))
+    with fake_pod(mesh, layout) as process_of:
+        for host in range(4):
+            source = Recording(data)
+            loader = DataLoader(source, mesh=mesh, global_batch_size=8,
+                                batch_spec={"field": SPEC_2D}, halo={"field": halos},
+                                process_index=host)  # fmt: skip
+            _, counted = host_reads(loader, source, 0, process_of)
+            assert script["host_bytes"](plan_layout, shape, halos, 4, host) == counted
+            whole = script["whole_sample_bytes"](plan_layout, shape, 4, host)
+            assert whole == 8 * 2 * 7 * 12 * 4  # both data rows: all 8 samples, whole

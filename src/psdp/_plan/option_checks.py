@@ -195,17 +195,22 @@ def as_axis_mapping(value: Any) -> dict[str, tuple[str, ...] | str | None]:
 LeafHalo = int | dict[int, AxisHalo]
 
 
-def as_halo(value: Any) -> int | dict[str, LeafHalo]:
-    """``ShardingOptions.halo``: an int for every sequence-sharded leaf, or a dict leaf -> an int
-    (dimension 1) or a dict dimension -> width or ``(width, boundary)``, normalised to
-    `AxisHalo` (dimension keys may be digit strings, as JSON writes them).
+def as_halo(value: Any) -> int | dict[str, LeafHalo] | dict[int, AxisHalo]:
+    """``ShardingOptions.halo``: an int for every sequence-sharded leaf; a dict leaf -> an int
+    (dimension 1) or a dict dimension -> width or ``(width, boundary)``; or, for an array
+    source's single leaf, a dict dimension -> width or ``(width, boundary)``. Normalised to
+    `AxisHalo`; dimension keys may be digit strings, as JSON writes them.
 
     Example:
         >>> as_halo({"tokens": 4, "field": {2: 1, "3": [2, "periodic"]}})
         {'tokens': 4, 'field': {2: AxisHalo(width=1, boundary='pad'), 3: AxisHalo(width=2, boundary='periodic')}}
+        >>> as_halo({3: (1, "periodic")})  # an array source
+        {3: AxisHalo(width=1, boundary='periodic')}
     """
     where = "ShardingOptions.halo"
     fix = "e.g. halo=128, halo={'tokens': 128}, or halo={'field': {2: 1, 3: (2, 'periodic')}}"
+    if isinstance(value, Mapping) and value and all(map(is_dimension, value)):
+        return as_axis_halos(where, value, fix)
     if isinstance(value, Mapping):
         halos = as_leaf_dict(where, value, fix)
         return {leaf: as_leaf_halo(f"{where}[{leaf!r}]", h, fix) for leaf, h in halos.items()}
@@ -216,10 +221,20 @@ def as_leaf_halo(where: str, value: Any, fix: str) -> LeafHalo:
     """One leaf's halos: an int (dimension 1) or a dict dimension -> width or (width, boundary)."""
     if not isinstance(value, Mapping):
         return as_columns(where, value, fix)
+    return as_axis_halos(where, value, fix)
+
+
+def as_axis_halos(where: str, value: Mapping[Any, Any], fix: str) -> dict[int, AxisHalo]:
+    """A dict dimension -> width or ``(width, boundary)``, as `AxisHalo` by dimension."""
     return {
         as_dimension(where, dim, fix): as_axis_halo(f"{where}[{dim!r}]", axis, fix)
         for dim, axis in value.items()
     }
+
+
+def is_dimension(key: Any) -> bool:
+    """Whether a key of a halo dict is a dimension number (an int, or its digits) not a leaf."""
+    return is_int(key) or (isinstance(key, str) and key.isdigit())
 
 
 def as_dimension(where: str, value: Any, fix: str) -> int:

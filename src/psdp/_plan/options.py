@@ -93,11 +93,16 @@ class ShardingOptions:
     """Axis name -> mesh axis or axes, e.g. ``{batch: [replica, data], position: context}``;
     goes with ``named_axes``."""
 
-    halo: Mapping[str, Mapping[int, list[int | str] | int | tuple[int, str]] | int] | int = 0
+    halo: (
+        Mapping[str, Mapping[int, list[int | str] | int | tuple[int, str]] | int]
+        | Mapping[int, list[int | str] | int | tuple[int, str]]
+        | int
+    ) = 0
     """Entries of each neighbouring shard added on each side of a device's window: an int for
     dimension 1 of every sequence-sharded leaf, or a dict leaf -> an int (dimension 1) or a dict
     dimension -> width or ``[width, boundary]``, boundary ``pad`` (pad_value beyond the domain's
-    edges, the default) or ``periodic`` (wrap around), e.g. ``{field: {2: 1, 3: [2, periodic]}}``."""
+    edges, the default) or ``periodic`` (wrap around), e.g. ``{field: {2: 1, 3: [2, periodic]}}``;
+    for an array source's single leaf, a dict dimension -> width or ``[width, boundary]``."""
 
     feeding_processes: list[int] | tuple[int, ...] | None = None
     """Only these processes' batch shards get real rows, the rest padding (unset: every one)."""

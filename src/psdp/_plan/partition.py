@@ -215,12 +215,13 @@ def resolve_named_axes(
 
 
 def resolve_halos(
-    halo: int | Mapping[str, Any],
+    halo: int | Mapping[Any, Any],
     specs: dict[Key, PartitionSpec],
     ndims: dict[Key, int],
 ) -> dict[Key, dict[int, AxisHalo]]:
     """Each leaf's halos per dimension: an int is dimension 1 (``pad``) of every leaf sharded on
-    dimension 1; a dict gives its leaves an int (dimension 1) or halos per dimension.
+    dimension 1; a dict gives its leaves an int (dimension 1) or halos per dimension, and a dict
+    of dimensions gives an array source's single leaf its halos.
 
     Example:
         >>> from jax.sharding import PartitionSpec as P
@@ -228,7 +229,17 @@ def resolve_halos(
         {'tokens': {1: AxisHalo(width=2, boundary='pad')}, 'w': {}}
         >>> resolve_halos({"field": {3: AxisHalo(1, "periodic")}}, {"field": P("data")}, {"field": 4})
         {'field': {3: AxisHalo(width=1, boundary='periodic')}}
+        >>> resolve_halos({2: AxisHalo(1, "periodic")}, {None: P("data")}, {None: 3})  # one array
+        {None: {2: AxisHalo(width=1, boundary='periodic')}}
     """
+    if isinstance(halo, Mapping) and halo and all(isinstance(k, int) for k in halo):
+        if None not in specs:  # per dimension: the single leaf of an array source
+            raise ValueError(
+                f"halo={dict(halo)} gives halos per dimension, which is for an array source's "
+                f"single leaf, but the source has leaves {sorted(map(str, specs))}; name the "
+                f"leaf, e.g. halo={{{next(iter(specs))!r}: {dict(halo)}}}"
+            )
+        return {None: _leaf_halos(halo, None, ndims[None])}
     if isinstance(halo, Mapping):
         unknown = sorted(map(str, set(halo) - set(specs)))
         if unknown:

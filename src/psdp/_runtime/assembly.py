@@ -71,6 +71,14 @@ class LeafAssembler(LeafWindows):
         """Each local device's box of the global array."""
         return self.live_sharding.addressable_devices_indices_map(self.global_shape)  # type: ignore[return-value]
 
+    def halo_mask(self, dim: int | None = None) -> jax.Array:
+        """`halo_mask` of this leaf: which positions of dimension ``dim`` are halo positions."""
+        return _halo_mask(self, "this leaf", dim)
+
+    def domain_mask(self, dim: int | None = None) -> jax.Array:
+        """`domain_mask` of this leaf: which positions of dimension ``dim`` lie in the domain."""
+        return _domain_mask(self, "this leaf", dim)
+
     def assemble(self, buffers: np.ndarray | Sequence[np.ndarray]) -> jax.Array:
         """Builds the global array from this host's window buffers (one array if one window)."""
         if isinstance(buffers, np.ndarray):
@@ -182,7 +190,11 @@ def halo_mask(leaf: LeafWindows, key: Key, dim: int | None = None) -> jax.Array:
         >>> np.asarray(halo_mask(leaf, "tokens")).astype(int).tolist()
         [1, 0, 0, 1, 1, 0, 0, 1]
     """
-    axis = _windowed_axis(leaf, key, dim)
+    return _halo_mask(leaf, leaf_label(key), dim)
+
+
+def _halo_mask(leaf: LeafWindows, label: str, dim: int | None) -> jax.Array:
+    axis = _windowed_axis(leaf, label, dim)
     h = leaf.halos[axis].width
     count = leaf.shards[axis]
     extent = leaf.global_shape[leaf.windowed[axis]] // count
@@ -207,7 +219,11 @@ def domain_mask(leaf: LeafWindows, key: Key, dim: int | None = None) -> jax.Arra
         >>> np.asarray(domain_mask(leaf, "tokens")).astype(int).tolist()
         [1, 1, 1, 1, 1, 1, 1, 0]
     """
-    axis = _windowed_axis(leaf, key, dim)
+    return _domain_mask(leaf, leaf_label(key), dim)
+
+
+def _domain_mask(leaf: LeafWindows, label: str, dim: int | None) -> jax.Array:
+    axis = _windowed_axis(leaf, label, dim)
     d = leaf.windowed[axis]
     h, count = leaf.halos[axis].width, leaf.shards[axis]
     width = leaf.plan.global_shape[d] // count  # a shard's own entries
@@ -215,20 +231,20 @@ def domain_mask(leaf: LeafWindows, key: Key, dim: int | None = None) -> jax.Arra
     return _axis_array(leaf, axis, (coordinate >= 0) & (coordinate < leaf.source_shape[d]))
 
 
-def _windowed_axis(leaf: LeafWindows, key: Key, dim: int | None) -> int:
+def _windowed_axis(leaf: LeafWindows, label: str, dim: int | None) -> int:
     """The position of dimension ``dim`` among the leaf's windowed dimensions."""
     if not leaf.windowed:
-        raise ValueError(f"{leaf_label(key)} is not read in windows; it has no halo")
+        raise ValueError(f"{label} is not read in windows; it has no halo")
     if dim is None:
         if len(leaf.windowed) > 1:
             raise ValueError(
-                f"{leaf_label(key)} is windowed in dimensions {list(leaf.windowed)}; name one, "
+                f"{label} is windowed in dimensions {list(leaf.windowed)}; name one, "
                 f"e.g. dim={leaf.windowed[-1]}"
             )
         return 0
     if dim not in leaf.windowed:
         raise ValueError(
-            f"dimension {dim} of {leaf_label(key)} is not read in windows (its windowed "
+            f"dimension {dim} of {label} is not read in windows (its windowed "
             f"dimensions are {list(leaf.windowed)}); pass one of them"
         )
     return leaf.windowed.index(dim)
