@@ -916,6 +916,12 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
             "halo={'field': {3:",
         ],
     ),
+    (
+        "pad_value -1 on a uint8 field padded for an uneven domain",
+        lambda _: _field_loader(np.zeros((16, 2, 7, 12), np.uint8), pad_value=-1, drop_last=True),
+        ValueError,
+        ["pad_value=-1", "leaf 'field'", "uint8", "dimension 2 of 7 entries is padded to 8"],
+    ),
 ]
 
 

@@ -40,6 +40,8 @@ CASES = [
      {"label": "full"}, 3),  # uneven H, an uneven batch: padding rows and the mask
     ("2d", [2, 5, 9], [None, None, "h", "w"], {"2": [3, "periodic"], "3": [5, "periodic"]},
      {"label": "replicated"}, 4),  # uneven both, the batch on every device
+    ("2d", [2, 8, 12], [None, None, "h", "w"], {"2": [1, "periodic"], "3": [1, "pad"]},
+     {"label": "batch"}, 4),  # each host's two corners on the same rows: no grid, 3 boxes
     ("2d", [6, 8], ["data", "h", "w"], {}, {"label": "batch"}, 4),  # boxes alone, no halo
     ("3d", [4, 6, 8], [None, "x", "y", "z"], {"1": [1, "periodic"], "2": [2, "periodic"],
      "3": [1, "pad"]}, {"label": "full"}, 5),

@@ -310,11 +310,8 @@ def read_box(array: Any, ids: np.ndarray, box: Box) -> np.ndarray:
     """
     parts = box_parts(box)
     sliced = array[(slice(None), *(p if isinstance(p, slice) else slice(None) for p in parts))]
-    out = np.asarray(sliced[ids])
-    for d, part in enumerate(parts, start=1):
-        if not isinstance(part, slice):
-            out = np.take(out, part, axis=d)
-    return out
+    arrays = tuple(slice(None) if isinstance(p, slice) else p for p in parts)
+    return take_box(np.asarray(sliced[ids]), arrays)
 
 
 def _halos_of(
