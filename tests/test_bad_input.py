@@ -562,10 +562,16 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
     ),
     # ---------------------------------------------------------------------------- resuming
     (
-        "resume with another global batch",
-        _resume({}, global_batch_size=16),
+        "resume with a new skip of steps already trained on",
+        _resume({}, skip_steps=[(1, 4)]),
         ValueError,
-        ["global_batch_size=16", "global_batch_size=8", _RESUME_FIX],
+        ["skip_steps (1, 4) starts before step 2", "did not have it", "give (2, 5)", "(2, 4)"],
+    ),
+    (
+        "resume with start_at",
+        _resume({}, start_at=(0, 0)),
+        ValueError,
+        ["start_at=(0, 0)", "step 2, offset 16", "drop start_at"],
     ),
     (
         "resume with another seed",
@@ -627,7 +633,7 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
         "resume from something that is not a state",
         lambda _: DataLoader.restore({"step": 3}, {"tokens": TOKENS}, mesh=_mesh()),
         ValueError,
-        ["format='psdp.loader/1'", "{'step': 3}", "pass what DataLoader.state() returned"],
+        ["format='psdp.loader/2'", "{'step': 3}", "pass what DataLoader.state() returned"],
     ),
     # ------------------------------------------------------------------- processes and knobs
     (
