@@ -175,14 +175,18 @@ class StepOffsets:
             if n is not None and offset % n == 0 and cut - offset == n:
                 # whole epochs with no skip inside: jump over as many as the target allows
                 per_epoch = self._steps(n, batch)
-                epochs = min((target - at) // per_epoch, self._free_epochs(offset))
+                # with drop_last an epoch's tail is dropped or not by the *next* step's batch
+                # size, which may be another stage's: the last epoch is walked, not jumped
+                room = target - at - (1 if self.drop_last else 0)
+                epochs = min(room // per_epoch, self._free_epochs(offset))
                 at, offset = at + epochs * per_epoch, offset + epochs * n
                 if epochs:
                     continue
             steps = self._steps(cut - offset, batch)
             if at + steps > target:
                 return target, offset + (target - at) * batch
-            at, offset = at + steps, cut
+            # the run's last step ends at its cut, or (drop_last) where the whole batches end
+            at, offset = at + steps, min(cut, offset + steps * batch)
         return at, offset
 
     def _steps(self, length: float, batch: int) -> int:
