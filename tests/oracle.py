@@ -262,9 +262,12 @@ def expected_step(
 
     ``data`` is the source as numpy (an array: leaf ``None``; or a dict). ``specs`` has one
     `PartitionSpec` per leaf, in the source's leaf order. ``process_of`` maps each device to its
-    process (default: JAX's), for feeding.
+    process (default: JAX's), for feeding. ``span``: the step's span under a schedule or skips
+    (`schedule_spans`); then ``batch_size`` is ignored.
     """
     leaves = data if isinstance(data, Mapping) else {None: data}
+    if span is not None:
+        batch_size = span.batch_size
     halo = dict(halo or {})
     num_rows = len(next(iter(leaves.values())))
     first = next(iter(specs.values()))
