@@ -121,3 +121,15 @@ def test_every_row_once_per_epoch_minus_the_skipped_offsets(kwargs, seed, shuffl
         [np.arange(s.offset, s.offset + s.rows) for s in oracle.schedule_spans(steps=STEPS, **kwargs)]
     )
     assert len(covered) == len(set(covered.tolist())), "an offset twice"
+
+
+@settings(max_examples=300, deadline=None)
+@given(orders(), st.integers(0, STEPS))
+def test_cuts_short_says_exactly_whether_some_step_holds_padding(kwargs, step):
+    """Against the oracle's walk far past the last stage and skip (the steady state then repeats
+    every epoch): True exactly when some step from the start on is short."""
+    whole = StepOffsets.create(**kwargs)
+    start = (step, whole.resume_offset(step))
+    spans = oracle.schedule_spans(steps=STEPS + 400, start=start, **kwargs)
+    short = any(span.rows < span.batch_size for span in spans)
+    assert StepOffsets.create(**kwargs, start=start).cuts_short() == short

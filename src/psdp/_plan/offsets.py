@@ -166,6 +166,51 @@ class StepOffsets:
         epoch = 0 if self.num_rows is None else offset // self.num_rows
         return StepInfo(step, offset, batch, int(rows), epoch)
 
+    def cuts_short(self) -> bool:
+        """Whether some step from ``start`` on is cut short (so holds padding): never with
+        drop_last; otherwise where a run's length is not a multiple of the batch walking it.
+
+        Example:
+            >>> StepOffsets.create(64, [(0, 8), (2, 16)]).cuts_short()  # 16 + 16k reaches 64
+            False
+            >>> StepOffsets.create(64, [(0, 8), (1, 16)]).cuts_short()  # 8 + 16k misses it
+            True
+        """
+        if self.drop_last:
+            return False
+        n, at, offset = self.num_rows, self.start[0], self.start[1]
+        stages = [s for s in self.stages if s.start > at]
+        for batch, target in zip(
+            [self.stage_at(at).batch_size] + [s.batch_size for s in stages],
+            [s.start for s in stages] + [math.inf],
+            strict=True,
+        ):
+            while at < target:
+                offset = self._next_start(offset, Stage(at, batch))
+                cut = self._run_end(offset)
+                if cut == math.inf:
+                    break  # a stream with no skip ahead: never cut again in this stage
+                last = target == math.inf and not any(first >= offset for first, _ in self.skips)
+                if last and n is not None and offset % n == 0:
+                    return n % batch != 0  # every later run is a whole epoch
+                steps = self._steps(cut - offset, batch)
+                if at + steps > target:  # the stage ends inside this run
+                    offset, at = offset + (target - at) * batch, target  # type: ignore[assignment]
+                    break
+                if (cut - offset) % batch:
+                    return True
+                at, offset = at + steps, int(cut)
+                free = n is not None and offset % n == 0 and self._run_end(offset) - offset == n
+                if free and (target != math.inf or self._free_epochs(offset) != math.inf):
+                    per_epoch = self._steps(n, batch)
+                    epochs = self._free_epochs(offset)  # finite here: a skip lies ahead
+                    if target != math.inf:  # (inf // k is nan, not inf)
+                        epochs = min((target - at) // per_epoch, epochs)
+                    if epochs and n % batch:
+                        return True
+                    at, offset = at + epochs * per_epoch, offset + epochs * n
+        return False
+
     def _advance(self, at: int, offset: int, batch: int, target: int) -> tuple[int, int]:
         """(step, offset) after stepping from ``at`` to ``target`` with batches of ``batch``."""
         n = self.num_rows

@@ -182,18 +182,9 @@ class GlobalOrder:
 
     @property
     def pads(self) -> bool:
-        """Whether some batch may hold padding (`PAD` ids): a step cut short by an epoch's end
-        or a skip. Exact for a constant batch size; assumed with a schedule or skips."""
-        if self.drop_last:
-            return False
-        stages, n, offsets = self.offsets.stages, self.num_rows, self.offsets
-        first = offsets.stage_at(self.start[0]).batch_size
-        return (
-            any(n % stage.batch_size for stage in stages)
-            or self.start[1] % n % first != 0
-            or any(stage.start > self.start[0] for stage in stages)
-            or bool(offsets.skips)
-        )
+        """Whether some batch holds padding (`PAD` ids): a step cut short by an epoch's end or
+        a skip (`StepOffsets.cuts_short`)."""
+        return self.offsets.cuts_short()
 
     def step_info(self, step: int) -> StepInfo:
         """The step's sample offset, batch size, real rows and epoch (reads nothing)."""

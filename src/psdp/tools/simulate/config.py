@@ -71,6 +71,12 @@ class Simulation:
             )
         if self.data.order.global_batch_size is None:
             raise ValueError("Simulation.data.global_batch_size is unset; e.g. 16")
+        if not isinstance(self.data.order.global_batch_size, int):
+            raise ValueError(
+                f"Simulation.data.global_batch_size is the schedule "
+                f"{self.data.order.global_batch_size}, but the simulator trains with one batch "
+                "size; pass an int, e.g. 16"
+            )
         if self.fail_at is not None:
             parse_fail_at(self.fail_at, self.processes)
         self.devices_per_process()
