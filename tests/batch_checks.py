@@ -34,8 +34,11 @@ def _oracle_step(loader, data, step: int, feeding=None, halo=None) -> oracle.Exp
     specs = loader.batch_spec if isinstance(loader.batch_spec, dict) else {None: loader.batch_spec}
     order = loader.options.order
     span = None
-    if not isinstance(order.global_batch_size, int) or order.skip_steps or order.skip_offsets or (
-        order.start_at is not None
+    if (
+        not isinstance(order.global_batch_size, int)
+        or order.skip_steps
+        or order.skip_offsets
+        or (order.start_at is not None)
     ):
         span = oracle.schedule_spans(
             len(loader.source), order.global_batch_size, step + 1, drop_last=order.drop_last,

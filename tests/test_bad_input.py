@@ -30,6 +30,7 @@ from psdp import (
     MemmapSource,
     MeshLayout,
     ReadingOptions,
+    StreamSource,
     TensorStoreSource,
     write_dataset,
 )
@@ -561,6 +562,24 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
         ["closed", "create a new DataLoader"],
     ),
     # ---------------------------------------------------------------------------- resuming
+    (
+        "drop_last with a schedule stage larger than the source",
+        lambda _: _loader(global_batch_size=[(0, 8), (5, 4096)], drop_last=True),
+        ValueError,
+        [
+            "stage 1 (from step 5) of global_batch_size=4096",
+            "would yield no batch",
+            "drop_last=False",
+        ],
+    ),
+    (
+        "skip_offsets with a stream",
+        lambda _: _loader(
+            StreamSource([{"tokens": row} for row in TOKENS]), skip_offsets=[(8, 16)]
+        ),
+        ValueError,
+        ["skip_offsets=[(8, 16)] with a stream", "skip whole steps with skip_steps"],
+    ),
     (
         "resume with a new skip of steps already trained on",
         _resume({}, skip_steps=[(1, 4)]),

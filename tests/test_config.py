@@ -13,9 +13,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import draccus
-import yaml
 import numpy as np
 import pytest
+import yaml
 from jax.sharding import PartitionSpec as P
 
 from psdp import LoaderOptions, OrderOptions, OutputOptions, ReadingOptions, ShardingOptions

@@ -22,7 +22,9 @@ def orders(draw, stream: bool = False):
     drop_last = False if stream else draw(st.booleans())
     largest = 12 if n is None or not drop_last else min(12, n)
     starts = sorted(draw(st.sets(st.integers(1, STEPS), max_size=2)))
-    sizes = draw(st.lists(st.integers(1, largest), min_size=len(starts) + 1, max_size=len(starts) + 1))
+    sizes = draw(
+        st.lists(st.integers(1, largest), min_size=len(starts) + 1, max_size=len(starts) + 1)
+    )
     schedule = list(zip([0, *starts], sizes, strict=True))
     batch = schedule[0][1] if len(schedule) == 1 and draw(st.booleans()) else schedule
     cuts = sorted(draw(st.sets(st.integers(0, STEPS), max_size=4)))
@@ -118,7 +120,10 @@ def test_every_row_once_per_epoch_minus_the_skipped_offsets(kwargs, seed, shuffl
     for rows in seen.values():
         assert len(rows) == len(set(rows)), "a row twice in one epoch"
     covered = np.concatenate(
-        [np.arange(s.offset, s.offset + s.rows) for s in oracle.schedule_spans(steps=STEPS, **kwargs)]
+        [
+            np.arange(s.offset, s.offset + s.rows)
+            for s in oracle.schedule_spans(steps=STEPS, **kwargs)
+        ]
     )
     assert len(covered) == len(set(covered.tolist())), "an offset twice"
 

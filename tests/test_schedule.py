@@ -23,9 +23,10 @@ DATA = {"tokens": token_table(N), "weight": np.arange(N, dtype=np.float32)}
 
 
 def _ramp(mesh, **changes):
-    kwargs = dict(
-        global_batch_size=RAMP, skip_steps=SKIP_STEPS, skip_offsets=SKIP_OFFSETS, seed=5
-    ) | changes
+    kwargs = (
+        dict(global_batch_size=RAMP, skip_steps=SKIP_STEPS, skip_offsets=SKIP_OFFSETS, seed=5)
+        | changes
+    )
     return DataLoader(DATA, mesh=mesh, **kwargs)
 
 
@@ -45,9 +46,7 @@ def _covered(spans: list[oracle.Span]) -> list[tuple[int, int]]:
 
 
 def test_a_ramp_with_skips_delivers_the_oracles_rows_on_every_device(mesh_2d):
-    spans = oracle.schedule_spans(
-        N, RAMP, STEPS, skip_steps=SKIP_STEPS, skip_offsets=SKIP_OFFSETS
-    )
+    spans = oracle.schedule_spans(N, RAMP, STEPS, skip_steps=SKIP_STEPS, skip_offsets=SKIP_OFFSETS)
     assert [s.batch_size for s in spans] == [64] * 4 + [128] * 4 + [256] * 6
     seen = []
     with _ramp(mesh_2d) as loader:
@@ -190,9 +189,7 @@ def test_a_ramp_saved_on_four_hosts_resumes_on_two_with_a_new_batch_size():
     )  # fmt: skip
     assert [r["checked"] for r in second] == [3 * 4 * 7] * 2  # steps 5..11 on 4 local devices
     assert second[0]["settings"] == [[5, state["offset"]], 96]
-    before = oracle.schedule_spans(
-        N, RAMP, 5, skip_steps=SKIP_STEPS, skip_offsets=SKIP_OFFSETS
-    )
+    before = oracle.schedule_spans(N, RAMP, 5, skip_steps=SKIP_STEPS, skip_offsets=SKIP_OFFSETS)
     after = oracle.schedule_spans(N, 96, 12, skip_steps=SKIP_STEPS, skip_offsets=SKIP_OFFSETS,
                                   start=(5, state["offset"]))  # fmt: skip
     assert state["offset"] == before[-1].offset + before[-1].rows  # no sample lost or repeated

@@ -12,11 +12,15 @@ skips".
 from __future__ import annotations
 
 import dataclasses
-import math
 import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
+
+
+#: Beyond every step and offset a run reaches: the end of an endless run (a stream's, or the
+#: last stage's). An int, so the arithmetic stays exact.
+_NEVER = 1 << 128
 
 
 class Stage(NamedTuple):
@@ -154,7 +158,7 @@ class StepOffsets:
             )
         at, offset = self.start
         for index, stage in enumerate(self.stages):
-            end = self.stages[index + 1].start if index + 1 < len(self.stages) else math.inf
+            end = self.stages[index + 1].start if index + 1 < len(self.stages) else _NEVER
             if end <= at:
                 continue
             at, offset = self._advance(at, offset, stage.batch_size, min(step, end))
@@ -164,7 +168,7 @@ class StepOffsets:
         offset = self._next_start(offset, Stage(step, batch))
         rows = min(batch, self._run_end(offset) - offset)
         epoch = 0 if self.num_rows is None else offset // self.num_rows
-        return StepInfo(step, offset, batch, int(rows), epoch)
+        return StepInfo(step, offset, batch, rows, epoch)
 
     def cuts_short(self) -> bool:
         """Whether some step from ``start`` on is cut short (so holds padding): never with
@@ -182,30 +186,27 @@ class StepOffsets:
         stages = [s for s in self.stages if s.start > at]
         for batch, target in zip(
             [self.stage_at(at).batch_size] + [s.batch_size for s in stages],
-            [s.start for s in stages] + [math.inf],
+            [s.start for s in stages] + [_NEVER],
             strict=True,
         ):
             while at < target:
                 offset = self._next_start(offset, Stage(at, batch))
                 cut = self._run_end(offset)
-                if cut == math.inf:
+                if cut == _NEVER:
                     break  # a stream with no skip ahead: never cut again in this stage
-                last = target == math.inf and not any(first >= offset for first, _ in self.skips)
+                last = target == _NEVER and not any(first >= offset for first, _ in self.skips)
                 if last and n is not None and offset % n == 0:
                     return n % batch != 0  # every later run is a whole epoch
                 steps = self._steps(cut - offset, batch)
                 if at + steps > target:  # the stage ends inside this run
-                    offset, at = offset + (target - at) * batch, target  # type: ignore[assignment]
+                    offset, at = offset + (target - at) * batch, target
                     break
                 if (cut - offset) % batch:
                     return True
-                at, offset = at + steps, int(cut)
-                free = n is not None and offset % n == 0 and self._run_end(offset) - offset == n
-                if free and (target != math.inf or self._free_epochs(offset) != math.inf):
+                at, offset = at + steps, cut
+                if n is not None and offset % n == 0 and self._run_end(offset) - offset == n:
                     per_epoch = self._steps(n, batch)
-                    epochs = self._free_epochs(offset)  # finite here: a skip lies ahead
-                    if target != math.inf:  # (inf // k is nan, not inf)
-                        epochs = min((target - at) // per_epoch, epochs)
+                    epochs = min((target - at) // per_epoch, self._free_epochs(offset))
                     if epochs and n % batch:
                         return True
                     at, offset = at + epochs * per_epoch, offset + epochs * n
@@ -234,18 +235,16 @@ class StepOffsets:
             at, offset = at + steps, min(cut, offset + steps * batch)
         return at, offset
 
-    def _steps(self, length: float, batch: int) -> int:
+    def _steps(self, length: int, batch: int) -> int:
         """Steps in a run of ``length`` offsets (a short last one is dropped with drop_last)."""
-        if length == math.inf:
-            return math.inf  # type: ignore[return-value]  # compared, never stored
-        return int(length) // batch if self.drop_last else -(-int(length) // batch)
+        return length // batch if self.drop_last else -(-length // batch)
 
     def _free_epochs(self, offset: int) -> int:
         """Whole epochs from ``offset`` (an epoch's start) before the next skip's epoch."""
         assert self.num_rows is not None
         later = [first for first, _ in self.skips if first >= offset]
         if not later:
-            return math.inf  # type: ignore[return-value]
+            return _NEVER
         return min(later) // self.num_rows - offset // self.num_rows
 
     def _next_start(self, offset: int, stage: Stage) -> int:
@@ -262,12 +261,12 @@ class StepOffsets:
                 continue
             return offset
 
-    def _run_end(self, offset: int) -> float:
+    def _run_end(self, offset: int) -> int:
         """Where the run holding ``offset`` ends: its epoch's end or the next skip's start."""
         ends = [first for first, _ in self.skips if first > offset]
         if self.num_rows is not None:
             ends.append((offset // self.num_rows + 1) * self.num_rows)
-        return min(ends, default=math.inf)
+        return min(ends, default=_NEVER)
 
 
 def _merged(ranges: Sequence[tuple[int, int]]) -> tuple[tuple[int, int], ...]:

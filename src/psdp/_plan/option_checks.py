@@ -4,6 +4,7 @@ and a value, and returns it checked and normalised (``TypeError``/``ValueError``
 from __future__ import annotations
 
 import difflib
+import itertools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -98,7 +99,7 @@ def as_ranges(where: str, value: Any, unit: str) -> tuple[tuple[int, int], ...]:
                 f"first + 1, ..., end - 1 are skipped); {example}"
             )
     ranges = tuple(sorted(ranges))
-    for before, after in zip(ranges, ranges[1:], strict=False):
+    for before, after in itertools.pairwise(ranges):
         if after[0] < before[1]:
             raise ValueError(
                 f"{where} ranges {before} and {after} overlap; merge them into "

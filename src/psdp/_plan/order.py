@@ -205,7 +205,9 @@ class GlobalOrder:
         """The source row ids of the global batch at ``step``: increasing, then `PAD` for
         padding (int64; as many as the step's batch size)."""
         info = self.step_info(step)
-        return np.concatenate([self.rows(info), np.full(info.batch_size - info.rows, PAD, np.int64)])
+        return np.concatenate(
+            [self.rows(info), np.full(info.batch_size - info.rows, PAD, np.int64)]
+        )
 
     def rows(self, info: StepInfo) -> np.ndarray:
         """The real rows of the step ``info`` describes, in increasing id order."""

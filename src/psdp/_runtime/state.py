@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from psdp._checks import check_fields, check_int
@@ -99,7 +99,9 @@ def check_state(state: Any) -> dict[str, Any]:
 
 def _upgraded(state: Mapping[str, Any]) -> dict[str, Any]:
     """A ``psdp.loader/1`` state (a constant batch size, no skips) in the current format."""
-    old = {k: v for k, v in STATE_FIELDS.items() if k not in ("offset", "skip_steps", "skip_offsets")}
+    old = {
+        k: v for k, v in STATE_FIELDS.items() if k not in ("offset", "skip_steps", "skip_offsets")
+    }
     check_fields("the saved state", state, {**old, "global_batch_size": "int"}, RESTORE_FIX)
     rows = state["source"].get("rows")
     offsets = StepOffsets.create(rows, state["global_batch_size"], drop_last=state["drop_last"])
@@ -156,7 +158,7 @@ def restored_order(state: Mapping[str, Any], kwargs: dict[str, Any]) -> OrderOpt
 
 
 def _check_past_skips(
-    skips: tuple[tuple[int, int], ...], saved: tuple[tuple[int, int], ...], step: int
+    skips: Sequence[tuple[int, int]], saved: Sequence[tuple[int, int]], step: int
 ) -> None:
     """A step skip that starts before the resume step must be one the saved run had (done);
     a new one cannot skip steps that were already trained on."""

@@ -98,8 +98,9 @@ class Simulation:
 
     def token_shape(self) -> tuple[int, int]:
         """The global shape of the ``tokens`` leaf of one batch."""
-        assert self.data.order.global_batch_size is not None  # checked in __post_init__
-        return (self.data.order.global_batch_size, self.seq_len)
+        batch = self.data.order.global_batch_size
+        assert isinstance(batch, int)  # checked in __post_init__
+        return (batch, self.seq_len)
 
     def batch_spec_text(self, leaf: str | None) -> str:
         """The batch spec (a strategy name or spec text) the loader gives ``leaf``.
