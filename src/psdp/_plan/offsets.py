@@ -17,7 +17,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-
 #: Beyond every step and offset a run reaches: the end of an endless run (a stream's, or the
 #: last stage's). An int, so the arithmetic stays exact.
 _NEVER = 1 << 128
