@@ -90,15 +90,19 @@ def test_a_resumed_run_reads_every_sample_once_like_an_uninterrupted_one(
     before = oracle.schedule_spans(
         N, RAMP, resume_at, skip_steps=SKIP_STEPS, skip_offsets=SKIP_OFFSETS
     )
+    # what the restore was asked for, from the test's own settings (not the loader's)
+    after = oracle.schedule_spans(
+        N, changes.get("global_batch_size", RAMP), steps,
+        drop_last=changes.get("drop_last", False),
+        skip_steps=changes.get("skip_steps", SKIP_STEPS), skip_offsets=SKIP_OFFSETS,
+        start=(resume_at, state["offset"]),
+    )  # fmt: skip
     with DataLoader.restore(state, DATA, mesh=mesh_2d, **changes) as loader:
-        order = loader.options.order
-        after = oracle.schedule_spans(
-            N, order.global_batch_size, steps, drop_last=order.drop_last,
-            skip_steps=order.skip_steps, skip_offsets=order.skip_offsets, start=order.start,
-        )  # fmt: skip
         second = []
         for step, batch in zip(range(resume_at, steps), loader, strict=False):
             assert assert_batch_exact(batch, expected_batch(loader, DATA, step)) == 3 * 8
+            want = oracle.span_ids(N, after[step - resume_at], seed=5)
+            assert _rows(batch) == want[want != oracle.PAD].tolist()
             second.append(_rows(batch))
     # the state holds where the saved walk stopped (before a skip starting there): no offset
     # twice, none lost but the skipped ones

@@ -27,6 +27,7 @@ from psdp._plan.options import OrderOptions as OrderOptions
 from psdp._plan.options import OutputOptions as OutputOptions
 from psdp._plan.options import ReadingOptions as ReadingOptions
 from psdp._plan.options import ShardingOptions as ShardingOptions
+from psdp._plan.offsets import StepInfo as StepInfo
 from psdp._plan.order import GlobalOrder as GlobalOrder
 from psdp._plan.partition import STRATEGIES as STRATEGIES
 from psdp._plan.partition import default_batch_spec as default_batch_spec
