@@ -22,12 +22,12 @@ from psdp._plan.mesh import local_device_mapping as local_device_mapping
 from psdp._plan.mesh import plan_batch as plan_batch
 from psdp._plan.mesh import plan_pod as plan_pod
 from psdp._plan.mesh import process_mesh_mapping as process_mesh_mapping
+from psdp._plan.offsets import StepInfo as StepInfo
 from psdp._plan.options import LoaderOptions as LoaderOptions
 from psdp._plan.options import OrderOptions as OrderOptions
 from psdp._plan.options import OutputOptions as OutputOptions
 from psdp._plan.options import ReadingOptions as ReadingOptions
 from psdp._plan.options import ShardingOptions as ShardingOptions
-from psdp._plan.offsets import StepInfo as StepInfo
 from psdp._plan.order import GlobalOrder as GlobalOrder
 from psdp._plan.partition import STRATEGIES as STRATEGIES
 from psdp._plan.partition import default_batch_spec as default_batch_spec
