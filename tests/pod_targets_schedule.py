@@ -41,7 +41,8 @@ def ramp_then_save(process_index, axis_names, mesh_shape, steps: int, save_at: i
                 state = it.state()
             checked += assert_batch_exact(next(it), expected_batch(loader, data, step))
         it.close()
-    return {"checked": checked, "state": state}
+        infos = [vars(loader.step_info(step)) for step in range(steps)]
+    return {"checked": checked, "state": state, "steps": infos}
 
 
 def restore_and_check(process_index, axis_names, mesh_shape, state, steps: int, changes) -> Any:
@@ -53,4 +54,5 @@ def restore_and_check(process_index, axis_names, mesh_shape, state, steps: int, 
         for step, batch in zip(range(state["step"], steps), loader, strict=False):
             checked += assert_batch_exact(batch, expected_batch(loader, data, step))
         settings = [list(order.start), order.global_batch_size]
-    return {"checked": checked, "settings": settings}
+        infos = [vars(loader.step_info(step)) for step in range(state["step"], steps)]
+    return {"checked": checked, "settings": settings, "steps": infos}
