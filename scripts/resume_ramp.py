@@ -15,9 +15,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from psdp.tools.pod import run_pod  # noqa: E402
-from tests import pod_targets_schedule as targets  # noqa: E402
-from tests.batch_checks import run_on_noncontiguous_pod  # noqa: E402
+from tests import pod_targets_schedule as targets
+from tests.batch_checks import run_on_noncontiguous_pod
+
+from psdp.tools.pod import run_pod
 
 SAVE_AT, STEPS, NEW_BATCH = 9, 14, 96
 
