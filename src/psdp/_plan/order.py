@@ -6,6 +6,7 @@ so any step costs the same to look up: ``docs/loader.md``, "The order and the re
 
 from __future__ import annotations
 
+import functools
 import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -76,6 +77,24 @@ def _feistel(x: np.ndarray, bits: int, keys: tuple[int, ...]) -> np.ndarray:
         x = (lo << np.uint64(hi_bits)) | (hi ^ (f >> np.uint64(64 - hi_bits)))
         hi_bits, lo_bits = lo_bits, hi_bits
     return x
+
+
+#: Up to this many rows, an epoch's whole permutation is computed once (8 bytes a row) and each
+#: step slices it: a numpy slice per step instead of ~70 numpy calls of the Feistel network.
+CACHED_PERMUTATION_ROWS = 1 << 20
+
+
+@functools.lru_cache(maxsize=2)  # this epoch's and the next (read-ahead crosses epochs)
+def epoch_permutation(n: int, key: int) -> np.ndarray:
+    """``IndexShuffle(n, key)`` at every position, read-only.
+
+    Example:
+        >>> epoch_permutation(10, 7).tolist() == IndexShuffle(10, 7)(np.arange(10)).tolist()
+        True
+    """
+    permutation = IndexShuffle(n, key)(np.arange(n, dtype=np.int64))
+    permutation.flags.writeable = False
+    return permutation
 
 
 #: The id `GlobalOrder.batch_ids` gives a padding position (an epoch's short final batch).
@@ -196,10 +215,12 @@ class GlobalOrder:
         """The source rows of the ``count`` sample offsets from ``offset`` (one epoch's), in
         offset order (int64)."""
         epoch, first = divmod(offset, self.num_rows)
-        position = first + np.arange(count, dtype=np.int64)
         if not self.shuffle:
-            return position
-        return IndexShuffle(self.num_rows, self._epoch_key(epoch))(position)
+            return first + np.arange(count, dtype=np.int64)
+        key = self._epoch_key(epoch)
+        if self.num_rows <= CACHED_PERMUTATION_ROWS:  # one slice of the epoch's permutation
+            return epoch_permutation(self.num_rows, key)[first : first + count]
+        return IndexShuffle(self.num_rows, key)(first + np.arange(count, dtype=np.int64))
 
     def batch_ids(self, step: int) -> np.ndarray:
         """The source row ids of the global batch at ``step``: increasing, then `PAD` for
