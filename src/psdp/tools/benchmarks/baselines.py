@@ -137,16 +137,28 @@ def read_all_local_data_loop(read: Read, ids: Ids, sharding: NamedSharding) -> I
         yield jax.make_array_from_process_local_data(sharding, batch, batch.shape)
 
 
+def host_rows(sharding: NamedSharding, shape: tuple[int, ...]) -> np.ndarray:
+    """The rows of a ``shape`` batch that this host's devices hold, in increasing order, from
+    JAX's ``addressable_devices_indices_map``.
+
+    Example:
+        >>> from psdp.tools.benchmarks.common import cpu_mesh
+        >>> from jax.sharding import PartitionSpec as P
+        >>> host_rows(NamedSharding(cpu_mesh((4, 2), ("data", "model")), P("data")), (8, 3))
+        array([0, 1, 2, 3, 4, 5, 6, 7])
+    """
+    positions = np.arange(shape[0])
+    boxes = sharding.addressable_devices_indices_map(shape).values()
+    return np.unique(np.concatenate([positions[box[0]] for box in boxes if box is not None]))
+
+
 def own_rows_loop(read: Read, ids: Ids, sharding: NamedSharding, width: int) -> Iterator[jax.Array]:
-    """A careful user: each host reads only the rows of its devices' boxes (from
-    ``addressable_devices_indices_map``), concatenated in increasing global order as
-    ``make_array_from_process_local_data`` requires."""
+    """A careful user: each host reads only the rows of its devices' boxes (`host_rows`),
+    concatenated in increasing global order as ``make_array_from_process_local_data`` requires."""
     rows: np.ndarray | None = None
     for step in itertools.count():
         step_ids = ids(step)
         shape = (len(step_ids), width)
         if rows is None:  # the same boxes every step
-            boxes = sharding.addressable_devices_indices_map(shape).values()
-            positions = np.arange(len(step_ids))
-            rows = np.unique(np.concatenate([positions[box[0]] for box in boxes]))
+            rows = host_rows(sharding, shape)
         yield jax.make_array_from_process_local_data(sharding, read(step_ids[rows]), shape)

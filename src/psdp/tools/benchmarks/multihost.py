@@ -23,7 +23,7 @@ from typing import Any
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from psdp import DataLoader, MeshLayout
 from psdp.sources import ArraySource
@@ -32,6 +32,7 @@ from psdp.tools.benchmarks.baselines import (
     Ids,
     Read,
     callback_loop,
+    host_rows,
     own_rows_loop,
     read_all_local_data_loop,
 )
@@ -103,14 +104,14 @@ def pod_target(
     loop, its ms per batch in each turn and the rows of each read. Raises on a wrong shard, and
     unless psdp read exactly this host's rows (JAX's boxes of its devices) once per batch."""
     layout = MeshLayout(np.asarray(process_index), ("data", "model"))
-    sharding = NamedSharding(layout.build_mesh(jax.devices()), PartitionSpec("data"))
+    mesh = layout.build_mesh(jax.devices())
+    sharding = NamedSharding(mesh, PartitionSpec("data"))
     table = int32_table(rows, width)
-    boxes = sharding.addressable_devices_indices_map((batch, width)).values()
-    own_rows = len(np.unique(np.concatenate([np.arange(batch)[box[0]] for box in boxes])))
+    own_rows = len(host_rows(sharding, (batch, width)))
     cells = []
     for latency_ms in read_ms:
         with ExitStack() as stack:
-            loops = _open_loops(sharding, table, batch, prefetch, read_threads, stack)
+            loops = _open_loops(mesh, table, batch, prefetch, read_threads, stack)
             for loop in loops.values():  # the loaders' one-row probes above took no time
                 loop.source.latency_s = latency_ms / 1e3
             _time_turns(loops, f"{latency_ms}", steps, warmup, repeats)
@@ -120,7 +121,7 @@ def pod_target(
 
 
 def _open_loops(
-    sharding: NamedSharding,
+    mesh: Mesh,
     table: np.ndarray,
     batch: int,
     prefetch: int,
@@ -128,6 +129,7 @@ def _open_loops(
     stack: ExitStack,
 ) -> dict[str, Loop]:
     """Every loop, open (``stack`` closes them) and checked on this host's devices."""
+    sharding = NamedSharding(mesh, PartitionSpec("data"))
     user_ids = BatchIds(len(table), batch, seed=1)
     width = table.shape[1]
     makers: dict[str, Callable[[Read], Iterator[jax.Array]]] = {
@@ -141,9 +143,15 @@ def _open_loops(
         loops[name] = Loop(make(source.read), user_ids, source)
     for threads in read_threads:
         source = TimedReads(table)
-        options = {"global_batch_size": batch, "seed": 1, "prefetch": prefetch}
         loader = stack.enter_context(
-            DataLoader(source, mesh=sharding.mesh, read_threads=threads, **options)
+            DataLoader(
+                source,
+                mesh=mesh,
+                global_batch_size=batch,
+                seed=1,
+                prefetch=prefetch,
+                read_threads=threads,
+            )
         )
         assert loader.order is not None, "an array source has a global order"
         source.rows_read.clear()  # the constructor's one-row probe

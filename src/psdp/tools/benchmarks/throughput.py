@@ -12,6 +12,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -127,7 +128,7 @@ def openers(
         )
         assert loader.order is not None, "a random-access source has a global order"
         loops[f"psdp, {threads_text(threads)}"] = (
-            lambda loader=loader: psdp_batches(loader),
+            partial(psdp_batches, loader),
             loader.order.batch_ids,
         )
     loops.update(_grain_openers(sizes, sharding, read, user_ids))
@@ -146,18 +147,17 @@ def _grain_openers(
     for threads in sorted({min(sizes.read_threads), max(sizes.read_threads)}):
         name = f"Grain MapDataset of batch reads, {threads_text(threads)}"
         loops[name] = (
-            lambda t=threads: grain_loops.map_dataset(grain, reads, t, depth, sharding),
+            partial(grain_loops.map_dataset, grain, reads, threads, depth, sharding),
             ids,
         )
         loops[f"{name} + experimental.device_put"] = (
-            lambda t=threads: grain_loops.map_dataset_device_put(grain, reads, t, depth, sharding),
+            partial(grain_loops.map_dataset_device_put, grain, reads, threads, depth, sharding),
             ids,
         )
     if sizes.grain_workers:
         name = f"Grain DataLoader, {threads_text(sizes.grain_workers, 'worker process', 'worker processes')}"
-        workers = sizes.grain_workers
         loops[name] = (
-            lambda: grain_loops.data_loader(grain, reads, workers, depth, sharding),
+            partial(grain_loops.data_loader, grain, reads, sizes.grain_workers, depth, sharding),
             ids,
         )
     return loops
