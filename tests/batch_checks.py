@@ -28,14 +28,27 @@ def expected_global(data: np.ndarray | dict[str, np.ndarray], ids: np.ndarray, p
 
 
 def _oracle_step(loader, data, step: int, feeding=None, halo=None) -> oracle.Expected:
-    """The oracle's step for a loader's *settings* (its mesh, leaf specs, batch size, seed,
-    shuffle, drop_last, pad value, mask key): never its ids, positions or plans."""
+    """The oracle's step for a loader's *settings* (its mesh, leaf specs, batch size or
+    schedule, skips, resume point, seed, shuffle, drop_last, pad value, mask key): never its ids,
+    positions or plans."""
     specs = loader.batch_spec if isinstance(loader.batch_spec, dict) else {None: loader.batch_spec}
+    order = loader.options.order
+    span = None
+    if (
+        not isinstance(order.global_batch_size, int)
+        or order.skip_steps
+        or order.skip_offsets
+        or (order.start_at is not None)
+    ):
+        span = oracle.schedule_spans(
+            len(loader.source), order.global_batch_size, step + 1, drop_last=order.drop_last,
+            skip_steps=order.skip_steps, skip_offsets=order.skip_offsets, start=order.start,
+        )[-1]  # fmt: skip
     return oracle.expected_step(
         data, loader.mesh, specs, loader.global_batch_size, step,
         seed=loader.order.seed, shuffle=loader.order.shuffle,
-        drop_last=loader.options.order.drop_last, pad_value=loader.options.output.pad_value,
-        halo=halo, feeding=feeding, mask_key=loader.options.output.mask_key,
+        drop_last=order.drop_last, pad_value=loader.options.output.pad_value,
+        halo=halo, feeding=feeding, mask_key=loader.options.output.mask_key, span=span,
     )  # fmt: skip
 
 

@@ -77,6 +77,78 @@ def step_ids(
     return ids
 
 
+@dataclass(frozen=True)
+class Span:
+    """The sample offsets a step covers: ``rows`` of them from ``offset``, in a batch of
+    ``batch_size`` (the rest padding)."""
+
+    offset: int
+    batch_size: int
+    rows: int
+
+
+def schedule_spans(
+    num_rows: int | None,
+    batch_size: int | Sequence[tuple[int, int]],
+    steps: int,
+    *,
+    drop_last: bool = False,
+    skip_steps: Sequence[tuple[int, int]] = (),
+    skip_offsets: Sequence[tuple[int, int]] = (),
+    start: tuple[int, int] = (0, 0),
+) -> list[Span]:
+    """The spans of steps ``start[0] .. steps - 1``, by walking the offsets one at a time with
+    the documented rules (``docs/loader.md``, "Offsets, schedules and skips"): a step takes
+    consecutive offsets that are not skipped, within one epoch, up to its batch size; a short
+    one is padded, or with ``drop_last`` dropped (its offsets are never read); step skip
+    ``(a, b)`` skips the offsets steps ``a .. b - 1`` would have taken. ``num_rows=None``: one
+    endless epoch (a stream)."""
+    stages = [(0, batch_size)] if isinstance(batch_size, int) else list(batch_size)
+    skipped = {g for first, end in skip_offsets for g in range(first, end)}
+    pending = sorted(skip for skip in skip_steps if skip[0] >= start[0])
+
+    def size(step: int) -> int:
+        return [b for first, b in stages if first <= step][-1]
+
+    def take(g: int, batch: int) -> tuple[int, int]:
+        """(first offset, real rows) of a step of ``batch`` whose walk is at ``g``."""
+        while True:
+            while g in skipped:
+                g += 1
+            end = math.inf if num_rows is None else (g // num_rows + 1) * num_rows
+            rows = 0
+            while rows < batch and g + rows < end and g + rows not in skipped:
+                rows += 1
+            if drop_last and rows < batch:
+                g += rows  # too short: never read
+                continue
+            return g, rows
+
+    spans, g = [], start[1]
+    for step in range(start[0], steps):
+        while pending and pending[0][0] == step:
+            first, end = pending.pop(0)
+            phantom = g
+            for t in range(first, end):
+                at, rows = take(phantom, size(t))
+                phantom = at + rows
+            at, _ = take(g, size(step))
+            skipped.update(range(at, take(phantom, size(end))[0]))
+        at, rows = take(g, size(step))
+        spans.append(Span(at, size(step), rows))
+        g = at + rows
+    return spans
+
+
+def span_ids(num_rows: int, span: Span, *, seed: int = 0, shuffle: bool = True) -> np.ndarray:
+    """A span's source rows, increasing, then `PAD` up to its batch size."""
+    epoch, first = divmod(span.offset, num_rows)
+    positions = first + np.arange(span.rows)
+    assert positions.max(initial=0) < num_rows, "a span crosses an epoch's end"
+    ids = np.sort(permuted(num_rows, seed, epoch, positions)) if shuffle else positions
+    return np.concatenate([ids, np.full(span.batch_size - span.rows, PAD, np.int64)])
+
+
 def ends_short(num_rows: int, batch_size: int, drop_last: bool) -> bool:
     """Whether an epoch ends with a padded batch."""
     return not drop_last and num_rows % batch_size != 0
@@ -180,14 +252,18 @@ def expected_step(
     feeding: Sequence[int] | None = None,
     process_of: Mapping[Any, int] | None = None,
     mask_key: str | None = "mask",
+    span: Span | None = None,
 ) -> Expected:
     """The whole global batch of ``step`` and each leaf's spec.
 
     ``data`` is the source as numpy (an array: leaf ``None``; or a dict). ``specs`` has one
     `PartitionSpec` per leaf, in the source's leaf order. ``process_of`` maps each device to its
-    process (default: JAX's), for feeding.
+    process (default: JAX's), for feeding. ``span``: the step's span under a schedule or skips
+    (`schedule_spans`); then ``batch_size`` is ignored.
     """
     leaves = data if isinstance(data, Mapping) else {None: data}
+    if span is not None:
+        batch_size = span.batch_size
     halo = dict(halo or {})
     num_rows = len(next(iter(leaves.values())))
     first = next(iter(specs.values()))
@@ -198,8 +274,10 @@ def expected_step(
         devices = process_of or {d: d.process_index for d in mesh.devices.flat}
         size, positions = fed_positions(batch_size, mesh, batch_entry(first), devices, feeding)
     physical = np.full(size, PAD, np.int64)
-    physical[positions] = step_ids(
-        num_rows, batch_size, step, seed=seed, shuffle=shuffle, drop_last=drop_last
+    physical[positions] = (
+        step_ids(num_rows, batch_size, step, seed=seed, shuffle=shuffle, drop_last=drop_last)
+        if span is None
+        else span_ids(num_rows, span, seed=seed, shuffle=shuffle)
     )
     out, out_specs = {}, {}
     for key, leaf in leaves.items():

@@ -106,14 +106,15 @@ def _other_spec(mesh: Mesh) -> Any:
 def _restore_other_step(mesh: Mesh) -> Any:
     with DataLoader(_data(), mesh=mesh, global_batch_size=B) as loader:
         state = loader.state()
-    state["step"] = 2 if jax.process_index() == 1 else 3  # one host read an older checkpoint
+    step = 2 if jax.process_index() == 1 else 3  # one host read an older checkpoint
+    state |= {"step": step, "offset": step * B}
     return _error(lambda: DataLoader.restore(state, _data(), mesh=mesh).close())
 
 
 def _restore_same_step(mesh: Mesh) -> Any:
     data = _data()
     with DataLoader(data, mesh=mesh, global_batch_size=B, shuffle=False) as loader:
-        state = loader.state() | {"step": 3}
+        state = loader.state() | {"step": 3, "offset": 3 * B}
     with DataLoader.restore(state, data, mesh=mesh) as loader:
         batch = next(iter(loader))
         return ["ok", assert_batch_exact(batch, _expected(data, _unshuffled_ids(3, B, B)))]

@@ -30,6 +30,7 @@ from psdp import (
     MemmapSource,
     MeshLayout,
     ReadingOptions,
+    StreamSource,
     TensorStoreSource,
     write_dataset,
 )
@@ -563,10 +564,34 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
     ),
     # ---------------------------------------------------------------------------- resuming
     (
-        "resume with another global batch",
-        _resume({}, global_batch_size=16),
+        "drop_last with a schedule stage larger than the source",
+        lambda _: _loader(global_batch_size=[(0, 8), (5, 4096)], drop_last=True),
         ValueError,
-        ["global_batch_size=16", "global_batch_size=8", _RESUME_FIX],
+        [
+            "stage 1 (from step 5) of global_batch_size=4096",
+            "would yield no batch",
+            "drop_last=False",
+        ],
+    ),
+    (
+        "skip_offsets with a stream",
+        lambda _: _loader(
+            StreamSource([{"tokens": row} for row in TOKENS]), skip_offsets=[(8, 16)]
+        ),
+        ValueError,
+        ["skip_offsets=[(8, 16)] with a stream", "skip whole steps with skip_steps"],
+    ),
+    (
+        "resume with a new skip of steps already trained on",
+        _resume({}, skip_steps=[(1, 4)]),
+        ValueError,
+        ["skip_steps (1, 4) starts before step 2", "did not have it", "give (2, 5)", "(2, 4)"],
+    ),
+    (
+        "resume with start_at",
+        _resume({}, start_at=(0, 0)),
+        ValueError,
+        ["start_at=(0, 0)", "step 2, offset 16", "drop start_at"],
     ),
     (
         "resume with another seed",
@@ -628,7 +653,7 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
         "resume from something that is not a state",
         lambda _: DataLoader.restore({"step": 3}, {"tokens": TOKENS}, mesh=_mesh()),
         ValueError,
-        ["format='psdp.loader/1'", "{'step': 3}", "pass what DataLoader.state() returned"],
+        ["format='psdp.loader/2'", "{'step': 3}", "pass what DataLoader.state() returned"],
     ),
     # ------------------------------------------------------------------- processes and knobs
     (

@@ -1,7 +1,8 @@
 """The benchmark runs end to end in its reduced form, so it cannot rot (no timing thresholds here).
 
-``--quick`` computes all five figures on tiny inputs; the test checks that every figure is present,
-every row has a finite ratio (where the baseline exists), and the markdown names each figure.
+``--quick`` computes all six figures on tiny inputs; the test checks that every figure is present,
+every row has a finite ratio (where the baseline exists), and the markdown names each figure. The
+baselines' own correctness (every loop's shards checked before timing) is tested at the end.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from psdp.tools import benchmarks
-from psdp.tools.benchmarks import assembly, throughput
+from psdp.tools.benchmarks import assembly, baselines, grain_loops, multihost, throughput
 from psdp.tools.cli import main as cli_main
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
@@ -53,13 +54,25 @@ def test_each_figure_has_the_rows_the_issue_asks_for(quick_report):
     } <= paths
     assert len({r["batch_mib"] for r in figures["assembly"]["rows"]}) == 2
     loops = {(r["source"], r["loader"]) for r in figures["throughput"]["rows"]}
+    threads = benchmarks.QUICK.read_threads
     for source in ("in-memory", "TensorStore zarr3"):
-        assert (source, throughput.NAIVE) in loops and (source, "psdp") in loops
-        if throughput.load_grain() is not None:
-            assert (source, "Grain, 1 read thread") in loops
-            assert (source, f"Grain, {benchmarks.QUICK.read_threads} read threads") in loops
+        for loop in (throughput.NAIVE, throughput.PREFETCH_LOOP, throughput.PROCESS_LOCAL):
+            assert (source, loop) in loops
+        for count in threads:
+            assert (source, f"psdp, {throughput.threads_text(count)}") in loops
+        if grain_loops.load_grain() is not None:
+            for count in (min(threads), max(threads)):
+                name = f"Grain MapDataset of batch reads, {throughput.threads_text(count)}"
+                assert (source, name) in loops
+                assert (source, f"{name} + experimental.device_put") in loops
+            assert (source, "Grain DataLoader, 1 worker process") in loops
+    for row in figures["throughput"]["rows"]:  # psdp against the fastest other loop of its cell
+        mine = row["loader"].startswith("psdp")
+        assert (row["vs_best_other"] is not None) == mine
+        assert mine or row["best_other"] is None
     stall = figures["stall"]["rows"]
     assert sorted({r["step_ms"] for r in stall}) == [5, 20, 100]
+    assert {r["read_threads"] for r in stall} == set(threads)
     assert all("bottleneck" in r["stats"] for r in stall)
     assert {r["step"] for r in figures["planning"]["rows"]} == {
         "plan_pod + plan(p)",
@@ -68,13 +81,22 @@ def test_each_figure_has_the_rows_the_issue_asks_for(quick_report):
     resume = figures["resume"]["rows"]
     assert [r["prefetch"] for r in resume if "prefetch" in r] == list(benchmarks.QUICK.rss_prefetch)
     assert all(r["bound_batches"] == r["prefetch"] + 2 for r in resume if "prefetch" in r)
+    pod = figures["multihost"]["rows"]
+    assert {r["read_ms"] for r in pod} == set(benchmarks.QUICK.pod_read_ms)
+    for (
+        row
+    ) in pod:  # bytes are exact, whatever the timings: psdp reads half, the read-all loops all
+        if row["loader"].startswith("psdp") or row["loader"] == multihost.OWN_ROWS:
+            assert row["host_share"] == 0.5 and row["own_rows_exact"] is True, row
+        else:
+            assert row["host_share"] == 1 and row["own_rows_exact"] is False, row
 
 
 def test_markdown_names_the_machine_the_command_and_every_figure(quick_report):
     out, report = quick_report
     text = (out / "bench.md").read_text()
     assert "bench --quick" in text and "cpu_cores" in text
-    for number in range(1, 6):
+    for number in range(1, 7):
         assert f"## {number}. " in text
 
 
@@ -143,7 +165,7 @@ def test_the_package_keeps_the_import_paths_scripts_and_the_cli_use():
     import psdp.tools.benchmarks.common as common
 
     assert benchmarks.main.__module__ == "psdp.tools.benchmarks"
-    assert benchmarks.QUICK is common.QUICK and benchmarks.naive_loop is throughput.naive_loop
+    assert benchmarks.QUICK is common.QUICK and benchmarks.tight_loop is baselines.tight_loop
 
 
 # ------------------------------------------------------ --set: the sizes of any figure (what
@@ -171,12 +193,12 @@ def test_throughput_of_any_size_and_train_steps(tmp_path, capsys):
     argv = ["--quick", "--only", "throughput", "--set", *sizes, "--out", str(tmp_path)]
     assert benchmarks.main(argv) == 0
     table = capsys.readouterr().out
-    assert "| source | train_ms | loader | ms_per_batch | ratio | vs_grain |" in table
+    assert "| source | train_ms | loader | ms_per_batch | spread | ratio | vs_best_other |" in table
     assert "shuffled 16 x 8 int32 batches" in table and "prefetch=3" in table
     report = json.loads((tmp_path / "bench.json").read_text())
     figure = report["figures"]["throughput"]
     assert sorted({r["train_ms"] for r in figure["rows"]}) == [0.0, 1.0]
-    assert {r["loader"] for r in figure["rows"]} >= {throughput.NAIVE, "psdp"}
+    assert {r["loader"] for r in figure["rows"]} >= {throughput.NAIVE, "psdp, 1 read thread"}
     assert report["sizes"]["rows"] == 64 and report["quick"] is True
 
 
@@ -198,12 +220,80 @@ def test_a_bad_size_is_refused_before_the_run(tmp_path, capsys, change, words):
     assert captured.err.count("\n") == 1
 
 
-def test_the_hand_loop_reads_sorted_ids_of_a_permutation_per_epoch():
+def test_the_user_shuffle_reads_sorted_ids_of_a_permutation_per_epoch():
     import numpy as np
 
-    ids = throughput.sorted_shuffled_ids(num_rows=12, batch=4, seed=3)
-    epochs = [np.concatenate([next(ids) for _ in range(3)]) for _ in range(2)]
+    ids = benchmarks.BatchIds(num_rows=12, batch=4, seed=3)
+    epochs = [np.concatenate([ids(3 * e + i) for i in range(3)]) for e in range(2)]
     for epoch in epochs:
         assert sorted(epoch.tolist()) == list(range(12))  # every row once per epoch
         assert all((np.diff(b) > 0).all() for b in np.split(epoch, 3))  # each batch sorted
     assert epochs[0].tolist() != epochs[1].tolist()  # a new permutation each epoch
+    assert ids(4).tolist() == ids(4).tolist()  # random access: the same step, the same ids
+
+
+# ------------------------------------------------------------------------------ the baselines
+def test_the_pod_figure_runs_on_the_pod_of_the_tests():
+    from tests.batch_checks import NONCONTIGUOUS_4x2
+
+    assert NONCONTIGUOUS_4x2 == multihost.LAYOUT
+
+
+def test_a_loop_that_delivers_wrong_rows_is_refused_before_any_timing(tmp_path):
+    """Every loop of figure 2 is checked on every device shard when opened: a read that returns
+    the right rows in the wrong order fails the check, naming the loop and the step."""
+    from contextlib import ExitStack
+
+    import numpy as np
+
+    from psdp.tools.benchmarks.common import cpu_mesh, int32_table
+
+    sizes = benchmarks.with_changes(benchmarks.QUICK, ["grain_workers=1"])
+    mesh = cpu_mesh((4, 2), ("data", "model"))
+    table = int32_table(sizes.rows, sizes.width)
+    honest = baselines.TableRows(table)
+    with ExitStack() as stack:
+        loops = throughput.open_loops(sizes, mesh, table, table, honest, "memory", stack)
+        assert throughput.NAIVE in loops
+    with ExitStack() as stack, pytest.raises(AssertionError, match=r"tight loop on memory, step 0"):
+        throughput.open_loops(
+            sizes, mesh, table, table, lambda ids: honest(ids[::-1]), "memory", stack
+        )
+    assert np.array_equal(honest(np.array([1])), table[[1]])
+
+
+def test_the_prefetch_loop_keeps_order_reraises_errors_and_joins_its_thread():
+    import itertools
+    import threading
+
+    def numbers():
+        yield from range(5)
+        raise KeyError("bad row")
+
+    before = set(threading.enumerate())
+    batches = baselines.prefetched(numbers(), depth=2)
+    assert list(itertools.islice(batches, 5)) == [0, 1, 2, 3, 4]
+    with pytest.raises(KeyError, match="bad row"):
+        next(batches)
+    endless = baselines.prefetched(itertools.count(), depth=2)
+    assert next(endless) == 0
+    endless.close()  # the thread is blocked on a full queue: closing frees it and joins it
+    assert set(threading.enumerate()) <= before
+
+
+def test_the_own_rows_loop_reads_only_its_rows_on_one_host():
+    """On one process the host holds every row; figure 6 runs the same loop on 4 hosts, where
+    each reads half (checked there on every device shard)."""
+    import numpy as np
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from psdp.tools.benchmarks.common import check_batches, cpu_mesh, int32_table
+
+    table = int32_table(32, 4)
+    ids = benchmarks.BatchIds(32, 8)
+    read = multihost.TimedReads(table)
+    sharding = NamedSharding(cpu_mesh((4, 2), ("data", "model")), P("data"))
+    check_batches(baselines.own_rows_loop(read.read, ids, sharding, 4), ids, table, "own rows")
+    assert read.rows_read == [8, 8]
+    assert np.array_equal(read.read(np.array([3])), table[[3]])

@@ -15,6 +15,7 @@ from pathlib import Path
 import draccus
 import numpy as np
 import pytest
+import yaml
 from jax.sharding import PartitionSpec as P
 
 from psdp import LoaderOptions, OrderOptions, OutputOptions, ReadingOptions, ShardingOptions
@@ -347,9 +348,7 @@ def test_restore_refuses_an_order_that_differs_from_the_state():
         state = loader.state()
     for changed, words in [
         ({"seed": 4}, "resuming with seed=4, but the saved state has seed=3"),
-        ({"global_batch_size": 16}, "global_batch_size=16, but the saved state has"),
         ({"shuffle": False}, "shuffle=False, but the saved state has shuffle=True"),
-        ({"drop_last": True}, "drop_last=True, but the saved state has drop_last=False"),
     ]:
         order = replace(config.order, **changed)
         with pytest.raises(ValueError, match=re.escape(words)):
@@ -465,3 +464,28 @@ def test_mesh_batch_axes_decide_the_batch_partition():
         batch = next(iter(loader))
     assert batch["x"].sharding.spec == P("rows")
     np.testing.assert_array_equal(np.asarray(batch["x"]), token_table(16)[:8])
+
+
+def test_a_schedule_and_skips_come_from_yaml_and_flags_and_a_restore_may_change_them():
+    text = "order:\n  global_batch_size: [[0, 8], [2, 16]]\n  skip_steps: [[3, 4]]\n  seed: 3\n"
+    config = draccus.decode(LoaderConfig, yaml.safe_load(text))
+    assert config.order.global_batch_size == ((0, 8), (2, 16))
+    assert config.order.skip_steps == ((3, 4),)
+    flags = draccus.parse(
+        LoaderConfig, args=["--order.global_batch_size", "[[0, 8], [2, 16]]", "--order.seed", "3",
+                            "--order.skip_steps", "[[3, 4]]"],
+    )  # fmt: skip
+    assert flags.order == config.order
+    assert LoaderConfig.from_dict(config.to_dict()) == config  # a JSON round trip
+    mesh = MeshConfig(axes={"data": 4, "model": 2}).build()
+    rows = token_table(64)
+    with config.build(mesh, source=rows) as loader:
+        assert [loader.step_info(s).offset for s in range(5)] == [0, 8, 16, 48, 64]
+        state = loader.iter_from(4).state()
+        loader.close()
+    # the config now says 32 rows per step: it applies from the resume step, at the saved offset
+    later = replace(config, order=replace(config.order, global_batch_size=32))
+    with later.restore(state, mesh, source=rows) as loader:
+        assert loader.step_info(4).offset == 64 and loader.step_info(5).offset == 96
+        want = oracle.span_ids(64, oracle.Span(64, 32, 32), seed=3)
+        assert_batch_exact(loader.batch_at(4), rows[want])

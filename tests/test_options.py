@@ -74,7 +74,8 @@ def test_good_values_are_normalised(group, given, field, held):
 
 def test_every_group_has_its_defaults_and_prints_them():
     assert repr(OrderOptions()) == (
-        "OrderOptions(global_batch_size=None, shuffle=None, seed=0, drop_last=False)"
+        "OrderOptions(global_batch_size=None, shuffle=None, seed=0, drop_last=False, "
+        "skip_steps=(), skip_offsets=(), start_at=None)"
     )
     assert repr(ReadingOptions()) == (
         "ReadingOptions(prefetch=2, read_threads=1, read_timeout_s=None, stall_warning_s=1.0)"
@@ -95,7 +96,25 @@ BAD = [
     (OrderOptions, {"global_batch_size": 0}, ValueError,
      ["OrderOptions.global_batch_size must be >= 1, got 0", "global_batch_size=256"]),
     (OrderOptions, {"global_batch_size": 8.0}, TypeError,
-     ["OrderOptions.global_batch_size must be an int, got 8.0 of type float", "global_batch_size=256"]),
+     ["OrderOptions.global_batch_size must be an int or a schedule", "got 8.0 of type float",
+      "global_batch_size=256"]),
+    (OrderOptions, {"global_batch_size": []}, ValueError, ["empty schedule", "[(0, 256), (1000, 512)]"]),
+    (OrderOptions, {"global_batch_size": [(10, 64)]}, ValueError,
+     ["stage 0 (10, 64) starts at step 10", "must start at step 0"]),
+    (OrderOptions, {"global_batch_size": [(0, 64), (0, 128)]}, ValueError,
+     ["stage 1 (0, 128) starts at step 0, not after stage 0", "increasing start step"]),
+    (OrderOptions, {"global_batch_size": [(0, 64), (100, 0)]}, ValueError,
+     ["stage 1 (100, 0): rows must be >= 1, got 0"]),
+    (OrderOptions, {"global_batch_size": [(0, 64, 2)]}, TypeError, ["pairs of ints; (0, 64, 2) is not one"]),
+    (OrderOptions, {"global_batch_size": "64"}, TypeError, ["got '64' of type str"]),
+    (OrderOptions, {"skip_steps": [(5, 5)]}, ValueError,
+     ["OrderOptions.skip_steps range (5, 5) must have 0 <= first < end", "skip_steps=[(12000, 12500)]"]),
+    (OrderOptions, {"skip_steps": [(10, 20), (15, 30)]}, ValueError,
+     ["ranges (10, 20) and (15, 30) overlap", "merge them into (10, 30)"]),
+    (OrderOptions, {"skip_offsets": [(-1, 5)]}, ValueError, ["OrderOptions.skip_offsets range (-1, 5)"]),
+    (OrderOptions, {"skip_offsets": 5}, TypeError, ["a list of (first, end) ranges of sample offsets"]),
+    (OrderOptions, {"start_at": (3, -1)}, ValueError, ["OrderOptions.start_at must be >= 0", "(3, -1)"]),
+    (OrderOptions, {"start_at": 3}, TypeError, ["OrderOptions.start_at must be a (step, sample offset) pair"]),
     (OrderOptions, {"global_batch_size": True}, TypeError, ["got True of type bool"]),
     (OrderOptions, {"seed": "7"}, TypeError, ["OrderOptions.seed must be an int, got '7'", "seed=0"]),
     (OrderOptions, {"seed": -1}, ValueError,
@@ -243,7 +262,7 @@ def test_create_routes_each_flat_keyword_to_its_group():
 
 def test_the_groups_fields_are_disjoint():
     names = [f.name for kind in GROUPS.values() for f in dataclasses.fields(kind)]
-    assert len(names) == len(set(names)) == 17
+    assert len(names) == len(set(names)) == 20
 
 
 @pytest.mark.parametrize(

@@ -12,6 +12,7 @@ import threading
 import time
 import traceback
 import weakref
+from typing import ClassVar
 
 import pytest
 
@@ -305,3 +306,112 @@ def test_bad_arguments_are_refused(kwargs, error, match):
     options = {"start": 0, "depth": 2, "name": "bad", **kwargs}
     with pytest.raises(error, match=match):
         Prefetcher(lambda s: s, **options)
+
+
+# ------------------------------------------------------------ notification instead of polling
+class RecordedCondition(threading.Condition):
+    """A condition that records the timeout of every ``wait`` (``None``: until notified)."""
+
+    timeouts: ClassVar[list[float | None]] = []
+
+    def wait(self, timeout=None):
+        RecordedCondition.timeouts.append(timeout)
+        return super().wait(timeout)
+
+
+class ThreadingWithRecordedConditions:
+    """The ``threading`` module as the prefetcher sees it, its conditions recorded."""
+
+    Condition = RecordedCondition
+
+    def __getattr__(self, name):
+        return getattr(threading, name)
+
+
+@pytest.mark.parametrize("read_threads", READ_THREADS)
+def test_idle_threads_and_a_waiting_next_wait_until_notified_never_polling(
+    read_threads, monkeypatch
+):
+    """Every wait has no timeout (an idle thread that wakes on a timer takes the GIL from the
+    trainer), yet every wait ends: a full queue, a slow step, an error and ``close``."""
+    monkeypatch.setattr(prefetch_module, "threading", ThreadingWithRecordedConditions())
+    RecordedCondition.timeouts = []
+    release = threading.Event()
+
+    def produce(step):
+        if step == 3:
+            release.wait(10)  # next() waits for this step while the other threads sit idle
+        if step == 6:
+            raise KeyError("bad row")
+        return step
+
+    items = Prefetcher(produce, start=0, depth=2, name="notify", read_threads=read_threads)
+    assert [next(items) for _ in range(3)] == [0, 1, 2]
+    threading.Timer(0.05, release.set).start()
+    assert [next(items) for _ in range(3)] == [3, 4, 5]
+    with pytest.raises(KeyError, match="bad row"):
+        next(items)
+    wait_until(lambda: threads_of("notify") == [])
+    assert RecordedCondition.timeouts, "the prefetcher waited on its conditions"
+    assert set(RecordedCondition.timeouts) == {None}
+
+
+class CrashingPrefetcher(Prefetcher):
+    """A prefetcher whose first thread fails outside ``produce`` (a bug in the prefetcher itself,
+    which ``produce``'s error handling does not cover)."""
+
+    def _produce_until_stopped(self) -> None:
+        if threading.current_thread().name in ("crash", "crash-w0"):
+            raise RuntimeError("bug in the prefetcher")
+        super()._produce_until_stopped()
+
+
+def next_or_hang_guard(items) -> BaseException | object:
+    """``next(items)`` on another thread: its item or exception (a hang fails the test at 10 s)."""
+    outcome: list = []
+
+    def take():
+        try:
+            outcome.append(next(items))
+        except BaseException as err:
+            outcome.append(err)
+
+    taker = threading.Thread(target=take, daemon=True)
+    taker.start()
+    taker.join(timeout=10)
+    assert outcome, "next() never returned"
+    return outcome[0]
+
+
+@pytest.mark.parametrize("read_threads", READ_THREADS)
+def test_a_thread_that_crashes_closes_the_iterator_instead_of_leaving_next_waiting(
+    read_threads, caplog
+):
+    holder: list[Prefetcher] = []
+
+    def produce(step):  # the other threads produce only once the crash has closed the iterator
+        wait_until(lambda: bool(holder) and holder[0].closed)
+        return step
+
+    items = CrashingPrefetcher(produce, start=0, depth=2, name="crash", read_threads=read_threads)
+    holder.append(items)
+    outcome = next_or_hang_guard(items)
+    assert isinstance(outcome, LoaderClosedError), outcome
+    assert "thread 'crash" in str(outcome) and "RuntimeError: bug in the prefetcher" in str(outcome)
+    assert "prefetch thread" in caplog.text and "bug in the prefetcher" in caplog.text
+    wait_until(lambda: threads_of("crash") == [])  # the others stopped by themselves
+    items.close()
+
+
+def test_a_thread_that_cannot_start_stops_the_ones_already_started(monkeypatch):
+    start = threading.Thread.start
+
+    def refuse_the_third(thread):
+        if thread.name == "nostart-w2":
+            raise RuntimeError("can't start new thread")
+        start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", refuse_the_third)
+    with pytest.raises(RuntimeError, match="can't start new thread"):
+        Prefetcher(lambda s: s, start=0, depth=2, name="nostart", read_threads=4)
+    assert threads_of("nostart") == []  # w0 and w1 were joined, w3 never started

@@ -22,6 +22,7 @@ from psdp._plan.mesh import local_device_mapping as local_device_mapping
 from psdp._plan.mesh import plan_batch as plan_batch
 from psdp._plan.mesh import plan_pod as plan_pod
 from psdp._plan.mesh import process_mesh_mapping as process_mesh_mapping
+from psdp._plan.offsets import StepInfo as StepInfo
 from psdp._plan.options import LoaderOptions as LoaderOptions
 from psdp._plan.options import OrderOptions as OrderOptions
 from psdp._plan.options import OutputOptions as OutputOptions

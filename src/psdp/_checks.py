@@ -28,7 +28,7 @@ def preview_ids(ids: np.ndarray) -> str:
 
 
 def check_fields(what: str, record: Mapping[str, Any], kinds: Mapping[str, str], fix: str) -> None:
-    """Raises unless ``record`` has every key of ``kinds``, each of its kind (int, bool, str, dict).
+    """Raises unless ``record`` has every key of ``kinds``, each of its kind (a key of `_IS_KIND`).
 
     `ValueError` names the missing keys, `TypeError` a key of the wrong kind; both end in ``fix``.
 
@@ -44,7 +44,7 @@ def check_fields(what: str, record: Mapping[str, Any], kinds: Mapping[str, str],
     for key, kind in kinds.items():
         value = record[key]
         if not _IS_KIND[kind](value):
-            article = "an" if kind == "int" else "a"
+            article = "an" if kind.startswith("int") else "a"
             raise TypeError(
                 f"{what}'s {key!r} must be {article} {kind}, got {type(value).__name__} "
                 f"{value!r}; {fix}"
@@ -56,4 +56,6 @@ _IS_KIND = {
     "bool": lambda v: isinstance(v, bool | np.bool_),
     "str": lambda v: isinstance(v, str),
     "dict": lambda v: isinstance(v, Mapping),
+    "list": lambda v: isinstance(v, list | tuple),
+    "int or list": lambda v: is_int(v) or isinstance(v, list | tuple),
 }

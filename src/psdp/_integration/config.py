@@ -237,8 +237,8 @@ class LoaderConfig:
 
     Example:
         >>> config = LoaderConfig.create(source="data/tokens", global_batch_size=256, seed=3)
-        >>> config.order
-        OrderOptions(global_batch_size=256, shuffle=None, seed=3, drop_last=False)
+        >>> config.order.global_batch_size, config.order.seed
+        (256, 3)
         >>> LoaderConfig(order=OrderOptions(global_batch_size=0))
         Traceback (most recent call last):
             ...
@@ -377,10 +377,10 @@ class LoaderConfig:
     ) -> DataLoader:
         """The `DataLoader` of `build`, continuing from a saved ``loader.state()``.
 
-        Checks as `DataLoader.restore` does: a ``global_batch_size``, ``seed``, ``shuffle`` or
-        ``drop_last`` that differs from the state, or a source with other rows or leaves, is an
-        error naming both values; an unset ``global_batch_size`` or ``shuffle`` takes the
-        state's.
+        Checks as `DataLoader.restore` does: a ``seed`` or ``shuffle`` that differs from the
+        state, or a source with other rows or leaves, is an error naming both values; the
+        config's batch size (or schedule), skips and ``drop_last`` apply from the resume step
+        on; an unset ``global_batch_size`` or ``shuffle`` takes the state's.
 
         Example:
             >>> import numpy as np

@@ -98,8 +98,8 @@ class LoaderPlan:
         """
         layout = MeshLayout.from_mesh(mesh) if layout is None else layout
         order, sharding, output = options.order, options.sharding, options.output
-        assert order.global_batch_size is not None  # LoaderOptions.create refuses it unset
         batch = order.global_batch_size
+        assert isinstance(batch, int)  # a schedule has one plan per batch size (DataLoader)
         ndims = {k: np.ndim(v) for k, v in first_row.items()}
         dtypes = plan_dtypes({k: np.asarray(v).dtype for k, v in first_row.items()}, output.dtypes)
         named = resolve_named_axes(sharding.named_axes, sharding.axis_mapping, ndims)

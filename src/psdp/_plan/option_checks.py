@@ -4,6 +4,7 @@ and a value, and returns it checked and normalised (``TypeError``/``ValueError``
 from __future__ import annotations
 
 import difflib
+import itertools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -61,6 +62,78 @@ def as_seed(where: str, value: Any) -> int:
     except ValueError as err:  # "seed must be in [0, 2**64 - 1] ..., got ...; pass ..."
         raise ValueError(f"{where.rpartition('.')[0]}.{err}") from None
     return int(value)
+
+
+def as_batch_size(where: str, value: Any) -> int | tuple[tuple[int, int], ...]:
+    """An int, or a schedule: ``(start_step, rows)`` stages from step 0, starts increasing."""
+    if is_int(value):
+        return as_count(where, value, "the real rows per step", 256)
+    example = "e.g. global_batch_size=256, or a schedule global_batch_size=[(0, 256), (1000, 512)]"
+    stages = as_pairs(where, value, "an int or a schedule of (start_step, rows) stages", example)
+    if not stages:
+        raise ValueError(f"{where} is an empty schedule; give an int or stages, {example}")
+    for index, (start, rows) in enumerate(stages):
+        stage = f"{where} stage {index} {(start, rows)}"
+        if rows < 1:
+            raise ValueError(f"{stage}: rows must be >= 1, got {rows}; {example}")
+        if index == 0 and start != 0:
+            raise ValueError(
+                f"{stage} starts at step {start}, but the first stage must start at step 0 "
+                f"(the batch size of steps 0 to {start - 1} would be unknown); {example}"
+            )
+        if index and start <= stages[index - 1][0]:
+            raise ValueError(
+                f"{stage} starts at step {start}, not after stage {index - 1} (step "
+                f"{stages[index - 1][0]}); list the stages by increasing start step, {example}"
+            )
+    return stages
+
+
+def as_ranges(where: str, value: Any, unit: str) -> tuple[tuple[int, int], ...]:
+    """Disjoint ``(first, end)`` ranges of ``unit`` (``0 <= first < end``), sorted."""
+    example = f"e.g. {where.rpartition('.')[2]}=[(12000, 12500)]"
+    ranges = as_pairs(where, value, f"a list of (first, end) ranges of {unit}s", example)
+    for first, end in ranges:
+        if not 0 <= first < end:
+            raise ValueError(
+                f"{where} range {(first, end)} must have 0 <= first < end (the {unit}s first, "
+                f"first + 1, ..., end - 1 are skipped); {example}"
+            )
+    ranges = tuple(sorted(ranges))
+    for before, after in itertools.pairwise(ranges):
+        if after[0] < before[1]:
+            raise ValueError(
+                f"{where} ranges {before} and {after} overlap; merge them into "
+                f"{(before[0], max(before[1], after[1]))}"
+            )
+    return ranges
+
+
+def as_start(where: str, value: Any) -> tuple[int, int]:
+    """A ``(step, sample offset)`` pair of ints >= 0."""
+    example = "e.g. start_at=(1000, 256000)"
+    pairs = as_pairs(where, [value], "a (step, sample offset) pair", example)
+    step, offset = pairs[0]
+    if step < 0 or offset < 0:
+        raise ValueError(f"{where} must be >= 0 in both parts, got {(step, offset)}; {example}")
+    return step, offset
+
+
+def as_pairs(where: str, value: Any, rule: str, example: str) -> tuple[tuple[int, int], ...]:
+    """A sequence of pairs of ints, as a tuple of int tuples."""
+    if isinstance(value, str | bytes) or not isinstance(value, Sequence | np.ndarray):
+        raise type_error(where, value, rule, example)
+    pairs = []
+    for item in value:
+        if (
+            isinstance(item, str | bytes)
+            or not isinstance(item, Sequence | np.ndarray)
+            or len(item) != 2
+            or not all(is_int(x) for x in item)
+        ):
+            raise type_error(where, value, f"{rule} (pairs of ints; {item!r} is not one)", example)
+        pairs.append((int(item[0]), int(item[1])))
+    return tuple(pairs)
 
 
 def is_number(value: Any) -> bool:

@@ -25,19 +25,23 @@ from psdp._plan import option_checks as checks
 # ------------------------------------------------------------------------------------ groups
 @dataclass(frozen=True)
 class OrderOptions:
-    """Which rows each step holds: the batch size, the shuffle and the epoch's end.
+    """Which rows each step holds: the batch size (or its schedule), the shuffle, the epoch's
+    end, skipped ranges and the resume point (``docs/loader.md``, "Offsets, schedules and skips").
 
     Example:
         >>> OrderOptions(global_batch_size=256, seed=3)
-        OrderOptions(global_batch_size=256, shuffle=None, seed=3, drop_last=False)
+        OrderOptions(global_batch_size=256, shuffle=None, seed=3, drop_last=False, skip_steps=(), skip_offsets=(), start_at=None)
+        >>> OrderOptions(global_batch_size=[(0, 64), (1000, 128)]).global_batch_size
+        ((0, 64), (1000, 128))
         >>> OrderOptions(global_batch_size=0)
         Traceback (most recent call last):
             ...
         ValueError: OrderOptions.global_batch_size must be >= 1, got 0 (the real rows per step); e.g. global_batch_size=256
     """
 
-    global_batch_size: int | None = None
-    """Rows per step, over all hosts (required to build a loader)."""
+    global_batch_size: int | list[tuple[int, int]] | tuple[tuple[int, int], ...] | None = None
+    """Rows per step, over all hosts (required to build a loader): an int, or a schedule of
+    ``(start_step, rows)`` stages from step 0, e.g. ``[[0, 256], [1000, 512]]``."""
 
     shuffle: bool | None = None
     """Permute each epoch (unset: true for a random-access source, false for a stream)."""
@@ -46,17 +50,36 @@ class OrderOptions:
     """The shuffle's seed, in [0, 2**64 - 1]."""
 
     drop_last: bool = False
-    """Drop each epoch's short final batch (false: pad it and mask the padding)."""
+    """Drop a step cut short by an epoch's end or a skip (false: pad it and mask the padding)."""
+
+    skip_steps: list[tuple[int, int]] | tuple[tuple[int, int], ...] = ()
+    """Ranges ``(first, end)`` of steps whose samples are skipped: step ``first`` gets the
+    samples step ``end`` would have had, and training goes on from there."""
+
+    skip_offsets: list[tuple[int, int]] | tuple[tuple[int, int], ...] = ()
+    """Ranges ``(first, end)`` of sample offsets never read (a step reaching one is cut short
+    there, like at an epoch's end)."""
+
+    start_at: list[int] | tuple[int, int] | None = None
+    """``(step, sample offset)``: the order continues from there (set by a restore; unset:
+    ``(0, 0)``)."""
 
     def __post_init__(self) -> None:
         if self.global_batch_size is not None:
-            checks.fix_field(
-                self, "global_batch_size", checks.as_count, "the real rows per step", 256
-            )
+            checks.fix_field(self, "global_batch_size", checks.as_batch_size)
         if self.shuffle is not None:
             checks.fix_field(self, "shuffle", checks.as_flag)
         checks.fix_field(self, "drop_last", checks.as_flag)
         checks.fix_field(self, "seed", checks.as_seed)
+        checks.fix_field(self, "skip_steps", checks.as_ranges, "step")
+        checks.fix_field(self, "skip_offsets", checks.as_ranges, "sample offset")
+        if self.start_at is not None:
+            checks.fix_field(self, "start_at", checks.as_start)
+
+    @property
+    def start(self) -> tuple[int, int]:
+        """``start_at``, or ``(0, 0)``."""
+        return (0, 0) if self.start_at is None else self.start_at  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
@@ -269,7 +292,7 @@ class LoaderOptions:
         >>> LoaderOptions.create(global_batch_size=8, batch_size=8)
         Traceback (most recent call last):
             ...
-        TypeError: unknown loader option 'batch_size' (did you mean 'global_batch_size'?); the options are axis_mapping, batch_axes, batch_spec, drop_last, dtypes, feeding_processes, global_batch_size, halo, mask_key, named_axes, pad_value, prefetch, read_threads, read_timeout_s, seed, shuffle, stall_warning_s (docs/loader.md)
+        TypeError: unknown loader option 'batch_size' (did you mean 'global_batch_size'?); the options are axis_mapping, batch_axes, batch_spec, drop_last, dtypes, feeding_processes, global_batch_size, halo, mask_key, named_axes, pad_value, prefetch, read_threads, read_timeout_s, seed, shuffle, skip_offsets, skip_steps, stall_warning_s, start_at (docs/loader.md)
     """
 
     order: OrderOptions = field(default_factory=OrderOptions)
@@ -308,8 +331,8 @@ def route(**given: Any) -> dict[str, Any]:
     """``{"order": OrderOptions, ...}`` from group objects (``order=...``) and flat keywords.
 
     Example:
-        >>> route(seed=3, reading=ReadingOptions(prefetch=4))["order"]
-        OrderOptions(global_batch_size=None, shuffle=None, seed=3, drop_last=False)
+        >>> route(seed=3, reading=ReadingOptions(prefetch=4))["order"].seed
+        3
     """
     groups = {name: given.pop(name, None) for name in GROUPS}
     unknown = sorted(set(given) - set(GROUP_OF))

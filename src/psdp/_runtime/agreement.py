@@ -38,6 +38,10 @@ FIXES = {
     "every host",
     "step": "restore every host from the same checkpoint (one host writes the loader state, "
     "every host reads that file)",
+    "start step": "restore every host from the same checkpoint (one host writes the loader "
+    "state, every host reads that file), or pass the same start_at everywhere",
+    "start offset": "restore every host from the same checkpoint (one host writes the loader "
+    "state, every host reads that file), or pass the same start_at everywhere",
     "saved source": "restore every host from the same checkpoint (one host writes the loader "
     "state, every host reads that file)",
 }

@@ -3,9 +3,10 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 import numpy as np
@@ -13,6 +14,7 @@ import numpy as np
 from psdp._checks import preview_ids
 from psdp._plan.leaves import Key, leaves_of
 from psdp._plan.loader_plan import LoaderPlan
+from psdp._plan.offsets import StepInfo, StepOffsets
 from psdp._plan.options import OrderOptions
 from psdp._plan.order import PAD, GlobalOrder
 from psdp._runtime.agreement import StreamEnds, describe_end
@@ -31,6 +33,8 @@ class Feed(Protocol):
     source: Any
     #: the global order (``None`` for a stream: it has none)
     order: GlobalOrder | None
+    #: which sample offsets each step covers
+    offsets: StepOffsets
     #: the source's length, part of its fingerprint (``None`` for a stream)
     rows: int | None
     #: whether each host reads a stream shard instead of ids of a global order
@@ -44,8 +48,13 @@ class Feed(Protocol):
         """One row per leaf, ``(1, ...)``: the leaves' names, shapes and dtypes."""
         ...
 
-    def start(self, plan: LoaderPlan, namespace: str | None) -> None:
-        """Ready to read ``plan``'s steps (``namespace``: the hosts' agreement, if several)."""
+    def start(self, plans: Mapping[int, LoaderPlan], namespace: str | None) -> None:
+        """Ready to read steps with the plan of their batch size (``plans``: batch size ->
+        plan; ``namespace``: the hosts' agreement, if several)."""
+        ...
+
+    def step_info(self, step: int) -> StepInfo:
+        """Where ``step`` lies: its offset, batch size, real rows and epoch."""
         ...
 
     def read_threads(self, requested: int) -> int:
@@ -89,10 +98,16 @@ class RandomAccessFeed:
             True if order.shuffle is None else order.shuffle,
             order.seed,
             order.drop_last,
+            order.skip_steps,
+            order.skip_offsets,
+            order.start,
         )
+        self.offsets = self.order.offsets
         self.ends_short = self.order.pads
         self.fresh = reads_fresh_rows(source)  # other reads may be views of memory they refill
-        self._plan: LoaderPlan | None = None
+        self._plans: Mapping[int, LoaderPlan] = {}
+        # a step's info is asked for by the loader and by the read: walk the schedule once
+        self.step_info = functools.lru_cache(maxsize=64)(self.order.step_info)
 
     def probe(self) -> dict[Key, np.ndarray]:
         try:
@@ -100,25 +115,27 @@ class RandomAccessFeed:
         except StopIteration as err:
             raise stray_stop_iteration("the first read (row 0)", self.source) from err
 
-    def start(self, plan: LoaderPlan, namespace: str | None) -> None:
-        self._plan = plan
+    def start(self, plans: Mapping[int, LoaderPlan], namespace: str | None) -> None:
+        self._plans = plans
 
     def read_threads(self, requested: int) -> int:
         return requested
 
     def ids(self, step: int) -> np.ndarray:
         """The physical batch's source row ids at ``step`` (`PAD` for padding); reads nothing."""
-        assert self._plan is not None and self.order is not None
-        ids = np.full(self._plan.physical_batch_size, PAD, np.int64)
-        ids[self._plan.real_positions] = self.order.batch_ids(step)
+        assert self.order is not None
+        info = self.step_info(step)
+        plan = self._plans[info.batch_size]
+        ids = np.full(plan.physical_batch_size, PAD, np.int64)
+        ids[plan.real_positions[: info.rows]] = self.order.rows(info)
         return ids
 
     def step(self, step: int, run: str, stop: Callable[[], bool]) -> tuple[np.ndarray, Any]:
         return self.ids(step), self.source
 
     def what_is_read(self, step: int) -> str:
-        assert self._plan is not None
-        read = self.ids(step)[self._plan.read_positions]
+        plan = self._plans[self.step_info(step).batch_size]
+        read = self.ids(step)[plan.read_positions]
         return f"{len(read)} rows (ids {preview_ids(read)})"
 
     def close(self) -> None:
@@ -141,10 +158,21 @@ class StreamFeed:
                 "access, so psdp cannot permute it; shuffle upstream (e.g. a shuffle buffer in "
                 "the stream) and pass shuffle=False"
             )
+        if order.skip_offsets:
+            raise ValueError(
+                f"skip_offsets={list(order.skip_offsets)} with a stream ({source.describe()}): a "
+                "stream's elements have no global offsets to skip; skip whole steps with "
+                "skip_steps"
+            )
+        assert order.global_batch_size is not None
         self.source = source
         self.drop_last = order.drop_last
         self.ends_short = not order.drop_last
-        self._plan: LoaderPlan | None = None
+        self.offsets = StepOffsets.create(
+            None, order.global_batch_size, skip_steps=order.skip_steps, start=order.start
+        )
+        self.step_info = functools.lru_cache(maxsize=64)(self.offsets.info)
+        self._plans: Mapping[int, LoaderPlan] = {}
         self._shard = (0, 1)
         self._reader: StreamReader | None = None
         self._lock = threading.Lock()
@@ -159,10 +187,19 @@ class StreamFeed:
             raise ValueError(f"the stream {self.source.describe()} is empty; it needs elements")
         return leaves_of(rows)
 
-    def start(self, plan: LoaderPlan, namespace: str | None) -> None:
-        assert plan.stream_shard is not None
-        self._plan, self._shard = plan, plan.stream_shard
+    def start(self, plans: Mapping[int, LoaderPlan], namespace: str | None) -> None:
+        shards = {plan.stream_shard for plan in plans.values()}
+        assert len(shards) == 1 and None not in shards  # the uids do not depend on the batch size
+        self._plans, self._shard = plans, shards.pop()  # type: ignore[assignment]
         shard, num_shards = self._shard
+        offset = self.offsets.start[1]
+        if offset % num_shards:
+            raise ValueError(
+                f"a stream resumes at sample offset {offset}, which its {num_shards} shards "
+                "cannot split evenly (each shard has read offset / shards elements); resume on a "
+                "mesh with as many stream shards as the run that saved the state"
+            )
+        plan = next(iter(plans.values()))
         # hosts agree per step where a callable stream's shards (maybe unequally long) end
         if namespace is not None and not self.source.round_robin and num_shards > 1:
             self.ends = StreamEnds(namespace, plan.layout.processes, shard, self.source.describe())
@@ -171,18 +208,20 @@ class StreamFeed:
         return 1  # a shard is read in order
 
     def step(self, step: int, run: str, stop: Callable[[], bool]) -> tuple[np.ndarray, Any]:
-        """O(1) per step in order; a jump reopens the shard at ``step * rows per step``."""
-        assert self._plan is not None
-        real = self._plan.real_read_positions
+        """O(1) per step in order; a jump reopens the shard at the step's offset / shards."""
+        info = self.step_info(step)
+        plan = self._plans[info.batch_size]
+        real = plan.real_read_positions
         per_step = len(real)  # the same on every host (stream_shard checks)
+        first = info.offset // self._shard[1]  # each shard holds offset / shards of the elements
         with self._lock:
             reader = self._reader
-            if reader is None or reader.consumed != step * per_step:
+            if reader is None or reader.consumed != first:
                 if self._closed or stop():
                     raise LoaderClosedError("this DataLoader is closed")
                 if reader is not None:
                     reader.close()
-                reader = self._reader = self.source.open(*self._shard, start=step * per_step)
+                reader = self._reader = self.source.open(*self._shard, start=first)
             rows = reader.take(per_step)
         got = 0 if rows is None else len(next(iter(leaves_of(rows).values())))
         shard, num_shards = self._shard
@@ -196,13 +235,13 @@ class StreamFeed:
                 logger.warning("this host's stream shard %d still had elements: %s", shard, message)
             raise StopIteration(message)
         assert rows is not None  # a shard without rows ended above
-        ids = np.full(self._plan.physical_batch_size, PAD, np.int64)
+        ids = np.full(plan.physical_batch_size, PAD, np.int64)
         ids[real[:got]] = np.arange(got)
         return ids, ArraySource(rows)
 
     def what_is_read(self, step: int) -> str:
-        assert self._plan is not None
-        return f"the next {len(self._plan.real_read_positions)} elements of shard {self._shard[0]}"
+        plan = self._plans[self.step_info(step).batch_size]
+        return f"the next {len(plan.real_read_positions)} elements of shard {self._shard[0]}"
 
     def close(self) -> None:
         self._closed = True

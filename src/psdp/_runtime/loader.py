@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -15,6 +16,7 @@ from psdp._checks import check_int
 from psdp._plan.leaves import unwrap
 from psdp._plan.loader_plan import LoaderPlan
 from psdp._plan.mesh import as_layout
+from psdp._plan.offsets import StepInfo, stages_of
 from psdp._plan.options import (
     LoaderOptions,
     OrderOptions,
@@ -97,36 +99,65 @@ class DataLoader:
         self.source, self.order = self.feed.source, self.feed.order
         layout = as_layout(mesh)
         self.process_index = check_own_process(layout, process_index)
-        #: the frozen plan of every step on this host
-        self.plan = LoaderPlan.create(
-            self.feed.probe(),
-            mesh,
-            self.options,
-            self.process_index,
-            layout=layout,
-            stream=self.feed.stream,
-            ends_short=self.feed.ends_short,
-        )
-        self._reader = StepReader(self.plan, self.feed, self.options.reading.read_timeout_s)
-        self._assembler = BatchAssembler(self.plan)
+        first_row = self.feed.probe()
+        order = self.options.order
+        #: the frozen plan of this host's steps, per batch size of the schedule
+        self.plans = {
+            stage.batch_size: LoaderPlan.create(
+                first_row,
+                mesh,
+                dataclasses.replace(
+                    self.options,
+                    order=dataclasses.replace(order, global_batch_size=stage.batch_size),
+                ),
+                self.process_index,
+                layout=layout,
+                stream=self.feed.stream,
+                ends_short=self.feed.ends_short,
+            )
+            for stage in stages_of(order.global_batch_size)  # type: ignore[arg-type]
+        }
+        self.start_step = order.start[0]
+        #: the plan of the first step (`plans` has every batch size's)
+        self.plan = self.plans[self.feed.step_info(self.start_step).batch_size]
+        timeout = self.options.reading.read_timeout_s
+        self._readers = {b: StepReader(p, self.feed, timeout) for b, p in self.plans.items()}
+        self._assemblers = {b: BatchAssembler(p) for b, p in self.plans.items()}
         self.telemetry = Telemetry(stall_warning_s=self.options.reading.stall_warning_s)
         self._iterators = Iterators()
         self._lock = threading.Lock()
         self._closed = False
         self._direct_reads = 0  # batch_at calls, numbered alike on every host (stream ends)
         self._iterations = 0  # iterators started, numbered alike on every host (stream ends)
-        self.start_step = 0
         namespace = agree(
             agreed_settings(self.options.order, self.feed, self.plan),
             layout.processes,
             f"built DataLoader {self.name!r}",
         )
-        self.feed.start(self.plan, namespace)
+        self.feed.start(self.plans, namespace)
 
     @property
-    def global_batch_size(self) -> int:
-        """Real rows per global batch."""
-        return int(self.options.order.global_batch_size)  # type: ignore[arg-type]
+    def global_batch_size(self) -> int | tuple[tuple[int, int], ...]:
+        """Real rows per global batch: an int, or the schedule's ``(start_step, rows)`` stages
+        (each step's: `step_info`)."""
+        return self.options.order.global_batch_size  # type: ignore[return-value]
+
+    def step_info(self, step: int) -> StepInfo:
+        """Where ``step`` lies, without reading data: its first sample offset, batch size, real
+        rows and epoch (what a trainer logs; ``docs/loader.md``, "Offsets, schedules and skips").
+
+        Example:
+            >>> import jax, numpy as np
+            >>> from jax.sharding import Mesh
+            >>> mesh = Mesh(np.array(jax.devices()), ("data",))
+            >>> ramp = [(0, 8), (2, 16)]
+            >>> data = {"x": np.arange(100, dtype=np.int32)}
+            >>> with DataLoader(data, mesh=mesh, global_batch_size=ramp) as loader:
+            ...     loader.step_info(3)
+            StepInfo(step=3, offset=32, batch_size=16, rows=16, epoch=0)
+        """
+        check_int("step", step, minimum=0)
+        return self.feed.step_info(step)
 
     @property
     def batch_spec(self) -> Any:
@@ -139,8 +170,9 @@ class DataLoader:
         return unwrap({k: v.delivered for k, v in self.plan.dtypes.items()})
 
     def leaf(self, key: str | None = None) -> LeafAssembler:
-        """The `LeafAssembler` of one leaf: its global shape, sharding and windows."""
-        return self._assembler.leaves[key]
+        """The `LeafAssembler` of one leaf at the first step's batch size: its global shape,
+        sharding and windows."""
+        return self._assemblers[self.step_info(self.start_step).batch_size].leaves[key]
 
     def halo_mask(self, key: str | None = None) -> jax.Array:
         """Which columns of a sequence-sharded leaf are halo columns (``True``), as a global array
@@ -160,11 +192,11 @@ class DataLoader:
 
     def _batch(self, step: int, run: str, stop: Callable[[], bool]) -> Batch:
         """The batch of ``step`` for the read named ``run`` (an iterator, or a direct call)."""
-        check_int("step", step, minimum=0)
+        batch_size = self.step_info(step).batch_size
         started = time.perf_counter()
-        ids, buffers = self._reader.read_step(step, run, stop)
+        ids, buffers = self._readers[batch_size].read_step(step, run, stop)
         read = time.perf_counter()
-        batch = self._assembler.assemble(ids, buffers)
+        batch = self._assemblers[batch_size].assemble(ids, buffers)
         self.telemetry.record_read(read - started, time.perf_counter() - read)
         return batch
 
@@ -178,7 +210,7 @@ class DataLoader:
 
         Its ``state()`` is the state to save with a checkpoint taken while training from it.
         """
-        check_int("step", step, minimum=0)
+        self.step_info(step)  # raises here, not in a thread, for a step before a restore's start
         reading = self.options.reading
         with self._lock:
             if self._closed:
@@ -222,17 +254,18 @@ class DataLoader:
     ) -> DataLoader:
         """A loader that continues from a saved `state` (``iter(loader)`` starts at its step).
 
-        ``kwargs`` are other `DataLoader` arguments; the order's come from the state, and giving
-        a different value is an error.
+        ``kwargs`` are other `DataLoader` arguments. The mesh, host count and batch size (or its
+        schedule), skips and ``drop_last`` may differ from the saved run's: they apply from the
+        resume step on, and no sample is repeated or lost. The seed and shuffle come from the
+        state; giving a different value is an error (``docs/reliability.md``).
         """
-        check_state(state)
+        state = check_state(state)
         loader = cls(source, mesh=mesh, order=restored_order(state, kwargs), **kwargs)
         try:
             check_restored(state, loader.plan, loader.feed.rows, loader.name)
         except BaseException:
             loader.close()
             raise
-        loader.start_step = int(state["step"])
         return loader
 
     def close(self) -> None:

@@ -1,6 +1,10 @@
 """`Prefetcher`: background threads that keep the next few steps' items ready, delivered strictly
 in step order; errors at their step; a bounded, prompt `close` (``docs/loader.md``, "Threads, errors
-and shutdown"). Nothing here knows about JAX or meshes."""
+and shutdown"). Nothing here knows about JAX or meshes.
+
+Every wait is on a condition, without a timeout, and every change that could end one notifies it
+(a finished step, a freed slot, a failed step, ``close``, a crashed thread): nothing polls, so idle
+threads sleep until there is work and never take the GIL from the trainer."""
 
 from __future__ import annotations
 
@@ -15,7 +19,6 @@ from psdp._checks import check_int
 T = TypeVar("T")
 logger = logging.getLogger(__name__)
 
-_POLL_S = 0.02
 #: How long ``close()`` waits for all threads together before it gives up on a stuck ``produce``.
 JOIN_TIMEOUT_S = 1.0
 
@@ -79,8 +82,13 @@ class Prefetcher(Generic[T]):
         self.last_wait_s = 0.0
         names = [name] if read_threads == 1 else [f"{name}-w{i}" for i in range(read_threads)]
         self._threads = [threading.Thread(target=self._work, name=n, daemon=True) for n in names]
-        for thread in self._threads:
-            thread.start()
+        for i, thread in enumerate(self._threads):
+            try:
+                thread.start()
+            except BaseException:  # e.g. the OS refused a thread: stop the ones already started
+                self._threads = self._threads[:i]
+                self._close(f"thread {thread.name!r} could not start")
+                raise
 
     # -------------------------------------------------------------------- background threads
     def _may_claim(self) -> bool:
@@ -88,12 +96,28 @@ class Prefetcher(Generic[T]):
         return not self._failed and self._next_claim < bound
 
     def _work(self) -> None:
+        try:
+            self._produce_until_stopped()
+        except BaseException as err:  # a bug here, not in produce (whose errors are forwarded)
+            logger.exception("prefetch thread %r failed", threading.current_thread().name)
+            with self._lock:  # close the iterator: the consumer must not wait for this thread
+                if self._closed_because is None:
+                    name = threading.current_thread().name
+                    self._closed_because = (
+                        f"its thread {name!r} failed: {type(err).__name__}: {err}"
+                    )
+                self._stop = True
+                self._results.clear()
+                self._result_ready.notify_all()
+                self._slot_free.notify_all()
+
+    def _produce_until_stopped(self) -> None:
         while True:
             with self._lock:
                 while not self._stop and not self._may_claim():
                     if self._failed:
                         return  # every step before the failed one is already claimed
-                    self._slot_free.wait(_POLL_S)
+                    self._slot_free.wait()  # woken by a consumed step, a failure or close
                 if self._stop:
                     return
                 step = self._next_claim
@@ -108,7 +132,7 @@ class Prefetcher(Generic[T]):
                 self._results[step] = item
                 if item[1] is not None:
                     self._failed = True
-                    self._slot_free.notify_all()  # idle threads exit instead of polling
+                    self._slot_free.notify_all()  # idle threads exit instead of waiting
                 if step == self.next_step:
                     self._result_ready.notify()
             del item  # the consumer owns it now; do not keep it alive while waiting
@@ -131,12 +155,7 @@ class Prefetcher(Generic[T]):
                 if step in self._results:
                     value, error = self._results.pop(step)
                     break
-                if not any(t.is_alive() for t in self._threads):
-                    names = ", ".join(repr(t.name) for t in self._threads)
-                    self._closed_because = f"its threads {names} exited unexpectedly"
-                    self._stop = True
-                    continue
-                self._result_ready.wait(_POLL_S)
+                self._result_ready.wait()  # woken by this step, a failure, or close
             if error is None:
                 self.next_step = step + 1
                 self._slot_free.notify()  # one thread may claim the next step now

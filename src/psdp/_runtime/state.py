@@ -3,34 +3,46 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from psdp._checks import check_fields, check_int
 from psdp._plan.loader_plan import LoaderPlan
+from psdp._plan.offsets import StepOffsets
 from psdp._plan.options import OrderOptions, check_groups
 from psdp._runtime.agreement import agree
 
 #: The ``format`` field of a loader state.
-STATE_FORMAT = "psdp.loader/1"
+STATE_FORMAT = "psdp.loader/2"
+#: The format before sample offsets (a constant batch size, no skips): still restored.
+OLD_FORMAT = "psdp.loader/1"
 RESTORE_FIX = "pass the whole dict DataLoader.state() returned, as it was saved"
 #: The keys a restore needs in a state, and their kinds.
 STATE_FIELDS = {
     "format": "str",
     "step": "int",
-    "global_batch_size": "int",
+    "offset": "int",
+    "global_batch_size": "int or list",
+    "skip_steps": "list",
+    "skip_offsets": "list",
     "seed": "int",
     "shuffle": "bool",
     "drop_last": "bool",
     "source": "dict",
 }
-#: The order's fields a state pins.
-ORDER_FIELDS = ("global_batch_size", "seed", "shuffle", "drop_last")
+#: The order's fields a state records (what the samples of later steps depend on).
+ORDER_FIELDS = ("global_batch_size", "skip_steps", "skip_offsets", "seed", "shuffle", "drop_last")
+#: Of those, the ones a restore may change: they only decide the steps after the resume point.
+CHANGEABLE = ("global_batch_size", "skip_steps", "skip_offsets", "drop_last")
 
 
 def fingerprint(rows: int | None, plan: LoaderPlan) -> dict[str, Any]:
-    """What a state records of its source: its length (``None`` for a stream) and leaves."""
-    return {"rows": rows, "leaves": plan.leaf_shapes()}
+    """What a state records of its source: its length (``None`` for a stream), its leaves, and a
+    stream's number of shards."""
+    found = {"rows": rows, "leaves": plan.leaf_shapes()}
+    if plan.stream_shard is not None:
+        found["stream_shards"] = plan.stream_shard[1]
+    return found
 
 
 def loader_state(step: int, order: OrderOptions, feed: Any, plan: LoaderPlan) -> dict[str, Any]:
@@ -46,37 +58,71 @@ def loader_state(step: int, order: OrderOptions, feed: Any, plan: LoaderPlan) ->
         >>> feed = open_feed(np.arange(64, dtype=np.int32), options.order)
         >>> plan = LoaderPlan.create(feed.probe(), mesh, options, 0, stream=False, ends_short=False)
         >>> loader_state(5, options.order, feed, plan)
-        {'format': 'psdp.loader/1', 'step': 5, 'global_batch_size': 8, 'seed': 3, 'shuffle': True, 'drop_last': False, 'source': {'rows': 64, 'leaves': {'None': ['int32', []]}}}
+        {'format': 'psdp.loader/2', 'step': 5, 'offset': 40, 'global_batch_size': 8, 'skip_steps': [], 'skip_offsets': [], 'seed': 3, 'shuffle': True, 'drop_last': False, 'source': {'rows': 64, 'leaves': {'None': ['int32', []]}}}
     """
     return {
         "format": STATE_FORMAT,
         "step": int(step),
-        "global_batch_size": order.global_batch_size,
-        "seed": 0 if feed.order is None else feed.order.seed,
-        "shuffle": False if feed.order is None else feed.order.shuffle,
-        "drop_last": order.drop_last,
+        "offset": int(feed.offsets.resume_offset(step)),
+        **order_record(order, feed),
         "source": fingerprint(feed.rows, plan),
     }
 
 
-def check_state(state: Any) -> None:
-    """Raises unless ``state`` is a whole loader state."""
-    if not isinstance(state, Mapping) or state.get("format") != STATE_FORMAT:
+def order_record(order: OrderOptions, feed: Any) -> dict[str, Any]:
+    """The order's fields as JSON values (the seed and shuffle the feed uses)."""
+    batch = order.global_batch_size
+    return {
+        "global_batch_size": batch if isinstance(batch, int) else [list(s) for s in batch],  # type: ignore[union-attr]
+        "skip_steps": [list(r) for r in order.skip_steps],
+        "skip_offsets": [list(r) for r in order.skip_offsets],
+        "seed": 0 if feed.order is None else feed.order.seed,
+        "shuffle": False if feed.order is None else feed.order.shuffle,
+        "drop_last": order.drop_last,
+    }
+
+
+def check_state(state: Any) -> dict[str, Any]:
+    """The state, checked whole (an old-format one brought up to date), or raises."""
+    if not isinstance(state, Mapping) or state.get("format") not in (STATE_FORMAT, OLD_FORMAT):
         raise ValueError(
             f"not a psdp loader state (expected a dict with format={STATE_FORMAT!r}, got "
             f"{str(state)[:80]!r}); pass what DataLoader.state() returned"
         )
+    if state["format"] == OLD_FORMAT:
+        state = _upgraded(state)
     check_fields("the saved state", state, STATE_FIELDS, RESTORE_FIX)
     check_int("step", state["step"], minimum=0)
+    check_int("offset", state["offset"], minimum=0)
+    return dict(state)
+
+
+def _upgraded(state: Mapping[str, Any]) -> dict[str, Any]:
+    """A ``psdp.loader/1`` state (a constant batch size, no skips) in the current format."""
+    old = {
+        k: v for k, v in STATE_FIELDS.items() if k not in ("offset", "skip_steps", "skip_offsets")
+    }
+    check_fields("the saved state", state, {**old, "global_batch_size": "int"}, RESTORE_FIX)
+    rows = state["source"].get("rows")
+    offsets = StepOffsets.create(rows, state["global_batch_size"], drop_last=state["drop_last"])
+    return {
+        **state,
+        "format": STATE_FORMAT,
+        "offset": offsets.info(state["step"]).offset,
+        "skip_steps": [],
+        "skip_offsets": [],
+    }
 
 
 def restored_order(state: Mapping[str, Any], kwargs: dict[str, Any]) -> OrderOptions:
-    """The order of a restored loader: the state's, refusing a given value that differs.
+    """The order of a restored loader: resumes at the state's (step, offset); the seed and
+    shuffle are the state's (a given value that differs is an error), the batch size, skips and
+    drop_last are the given ones or else the state's.
 
     Takes the order's flat keywords and ``order=`` out of ``kwargs``; a field of an ``order``
     group left at its default counts as not given.
     """
-    given = {name: kwargs.pop(name) for name in ORDER_FIELDS if name in kwargs}
+    given = {name: kwargs.pop(name) for name in (*ORDER_FIELDS, "start_at") if name in kwargs}
     group = kwargs.pop("order", None)
     if group is not None:
         # a group of the wrong type: the constructor's TypeError, before its fields are read
@@ -84,30 +130,65 @@ def restored_order(state: Mapping[str, Any], kwargs: dict[str, Any]) -> OrderOpt
         defaults = OrderOptions()
         given.update(
             {
-                name: getattr(group, name)
-                for name in ORDER_FIELDS
-                if getattr(group, name) != getattr(defaults, name)
+                f.name: getattr(group, f.name)
+                for f in dataclasses.fields(OrderOptions)
+                if getattr(group, f.name) != getattr(defaults, f.name)
             }
         )
-    for name, value in given.items():
-        if value != state[name]:
+    if "start_at" in given:
+        raise ValueError(
+            f"resuming with start_at={given['start_at']!r}, but a restore resumes where the state "
+            f"was saved (step {state['step']}, offset {state['offset']}); drop start_at"
+        )
+    saved = OrderOptions(**{name: state[name] for name in ORDER_FIELDS})
+    for name in ORDER_FIELDS:
+        if name not in CHANGEABLE and name in given and given[name] != state[name]:
             raise ValueError(
-                f"resuming with {name}={value!r}, but the saved state has {name}={state[name]!r}; "
-                "the batch order depends on it, so resume with the saved value (or start a new "
-                "run from step 0)"
+                f"resuming with {name}={given[name]!r}, but the saved state has {name}="
+                f"{state[name]!r}; the batch order depends on it, so resume with the saved value "
+                "(or start a new run from step 0)"
             )
-    return dataclasses.replace(OrderOptions(), **{name: state[name] for name in ORDER_FIELDS})
+    order = dataclasses.replace(
+        saved,
+        **{name: given[name] for name in CHANGEABLE if name in given},
+        start_at=(state["step"], state["offset"]),
+    )
+    _check_past_skips(order.skip_steps, saved.skip_steps, state["step"])
+    return order
+
+
+def _check_past_skips(
+    skips: Sequence[tuple[int, int]], saved: Sequence[tuple[int, int]], step: int
+) -> None:
+    """A step skip that starts before the resume step must be one the saved run had (done);
+    a new one cannot skip steps that were already trained on."""
+    for first, end in skips:
+        if first < step and (first, end) not in saved:
+            raise ValueError(
+                f"skip_steps ({first}, {end}) starts before step {step}, where this run resumes, "
+                "and the saved run did not have it, so its first steps were already trained on; "
+                f"to skip the samples ahead, give ({step}, {step + end - first}) (or ({step}, "
+                f"{end}) to skip to where step {end} would have read)"
+            )
 
 
 def check_restored(state: Mapping[str, Any], plan: LoaderPlan, rows: int | None, name: str) -> None:
     """Raises unless every host restored the same state, from the source it was saved from."""
     # hosts that restored from different checkpoints would feed one batch two ways
     agree(
-        {"step": state["step"], "saved source": state["source"]},
+        {"step": state["step"], "offset": state["offset"], "saved source": state["source"]},
         plan.layout.processes,
         f"restored DataLoader {name!r}",
     )
     found = fingerprint(rows, plan)
+    saved_shards = state["source"].get("stream_shards")
+    if saved_shards is not None and saved_shards != found.get("stream_shards"):
+        raise ValueError(
+            f"the stream was saved read as {saved_shards} shards, but this mesh reads it as "
+            f"{found.get('stream_shards')}; a stream shard is its own sequence of elements, so "
+            f"the run resumes exactly only with {saved_shards} stream shards (a mesh with as "
+            "many distinct data shards), or from a random-access source"
+        )
     if found != state["source"]:
         raise ValueError(
             f"the source does not match the saved state: saved {state['source']}, found "
@@ -117,9 +198,10 @@ def check_restored(state: Mapping[str, Any], plan: LoaderPlan, rows: int | None,
 
 def agreed_settings(order: OrderOptions, feed: Any, plan: LoaderPlan) -> dict[str, Any]:
     """What the batches depend on, which every host of the mesh must agree on."""
-    state = loader_state(0, order, feed, plan)
     return {
-        **{k: v for k, v in state.items() if k not in ("format", "step", "source")},
+        **order_record(order, feed),
+        "start step": order.start[0],
+        "start offset": order.start[1],
         "source rows": feed.rows,
         "source leaves": plan.leaf_shapes(),
         **plan.settings(),

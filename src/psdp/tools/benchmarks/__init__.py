@@ -1,4 +1,4 @@
-"""``psdp bench``: five figures, each psdp against a baseline measured in the same run.
+"""``psdp bench``: six figures, each psdp against baselines measured in the same run.
 
 What each figure measures, its baseline, how to read its ratio, and the results:
 ``docs/performance.md``. One module per figure; ``common`` holds the sizes and timing helpers,
@@ -19,11 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from psdp.tools.benchmarks.assembly import assembly_paths, bench_assembly
+from psdp.tools.benchmarks.baselines import prefetched, tight_loop
 from psdp.tools.benchmarks.common import (
     DEVICES,
     FIGURES,
     FULL,
     QUICK,
+    BatchIds,
     Sizes,
     ask_for_cpu_devices,
     cpu_mesh,
@@ -31,11 +33,13 @@ from psdp.tools.benchmarks.common import (
     median_ms,
     with_changes,
 )
+from psdp.tools.benchmarks.grain_loops import load_grain
+from psdp.tools.benchmarks.multihost import bench_multihost, pod_rows
 from psdp.tools.benchmarks.planning import bench_planning, bench_pod, naive_uid_table, pods
 from psdp.tools.benchmarks.report import machine, markdown, markdown_figure, rows
 from psdp.tools.benchmarks.resume import bench_resume, rss_child
 from psdp.tools.benchmarks.stall import LatencySource, bench_stall
-from psdp.tools.benchmarks.throughput import bench_throughput, load_grain, naive_loop
+from psdp.tools.benchmarks.throughput import bench_throughput
 
 __all__ = [
     "DEVICES",
@@ -43,10 +47,12 @@ __all__ = [
     "FULL",
     "QUICK",
     "RUNNERS",
+    "BatchIds",
     "LatencySource",
     "Sizes",
     "assembly_paths",
     "bench_assembly",
+    "bench_multihost",
     "bench_planning",
     "bench_pod",
     "bench_resume",
@@ -60,12 +66,14 @@ __all__ = [
     "markdown",
     "markdown_figure",
     "median_ms",
-    "naive_loop",
     "naive_uid_table",
+    "pod_rows",
     "pods",
+    "prefetched",
     "rows",
     "rss_child",
     "run",
+    "tight_loop",
     "with_changes",
 ]
 
@@ -78,6 +86,7 @@ RUNNERS: dict[str, Callable[[Sizes, Path], dict[str, Any]]] = {
     "stall": lambda s, _: bench_stall(s),
     "planning": lambda s, _: bench_planning(s),
     "resume": lambda s, _: bench_resume(s),
+    "multihost": lambda s, _: bench_multihost(s),
 }
 
 

@@ -7,7 +7,7 @@ import contextlib
 import math
 import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -15,7 +15,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-FIGURES = ("assembly", "throughput", "stall", "planning", "resume")
+FIGURES = ("assembly", "throughput", "stall", "planning", "resume", "multihost")
 DEVICES = 8
 
 
@@ -41,7 +41,11 @@ class Sizes:
     batch: int
     """Global batch size of figures 2, 3 and 5."""
     steps: int
-    """Batches per timed loop of figure 2."""
+    """Batches per timed segment of figure 2 (after the warm-up of `warmup_steps`)."""
+    warmup_steps: int
+    """Untimed batches before each timed segment of figures 2 and 6: more than any loop reads
+    ahead (Grain's ``experimental.device_put`` holds up to prefetch + threads + 6), so every
+    segment starts with its buffers drained, in the steady state."""
     train_ms: tuple[float, ...]
     """Simulated train step costs of figure 2."""
     stall_steps_ms: tuple[float, ...]
@@ -50,8 +54,10 @@ class Sizes:
     """Steps per stall run of figure 3."""
     read_latency_ms: float
     """Latency injected into every read of figure 3."""
-    read_threads: int
-    """The several-read-threads setting of figures 2 and 3."""
+    read_threads: tuple[int, ...]
+    """psdp's read threads in figures 2, 3 and 6 (and Grain's, in figure 2)."""
+    grain_workers: int
+    """Worker processes of figure 2's ``grain.DataLoader`` row (0: no such row)."""
     prefetch: int
     """The loader's prefetch depth in figures 2 and 3."""
     pod: tuple[int, int, int]
@@ -62,6 +68,12 @@ class Sizes:
     """Batch size of figure 5's peak-RSS rows, in MiB."""
     rss_steps: int
     """Steps the slow trainer takes in each peak-RSS subprocess."""
+    pod_batch: int
+    """Global batch of figure 6 (the 4-host pod)."""
+    pod_steps: int
+    """Batches per timed segment of figure 6."""
+    pod_read_ms: tuple[float, ...]
+    """Latency injected into every read of figure 6."""
 
 
 FULL = Sizes(
@@ -72,16 +84,21 @@ FULL = Sizes(
     width=2048,
     batch=128,
     steps=100,
+    warmup_steps=16,
     train_ms=(0, 2),
     stall_steps_ms=(5, 20, 100),
     stall_steps=100,
     read_latency_ms=10,
-    read_threads=4,
+    read_threads=(1, 2, 4),
+    grain_workers=2,
     prefetch=2,
     pod=(65536, 16384, 256),
     rss_prefetch=(1, 2, 4, 8),
     rss_batch_mib=16,
     rss_steps=30,
+    pod_batch=128,
+    pod_steps=30,
+    pod_read_ms=(0, 10),
 )
 QUICK = Sizes(
     assembly_mib=(0.0625, 0.25),
@@ -91,16 +108,21 @@ QUICK = Sizes(
     width=64,
     batch=16,
     steps=4,
+    warmup_steps=12,
     train_ms=(0, 1),
     stall_steps_ms=(5, 20, 100),
     stall_steps=4,
     read_latency_ms=10,
-    read_threads=4,
+    read_threads=(1, 2),
+    grain_workers=1,
     prefetch=2,
     pod=(256, 64, 8),
     rss_prefetch=(1, 2),
     rss_batch_mib=1,
     rss_steps=6,
+    pod_batch=16,
+    pod_steps=2,
+    pod_read_ms=(0, 10),
 )
 
 
@@ -254,3 +276,67 @@ def train_step(seconds: float) -> None:
     """A simulated train step of fixed cost; like XLA compute, a sleep frees the GIL."""
     if seconds:
         time.sleep(seconds)
+
+
+class BatchIds:
+    """A user's shuffle: a numpy permutation per epoch, each step's ids sorted (a sorted gather,
+    and a store's sorted reads, are faster); random access by step and picklable, so a Grain
+    ``MapDataset`` or worker process can read any step.
+
+    Example:
+        >>> ids = BatchIds(num_rows=8, batch=4, seed=3)
+        >>> epoch = np.concatenate([ids(0), ids(1)])
+        >>> sorted(epoch.tolist()) == list(range(8)), bool((np.diff(ids(0)) > 0).all())
+        (True, True)
+        >>> ids(2).tolist() != ids(0).tolist()  # a new permutation each epoch
+        True
+    """
+
+    def __init__(self, num_rows: int, batch: int, seed: int = 1):
+        self.num_rows, self.batch, self.seed = num_rows, batch, seed
+        self.per_epoch = num_rows // batch
+        self._last: tuple[int, np.ndarray] | None = None  # the epoch in use and its permutation
+
+    def __call__(self, step: int) -> np.ndarray:
+        epoch, index = divmod(step, self.per_epoch)
+        start = index * self.batch
+        return np.sort(self._permutation(epoch)[start : start + self.batch])
+
+    def _permutation(self, epoch: int) -> np.ndarray:
+        last = self._last  # one read: other threads may replace it meanwhile
+        if last is None or last[0] != epoch:
+            last = self._last = (
+                epoch,
+                np.random.default_rng((self.seed, epoch)).permutation(self.num_rows),
+            )
+        return last[1]
+
+
+def check_batches(
+    batches: Iterator[jax.Array], ids: Callable[[int], np.ndarray], table: np.ndarray, what: str
+) -> None:
+    """Raises unless the first two batches of ``batches`` hold exactly ``table[ids(step)]`` on
+    every addressable device (the second shows that the loop moves on to the next step)."""
+    for step in range(2):
+        check_shards(next(batches), table[ids(step)], f"{what}, step {step}")
+
+
+def timed_ms(batches: Iterator[Any], warmup: int, steps: int, train_s: float) -> float:
+    """Milliseconds per batch over ``steps`` batches taken after ``warmup`` untimed ones, each
+    waited for and followed by a train step of ``train_s``.
+
+    The warm-up drains what a loader read ahead while others were timed, so each segment starts
+    in the steady state.
+
+    Example:
+        >>> timed_ms(iter(range(10)), warmup=2, steps=3, train_s=0) >= 0
+        True
+    """
+    for _ in range(warmup):
+        jax.block_until_ready(next(batches))
+        train_step(train_s)
+    start = time.perf_counter()
+    for _ in range(steps):
+        jax.block_until_ready(next(batches))
+        train_step(train_s)
+    return (time.perf_counter() - start) / steps * 1e3

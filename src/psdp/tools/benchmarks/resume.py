@@ -201,6 +201,20 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
+def wait_until_ready(iterator: Any, count: int, timeout_s: float = 10.0) -> None:
+    """Waits until ``iterator.ready >= count`` (every slot of one read thread full: ``prefetch``
+    waiting plus the one it read ahead), or ``timeout_s``.
+
+    Example:
+        >>> class Full:
+        ...     ready = 3
+        >>> wait_until_ready(Full(), 3)
+    """
+    deadline = time.monotonic() + timeout_s
+    while iterator.ready < count and time.monotonic() < deadline:
+        time.sleep(0.001)
+
+
 def rss_child(prefetch: int, batch_mib: float, steps: int) -> dict[str, float]:
     """In a fresh process: peak RSS above the idle loader while a slow trainer iterates.
 
@@ -229,7 +243,10 @@ def rss_child(prefetch: int, batch_mib: float, steps: int) -> dict[str, float]:
         else:
             batches = iter(loader)
         for step, batch_array in enumerate(batches):
-            time.sleep(0.01)  # a slow trainer: the queue fills to its bound
+            if prefetch:  # a slow trainer: the queue fills to its bound, however loaded the host
+                wait_until_ready(batches, prefetch + 1)
+            else:
+                time.sleep(0.01)  # the baseline's trainer step
             del batch_array
             if step + 1 == steps:
                 break

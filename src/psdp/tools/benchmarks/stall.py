@@ -11,6 +11,7 @@ import numpy as np
 
 from psdp import DataLoader
 from psdp.sources import ArraySource
+from psdp.sources.base import fresh_rows
 from psdp.tools.benchmarks.common import Sizes, cpu_mesh, int32_table, train_step
 
 
@@ -28,6 +29,7 @@ class LatencySource(ArraySource):
         self.latency_s = latency_s
         self._probed = False
 
+    @fresh_rows  # the parent's read, a new array each call: the loader need not copy it
     def read(self, ids: np.ndarray) -> Any:
         if self._probed:
             time.sleep(self.latency_s)
@@ -84,7 +86,7 @@ def bench_stall(sizes: Sizes) -> dict[str, Any]:
     rows_out = []
     for step_ms in sizes.stall_steps_ms:
         floor_ms = wait_floor_ms(step_ms / 1e3, min(sizes.stall_steps, 20))
-        for threads in (1, sizes.read_threads):
+        for threads in sizes.read_threads:
             loader = DataLoader(
                 LatencySource(table, latency),
                 read_threads=threads,

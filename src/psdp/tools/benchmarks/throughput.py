@@ -1,9 +1,15 @@
-"""Figure 2, throughput: ms per shuffled batch, psdp against a tight hand-written loop and Grain
-(``docs/performance.md``)."""
+"""Figure 2, throughput: ms per shuffled batch, psdp against the loops a user writes and Grain's best
+configurations, in memory and on TensorStore (``docs/performance.md``).
+
+Every loop is an iterator of global `jax.Array` batches, opened once per source and checked first
+(its first two batches, every device shard, against the table); then, for each train step cost,
+the loops are timed in turns (`common.timed_ms`: an untimed warm-up, then ``steps`` batches), the
+order of the turns rotating from one repeat to the next.
+"""
 
 from __future__ import annotations
 
-import itertools
+import statistics
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from functools import partial
@@ -12,167 +18,68 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from psdp import DataLoader
-from psdp._plan.leaves import SINGLE_LEAF
 from psdp.sources import TensorStoreSource
 from psdp.sources.writer import write_dataset
+from psdp.tools.benchmarks import grain_loops
+from psdp.tools.benchmarks.baselines import (
+    Ids,
+    Read,
+    TableRows,
+    TensorStoreRows,
+    prefetched,
+    process_local_loop,
+    tight_loop,
+)
 from psdp.tools.benchmarks.common import (
+    BatchIds,
     Sizes,
-    check_shards,
+    check_batches,
     cpu_mesh,
     int32_table,
-    interleaved_ms,
     ratio,
-    train_step,
+    timed_ms,
 )
+from psdp.tools.benchmarks.grain_loops import load_grain
 
-Read = Callable[[np.ndarray], np.ndarray]
-NAIVE = "hand loop"
+NAIVE = "tight loop"
+PREFETCH_LOOP = "tight loop + 1 prefetch thread"
+PROCESS_LOCAL = "tight loop, make_array_from_process_local_data"
 
-
-def sorted_shuffled_ids(num_rows: int, batch: int, seed: int = 1) -> Iterator[np.ndarray]:
-    """Each step's ids as a user shuffles them: a numpy permutation per epoch, each batch sorted
-    (sorted ids make the gather, and a store's reads, faster).
-
-    Example:
-        >>> ids = sorted_shuffled_ids(num_rows=8, batch=4)
-        >>> first, second = next(ids), next(ids)
-        >>> sorted(np.concatenate([first, second]).tolist()), bool((np.diff(first) > 0).all())
-        ([0, 1, 2, 3, 4, 5, 6, 7], True)
-    """
-    rng = np.random.default_rng(seed)
-    while True:
-        permutation = rng.permutation(num_rows)
-        for start in range(0, num_rows - batch + 1, batch):
-            yield np.sort(permutation[start : start + batch])
+Opener = Callable[[], Iterator[jax.Array]]
 
 
-def naive_loop(
-    read: Read, num_rows: int, batch: int, sharding: NamedSharding, steps: int, train_s: float
-) -> None:
-    """What a user writes without psdp, at its best: per step the sorted ids, one read (one fancy
-    index, or one batched TensorStore read), one global ``device_put``, the train step.
+def threads_text(count: int, one: str = "read thread", many: str = "read threads") -> str:
+    """``"1 read thread"``, ``"4 read threads"``.
 
     Example:
-        >>> from jax.sharding import PartitionSpec as P
-        >>> sharding = NamedSharding(cpu_mesh((8,), ("data",)), P("data"))
-        >>> table = int32_table(32, 4)
-        >>> naive_loop(table.__getitem__, 32, 8, sharding, steps=2, train_s=0)
+        >>> threads_text(1), threads_text(2, "worker process", "worker processes")
+        ('1 read thread', '2 worker processes')
     """
-    for ids in itertools.islice(sorted_shuffled_ids(num_rows, batch), steps):
-        jax.device_put(read(ids), sharding).block_until_ready()
-        train_step(train_s)
+    return f"{count} {one if count == 1 else many}"
 
 
-def psdp_loop(loader: DataLoader, steps: int, train_s: float) -> None:
-    """``steps`` batches from a fresh iterator (its first batch is start-up, not timed apart)."""
-    it = loader.iter_from(0)
-    try:
-        for _ in range(steps):
-            next(it).block_until_ready()
-            train_step(train_s)
-    finally:
-        it.close()
-
-
-def load_grain() -> Any | None:
-    """The ``grain`` module, or ``None`` when it is not installed (its rows are then skipped)."""
-    try:
-        import grain
-    except ImportError:
-        return None
-    return grain
-
-
-class Records:
-    """A per-record view of a batched read, the way Grain reads: one row per ``__getitem__``.
-
-    Example:
-        >>> records = Records(np.arange(6).reshape(3, 2).__getitem__, 3)
-        >>> len(records), records[2].tolist()
-        (3, [4, 5])
-    """
-
-    def __init__(self, read: Read, length: int):
-        self._read, self._length = read, length
-
-    def __len__(self) -> int:
-        return self._length
-
-    def __getitem__(self, i: int) -> np.ndarray:
-        return np.asarray(self._read(np.array([i], np.int64)))[0]
-
-
-def grain_batches(grain: Any, records: Any, batch: int, threads: int) -> Iterator[np.ndarray]:
-    """Grain's own pipeline: a ``MapDataset`` shuffled and batched, read ahead by ``threads``
-    threads (``to_iter_dataset``).
-
-    Example:
-        >>> grain = load_grain()
-        >>> grain is None or next(grain_batches(grain, int32_table(8, 2), 4, 1)).shape == (4, 2)
-        True
-    """
-    dataset = grain.MapDataset.source(records).shuffle(seed=1).repeat().batch(batch)
-    options = grain.ReadOptions(num_threads=threads, prefetch_buffer_size=2 * threads)
-    return iter(dataset.to_iter_dataset(options))
-
-
-def grain_loop(
-    grain: Any,
-    records: Any,
-    batch: int,
-    threads: int,
-    sharding: NamedSharding,
-    steps: int,
-    train_s: float,
-) -> None:
-    """`grain_batches`, one ``device_put`` per batch, the train step."""
-    for host_batch in itertools.islice(grain_batches(grain, records, batch, threads), steps):
-        jax.device_put(host_batch, sharding).block_until_ready()
-        train_step(train_s)
-
-
-def check_rows_of(batch: np.ndarray, table: np.ndarray, what: str) -> None:
-    """Raises unless ``batch`` holds distinct rows of ``table`` (for loops with their own order).
-
-    Example:
-        >>> table = int32_table(8, 3)
-        >>> check_rows_of(table[[5, 1]], table, "ok")
-        >>> check_rows_of(table[[5, 5]], table, "twice")
-        Traceback (most recent call last):
-        ...
-        AssertionError: twice: the batch does not hold distinct rows of the source
-    """
-    rows = {row.tobytes() for row in table}
-    got = {row.tobytes() for row in np.asarray(batch)}
-    if len(got) != len(batch) or not got <= rows:
-        raise AssertionError(f"{what}: the batch does not hold distinct rows of the source")
-
-
-def tensorstore_read(path: Path) -> Read:
-    """One batched read of a dataset's single array with TensorStore alone, as a user writes it."""
-    import tensorstore as ts
-
-    kvstore = {"driver": "file", "path": str(path / SINGLE_LEAF)}
-    array = ts.open({"driver": "zarr3", "kvstore": kvstore}, read=True).result()
-    return lambda ids: array[ids].read().result()
+def psdp_batches(loader: DataLoader) -> Iterator[jax.Array]:
+    """The batches of a fresh iterator from step 0; closing this closes the iterator."""
+    with loader.iter_from(0) as it:
+        yield from it
 
 
 def bench_throughput(sizes: Sizes, workdir: Path) -> dict[str, Any]:
-    """Time per shuffled batch: psdp vs the hand loop and Grain, in memory and on TensorStore."""
+    """Time per shuffled batch: psdp vs the user's loops and Grain, in memory and on TensorStore."""
     mesh = cpu_mesh((4, 2), ("data", "model"))
     table = int32_table(sizes.rows, sizes.width)
     path = write_dataset(workdir / "tokens", table, progress=False)
     sources: dict[str, tuple[Any, Read]] = {
-        "in-memory": (table, table.__getitem__),
-        "TensorStore zarr3": (TensorStoreSource(path), tensorstore_read(path)),
+        "in-memory": (table, TableRows(table)),
+        "TensorStore zarr3": (TensorStoreSource(path), TensorStoreRows(path)),
     }
     rows_out = []
     for kind, (source, read) in sources.items():
-        with ExitStack() as loaders:
-            loops = _loops(sizes, mesh, table, source, read, kind, loaders)
+        with ExitStack() as stack:
+            loops = open_loops(sizes, mesh, table, source, read, kind, stack)
             for train_ms in sizes.train_ms:
                 rows_out += _rows(sizes, kind, train_ms, loops)
     return {
@@ -182,8 +89,9 @@ def bench_throughput(sizes: Sizes, workdir: Path) -> dict[str, Any]:
             f"prefetch={sizes.prefetch}, with no train step and with a fixed-cost one (a sleep)"
         ),
         "ratio_means": (
-            "speed-up over the hand loop (its ms / this ms); vs_grain the same over the faster "
-            "Grain row"
+            "speed-up over the tight loop (its ms / this ms); on psdp's rows, vs_best_other is the "
+            "same over the fastest other loop of the cell (best_other), vs_grain over the fastest "
+            "Grain row; spread: (slowest - fastest repeat) / median"
         ),
         "note": None
         if load_grain() is not None
@@ -192,70 +100,118 @@ def bench_throughput(sizes: Sizes, workdir: Path) -> dict[str, Any]:
     }
 
 
-Loop = Callable[[int, float], None]  # (steps, train_s) -> None
+def openers(
+    sizes: Sizes, mesh: Mesh, source: Any, read: Read, stack: ExitStack
+) -> dict[str, tuple[Opener, Ids]]:
+    """Every loop of one source: name -> (open a fresh iterator, the ids of each step)."""
+    sharding = NamedSharding(mesh, PartitionSpec("data"))
+    user_ids = BatchIds(sizes.rows, sizes.batch, seed=1)
+    loops: dict[str, tuple[Opener, Ids]] = {
+        NAIVE: (lambda: tight_loop(read, user_ids, sharding), user_ids),
+        PREFETCH_LOOP: (
+            lambda: prefetched(tight_loop(read, user_ids, sharding), sizes.prefetch),
+            user_ids,
+        ),
+        PROCESS_LOCAL: (lambda: process_local_loop(read, user_ids, sharding), user_ids),
+    }
+    for threads in sizes.read_threads:
+        loader = stack.enter_context(
+            DataLoader(
+                source,
+                mesh=mesh,
+                global_batch_size=sizes.batch,
+                seed=1,
+                batch_spec=sharding.spec,
+                prefetch=sizes.prefetch,
+                read_threads=threads,
+            )
+        )
+        assert loader.order is not None, "a random-access source has a global order"
+        loops[f"psdp, {threads_text(threads)}"] = (
+            partial(psdp_batches, loader),
+            loader.order.batch_ids,
+        )
+    loops.update(_grain_openers(sizes, sharding, read, user_ids))
+    return loops
 
 
-def _loops(
+def _grain_openers(
+    sizes: Sizes, sharding: NamedSharding, read: Read, ids: Ids
+) -> dict[str, tuple[Opener, Ids]]:
+    grain = load_grain()
+    if grain is None:
+        return {}
+    reads = grain_loops.StepReads(read, ids)
+    depth = sizes.prefetch
+    loops: dict[str, tuple[Opener, Ids]] = {}
+    for threads in sorted({min(sizes.read_threads), max(sizes.read_threads)}):
+        name = f"Grain MapDataset of batch reads, {threads_text(threads)}"
+        loops[name] = (
+            partial(grain_loops.map_dataset, grain, reads, threads, depth, sharding),
+            ids,
+        )
+        loops[f"{name} + experimental.device_put"] = (
+            partial(grain_loops.map_dataset_device_put, grain, reads, threads, depth, sharding),
+            ids,
+        )
+    if sizes.grain_workers:
+        name = f"Grain DataLoader, {threads_text(sizes.grain_workers, 'worker process', 'worker processes')}"
+        loops[name] = (
+            partial(grain_loops.data_loader, grain, reads, sizes.grain_workers, depth, sharding),
+            ids,
+        )
+    return loops
+
+
+def open_loops(
     sizes: Sizes,
-    mesh: Any,
+    mesh: Mesh,
     table: np.ndarray,
     source: Any,
     read: Read,
     kind: str,
-    loaders: ExitStack,
-) -> dict[str, tuple[int, Loop]]:
-    """Every loop of one source, name -> (steps, loop), each checked for its rows first."""
-    sharding = NamedSharding(mesh, PartitionSpec("data"))
-    options = {
-        "mesh": mesh,
-        "global_batch_size": sizes.batch,
-        "seed": 1,
-        "batch_spec": sharding.spec,
-    }
-    one = loaders.enter_context(DataLoader(source, prefetch=sizes.prefetch, **options))
-    many = loaders.enter_context(
-        DataLoader(source, prefetch=sizes.prefetch, read_threads=sizes.read_threads, **options)
-    )
-    assert one.order is not None, "a random-access source has a global order"
-    check_shards(one.batch_at(3), table[one.order.batch_ids(3)], f"psdp on {kind}")
-    ids = next(sorted_shuffled_ids(sizes.rows, sizes.batch))
-    check_shards(jax.device_put(read(ids), sharding), table[ids], f"{NAIVE} on {kind}")
-    steps, threads = sizes.steps, sizes.read_threads
-    loops: dict[str, tuple[int, Loop]] = {
-        NAIVE: (steps, partial(naive_loop, read, sizes.rows, sizes.batch, sharding)),
-        "psdp": (steps, partial(psdp_loop, one)),
-        f"psdp, {threads} read threads": (steps, partial(psdp_loop, many)),
-    }
-    grain = load_grain()
-    if grain is not None:  # record by record, as Grain reads; in memory, the array itself
-        records = table if kind == "in-memory" else Records(read, sizes.rows)
-        grain_steps = max(steps // 5, 2)  # slower per batch: fewer steps, same ms per batch
-        for count in (1, threads):
-            name = f"Grain, {count} read thread" + ("s" if count > 1 else "")
-            first = next(grain_batches(grain, records, sizes.batch, count))
-            check_rows_of(first, table, f"{name} on {kind}")
-            run = partial(grain_loop, grain, records, sizes.batch, count, sharding)
-            loops[name] = (grain_steps, run)
+    stack: ExitStack,
+) -> dict[str, Iterator[jax.Array]]:
+    """Every loop of one source opened, its first two batches checked on every device shard;
+    ``stack`` closes them."""
+    loops = {}
+    for name, (open_loop, ids) in openers(sizes, mesh, source, read, stack).items():
+        batches = open_loop()
+        stack.callback(batches.close)  # type: ignore[attr-defined]
+        check_batches(batches, ids, table, f"{name} on {kind}")
+        loops[name] = batches
     return loops
 
 
 def _rows(
-    sizes: Sizes, kind: str, train_ms: float, loops: dict[str, tuple[int, Loop]]
+    sizes: Sizes, kind: str, train_ms: float, loops: dict[str, Iterator[jax.Array]]
 ) -> list[dict[str, Any]]:
-    """One row per loop at one train step cost, timed interleaved."""
+    """One row per loop at one train step cost: the loops timed in turns, ``repeats`` turns."""
     train_s = train_ms / 1e3
-    actions = {name: partial(loop, steps, train_s) for name, (steps, loop) in loops.items()}
-    ms = interleaved_ms(actions, max(sizes.repeats // 4, 2))
-    per_batch = {name: ms[name] / loops[name][0] for name in loops}
-    grain_ms = min((v for k, v in per_batch.items() if k.startswith("Grain")), default=None)
-    return [
-        {
-            "source": kind,
-            "train_ms": train_ms,
-            "loader": name,
-            "ms_per_batch": per_batch[name],
-            "ratio": ratio(per_batch[NAIVE], per_batch[name]),
-            "vs_grain": ratio(grain_ms, per_batch[name]),
-        }
-        for name in loops
-    ]
+    names = list(loops)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for repeat in range(max(sizes.repeats // 4, 2)):
+        for name in names[repeat % len(names) :] + names[: repeat % len(names)]:
+            ms = timed_ms(loops[name], sizes.warmup_steps, sizes.steps, train_s)
+            times[name].append(ms)
+    ms_per_batch = {name: statistics.median(t) for name, t in times.items()}
+    others = {n: v for n, v in ms_per_batch.items() if not n.startswith("psdp")}
+    best_other = min(others, key=others.__getitem__)
+    grain_ms = min((v for n, v in others.items() if n.startswith("Grain")), default=None)
+    rows = []
+    for name in names:
+        mine = name.startswith("psdp")
+        rows.append(
+            {
+                "source": kind,
+                "train_ms": train_ms,
+                "loader": name,
+                "ms_per_batch": ms_per_batch[name],
+                "spread": (max(times[name]) - min(times[name])) / ms_per_batch[name],
+                "ratio": ratio(ms_per_batch[NAIVE], ms_per_batch[name]),
+                "vs_best_other": ratio(others[best_other], ms_per_batch[name]) if mine else None,
+                "best_other": best_other if mine else None,
+                "vs_grain": ratio(grain_ms, ms_per_batch[name]) if mine else None,
+            }
+        )
+    return rows

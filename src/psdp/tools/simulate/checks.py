@@ -91,8 +91,9 @@ def check_plan(
         plan_pod(layout, spec, (layout.num_devices,) * (1 + len(shape)))
     except ValueError as err:
         raise ValueError(f"{option}: {err}") from None
-    assert simulation.data.order.global_batch_size is not None  # checked by Simulation
-    rows = physical_batch_size(simulation.data.order.global_batch_size, [batch_shards(mesh, spec)])
+    batch = simulation.data.order.global_batch_size
+    assert isinstance(batch, int)  # checked by Simulation
+    rows = physical_batch_size(batch, [batch_shards(mesh, spec)])
     try:
         plan_pod(layout, spec, (rows, *shape))
     except ValueError as err:

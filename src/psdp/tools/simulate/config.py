@@ -71,6 +71,12 @@ class Simulation:
             )
         if self.data.order.global_batch_size is None:
             raise ValueError("Simulation.data.global_batch_size is unset; e.g. 16")
+        if not isinstance(self.data.order.global_batch_size, int):
+            raise ValueError(
+                f"Simulation.data.global_batch_size is the schedule "
+                f"{self.data.order.global_batch_size}, but the simulator trains with one batch "
+                "size; pass an int, e.g. 16"
+            )
         if self.fail_at is not None:
             parse_fail_at(self.fail_at, self.processes)
         self.devices_per_process()
@@ -92,8 +98,9 @@ class Simulation:
 
     def token_shape(self) -> tuple[int, int]:
         """The global shape of the ``tokens`` leaf of one batch."""
-        assert self.data.order.global_batch_size is not None  # checked in __post_init__
-        return (self.data.order.global_batch_size, self.seq_len)
+        batch = self.data.order.global_batch_size
+        assert isinstance(batch, int)  # checked in __post_init__
+        return (batch, self.seq_len)
 
     def batch_spec_text(self, leaf: str | None) -> str:
         """The batch spec (a strategy name or spec text) the loader gives ``leaf``.

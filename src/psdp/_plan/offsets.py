@@ -1,0 +1,279 @@
+"""Steps on the sample offset: which offsets each step covers, under a batch-size schedule and skips.
+
+The samples a run consumes are numbered by their **sample offset** ``g = 0, 1, 2, ...``; epoch
+``g // N`` holds offsets ``[e N, (e + 1) N)``. A step with batch size ``B`` covers the offsets
+``[g, g + B)`` from its start ``g``, cut short where a *run* of offsets ends: an epoch's end, or
+the start of a skipped range. A short step is padded (or, with ``drop_last``, dropped: the next
+step starts at the next run). Everything is arithmetic on the stages and skips, so a step's
+offset costs O(stages + skips) wherever it lies: ``docs/loader.md``, "Offsets, schedules and
+skips".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+#: Beyond every step and offset a run reaches: the end of an endless run (a stream's, or the
+#: last stage's). An int, so the arithmetic stays exact.
+_NEVER = 1 << 128
+
+
+class Stage(NamedTuple):
+    """From step ``start`` on (until the next stage), each step holds ``batch_size`` rows."""
+
+    start: int
+    batch_size: int
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    """What a step covers, known without reading data.
+
+    Example:
+        >>> StepInfo(step=3, offset=24, batch_size=8, rows=8, epoch=0)
+        StepInfo(step=3, offset=24, batch_size=8, rows=8, epoch=0)
+    """
+
+    step: int
+    #: the sample offset of the step's first row
+    offset: int
+    #: rows of the step's global batch (real rows plus padding)
+    batch_size: int
+    #: real rows: ``batch_size`` unless the step is cut short by an epoch's end or a skip
+    rows: int
+    #: the epoch of its rows (0 for a stream)
+    epoch: int
+
+
+def stages_of(batch_size: int | Sequence[tuple[int, int]]) -> tuple[Stage, ...]:
+    """The stages of a batch size: an int is one stage from step 0.
+
+    Example:
+        >>> stages_of(256)
+        (Stage(start=0, batch_size=256),)
+        >>> stages_of([(0, 64), (100, 128)])[1]
+        Stage(start=100, batch_size=128)
+    """
+    if isinstance(batch_size, int):
+        return (Stage(0, batch_size),)
+    return tuple(Stage(int(start), int(size)) for start, size in batch_size)
+
+
+@dataclass(frozen=True)
+class StepOffsets:
+    """Step -> (offset, batch size, real rows, epoch) for a schedule and skips (pure).
+
+    Build it with `StepOffsets.create`. ``skips`` are sorted, disjoint offset ranges (step skips
+    already turned into offsets); ``start`` is the (step, offset) the walk begins at: ``(0, 0)``,
+    or where a restored run resumed.
+
+    Example:
+        >>> offsets = StepOffsets.create(10, [(0, 4), (3, 2)])
+        >>> [(i.offset, i.rows, i.epoch) for i in map(offsets.info, range(6))]
+        [(0, 4, 0), (4, 4, 0), (8, 2, 0), (10, 2, 1), (12, 2, 1), (14, 2, 1)]
+    """
+
+    num_rows: int | None
+    stages: tuple[Stage, ...]
+    skips: tuple[tuple[int, int], ...]
+    drop_last: bool
+    start: tuple[int, int]
+    #: the skips as given (``skips`` holds both as offset ranges)
+    skip_steps: tuple[tuple[int, int], ...] = ()
+    skip_offsets: tuple[tuple[int, int], ...] = ()
+
+    @classmethod
+    def create(
+        cls,
+        num_rows: int | None,
+        batch_size: int | Sequence[tuple[int, int]],
+        *,
+        drop_last: bool = False,
+        skip_steps: Sequence[tuple[int, int]] = (),
+        skip_offsets: Sequence[tuple[int, int]] = (),
+        start: tuple[int, int] = (0, 0),
+    ) -> StepOffsets:
+        """Checks the schedule against the source and turns step skips into offset ranges.
+
+        ``num_rows``: the source's rows (``None``: a stream, one endless run). Step skips starting
+        before ``start``'s step are done and ignored; one starting at it applies from there.
+        """
+        stages = stages_of(batch_size)
+        if drop_last and num_rows is not None:
+            for index, stage in enumerate(stages):
+                if stage.batch_size > num_rows:
+                    raise ValueError(
+                        f"drop_last=True with a source of {num_rows} rows and stage {index} "
+                        f"(from step {stage.start}) of global_batch_size={stage.batch_size} "
+                        "would yield no batch at all; use batches of at most "
+                        f"{num_rows} rows or set drop_last=False (the short batch is then padded "
+                        "and masked)"
+                    )
+        start = (operator.index(start[0]), operator.index(start[1]))
+        steps = tuple(sorted((int(a), int(b)) for a, b in skip_steps))
+        given = _merged(skip_offsets)
+        offsets = cls(num_rows, stages, given, drop_last, start, steps, given)
+        for first, end in steps:
+            if first < start[0]:
+                continue  # already behind the walk's start, so already in its offset
+            skipped = (offsets.info(first).offset, offsets.info(end).offset)
+            offsets = dataclasses.replace(offsets, skips=_merged([*offsets.skips, skipped]))
+        return offsets
+
+    def resume_offset(self, step: int) -> int:
+        """The offset a state saved at ``step`` records: ``info(step).offset``, but before a step
+        skip that starts at ``step`` (a restore with that skip applies it again, one without it
+        does not: either way as the skip list says)."""
+        starting = [skip for skip in self.skip_steps if skip[0] == step]
+        if not starting:
+            return self.info(step).offset
+        rest = [skip for skip in self.skip_steps if skip[0] != step]
+        unskipped = StepOffsets.create(
+            self.num_rows,
+            self.stages,
+            drop_last=self.drop_last,
+            skip_steps=rest,
+            skip_offsets=self.skip_offsets,
+            start=self.start,
+        )
+        return unskipped.info(step).offset
+
+    def stage_at(self, step: int) -> Stage:
+        """The stage in effect at ``step``."""
+        return next(s for s in reversed(self.stages) if s.start <= step)
+
+    def info(self, step: int) -> StepInfo:
+        """Where ``step`` lies: its offset, batch size, real rows and epoch."""
+        step = operator.index(step)
+        if step < self.start[0]:
+            raise ValueError(
+                f"step {step} is before step {self.start[0]}, where this restored loader's order "
+                "resumes; the earlier steps depend on the saved run's settings: read them with a "
+                "loader of those settings (not restored)"
+            )
+        at, offset = self.start
+        for index, stage in enumerate(self.stages):
+            end = self.stages[index + 1].start if index + 1 < len(self.stages) else _NEVER
+            if end <= at:
+                continue
+            at, offset = self._advance(at, offset, stage.batch_size, min(step, end))
+            if at == step:
+                break
+        batch = self.stage_at(step).batch_size
+        offset = self._next_start(offset, Stage(step, batch))
+        rows = min(batch, self._run_end(offset) - offset)
+        epoch = 0 if self.num_rows is None else offset // self.num_rows
+        return StepInfo(step, offset, batch, rows, epoch)
+
+    def cuts_short(self) -> bool:
+        """Whether some step from ``start`` on is cut short (so holds padding): never with
+        drop_last; otherwise where a run's length is not a multiple of the batch walking it.
+
+        Example:
+            >>> StepOffsets.create(64, [(0, 8), (2, 16)]).cuts_short()  # 16 + 16k reaches 64
+            False
+            >>> StepOffsets.create(64, [(0, 8), (1, 16)]).cuts_short()  # 8 + 16k misses it
+            True
+        """
+        if self.drop_last:
+            return False
+        n, at, offset = self.num_rows, self.start[0], self.start[1]
+        stages = [s for s in self.stages if s.start > at]
+        for batch, target in zip(
+            [self.stage_at(at).batch_size] + [s.batch_size for s in stages],
+            [s.start for s in stages] + [_NEVER],
+            strict=True,
+        ):
+            while at < target:
+                offset = self._next_start(offset, Stage(at, batch))
+                cut = self._run_end(offset)
+                if cut == _NEVER:
+                    break  # a stream with no skip ahead: never cut again in this stage
+                last = target == _NEVER and not any(first >= offset for first, _ in self.skips)
+                if last and n is not None and offset % n == 0:
+                    return n % batch != 0  # every later run is a whole epoch
+                steps = self._steps(cut - offset, batch)
+                if at + steps > target:  # the stage ends inside this run
+                    offset, at = offset + (target - at) * batch, target
+                    break
+                if (cut - offset) % batch:
+                    return True
+                at, offset = at + steps, cut
+                if n is not None and offset % n == 0 and self._run_end(offset) - offset == n:
+                    per_epoch = self._steps(n, batch)
+                    epochs = min((target - at) // per_epoch, self._free_epochs(offset))
+                    if epochs and n % batch:
+                        return True
+                    at, offset = at + epochs * per_epoch, offset + epochs * n
+        return False
+
+    def _advance(self, at: int, offset: int, batch: int, target: int) -> tuple[int, int]:
+        """(step, offset) after stepping from ``at`` to ``target`` with batches of ``batch``."""
+        n = self.num_rows
+        while at < target:
+            offset = self._next_start(offset, Stage(at, batch))
+            cut = self._run_end(offset)
+            if n is not None and offset % n == 0 and cut - offset == n:
+                # whole epochs with no skip inside: jump over as many as the target allows
+                per_epoch = self._steps(n, batch)
+                # with drop_last an epoch's tail is dropped or not by the *next* step's batch
+                # size, which may be another stage's: the last epoch is walked, not jumped
+                room = target - at - (1 if self.drop_last else 0)
+                epochs = min(room // per_epoch, self._free_epochs(offset))
+                at, offset = at + epochs * per_epoch, offset + epochs * n
+                if epochs:
+                    continue
+            steps = self._steps(cut - offset, batch)
+            if at + steps > target:
+                return target, offset + (target - at) * batch
+            # the run's last step ends at its cut, or (drop_last) where the whole batches end
+            at, offset = at + steps, min(cut, offset + steps * batch)
+        return at, offset
+
+    def _steps(self, length: int, batch: int) -> int:
+        """Steps in a run of ``length`` offsets (a short last one is dropped with drop_last)."""
+        return length // batch if self.drop_last else -(-length // batch)
+
+    def _free_epochs(self, offset: int) -> int:
+        """Whole epochs from ``offset`` (an epoch's start) before the next skip's epoch."""
+        assert self.num_rows is not None
+        later = [first for first, _ in self.skips if first >= offset]
+        if not later:
+            return _NEVER
+        return min(later) // self.num_rows - offset // self.num_rows
+
+    def _next_start(self, offset: int, stage: Stage) -> int:
+        """``offset``, or the first offset at or after it where a step can start: out of skipped
+        ranges, and (with drop_last) in a run with room for a whole batch."""
+        while True:
+            inside = [end for first, end in self.skips if first <= offset < end]
+            if inside:
+                offset = inside[0]
+                continue
+            cut = self._run_end(offset)
+            if self.drop_last and cut - offset < stage.batch_size:
+                offset = int(cut)
+                continue
+            return offset
+
+    def _run_end(self, offset: int) -> int:
+        """Where the run holding ``offset`` ends: its epoch's end or the next skip's start."""
+        ends = [first for first, _ in self.skips if first > offset]
+        if self.num_rows is not None:
+            ends.append((offset // self.num_rows + 1) * self.num_rows)
+        return min(ends, default=_NEVER)
+
+
+def _merged(ranges: Sequence[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    """Sorted offset ranges, overlapping or touching ones merged."""
+    out: list[tuple[int, int]] = []
+    for first, end in sorted((int(a), int(b)) for a, b in ranges):
+        if out and first <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], end))
+        else:
+            out.append((first, end))
+    return tuple(out)
