@@ -204,7 +204,8 @@ class OutputOptions:
     """
 
     pad_value: int | float = 0
-    """Fill of padding rows and of halo columns outside the sequence."""
+    """Fill of padding rows, of pad halos beyond a domain's edges, and of an uneven domain's
+    padding."""
 
     mask_key: str | None = "mask"
     """Name of the boolean leaf of every dict batch that marks its real rows (null: no mask

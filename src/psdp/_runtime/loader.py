@@ -25,7 +25,7 @@ from psdp._plan.options import (
     ShardingOptions,
 )
 from psdp._runtime.agreement import agree, check_own_process
-from psdp._runtime.assembly import BatchAssembler, LeafAssembler, halo_mask
+from psdp._runtime.assembly import BatchAssembler, LeafAssembler, domain_mask, halo_mask
 from psdp._runtime.feeds import open_feed
 from psdp._runtime.iterator import Iterators, LoaderIterator
 from psdp._runtime.prefetch import LoaderClosedError
@@ -174,10 +174,17 @@ class DataLoader:
         sharding and windows."""
         return self._assemblers[self.step_info(self.start_step).batch_size].leaves[key]
 
-    def halo_mask(self, key: str | None = None) -> jax.Array:
-        """Which columns of a sequence-sharded leaf are halo columns (``True``), as a global array
-        sharded like the leaf's dimension 1, the same every step (``docs/partitioning.md``)."""
-        return halo_mask(self.plan.leaves[key], key)
+    def halo_mask(self, key: str | None = None, dim: int | None = None) -> jax.Array:
+        """Which positions of a windowed leaf's dimension ``dim`` are halo positions (``True``),
+        as a global array sharded like that dimension, the same every step (``dim`` may be left
+        out when the leaf has one windowed dimension; ``docs/partitioning.md``)."""
+        return halo_mask(self.plan.leaves[key], key, dim)
+
+    def domain_mask(self, key: str | None = None, dim: int | None = None) -> jax.Array:
+        """Which positions of a windowed leaf's dimension ``dim`` lie inside the domain
+        (``True``): ``False`` for an uneven domain's padding and for halo positions beyond its
+        edges (``docs/partitioning.md``)."""
+        return domain_mask(self.plan.leaves[key], key, dim)
 
     def batch_at(self, step: int) -> Batch:
         """Reads and assembles the batch of ``step`` on the calling thread (no prefetch).
