@@ -20,6 +20,7 @@ import tensorstore as ts
 from psdp._checks import check_int, preview_ids
 from psdp._plan.leaves import SINGLE_LEAF, Key
 from psdp.sources.base import Rows, check_ids, fresh_rows
+from psdp.sources.errors import TransientReadError, is_transient_status
 from psdp.sources.location import (
     DATA_PREFIX,
     Location,
@@ -210,11 +211,7 @@ class TensorStoreSource:
                     futures = {k: a[ids].read(batch=batch) for k, a in self._arrays.items()}
                 rows = {k: f.result() for k, f in futures.items()}
             except ValueError as error:
-                raise ValueError(
-                    f"reading {ids.size} rows (ids {preview_ids(ids)}) from {self._where} failed: "
-                    f"{error}. The store is damaged or incomplete (e.g. a missing or truncated "
-                    "shard file); rewrite it with write_dataset(..., overwrite=True)"
-                ) from error
+                raise self._read_error(error, f"{ids.size} rows (ids {preview_ids(ids)})") from error
         return rows[SINGLE_LEAF] if self._single else rows
 
     @fresh_rows
@@ -237,12 +234,44 @@ class TensorStoreSource:
                 }
             return {key: f.result() for key, f in futures.items()}
         except ValueError as error:
-            raise ValueError(
-                f"reading {ids.size} rows (ids {preview_ids(ids)}, columns {dict(columns)}) from "
-                f"{self._where} failed: {error}. The store is damaged or incomplete (e.g. a "
-                "missing or truncated shard file); rewrite it with write_dataset(..., "
-                "overwrite=True)"
-            ) from error
+            what = f"{ids.size} rows (ids {preview_ids(ids)}, columns {dict(columns)})"
+            raise self._read_error(error, what) from error
+
+    def _read_error(self, error: ValueError, what: str) -> Exception:
+        """A transient store error (unreachable, throttled, 5xx: TensorStore's own request
+        retries spent) as `TransientReadError`, which the loader retries; any other, such as a
+        missing object or a checksum mismatch, as a `ValueError` naming the object."""
+        if is_transient_status(str(error)):
+            return TransientReadError(
+                f"reading {what} from {self._where} failed: {error}. The store did not answer "
+                "in time or asked to slow down; the loader retries such reads (read_attempts)"
+            )
+        return ValueError(
+            f"reading {what} from {self._where} failed: {error}. The store is damaged or "
+            "incomplete (e.g. a missing, truncated or corrupted shard file); rewrite it with "
+            "write_dataset(..., overwrite=True)"
+        )
+
+    @staticmethod
+    def request_counts() -> tuple[int, int]:
+        """``(HTTP requests started, request retries)`` of every TensorStore kvstore in this
+        process so far (its own counters: one process-wide count, not this source's alone).
+
+        Example:
+            >>> requests, retries = TensorStoreSource.request_counts()
+            >>> requests >= 0 and retries >= 0
+            True
+        """
+        requests = retries = 0
+        for metric in ts.experimental_collect_matching_metrics("/tensorstore/"):
+            name = metric["name"]
+            if name == "/tensorstore/http/request_started" or name.endswith("/retries"):
+                value = sum(int(v.get("value", 0)) for v in metric["values"])
+                if name.endswith("/retries"):
+                    retries += value
+                else:
+                    requests += value
+        return requests, retries
 
     def describe(self) -> str:
         leaves = ", ".join(
