@@ -204,12 +204,7 @@ class StepReader:
         raise AssertionError("unreachable: the last attempt returns or raises")
 
     def _backoff(self, attempt: int) -> float:
-        """Exponential, capped, with jitter (half to all of it), so that hosts that failed
-        together do not retry together."""
-        if self.backoff_s is None:
-            return 0.0
-        ceiling = min(MAX_BACKOFF_S, self.backoff_s * 2 ** (attempt - 1))
-        return ceiling * self._jitter.uniform(0.5, 1.0)
+        return backoff_s(attempt, self.backoff_s, self._jitter.uniform(0.5, 1.0))
 
     def _read_columns(
         self, source: Any, ids: np.ndarray, request: ReadRequest
@@ -274,6 +269,20 @@ class StepReader:
                 borrowed.add(key)
             out[key] = data
         return out, borrowed
+
+
+def backoff_s(attempt: int, base_s: float | None, draw: float) -> float:
+    """The pause after failed try ``attempt`` (1, 2, ...): ``base_s * 2**(attempt - 1)``, at
+    most `MAX_BACKOFF_S`, times ``draw`` (a random number in [0.5, 1]: jitter, so that hosts
+    that failed together do not retry together); 0 without a base.
+
+    Example:
+        >>> [backoff_s(a, 0.5, 1.0) for a in (1, 2, 3, 9)], backoff_s(2, 0.5, 0.5)
+        ([0.5, 1.0, 2.0, 60.0], 0.5)
+    """
+    if base_s is None:
+        return 0.0
+    return min(MAX_BACKOFF_S, base_s * 2 ** (attempt - 1)) * draw
 
 
 def stray_stop_iteration(where: str, source: Any) -> RuntimeError:
