@@ -110,6 +110,23 @@ def test_a_failed_write_leaves_the_old_dataset_and_no_objects(server):
     np.testing.assert_array_equal(TensorStoreSource(where).read(np.arange(20))["tokens"], old["tokens"])
 
 
+def test_a_write_that_lost_a_race_keeps_the_winner(server):
+    where = spec(server, "race/")
+    winner = rows(12, seed=9)
+
+    def chunks():  # another writer commits to the same place while this write runs
+        yield rows(8, seed=10)
+        write_dataset(where, winner, overwrite=True, progress=False)
+        yield rows(8, seed=11)
+
+    with pytest.raises(FileExistsError, match="another write_dataset committed to s3://psdp/race/"):
+        write_dataset(where, chunks(), rows_per_shard=8, progress=False)
+    source = TensorStoreSource(where)
+    np.testing.assert_array_equal(source.read(np.arange(12))["tokens"], winner["tokens"])
+    prefixes = {k.split(b"/")[1] for k in server.objects().list().result() if k.startswith(b"race/")}
+    assert len(prefixes) == 2  # psdp.json and the winner's prefix: the loser left nothing
+
+
 def test_foreign_objects_are_never_overwritten(server):
     objects = server.objects()
     objects[b"foreign/notes.txt"] = b"not a dataset"

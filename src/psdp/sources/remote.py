@@ -2,8 +2,9 @@
 
 A write fills a fresh prefix ``psdp-data-<id>/`` below the dataset, then PUTs ``psdp.json``
 naming it: a single PUT is atomic on S3 and GCS, so a reader sees the old dataset or the new one,
-never a mix, and objects no ``psdp.json`` names are never read. Only then are older prefixes
-(the replaced dataset, leftovers of killed writes) deleted. ``docs/sources.md``, "Remote stores".
+never a mix, and objects no ``psdp.json`` names are never read. Only then is the replaced
+dataset's prefix deleted; other prefixes (a write still running elsewhere, or one that was
+killed) are left alone. ``docs/sources.md``, "Remote stores".
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def write_remote(
     deletes what this write put there; the dataset that was there stays as it was.
     """
     store = open_kvstore(location)
-    before = _check_target(store, location, overwrite)
+    before, replaced = _check_target(store, location, overwrite)
     prefix = f"{DATA_PREFIX}{uuid.uuid4().hex[:12]}/"
     try:
         writer = fill(lambda name: location.below(f"{prefix}{name}/"))
@@ -46,16 +47,19 @@ def write_remote(
             writer.wait_for_writes()  # a write landing after the delete would leave objects
         _delete_prefix(store, prefix)
         raise
-    for old in _data_prefixes(store) - {prefix}:
-        _delete_prefix(store, old)
+    if replaced and replaced != prefix:
+        _delete_prefix(store, replaced)
 
 
-def _check_target(store: ts.KvStore, location: Location, overwrite: bool) -> bytes | None:
+def _check_target(
+    store: ts.KvStore, location: Location, overwrite: bool
+) -> tuple[bytes | None, str | None]:
     """Refuses a non-empty location without ``overwrite``, and one holding anything but a psdp
-    dataset; returns the generation of the ``psdp.json`` there (``None``: none)."""
+    dataset; returns the generation of the ``psdp.json`` there and the prefix it names (``None``
+    for none)."""
     keys = list_keys(store)
     if not keys:
-        return None
+        return None, None
     shown = ", ".join(keys[:3]) + (", ..." if len(keys) > 3 else "")
     if not overwrite:
         raise FileExistsError(
@@ -69,7 +73,15 @@ def _check_target(store: ts.KvStore, location: Location, overwrite: bool) -> byt
             f"{', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}); delete those "
             "objects yourself or choose a new path"
         )
-    return _generation(store)
+    got = store.read(METADATA_FILE.encode()).result()
+    if got.state != "value":
+        return None, None
+    try:
+        replaced = json.loads(bytes(got.value)).get("data_prefix")
+    except (ValueError, AttributeError):
+        replaced = None  # damaged metadata: replace it, but delete no prefix on its word
+    ok = isinstance(replaced, str) and replaced.startswith(DATA_PREFIX) and "/" == replaced[-1:]
+    return bytes(got.stamp.generation), replaced if ok else None
 
 
 def _generation(store: ts.KvStore) -> bytes | None:
@@ -88,10 +100,6 @@ def _commit(
             "process at a time)"
         )
     store.write(METADATA_FILE.encode(), (json.dumps(meta, indent=1) + "\n").encode()).result()
-
-
-def _data_prefixes(store: ts.KvStore) -> set[str]:
-    return {k.split("/", 1)[0] + "/" for k in list_keys(store, DATA_PREFIX) if "/" in k}
 
 
 def _delete_prefix(store: ts.KvStore, prefix: str) -> None:
