@@ -31,6 +31,7 @@ from psdp.tools.benchmarks.common import (
     median_ms,
     with_changes,
 )
+from psdp.tools.benchmarks.object_store import bench_object_store
 from psdp.tools.benchmarks.planning import bench_planning, bench_pod, naive_uid_table, pods
 from psdp.tools.benchmarks.report import machine, markdown, markdown_figure, rows
 from psdp.tools.benchmarks.resume import bench_resume, rss_child
@@ -47,6 +48,7 @@ __all__ = [
     "Sizes",
     "assembly_paths",
     "bench_assembly",
+    "bench_object_store",
     "bench_planning",
     "bench_pod",
     "bench_resume",
@@ -78,6 +80,7 @@ RUNNERS: dict[str, Callable[[Sizes, Path], dict[str, Any]]] = {
     "stall": lambda s, _: bench_stall(s),
     "planning": lambda s, _: bench_planning(s),
     "resume": lambda s, _: bench_resume(s),
+    "object_store": lambda s, _: bench_object_store(s),
 }
 
 

@@ -15,7 +15,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-FIGURES = ("assembly", "throughput", "stall", "planning", "resume")
+FIGURES = ("assembly", "throughput", "stall", "planning", "resume", "object_store")
 DEVICES = 8
 
 

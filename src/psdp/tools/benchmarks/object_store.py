@@ -254,3 +254,141 @@ def _forward(
         pool.put(connection)
         return answer
     raise AssertionError("unreachable")
+
+
+# ----------------------------------------------------------------------------- the figure
+#: Injected latency per request of the figure's two settings, in milliseconds.
+LATENCIES_MS = (0.0, 50.0)
+#: The trainer step the stall rows wait behind, in milliseconds.
+STALL_STEP_MS = 100.0
+
+
+class PermutedSource:
+    """Rows of ``source`` in the order ``perm`` gives: position ``i`` reads row ``perm(i)``.
+
+    A loader with ``shuffle=False`` over it reads an epoch in ``perm``'s order, so one loader
+    compares orders (a full row shuffle, a block shuffle) on the same dataset.
+
+    Example:
+        >>> import numpy as np
+        >>> from psdp.sources import ArraySource
+        >>> PermutedSource(ArraySource(np.arange(5) * 10), lambda p: 4 - p).read(np.array([0, 3]))
+        array([40, 10])
+    """
+
+    def __init__(self, source: Any, perm: Any) -> None:
+        self.source, self.perm = source, perm
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def read(self, ids: Any) -> Any:
+        return self.source.read(self.perm(ids))
+
+    def describe(self) -> str:
+        return f"PermutedSource({self.source.describe()})"
+
+
+def bench_object_store(sizes: Any) -> dict[str, Any]:
+    """Requests per step, batches per second and the stall behind a 100 ms step, for a full
+    row shuffle and a block shuffle, reading from moto's S3 server through a latency proxy."""
+    from psdp._plan.block_shuffle import BlockShuffle
+    from psdp._plan.order import IndexShuffle
+    from psdp.sources.writer import write_dataset
+    from psdp.tools.benchmarks.common import cpu_mesh, int32_table
+
+    table = int32_table(sizes.rows, sizes.width)
+    io_block = max(1, sizes.batch // 4)  # rows per inner chunk of the block layout
+    window = 16  # blocks per window: rows of 16 blocks are shuffled together (4 steps' worth)
+    rows_per_shard = max(io_block, sizes.rows // 32)  # 32 shards per leaf
+    orders = {
+        "full shuffle": (1, IndexShuffle(sizes.rows, 7)),
+        f"block shuffle ({io_block}-row blocks, {window}-block windows)": (
+            io_block,
+            BlockShuffle(sizes.rows, io_block, window, 7),
+        ),
+    }
+    mesh = cpu_mesh((4, 2), ("data", "model"))
+    out = []
+    with S3Server() as server, FaultProxy(server.endpoint) as proxy:
+        for order, (chunk, perm) in orders.items():
+            layout = f"rows_per_chunk={chunk}"
+            write_dataset(
+                server.kvstore(f"bench-{chunk}/"),
+                table,
+                rows_per_shard=rows_per_shard,
+                rows_per_chunk=chunk,
+                progress=False,
+            )
+            for latency_ms in LATENCIES_MS:
+                proxy.latency_s = latency_ms / 1e3
+                row = _measure(server, proxy, sizes, mesh, table, perm, chunk)
+                out.append({"order": order, "layout": layout, "latency_ms": latency_ms, **row})
+    for row in out:  # batches/s against the full shuffle at the same latency
+        full = next(r for r in out if r["latency_ms"] == row["latency_ms"])
+        row["ratio"] = row["batches_per_s"] / full["batches_per_s"]
+    return {
+        "title": (
+            f"Object store: {sizes.rows} rows of {sizes.width} int32 from moto's S3 server on "
+            f"127.0.0.1, batch {sizes.batch}, {rows_per_shard} rows per shard, read_threads="
+            f"{sizes.read_threads}, prefetch={sizes.prefetch}"
+        ),
+        "ratio_means": "batches/s over the full shuffle's at the same latency",
+        "note": (
+            "requests per step: GETs counted at the proxy while steps 1..steps are read one at "
+            "a time, after step 0 (cache_bytes=256 MiB keeps shard indexes and chunks); "
+            "batches/s: the loader's iterator with no trainer; stall: the trainer's share of "
+            f"time in next() behind a {STALL_STEP_MS:g} ms step"
+        ),
+        "rows": out,
+    }
+
+
+def _measure(
+    server: S3Server, proxy: FaultProxy, sizes: Any, mesh: Any, table: Any, perm: Any, chunk: int
+) -> dict[str, Any]:
+    """One order at the proxy's current latency: counted reads, a timed loop, a stall run."""
+    import numpy as np
+
+    from psdp import DataLoader
+    from psdp.sources import TensorStoreSource
+    from psdp.tools.benchmarks.stall import stall_run
+
+    def loader() -> DataLoader:
+        source = TensorStoreSource(
+            server.kvstore(f"bench-{chunk}/", proxy.endpoint), cache_bytes=256 << 20
+        )
+        return DataLoader(
+            PermutedSource(source, perm),
+            mesh=mesh,
+            global_batch_size=sizes.batch,
+            shuffle=False,
+            read_threads=sizes.read_threads,
+            prefetch=sizes.prefetch,
+            stall_warning_s=None,
+        )
+
+    steps = sizes.steps
+    with loader() as counted:
+        first = np.asarray(counted.batch_at(0))  # checked before anything is timed
+        np.testing.assert_array_equal(first, table[perm(np.arange(sizes.batch))])
+        proxy.reset()
+        for step in range(1, steps + 1):
+            counted.batch_at(step)
+        requests = sum(proxy.requests.values()) / steps
+    with loader() as timed:
+        it = timed.iter_from(0)
+        next(it)  # start-up: connections, shard indexes
+        started = time.perf_counter()
+        for _ in range(steps):
+            next(it)
+        batches_per_s = steps / (time.perf_counter() - started)
+        it.close()
+    with loader() as stalled:
+        stall = stall_run(stalled, STALL_STEP_MS / 1e3, sizes.stall_steps)
+    return {
+        "requests_per_step": requests,
+        "batches_per_s": batches_per_s,
+        "stall_wait_fraction": stall["wait_fraction"],
+        "stall_wait_ms_p99": stall["wait_ms_p99"],
+    }
