@@ -865,7 +865,11 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
         "an array spec where a dataset's kvstore belongs",  # write_dataset writes datasets only
         lambda _: write_dataset({"driver": "zarr3", "kvstore": "memory://x/"}, TOKENS),
         ValueError,
-        ["is not a TensorStore kvstore URL or spec", '"zarr3" is a TensorStore driver, not a KvStore driver', "'s3://bucket/corpus'"],
+        [
+            "is not a TensorStore kvstore URL or spec",
+            '"zarr3" is a TensorStore driver, not a KvStore driver',
+            "'s3://bucket/corpus'",
+        ],
     ),
 ]
 

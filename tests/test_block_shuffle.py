@@ -57,7 +57,9 @@ def test_each_window_of_positions_reads_at_most_window_blocks_blocks(shape, key)
     for window in _windows(n, io_block, window_blocks, rows):
         blocks = np.unique(window // io_block)
         assert len(blocks) <= window_blocks
-        whole = np.concatenate([np.arange(b * io_block, min(n, (b + 1) * io_block)) for b in blocks])
+        whole = np.concatenate(
+            [np.arange(b * io_block, min(n, (b + 1) * io_block)) for b in blocks]
+        )
         np.testing.assert_array_equal(np.sort(window), whole)  # every row of those blocks
 
 

@@ -39,7 +39,10 @@ def proxy(server):
 
 
 def spec(server, path, proxy=None, retries=FAST_RETRIES):
-    return {**server.kvstore(path, proxy.endpoint if proxy else None), "s3_request_retries": retries}
+    return {
+        **server.kvstore(path, proxy.endpoint if proxy else None),
+        "s3_request_retries": retries,
+    }
 
 
 # ------------------------------------------------------------------------------ write, read
@@ -64,16 +67,22 @@ def test_a_file_url_is_a_local_directory(tmp_path):
     url = f"file://{tmp_path}/ds"
     assert write_dataset(url, data, progress=False) == tmp_path / "ds"
     assert (tmp_path / "ds" / "psdp.json").is_file()
-    np.testing.assert_array_equal(TensorStoreSource(url).read(np.arange(10))["weight"], data["weight"])
+    np.testing.assert_array_equal(
+        TensorStoreSource(url).read(np.arange(10))["weight"], data["weight"]
+    )
 
 
 def test_a_single_array_and_an_iterable_of_chunks(server):
     table = np.arange(50 * 3, dtype=np.int16).reshape(50, 3)
     write_dataset(spec(server, "single/"), table, rows_per_shard=16, progress=False)
-    np.testing.assert_array_equal(TensorStoreSource(spec(server, "single/")).read(np.arange(50)), table)
+    np.testing.assert_array_equal(
+        TensorStoreSource(spec(server, "single/")).read(np.arange(50)), table
+    )
     chunks = (table[i : i + 7] for i in range(0, 50, 7))
     write_dataset(spec(server, "chunks/"), chunks, rows_per_shard=16, progress=False)
-    np.testing.assert_array_equal(TensorStoreSource(spec(server, "chunks/")).read(np.arange(50)), table)
+    np.testing.assert_array_equal(
+        TensorStoreSource(spec(server, "chunks/")).read(np.arange(50)), table
+    )
 
 
 def test_overwrite_commits_by_metadata_and_never_mixes(server):
@@ -90,7 +99,9 @@ def test_overwrite_commits_by_metadata_and_never_mixes(server):
     # the old prefix is gone: the old reader fails naming the object, it never reads zeros
     with pytest.raises(ValueError, match=r"NOT_FOUND.*overwrite/psdp-data-[0-9a-f]+/tokens/c/0/0"):
         reader.read(np.array([3]))
-    prefixes = {k.split(b"/")[1] for k in server.objects().list().result() if k.startswith(b"overwrite/")}
+    prefixes = {
+        k.split(b"/")[1] for k in server.objects().list().result() if k.startswith(b"overwrite/")
+    }
     assert prefixes == {b"psdp.json", read_metadata(where)["data_prefix"].rstrip("/").encode()}
 
 
@@ -107,7 +118,9 @@ def test_a_failed_write_leaves_the_old_dataset_and_no_objects(server):
     with pytest.raises(RuntimeError, match="corpus reader broke"):
         write_dataset(where, chunks(), rows_per_shard=8, overwrite=True, progress=False)
     assert sorted(server.objects().list().result()) == before
-    np.testing.assert_array_equal(TensorStoreSource(where).read(np.arange(20))["tokens"], old["tokens"])
+    np.testing.assert_array_equal(
+        TensorStoreSource(where).read(np.arange(20))["tokens"], old["tokens"]
+    )
 
 
 def test_a_write_that_lost_a_race_keeps_the_winner(server):
@@ -123,7 +136,9 @@ def test_a_write_that_lost_a_race_keeps_the_winner(server):
         write_dataset(where, chunks(), rows_per_shard=8, progress=False)
     source = TensorStoreSource(where)
     np.testing.assert_array_equal(source.read(np.arange(12))["tokens"], winner["tokens"])
-    prefixes = {k.split(b"/")[1] for k in server.objects().list().result() if k.startswith(b"race/")}
+    prefixes = {
+        k.split(b"/")[1] for k in server.objects().list().result() if k.startswith(b"race/")
+    }
     assert len(prefixes) == 2  # psdp.json and the winner's prefix: the loser left nothing
 
 
@@ -160,7 +175,12 @@ def test_a_deleted_shard_is_refused_on_open_and_on_read(server, mesh_1d):
     with pytest.raises(ValueError, match=f"missing 1 shard file.*{shard.split('/', 1)[1]}"):
         TensorStoreSource(where)
     loader = DataLoader(
-        source, mesh=mesh_1d, global_batch_size=64, shuffle=False, read_timeout_s=30, read_attempts=4
+        source,
+        mesh=mesh_1d,
+        global_batch_size=64,
+        shuffle=False,
+        read_timeout_s=30,
+        read_attempts=4,
     )
     # a missing object is permanent: it fails at once (no retry), naming the object and the step
     with pytest.raises(ValueError, match=f"NOT_FOUND.*{shard}") as caught, loader:
@@ -196,7 +216,9 @@ def test_faults_are_retried_and_every_batch_is_exact(server, proxy, mesh_1d, cap
         for step, batch in zip(range(8), loader, strict=False):
             assert_batch_exact(batch, expected_batch(loader, data, step))
     store_retries = TensorStoreSource.request_counts()[1] - store_before[1]
-    psdp_retries = [r for r in caplog.records if "SlowDown" in r.getMessage() or "CURL" in r.getMessage()]
+    psdp_retries = [
+        r for r in caplog.records if "SlowDown" in r.getMessage() or "CURL" in r.getMessage()
+    ]
     assert proxy.errors > 0 and proxy.dropped > 0  # faults were injected, and retried by both
     assert store_retries > 0 and psdp_retries
 

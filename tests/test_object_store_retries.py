@@ -128,7 +128,7 @@ def test_which_errors_are_transient(error, transient):
         ("ABORTED: All 32 retry attempts failed: SlowDown [http_response_code='503']", True),
         ("DEADLINE_EXCEEDED: timed out", True),
         ("RESOURCE_EXHAUSTED: 429", True),
-        ("NOT_FOUND: chunk in \"ds/c/1/0\" is missing", False),
+        ('NOT_FOUND: chunk in "ds/c/1/0" is missing', False),
         ("DATA_LOSS: Checksum mismatch", False),
         ("PERMISSION_DENIED: 403", False),
     ],
@@ -147,7 +147,9 @@ def test_the_first_batch_gets_its_grace(mesh_1d):
     slow = Flaky(table, delays=[1.0, 0.0, 0.0, 5.0])
     loader = DataLoader(slow, mesh=mesh_1d, first_read_timeout_s=30, **options)
     for step in range(3):
-        np.testing.assert_array_equal(np.asarray(loader.batch_at(step)), table[step * 8 : step * 8 + 8])
+        np.testing.assert_array_equal(
+            np.asarray(loader.batch_at(step)), table[step * 8 : step * 8 + 8]
+        )
     with pytest.raises(TimeoutError, match=r"step 3: .* took longer than read_timeout_s=0.5"):
         loader.batch_at(3)  # the grace is over
 

@@ -80,7 +80,7 @@ def _check_target(
         replaced = json.loads(bytes(got.value)).get("data_prefix")
     except (ValueError, AttributeError):
         replaced = None  # damaged metadata: replace it, but delete no prefix on its word
-    ok = isinstance(replaced, str) and replaced.startswith(DATA_PREFIX) and "/" == replaced[-1:]
+    ok = isinstance(replaced, str) and replaced.startswith(DATA_PREFIX) and replaced.endswith("/")
     return bytes(got.stamp.generation), replaced if ok else None
 
 

@@ -191,7 +191,9 @@ class TensorStoreSource:
             if check_shards:
                 present = set(list_keys(store, f"{prefix}{name}/c/"))
                 missing = [f"{prefix}{name}/{key}" for key in _shard_keys(array)]
-                _refuse_missing_shards(location.name, name, [k for k in missing if k not in present])
+                _refuse_missing_shards(
+                    location.name, name, [k for k in missing if k not in present]
+                )
             arrays[name] = array
         return arrays
 
@@ -211,7 +213,9 @@ class TensorStoreSource:
                     futures = {k: a[ids].read(batch=batch) for k, a in self._arrays.items()}
                 rows = {k: f.result() for k, f in futures.items()}
             except ValueError as error:
-                raise self._read_error(error, f"{ids.size} rows (ids {preview_ids(ids)})") from error
+                raise self._read_error(
+                    error, f"{ids.size} rows (ids {preview_ids(ids)})"
+                ) from error
         return rows[SINGLE_LEAF] if self._single else rows
 
     @fresh_rows

@@ -114,7 +114,9 @@ def write_dataset(
             f"no rows to write to {location.name}: "
             + ("the iterable of chunks was empty" if first is None else "the arrays have 0 rows")
         )
-    schema = _schema_of(first)
+    head: Chunk = first
+    schema = _schema_of(head)
+    label = location.local.name if location.local is not None else location.name
     layout = {"rows_per_chunk": rows_per_chunk, "compression": compression, "checksum": checksum}
 
     def fill(leaf_kvstore: Any) -> _ShardedWriter:
@@ -123,9 +125,9 @@ def write_dataset(
             leaf_kvstore, schema, rows_per_shard, rows_per_chunk, codecs, total, on_start
         )
         with tqdm(
-            total=total, unit="rows", desc=f"write {location.name}", disable=not progress, delay=1.0
+            total=total, unit="rows", desc=f"write {label}", disable=not progress, delay=1.0
         ) as bar:
-            for index, chunk in enumerate(_checked(first, chunks, schema)):
+            for index, chunk in enumerate(_checked(head, chunks, schema)):
                 bar.update(writer.add(chunk, index))
             bar.update(writer.finish())
         if writer.written == 0:
@@ -136,12 +138,12 @@ def write_dataset(
     on_start = started.append  # so that a failed write waits for what is in flight
     if location.local is None:
         write_remote(location, overwrite, fill, _metadata_of, schema, single, layout, started)
-        return path  # type: ignore[return-value]
+        return path
     local = location.local
     _check_target(local, overwrite)
     staging = _staging_directory(Path(os.path.abspath(local)))  # "." and "a/.." name no sibling
     try:
-        writer = fill(lambda name: _file_kvstore(staging / name))  # noqa: B023
+        writer = fill(lambda name: _file_kvstore(staging / name))
         _write_metadata(staging, _metadata_of(schema, writer, single, layout))
         (staging / INCOMPLETE_MARKER).unlink()
         _swap_into_place(staging, Path(os.path.abspath(local)), overwrite)
