@@ -320,20 +320,34 @@ def bench_object_store(sizes: Any) -> dict[str, Any]:
                 rows_per_chunk=chunk,
                 progress=False,
             )
-            for latency_ms in LATENCIES_MS:
+            # read threads hide latency: at the highest latency, also one thread alone
+            settings = [(ms, sizes.read_threads) for ms in LATENCIES_MS] + [(LATENCIES_MS[-1], 1)]
+            for latency_ms, threads in settings:
                 proxy.latency_s = latency_ms / 1e3
-                row = _measure(server, proxy, sizes, mesh, table, perm, chunk)
-                out.append({"order": order, "layout": layout, "latency_ms": latency_ms, **row})
-    for row in out:  # batches/s against the full shuffle at the same latency
-        full = next(r for r in out if r["latency_ms"] == row["latency_ms"])
+                row = _measure(server, proxy, sizes, mesh, table, perm, chunk, threads)
+                out.append(
+                    {
+                        "order": order,
+                        "layout": layout,
+                        "latency_ms": latency_ms,
+                        "read_threads": threads,
+                        **row,
+                    }
+                )
+    for row in out:  # batches/s against the full shuffle's in the same setting
+        full = next(
+            r
+            for r in out
+            if (r["latency_ms"], r["read_threads"]) == (row["latency_ms"], row["read_threads"])
+        )
         row["ratio"] = row["batches_per_s"] / full["batches_per_s"]
     return {
         "title": (
             f"Object store: {sizes.rows} rows of {sizes.width} int32 from moto's S3 server on "
-            f"127.0.0.1, batch {sizes.batch}, {rows_per_shard} rows per shard, read_threads="
-            f"{sizes.read_threads}, prefetch={sizes.prefetch}"
+            f"127.0.0.1, batch {sizes.batch}, {rows_per_shard} rows per shard, "
+            f"prefetch={sizes.prefetch}"
         ),
-        "ratio_means": "batches/s over the full shuffle's at the same latency",
+        "ratio_means": "batches/s over the full shuffle's at the same latency and read threads",
         "note": (
             "requests per step: GETs counted at the proxy while steps 1..steps are read one at "
             "a time, after step 0 (cache_bytes=256 MiB keeps shard indexes and chunks); "
@@ -345,7 +359,14 @@ def bench_object_store(sizes: Any) -> dict[str, Any]:
 
 
 def _measure(
-    server: S3Server, proxy: FaultProxy, sizes: Any, mesh: Any, table: Any, perm: Any, chunk: int
+    server: S3Server,
+    proxy: FaultProxy,
+    sizes: Any,
+    mesh: Any,
+    table: Any,
+    perm: Any,
+    chunk: int,
+    threads: int,
 ) -> dict[str, Any]:
     """One order at the proxy's current latency: counted reads, a timed loop, a stall run."""
     import numpy as np
@@ -363,7 +384,7 @@ def _measure(
             mesh=mesh,
             global_batch_size=sizes.batch,
             shuffle=False,
-            read_threads=sizes.read_threads,
+            read_threads=threads,
             prefetch=sizes.prefetch,
             stall_warning_s=None,
         )
