@@ -286,3 +286,38 @@ def test_four_host_pod_reads_through_faults_every_shard_exact(server, proxy, tmp
     # TensorStore counted the requests the proxy saw (and no more: reads still in flight at the
     # end may reach the proxy after the count)
     assert 0 < sum(r["requests"] for r in results) <= sum(proxy.requests.values())
+
+
+# ------------------------------------------------------------------ block shuffle requests
+def test_a_block_shuffle_reads_few_requests_per_step(server, proxy):
+    """Counted at the proxy: a step of a block shuffle over chunks of ``io_block`` rows costs at
+    most one GET per block plus one per shard index; a full shuffle over 1-row chunks about one
+    per row. The bound comes from the step's row ids alone (row // io_block, row // shard)."""
+    from psdp._plan.block_shuffle import BlockShuffle
+    from psdp._plan.order import IndexShuffle
+
+    n, width, shard, io_block, window, batch = 256, 256, 64, 8, 4, 16
+    table = np.arange(n * width, dtype=np.int32).reshape(n, width)
+    write_dataset(
+        spec(server, "blocks/"),
+        table,
+        rows_per_shard=shard,
+        rows_per_chunk=io_block,
+        progress=False,
+    )
+    write_dataset(spec(server, "rows/"), table, rows_per_shard=shard, progress=False)
+    orders = {"blocks/": BlockShuffle(n, io_block, window, key=3), "rows/": IndexShuffle(n, 3)}
+    gets = {}
+    for path, perm in orders.items():
+        source = TensorStoreSource(spec(server, path, proxy))
+        gets[path] = []
+        for step in range(n // batch):
+            ids = np.sort(perm(np.arange(step * batch, (step + 1) * batch)))
+            proxy.reset()
+            np.testing.assert_array_equal(source.read(ids), table[ids])
+            gets[path].append(proxy.requests["GET"])
+            if path == "blocks/":
+                blocks, shards = len(set(ids // io_block)), len(set(ids // shard))
+                assert blocks <= window  # a step lies within one window of `window` blocks
+                assert gets[path][-1] <= blocks + shards
+    assert sum(gets["rows/"]) >= 2 * sum(gets["blocks/"]), gets
