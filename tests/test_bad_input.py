@@ -947,6 +947,34 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
         ValueError,
         ["pad_value=-1", "leaf 'field'", "uint8", "dimension 2 of 7 entries is padded to 8"],
     ),
+    (
+        "no read attempt at all",
+        lambda _: _loader(read_attempts=0),
+        ValueError,
+        ["ReadingOptions.read_attempts must be >= 1, got 0", "read_attempts=4"],
+    ),
+    (
+        "a retry backoff as a string",
+        lambda _: _loader(retry_backoff_s="1"),
+        TypeError,
+        ["ReadingOptions.retry_backoff_s must be > 0 or None", "'1' of type str"],
+    ),
+    (
+        "a first-batch grace of zero seconds",
+        lambda _: _loader(first_read_timeout_s=0),
+        ValueError,
+        ["ReadingOptions.first_read_timeout_s must be > 0 or None", "got 0"],
+    ),
+    (
+        "an array spec where a dataset's kvstore belongs",  # write_dataset writes datasets only
+        lambda _: write_dataset({"driver": "zarr3", "kvstore": "memory://x/"}, TOKENS),
+        ValueError,
+        [
+            "is not a TensorStore kvstore URL or spec",
+            '"zarr3" is a TensorStore driver, not a KvStore driver',
+            "'s3://bucket/corpus'",
+        ],
+    ),
 ]
 
 

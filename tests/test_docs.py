@@ -122,7 +122,7 @@ def test_the_runnable_blocks_are_found():
     assert run == {
         "concepts.md": 0,
         "loader.md": 5,
-        "sources.md": 4,
+        "sources.md": 5,
         "partitioning.md": 10,
         "reliability.md": 2,
     }

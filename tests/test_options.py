@@ -63,6 +63,9 @@ Sharding = ShardingOptions  # the tables below are wide
         (ReadingOptions, {"read_timeout_s": 30}, "read_timeout_s", 30.0),
         (ReadingOptions, {"stall_warning_s": None}, "stall_warning_s", None),
         (ReadingOptions, {"prefetch": np.int8(3)}, "prefetch", 3),
+        (ReadingOptions, {"read_attempts": np.int64(1)}, "read_attempts", 1),
+        (ReadingOptions, {"retry_backoff_s": None}, "retry_backoff_s", None),
+        (ReadingOptions, {"first_read_timeout_s": 600}, "first_read_timeout_s", 600.0),
     ],
 )  # fmt: skip
 def test_good_values_are_normalised(group, given, field, held):
@@ -78,7 +81,8 @@ def test_every_group_has_its_defaults_and_prints_them():
         "skip_steps=(), skip_offsets=(), start_at=None)"
     )
     assert repr(ReadingOptions()) == (
-        "ReadingOptions(prefetch=2, read_threads=1, read_timeout_s=None, stall_warning_s=1.0)"
+        "ReadingOptions(prefetch=2, read_threads=1, read_timeout_s=None, stall_warning_s=1.0, "
+        "read_attempts=4, retry_backoff_s=0.5, first_read_timeout_s=None)"
     )
     assert repr(OutputOptions()) == "OutputOptions(pad_value=0, mask_key='mask', dtypes=None)"
     assert repr(ShardingOptions()) == (

@@ -229,8 +229,8 @@ class ReadingOptions:
     """How the background threads read: prefetch depth, threads, time limit, stall warning.
 
     Example:
-        >>> ReadingOptions(prefetch=4, read_timeout_s=60)
-        ReadingOptions(prefetch=4, read_threads=1, read_timeout_s=60.0, stall_warning_s=1.0)
+        >>> ReadingOptions(prefetch=4, read_timeout_s=60)  # doctest: +ELLIPSIS
+        ReadingOptions(prefetch=4, read_threads=1, read_timeout_s=60.0, stall_warning_s=1.0, ...)
         >>> ReadingOptions(read_threads=0)
         Traceback (most recent call last):
             ...
@@ -250,6 +250,19 @@ class ReadingOptions:
     """Log a warning with the loader's figures when the trainer waits longer for one batch
     (null: never)."""
 
+    read_attempts: int = 4
+    """Tries of each read that fails with a transient error (a reset connection, a 5xx or
+    throttling answer, `TransientReadError`), the first included (1: never retry); other errors
+    fail at once."""
+
+    retry_backoff_s: float | None = 0.5
+    """The pause before the first retry; each further one doubles it (at most 60 s), with
+    jitter: a random time between half and the whole (null: retry at once)."""
+
+    first_read_timeout_s: float | None = None
+    """The time limit of reads until the first batch is read: a grace for cold caches and new
+    connections (unset: read_timeout_s)."""
+
     def __post_init__(self) -> None:
         checks.fix_field(self, "prefetch", checks.as_count, "batches ahead", 2)
         checks.fix_field(self, "read_threads", checks.as_count, "steps read at once", 1)
@@ -266,6 +279,23 @@ class ReadingOptions:
             checks.as_seconds,
             "a positive number of seconds or None (no warning)",
             1,
+        )
+        checks.fix_field(
+            self, "read_attempts", checks.as_count, "tries of a read, the first included", 4
+        )
+        checks.fix_field(
+            self,
+            "retry_backoff_s",
+            checks.as_seconds,
+            "> 0 or None (seconds before the first retry, or none)",
+            1,
+        )
+        checks.fix_field(
+            self,
+            "first_read_timeout_s",
+            checks.as_seconds,
+            "> 0 or None (seconds for the first batch's reads, or read_timeout_s)",
+            600,
         )
 
 
@@ -293,7 +323,7 @@ class LoaderOptions:
         >>> LoaderOptions.create(global_batch_size=8, batch_size=8)
         Traceback (most recent call last):
             ...
-        TypeError: unknown loader option 'batch_size' (did you mean 'global_batch_size'?); the options are axis_mapping, batch_axes, batch_spec, drop_last, dtypes, feeding_processes, global_batch_size, halo, mask_key, named_axes, pad_value, prefetch, read_threads, read_timeout_s, seed, shuffle, skip_offsets, skip_steps, stall_warning_s, start_at (docs/loader.md)
+        TypeError: unknown loader option 'batch_size' (did you mean 'global_batch_size'?); the options are axis_mapping, batch_axes, batch_spec, drop_last, dtypes, feeding_processes, first_read_timeout_s, global_batch_size, halo, mask_key, named_axes, pad_value, prefetch, read_attempts, read_threads, read_timeout_s, retry_backoff_s, seed, shuffle, skip_offsets, skip_steps, stall_warning_s, start_at (docs/loader.md)
     """
 
     order: OrderOptions = field(default_factory=OrderOptions)

@@ -120,10 +120,13 @@ class DataLoader:
         self.start_step = order.start[0]
         #: the plan of the first step (`plans` has every batch size's)
         self.plan = self.plans[self.feed.step_info(self.start_step).batch_size]
-        timeout = self.options.reading.read_timeout_s
-        self._readers = {b: StepReader(p, self.feed, timeout) for b, p in self.plans.items()}
+        reading = self.options.reading
+        self.telemetry = Telemetry(stall_warning_s=reading.stall_warning_s)
+        self._readers = {
+            b: StepReader(p, self.feed, reading.read_timeout_s, self.telemetry)
+            for b, p in self.plans.items()
+        }
         self._assemblers = {b: BatchAssembler(p) for b, p in self.plans.items()}
-        self.telemetry = Telemetry(stall_warning_s=self.options.reading.stall_warning_s)
         self._iterators = Iterators()
         self._lock = threading.Lock()
         self._closed = False

@@ -1,9 +1,12 @@
-"""`StepReader`: one step's source reads -> window buffers: read, pad, check, cast, cut, time out
-(``docs/loader.md``; the errors: ``docs/reliability.md``)."""
+"""`StepReader`: one step's source reads -> window buffers: read, retry, pad, check, cast, cut,
+time out (``docs/loader.md``; the errors and retries: ``docs/reliability.md``, ``docs/sources.md``)."""
 
 from __future__ import annotations
 
+import logging
+import random
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -15,6 +18,13 @@ from psdp._plan.loader_plan import LoaderPlan
 from psdp._plan.order import PAD
 from psdp._plan.reads import ReadRequest
 from psdp._plan.windows import Box, take_box
+from psdp._runtime.telemetry import Telemetry
+from psdp.sources.errors import is_transient
+
+logger = logging.getLogger(__name__)
+
+#: The longest pause between two tries of a read, however many tries came before.
+MAX_BACKOFF_S = 60.0
 
 #: One leaf's window buffers, in window order.
 Buffers = dict[Key, list[np.ndarray]]
@@ -23,7 +33,10 @@ Buffers = dict[Key, list[np.ndarray]]
 class StepReader:
     """Reads a step's requests (`LoaderPlan.requests`) from a source into each leaf's windows.
 
-    Positions whose id is `PAD` are never read: they hold ``pad_value``.
+    Positions whose id is `PAD` are never read: they hold ``pad_value``. A read that fails with
+    a transient error (`psdp.sources.errors.is_transient`) is tried again after a pause, up to
+    ``read_attempts`` tries; any other error fails at once, with a note naming the step. Until
+    the first step is read, reads get ``first_read_timeout_s`` instead of ``timeout_s``.
 
     Example:
         >>> import jax, numpy as np
@@ -41,35 +54,78 @@ class StepReader:
         [3, 1, 4, 1, 5, 9, -1, -1]
     """
 
-    def __init__(self, plan: LoaderPlan, feed: Any, timeout_s: float | None = None) -> None:
+    def __init__(
+        self,
+        plan: LoaderPlan,
+        feed: Any,
+        timeout_s: float | None = None,
+        telemetry: Telemetry | None = None,
+    ) -> None:
         self.plan, self.feed, self.timeout_s = plan, feed, timeout_s
         self.fresh = feed.fresh  # reads return new arrays; otherwise buffers are copied out
         self.pad_value = plan.options.output.pad_value
+        reading = plan.options.reading
+        self.first_timeout_s = reading.first_read_timeout_s or timeout_s
+        self.attempts, self.backoff_s = reading.read_attempts, reading.retry_backoff_s
+        self.telemetry = telemetry
+        self._warm = False  # a step was read: the first batch's grace is over
+        self._jitter = random.Random()
+        self._counts = getattr(feed.source, "request_counts", None)  # a remote store's counters
+        self._counts_at_start = self._counts() if self._counts else (0, 0)
 
     def read_step(
         self, step: int, run: str, stop: Callable[[], bool]
     ) -> tuple[np.ndarray, Buffers]:
-        """Step ``step``'s ids (from the feed) and buffers, within ``timeout_s``."""
+        """Step ``step``'s ids (from the feed) and buffers, within the time limit."""
+        abandoned = threading.Event()  # set on timeout: the abandoned read stops retrying
 
         def read() -> tuple[np.ndarray, Buffers]:
             ids, source = self.feed.step(step, run, stop)
-            return ids, self.read(step, ids, source)
+            return ids, self.read(step, ids, source, lambda: stop() or abandoned.is_set())
 
-        return with_timeout(
-            read,
-            self.timeout_s,
-            lambda: f"step {step}: reading {self.feed.what_is_read(step)} from "
-            f"{self.feed.source.describe()} took longer than read_timeout_s={self.timeout_s}; the "
-            "source may be stuck (a hung filesystem or object store); raise read_timeout_s if "
-            "reads are just slow",
+        warm = self._warm
+        limit, name = (
+            (self.timeout_s, "read_timeout_s")
+            if warm
+            else (self.first_timeout_s, "first_read_timeout_s")
         )
+        if limit == self.timeout_s:
+            name = "read_timeout_s"  # no grace was asked for
+        try:
+            out = with_timeout(
+                read,
+                limit,
+                lambda: f"step {step}: reading {self.feed.what_is_read(step)} from "
+                f"{self.feed.source.describe()} took longer than {name}={limit}; the source may "
+                f"be stuck (a hung filesystem or object store); raise {name} if reads are just "
+                "slow",
+            )
+        except TimeoutError:
+            abandoned.set()
+            raise
+        self._warm = True
+        self._record_counts()
+        return out
 
-    def read(self, step: int, ids: np.ndarray, source: Any) -> Buffers:
-        """Every window buffer of step ``step``, whose physical batch holds ``ids``."""
+    def _record_counts(self) -> None:
+        if self._counts is not None and self.telemetry is not None:
+            requests, retries = self._counts()
+            start = self._counts_at_start
+            self.telemetry.record_store_counts(requests - start[0], retries - start[1])
+
+    def read(
+        self,
+        step: int,
+        ids: np.ndarray,
+        source: Any,
+        stopped: Callable[[], bool] = lambda: False,
+    ) -> Buffers:
+        """Every window buffer of step ``step``, whose physical batch holds ``ids``; retries
+        stop early once ``stopped()``."""
         empty = np.empty(0, np.int8)
         buffers = {k: [empty] * len(v.windows) for k, v in self.plan.leaves.items()}
         for request in self.plan.requests:
-            got, borrowed = self._read(step, ids[request.positions], request, source)
+            got, borrowed = self._read(step, ids[request.positions], request, source, stopped)
             for entry in request.entries:
                 rows = got[entry.key]
                 if entry.rows is not None:
@@ -87,7 +143,12 @@ class StepReader:
         return buffers
 
     def _read(
-        self, step: int, ids: np.ndarray, request: ReadRequest, source: Any
+        self,
+        step: int,
+        ids: np.ndarray,
+        request: ReadRequest,
+        source: Any,
+        stopped: Callable[[], bool],
     ) -> tuple[dict[Key, np.ndarray], set[Key]]:
         """One request's rows, each leaf cut to its columns; `PAD` ids become pad rows.
 
@@ -95,7 +156,8 @@ class StepReader:
         """
         real = ids != PAD
         if real.all():
-            return self._checked(step, ids, request, self._source_read(step, source, ids, request))
+            got = self._source_read(step, source, ids, request, stopped)
+            return self._checked(step, ids, request, got)
         out = {
             key: np.full(
                 self._row_shape(key, columns, len(ids)),
@@ -105,21 +167,48 @@ class StepReader:
             for key, columns in request.columns.items()
         }
         if real.any():
-            got, _ = self._checked(
-                step, ids[real], request, self._source_read(step, source, ids[real], request)
-            )
+            read = self._source_read(step, source, ids[real], request, stopped)
+            got, _ = self._checked(step, ids[real], request, read)
             for key in out:
                 out[key][real] = got[key]
         return out, set()
 
     def _source_read(
-        self, step: int, source: Any, ids: np.ndarray, request: ReadRequest
+        self,
+        step: int,
+        source: Any,
+        ids: np.ndarray,
+        request: ReadRequest,
+        stopped: Callable[[], bool],
     ) -> dict[Key, np.ndarray]:
-        try:
-            return self._read_columns(source, ids, request)
-        except StopIteration as err:  # only a stream's end may end iteration (as in PEP 479)
-            where = f"step {step}: reading {len(ids)} rows (ids {preview_ids(ids)})"
-            raise stray_stop_iteration(where, source) from err
+        where = f"step {step}: reading {len(ids)} rows (ids {preview_ids(ids)})"
+        for attempt in range(1, self.attempts + 1):
+            try:
+                return self._read_columns(source, ids, request)
+            except StopIteration as err:  # only a stream's end may end iteration (as in PEP 479)
+                raise stray_stop_iteration(where, source) from err
+            except Exception as err:
+                if attempt == self.attempts or not is_transient(err) or stopped():
+                    tries = f" (try {attempt} of {self.attempts})" if attempt > 1 else ""
+                    err.add_note(f"psdp: {where} from {source.describe()}{tries}")
+                    raise
+                pause = self._backoff(attempt)
+                logger.warning(
+                    "psdp: %s failed (%s: %s); try %d of %d in %.2f s",
+                    where,
+                    type(err).__name__,
+                    err,
+                    attempt + 1,
+                    self.attempts,
+                    pause,
+                )
+                if self.telemetry is not None:
+                    self.telemetry.record_retry()
+                _pause(pause, stopped)
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def _backoff(self, attempt: int) -> float:
+        return backoff_s(attempt, self.backoff_s, self._jitter.uniform(0.5, 1.0))
 
     def _read_columns(
         self, source: Any, ids: np.ndarray, request: ReadRequest
@@ -183,6 +272,20 @@ class StepReader:
         return out, borrowed
 
 
+def backoff_s(attempt: int, base_s: float | None, draw: float) -> float:
+    """The pause after failed try ``attempt`` (1, 2, ...): ``base_s * 2**(attempt - 1)``, at
+    most `MAX_BACKOFF_S`, times ``draw`` (a random number in [0.5, 1]: jitter, so that hosts
+    that failed together do not retry together); 0 without a base.
+
+    Example:
+        >>> [backoff_s(a, 0.5, 1.0) for a in (1, 2, 3, 9)], backoff_s(2, 0.5, 0.5)
+        ([0.5, 1.0, 2.0, 60.0], 0.5)
+    """
+    if base_s is None:
+        return 0.0
+    return min(MAX_BACKOFF_S, base_s * 2 ** (attempt - 1)) * draw
+
+
 def stray_stop_iteration(where: str, source: Any) -> RuntimeError:
     """The error for a `StopIteration` out of a random-access read (it would end training)."""
     return RuntimeError(
@@ -191,6 +294,13 @@ def stray_stop_iteration(where: str, source: Any) -> RuntimeError:
         "word (a stray next() on an exhausted iterator inside read?), so it is an error: catch "
         "it in the source, or wrap an iterable without random access in psdp.StreamSource"
     )
+
+
+def _pause(seconds: float, stopped: Callable[[], bool]) -> None:
+    """Sleeps ``seconds``, waking early once ``stopped()`` (a closed loader stops retrying)."""
+    deadline = time.monotonic() + seconds
+    while not stopped() and (left := deadline - time.monotonic()) > 0:
+        time.sleep(min(left, 0.05))
 
 
 def with_timeout(work: Any, timeout_s: float | None, message: Any) -> Any:

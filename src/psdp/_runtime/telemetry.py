@@ -44,6 +44,13 @@ class LoaderStats:
     assemble_ms_p99: float
     queue_depth_mean: float
     bottleneck: bool
+    retried_reads: int = 0
+    """Reads psdp tried again after a transient error (``read_attempts``), since the start."""
+    store_requests_per_step: float = 0.0
+    """Object-store HTTP requests per step read (TensorStore's process-wide count: exact when
+    this loader is the process's only reader), since the start; 0 for local files."""
+    store_retries: int = 0
+    """Requests TensorStore itself retried (process-wide), since the start."""
 
     def __str__(self) -> str:
         verdict = (
@@ -59,8 +66,19 @@ class LoaderStats:
             f"max {self.wait_ms_max:.2f} ms); per batch: read p50 {self.read_ms_p50:.2f} ms, "
             f"assemble p50 {self.assemble_ms_p50:.2f} ms, trainer step p50 "
             f"{self.step_ms_p50:.2f} ms; {self.queue_depth_mean:.1f} batches ready on average"
+            + self._store_text()
             + (f"; {self.advice()}" if self.bottleneck else "")
         )
+
+    def _store_text(self) -> str:
+        parts = []
+        if self.store_requests_per_step:
+            parts.append(f"{self.store_requests_per_step:.1f} store requests per step")
+        if self.store_retries:
+            parts.append(f"{self.store_retries} requests retried by the store")
+        if self.retried_reads:
+            parts.append(f"{self.retried_reads} reads retried by psdp")
+        return "".join(f"; {part}" for part in parts)
 
     def advice(self) -> str:
         """Which half of the loader to speed up, from the read and assembly times.
@@ -117,6 +135,8 @@ class Telemetry:
         self._steps_read = 0
         self._steps_consumed = 0
         self._last_return: float | None = None
+        self._retried_reads = 0
+        self._store_counts = (0, 0)
         self.stall_warning_s = stall_warning_s
 
     def record_read(self, read_s: float, assemble_s: float) -> None:
@@ -125,6 +145,18 @@ class Telemetry:
             self._read.append(read_s)
             self._assemble.append(assemble_s)
             self._steps_read += 1
+
+    def record_retry(self) -> None:
+        """Called by a reader thread each time it tries a failed read again."""
+        with self._lock:
+            self._retried_reads += 1
+
+    def record_store_counts(self, requests: int, retries: int) -> None:
+        """Called after a step's reads with the store's ``(requests, retries)`` since the loader
+        started; reader threads may report out of order, so the largest counts win."""
+        with self._lock:
+            old = self._store_counts
+            self._store_counts = (max(old[0], requests), max(old[1], retries))
 
     def record_next(self, step: int, wait_s: float, depth: int) -> None:
         """Called by the trainer's ``next()`` once per consumed step."""
@@ -153,6 +185,7 @@ class Telemetry:
             assemble = np.array(self._assemble, float) * 1e3
             depth = np.array(self._depth, float)
             steps_read, steps_consumed = self._steps_read, self._steps_consumed
+            retried, (requests, store_retries) = self._retried_reads, self._store_counts
         # the first wait has no interval before it (start-up), so compare like with like
         waits_in_intervals = wait[-len(interval) :] if len(interval) else wait[:0]
         spent_waiting = waits_in_intervals.sum()
@@ -172,6 +205,9 @@ class Telemetry:
             assemble_ms_p99=_pct(assemble, 99),
             queue_depth_mean=float(depth.mean()) if depth.size else 0.0,
             bottleneck=fraction > BOTTLENECK_WAIT_FRACTION,
+            retried_reads=retried,
+            store_requests_per_step=requests / steps_read if steps_read else 0.0,
+            store_retries=store_retries,
         )
 
 

@@ -9,6 +9,7 @@ import itertools
 import json
 import math
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,15 @@ from psdp._checks import check_int, preview_ids
 from psdp._plan.leaves import SINGLE_LEAF, Key
 from psdp._plan.windows import Box
 from psdp.sources.base import Rows, check_ids, fresh_rows
+from psdp.sources.errors import TransientReadError, is_transient_status
+from psdp.sources.location import (
+    DATA_PREFIX,
+    Location,
+    is_kvstore_spec,
+    list_keys,
+    locate,
+    open_kvstore,
+)
 
 #: The metadata file of a psdp dataset directory; `write_dataset` writes it last.
 METADATA_FILE = "psdp.json"
@@ -28,6 +38,7 @@ INCOMPLETE_MARKER = ".psdp-incomplete"
 #: The ``format`` and ``version`` of ``psdp.json`` this code reads and writes.
 DATASET_FORMAT = "psdp.zarr3"
 DATASET_VERSION = 1
+_PREFIX = re.compile(rf"(|{DATA_PREFIX}[0-9a-f]+/)")
 
 
 class TensorStoreSource:
@@ -81,18 +92,22 @@ class TensorStoreSource:
         if isinstance(path_or_spec, ts.TensorStore):
             self._where = "an open TensorStore"
             self._arrays = {SINGLE_LEAF: path_or_spec}
-        elif isinstance(path_or_spec, Mapping):
+        elif isinstance(path_or_spec, Mapping) and not is_kvstore_spec(path_or_spec):
             spec = _strict_spec(dict(path_or_spec))
             self._where = f"the TensorStore spec with kvstore {spec.get('kvstore')!r}"
             self._arrays = {SINGLE_LEAF: _open_array(spec, self._context, self._where)}
-        elif isinstance(path_or_spec, str | os.PathLike):
-            self.path = Path(path_or_spec)
-            self._where = str(self.path)
-            self._arrays = self._open_directory(self.path, check_shards)
+        elif isinstance(path_or_spec, str | os.PathLike | Mapping):
+            location = locate(path_or_spec)
+            self._where = location.name
+            if location.local is not None:
+                self.path = location.local
+                self._arrays = self._open_directory(self.path, check_shards)
+            else:
+                self._arrays = self._open_remote(location, check_shards)
         else:
             raise TypeError(
-                "path_or_spec must be a dataset directory path, a TensorStore spec dict or a "
-                f"ts.TensorStore, got {type(path_or_spec).__name__}"
+                "path_or_spec must be a dataset directory path, a kvstore URL or spec, a "
+                f"TensorStore spec dict or a ts.TensorStore, got {type(path_or_spec).__name__}"
             )
         if self._single:
             self._len = _rows_of_single_array(self._arrays[SINGLE_LEAF], self._where)
@@ -141,9 +156,45 @@ class TensorStoreSource:
                 )
             spec = _strict_spec({"driver": "zarr3", "kvstore": _file_kvstore(leaf_path)})
             array = _open_array(spec, self._context, f"{path} (leaf {name!r})")
-            _check_leaf_matches(path, name, array, self._len, leaf)
+            _check_leaf_matches(str(path), name, array, self._len, leaf)
             if check_shards:
                 _check_shard_files(path, name, leaf_path, array)
+            arrays[name] = array
+        return arrays
+
+    def _open_remote(self, location: Location, check_shards: bool) -> dict[str, ts.TensorStore]:
+        store = open_kvstore(location, self._context)
+        meta = _read_remote_metadata(store, location)
+        if meta is None:
+            if store.read(b"zarr.json").result().state == "value":  # one plain zarr3 array
+                spec = _strict_spec({"driver": "zarr3", "kvstore": location.kvstore})
+                return {SINGLE_LEAF: _open_array(spec, self._context, location.name)}
+            unfinished = any(k.startswith(DATA_PREFIX) for k in list_keys(store))
+            raise FileNotFoundError(
+                f"no dataset at {location.name}: it has no {METADATA_FILE}"
+                + (
+                    f" but holds {DATA_PREFIX}* objects, so a write_dataset there did not "
+                    "finish; rerun it with overwrite=True"
+                    if unfinished
+                    else "; write one with psdp.write_dataset(url_or_spec, arrays) or check "
+                    "the URL, bucket and path"
+                )
+            )
+        self._single = bool(meta["single_array"])
+        self._len = int(meta["num_rows"])
+        prefix = meta.get("data_prefix", "")
+        arrays = {}
+        for name, leaf in meta["leaves"].items():
+            spec = _strict_spec({"driver": "zarr3", "kvstore": location.below(f"{prefix}{name}/")})
+            where = f"{location.name} (leaf {name!r})"
+            array = _open_array(spec, self._context, where)
+            _check_leaf_matches(location.name, name, array, self._len, leaf)
+            if check_shards:
+                present = set(list_keys(store, f"{prefix}{name}/c/"))
+                missing = [f"{prefix}{name}/{key}" for key in _shard_keys(array)]
+                _refuse_missing_shards(
+                    location.name, name, [k for k in missing if k not in present]
+                )
             arrays[name] = array
         return arrays
 
@@ -163,10 +214,8 @@ class TensorStoreSource:
                     futures = {k: a[ids].read(batch=batch) for k, a in self._arrays.items()}
                 rows = {k: f.result() for k, f in futures.items()}
             except ValueError as error:
-                raise ValueError(
-                    f"reading {ids.size} rows (ids {preview_ids(ids)}) from {self._where} failed: "
-                    f"{error}. The store is damaged or incomplete (e.g. a missing or truncated "
-                    "shard file); rewrite it with write_dataset(..., overwrite=True)"
+                raise self._read_error(
+                    error, f"{ids.size} rows (ids {preview_ids(ids)})"
                 ) from error
         return rows[SINGLE_LEAF] if self._single else rows
 
@@ -187,12 +236,44 @@ class TensorStoreSource:
                 }
             return {key: f.result() for key, f in futures.items()}
         except ValueError as error:
-            raise ValueError(
-                f"reading {ids.size} rows (ids {preview_ids(ids)}, columns {dict(columns)}) from "
-                f"{self._where} failed: {error}. The store is damaged or incomplete (e.g. a "
-                "missing or truncated shard file); rewrite it with write_dataset(..., "
-                "overwrite=True)"
-            ) from error
+            what = f"{ids.size} rows (ids {preview_ids(ids)}, columns {dict(columns)})"
+            raise self._read_error(error, what) from error
+
+    def _read_error(self, error: ValueError, what: str) -> Exception:
+        """A transient store error (unreachable, throttled, 5xx: TensorStore's own request
+        retries spent) as `TransientReadError`, which the loader retries; any other, such as a
+        missing object or a checksum mismatch, as a `ValueError` naming the object."""
+        if is_transient_status(str(error)):
+            return TransientReadError(
+                f"reading {what} from {self._where} failed: {error}. The store did not answer "
+                "in time or asked to slow down; the loader retries such reads (read_attempts)"
+            )
+        return ValueError(
+            f"reading {what} from {self._where} failed: {error}. The store is damaged or "
+            "incomplete (e.g. a missing, truncated or corrupted shard file); rewrite it with "
+            "write_dataset(..., overwrite=True)"
+        )
+
+    @staticmethod
+    def request_counts() -> tuple[int, int]:
+        """``(HTTP requests started, request retries)`` of every TensorStore kvstore in this
+        process so far (its own counters: one process-wide count, not this source's alone).
+
+        Example:
+            >>> requests, retries = TensorStoreSource.request_counts()
+            >>> requests >= 0 and retries >= 0
+            True
+        """
+        requests = retries = 0
+        for metric in ts.experimental_collect_matching_metrics("/tensorstore/"):
+            name = metric["name"]
+            if name == "/tensorstore/http/request_started" or name.endswith("/retries"):
+                value = sum(int(v.get("value", 0)) for v in metric["values"])
+                if name.endswith("/retries"):
+                    retries += value
+                else:
+                    requests += value
+        return requests, retries
 
     def describe(self) -> str:
         leaves = ", ".join(
@@ -201,12 +282,13 @@ class TensorStoreSource:
         return f"TensorStoreSource({self._where}: {leaves})"
 
 
-def read_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The checked ``psdp.json`` of the dataset directory ``path``.
+def read_metadata(path: str | os.PathLike[str] | Mapping[str, Any]) -> dict[str, Any]:
+    """The checked ``psdp.json`` of the dataset at ``path`` (a directory, a URL or a kvstore spec).
 
     Returns:
         ``{"format", "version", "num_rows", "single_array", "rows_per_shard", "rows_per_chunk",
-        "compression", "checksum", "leaves": {name: {"dtype": str, "shape": [trailing]}}}``.
+        "compression", "checksum", "leaves": {name: {"dtype": str, "shape": [trailing]}}}``, and
+        for a dataset on an object store ``"data_prefix"``, the prefix holding its arrays.
 
     Example:
         >>> import tempfile
@@ -218,21 +300,53 @@ def read_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
         (5, True, {'array': {'dtype': 'int16', 'shape': [3]}})
         >>> tmp.cleanup()
     """
-    meta_file = Path(path) / METADATA_FILE
+    location = locate(path)
+    if location.local is None:
+        meta = _read_remote_metadata(open_kvstore(location), location)
+        if meta is None:
+            raise FileNotFoundError(f"no dataset at {location.name}: it has no {METADATA_FILE}")
+        return meta
+    meta_file = location.local / METADATA_FILE
     try:
-        meta = json.loads(meta_file.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        text = meta_file.read_text()
+    except (OSError, UnicodeDecodeError) as error:
         raise ValueError(
             f"cannot read the dataset metadata {meta_file}: {error}; rewrite the dataset with "
+            "write_dataset(..., overwrite=True)"
+        ) from error
+    return parse_metadata(text, str(meta_file))
+
+
+def parse_metadata(text: str | bytes, where: str) -> dict[str, Any]:
+    """The checked metadata in ``text`` (the contents of ``where``); raises naming ``where``."""
+    try:
+        meta = json.loads(text)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(
+            f"cannot read the dataset metadata {where}: {error}; rewrite the dataset with "
             "write_dataset(..., overwrite=True)"
         ) from error
     problem = _metadata_problem(meta)
     if problem:
         raise ValueError(
-            f"{meta_file} is not valid psdp dataset metadata: {problem}; rewrite the dataset "
+            f"{where} is not valid psdp dataset metadata: {problem}; rewrite the dataset "
             "with write_dataset(..., overwrite=True)"
         )
     return meta
+
+
+def _read_remote_metadata(store: ts.KvStore, location: Location) -> dict[str, Any] | None:
+    """The checked ``psdp.json`` of a remote dataset, or ``None`` if there is none."""
+    try:
+        got = store.read(METADATA_FILE.encode()).result()
+    except ValueError as error:
+        raise ValueError(
+            f"cannot read {location.name}{METADATA_FILE}: {error}; check the credentials in "
+            "the environment, the endpoint and the bucket"
+        ) from error
+    if got.state != "value":
+        return None
+    return parse_metadata(bytes(got.value), f"{location.name}{METADATA_FILE}")
 
 
 def _metadata_problem(meta: Any) -> str | None:
@@ -257,6 +371,9 @@ def _metadata_problem(meta: Any) -> str | None:
             return f"leaf {name!r} needs a shape list of ints, got {shape!r}"
         if os.sep in name or name.startswith("."):
             return f"leaf name {name!r} is not a plain directory name"
+    prefix = meta.get("data_prefix", "")
+    if not isinstance(prefix, str) or not _PREFIX.fullmatch(prefix):
+        return f"data_prefix must be {DATA_PREFIX}<hex>/, got {prefix!r}"
     if meta.get("single_array") and list(leaves) != [SINGLE_LEAF]:
         return f"a single-array dataset must have the one leaf {SINGLE_LEAF!r}, got {list(leaves)}"
     return None
@@ -297,7 +414,7 @@ def _rows_of_single_array(array: ts.TensorStore, where: str) -> int:
 
 
 def _check_leaf_matches(
-    path: Path, name: str, array: ts.TensorStore, num_rows: int, leaf: Mapping[str, Any]
+    where: str, name: str, array: ts.TensorStore, num_rows: int, leaf: Mapping[str, Any]
 ) -> None:
     """The zarr3 array of a leaf has the row count, dtype and trailing shape psdp.json says."""
     got_dtype = np.dtype(array.dtype.numpy_dtype)
@@ -309,37 +426,47 @@ def _check_leaf_matches(
         problems.append(f"dtype {got_dtype.name} but {METADATA_FILE} says {leaf['dtype']}")
     if problems:
         raise ValueError(
-            f"{path}: leaf {name!r} has {' and '.join(problems)}; the array was changed after "
+            f"{where}: leaf {name!r} has {' and '.join(problems)}; the array was changed after "
             "the dataset was written, rewrite the dataset with write_dataset(..., overwrite=True)"
         )
 
 
 def _check_shard_files(path: Path, name: str, leaf_path: Path, array: ts.TensorStore) -> None:
     """Every shard file of a leaf exists and is non-empty (a missing one reads as fill value)."""
-    zarr_meta = json.loads((leaf_path / "zarr.json").read_text())
-    encoding = zarr_meta.get("chunk_key_encoding", {})
-    if (
-        encoding.get("name") != "default"
-        or encoding.get("configuration", {}).get("separator", "/") != "/"
-    ):
-        return  # not the layout write_dataset makes; reads still refuse missing chunks
-    shard = zarr_meta.get("chunk_grid", {}).get("configuration", {}).get("chunk_shape")
-    if not isinstance(shard, list) or len(shard) != array.rank:
-        return
-    grid = [range(math.ceil(n / c)) for n, c in zip(array.shape, shard, strict=True)]
     missing = []
-    for key in itertools.product(*grid):
-        file = leaf_path.joinpath("c", *map(str, key))
+    for key in _shard_keys(array):
+        file = leaf_path / key
         try:
             empty = file.stat().st_size == 0
         except FileNotFoundError:
             empty = True
         if empty:
-            missing.append(file)
+            missing.append(str(file.relative_to(path)))
+    _refuse_missing_shards(str(path), name, missing)
+
+
+def _shard_keys(array: ts.TensorStore) -> list[str]:
+    """The keys (below the leaf) of every shard of a leaf in write_dataset's layout; none for
+    another layout (reads still refuse its missing chunks)."""
+    meta = array.spec().to_json().get("metadata", {})
+    encoding = meta.get("chunk_key_encoding", {})
+    if (
+        encoding.get("name") != "default"
+        or encoding.get("configuration", {}).get("separator", "/") != "/"
+    ):
+        return []
+    shard = meta.get("chunk_grid", {}).get("configuration", {}).get("chunk_shape")
+    if not isinstance(shard, list) or len(shard) != array.rank:
+        return []
+    grid = [range(math.ceil(n / c)) for n, c in zip(array.shape, shard, strict=True)]
+    return ["/".join(["c", *map(str, key)]) for key in itertools.product(*grid)]
+
+
+def _refuse_missing_shards(where: str, name: str, missing: list[str]) -> None:
     if missing:
-        shown = ", ".join(str(f.relative_to(path)) for f in missing[:3])
+        shown = ", ".join(missing[:3])
         raise ValueError(
-            f"{path}: leaf {name!r} is missing {len(missing)} shard file(s) or has them empty "
+            f"{where}: leaf {name!r} is missing {len(missing)} shard file(s) or has them empty "
             f"({shown}{', ...' if len(missing) > 3 else ''}); those rows would read as zeros. "
             "Restore the files or rewrite the dataset with write_dataset(..., overwrite=True)"
         )

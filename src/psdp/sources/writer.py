@@ -12,7 +12,7 @@ import re
 import shutil
 import uuid
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,8 @@ from tqdm import tqdm
 from psdp._checks import is_int
 from psdp._plan.leaves import SINGLE_LEAF
 from psdp.sources.base import as_rows
+from psdp.sources.location import locate
+from psdp.sources.remote import write_remote
 from psdp.sources.tensorstore import (
     DATASET_FORMAT,
     DATASET_VERSION,
@@ -44,7 +46,7 @@ Schema = dict[str, tuple[np.dtype, tuple[int, ...]]]
 
 
 def write_dataset(
-    path: str | os.PathLike[str],
+    path: str | os.PathLike[str] | Mapping[str, Any],
     arrays: np.ndarray
     | Mapping[str, np.ndarray]
     | Iterable[np.ndarray]
@@ -56,12 +58,15 @@ def write_dataset(
     checksum: bool = True,
     overwrite: bool = False,
     progress: bool = True,
-) -> Path:
+) -> Any:
     """Writes rows to a dataset directory that `TensorStoreSource` reads.
 
     Args:
         path: the dataset directory; it must not exist or be empty (see ``overwrite``). Its
             parent must be writable: the dataset is written beside it and renamed into place.
+            Or a prefix in an object store: a URL (``s3://bucket/corpus``, ``gs://...``) or a
+            TensorStore kvstore spec (endpoint, region; credentials come from the environment
+            as TensorStore reads them), committed by writing ``psdp.json`` last.
         arrays: one array ``(N, ...)`` (reads return an array), a dict of arrays with the same
             ``N`` (reads return a dict), or an iterable of such arrays or dicts (chunks of rows,
             any sizes, all of one kind; the row count is the sum). Leaves must be numeric or bool
@@ -78,7 +83,7 @@ def write_dataset(
         progress: show a tqdm bar when the write takes more than a second.
 
     Returns:
-        ``path`` as a `Path`.
+        ``path`` as a `Path` for a local directory, else ``path`` as given.
 
     Example:
         >>> import tempfile
@@ -101,42 +106,53 @@ def write_dataset(
             f"{rows_per_chunk}; e.g. rows_per_shard={rows_per_chunk * 16}"
         )
     codecs = _inner_codecs(compression, checksum)
-    path = Path(path)
+    location = locate(path)
     chunks, total, single = _chunks_of(arrays)
     first = next(chunks, None)
     if first is None or total == 0:
         raise ValueError(
-            f"no rows to write to {path}: "
+            f"no rows to write to {location.name}: "
             + ("the iterable of chunks was empty" if first is None else "the arrays have 0 rows")
         )
-    schema = _schema_of(first)
-    _check_target(path, overwrite)
-    staging = _staging_directory(Path(os.path.abspath(path)))  # "." and "a/.." name no sibling
-    writer = None
-    try:
-        writer = _ShardedWriter(staging, schema, rows_per_shard, rows_per_chunk, codecs, total)
+    head: Chunk = first
+    schema = _schema_of(head)
+    label = location.local.name if location.local is not None else location.name
+    layout = {"rows_per_chunk": rows_per_chunk, "compression": compression, "checksum": checksum}
+
+    def fill(leaf_kvstore: Any) -> _ShardedWriter:
+        """Writes every row to the leaves at ``leaf_kvstore(name)``, metadata aside."""
+        writer = _ShardedWriter(
+            leaf_kvstore, schema, rows_per_shard, rows_per_chunk, codecs, total, on_start
+        )
         with tqdm(
-            total=total, unit="rows", desc=f"write {path.name}", disable=not progress, delay=1.0
+            total=total, unit="rows", desc=f"write {label}", disable=not progress, delay=1.0
         ) as bar:
-            for index, chunk in enumerate(_checked(first, chunks, schema)):
+            for index, chunk in enumerate(_checked(head, chunks, schema)):
                 bar.update(writer.add(chunk, index))
             bar.update(writer.finish())
         if writer.written == 0:
-            raise ValueError(f"no rows to write to {path}: every chunk had 0 rows")
-        layout = {
-            "rows_per_chunk": rows_per_chunk,
-            "compression": compression,
-            "checksum": checksum,
-        }
-        _write_metadata(staging, schema, writer, single, layout)
+            raise ValueError(f"no rows to write to {location.name}: every chunk had 0 rows")
+        return writer
+
+    started: list[_ShardedWriter] = []
+    on_start = started.append  # so that a failed write waits for what is in flight
+    if location.local is None:
+        write_remote(location, overwrite, fill, _metadata_of, schema, single, layout, started)
+        return path
+    local = location.local
+    _check_target(local, overwrite)
+    staging = _staging_directory(Path(os.path.abspath(local)))  # "." and "a/.." name no sibling
+    try:
+        writer = fill(lambda name: _file_kvstore(staging / name))
+        _write_metadata(staging, _metadata_of(schema, writer, single, layout))
         (staging / INCOMPLETE_MARKER).unlink()
-        _swap_into_place(staging, Path(os.path.abspath(path)), overwrite)
+        _swap_into_place(staging, Path(os.path.abspath(local)), overwrite)
     except BaseException:  # Ctrl-C included
-        if writer is not None:
+        for writer in started:
             writer.wait_for_writes()  # a write landing after the rmtree would recreate files
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    return path
+    return local
 
 
 class _ShardedWriter:
@@ -144,20 +160,23 @@ class _ShardedWriter:
 
     def __init__(
         self,
-        path: Path,
+        leaf_kvstore: Callable[[str], dict[str, Any]],
         schema: Schema,
         rows_per_shard: int,
         rows_per_chunk: int,
         codecs: list[dict[str, Any]],
         total: int | None,
+        on_start: Callable[[_ShardedWriter], None],
     ):
+        on_start(self)
+        self.in_flight: list[Any] = []
         self.schema = schema
         self.rows_per_shard = rows_per_shard
         context = ts.Context()
         self.size = total or 0
         self.arrays = {
             name: _create_leaf(
-                path / name,
+                leaf_kvstore(name),
                 dtype,
                 shape,
                 self.size,
@@ -173,7 +192,6 @@ class _ShardedWriter:
         self.pending: deque[Chunk] = deque()
         self.pending_rows = 0
         self.written = 0
-        self.in_flight: list[Any] = []
 
     def add(self, chunk: Chunk, index: int) -> int:
         """Queues a chunk and writes every full block; returns how many rows it wrote."""
@@ -258,7 +276,7 @@ class _ShardedWriter:
 
 
 def _create_leaf(
-    leaf_path: Path,
+    kvstore: dict[str, Any],
     dtype: np.dtype,
     shape: tuple[int, ...],
     rows: int,
@@ -270,7 +288,7 @@ def _create_leaf(
     trailing = [max(1, d) for d in shape]  # zarr chunk sizes must be >= 1
     spec = {
         "driver": "zarr3",
-        "kvstore": {"driver": "file", "path": f"{leaf_path.resolve()}/"},
+        "kvstore": kvstore,
         # every row gets stored, even if it equals the fill value, so that a missing chunk can
         # only mean damage, and readers can refuse to fill it in
         "store_data_equal_to_fill_value": True,
@@ -459,14 +477,10 @@ def _swap_into_place(staging: Path, path: Path, overwrite: bool) -> None:
     os.rename(staging, path)
 
 
-def _write_metadata(
-    path: Path,
-    schema: Schema,
-    writer: _ShardedWriter,
-    single: bool,
-    layout: dict[str, Any],
-) -> None:
-    meta = {
+def _metadata_of(
+    schema: Schema, writer: _ShardedWriter, single: bool, layout: dict[str, Any]
+) -> dict[str, Any]:
+    return {
         "format": DATASET_FORMAT,
         "version": DATASET_VERSION,
         "num_rows": writer.written,
@@ -475,6 +489,13 @@ def _write_metadata(
         **layout,
         "leaves": {k: {"dtype": d.name, "shape": list(s)} for k, (d, s) in schema.items()},
     }
+
+
+def _write_metadata(path: Path, meta: dict[str, Any]) -> None:
     staged = path / f"{METADATA_FILE}.tmp"
     staged.write_text(json.dumps(meta, indent=1) + "\n")
     os.replace(staged, path / METADATA_FILE)  # a reader sees no metadata or all of it
+
+
+def _file_kvstore(path: Path) -> dict[str, Any]:
+    return {"driver": "file", "path": f"{path.resolve()}/"}

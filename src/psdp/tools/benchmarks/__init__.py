@@ -35,6 +35,7 @@ from psdp.tools.benchmarks.common import (
 )
 from psdp.tools.benchmarks.grain_loops import load_grain
 from psdp.tools.benchmarks.multihost import bench_multihost, pod_rows
+from psdp.tools.benchmarks.object_store import bench_object_store
 from psdp.tools.benchmarks.planning import bench_planning, bench_pod, naive_uid_table, pods
 from psdp.tools.benchmarks.report import machine, markdown, markdown_figure, rows
 from psdp.tools.benchmarks.resume import bench_resume, rss_child
@@ -53,6 +54,7 @@ __all__ = [
     "assembly_paths",
     "bench_assembly",
     "bench_multihost",
+    "bench_object_store",
     "bench_planning",
     "bench_pod",
     "bench_resume",
@@ -87,6 +89,7 @@ RUNNERS: dict[str, Callable[[Sizes, Path], dict[str, Any]]] = {
     "planning": lambda s, _: bench_planning(s),
     "resume": lambda s, _: bench_resume(s),
     "multihost": lambda s, _: bench_multihost(s),
+    "object_store": lambda s, _: bench_object_store(s),
 }
 
 

@@ -15,7 +15,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-FIGURES = ("assembly", "throughput", "stall", "planning", "resume", "multihost")
+FIGURES = ("assembly", "throughput", "stall", "planning", "resume", "multihost", "object_store")
 DEVICES = 8
 
 

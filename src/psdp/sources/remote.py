@@ -1,0 +1,107 @@
+"""`write_dataset` on an object store, where nothing can be renamed: the commit is one object.
+
+A write fills a fresh prefix ``psdp-data-<id>/`` below the dataset, then PUTs ``psdp.json``
+naming it: a single PUT is atomic on S3 and GCS, so a reader sees the old dataset or the new one,
+never a mix, and objects no ``psdp.json`` names are never read. Only then is the replaced
+dataset's prefix deleted; other prefixes (a write still running elsewhere, or one that was
+killed) are left alone. ``docs/sources.md``, "Remote stores".
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import tensorstore as ts
+
+from psdp.sources.location import DATA_PREFIX, Location, list_keys, open_kvstore
+from psdp.sources.tensorstore import METADATA_FILE
+
+
+def write_remote(
+    location: Location,
+    overwrite: bool,
+    fill: Callable[[Callable[[str], dict[str, Any]]], Any],
+    metadata_of: Callable[..., dict[str, Any]],
+    schema: Any,
+    single: bool,
+    layout: dict[str, Any],
+    started: list[Any],
+) -> None:
+    """Writes the rows (``fill``, given each leaf's kvstore) below a fresh prefix, then commits.
+
+    On any failure (Ctrl-C included) waits for the writes in flight (``started`` writers) and
+    deletes what this write put there; the dataset that was there stays as it was.
+    """
+    store = open_kvstore(location)
+    before, replaced = _check_target(store, location, overwrite)
+    prefix = f"{DATA_PREFIX}{uuid.uuid4().hex[:12]}/"
+    try:
+        writer = fill(lambda name: location.below(f"{prefix}{name}/"))
+        meta = {**metadata_of(schema, writer, single, layout), "data_prefix": prefix}
+        _commit(store, location, meta, before)
+    except BaseException:
+        for writer in started:
+            writer.wait_for_writes()  # a write landing after the delete would leave objects
+        _delete_prefix(store, prefix)
+        raise
+    if replaced and replaced != prefix:
+        _delete_prefix(store, replaced)
+
+
+def _check_target(
+    store: ts.KvStore, location: Location, overwrite: bool
+) -> tuple[bytes | None, str | None]:
+    """Refuses a non-empty location without ``overwrite``, and one holding anything but a psdp
+    dataset; returns the generation of the ``psdp.json`` there and the prefix it names (``None``
+    for none)."""
+    keys = list_keys(store)
+    if not keys:
+        return None, None
+    shown = ", ".join(keys[:3]) + (", ..." if len(keys) > 3 else "")
+    if not overwrite:
+        raise FileExistsError(
+            f"{location.name} already holds {len(keys)} objects ({shown}); pass overwrite=True "
+            "to replace a psdp dataset there, or choose a new path"
+        )
+    foreign = [k for k in keys if k != METADATA_FILE and not k.startswith(DATA_PREFIX)]
+    if foreign:
+        raise FileExistsError(
+            f"refusing to overwrite {location.name}: it is not a psdp dataset (it holds "
+            f"{', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}); delete those "
+            "objects yourself or choose a new path"
+        )
+    got = store.read(METADATA_FILE.encode()).result()
+    if got.state != "value":
+        return None, None
+    try:
+        replaced = json.loads(bytes(got.value)).get("data_prefix")
+    except (ValueError, AttributeError):
+        replaced = None  # damaged metadata: replace it, but delete no prefix on its word
+    ok = isinstance(replaced, str) and replaced.startswith(DATA_PREFIX) and replaced.endswith("/")
+    return bytes(got.stamp.generation), replaced if ok else None
+
+
+def _generation(store: ts.KvStore) -> bytes | None:
+    got = store.read(METADATA_FILE.encode()).result()
+    return bytes(got.stamp.generation) if got.state == "value" else None
+
+
+def _commit(
+    store: ts.KvStore, location: Location, meta: dict[str, Any], before: bytes | None
+) -> None:
+    """PUTs ``psdp.json``, unless another write committed there since this one checked."""
+    if _generation(store) != before:
+        raise FileExistsError(
+            f"another write_dataset committed to {location.name} while this one ran; this "
+            "write's objects are deleted and the other dataset is kept (write from one "
+            "process at a time)"
+        )
+    store.write(METADATA_FILE.encode(), (json.dumps(meta, indent=1) + "\n").encode()).result()
+
+
+def _delete_prefix(store: ts.KvStore, prefix: str) -> None:
+    end = prefix[:-1] + chr(ord(prefix[-1]) + 1)
+    store.delete_range(ts.KvStore.KeyRange(prefix, end)).result()

@@ -1,0 +1,415 @@
+"""The object-store figure: psdp reading a dataset from an S3 server on 127.0.0.1, with and without
+injected latency (``docs/sources.md``, "Remote stores"), and the two tools it (and the tests) use:
+`S3Server`, moto's S3 server in a subprocess, and `FaultProxy`, an HTTP proxy in front of it that
+adds latency, drops connections and answers 503 on a fraction of requests, counting every one.
+
+Nothing here reaches beyond 127.0.0.1. moto is a dev dependency (``pip install "moto[server]"``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import os
+import queue
+import random
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections import Counter
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+#: Environment TensorStore's s3 driver reads credentials and region from (any values do for moto).
+S3_ENVIRONMENT = {
+    "AWS_ACCESS_KEY_ID": "psdp-test",
+    "AWS_SECRET_ACCESS_KEY": "psdp-test",
+    "AWS_REGION": "us-east-1",
+}
+_START_TIMEOUT_S = 60.0
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class S3Server:
+    """moto's standalone S3 server on 127.0.0.1, in a subprocess, with one bucket.
+
+    Args:
+        bucket: the bucket created once the server answers.
+
+    Example::
+
+        with S3Server() as server:
+            spec = server.kvstore("datasets/corpus/")  # a TensorStore kvstore spec
+    """
+
+    def __init__(self, bucket: str = "psdp") -> None:
+        self.bucket = bucket
+        self.port = free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self._process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> S3Server:
+        os.environ.update({k: os.environ.get(k, v) for k, v in S3_ENVIRONMENT.items()})
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            stdout=subprocess.DEVNULL,
+            stderr=None if os.environ.get("PSDP_S3_SERVER_LOG") else subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + _START_TIMEOUT_S
+        while True:
+            try:
+                _request("PUT", f"{self.endpoint}/{self.bucket}")
+                return self
+            except OSError:
+                if self._process.poll() is not None or time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(
+                        f"moto's S3 server did not start on port {self.port}; is moto[server] "
+                        "installed (pip install 'moto[server]')?"
+                    ) from None
+                time.sleep(0.05)
+
+    def kvstore(self, path: str, endpoint: str | None = None) -> dict[str, Any]:
+        """A TensorStore s3 kvstore spec for ``path`` in the bucket (through ``endpoint``, e.g. a
+        `FaultProxy`'s, instead of the server's own)."""
+        return {
+            "driver": "s3",
+            "bucket": self.bucket,
+            "endpoint": endpoint or self.endpoint,
+            "aws_region": S3_ENVIRONMENT["AWS_REGION"],
+            "aws_credentials": {"type": "environment"},
+            "path": path,
+        }
+
+    def objects(self) -> Any:
+        """The bucket as a ``ts.KvStore`` (signed requests, straight to the server): read,
+        write or delete objects with ``store[key]``, e.g. to damage a dataset on purpose."""
+        import tensorstore as ts  # slow to import: only when used
+
+        return ts.KvStore.open(self.kvstore("")).result()
+
+    def stop(self) -> None:
+        if self._process is not None:
+            self._process.terminate()
+            try:
+                self._process.wait(10)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+            self._process = None
+
+    def __enter__(self) -> S3Server:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+def _request(method: str, url: str) -> None:
+    with urllib.request.urlopen(urllib.request.Request(url, method=method), timeout=10):
+        pass
+
+
+class FaultProxy:
+    """An HTTP proxy on 127.0.0.1 in front of ``target`` that counts requests and injects faults.
+
+    Every request first waits ``latency_s``; then, drawn with a seeded generator, a fraction
+    ``drop`` has its connection reset without an answer, a fraction ``error_503`` gets
+    ``503 SlowDown`` (S3's throttling answer), and the rest are forwarded. The faults only hit
+    GET requests (reads) when ``reads_only``. Counts: `requests` (by method), `dropped`,
+    `errors`. Change the fields between runs; `reset` zeroes the counts.
+
+    Example::
+
+        with S3Server() as server, FaultProxy(server.endpoint, latency_s=0.05) as proxy:
+            spec = server.kvstore("corpus/", endpoint=proxy.endpoint)
+    """
+
+    def __init__(
+        self,
+        target: str,
+        *,
+        latency_s: float = 0.0,
+        drop: float = 0.0,
+        error_503: float = 0.0,
+        reads_only: bool = True,
+        seed: int = 0,
+    ) -> None:
+        self.target = target.removeprefix("http://")
+        self.latency_s, self.drop, self.error_503 = latency_s, drop, error_503
+        self.reads_only = reads_only
+        self._random = random.Random(seed)
+        self._lock = threading.Lock()
+        self.requests: Counter[str] = Counter()
+        self.dropped = self.errors = 0
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
+        self._server.daemon_threads = True
+        self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="psdp-fault-proxy", daemon=True
+        )
+
+    def reset(self) -> None:
+        with self._lock:
+            self.requests.clear()
+            self.dropped = self.errors = 0
+
+    def fault(self, method: str) -> str | None:
+        """The fault for the next request: ``"drop"``, ``"503"`` or ``None``; counts it."""
+        with self._lock:
+            self.requests[method] += 1
+            if self.reads_only and method != "GET":
+                return None
+            draw = self._random.random()
+            if draw < self.drop:
+                self.dropped += 1
+                return "drop"
+            if draw < self.drop + self.error_503:
+                self.errors += 1
+                return "503"
+            return None
+
+    def __enter__(self) -> FaultProxy:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+def _handler_for(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
+    pool: queue.LifoQueue[http.client.HTTPConnection] = queue.LifoQueue()  # kept-alive upstreams
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass  # quiet: the counts say what happened
+
+        def _relay(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(length) if length else None
+            if proxy.latency_s:
+                time.sleep(proxy.latency_s)
+            fault = proxy.fault(self.command)
+            if fault == "drop":  # a reset, as a crashed server or a load balancer gives
+                self.connection.setsockopt(
+                    socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
+                )
+                self.close_connection = True
+                return
+            if fault == "503":
+                self._answer(503, b"<Error><Code>SlowDown</Code></Error>", {})
+                return
+            status, headers, payload = _forward(pool, proxy.target, self, body)
+            self._answer(status, payload, headers)
+
+        def _answer(self, status: int, payload: bytes, headers: dict[str, str]) -> None:
+            self.send_response(status)
+            for name, value in headers.items():
+                if name.lower() not in ("content-length", "connection", "transfer-encoding"):
+                    self.send_header(name, value)
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(payload)
+
+        do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _relay
+
+    return Handler
+
+
+def _forward(
+    pool: queue.LifoQueue[http.client.HTTPConnection],
+    target: str,
+    request: BaseHTTPRequestHandler,
+    body: bytes | None,
+) -> tuple[int, dict[str, str], bytes]:
+    for attempt in range(2):  # a kept-alive upstream connection may have been closed meanwhile
+        try:
+            connection = pool.get_nowait()
+        except queue.Empty:
+            connection = http.client.HTTPConnection(target, timeout=30)
+        try:
+            connection.request(request.command, request.path, body, dict(request.headers))
+            response = connection.getresponse()
+            answer = response.status, dict(response.getheaders()), response.read()
+        except (OSError, http.client.HTTPException):
+            with contextlib.suppress(OSError):
+                connection.close()
+            if attempt:
+                raise
+            continue
+        pool.put(connection)
+        return answer
+    raise AssertionError("unreachable")
+
+
+# ----------------------------------------------------------------------------- the figure
+#: Injected latency per request of the figure's two settings, in milliseconds.
+LATENCIES_MS = (0.0, 50.0)
+#: The trainer step the stall rows wait behind, in milliseconds.
+STALL_STEP_MS = 100.0
+
+
+class PermutedSource:
+    """Rows of ``source`` in the order ``perm`` gives: position ``i`` reads row ``perm(i)``.
+
+    A loader with ``shuffle=False`` over it reads an epoch in ``perm``'s order, so one loader
+    compares orders (a full row shuffle, a block shuffle) on the same dataset.
+
+    Example:
+        >>> import numpy as np
+        >>> from psdp.sources import ArraySource
+        >>> PermutedSource(ArraySource(np.arange(5) * 10), lambda p: 4 - p).read(np.array([0, 3]))
+        array([40, 10])
+    """
+
+    def __init__(self, source: Any, perm: Any) -> None:
+        self.source, self.perm = source, perm
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def read(self, ids: Any) -> Any:
+        return self.source.read(self.perm(ids))
+
+    def describe(self) -> str:
+        return f"PermutedSource({self.source.describe()})"
+
+
+def bench_object_store(sizes: Any) -> dict[str, Any]:
+    """Requests per step, batches per second and the stall behind a 100 ms step, for a full
+    row shuffle and a block shuffle, reading from moto's S3 server through a latency proxy."""
+    from psdp._plan.block_shuffle import BlockShuffle
+    from psdp._plan.order import IndexShuffle
+    from psdp.sources.writer import write_dataset
+    from psdp.tools.benchmarks.common import cpu_mesh, int32_table
+
+    table = int32_table(sizes.rows, sizes.width)
+    io_block = max(1, sizes.batch // 4)  # rows per inner chunk of the block layout
+    window = 16  # blocks per window: rows of 16 blocks are shuffled together (4 steps' worth)
+    rows_per_shard = max(io_block, sizes.rows // 32)  # 32 shards per leaf
+    orders = {
+        "full shuffle": (1, IndexShuffle(sizes.rows, 7)),
+        f"block shuffle ({io_block}-row blocks, {window}-block windows)": (
+            io_block,
+            BlockShuffle(sizes.rows, io_block, window, 7),
+        ),
+    }
+    mesh = cpu_mesh((4, 2), ("data", "model"))
+    out = []
+    with S3Server() as server, FaultProxy(server.endpoint) as proxy:
+        for order, (chunk, perm) in orders.items():
+            layout = f"rows_per_chunk={chunk}"
+            write_dataset(
+                server.kvstore(f"bench-{chunk}/"),
+                table,
+                rows_per_shard=rows_per_shard,
+                rows_per_chunk=chunk,
+                progress=False,
+            )
+            # read threads hide latency: at the highest latency, also one thread alone
+            settings = [(ms, sizes.read_threads) for ms in LATENCIES_MS] + [(LATENCIES_MS[-1], 1)]
+            for latency_ms, threads in settings:
+                proxy.latency_s = latency_ms / 1e3
+                row = _measure(server, proxy, sizes, mesh, table, perm, chunk, threads)
+                out.append(
+                    {
+                        "order": order,
+                        "layout": layout,
+                        "latency_ms": latency_ms,
+                        "read_threads": threads,
+                        **row,
+                    }
+                )
+    for row in out:  # batches/s against the full shuffle's in the same setting
+        full = next(
+            r
+            for r in out
+            if (r["latency_ms"], r["read_threads"]) == (row["latency_ms"], row["read_threads"])
+        )
+        row["ratio"] = row["batches_per_s"] / full["batches_per_s"]
+    return {
+        "title": (
+            f"Object store: {sizes.rows} rows of {sizes.width} int32 from moto's S3 server on "
+            f"127.0.0.1, batch {sizes.batch}, {rows_per_shard} rows per shard, "
+            f"prefetch={sizes.prefetch}"
+        ),
+        "ratio_means": "batches/s over the full shuffle's at the same latency and read threads",
+        "note": (
+            "requests per step: GETs counted at the proxy while steps 1..steps are read one at "
+            "a time, after step 0 (cache_bytes=256 MiB keeps shard indexes and chunks); "
+            "batches/s: the loader's iterator with no trainer; stall: the trainer's share of "
+            f"time in next() behind a {STALL_STEP_MS:g} ms step"
+        ),
+        "rows": out,
+    }
+
+
+def _measure(
+    server: S3Server,
+    proxy: FaultProxy,
+    sizes: Any,
+    mesh: Any,
+    table: Any,
+    perm: Any,
+    chunk: int,
+    threads: int,
+) -> dict[str, Any]:
+    """One order at the proxy's current latency: counted reads, a timed loop, a stall run."""
+    import numpy as np
+
+    from psdp import DataLoader
+    from psdp.sources import TensorStoreSource
+    from psdp.tools.benchmarks.stall import stall_run
+
+    def loader() -> DataLoader:
+        source = TensorStoreSource(
+            server.kvstore(f"bench-{chunk}/", proxy.endpoint), cache_bytes=256 << 20
+        )
+        return DataLoader(
+            PermutedSource(source, perm),
+            mesh=mesh,
+            global_batch_size=sizes.batch,
+            shuffle=False,
+            read_threads=threads,
+            prefetch=sizes.prefetch,
+            stall_warning_s=None,
+        )
+
+    steps = sizes.steps
+    with loader() as counted:
+        first = np.asarray(counted.batch_at(0))  # checked before anything is timed
+        np.testing.assert_array_equal(first, table[perm(np.arange(sizes.batch))])
+        proxy.reset()
+        for step in range(1, steps + 1):
+            counted.batch_at(step)
+        requests = sum(proxy.requests.values()) / steps
+    with loader() as timed:
+        it = timed.iter_from(0)
+        next(it)  # start-up: connections, shard indexes
+        started = time.perf_counter()
+        for _ in range(steps):
+            next(it)
+        batches_per_s = steps / (time.perf_counter() - started)
+        it.close()
+    with loader() as stalled:
+        stall = stall_run(stalled, STALL_STEP_MS / 1e3, sizes.stall_steps)
+    return {
+        "requests_per_step": requests,
+        "batches_per_s": batches_per_s,
+        "stall_wait_fraction": stall["wait_fraction"],
+        "stall_wait_ms_p99": stall["wait_ms_p99"],
+    }

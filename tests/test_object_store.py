@@ -1,0 +1,323 @@
+"""Datasets on an object store: moto's S3 server on 127.0.0.1 (one per module), TensorStore's own
+s3 driver pointed at it, and a fault-injecting proxy in front. Every row is checked against the
+numpy arrays that were written (never against ids the code under test computed)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from psdp import DataLoader
+from psdp.sources import TensorStoreSource, read_metadata
+from psdp.sources.errors import TransientReadError
+from psdp.sources.writer import write_dataset
+from psdp.tools.benchmarks.object_store import FaultProxy, S3Server
+from tests.batch_checks import assert_batch_exact, expected_batch, run_on_noncontiguous_pod
+
+#: TensorStore's own request retries, fast (its default pauses a second before the first retry)
+FAST_RETRIES = {"max_retries": 2, "initial_delay": "5ms", "max_delay": "20ms"}
+
+
+def rows(n: int, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {
+        "tokens": rng.integers(0, 50_000, (n, 8), dtype=np.int32),
+        "weight": rng.random(n).astype(np.float32),
+    }
+
+
+@pytest.fixture(scope="module")
+def server():
+    with S3Server() as s3:
+        yield s3
+
+
+@pytest.fixture
+def proxy(server):
+    with FaultProxy(server.endpoint, seed=1) as p:
+        yield p
+
+
+def spec(server, path, proxy=None, retries=FAST_RETRIES):
+    return {
+        **server.kvstore(path, proxy.endpoint if proxy else None),
+        "s3_request_retries": retries,
+    }
+
+
+# ------------------------------------------------------------------------------ write, read
+def test_write_and_read_back_exactly(server):
+    data = rows(90)
+    where = spec(server, "exact/")
+    assert write_dataset(where, data, rows_per_shard=32, progress=False) == where
+    source = TensorStoreSource(where)
+    ids = np.array([89, 0, 33, 33, 64, 1])  # unsorted, repeated, across shards
+    got = source.read(ids)
+    for name, leaf in data.items():
+        np.testing.assert_array_equal(got[name], leaf[ids])
+    meta = read_metadata(where)
+    assert meta["num_rows"] == 90 and meta["data_prefix"].startswith("psdp-data-")
+    keys = {k.decode() for k in server.objects().list().result() if k.startswith(b"exact/")}
+    assert "exact/psdp.json" in keys
+    assert all(k.startswith(f"exact/{meta['data_prefix']}") for k in keys - {"exact/psdp.json"})
+
+
+def test_a_file_url_is_a_local_directory(tmp_path):
+    data = rows(10)
+    url = f"file://{tmp_path}/ds"
+    assert write_dataset(url, data, progress=False) == tmp_path / "ds"
+    assert (tmp_path / "ds" / "psdp.json").is_file()
+    np.testing.assert_array_equal(
+        TensorStoreSource(url).read(np.arange(10))["weight"], data["weight"]
+    )
+
+
+def test_a_single_array_and_an_iterable_of_chunks(server):
+    table = np.arange(50 * 3, dtype=np.int16).reshape(50, 3)
+    write_dataset(spec(server, "single/"), table, rows_per_shard=16, progress=False)
+    np.testing.assert_array_equal(
+        TensorStoreSource(spec(server, "single/")).read(np.arange(50)), table
+    )
+    chunks = (table[i : i + 7] for i in range(0, 50, 7))
+    write_dataset(spec(server, "chunks/"), chunks, rows_per_shard=16, progress=False)
+    np.testing.assert_array_equal(
+        TensorStoreSource(spec(server, "chunks/")).read(np.arange(50)), table
+    )
+
+
+def test_overwrite_commits_by_metadata_and_never_mixes(server):
+    where = spec(server, "overwrite/")
+    old, new = rows(40, seed=1), rows(24, seed=2)
+    write_dataset(where, old, rows_per_shard=16, progress=False)
+    reader = TensorStoreSource(where)  # opened before the overwrite: it reads the old prefix
+    with pytest.raises(FileExistsError, match="pass overwrite=True"):
+        write_dataset(where, new, progress=False)
+    write_dataset(where, new, rows_per_shard=16, overwrite=True, progress=False)
+    fresh = TensorStoreSource(where)
+    assert len(fresh) == 24
+    np.testing.assert_array_equal(fresh.read(np.arange(24))["tokens"], new["tokens"])
+    # the old prefix is gone: the old reader fails naming the object, it never reads zeros
+    with pytest.raises(ValueError, match=r"NOT_FOUND.*overwrite/psdp-data-[0-9a-f]+/tokens/c/0/0"):
+        reader.read(np.array([3]))
+    prefixes = {
+        k.split(b"/")[1] for k in server.objects().list().result() if k.startswith(b"overwrite/")
+    }
+    assert prefixes == {b"psdp.json", read_metadata(where)["data_prefix"].rstrip("/").encode()}
+
+
+def test_a_failed_write_leaves_the_old_dataset_and_no_objects(server):
+    where = spec(server, "failed/")
+    old = rows(20, seed=3)
+    write_dataset(where, old, rows_per_shard=8, progress=False)
+    before = sorted(server.objects().list().result())
+
+    def chunks():
+        yield rows(8, seed=4)
+        raise RuntimeError("the corpus reader broke")
+
+    with pytest.raises(RuntimeError, match="corpus reader broke"):
+        write_dataset(where, chunks(), rows_per_shard=8, overwrite=True, progress=False)
+    assert sorted(server.objects().list().result()) == before
+    np.testing.assert_array_equal(
+        TensorStoreSource(where).read(np.arange(20))["tokens"], old["tokens"]
+    )
+
+
+def test_a_write_that_lost_a_race_keeps_the_winner(server):
+    where = spec(server, "race/")
+    winner = rows(12, seed=9)
+
+    def chunks():  # another writer commits to the same place while this write runs
+        yield rows(8, seed=10)
+        write_dataset(where, winner, overwrite=True, progress=False)
+        yield rows(8, seed=11)
+
+    with pytest.raises(FileExistsError, match="another write_dataset committed to s3://psdp/race/"):
+        write_dataset(where, chunks(), rows_per_shard=8, progress=False)
+    source = TensorStoreSource(where)
+    np.testing.assert_array_equal(source.read(np.arange(12))["tokens"], winner["tokens"])
+    prefixes = {
+        k.split(b"/")[1] for k in server.objects().list().result() if k.startswith(b"race/")
+    }
+    assert len(prefixes) == 2  # psdp.json and the winner's prefix: the loser left nothing
+
+
+def test_foreign_objects_are_never_overwritten(server):
+    objects = server.objects()
+    objects[b"foreign/notes.txt"] = b"not a dataset"
+    with pytest.raises(FileExistsError, match=r"not a psdp dataset \(it holds notes.txt\)"):
+        write_dataset(spec(server, "foreign/"), rows(4), overwrite=True, progress=False)
+    assert objects[b"foreign/notes.txt"] == b"not a dataset"
+
+
+def test_an_unfinished_write_is_refused_by_readers(server):
+    objects = server.objects()
+    objects[b"unfinished/psdp-data-0123abcd/tokens/zarr.json"] = b"{}"
+    with pytest.raises(FileNotFoundError, match="did not finish; rerun it with overwrite=True"):
+        TensorStoreSource(spec(server, "unfinished/"))
+    with pytest.raises(FileNotFoundError, match="no dataset at s3://psdp/nothing-here/"):
+        TensorStoreSource(spec(server, "nothing-here/"))
+
+
+# --------------------------------------------------------------------- damage: fail, never zeros
+def _damaged(server, path):
+    where = spec(server, path)
+    data = rows(64, seed=5)
+    write_dataset(where, data, rows_per_shard=16, progress=False)
+    prefix = read_metadata(where)["data_prefix"]
+    return where, data, f"{path}{prefix}tokens/c/2/0"  # rows 32..47 of the tokens leaf
+
+
+def test_a_deleted_shard_is_refused_on_open_and_on_read(server, mesh_1d):
+    where, data, shard = _damaged(server, "deleted/")
+    source = TensorStoreSource(where)  # opened whole: then the shard goes
+    del server.objects()[shard.encode()]
+    with pytest.raises(ValueError, match=f"missing 1 shard file.*{shard.split('/', 1)[1]}"):
+        TensorStoreSource(where)
+    loader = DataLoader(
+        source,
+        mesh=mesh_1d,
+        global_batch_size=64,
+        shuffle=False,
+        read_timeout_s=30,
+        read_attempts=4,
+    )
+    # a missing object is permanent: it fails at once (no retry), naming the object and the step
+    with pytest.raises(ValueError, match=f"NOT_FOUND.*{shard}") as caught, loader:
+        next(iter(loader))
+    assert any("psdp: step 0: reading" in note for note in caught.value.__notes__)
+    assert not any("try" in note for note in caught.value.__notes__)
+
+
+def test_a_corrupted_chunk_fails_its_checksum(server):
+    where, data, shard = _damaged(server, "corrupt/")
+    objects = server.objects()
+    raw = bytearray(objects[shard.encode()])
+    raw[5 * (8 * 4 + 4) + 3] ^= 0xFF  # row 37: the 6th chunk (32 data bytes + a crc32c each)
+    objects[shard.encode()] = bytes(raw)
+    source = TensorStoreSource(where)
+    np.testing.assert_array_equal(source.read(np.array([36]))["tokens"], data["tokens"][[36]])
+    with pytest.raises(ValueError, match=f"DATA_LOSS.*{shard}"):
+        source.read(np.array([37]))
+
+
+# ------------------------------------------------------------------------ faults and retries
+def test_faults_are_retried_and_every_batch_is_exact(server, proxy, mesh_1d, caplog):
+    data = rows(96, seed=6)
+    write_dataset(spec(server, "faults/"), data, rows_per_shard=16, progress=False)
+    # two tries by TensorStore itself, so that some failures reach psdp's own retries too
+    source = TensorStoreSource(spec(server, "faults/", proxy))
+    loader = DataLoader(
+        source, mesh=mesh_1d, global_batch_size=24, seed=3, read_attempts=8, retry_backoff_s=0.01
+    )
+    proxy.latency_s, proxy.drop, proxy.error_503 = 0.002, 0.1, 0.2
+    store_before = TensorStoreSource.request_counts()
+    with loader, caplog.at_level("WARNING", logger="psdp"):
+        for step, batch in zip(range(8), loader, strict=False):
+            assert_batch_exact(batch, expected_batch(loader, data, step))
+    store_retries = TensorStoreSource.request_counts()[1] - store_before[1]
+    psdp_retries = [
+        r for r in caplog.records if "SlowDown" in r.getMessage() or "CURL" in r.getMessage()
+    ]
+    assert proxy.errors > 0 and proxy.dropped > 0  # faults were injected, and retried by both
+    assert store_retries > 0 and psdp_retries
+
+
+def test_psdp_retries_a_transient_error_that_outlives_the_store(server, proxy, mesh_1d):
+    data = rows(32, seed=7)
+    write_dataset(spec(server, "outlives/"), data, rows_per_shard=8, progress=False)
+    source = TensorStoreSource(spec(server, "outlives/", proxy, retries={"max_retries": 1}))
+    loader = DataLoader(
+        source, mesh=mesh_1d, global_batch_size=8, read_attempts=2, retry_backoff_s=None
+    )
+    proxy.error_503 = 1.0  # every read: TensorStore gives up, and so does psdp, after 2 tries
+    with loader, pytest.raises(TransientReadError, match="SlowDown") as caught:
+        loader.batch_at(0)
+    assert any("(try 2 of 2)" in note for note in caught.value.__notes__)
+
+
+# -------------------------------------------------------------------------------- the pod
+def pod_reads_remote(spec, expected_npz, process_index, axis_names, mesh_shape, steps):
+    """Runs in every pod process: the loader over the remote dataset, every shard checked."""
+    import jax
+
+    from psdp import MeshLayout
+
+    layout = MeshLayout(np.asarray(process_index).reshape(mesh_shape), tuple(axis_names))
+    mesh = layout.build_mesh(jax.devices())
+    with np.load(expected_npz) as saved:
+        data = {k: saved[k] for k in saved.files}
+    before = TensorStoreSource.request_counts()
+    shards = 0
+    loader = DataLoader(
+        TensorStoreSource(spec),
+        mesh=mesh,
+        global_batch_size=12,
+        seed=9,
+        read_threads=2,
+        read_attempts=8,
+        retry_backoff_s=0.01,
+        first_read_timeout_s=120,
+        read_timeout_s=60,
+    )
+    with loader:
+        for step, batch in zip(range(steps), loader, strict=False):
+            shards += assert_batch_exact(batch, expected_batch(loader, data, step))
+    after = TensorStoreSource.request_counts()
+    return {"shards": shards, "requests": after[0] - before[0], "retries": after[1] - before[1]}
+
+
+@pytest.mark.multiprocess
+def test_four_host_pod_reads_through_faults_every_shard_exact(server, proxy, tmp_path):
+    data = rows(60, seed=8)
+    write_dataset(spec(server, "pod/"), data, rows_per_shard=16, progress=False)
+    np.savez(tmp_path / "expected.npz", **data)
+    proxy.latency_s, proxy.drop, proxy.error_503 = 0.002, 0.05, 0.1
+    results = run_on_noncontiguous_pod(
+        pod_reads_remote,
+        spec=spec(server, "pod/", proxy, retries={"max_retries": 1}),
+        expected_npz=str(tmp_path / "expected.npz"),
+        steps=7,  # 60 rows, B=12: five steps an epoch, then a reshuffled epoch
+    )
+    # 2 leaves and the mask x 2 local devices x 7 steps, on each of the 4 processes
+    assert [r["shards"] for r in results] == [42] * 4
+    assert proxy.errors > 0 and proxy.dropped > 0
+    assert sum(r["retries"] for r in results) > 0
+    # TensorStore counted the requests the proxy saw (and no more: reads still in flight at the
+    # end may reach the proxy after the count)
+    assert 0 < sum(r["requests"] for r in results) <= sum(proxy.requests.values())
+
+
+# ------------------------------------------------------------------ block shuffle requests
+def test_a_block_shuffle_reads_few_requests_per_step(server, proxy):
+    """Counted at the proxy: a step of a block shuffle over chunks of ``io_block`` rows costs at
+    most one GET per block plus one per shard index; a full shuffle over 1-row chunks about one
+    per row. The bound comes from the step's row ids alone (row // io_block, row // shard)."""
+    from psdp._plan.block_shuffle import BlockShuffle
+    from psdp._plan.order import IndexShuffle
+
+    n, width, shard, io_block, window, batch = 256, 256, 64, 8, 4, 16
+    table = np.arange(n * width, dtype=np.int32).reshape(n, width)
+    write_dataset(
+        spec(server, "blocks/"),
+        table,
+        rows_per_shard=shard,
+        rows_per_chunk=io_block,
+        progress=False,
+    )
+    write_dataset(spec(server, "rows/"), table, rows_per_shard=shard, progress=False)
+    orders = {"blocks/": BlockShuffle(n, io_block, window, key=3), "rows/": IndexShuffle(n, 3)}
+    gets = {}
+    for path, perm in orders.items():
+        source = TensorStoreSource(spec(server, path, proxy))
+        gets[path] = []
+        for step in range(n // batch):
+            ids = np.sort(perm(np.arange(step * batch, (step + 1) * batch)))
+            proxy.reset()
+            np.testing.assert_array_equal(source.read(ids), table[ids])
+            gets[path].append(proxy.requests["GET"])
+            if path == "blocks/":
+                blocks, shards = len(set(ids // io_block)), len(set(ids // shard))
+                assert blocks <= window  # a step lies within one window of `window` blocks
+                assert gets[path][-1] <= blocks + shards
+    assert sum(gets["rows/"]) >= 2 * sum(gets["blocks/"]), gets
