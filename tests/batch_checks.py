@@ -49,6 +49,7 @@ def _oracle_step(loader, data, step: int, feeding=None, halo=None) -> oracle.Exp
         seed=loader.order.seed, shuffle=loader.order.shuffle,
         drop_last=order.drop_last, pad_value=loader.options.output.pad_value,
         halo=halo, feeding=feeding, mask_key=loader.options.output.mask_key, span=span,
+        block=None if order.io_block is None else (order.io_block, order.window_blocks),
     )  # fmt: skip
 
 

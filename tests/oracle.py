@@ -38,9 +38,18 @@ BATCH_AXES = ("replica", "data", "fsdp", "batch")
 
 
 # ------------------------------------------------------------------------------------ order
-def permuted(num_rows: int, seed: int, epoch: int, positions: np.ndarray) -> np.ndarray:
-    """Rows at ``positions`` of epoch ``epoch``'s permutation, read off one position at a time."""
-    one = GlobalOrder(num_rows, 1, shuffle=True, seed=seed)  # step epoch*N + i is position i
+def permuted(
+    num_rows: int,
+    seed: int,
+    epoch: int,
+    positions: np.ndarray,
+    block: tuple[int, int] | None = None,
+) -> np.ndarray:
+    """Rows at ``positions`` of epoch ``epoch``'s permutation, read off one position at a time
+    (``block``: the ``(io_block, window_blocks)`` of a block shuffle)."""
+    io_block, window_blocks = block or (None, 16)
+    one = GlobalOrder(num_rows, 1, shuffle=True, seed=seed, io_block=io_block,
+                      window_blocks=window_blocks)  # fmt: skip  # step epoch*N + i: position i
     rows = np.array([one.batch_ids(epoch * num_rows + int(i))[0] for i in positions], np.int64)
     assert ((rows >= 0) & (rows < num_rows)).all(), rows
     return rows
@@ -61,6 +70,7 @@ def step_ids(
     seed: int = 0,
     shuffle: bool = True,
     drop_last: bool = False,
+    block: tuple[int, int] | None = None,
 ) -> np.ndarray:
     """The ``B`` source row ids of step ``step``, increasing (`PAD` for an epoch's short final
     batch, after the real ones)."""
@@ -70,7 +80,7 @@ def step_ids(
     position = within * b + np.arange(b)
     real = position < n
     safe = np.where(real, position, 0)
-    ids = permuted(n, seed, epoch, safe) if shuffle else safe
+    ids = permuted(n, seed, epoch, safe, block) if shuffle else safe
     ids = np.where(real, ids, PAD)
     assert len(set(ids[real].tolist())) == real.sum(), "a row twice in one batch"
     ids[real] = np.sort(ids[real])  # a batch's rows in increasing id order (real ones lead)
@@ -140,12 +150,19 @@ def schedule_spans(
     return spans
 
 
-def span_ids(num_rows: int, span: Span, *, seed: int = 0, shuffle: bool = True) -> np.ndarray:
+def span_ids(
+    num_rows: int,
+    span: Span,
+    *,
+    seed: int = 0,
+    shuffle: bool = True,
+    block: tuple[int, int] | None = None,
+) -> np.ndarray:
     """A span's source rows, increasing, then `PAD` up to its batch size."""
     epoch, first = divmod(span.offset, num_rows)
     positions = first + np.arange(span.rows)
     assert positions.max(initial=0) < num_rows, "a span crosses an epoch's end"
-    ids = np.sort(permuted(num_rows, seed, epoch, positions)) if shuffle else positions
+    ids = np.sort(permuted(num_rows, seed, epoch, positions, block)) if shuffle else positions
     return np.concatenate([ids, np.full(span.batch_size - span.rows, PAD, np.int64)])
 
 
@@ -253,6 +270,7 @@ def expected_step(
     process_of: Mapping[Any, int] | None = None,
     mask_key: str | None = "mask",
     span: Span | None = None,
+    block: tuple[int, int] | None = None,
 ) -> Expected:
     """The whole global batch of ``step`` and each leaf's spec.
 
@@ -275,9 +293,17 @@ def expected_step(
         size, positions = fed_positions(batch_size, mesh, batch_entry(first), devices, feeding)
     physical = np.full(size, PAD, np.int64)
     physical[positions] = (
-        step_ids(num_rows, batch_size, step, seed=seed, shuffle=shuffle, drop_last=drop_last)
+        step_ids(
+            num_rows,
+            batch_size,
+            step,
+            seed=seed,
+            shuffle=shuffle,
+            drop_last=drop_last,
+            block=block,
+        )
         if span is None
-        else span_ids(num_rows, span, seed=seed, shuffle=shuffle)
+        else span_ids(num_rows, span, seed=seed, shuffle=shuffle, block=block)
     )
     out, out_specs = {}, {}
     for key, leaf in leaves.items():

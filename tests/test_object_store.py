@@ -321,3 +321,40 @@ def test_a_block_shuffle_reads_few_requests_per_step(server, proxy):
                 assert blocks <= window  # a step lies within one window of `window` blocks
                 assert gets[path][-1] <= blocks + shards
     assert sum(gets["rows/"]) >= 2 * sum(gets["blocks/"]), gets
+
+
+def test_the_loaders_block_shuffle_cuts_requests_and_resumes_exactly(server, proxy, mesh_1d):
+    """``io_block`` through the loader, counted at the proxy: every batch exact against the
+    oracle (which reads the block shuffle's permutation off position by position), each epoch a
+    permutation of the rows, each step's GETs within its blocks + shard indexes and far fewer than
+    a full shuffle's; a restore mid-epoch gives the same batches."""
+    n, width, shard, io_block, window, batch = 512, 1024, 256, 16, 2, 32
+    data = {"x": np.arange(n * width, dtype=np.int32).reshape(n, width)}
+    write_dataset(spec(server, "lblocks/"), data, rows_per_shard=shard, rows_per_chunk=io_block,
+                  progress=False)  # fmt: skip
+    write_dataset(spec(server, "lrows/"), data, rows_per_shard=shard, rows_per_chunk=1,
+                  progress=False)  # fmt: skip
+    gets: dict[str, list[int]] = {}
+    for path, order in {"lblocks/": {"io_block": io_block, "window_blocks": window},
+                        "lrows/": {}}.items():  # fmt: skip
+        source = TensorStoreSource(spec(server, path, proxy))
+        gets[path], seen = [], []
+        with DataLoader(source, mesh=mesh_1d, global_batch_size=batch, seed=3, **order) as loader:
+            for step in range(n // batch):
+                proxy.reset()
+                got = loader.batch_at(step)
+                gets[path].append(proxy.requests["GET"])
+                want = expected_batch(loader, data, step)
+                assert_batch_exact(got, want)
+                ids = np.asarray(got["x"])[:, 0] // width
+                seen += ids.tolist()
+                if order:
+                    blocks, shards = len(set(ids // io_block)), len(set(ids // shard))
+                    assert blocks <= window and gets[path][-1] <= blocks + shards
+            assert sorted(seen) == list(range(n))  # the epoch: each row once
+            state = loader.iter_from(5).state()
+            loader.close()
+        with DataLoader.restore(state, source, mesh=mesh_1d, **order) as restored:
+            assert_batch_exact(restored.batch_at(5), expected_batch(restored, data, 5))
+    # a step of 32 rows: ~32 GETs of 1-row chunks against 2-3 blocks (+ shard indexes)
+    assert sum(gets["lrows/"]) >= 3 * sum(gets["lblocks/"]), gets

@@ -51,7 +51,7 @@ def _reader(source, telemetry, **options):
         ends_short=False,
     )
     feed = open_feed(source, plan.options.order)
-    feed.start(plan, None)
+    feed.start({8: plan}, None)  # the plan of each batch size
     return StepReader(plan, feed, plan.options.reading.read_timeout_s, telemetry)
 
 
@@ -163,6 +163,8 @@ def test_a_slow_first_batch_names_the_grace():
 
 def test_the_store_counts_are_per_step_and_start_with_the_loader():
     class Counted(ArraySource):
+        remote = True  # only a remote source's counters are collected
+
         count = 100  # requests made before this loader: not its own
 
         @staticmethod
@@ -185,3 +187,30 @@ def test_stats_text_names_the_retries():
     assert str(stats).endswith(
         "; 12.5 store requests per step; 7 requests retried by the store; 3 reads retried by psdp"
     )
+
+
+def test_the_first_read_is_retried_too_and_a_permanent_one_fails_at_once(mesh_1d):
+    """The probe (row 0, read when the loader is built) follows the same rule as a step's reads:
+    a throttled object store does not make building the loader fail."""
+
+    class FirstReadsFail(ArraySource):
+        def __init__(self, data, errors):
+            super().__init__(data)
+            self.errors = list(errors)
+
+        def read(self, ids):
+            if self.errors:
+                raise self.errors.pop(0)
+            return super().read(ids)
+
+    data = np.arange(32, dtype=np.int32)
+    source = FirstReadsFail(data, [ConnectionResetError("reset"), TransientReadError("503")])
+    with DataLoader(source, mesh=mesh_1d, global_batch_size=8, shuffle=False,
+                    retry_backoff_s=0.001) as loader:  # fmt: skip
+        assert np.asarray(loader.batch_at(1)).tolist() == data[8:16].tolist()
+    assert not source.errors
+    gone = FirstReadsFail(data, [KeyError("object c/0 is gone"), ConnectionResetError("x")])
+    with pytest.raises(KeyError, match="c/0 is gone") as caught:
+        DataLoader(gone, mesh=mesh_1d, global_batch_size=8, retry_backoff_s=0.001)
+    assert "the first read (row 0" in "".join(caught.value.__notes__)
+    assert len(gone.errors) == 1  # not retried

@@ -58,4 +58,5 @@ _IS_KIND = {
     "dict": lambda v: isinstance(v, Mapping),
     "list": lambda v: isinstance(v, list | tuple),
     "int or list": lambda v: is_int(v) or isinstance(v, list | tuple),
+    "int or null": lambda v: v is None or is_int(v),
 }

@@ -250,7 +250,8 @@ class LoaderConfig:
     ``psdp.write_dataset``) or a ``.npy`` file (memory-mapped)."""
 
     order: OrderOptions = field(default_factory=OrderOptions)
-    """Which rows each step holds: global_batch_size, shuffle, seed, drop_last."""
+    """Which rows each step holds: global_batch_size (or a schedule), shuffle, seed, drop_last,
+    skip_steps, skip_offsets, start_at, io_block, window_blocks."""
 
     sharding: ShardingOptions = field(default_factory=ShardingOptions)
     """How leaves are split over the mesh: batch_spec, batch_axes, named_axes, axis_mapping,
@@ -260,7 +261,8 @@ class LoaderConfig:
     """What batches hold beyond the rows: pad_value, mask_key, dtypes."""
 
     reading: ReadingOptions = field(default_factory=ReadingOptions)
-    """How rows are read: prefetch, read_threads, read_timeout_s, stall_warning_s."""
+    """How rows are read: prefetch, read_threads, read_timeout_s, stall_warning_s,
+    read_attempts, retry_backoff_s, first_read_timeout_s."""
 
     def __post_init__(self) -> None:
         if self.source is not None and not isinstance(self.source, str):

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from psdp._checks import check_int
-from psdp._plan.order import IndexShuffle
+from psdp._plan.index_shuffle import IndexShuffle
 
 _U64 = np.uint64
 _ROUNDS = 6

@@ -30,7 +30,7 @@ class OrderOptions:
 
     Example:
         >>> OrderOptions(global_batch_size=256, seed=3)
-        OrderOptions(global_batch_size=256, shuffle=None, seed=3, drop_last=False, skip_steps=(), skip_offsets=(), start_at=None)
+        OrderOptions(global_batch_size=256, shuffle=None, seed=3, drop_last=False, skip_steps=(), skip_offsets=(), start_at=None, io_block=None, window_blocks=16)
         >>> OrderOptions(global_batch_size=[(0, 64), (1000, 128)]).global_batch_size
         ((0, 64), (1000, 128))
         >>> OrderOptions(global_batch_size=0)
@@ -64,6 +64,14 @@ class OrderOptions:
     """``(step, sample offset)``: the order continues from there (set by a restore; unset:
     ``(0, 0)``)."""
 
+    io_block: int | None = None
+    """Block shuffle: permute blocks of this many consecutive rows, then rows within windows of
+    ``window_blocks`` blocks, so a step reads few large blocks from an object store (unset: a
+    full shuffle)."""
+
+    window_blocks: int = 16
+    """Blocks whose rows a block shuffle mixes together (with ``io_block``)."""
+
     def __post_init__(self) -> None:
         if self.global_batch_size is not None:
             checks.fix_field(self, "global_batch_size", checks.as_batch_size)
@@ -75,6 +83,14 @@ class OrderOptions:
         checks.fix_field(self, "skip_offsets", checks.as_ranges, "sample offset")
         if self.start_at is not None:
             checks.fix_field(self, "start_at", checks.as_start)
+        if self.io_block is not None:
+            checks.fix_field(self, "io_block", checks.as_count, "rows per shuffled block", 32)
+            if self.shuffle is False:
+                raise ValueError(
+                    f"OrderOptions.io_block={self.io_block} asks for a block shuffle, but "
+                    "shuffle=False; drop io_block, or set shuffle=True"
+                )
+        checks.fix_field(self, "window_blocks", checks.as_count, "blocks mixed together", 16)
 
     @property
     def start(self) -> tuple[int, int]:
@@ -323,7 +339,7 @@ class LoaderOptions:
         >>> LoaderOptions.create(global_batch_size=8, batch_size=8)
         Traceback (most recent call last):
             ...
-        TypeError: unknown loader option 'batch_size' (did you mean 'global_batch_size'?); the options are axis_mapping, batch_axes, batch_spec, drop_last, dtypes, feeding_processes, first_read_timeout_s, global_batch_size, halo, mask_key, named_axes, pad_value, prefetch, read_attempts, read_threads, read_timeout_s, retry_backoff_s, seed, shuffle, skip_offsets, skip_steps, stall_warning_s, start_at (docs/loader.md)
+        TypeError: unknown loader option 'batch_size' (did you mean 'global_batch_size'?); the options are axis_mapping, batch_axes, batch_spec, drop_last, dtypes, feeding_processes, first_read_timeout_s, global_batch_size, halo, io_block, mask_key, named_axes, pad_value, prefetch, read_attempts, read_threads, read_timeout_s, retry_backoff_s, seed, shuffle, skip_offsets, skip_steps, stall_warning_s, start_at, window_blocks (docs/loader.md)
     """
 
     order: OrderOptions = field(default_factory=OrderOptions)

@@ -14,70 +14,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from psdp._checks import check_int
+from psdp._plan.block_shuffle import BlockShuffle
+from psdp._plan.index_shuffle import MASK64, IndexShuffle, splitmix64
 from psdp._plan.offsets import StepInfo, StepOffsets, stages_of
-
-_MASK64 = (1 << 64) - 1
-_ROUNDS = 6
-
-
-def _splitmix64(x: int) -> int:
-    """One step of splitmix64 on a Python int: derives well-mixed round keys from small seeds."""
-    x = (x + 0x9E3779B97F4A7C15) & _MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return x ^ (x >> 31)
-
-
-def _round_keys(key: int) -> tuple[int, ...]:
-    keys, k = [], key & _MASK64
-    for _ in range(_ROUNDS):
-        k = _splitmix64(k)
-        keys.append(k)
-    return tuple(keys)
-
-
-@dataclass(frozen=True)
-class IndexShuffle:
-    """A keyed permutation of ``range(n)``, evaluated pointwise in O(1) memory per index.
-
-    An unbalanced Feistel network permutes ``[0, 2**bits)``, the smallest power of two >= n (each
-    round swaps a ``hi``-bit and a ``lo``-bit half: ``(hi, lo) -> (lo, hi ^ F(lo))``, a bijection
-    whatever the split); cycle walking (re-applying it to values that land outside ``[0, n)``)
-    restricts it to ``[0, n)`` while staying a bijection. The domain is at most ``2n``, so each
-    value needs fewer than 2 walks on average. ``F`` is a keyed multiplicative hash (top bits).
-
-    Example:
-        >>> perm = IndexShuffle(10, key=7)
-        >>> out = perm(np.arange(10))
-        >>> sorted(out.tolist()) == list(range(10))
-        True
-    """
-
-    n: int
-    key: int
-
-    def __call__(self, index: np.ndarray) -> np.ndarray:
-        bits = max(2, (self.n - 1).bit_length())
-        keys = _round_keys(self.key)
-        out = np.asarray(index, dtype=np.uint64).copy()
-        todo = np.arange(out.size)
-        while todo.size:
-            out[todo] = _feistel(out[todo], bits, keys)
-            todo = todo[out[todo] >= self.n]
-        return out.astype(np.int64)
-
-
-def _feistel(x: np.ndarray, bits: int, keys: tuple[int, ...]) -> np.ndarray:
-    hi_bits, lo_bits = bits - bits // 2, bits // 2
-    for key in keys:
-        hi, lo = x >> np.uint64(lo_bits), x & np.uint64((1 << lo_bits) - 1)
-        # multiplicative hashing: the top bits of the products depend on every bit of lo
-        f = (lo ^ np.uint64(key)) * np.uint64(0x9E3779B97F4A7C15)
-        f = (f ^ (f >> np.uint64(32))) * np.uint64(0xD6E8FEB86659FD93)
-        x = (lo << np.uint64(hi_bits)) | (hi ^ (f >> np.uint64(64 - hi_bits)))
-        hi_bits, lo_bits = lo_bits, hi_bits
-    return x
-
 
 #: Up to this many rows, an epoch's whole permutation is computed once (8 bytes a row) and each
 #: step slices it: a numpy slice per step instead of ~70 numpy calls of the Feistel network.
@@ -85,14 +24,14 @@ CACHED_PERMUTATION_ROWS = 1 << 20
 
 
 @functools.lru_cache(maxsize=2)  # this epoch's and the next (read-ahead crosses epochs)
-def epoch_permutation(n: int, key: int) -> np.ndarray:
-    """``IndexShuffle(n, key)`` at every position, read-only.
+def epoch_permutation(shuffle: IndexShuffle | BlockShuffle) -> np.ndarray:
+    """``shuffle`` at every position, read-only.
 
     Example:
-        >>> epoch_permutation(10, 7).tolist() == IndexShuffle(10, 7)(np.arange(10)).tolist()
+        >>> epoch_permutation(IndexShuffle(10, 7)).tolist() == IndexShuffle(10, 7)(np.arange(10)).tolist()
         True
     """
-    permutation = IndexShuffle(n, key)(np.arange(n, dtype=np.int64))
+    permutation = shuffle(np.arange(shuffle.n, dtype=np.int64))
     permutation.flags.writeable = False
     return permutation
 
@@ -114,7 +53,7 @@ def check_seed(seed: object) -> None:
         ValueError: seed must be in [0, 2**64 - 1] (the order hashes it as 64 bits, so other seeds would repeat another seed's order), got 18446744073709551616; pass seed % 2**64 (the order such a seed used to give) or a new one, e.g. secrets.randbits(64)
     """
     check_int("seed", seed, minimum=None)
-    if not 0 <= int(seed) <= _MASK64:  # type: ignore[call-overload]
+    if not 0 <= int(seed) <= MASK64:  # type: ignore[call-overload]
         raise ValueError(
             f"seed must be in [0, 2**64 - 1] (the order hashes it as 64 bits, so other seeds "
             f"would repeat another seed's order), got {seed}; pass seed % 2**64 (the order such a "
@@ -142,6 +81,10 @@ class GlobalOrder:
             gets the samples step ``end`` would have had.
         skip_offsets: ranges ``(first, end)`` of sample offsets never read.
         start: the ``(step, offset)`` the order continues from (a restored run's resume point).
+        io_block: shuffle blocks of this many consecutive rows, then rows within windows of
+            ``window_blocks`` blocks (`BlockShuffle`: few large reads from an object store);
+            ``None``: a full shuffle (`IndexShuffle`).
+        window_blocks: the blocks whose rows a block shuffle mixes.
 
     Example:
         >>> GlobalOrder(10, 4, shuffle=False).batch_ids(2).tolist()  # the short final batch
@@ -163,6 +106,8 @@ class GlobalOrder:
     skip_steps: Sequence[tuple[int, int]] = ()
     skip_offsets: Sequence[tuple[int, int]] = ()
     start: tuple[int, int] = (0, 0)
+    io_block: int | None = None
+    window_blocks: int = 16
 
     def __post_init__(self) -> None:
         check_seed(self.seed)
@@ -217,10 +162,17 @@ class GlobalOrder:
         epoch, first = divmod(offset, self.num_rows)
         if not self.shuffle:
             return first + np.arange(count, dtype=np.int64)
-        key = self._epoch_key(epoch)
+        shuffle = self.shuffle_of(epoch)
         if self.num_rows <= CACHED_PERMUTATION_ROWS:  # one slice of the epoch's permutation
-            return epoch_permutation(self.num_rows, key)[first : first + count]
-        return IndexShuffle(self.num_rows, key)(first + np.arange(count, dtype=np.int64))
+            return epoch_permutation(shuffle)[first : first + count]
+        return shuffle(first + np.arange(count, dtype=np.int64))
+
+    def shuffle_of(self, epoch: int) -> IndexShuffle | BlockShuffle:
+        """The permutation of epoch ``epoch``: position in the epoch -> source row."""
+        key = self._epoch_key(epoch)
+        if self.io_block is None:
+            return IndexShuffle(self.num_rows, key)
+        return BlockShuffle(self.num_rows, self.io_block, self.window_blocks, key)
 
     def batch_ids(self, step: int) -> np.ndarray:
         """The source row ids of the global batch at ``step``: increasing, then `PAD` for
@@ -241,4 +193,4 @@ class GlobalOrder:
         return self.offsets.resume_offset(step)
 
     def _epoch_key(self, epoch: int) -> int:
-        return _splitmix64((_splitmix64(self.seed & _MASK64) ^ epoch) & _MASK64)
+        return splitmix64((splitmix64(self.seed & MASK64) ^ epoch) & MASK64)

@@ -101,6 +101,8 @@ class RandomAccessFeed:
             order.skip_steps,
             order.skip_offsets,
             order.start,
+            order.io_block,
+            order.window_blocks,
         )
         self.offsets = self.order.offsets
         self.ends_short = self.order.pads
@@ -157,6 +159,11 @@ class StreamFeed:
                 f"shuffle=True with a stream ({source.describe()}): a stream has no random "
                 "access, so psdp cannot permute it; shuffle upstream (e.g. a shuffle buffer in "
                 "the stream) and pass shuffle=False"
+            )
+        if order.io_block is not None:
+            raise ValueError(
+                f"io_block={order.io_block} with a stream ({source.describe()}): a stream has no "
+                "random access to shuffle in blocks; drop io_block (and shuffle upstream)"
             )
         if order.skip_offsets:
             raise ValueError(

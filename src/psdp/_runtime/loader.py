@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import random
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -36,7 +37,7 @@ from psdp._runtime.state import (
     loader_state,
     restored_order,
 )
-from psdp._runtime.step_reader import StepReader
+from psdp._runtime.step_reader import StepReader, backoff_s, retried
 from psdp._runtime.telemetry import LoaderStats, Telemetry
 
 __all__ = ["DataLoader", "LoaderIterator"]
@@ -99,7 +100,15 @@ class DataLoader:
         self.source, self.order = self.feed.source, self.feed.order
         layout = as_layout(mesh)
         self.process_index = check_own_process(layout, process_index)
-        first_row = self.feed.probe()
+        reading = self.options.reading
+        jitter = random.Random()
+        first_row = retried(  # the first read: an object store may throttle it too
+            self.feed.probe,
+            "the first read (row 0, for the leaves' shapes)",
+            self.feed.source,
+            reading.read_attempts,
+            lambda attempt: backoff_s(attempt, reading.retry_backoff_s, jitter.uniform(0.5, 1.0)),
+        )
         order = self.options.order
         #: the frozen plan of this host's steps, per batch size of the schedule
         self.plans = {
@@ -120,7 +129,6 @@ class DataLoader:
         self.start_step = order.start[0]
         #: the plan of the first step (`plans` has every batch size's)
         self.plan = self.plans[self.feed.step_info(self.start_step).batch_size]
-        reading = self.options.reading
         self.telemetry = Telemetry(stall_warning_s=reading.stall_warning_s)
         self._readers = {
             b: StepReader(p, self.feed, reading.read_timeout_s, self.telemetry)

@@ -28,10 +28,21 @@ STATE_FIELDS = {
     "seed": "int",
     "shuffle": "bool",
     "drop_last": "bool",
+    "io_block": "int or null",
+    "window_blocks": "int",
     "source": "dict",
 }
 #: The order's fields a state records (what the samples of later steps depend on).
-ORDER_FIELDS = ("global_batch_size", "skip_steps", "skip_offsets", "seed", "shuffle", "drop_last")
+ORDER_FIELDS = (
+    "global_batch_size",
+    "skip_steps",
+    "skip_offsets",
+    "seed",
+    "shuffle",
+    "drop_last",
+    "io_block",
+    "window_blocks",
+)
 #: Of those, the ones a restore may change: they only decide the steps after the resume point.
 CHANGEABLE = ("global_batch_size", "skip_steps", "skip_offsets", "drop_last")
 
@@ -58,7 +69,7 @@ def loader_state(step: int, order: OrderOptions, feed: Any, plan: LoaderPlan) ->
         >>> feed = open_feed(np.arange(64, dtype=np.int32), options.order)
         >>> plan = LoaderPlan.create(feed.probe(), mesh, options, 0, stream=False, ends_short=False)
         >>> loader_state(5, options.order, feed, plan)
-        {'format': 'psdp.loader/2', 'step': 5, 'offset': 40, 'global_batch_size': 8, 'skip_steps': [], 'skip_offsets': [], 'seed': 3, 'shuffle': True, 'drop_last': False, 'source': {'rows': 64, 'leaves': {'None': ['int32', []]}}}
+        {'format': 'psdp.loader/2', 'step': 5, 'offset': 40, 'global_batch_size': 8, 'skip_steps': [], 'skip_offsets': [], 'seed': 3, 'shuffle': True, 'drop_last': False, 'io_block': None, 'window_blocks': 16, 'source': {'rows': 64, 'leaves': {'None': ['int32', []]}}}
     """
     return {
         "format": STATE_FORMAT,
@@ -79,6 +90,8 @@ def order_record(order: OrderOptions, feed: Any) -> dict[str, Any]:
         "seed": 0 if feed.order is None else feed.order.seed,
         "shuffle": False if feed.order is None else feed.order.shuffle,
         "drop_last": order.drop_last,
+        "io_block": order.io_block,
+        "window_blocks": order.window_blocks,
     }
 
 
@@ -99,9 +112,8 @@ def check_state(state: Any) -> dict[str, Any]:
 
 def _upgraded(state: Mapping[str, Any]) -> dict[str, Any]:
     """A ``psdp.loader/1`` state (a constant batch size, no skips) in the current format."""
-    old = {
-        k: v for k, v in STATE_FIELDS.items() if k not in ("offset", "skip_steps", "skip_offsets")
-    }
+    new = ("offset", "skip_steps", "skip_offsets", "io_block", "window_blocks")
+    old = {k: v for k, v in STATE_FIELDS.items() if k not in new}
     check_fields("the saved state", state, {**old, "global_batch_size": "int"}, RESTORE_FIX)
     rows = state["source"].get("rows")
     offsets = StepOffsets.create(rows, state["global_batch_size"], drop_last=state["drop_last"])
@@ -111,6 +123,8 @@ def _upgraded(state: Mapping[str, Any]) -> dict[str, Any]:
         "offset": offsets.info(state["step"]).offset,
         "skip_steps": [],
         "skip_offsets": [],
+        "io_block": None,
+        "window_blocks": OrderOptions().window_blocks,
     }
 
 

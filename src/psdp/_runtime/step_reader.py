@@ -70,7 +70,10 @@ class StepReader:
         self.telemetry = telemetry
         self._warm = False  # a step was read: the first batch's grace is over
         self._jitter = random.Random()
-        self._counts = getattr(feed.source, "request_counts", None)  # a remote store's counters
+        # a remote store's counters; only then: collecting TensorStore's metrics every step costs
+        # memory (RSS grew ~17 KB a step in scripts/soak.py on a local store)
+        remote = getattr(feed.source, "remote", False)
+        self._counts = getattr(feed.source, "request_counts", None) if remote else None
         self._counts_at_start = self._counts() if self._counts else (0, 0)
 
     def read_step(
@@ -182,30 +185,15 @@ class StepReader:
         stopped: Callable[[], bool],
     ) -> dict[Key, np.ndarray]:
         where = f"step {step}: reading {len(ids)} rows (ids {preview_ids(ids)})"
-        for attempt in range(1, self.attempts + 1):
-            try:
-                return self._read_columns(source, ids, request)
-            except StopIteration as err:  # only a stream's end may end iteration (as in PEP 479)
-                raise stray_stop_iteration(where, source) from err
-            except Exception as err:
-                if attempt == self.attempts or not is_transient(err) or stopped():
-                    tries = f" (try {attempt} of {self.attempts})" if attempt > 1 else ""
-                    err.add_note(f"psdp: {where} from {source.describe()}{tries}")
-                    raise
-                pause = self._backoff(attempt)
-                logger.warning(
-                    "psdp: %s failed (%s: %s); try %d of %d in %.2f s",
-                    where,
-                    type(err).__name__,
-                    err,
-                    attempt + 1,
-                    self.attempts,
-                    pause,
-                )
-                if self.telemetry is not None:
-                    self.telemetry.record_retry()
-                _pause(pause, stopped)
-        raise AssertionError("unreachable: the last attempt returns or raises")
+        return retried(
+            lambda: self._read_columns(source, ids, request),
+            where,
+            source,
+            self.attempts,
+            self._backoff,
+            stopped,
+            None if self.telemetry is None else self.telemetry.record_retry,
+        )
 
     def _backoff(self, attempt: int) -> float:
         return backoff_s(attempt, self.backoff_s, self._jitter.uniform(0.5, 1.0))
@@ -294,6 +282,56 @@ def stray_stop_iteration(where: str, source: Any) -> RuntimeError:
         "word (a stray next() on an exhausted iterator inside read?), so it is an error: catch "
         "it in the source, or wrap an iterable without random access in psdp.StreamSource"
     )
+
+
+def retried(
+    read: Callable[[], Any],
+    where: str,
+    source: Any,
+    attempts: int,
+    backoff: Callable[[int], float],
+    stopped: Callable[[], bool] = lambda: False,
+    on_retry: Callable[[], None] | None = None,
+) -> Any:
+    """``read()``, tried again after ``backoff(attempt)`` seconds while it fails with a transient
+    error (`psdp.sources.errors.is_transient`), up to ``attempts`` tries; any other error, the
+    last try's, or one after ``stopped()`` is raised with a note naming ``where``.
+
+    Example:
+        >>> from psdp.sources.errors import TransientReadError
+        >>> from psdp.sources import ArraySource
+        >>> failures = [TransientReadError("503 SlowDown")]
+        >>> def read():
+        ...     if failures:
+        ...         raise failures.pop()
+        ...     return "rows"
+        >>> retried(read, "step 0", ArraySource(np.zeros(1)), attempts=2, backoff=lambda a: 0.0)
+        'rows'
+    """
+    for attempt in range(1, attempts + 1):
+        try:
+            return read()
+        except StopIteration as err:  # only a stream's end may end iteration (as in PEP 479)
+            raise stray_stop_iteration(where, source) from err
+        except Exception as err:
+            if attempt == attempts or not is_transient(err) or stopped():
+                tries = f" (try {attempt} of {attempts})" if attempt > 1 else ""
+                err.add_note(f"psdp: {where} from {source.describe()}{tries}")
+                raise
+            pause = backoff(attempt)
+            logger.warning(
+                "psdp: %s failed (%s: %s); try %d of %d in %.2f s",
+                where,
+                type(err).__name__,
+                err,
+                attempt + 1,
+                attempts,
+                pause,
+            )
+            if on_retry is not None:
+                on_retry()
+            _pause(pause, stopped)
+    raise AssertionError("unreachable: the last attempt returns or raises")
 
 
 def _pause(seconds: float, stopped: Callable[[], bool]) -> None:

@@ -88,6 +88,8 @@ class TensorStoreSource:
             else ts.Context({"cache_pool": {"total_bytes_limit": int(cache_bytes)}}, parent)
         )
         self.path: Path | None = None
+        #: whether the rows come from an object store (then `request_counts` means something)
+        self.remote = False
         self._single = True
         if isinstance(path_or_spec, ts.TensorStore):
             self._where = "an open TensorStore"
@@ -95,6 +97,9 @@ class TensorStoreSource:
         elif isinstance(path_or_spec, Mapping) and not is_kvstore_spec(path_or_spec):
             spec = _strict_spec(dict(path_or_spec))
             self._where = f"the TensorStore spec with kvstore {spec.get('kvstore')!r}"
+            kvstore = spec.get("kvstore")
+            driver = kvstore.get("driver") if isinstance(kvstore, Mapping) else str(kvstore)
+            self.remote = str(driver).split(":")[0] not in ("file", "memory", "None")
             self._arrays = {SINGLE_LEAF: _open_array(spec, self._context, self._where)}
         elif isinstance(path_or_spec, str | os.PathLike | Mapping):
             location = locate(path_or_spec)
@@ -103,6 +108,7 @@ class TensorStoreSource:
                 self.path = location.local
                 self._arrays = self._open_directory(self.path, check_shards)
             else:
+                self.remote = True
                 self._arrays = self._open_remote(location, check_shards)
         else:
             raise TypeError(

@@ -1,0 +1,71 @@
+"""`IndexShuffle`: a keyed permutation of ``range(n)`` evaluated pointwise (the order's full
+shuffle; `BlockShuffle` builds on it): ``docs/loader.md``, "The order and the resume rule"."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+#: All 64 bits: the seeds and keys are hashed as 64-bit words.
+MASK64 = (1 << 64) - 1
+_ROUNDS = 6
+
+
+def splitmix64(x: int) -> int:
+    """One step of splitmix64 on a Python int: derives well-mixed round keys from small seeds."""
+    x = (x + 0x9E3779B97F4A7C15) & MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
+    return x ^ (x >> 31)
+
+
+def _round_keys(key: int) -> tuple[int, ...]:
+    keys, k = [], key & MASK64
+    for _ in range(_ROUNDS):
+        k = splitmix64(k)
+        keys.append(k)
+    return tuple(keys)
+
+
+@dataclass(frozen=True)
+class IndexShuffle:
+    """A keyed permutation of ``range(n)``, evaluated pointwise in O(1) memory per index.
+
+    An unbalanced Feistel network permutes ``[0, 2**bits)``, the smallest power of two >= n (each
+    round swaps a ``hi``-bit and a ``lo``-bit half: ``(hi, lo) -> (lo, hi ^ F(lo))``, a bijection
+    whatever the split); cycle walking (re-applying it to values that land outside ``[0, n)``)
+    restricts it to ``[0, n)`` while staying a bijection. The domain is at most ``2n``, so each
+    value needs fewer than 2 walks on average. ``F`` is a keyed multiplicative hash (top bits).
+
+    Example:
+        >>> perm = IndexShuffle(10, key=7)
+        >>> out = perm(np.arange(10))
+        >>> sorted(out.tolist()) == list(range(10))
+        True
+    """
+
+    n: int
+    key: int
+
+    def __call__(self, index: np.ndarray) -> np.ndarray:
+        bits = max(2, (self.n - 1).bit_length())
+        keys = _round_keys(self.key)
+        out = np.asarray(index, dtype=np.uint64).copy()
+        todo = np.arange(out.size)
+        while todo.size:
+            out[todo] = _feistel(out[todo], bits, keys)
+            todo = todo[out[todo] >= self.n]
+        return out.astype(np.int64)
+
+
+def _feistel(x: np.ndarray, bits: int, keys: tuple[int, ...]) -> np.ndarray:
+    hi_bits, lo_bits = bits - bits // 2, bits // 2
+    for key in keys:
+        hi, lo = x >> np.uint64(lo_bits), x & np.uint64((1 << lo_bits) - 1)
+        # multiplicative hashing: the top bits of the products depend on every bit of lo
+        f = (lo ^ np.uint64(key)) * np.uint64(0x9E3779B97F4A7C15)
+        f = (f ^ (f >> np.uint64(32))) * np.uint64(0xD6E8FEB86659FD93)
+        x = (lo << np.uint64(hi_bits)) | (hi ^ (f >> np.uint64(64 - hi_bits)))
+        hi_bits, lo_bits = lo_bits, hi_bits
+    return x
