@@ -263,37 +263,9 @@ LATENCIES_MS = (0.0, 50.0)
 STALL_STEP_MS = 100.0
 
 
-class PermutedSource:
-    """Rows of ``source`` in the order ``perm`` gives: position ``i`` reads row ``perm(i)``.
-
-    A loader with ``shuffle=False`` over it reads an epoch in ``perm``'s order, so one loader
-    compares orders (a full row shuffle, a block shuffle) on the same dataset.
-
-    Example:
-        >>> import numpy as np
-        >>> from psdp.sources import ArraySource
-        >>> PermutedSource(ArraySource(np.arange(5) * 10), lambda p: 4 - p).read(np.array([0, 3]))
-        array([40, 10])
-    """
-
-    def __init__(self, source: Any, perm: Any) -> None:
-        self.source, self.perm = source, perm
-
-    def __len__(self) -> int:
-        return len(self.source)
-
-    def read(self, ids: Any) -> Any:
-        return self.source.read(self.perm(ids))
-
-    def describe(self) -> str:
-        return f"PermutedSource({self.source.describe()})"
-
-
 def bench_object_store(sizes: Any) -> dict[str, Any]:
     """Requests per step, batches per second and the stall behind a 100 ms step, for a full
     row shuffle and a block shuffle, reading from moto's S3 server through a latency proxy."""
-    from psdp._plan.block_shuffle import BlockShuffle
-    from psdp._plan.order import IndexShuffle
     from psdp.sources.writer import write_dataset
     from psdp.tools.benchmarks.common import cpu_mesh, int32_table
 
@@ -301,17 +273,17 @@ def bench_object_store(sizes: Any) -> dict[str, Any]:
     io_block = max(1, sizes.batch // 4)  # rows per inner chunk of the block layout
     window = 16  # blocks per window: rows of 16 blocks are shuffled together (4 steps' worth)
     rows_per_shard = max(io_block, sizes.rows // 32)  # 32 shards per leaf
-    orders = {
-        "full shuffle": (1, IndexShuffle(sizes.rows, 7)),
+    orders = {  # the loader's own orders: a full shuffle, and its io_block block shuffle
+        "full shuffle": (1, {}),
         f"block shuffle ({io_block}-row blocks, {window}-block windows)": (
             io_block,
-            BlockShuffle(sizes.rows, io_block, window, 7),
+            {"io_block": io_block, "window_blocks": window},
         ),
     }
     mesh = cpu_mesh((4, 2), ("data", "model"))
     out = []
     with S3Server() as server, FaultProxy(server.endpoint) as proxy:
-        for order, (chunk, perm) in orders.items():
+        for order, (chunk, shuffle) in orders.items():
             layout = f"rows_per_chunk={chunk}"
             write_dataset(
                 server.kvstore(f"bench-{chunk}/"),
@@ -321,10 +293,11 @@ def bench_object_store(sizes: Any) -> dict[str, Any]:
                 progress=False,
             )
             # read threads hide latency: at the highest latency, also one thread alone
-            settings = [(ms, sizes.read_threads) for ms in LATENCIES_MS] + [(LATENCIES_MS[-1], 1)]
+            most = max(sizes.read_threads)  # the most read threads the run measures
+            settings = [(ms, most) for ms in LATENCIES_MS] + [(LATENCIES_MS[-1], 1)]
             for latency_ms, threads in settings:
                 proxy.latency_s = latency_ms / 1e3
-                row = _measure(server, proxy, sizes, mesh, table, perm, chunk, threads)
+                row = _measure(server, proxy, sizes, mesh, table, shuffle, chunk, threads)
                 out.append(
                     {
                         "order": order,
@@ -364,14 +337,14 @@ def _measure(
     sizes: Any,
     mesh: Any,
     table: Any,
-    perm: Any,
+    shuffle: dict[str, Any],
     chunk: int,
     threads: int,
 ) -> dict[str, Any]:
     """One order at the proxy's current latency: counted reads, a timed loop, a stall run."""
     import numpy as np
 
-    from psdp import DataLoader
+    from psdp import DataLoader, GlobalOrder
     from psdp.sources import TensorStoreSource
     from psdp.tools.benchmarks.stall import stall_run
 
@@ -380,10 +353,11 @@ def _measure(
             server.kvstore(f"bench-{chunk}/", proxy.endpoint), cache_bytes=256 << 20
         )
         return DataLoader(
-            PermutedSource(source, perm),
+            source,
             mesh=mesh,
             global_batch_size=sizes.batch,
-            shuffle=False,
+            seed=7,
+            **shuffle,
             read_threads=threads,
             prefetch=sizes.prefetch,
             stall_warning_s=None,
@@ -392,7 +366,8 @@ def _measure(
     steps = sizes.steps
     with loader() as counted:
         first = np.asarray(counted.batch_at(0))  # checked before anything is timed
-        np.testing.assert_array_equal(first, table[perm(np.arange(sizes.batch))])
+        ids = GlobalOrder(sizes.rows, sizes.batch, seed=7, **shuffle).batch_ids(0)
+        np.testing.assert_array_equal(first, table[ids])
         proxy.reset()
         for step in range(1, steps + 1):
             counted.batch_at(step)
