@@ -9,6 +9,7 @@ Nothing here reaches beyond 127.0.0.1. moto is a dev dependency (``pip install "
 from __future__ import annotations
 
 import contextlib
+import functools
 import http.client
 import os
 import queue
@@ -31,6 +32,21 @@ S3_ENVIRONMENT = {
     "AWS_REGION": "us-east-1",
 }
 _START_TIMEOUT_S = 60.0
+
+
+@functools.cache
+def _environment_credentials() -> dict[str, Any]:
+    """``aws_credentials`` from the environment (the server's keys): TensorStore's spec member
+    since it names credential types; older releases take no ``type`` and read the environment
+    first by default, so the member is left out there."""
+    import tensorstore as ts
+
+    member = {"aws_credentials": {"type": "environment"}}
+    try:
+        ts.KvStore.Spec({"driver": "s3", "bucket": "b", **member})
+    except ValueError:
+        return {}
+    return member
 
 
 def free_port() -> int:
@@ -87,7 +103,7 @@ class S3Server:
             "bucket": self.bucket,
             "endpoint": endpoint or self.endpoint,
             "aws_region": S3_ENVIRONMENT["AWS_REGION"],
-            "aws_credentials": {"type": "environment"},
+            **_environment_credentials(),
             "path": path,
         }
 

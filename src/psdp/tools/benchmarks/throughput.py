@@ -150,10 +150,11 @@ def _grain_openers(
             partial(grain_loops.map_dataset, grain, reads, threads, depth, sharding),
             ids,
         )
-        loops[f"{name} + experimental.device_put"] = (
-            partial(grain_loops.map_dataset_device_put, grain, reads, threads, depth, sharding),
-            ids,
-        )
+        if hasattr(grain.experimental, "device_put"):  # not in Grain's oldest supported releases
+            loops[f"{name} + experimental.device_put"] = (
+                partial(grain_loops.map_dataset_device_put, grain, reads, threads, depth, sharding),
+                ids,
+            )
     if sizes.grain_workers:
         name = f"Grain DataLoader, {threads_text(sizes.grain_workers, 'worker process', 'worker processes')}"
         loops[name] = (
