@@ -161,6 +161,8 @@ def test_stream_skips_of_offsets_and_restores_on_other_shard_counts_are_refused(
     elements = [{"tokens": DATA["tokens"][i]} for i in range(64)]
     with pytest.raises(ValueError, match=r"skip_offsets=\[\(3, 9\)\] with a stream.*skip_steps"):
         DataLoader(StreamSource(elements), mesh=mesh_2d, global_batch_size=8, skip_offsets=[(3, 9)])
+    with pytest.raises(ValueError, match=r"io_block=4 with a stream.*drop io_block"):
+        DataLoader(StreamSource(elements), mesh=mesh_2d, global_batch_size=8, io_block=4)
     with DataLoader(StreamSource(elements), mesh=mesh_2d, global_batch_size=8) as loader:
         state = loader.iter_from(2).state()
         loader.close()
