@@ -35,6 +35,7 @@ from psdp._runtime.loader import DataLoader as DataLoader
 from psdp._runtime.prefetch import LoaderClosedError as LoaderClosedError
 from psdp._runtime.telemetry import LoaderStats as LoaderStats
 from psdp.sources import ArraySource as ArraySource
+from psdp.sources import DocumentStore as DocumentStore
 from psdp.sources import GrainSource as GrainSource
 from psdp.sources import MemmapSource as MemmapSource
 from psdp.sources import Source as Source

@@ -14,6 +14,7 @@ from psdp.sources.base import IndexableSource as IndexableSource
 from psdp.sources.base import Rows as Rows
 from psdp.sources.base import Source as Source
 from psdp.sources.base import as_source as as_source
+from psdp.sources.documents import DocumentStore as DocumentStore
 from psdp.sources.grain import GrainSource as GrainSource
 from psdp.sources.memmap import MemmapSource as MemmapSource
 from psdp.sources.streams import StreamReader as StreamReader
@@ -46,6 +47,7 @@ __all__ = [
     "METADATA_FILE",
     "SINGLE_LEAF",
     "ArraySource",
+    "DocumentStore",
     "GrainSource",
     "IndexableSource",
     "MemmapSource",
