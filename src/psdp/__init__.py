@@ -29,6 +29,9 @@ from psdp._plan.options import OutputOptions as OutputOptions
 from psdp._plan.options import ReadingOptions as ReadingOptions
 from psdp._plan.options import ShardingOptions as ShardingOptions
 from psdp._plan.order import GlobalOrder as GlobalOrder
+from psdp._plan.packing import PACKING_STRATEGIES as PACKING_STRATEGIES
+from psdp._plan.packing import PackPlan as PackPlan
+from psdp._plan.packing import plan_packing as plan_packing
 from psdp._plan.partition import STRATEGIES as STRATEGIES
 from psdp._plan.partition import default_batch_spec as default_batch_spec
 from psdp._runtime.loader import DataLoader as DataLoader
@@ -38,6 +41,7 @@ from psdp.sources import ArraySource as ArraySource
 from psdp.sources import DocumentStore as DocumentStore
 from psdp.sources import GrainSource as GrainSource
 from psdp.sources import MemmapSource as MemmapSource
+from psdp.sources import PackedSequences as PackedSequences
 from psdp.sources import Source as Source
 from psdp.sources import StreamReader as StreamReader
 from psdp.sources import StreamSource as StreamSource
