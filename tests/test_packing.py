@@ -150,3 +150,17 @@ def test_every_device_shard_is_exact_for_batch_full_and_context(strategy, mesh_2
             for step in range(3):  # 3 steps of 8 cross the epoch end (len(source) < 24)
                 want = expected_batch(loader, table, step, halo=halo and dict.fromkeys(table, halo))
                 assert_batch_exact(loader.batch_at(step), want)
+
+
+@pytest.mark.multiprocess
+def test_every_device_shard_is_exact_on_the_noncontiguous_pod():
+    """One pod run: batch, full, the sequence sharded with a halo, and a schedule with padding,
+    each over a packed source, on 4 hosts that hold non-adjacent data rows."""
+    from tests import pod_targets_packing as targets
+    from tests.batch_checks import run_on_noncontiguous_pod
+
+    results = run_on_noncontiguous_pod(targets.packed_exact, steps=3, timeout_s=240)
+    # each host: 4 cases x 3 steps x 2 local devices x (4 leaves + the mask: 38 sequences leave
+    # a padded batch at each epoch's end, so every batch has one)
+    assert [r["checked"] for r in results] == [4 * 3 * 2 * 5] * 4
+    assert all(r["plans"] == results[0]["plans"] for r in results)  # every host, one plan
