@@ -27,7 +27,11 @@ def named_documents(lengths, masks: bool = False) -> list[dict[str, np.ndarray]]
 
 def naive_pack(lengths, seq_len, strategy, long_documents="split", seed=None):
     """Sequences as lists of ``(doc, start, length)``, item by item, every sequence scanned."""
-    order = range(len(lengths)) if seed is None else np.random.default_rng(seed).permutation(len(lengths))
+    order = (
+        range(len(lengths))
+        if seed is None
+        else np.random.default_rng(seed).permutation(len(lengths))
+    )
     items = []
     for d in order:
         n = int(lengths[d])

@@ -12,7 +12,7 @@ from jax.sharding import PartitionSpec as P
 
 from psdp import DataLoader, DocumentStore, MeshLayout, PackedSequences
 from tests.batch_checks import assert_batch_exact, expected_batch
-from tests.packing_oracle import named_documents, naive_pack, packed_table
+from tests.packing_oracle import naive_pack, named_documents, packed_table
 
 LENGTHS = [5, 17, 3, 9, 30, 1, 12, 8, 8, 4, 21, 2, 6, 15, 11, 7, 3, 19, 5, 10] * 3
 SEQ_LEN = 16
@@ -43,7 +43,9 @@ def packed_exact(process_index, axis_names, mesh_shape, steps: int) -> Any:
         halo = options.get("halo")
         with DataLoader(source, mesh=mesh, seed=2, **options) as loader:
             for step in range(steps):
-                want = expected_batch(loader, table, step, halo=halo and dict.fromkeys(LEAVES, halo))
+                want = expected_batch(
+                    loader, table, step, halo=halo and dict.fromkeys(LEAVES, halo)
+                )
                 checked += assert_batch_exact(loader.batch_at(step), want)
         plans.append([len(source), source.plan.seq_starts.tolist()])
     return {"checked": checked, "plans": plans}

@@ -30,9 +30,11 @@ from psdp import (
     LoaderConfig,
     MemmapSource,
     MeshLayout,
+    PackedSequences,
     ReadingOptions,
     StreamSource,
     TensorStoreSource,
+    plan_packing,
     write_dataset,
 )
 from tests.batch_checks import assert_batch_exact, expected_batch, token_table
@@ -1038,6 +1040,75 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
         lambda _: DocumentStore.from_documents([np.arange(5)]).read_ranges([2], [9]),
         ValueError,
         ["0 <= start <= stop <= num_tokens=5", "range 0: [2, 9)"],
+    ),
+    # ---------------------------------------------------------------- packing
+    (
+        "a packed sequence length below 1",
+        lambda _: PackedSequences(DocumentStore.from_documents([np.arange(3)]), 0),
+        ValueError,
+        ["seq_len must be >= 1, got 0"],
+    ),
+    (
+        "an unknown packing strategy",
+        lambda _: PackedSequences(DocumentStore.from_documents([np.arange(3)]), 4, "worst_fit"),
+        ValueError,
+        ["strategy must be one of ['best_fit', 'first_fit', 'greedy'], got 'worst_fit'"],
+    ),
+    (
+        "an unknown rule for long documents",
+        lambda _: plan_packing([3, 9], 4, long_documents="truncate"),
+        ValueError,
+        ["long_documents must be one of ['split', 'drop'], got 'truncate'"],
+    ),
+    (
+        "every document dropped for being longer than seq_len",
+        lambda _: plan_packing([0, 9, 12], 8, long_documents="drop"),
+        ValueError,
+        [
+            "nothing to pack: of 3 documents, 1 are empty and 2 are longer than seq_len=8",
+            "raise seq_len, or use long_documents='split'",
+        ],
+    ),  # fmt: skip
+    (
+        "packing something that is not a document store",
+        lambda _: PackedSequences([np.arange(3)], 4),
+        TypeError,
+        ["store must be a psdp DocumentStore, got list", "DocumentStore.from_documents"],
+    ),
+    (
+        "a pad id the token dtype cannot hold",
+        lambda _: PackedSequences(
+            DocumentStore.from_documents([np.arange(3, dtype=np.uint16)]), 4, pad_id=-1
+        ),
+        ValueError,
+        ["pad_id=-1 does not fit the store's input_ids dtype uint16", "[0, 65535]"],
+    ),
+    (
+        "a store leaf that packing computes itself",
+        lambda _: PackedSequences(
+            DocumentStore.from_documents([{"input_ids": np.arange(3), "positions": np.arange(3)}]),
+            4,
+        ),
+        ValueError,
+        ["the store has leaves ['positions']", "rename or drop them"],
+    ),
+    (
+        "document lengths that are not integers",
+        lambda _: plan_packing(np.array([2.5, 3.0]), 4),
+        TypeError,
+        ["document lengths must be a 1-d integer array, got float64[2]", "np.diff(store.offsets)"],
+    ),
+    (
+        "a negative document length",
+        lambda _: plan_packing([3, -1], 4),
+        ValueError,
+        ["document lengths must be >= 0, got -1 at document 1", "must not decrease"],
+    ),
+    (
+        "a packing seed that is not an int",
+        lambda _: plan_packing([3, 1], 4, seed=0.5),
+        TypeError,
+        ["seed must be an int or None, got float 0.5"],
     ),
 ]
 

@@ -9,10 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax.sharding import PartitionSpec as P
 
-from psdp import DataLoader, DocumentStore, PackedSequences, plan_packing
-from psdp._plan.packing import PACKING_STRATEGIES
+from psdp import PACKING_STRATEGIES, DataLoader, DocumentStore, PackedSequences, plan_packing
 from tests.batch_checks import assert_batch_exact, expected_batch
-from tests.packing_oracle import check_packed, named_documents, naive_pack, packed_table
+from tests.packing_oracle import check_packed, naive_pack, named_documents, packed_table
 
 
 def store_of(lengths, masks=False) -> DocumentStore:
@@ -94,6 +93,15 @@ def test_long_documents_split_into_pieces_of_seq_len_or_are_dropped():
     assert dropped.dropped.tolist() == [1] and "1 long documents dropped" in dropped.describe()
 
 
+def test_best_fit_takes_the_fullest_sequence_and_the_earliest_among_equals():
+    # rooms after [6, 8, 8] in sequences of 10: 4, 2, 2. Each 2 goes to the fullest sequence with
+    # room, the earliest first: 1, then 2, then 0; first fit fills sequence 0 first.
+    bins = [[(0, 0, 6), (5, 0, 2)], [(1, 0, 8), (3, 0, 2)], [(2, 0, 8), (4, 0, 2)]]
+    assert plan_bins(plan_packing([6, 8, 8, 2, 2, 2], 10, "best_fit")) == bins
+    first = [[(0, 0, 6), (3, 0, 2), (4, 0, 2)], [(1, 0, 8), (5, 0, 2)], [(2, 0, 8)]]
+    assert plan_bins(plan_packing([6, 8, 8, 2, 2, 2], 10, "first_fit")) == first
+
+
 def test_a_seed_reorders_documents_the_same_way_every_time():
     lengths = list(range(1, 30))
     a, b = (plan_packing(lengths, 32, "greedy", seed=5) for _ in range(2))
@@ -105,7 +113,9 @@ def test_one_store_read_per_read_and_a_window_reads_only_its_tokens():
     lengths = [5, 9, 3, 7, 2, 6]
     store = counting(store_of(lengths, masks=True))
     source = PackedSequences(store, 8, "best_fit", pad_id=-1)
-    table = packed_table(named_documents(lengths, masks=True), naive_pack(lengths, 8, "best_fit"), 8, -1)
+    table = packed_table(
+        named_documents(lengths, masks=True), naive_pack(lengths, 8, "best_fit"), 8, -1
+    )
     ids = np.array([2, 0, 2, 1])
     store.calls.clear()
     rows = source.read(ids)
