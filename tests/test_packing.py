@@ -14,12 +14,12 @@ from tests.batch_checks import assert_batch_exact, expected_batch
 from tests.packing_oracle import check_packed, naive_pack, named_documents, packed_table
 
 
-def store_of(lengths, masks=False) -> DocumentStore:
+def store_of(lengths, masks=False, kind=DocumentStore):
     """A store of `named_documents` (empty documents allowed: `from_arrays`)."""
     docs = named_documents(lengths, masks)
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     flat = {k: np.concatenate([d[k] for d in docs]) for k in docs[0]}
-    return DocumentStore.from_arrays(offsets, flat)
+    return kind.from_arrays(offsets, flat)
 
 
 def plan_bins(plan) -> list[list[tuple[int, int, int]]]:
@@ -29,17 +29,13 @@ def plan_bins(plan) -> list[list[tuple[int, int, int]]]:
 class CountingStore(DocumentStore):
     """Records every `read_ranges` call: (starts, stops, leaves)."""
 
-    calls: list
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.calls: list = []
 
     def read_ranges(self, starts, stops, leaves=None):
         self.calls.append((np.array(starts), np.array(stops), leaves))
         return super().read_ranges(starts, stops, leaves)
-
-
-def counting(store: DocumentStore) -> CountingStore:
-    counted = CountingStore(store.offsets, store._flat)
-    counted.calls = []
-    return counted
 
 
 # ------------------------------------------------------------------------------------ the plan
@@ -111,7 +107,7 @@ def test_a_seed_reorders_documents_the_same_way_every_time():
 # ------------------------------------------------------------------------------------ the reads
 def test_one_store_read_per_read_and_a_window_reads_only_its_tokens():
     lengths = [5, 9, 3, 7, 2, 6]
-    store = counting(store_of(lengths, masks=True))
+    store = store_of(lengths, masks=True, kind=CountingStore)
     source = PackedSequences(store, 8, "best_fit", pad_id=-1)
     table = packed_table(
         named_documents(lengths, masks=True), naive_pack(lengths, 8, "best_fit"), 8, -1
