@@ -170,3 +170,24 @@ def test_every_device_shard_is_exact_on_the_noncontiguous_pod():
     # a padded batch at each epoch's end, so every batch has one)
     assert [r["checked"] for r in results] == [4 * 3 * 2 * 5] * 4
     assert all(r["plans"] == results[0]["plans"] for r in results)  # every host, one plan
+
+
+def test_the_efficiency_script_counts_sequences_and_tokens(capsys):
+    """scripts/packing_efficiency.py, small: `none` is one padded sequence per document (a long
+    one over several), and every packing holds all the tokens in its sequences."""
+    import json
+    import runpy
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "packing_efficiency.py"
+    main = runpy.run_path(str(script), run_name="packing_efficiency")["main"]
+    assert main(["--documents", "500", "--seq-len", "1024", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["distribution"], r["strategy"]) for r in rows] == [
+        (d, s) for d in ("log-normal", "chat") for s in ("none", "greedy", "first_fit", "best_fit")
+    ]
+    for r in rows:
+        tokens = r["mean_length"] * 500
+        assert r["efficiency"] == pytest.approx(tokens / (r["sequences"] * 1024))
+    lengths = runpy.run_path(str(script))["log_normal"](np.random.default_rng(0), 500)
+    assert rows[0]["sequences"] == sum(-(-int(n) // 1024) for n in lengths)
