@@ -37,6 +37,7 @@ from psdp import (
     plan_packing,
     write_dataset,
 )
+from psdp.tools.simulate import Simulation
 from tests.batch_checks import assert_batch_exact, expected_batch, token_table
 from tests.meshes import mesh_of
 
@@ -1103,6 +1104,24 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
         lambda _: plan_packing([3, -1], 4),
         ValueError,
         ["document lengths must be >= 0, got -1 at document 1", "must not decrease"],
+    ),
+    (
+        "psdp simulate with an unknown packing strategy",
+        lambda _: Simulation(packing="next_fit"),
+        ValueError,
+        [
+            "Simulation.packing must be one of ['best_fit', 'first_fit', 'greedy'] or None",
+            "'next_fit'",
+            "--packing best_fit",
+        ],
+    ),  # fmt: skip
+    (
+        "psdp simulate packing synthetic documents and given a source",
+        lambda _: Simulation(
+            packing="greedy", data=LoaderConfig.create("rows.npy", global_batch_size=8)
+        ),
+        ValueError,
+        ["--packing packs synthetic documents, but a source was given ('rows.npy')"],
     ),
     (
         "a packing seed that is not an int",

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn, TypeVar
 
-from psdp import MeshConfig, MeshLayout, plan_pod
+from psdp import PACKING_STRATEGIES, MeshConfig, MeshLayout, plan_pod
 from psdp._integration.config import BUILTIN_LAYOUTS, parse_axes, parse_names, parse_spec
 from psdp._plan.mesh import dp_index, spec_axes
 from psdp._plan.picture import plan_summary, render_plan
@@ -328,6 +328,12 @@ def _add_simulate(subparsers: Subparsers) -> None:
     parser.add_argument(
         "--source", help="a psdp dataset directory or .npy file (default: synthetic)"
     )
+    parser.add_argument(
+        "--packing",
+        choices=PACKING_STRATEGIES,
+        help="read synthetic documents packed into sequences of --seq-len with this strategy "
+        "(psdp.PackedSequences: input_ids, segment_ids, positions, loss_mask)",
+    )
     parser.add_argument("--seed", type=int, help="shuffle seed")
     parser.add_argument(
         "--shuffle", action=argparse.BooleanOptionalAction, default=None, help="shuffle rows"
@@ -419,6 +425,7 @@ def _simulation(args: argparse.Namespace) -> Any:
         train=args.train,
         seq_len=args.seq_len,
         vocab=args.vocab,
+        packing=args.packing,
         timeout_s=args.timeout,
         fail_at=args.fail_at,
     )
