@@ -107,17 +107,11 @@ class PackedSequences:
             if key not in self.store.leaves and key not in _DERIVED:
                 raise KeyError(f"leaf {key!r} is not a leaf of {self.describe()}")
             cols = _columns(box)
-            tag = (
-                None
-                if cols is None
-                else (cols.start, cols.stop)
-                if isinstance(cols, slice)
-                else cols.tobytes()
-            )
-            groups.setdefault(tag, (cols, []))[1].append(str(key))
+            groups.setdefault(_tag(cols), (cols, []))[1].append(str(key))
         out: dict[Key, np.ndarray] = {}
-        for cols, keys in groups.values():
-            out.update(self._read_columns(ids, cols, keys))
+        for cols, keys in groups.values():  # leaves with the same columns: one store read
+            for key, value in self._read_columns(ids, cols, keys).items():
+                out[key] = value
         return out
 
     def _read_columns(
@@ -183,15 +177,23 @@ _DERIVED = (SEGMENT_IDS, POSITIONS, LOSS_MASK)
 
 def _columns(box: Box) -> slice | np.ndarray | None:
     """A read's columns of dimension 1: ``None`` (all), a range, or an index array."""
+    cols: Any = box
     if isinstance(box, tuple):
         if len(box) != 1:
             raise ValueError(f"a packed sequence has one dimension after the batch, got box {box}")
-        box = box[0]
-    if box is None or isinstance(box, slice):
-        if box is not None and box.step not in (None, 1):
-            raise ValueError(f"column windows are ranges with step 1, got {box}")
-        return box
-    return np.asarray(box, np.int64)
+        cols = box[0]
+    if cols is None or isinstance(cols, slice):
+        if cols is not None and cols.step not in (None, 1):
+            raise ValueError(f"column windows are ranges with step 1, got {cols}")
+        return cols
+    return np.asarray(cols, np.int64)
+
+
+def _tag(cols: slice | np.ndarray | None) -> Any:
+    """A hashable key of ``cols``, to read leaves with the same columns together."""
+    if isinstance(cols, slice):
+        return (cols.start, cols.stop)
+    return None if cols is None else cols.tobytes()
 
 
 def _check_fits(pad_id: int, dtype: np.dtype) -> None:
