@@ -4,7 +4,6 @@ concatenated documents (the oracle), and the checks of bad stores."""
 from __future__ import annotations
 
 import numpy as np
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -41,6 +41,7 @@ from psdp.sources import MemmapSource as MemmapSource
 from psdp.sources import Source as Source
 from psdp.sources import StreamReader as StreamReader
 from psdp.sources import StreamSource as StreamSource
+from psdp.sources import TokenSequences as TokenSequences
 
 if TYPE_CHECKING:  # imported on first use below: both load tensorstore, which is slow to import
     from psdp.sources import TensorStoreSource as TensorStoreSource

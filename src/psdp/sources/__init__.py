@@ -19,6 +19,7 @@ from psdp.sources.grain import GrainSource as GrainSource
 from psdp.sources.memmap import MemmapSource as MemmapSource
 from psdp.sources.streams import StreamReader as StreamReader
 from psdp.sources.streams import StreamSource as StreamSource
+from psdp.sources.tokens import TokenSequences as TokenSequences
 
 if TYPE_CHECKING:  # imported on first use below: tensorstore is slow to import
     from psdp.sources.tensorstore import DATASET_FORMAT as DATASET_FORMAT
@@ -34,6 +35,7 @@ _TENSORSTORE_NAMES = [
     "INCOMPLETE_MARKER",
     "METADATA_FILE",
     "TensorStoreSource",
+    "TokenSequences",
     "read_metadata",
 ]
 __getattr__, __dir__ = lazy_attributes(
@@ -56,6 +58,7 @@ __all__ = [
     "StreamReader",
     "StreamSource",
     "TensorStoreSource",
+    "TokenSequences",
     "as_source",
     "read_metadata",
 ]
