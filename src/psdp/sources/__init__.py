@@ -22,6 +22,7 @@ from psdp.sources.streams import StreamSource as StreamSource
 from psdp.sources.tokens import TokenSequences as TokenSequences
 
 if TYPE_CHECKING:  # imported on first use below: tensorstore is slow to import
+    from psdp.sources.document_writer import write_documents as write_documents
     from psdp.sources.tensorstore import DATASET_FORMAT as DATASET_FORMAT
     from psdp.sources.tensorstore import DATASET_VERSION as DATASET_VERSION
     from psdp.sources.tensorstore import INCOMPLETE_MARKER as INCOMPLETE_MARKER
@@ -37,9 +38,15 @@ _TENSORSTORE_NAMES = [
     "TensorStoreSource",
     "TokenSequences",
     "read_metadata",
+    "write_documents",
 ]
 __getattr__, __dir__ = lazy_attributes(
-    __name__, {"psdp.sources.tensorstore": _TENSORSTORE_NAMES}, globals()
+    __name__,
+    {
+        "psdp.sources.tensorstore": _TENSORSTORE_NAMES,
+        "psdp.sources.document_writer": ["write_documents"],
+    },
+    globals(),
 )
 
 __all__ = [
@@ -61,4 +68,5 @@ __all__ = [
     "TokenSequences",
     "as_source",
     "read_metadata",
+    "write_documents",
 ]
