@@ -11,7 +11,8 @@ from jax.sharding import PartitionSpec as P
 from psdp import DataLoader
 from psdp.sources import DocumentStore, TokenSequences
 from tests import token_oracle
-from tests.batch_checks import assert_batch_exact, expected_batch
+from tests.batch_checks import assert_batch_exact, expected_batch, physical_ids
+from tests.fake_hosts import fake_pod, host_batch
 
 S = 8  # seq_len
 DOCS = token_oracle.documents(seed=3, count=30, mean=9)
@@ -80,3 +81,46 @@ def test_a_continue_halo_needs_a_source_that_continues_rows(mesh_context):
             {"input_ids": rows}, mesh=mesh_context, global_batch_size=8,
             batch_spec=P("data", "context"), halo={"input_ids": {1: (1, "continue")}},
         )  # fmt: skip
+
+
+class CountingStore(DocumentStore):
+    """A document store that records every token range it reads."""
+
+    def __init__(self, store: DocumentStore):
+        super().__init__(store.offsets, {k: store._flat[k] for k in store.leaves})
+        self.ranges: list[tuple[str, int, int]] = []
+
+    def read_ranges(self, starts, stops, leaves=None):
+        for name in leaves or self.leaves:
+            self.ranges += [(name, int(a), int(b)) for a, b in zip(starts, stops, strict=True)]
+        return super().read_ranges(starts, stops, leaves)
+
+
+@pytest.mark.parametrize("halo", [0, 2])
+def test_a_context_sharded_host_reads_only_its_token_ranges(mesh_context, halo):
+    """Host (data pair, context shard c) reads, per row r it holds, exactly the tokens
+    [r*S + c*w - halo, r*S + (c+1)*w + halo) of the store (clipped to it), once, and no token
+    for segment_ids or positions."""
+    layout = np.array([[0, 1], [0, 1], [2, 3], [2, 3]])  # host = 2 * data pair + context shard
+    docs = [{"input_ids": d, "loss_mask": (d % 2).astype(np.uint8)} for d in DOCS]
+    base = DocumentStore.from_documents(docs)
+    w = S // 2
+    with fake_pod(mesh_context, layout) as process_of:
+        for host in range(4):
+            store = CountingStore(base)
+            loader = DataLoader(
+                TokenSequences(store, S), mesh=mesh_context, global_batch_size=8, seed=2,
+                batch_spec={k: P("data", "context") for k in ("input_ids", "loss_mask", "segment_ids", "positions")},
+                halo={k: {1: (halo, "continue")} for k in ("input_ids", "loss_mask")} if halo else 0,
+                process_index=host,
+            )  # fmt: skip
+            ids = physical_ids(loader, 1)
+            store.ranges.clear()
+            host_batch(loader, 1, process_of)
+            pair, c = divmod(host, 2)
+            rows = ids[pair * 4 : (pair + 1) * 4]  # 8 rows over data=4: 2 per shard, 2 shards
+            want = sorted(
+                (name, max(0, r * S + c * w - halo), min(base.num_tokens, r * S + (c + 1) * w + halo))
+                for r in rows for name in ("input_ids", "loss_mask")
+            )  # fmt: skip
+            assert sorted(store.ranges) == want, host
