@@ -90,7 +90,9 @@ def write_documents(
     if first is None:
         raise ValueError(f"no documents to write to {locate(path).name}: the iterable was empty")
     head = document_leaves(first, 0, None)
-    schema = {name: (np.dtype(values.dtype), ()) for name, values in head.items()}
+    schema: dict[str, tuple[np.dtype, tuple[int, ...]]] = {
+        name: (np.dtype(values.dtype), ()) for name, values in head.items()
+    }
     if dtype is not None:
         schema[TOKENS] = (_token_dtype(dtype), ())
     layout = {
@@ -206,7 +208,7 @@ def _token_dtype(dtype: Any) -> np.dtype:
 def _checked(
     head: dict[str, np.ndarray],
     rest: Iterator[Any],
-    schema: dict[str, tuple[np.dtype, tuple[()]]],
+    schema: dict[str, tuple[np.dtype, tuple[int, ...]]],
     lengths: list[int],
 ) -> Iterator[dict[str, np.ndarray]]:
     """Each document as leaves in the store's dtypes; records its length."""
