@@ -119,6 +119,11 @@ class TokenSequences:
         return self._len
 
     @property
+    def reads_storage(self) -> bool:
+        """Whether its reads wait on storage: its store's `DocumentStore.reads_storage`."""
+        return self.store.reads_storage
+
+    @property
     def leaves(self) -> dict[str, np.dtype]:
         """The leaves of every row and their dtypes."""
         return dict(self._dtypes)
