@@ -37,6 +37,7 @@ from psdp import (
     plan_packing,
     write_dataset,
 )
+from psdp.sources.document_writer import write_documents
 from psdp.tools.simulate import Simulation
 from tests.batch_checks import assert_batch_exact, expected_batch, token_table
 from tests.meshes import mesh_of
@@ -908,7 +909,10 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
         "an unknown halo boundary",
         lambda _: _field_loader(halo={"field": {3: (1, "wrap")}}),
         ValueError,
-        ["halo['field'][3] has boundary 'wrap' (did you mean 'periodic'?)", "('pad', 'periodic')"],
+        [
+            "halo['field'][3] has boundary 'wrap' (did you mean 'periodic'?)",
+            "('pad', 'periodic', 'continue')",
+        ],
     ),
     (
         "a halo on a dimension the leaf lacks",
@@ -1128,6 +1132,36 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
         lambda _: plan_packing([3, 1], 4, seed=0.5),
         TypeError,
         ["seed must be an int or None, got float 0.5"],
+    ),
+    (
+        "token ids too large for the store's dtype",
+        lambda tmp: write_documents(
+            tmp / "docs", [np.array([1, 70_000])], dtype=np.uint16, progress=False
+        ),
+        ValueError,
+        [
+            "document 0",
+            "value 70000 at token 1 does not fit the store's dtype uint16",
+            "dtype=np.uint32",
+        ],
+    ),
+    (
+        "a negative token id",
+        lambda tmp: write_documents(
+            tmp / "docs", [np.array([4]), np.array([3, -1])], dtype=np.uint16, progress=False
+        ),
+        ValueError,
+        ["document 1", "value -1 at token 1 does not fit the store's dtype uint16"],
+    ),
+    (
+        "a continue halo on a source that does not continue its rows",
+        lambda _: _loader(
+            mesh=_mesh(("data", "context")),
+            batch_spec=PartitionSpec("data", "context"),
+            halo={"tokens": {1: (1, "continue")}},
+        ),
+        ValueError,
+        ["boundary 'continue'", "does not continue its rows", "use 'pad' or 'periodic'"],
     ),
 ]
 

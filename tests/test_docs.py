@@ -30,6 +30,7 @@ COVERED = [
     "partitioning.md",
     "reliability.md",
     "packing.md",
+    "tokens.md",
 ]
 
 #: doc -> the reasons of its blocks that are not run, in order
@@ -133,6 +134,7 @@ def test_the_runnable_blocks_are_found():
         "partitioning.md": 10,
         "reliability.md": 2,
         "packing.md": 4,
+        "tokens.md": 2,
     }
 
 
@@ -171,6 +173,7 @@ def test_the_shell_sessions_are_found():
         "partitioning.md": 0,
         "reliability.md": 0,
         "packing.md": 0,
+        "tokens.md": 0,
     }
 
 

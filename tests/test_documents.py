@@ -4,10 +4,11 @@ concatenated documents (the oracle), and the checks of bad stores."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from psdp.sources import DocumentStore
+from psdp.sources import DocumentStore, TokenSequences
 
 
 def _docs(lengths, seed=0):
@@ -73,3 +74,67 @@ def test_from_arrays_reads_foreign_flat_and_tensorstore_arrays():
         assert store.num_documents == 3  # a foreign store may hold an empty document
         got = store.read_ranges([8, 1], [10, 3])["input_ids"]
         assert got.tolist() == [108, 109, 101, 102]
+
+
+# ------------------------------------------------------------------------------ written stores
+def _chat_docs(seed=0):
+    rng = np.random.default_rng(seed)
+    out = []
+    for n in rng.integers(1, 40, 25):
+        ids = rng.integers(0, 65_536, n).astype(np.int64)  # the whole uint16 range
+        out.append({"input_ids": ids, "loss_mask": (rng.random(n) < 0.5).astype(np.uint8)})
+    return out
+
+
+def _assert_store_equal(store, docs):
+    oracle = {k: np.concatenate([d[k] for d in docs]) for k in docs[0]}
+    lengths = [len(d["input_ids"]) for d in docs]
+    assert store.offsets.tolist() == np.concatenate(([0], np.cumsum(lengths))).tolist()
+    got = store.read_ranges([0], [store.num_tokens])
+    for k, v in oracle.items():
+        np.testing.assert_array_equal(got[k], v)
+    a, b = int(store.offsets[3]), int(store.offsets[9])  # a range across chunks
+    np.testing.assert_array_equal(
+        store.read_ranges([a], [b])["loss_mask"], oracle["loss_mask"][a:b]
+    )
+
+
+def test_write_documents_round_trips_locally(tmp_path):
+    from psdp.sources.document_writer import write_documents
+
+    docs = _chat_docs()
+    path = write_documents(
+        tmp_path / "store", iter(docs), dtype=np.uint16, tokens_per_shard=64,
+        tokens_per_chunk=16, progress=False,
+    )  # fmt: skip
+    store = DocumentStore.open(path)
+    assert store.leaves == {"input_ids": np.dtype(np.uint16), "loss_mask": np.dtype(np.uint8)}
+    # a store on disk waits on storage (the loader then reads with several threads), one in
+    # memory does not; TokenSequences says what its store says
+    assert (
+        TokenSequences(store, 4).reads_storage,
+        TokenSequences(DocumentStore.from_documents(docs), 4).reads_storage,
+    ) == (True, False)
+    _assert_store_equal(store, docs)
+    assert sorted(p.name for p in (path / "tokens").iterdir()) == ["input_ids", "loss_mask"]
+
+
+def test_write_documents_round_trips_through_s3():
+    from psdp.sources.document_writer import write_documents
+    from psdp.tools.benchmarks.object_store import S3Server
+
+    docs = _chat_docs(seed=1)
+    with S3Server() as server:
+        where = server.kvstore("docs/")
+        write_documents(
+            where, docs, dtype=np.uint16, tokens_per_shard=128, tokens_per_chunk=32, progress=False
+        )
+        _assert_store_equal(DocumentStore.open(where), docs)
+
+
+def test_a_dataset_of_rows_is_not_a_document_store(tmp_path):
+    from psdp import write_dataset
+
+    write_dataset(tmp_path / "rows", np.zeros((4, 2), np.int32), progress=False)
+    with pytest.raises(ValueError, match="is not a psdp document store"):
+        DocumentStore.open(tmp_path / "rows")

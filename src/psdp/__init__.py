@@ -45,14 +45,20 @@ from psdp.sources import PackedSequences as PackedSequences
 from psdp.sources import Source as Source
 from psdp.sources import StreamReader as StreamReader
 from psdp.sources import StreamSource as StreamSource
+from psdp.sources import TokenSequences as TokenSequences
 
 if TYPE_CHECKING:  # imported on first use below: both load tensorstore, which is slow to import
     from psdp.sources import TensorStoreSource as TensorStoreSource
+    from psdp.sources.document_writer import write_documents as write_documents
     from psdp.sources.writer import write_dataset as write_dataset
 
 __getattr__, __dir__ = lazy_attributes(
     __name__,
-    {"psdp.sources": ["TensorStoreSource"], "psdp.sources.writer": ["write_dataset"]},
+    {
+        "psdp.sources": ["TensorStoreSource"],
+        "psdp.sources.writer": ["write_dataset"],
+        "psdp.sources.document_writer": ["write_documents"],
+    },
     globals(),
 )
 

@@ -20,8 +20,10 @@ from psdp.sources.memmap import MemmapSource as MemmapSource
 from psdp.sources.packed import PackedSequences as PackedSequences
 from psdp.sources.streams import StreamReader as StreamReader
 from psdp.sources.streams import StreamSource as StreamSource
+from psdp.sources.tokens import TokenSequences as TokenSequences
 
 if TYPE_CHECKING:  # imported on first use below: tensorstore is slow to import
+    from psdp.sources.document_writer import write_documents as write_documents
     from psdp.sources.tensorstore import DATASET_FORMAT as DATASET_FORMAT
     from psdp.sources.tensorstore import DATASET_VERSION as DATASET_VERSION
     from psdp.sources.tensorstore import INCOMPLETE_MARKER as INCOMPLETE_MARKER
@@ -35,10 +37,17 @@ _TENSORSTORE_NAMES = [
     "INCOMPLETE_MARKER",
     "METADATA_FILE",
     "TensorStoreSource",
+    "TokenSequences",
     "read_metadata",
+    "write_documents",
 ]
 __getattr__, __dir__ = lazy_attributes(
-    __name__, {"psdp.sources.tensorstore": _TENSORSTORE_NAMES}, globals()
+    __name__,
+    {
+        "psdp.sources.tensorstore": _TENSORSTORE_NAMES,
+        "psdp.sources.document_writer": ["write_documents"],
+    },
+    globals(),
 )
 
 __all__ = [
@@ -58,6 +67,8 @@ __all__ = [
     "StreamReader",
     "StreamSource",
     "TensorStoreSource",
+    "TokenSequences",
     "as_source",
     "read_metadata",
+    "write_documents",
 ]

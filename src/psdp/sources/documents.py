@@ -57,6 +57,17 @@ class DocumentStore:
     def num_tokens(self) -> int:
         return int(self.offsets[-1])
 
+    @property
+    def reads_storage(self) -> bool:
+        """Whether reading tokens waits on storage: some leaf is a TensorStore array (the
+        offsets are always in memory). A loader then reads with several threads by default.
+
+        Example:
+            >>> DocumentStore.from_documents([np.array([1, 2])]).reads_storage
+            False
+        """
+        return any(not isinstance(array, np.ndarray) for array in self._flat.values())
+
     @classmethod
     def from_documents(cls, docs: Iterable[Any]) -> DocumentStore:
         """A store in memory from an iterable of documents.
