@@ -24,16 +24,21 @@ from jax.sharding import Mesh, PartitionSpec
 from psdp import (
     ArraySource,
     DataLoader,
+    DocumentStore,
     GrainSource,
     LoaderClosedError,
     LoaderConfig,
     MemmapSource,
     MeshLayout,
+    PackedSequences,
     ReadingOptions,
     StreamSource,
     TensorStoreSource,
+    plan_packing,
     write_dataset,
 )
+from psdp.sources.document_writer import write_documents
+from psdp.tools.simulate import Simulation
 from tests.batch_checks import assert_batch_exact, expected_batch, token_table
 from tests.meshes import mesh_of
 
@@ -904,7 +909,10 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
         "an unknown halo boundary",
         lambda _: _field_loader(halo={"field": {3: (1, "wrap")}}),
         ValueError,
-        ["halo['field'][3] has boundary 'wrap' (did you mean 'periodic'?)", "('pad', 'periodic')"],
+        [
+            "halo['field'][3] has boundary 'wrap' (did you mean 'periodic'?)",
+            "('pad', 'periodic', 'continue')",
+        ],
     ),
     (
         "a halo on a dimension the leaf lacks",
@@ -974,6 +982,186 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
             '"zarr3"',  # TensorStore's words for it vary by release
             "'s3://bucket/corpus'",
         ],
+    ),
+    # ---------------------------------------------------------------- token documents
+    (
+        "an empty document",
+        lambda _: DocumentStore.from_documents([np.array([1, 2]), np.array([], np.int32)]),
+        ValueError,
+        ["document 1 is empty", "drop empty documents first"],
+    ),
+    (
+        "a document of float token ids",
+        lambda _: DocumentStore.from_documents([np.array([1.0, 2.0])]),
+        TypeError,
+        ["document 0", "must be integers, got dtype float64", "tokenize first"],
+    ),
+    (
+        "a per-token leaf not aligned with the tokens",
+        lambda _: DocumentStore.from_documents(
+            [{"input_ids": np.array([1, 2, 3]), "loss_mask": np.array([1, 0])}]
+        ),
+        ValueError,
+        ["document 0", "{'input_ids': 3, 'loss_mask': 2}", "align the per-token leaves"],
+    ),
+    (
+        "documents with different leaves",
+        lambda _: DocumentStore.from_documents(
+            [{"input_ids": np.array([1])}, {"input_ids": np.array([2]), "w": np.array([1])}]
+        ),
+        ValueError,
+        ["document 1 has leaves ['input_ids', 'w']", "['input_ids']", "the same leaves"],
+    ),
+    (
+        "offsets that decrease",
+        lambda _: DocumentStore.from_arrays(
+            np.array([0, 3, 2, 4]), {"input_ids": np.zeros(4, int)}
+        ),
+        ValueError,
+        ["non-decreasing", "offsets[1]=3 > offsets[2]=2", "rewrite it"],
+    ),
+    (
+        "offsets that do not end at the token count",
+        lambda _: DocumentStore.from_arrays(np.array([0, 3, 5]), {"input_ids": np.zeros(4, int)}),
+        ValueError,
+        ["has 4 values, but the offsets end at 5 tokens", "offsets belong to these arrays"],
+    ),
+    (
+        "offsets that do not start at 0",
+        lambda _: DocumentStore.from_arrays(np.array([1, 4]), {"input_ids": np.zeros(4, int)}),
+        ValueError,
+        ["must start at 0, got 1", "rewrite it"],
+    ),
+    (
+        "flat leaves of different lengths",
+        lambda _: DocumentStore.from_arrays(
+            np.array([0, 4]), {"input_ids": np.zeros(4, int), "loss_mask": np.zeros(3, int)}
+        ),
+        ValueError,
+        ["leaf 'loss_mask'", "has 3 values, but the offsets end at 4 tokens"],
+    ),
+    (
+        "a token range past the end of the store",
+        lambda _: DocumentStore.from_documents([np.arange(5)]).read_ranges([2], [9]),
+        ValueError,
+        ["0 <= start <= stop <= num_tokens=5", "range 0: [2, 9)"],
+    ),
+    # ---------------------------------------------------------------- packing
+    (
+        "a packed sequence length below 1",
+        lambda _: PackedSequences(DocumentStore.from_documents([np.arange(3)]), 0),
+        ValueError,
+        ["seq_len must be >= 1, got 0"],
+    ),
+    (
+        "an unknown packing strategy",
+        lambda _: PackedSequences(DocumentStore.from_documents([np.arange(3)]), 4, "worst_fit"),
+        ValueError,
+        ["strategy must be one of ['best_fit', 'first_fit', 'greedy'], got 'worst_fit'"],
+    ),
+    (
+        "an unknown rule for long documents",
+        lambda _: plan_packing([3, 9], 4, long_documents="truncate"),
+        ValueError,
+        ["long_documents must be one of ['split', 'drop'], got 'truncate'"],
+    ),
+    (
+        "every document dropped for being longer than seq_len",
+        lambda _: plan_packing([0, 9, 12], 8, long_documents="drop"),
+        ValueError,
+        [
+            "nothing to pack: of 3 documents, 1 are empty and 2 are longer than seq_len=8",
+            "raise seq_len, or use long_documents='split'",
+        ],
+    ),  # fmt: skip
+    (
+        "packing something that is not a document store",
+        lambda _: PackedSequences([np.arange(3)], 4),
+        TypeError,
+        ["store must be a psdp DocumentStore, got list", "DocumentStore.from_documents"],
+    ),
+    (
+        "a pad id the token dtype cannot hold",
+        lambda _: PackedSequences(
+            DocumentStore.from_documents([np.arange(3, dtype=np.uint16)]), 4, pad_id=-1
+        ),
+        ValueError,
+        ["pad_id=-1 does not fit the store's input_ids dtype uint16", "[0, 65535]"],
+    ),
+    (
+        "a store leaf that packing computes itself",
+        lambda _: PackedSequences(
+            DocumentStore.from_documents([{"input_ids": np.arange(3), "positions": np.arange(3)}]),
+            4,
+        ),
+        ValueError,
+        ["the store has leaves ['positions']", "rename or drop them"],
+    ),
+    (
+        "document lengths that are not integers",
+        lambda _: plan_packing(np.array([2.5, 3.0]), 4),
+        TypeError,
+        ["document lengths must be a 1-d integer array, got float64[2]", "np.diff(store.offsets)"],
+    ),
+    (
+        "a negative document length",
+        lambda _: plan_packing([3, -1], 4),
+        ValueError,
+        ["document lengths must be >= 0, got -1 at document 1", "must not decrease"],
+    ),
+    (
+        "psdp simulate with an unknown packing strategy",
+        lambda _: Simulation(packing="next_fit"),
+        ValueError,
+        [
+            "Simulation.packing must be one of ['best_fit', 'first_fit', 'greedy'] or None",
+            "'next_fit'",
+            "--packing best_fit",
+        ],
+    ),  # fmt: skip
+    (
+        "psdp simulate packing synthetic documents and given a source",
+        lambda _: Simulation(
+            packing="greedy", data=LoaderConfig.create("rows.npy", global_batch_size=8)
+        ),
+        ValueError,
+        ["--packing packs synthetic documents, but a source was given ('rows.npy')"],
+    ),
+    (
+        "a packing seed that is not an int",
+        lambda _: plan_packing([3, 1], 4, seed=0.5),
+        TypeError,
+        ["seed must be an int or None, got float 0.5"],
+    ),
+    (
+        "token ids too large for the store's dtype",
+        lambda tmp: write_documents(
+            tmp / "docs", [np.array([1, 70_000])], dtype=np.uint16, progress=False
+        ),
+        ValueError,
+        [
+            "document 0",
+            "value 70000 at token 1 does not fit the store's dtype uint16",
+            "dtype=np.uint32",
+        ],
+    ),
+    (
+        "a negative token id",
+        lambda tmp: write_documents(
+            tmp / "docs", [np.array([4]), np.array([3, -1])], dtype=np.uint16, progress=False
+        ),
+        ValueError,
+        ["document 1", "value -1 at token 1 does not fit the store's dtype uint16"],
+    ),
+    (
+        "a continue halo on a source that does not continue its rows",
+        lambda _: _loader(
+            mesh=_mesh(("data", "context")),
+            batch_spec=PartitionSpec("data", "context"),
+            halo={"tokens": {1: (1, "continue")}},
+        ),
+        ValueError,
+        ["boundary 'continue'", "does not continue its rows", "use 'pad' or 'periodic'"],
     ),
 ]
 

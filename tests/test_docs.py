@@ -23,7 +23,15 @@ import pytest
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 
 #: the docs this test covers (README.md has tests/test_readme.py; trainer.md has test_config.py)
-COVERED = ["concepts.md", "loader.md", "sources.md", "partitioning.md", "reliability.md"]
+COVERED = [
+    "concepts.md",
+    "loader.md",
+    "sources.md",
+    "partitioning.md",
+    "reliability.md",
+    "packing.md",
+    "tokens.md",
+]
 
 #: doc -> the reasons of its blocks that are not run, in order
 NOT_RUN = {"sources.md": ["an outline of the stream API, not Python"]}
@@ -125,6 +133,8 @@ def test_the_runnable_blocks_are_found():
         "sources.md": 5,
         "partitioning.md": 10,
         "reliability.md": 2,
+        "packing.md": 4,
+        "tokens.md": 2,
     }
 
 
@@ -162,6 +172,8 @@ def test_the_shell_sessions_are_found():
         "sources.md": 0,
         "partitioning.md": 0,
         "reliability.md": 0,
+        "packing.md": 0,
+        "tokens.md": 0,
     }
 
 

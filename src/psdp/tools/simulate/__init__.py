@@ -62,7 +62,14 @@ def simulate(
     layout = check_simulation(simulation, source)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="psdp-simulate-") as tmp:
-        if source is None:
+        path: str | None
+        if simulation.packing is not None:
+            path, synthetic = None, False  # every host packs the same synthetic documents
+            described = (
+                f"{simulation.rows} synthetic documents packed ({simulation.packing}) into "
+                f"sequences of {simulation.seq_len}"
+            )
+        elif source is None:
             path, synthetic = str(Path(tmp) / "tokens"), True
             write_synthetic(path, simulation.rows, simulation.seq_len, simulation.vocab)
             described = f"a synthetic TensorStore dataset ({simulation.rows} rows)"

@@ -50,11 +50,18 @@ def check_simulation(simulation: Simulation, source: str | None = None) -> MeshL
         4
     """
     source = source or simulation.data.source
+    if simulation.packing is not None and source is not None:
+        raise ValueError(
+            f"--packing packs synthetic documents, but a source was given ({source!r}); drop "
+            "one of them"
+        )
     layout = simulation.mesh.layout_for(
         simulation.processes, simulation.processes * simulation.devices_per_process()
     )
     if source is None:
-        check_plan(simulation, layout, "tokens", None)
+        check_plan(
+            simulation, layout, "tokens" if simulation.packing is None else "input_ids", None
+        )
         return layout
     leaf, sample = source_sample(source, simulation.data.output.mask_key or "mask")
     check_plan(simulation, layout, leaf, sample.shape[1:])

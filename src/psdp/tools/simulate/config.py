@@ -6,7 +6,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from psdp import LoaderConfig, MeshConfig
+from psdp import PACKING_STRATEGIES, LoaderConfig, MeshConfig
 from psdp._plan.spec_text import spec_text
 
 #: The mesh of ``make run``: the pod of docs/concepts.md (4 hosts x 4 devices, folded).
@@ -47,7 +47,12 @@ class Simulation:
     """Vocabulary of the synthetic rows and the model (a power of two)."""
 
     rows: int = 2048
-    """Rows of the synthetic dataset."""
+    """Rows of the synthetic dataset (documents, with ``packing``)."""
+
+    packing: str | None = None
+    """Read synthetic documents of 1 to ``2 * seq_len`` tokens packed into sequences of
+    ``seq_len`` with this strategy (`psdp.PACKING_STRATEGIES`), a `psdp.PackedSequences` source
+    that every host builds; ``None``: fixed rows."""
 
     learning_rate: float = 2.0
     """SGD learning rate of the tiny model."""
@@ -76,6 +81,16 @@ class Simulation:
                 f"Simulation.data.global_batch_size is the schedule "
                 f"{self.data.order.global_batch_size}, but the simulator trains with one batch "
                 "size; pass an int, e.g. 16"
+            )
+        if self.packing is not None and self.packing not in PACKING_STRATEGIES:
+            raise ValueError(
+                f"Simulation.packing must be one of {list(PACKING_STRATEGIES)} or None, got "
+                f"{self.packing!r}; e.g. --packing best_fit"
+            )
+        if self.packing is not None and self.data.source is not None:
+            raise ValueError(
+                f"--packing packs synthetic documents, but a source was given "
+                f"({self.data.source!r}); drop one of them"
             )
         if self.fail_at is not None:
             parse_fail_at(self.fail_at, self.processes)

@@ -26,6 +26,27 @@ def synthetic_tokens(ids: np.ndarray, seq_len: int, vocab: int) -> np.ndarray:
     return tokens
 
 
+def synthetic_documents(count: int, seq_len: int, vocab: int) -> list[np.ndarray]:
+    """``count`` documents of 1 to ``2 * seq_len`` tokens (a fixed draw): document ``d`` is the
+    start of synthetic row ``d``, so a bigram model learns them as it learns the rows.
+
+    Example:
+        >>> [d.tolist() for d in synthetic_documents(2, seq_len=4, vocab=64)]
+        [[0, 3, 18, 29, 20, 39, 6], [47, 46, 41, 16, 19, 34]]
+    """
+    lengths = np.random.default_rng(0).integers(1, 2 * seq_len + 1, count)
+    rows = synthetic_tokens(np.arange(count), 2 * seq_len, vocab)
+    return [row[:n] for row, n in zip(rows, lengths, strict=True)]
+
+
+def packed_source(count: int, seq_len: int, vocab: int, strategy: str) -> Any:
+    """`synthetic_documents` packed into sequences of ``seq_len``: a `psdp.PackedSequences`."""
+    from psdp import DocumentStore, PackedSequences
+
+    store = DocumentStore.from_documents(synthetic_documents(count, seq_len, vocab))
+    return PackedSequences(store, seq_len, strategy)
+
+
 def write_synthetic(path: str, rows: int, seq_len: int, vocab: int) -> None:
     """Writes ``rows`` synthetic rows as a dataset with one leaf, ``tokens``."""
     from psdp.sources.writer import write_dataset

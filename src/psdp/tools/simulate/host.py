@@ -13,17 +13,18 @@ from psdp import check_consistency
 from psdp._plan.leaves import leaves_of
 from psdp.tools.pod import report_progress
 from psdp.tools.simulate.config import Simulation, parse_fail_at
-from psdp.tools.simulate.data import main_leaf, synthetic_tokens
+from psdp.tools.simulate.data import main_leaf, packed_source, synthetic_tokens
 
 #: The pod target `psdp.tools.simulate.simulate` starts on every process.
 TARGET = "psdp.tools.simulate.host:run_host"
 
 
-def run_host(simulation: dict[str, Any], path: str, synthetic: bool) -> dict[str, Any]:
+def run_host(simulation: dict[str, Any], path: str | None, synthetic: bool) -> dict[str, Any]:
     """The pod target: one host's loader (and model) for every step; returns its figures.
 
     Every step it checks the batch with `psdp.check_consistency` against the expected rows
-    (recomputed from the row ids for synthetic data, re-read from the source otherwise).
+    (recomputed from the row ids for synthetic data, re-read from the source otherwise). With
+    ``packing``, ``path`` is None: the host packs the synthetic documents itself.
     """
     import jax
 
@@ -33,14 +34,17 @@ def run_host(simulation: dict[str, Any], path: str, synthetic: bool) -> dict[str
     me = jax.process_index()
     fail = parse_fail_at(sim.fail_at, sim.processes) if sim.fail_at else None
     mesh = sim.mesh.build()
-    config = replace(sim.data, source=path)
+    source = None
+    if sim.packing is not None:  # every host packs the same documents into the same plan
+        source = packed_source(sim.rows, sim.seq_len, sim.vocab, sim.packing)
+    config = sim.data if path is None else replace(sim.data, source=path)
     trainer = TinyModel(mesh, sim) if sim.train else None
     losses: list[float] = []
     mask_key = sim.data.output.mask_key or "mask"
     shape: list[int] = []
     spec: list[Any] = []
     shards, report, first_done, last_note = 0, None, 0.0, 0.0
-    with config.build(mesh, batch_axes=sim.mesh.batch_axes) as loader:
+    with config.build(mesh, source=source, batch_axes=sim.mesh.batch_axes) as loader:
         for step, batch in zip(range(sim.steps), loader, strict=False):
             if fail is not None and (me, step) == fail[:2]:
                 inject_failure(fail[2], me, step)

@@ -57,21 +57,38 @@ class TinyModel:
         self.params = jax.jit(init, out_shardings=shardings)()
         lr = sim.learning_rate
 
-        def loss_fn(model: Bigram, tokens: jax.Array) -> jax.Array:
+        def loss_fn(model: Bigram, tokens: jax.Array, weight: jax.Array) -> jax.Array:
             logits = model(tokens[:, :-1])
             logp = jax.nn.log_softmax(logits, axis=-1)
-            target = jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)
-            return -target.mean()
+            target = jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]
+            return -(target * weight).sum() / jnp.maximum(weight.sum(), 1)
 
-        def step(model: Bigram, tokens: jax.Array) -> tuple[Bigram, jax.Array]:
-            loss, grads = jax.value_and_grad(loss_fn)(model, tokens)
+        def step(model: Bigram, tokens: jax.Array, weight: jax.Array) -> tuple[Bigram, jax.Array]:
+            loss, grads = jax.value_and_grad(loss_fn)(model, tokens, weight)
             return jax.tree.map(lambda p, g: p - lr * g, model, grads), loss
 
-        self._step = jax.jit(step, donate_argnums=0)
+        def plain(model: Bigram, tokens: jax.Array) -> tuple[Bigram, jax.Array]:
+            return step(model, tokens, jnp.ones(tokens[:, 1:].shape))
+
+        def packed(
+            model: Bigram, tokens: jax.Array, segments: jax.Array, loss_mask: jax.Array
+        ) -> tuple[Bigram, jax.Array]:
+            # predict a token only from the one before it in the same document
+            same = (segments[:, 1:] == segments[:, :-1]) & (segments[:, 1:] > 0)
+            return step(model, tokens, same * loss_mask[:, 1:])
+
+        self._plain = jax.jit(plain, donate_argnums=0)
+        self._packed = jax.jit(packed, donate_argnums=0)
         self.mask_key = sim.data.output.mask_key or "mask"
 
     def step(self, batch: Any) -> float:
-        """One SGD step on the batch's main leaf; returns the loss."""
-        tokens = main_leaf(batch, self.mask_key)[1] if isinstance(batch, dict) else batch
-        self.params, loss = self._step(self.params, tokens)
+        """One SGD step on the batch's main leaf (packed documents: within each document, on
+        its loss mask); returns the loss."""
+        if isinstance(batch, dict) and "segment_ids" in batch and "loss_mask" in batch:
+            tokens = batch["input_ids"]
+            args = (tokens, batch["segment_ids"], batch["loss_mask"])
+            self.params, loss = self._packed(self.params, *args)
+        else:
+            tokens = main_leaf(batch, self.mask_key)[1] if isinstance(batch, dict) else batch
+            self.params, loss = self._plain(self.params, tokens)
         return float(np.asarray(loss.addressable_data(0)))

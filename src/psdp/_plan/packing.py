@@ -1,0 +1,281 @@
+"""The pack plan: which pieces of which documents fill each fixed-length sequence (``docs/packing.md``).
+
+The plan is computed from the documents' lengths alone (``np.diff(store.offsets)``), never from
+their tokens, so every host computes the same plan in bounded time and no cache can go stale.
+Documents (optionally in a seeded order) become *items*: a document up to ``seq_len`` tokens is one
+item; a longer one is split into pieces of ``seq_len`` and a remainder, or dropped. A strategy puts
+each item, in order, into a sequence (a bin of ``seq_len`` slots); the plan is then flat arrays,
+so sequence ``q``'s pieces are ``seq_starts[q]:seq_starts[q + 1]``, found in O(1).
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from psdp._checks import check_int, is_int
+
+#: How items are put into sequences, each in item order: ``greedy`` fills one open sequence and
+#: starts the next when an item does not fit (Levanter's prepacking); ``first_fit`` puts an item
+#: in the earliest sequence with room; ``best_fit`` in the fullest sequence with room (the
+#: earliest among equals). Every sequence stays open until the end (Grain's packers keep a pool
+#: of a fixed number of open bins instead).
+PACKING_STRATEGIES = ("best_fit", "first_fit", "greedy")
+#: What becomes of a document longer than ``seq_len``: ``split`` into pieces of ``seq_len`` and a
+#: remainder (each a segment of its own), or ``drop`` it (the plan reports it).
+LONG_DOCUMENTS = ("split", "drop")
+
+
+@dataclass(frozen=True, eq=False)
+class PackPlan:
+    """Sequences of ``seq_len`` slots, each holding whole documents or pieces of them.
+
+    Piece ``p`` is tokens ``[piece_start[p], piece_start[p] + piece_len[p])`` of document
+    ``piece_doc[p]``, placed at columns ``piece_column[p]`` onwards of its sequence; sequence ``q``
+    holds pieces ``seq_starts[q]:seq_starts[q + 1]``, in the order they were placed.
+
+    Attributes:
+        seq_len: slots per sequence.
+        strategy: the `PACKING_STRATEGIES` entry used.
+        long_documents: the `LONG_DOCUMENTS` entry used.
+        seed: the seed of the document order, or ``None`` for the store's order.
+        seq_starts: int64 ``(Q + 1,)``, the first piece of each sequence, then the piece count.
+        piece_doc: int64 ``(P,)``, each piece's document.
+        piece_start: int64 ``(P,)``, each piece's first token within its document.
+        piece_len: int64 ``(P,)``, each piece's token count (>= 1).
+        piece_column: int64 ``(P,)``, each piece's first column within its sequence.
+        dropped: int64, ascending: the documents left out for being longer than ``seq_len``.
+        empty: int64, ascending: the documents with no tokens (nothing to pack).
+
+    Example:
+        >>> plan = plan_packing([3, 5, 2, 6], seq_len=8, strategy="best_fit")
+        >>> [plan.pieces(q)[0].tolist() for q in range(len(plan))]
+        [[0, 1], [2, 3]]
+        >>> plan.efficiency
+        1.0
+    """
+
+    seq_len: int
+    strategy: str
+    long_documents: str
+    seed: int | None
+    seq_starts: np.ndarray
+    piece_doc: np.ndarray
+    piece_start: np.ndarray
+    piece_len: np.ndarray
+    piece_column: np.ndarray
+    dropped: np.ndarray
+    empty: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.seq_starts) - 1
+
+    @property
+    def num_tokens(self) -> int:
+        """The real tokens the sequences hold (every token of every document not dropped)."""
+        return int(self.piece_len.sum())
+
+    @property
+    def efficiency(self) -> float:
+        """Real tokens per slot: ``num_tokens / (len(plan) * seq_len)``."""
+        return self.num_tokens / (len(self) * self.seq_len)
+
+    def pieces(self, q: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Sequence ``q``'s pieces: their documents, first tokens and lengths, in column order."""
+        span = slice(self.seq_starts[q], self.seq_starts[q + 1])
+        return self.piece_doc[span], self.piece_start[span], self.piece_len[span]
+
+    def pieces_of(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The pieces of sequences ``ids``: ``(row, piece)``, ``row`` the position in ``ids``.
+
+        Example:
+            >>> plan = plan_packing([3, 5, 2, 6], seq_len=8, strategy="best_fit")
+            >>> [a.tolist() for a in plan.pieces_of(np.array([1, 1, 0]))]
+            [[0, 0, 1, 1, 2, 2], [2, 3, 2, 3, 0, 1]]
+        """
+        first, counts = self.seq_starts[ids], np.diff(self.seq_starts)[ids]
+        rows = np.repeat(np.arange(len(ids)), counts)
+        within = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
+        return rows, first[rows] + within
+
+    def describe(self) -> str:
+        """One line: strategy, sequences, efficiency, and the documents left out."""
+        left_out = f", {len(self.dropped)} long documents dropped" if len(self.dropped) else ""
+        empty = f", {len(self.empty)} empty documents" if len(self.empty) else ""
+        return (
+            f"{self.strategy} packing of {self.num_tokens} tokens into {len(self)} sequences of "
+            f"{self.seq_len} (efficiency {self.efficiency:.4f}){left_out}{empty}"
+        )
+
+
+def plan_packing(
+    lengths: Any,
+    seq_len: int,
+    strategy: str = "best_fit",
+    long_documents: str = "split",
+    seed: int | None = None,
+) -> PackPlan:
+    """Packs documents of ``lengths`` tokens into sequences of ``seq_len`` slots.
+
+    Args:
+        lengths: each document's token count (``np.diff(store.offsets)``).
+        seq_len: slots per sequence.
+        strategy: one of `PACKING_STRATEGIES`.
+        long_documents: one of `LONG_DOCUMENTS`.
+        seed: packs the documents in a random order drawn from this seed; ``None`` packs them in
+            their own order. Either way the plan is the same on every host.
+
+    Example:
+        >>> plan = plan_packing([4, 10, 2], seq_len=6, strategy="first_fit")
+        >>> plan.piece_doc.tolist(), plan.piece_start.tolist(), plan.piece_len.tolist()
+        ([0, 2, 1, 1], [0, 0, 0, 6], [4, 2, 6, 4])
+        >>> plan.seq_starts.tolist(), plan.piece_column.tolist()
+        ([0, 2, 3, 4], [0, 4, 0, 0])
+    """
+    lengths = _check_lengths(lengths)
+    _check_options(seq_len, strategy, long_documents, seed)
+    order = (
+        np.arange(len(lengths))
+        if seed is None
+        else np.random.default_rng(seed).permutation(len(lengths))
+    )
+    ordered = lengths[order]
+    too_long = ordered > seq_len
+    keep = (ordered > 0) & ~(too_long & (long_documents == "drop"))
+    dropped = np.sort(order[too_long]) if long_documents == "drop" else np.zeros(0, np.int64)
+    empty = np.flatnonzero(lengths == 0)
+    if not keep.any():
+        raise ValueError(
+            f"nothing to pack: of {len(lengths)} documents, {len(empty)} are empty and "
+            f"{len(dropped)} are longer than seq_len={seq_len} with long_documents='drop'; "
+            "raise seq_len, or use long_documents='split'"
+        )
+    item_doc, item_start, item_len = _items(order[keep], ordered[keep], seq_len)
+    bins = _ASSIGN[strategy](item_len.tolist(), seq_len)
+    return _plan_from_bins(
+        bins, item_doc, item_start, item_len,
+        seq_len=seq_len, strategy=strategy, long_documents=long_documents, seed=seed,
+        dropped=dropped, empty=empty,
+    )  # fmt: skip
+
+
+def _check_lengths(lengths: Any) -> np.ndarray:
+    array = np.asarray(lengths)
+    if array.ndim != 1 or (array.size and array.dtype.kind not in "iu"):
+        raise TypeError(
+            f"document lengths must be a 1-d integer array, got {array.dtype}{list(array.shape)}; "
+            "pass np.diff(store.offsets)"
+        )
+    if array.size and array.min() < 0:
+        raise ValueError(
+            f"document lengths must be >= 0, got {int(array.min())} at document "
+            f"{int(np.argmin(array))}; the store's offsets must not decrease"
+        )
+    return array.astype(np.int64, copy=False)
+
+
+def _check_options(seq_len: Any, strategy: Any, long_documents: Any, seed: Any) -> None:
+    check_int("seq_len", seq_len, minimum=1)
+    if strategy not in PACKING_STRATEGIES:
+        raise ValueError(
+            f"strategy must be one of {list(PACKING_STRATEGIES)}, got {strategy!r}; best_fit "
+            "wastes the fewest slots"
+        )
+    if long_documents not in LONG_DOCUMENTS:
+        raise ValueError(
+            f"long_documents must be one of {list(LONG_DOCUMENTS)}, got {long_documents!r}"
+        )
+    if seed is not None and not is_int(seed):
+        raise TypeError(f"seed must be an int or None, got {type(seed).__name__} {seed!r}")
+
+
+def _items(docs: np.ndarray, lengths: np.ndarray, seq_len: int):
+    """Each document as pieces of at most ``seq_len`` tokens, in order: ``(doc, start, len)``."""
+    count = -(-lengths // seq_len)
+    item_doc = np.repeat(docs, count)
+    first = np.cumsum(count) - count
+    item_start = (np.arange(count.sum()) - np.repeat(first, count)) * seq_len
+    item_len = np.minimum(seq_len, np.repeat(lengths, count) - item_start)
+    return item_doc, item_start, item_len
+
+
+def _greedy(lengths: list[int], seq_len: int) -> np.ndarray:
+    """One open sequence; a new one whenever the next item does not fit."""
+    bins, current, room = [0] * len(lengths), -1, 0
+    for i, length in enumerate(lengths):
+        if length > room:
+            current, room = current + 1, seq_len
+        room -= length
+        bins[i] = current
+    return np.asarray(bins, np.int64)
+
+
+def _first_fit(lengths: list[int], seq_len: int) -> np.ndarray:
+    """The earliest sequence with room: a max tree of rooms over sequences, descended from the
+    root towards the leftmost leaf with enough room (O(log n) per item)."""
+    size = 1 << max(0, len(lengths) - 1).bit_length()
+    tree = [0] * (2 * size)  # tree[size + b]: room of sequence b (0 until opened)
+    bins, opened = [0] * len(lengths), 0
+    for i, length in enumerate(lengths):
+        if tree[1] >= length:
+            node = 1
+            while node < size:
+                node = 2 * node if tree[2 * node] >= length else 2 * node + 1
+            room = tree[node] - length
+        else:
+            node, opened, room = size + opened, opened + 1, seq_len - length
+        bins[i] = node - size
+        tree[node] = room
+        node >>= 1
+        while node:  # a room changed: refresh the maxima above it until one stays the same
+            left, right = tree[2 * node], tree[2 * node + 1]
+            best = left if left >= right else right
+            if tree[node] == best:
+                break
+            tree[node], node = best, node >> 1
+    return np.asarray(bins, np.int64)
+
+
+def _best_fit(lengths: list[int], seq_len: int) -> np.ndarray:
+    """The fullest sequence with room, the earliest among equals: sequences in one heap per
+    room, and a bit set of the rooms whose heap is not empty, so the smallest room >= the
+    item's length is the lowest set bit at or above it (a shift and a bit trick)."""
+    heaps: list[list[int]] = [[] for _ in range(seq_len + 1)]
+    nonempty, bins, opened = 0, [0] * len(lengths), 0
+    for i, length in enumerate(lengths):
+        above = nonempty >> length
+        if above:
+            room = length + (above & -above).bit_length() - 1
+            heap = heaps[room]
+            b = heapq.heappop(heap)
+            if not heap:
+                nonempty ^= 1 << room
+            room -= length
+        else:
+            b, opened, room = opened, opened + 1, seq_len - length
+        bins[i] = b
+        if room:  # a full sequence never takes another item: it leaves the heaps
+            if not heaps[room]:
+                nonempty |= 1 << room
+            heapq.heappush(heaps[room], b)
+    return np.asarray(bins, np.int64)
+
+
+_ASSIGN = {"greedy": _greedy, "first_fit": _first_fit, "best_fit": _best_fit}
+
+
+def _plan_from_bins(bins, item_doc, item_start, item_len, **fields: Any) -> PackPlan:
+    """Groups the items by sequence (stable: placement order within a sequence)."""
+    order = np.argsort(bins, kind="stable")
+    counts = np.bincount(bins)
+    seq_starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    piece_len = item_len[order]
+    before = np.cumsum(piece_len) - piece_len  # tokens before each piece, over all sequences
+    piece_column = before - np.repeat(before[seq_starts[:-1]], counts)
+    return PackPlan(
+        seq_starts=seq_starts, piece_doc=item_doc[order], piece_start=item_start[order],
+        piece_len=piece_len, piece_column=piece_column, **fields,
+    )  # fmt: skip

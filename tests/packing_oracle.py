@@ -1,0 +1,106 @@
+"""An independent oracle for packing, built from the documents themselves, never from a plan.
+
+`naive_pack` is each strategy written the obvious slow way (a list of rooms, scanned);
+`packed_table` lays the documents out as the packed rows every leaf must hold; `check_packed`
+checks rows from their values alone: documents whose tokens name them (``doc * 1000 + i``) must
+each appear exactly once, in runs of consecutive tokens that never cross a row.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+#: Token ``i`` of document ``d`` is ``d * STRIDE + i`` (documents stay shorter than this).
+STRIDE = 1000
+
+
+def named_documents(lengths, masks: bool = False) -> list[dict[str, np.ndarray]]:
+    """Documents whose tokens name them; with ``masks``, a loss mask of every third token off."""
+    docs = []
+    for d, n in enumerate(lengths):
+        doc = {"input_ids": (d * STRIDE + np.arange(n)).astype(np.int32)}
+        if masks:
+            doc["loss_mask"] = (np.arange(n) % 3 != 1).astype(np.uint8)
+        docs.append(doc)
+    return docs
+
+
+def naive_pack(lengths, seq_len, strategy, long_documents="split", seed=None):
+    """Sequences as lists of ``(doc, start, length)``, item by item, every sequence scanned."""
+    order = (
+        range(len(lengths))
+        if seed is None
+        else np.random.default_rng(seed).permutation(len(lengths))
+    )
+    items = []
+    for d in order:
+        n = int(lengths[d])
+        if n > seq_len and long_documents == "drop":
+            continue
+        items += [(int(d), s, min(seq_len, n - s)) for s in range(0, n, seq_len)]
+    rooms: list[int] = []
+    bins: list[list[tuple[int, int, int]]] = []
+    for item in items:
+        fits = [b for b, room in enumerate(rooms) if room >= item[2]]
+        if strategy == "greedy":
+            fits = fits[-1:] if fits and fits[-1] == len(rooms) - 1 else []
+        elif strategy == "best_fit":
+            fits = sorted(fits, key=lambda b: (rooms[b], b))
+        if fits:
+            b = fits[0]
+        else:
+            b = len(rooms)
+            rooms.append(seq_len)
+            bins.append([])
+        rooms[b] -= item[2]
+        bins[b].append(item)
+    return bins
+
+
+def packed_table(docs, bins, seq_len, pad_id=0) -> dict[str, np.ndarray]:
+    """The rows a packed source must hold, leaf by leaf, from the documents and ``bins``."""
+    q = len(bins)
+    ids = docs[0]["input_ids"]
+    table = {"input_ids": np.full((q, seq_len), pad_id, ids.dtype)}
+    for key, value in docs[0].items():
+        if key != "input_ids":
+            table[key] = np.zeros((q, seq_len), value.dtype)
+    table["segment_ids"] = np.zeros((q, seq_len), np.int32)
+    table["positions"] = np.zeros((q, seq_len), np.int32)
+    table.setdefault("loss_mask", np.zeros((q, seq_len), np.uint8))
+    for row, pieces in enumerate(bins):
+        column = 0
+        for segment, (d, start, n) in enumerate(pieces, 1):
+            cols = slice(column, column + n)
+            for key, value in docs[d].items():
+                table[key][row, cols] = value[start : start + n]
+            if "loss_mask" not in docs[d]:
+                table["loss_mask"][row, cols] = 1
+            table["segment_ids"][row, cols] = segment
+            table["positions"][row, cols] = np.arange(n)
+            column += n
+    return table
+
+
+def check_packed(rows: dict[str, np.ndarray], lengths, seq_len, dropped=()) -> None:
+    """Every token of every kept document exactly once, in segments that are runs of one
+    document's consecutive tokens inside one row; positions restart at each segment; padding
+    only after the segments, with segment id 0 and loss mask 0."""
+    seen = []
+    for r in range(len(rows["input_ids"])):
+        seg, pos, tok = rows["segment_ids"][r], rows["positions"][r], rows["input_ids"][r]
+        real = int((seg > 0).sum())
+        assert (seg[:real] > 0).all() and (seg[real:] == 0).all(), (r, seg)
+        assert (rows["loss_mask"][r, real:] == 0).all()
+        for s in range(1, int(seg.max(initial=0)) + 1):
+            at = np.flatnonzero(seg == s)
+            assert at.size and (np.diff(at) == 1).all(), (r, s, at)
+            docs, index = tok[at] // STRIDE, tok[at] % STRIDE
+            assert (docs == docs[0]).all() and (np.diff(index) == 1).all(), (r, s, tok[at])
+            assert pos[at].tolist() == list(range(at.size)), (r, s, pos[at])
+            assert at.size <= seq_len
+            seen.append(tok[at])
+    got = np.sort(np.concatenate(seen)) if seen else np.zeros(0, int)
+    kept = [d for d, n in enumerate(lengths) if d not in set(dropped)]
+    want = np.sort(np.concatenate([d * STRIDE + np.arange(lengths[d]) for d in kept] or [[]]))
+    np.testing.assert_array_equal(got, want.astype(got.dtype))

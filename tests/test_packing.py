@@ -1,0 +1,193 @@
+"""Packing: the pure plan against naive packers, `PackedSequences` against a table laid out from
+the documents, and every device shard of a loader over it (tests/packing_oracle.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from jax.sharding import PartitionSpec as P
+
+from psdp import PACKING_STRATEGIES, DataLoader, DocumentStore, PackedSequences, plan_packing
+from tests.batch_checks import assert_batch_exact, expected_batch
+from tests.packing_oracle import check_packed, naive_pack, named_documents, packed_table
+
+
+def store_of(lengths, masks=False, kind=DocumentStore):
+    """A store of `named_documents` (empty documents allowed: `from_arrays`)."""
+    docs = named_documents(lengths, masks)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    flat = {k: np.concatenate([d[k] for d in docs]) for k in docs[0]}
+    return kind.from_arrays(offsets, flat)
+
+
+def plan_bins(plan) -> list[list[tuple[int, int, int]]]:
+    return [list(zip(*(a.tolist() for a in plan.pieces(q)), strict=True)) for q in range(len(plan))]
+
+
+class CountingStore(DocumentStore):
+    """Records every `read_ranges` call: (starts, stops, leaves)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.calls: list = []
+
+    def read_ranges(self, starts, stops, leaves=None):
+        self.calls.append((np.array(starts), np.array(stops), leaves))
+        return super().read_ranges(starts, stops, leaves)
+
+
+# ------------------------------------------------------------------------------------ the plan
+@settings(max_examples=60, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 40), min_size=1, max_size=40),
+    seq_len=st.integers(1, 16),
+    strategy=st.sampled_from(PACKING_STRATEGIES),
+    long_documents=st.sampled_from(["split", "drop"]),
+    seed=st.one_of(st.none(), st.integers(0, 3)),
+)
+def test_the_plan_is_the_naive_packing_and_reads_hold_every_token_once(
+    lengths, seq_len, strategy, long_documents, seed
+):
+    if all(n == 0 or (n > seq_len and long_documents == "drop") for n in lengths):
+        with pytest.raises(ValueError, match="nothing to pack"):
+            plan_packing(lengths, seq_len, strategy, long_documents, seed)
+        return
+    plan = plan_packing(lengths, seq_len, strategy, long_documents, seed)
+    want = naive_pack(lengths, seq_len, strategy, long_documents, seed)
+    assert plan_bins(plan) == want
+    dropped = [d for d, n in enumerate(lengths) if n > seq_len and long_documents == "drop"]
+    assert plan.dropped.tolist() == dropped
+    assert plan.empty.tolist() == [d for d, n in enumerate(lengths) if n == 0]
+    kept = sum(n for d, n in enumerate(lengths) if d not in dropped)
+    assert plan.efficiency == kept / (len(want) * seq_len)
+    if sum(lengths) == 0 or all(n == 0 for n in lengths):
+        return
+    source = PackedSequences(store_of(lengths), seq_len, strategy, long_documents, seed=seed)
+    rows = source.read(np.arange(len(source)))
+    check_packed(rows, lengths, seq_len, dropped)
+    table = packed_table(named_documents(lengths), want, seq_len)
+    for key, value in table.items():
+        np.testing.assert_array_equal(rows[key], value, err_msg=key)
+
+
+def test_best_fit_fills_at_least_95_percent_of_log_normal_documents():
+    """Issue #18: log-normal lengths (mean ~300, at most 4096) in sequences of 2048."""
+    rng = np.random.default_rng(0)
+    lengths = np.clip(np.round(rng.lognormal(np.log(300) - 0.5, 1.0, 20_000)), 1, 4096)
+    plan = plan_packing(lengths.astype(np.int64), 2048, "best_fit")
+    assert plan.efficiency >= 0.95, plan.describe()
+    assert plan.num_tokens == lengths.sum()  # split: nothing lost
+
+
+def test_long_documents_split_into_pieces_of_seq_len_or_are_dropped():
+    split = plan_packing([3, 10, 2], 4, "first_fit")
+    assert plan_bins(split) == [[(0, 0, 3)], [(1, 0, 4)], [(1, 4, 4)], [(1, 8, 2), (2, 0, 2)]]
+    dropped = plan_packing([3, 10, 2], 4, "first_fit", "drop")
+    assert plan_bins(dropped) == [[(0, 0, 3)], [(2, 0, 2)]]
+    assert dropped.dropped.tolist() == [1] and "1 long documents dropped" in dropped.describe()
+
+
+def test_best_fit_takes_the_fullest_sequence_and_the_earliest_among_equals():
+    # rooms after [6, 8, 8] in sequences of 10: 4, 2, 2. Each 2 goes to the fullest sequence with
+    # room, the earliest first: 1, then 2, then 0; first fit fills sequence 0 first.
+    bins = [[(0, 0, 6), (5, 0, 2)], [(1, 0, 8), (3, 0, 2)], [(2, 0, 8), (4, 0, 2)]]
+    assert plan_bins(plan_packing([6, 8, 8, 2, 2, 2], 10, "best_fit")) == bins
+    first = [[(0, 0, 6), (3, 0, 2), (4, 0, 2)], [(1, 0, 8), (5, 0, 2)], [(2, 0, 8)]]
+    assert plan_bins(plan_packing([6, 8, 8, 2, 2, 2], 10, "first_fit")) == first
+
+
+def test_a_seed_reorders_documents_the_same_way_every_time():
+    lengths = list(range(1, 30))
+    a, b = (plan_packing(lengths, 32, "greedy", seed=5) for _ in range(2))
+    assert plan_bins(a) == plan_bins(b) != plan_bins(plan_packing(lengths, 32, "greedy"))
+
+
+# ------------------------------------------------------------------------------------ the reads
+def test_one_store_read_per_read_and_a_window_reads_only_its_tokens():
+    lengths = [5, 9, 3, 7, 2, 6]
+    store = store_of(lengths, masks=True, kind=CountingStore)
+    source = PackedSequences(store, 8, "best_fit", pad_id=-1)
+    table = packed_table(
+        named_documents(lengths, masks=True), naive_pack(lengths, 8, "best_fit"), 8, -1
+    )
+    ids = np.array([2, 0, 2, 1])
+    store.calls.clear()
+    rows = source.read(ids)
+    assert len(store.calls) == 1 and set(rows) == set(table)
+    for key in table:
+        np.testing.assert_array_equal(rows[key], table[key][ids], err_msg=key)
+    for columns in (slice(2, 6), slice(0, 8), slice(5, 5), np.array([7, 0, 1, 2])):
+        store.calls.clear()
+        got = source.read_window(ids, {"input_ids": columns, "positions": columns})
+        assert len(store.calls) == 1
+        for key in ("input_ids", "positions"):
+            np.testing.assert_array_equal(got[key], table[key][ids][:, columns], err_msg=key)
+        starts, stops, leaves = store.calls[0]
+        assert leaves == ["input_ids"]
+        if isinstance(columns, slice):  # only the tokens inside the window are read
+            assert (stops - starts).sum() == (table["segment_ids"][ids][:, columns] > 0).sum()
+    mixed = source.read_window(ids, {"segment_ids": (slice(1, 3),), "loss_mask": None})
+    np.testing.assert_array_equal(mixed["segment_ids"], table["segment_ids"][ids][:, 1:3])
+    np.testing.assert_array_equal(mixed["loss_mask"], table["loss_mask"][ids])
+
+
+# --------------------------------------------------------------------- every device shard exact
+LENGTHS = [5, 17, 3, 9, 30, 1, 12, 8, 8, 4, 21, 2, 6, 15, 11, 7, 3, 19, 5, 10] * 3
+
+
+@pytest.mark.parametrize("strategy", PACKING_STRATEGIES)
+def test_every_device_shard_is_exact_for_batch_full_and_context(strategy, mesh_2d, mesh_context):
+    seq_len = 16
+    source = PackedSequences(store_of(LENGTHS, masks=True), seq_len, strategy, pad_id=7)
+    table = packed_table(
+        named_documents(LENGTHS, masks=True), naive_pack(LENGTHS, seq_len, strategy), seq_len, 7
+    )
+    cases = [
+        (mesh_2d, "batch", None),
+        (mesh_2d, "full", None),
+        (mesh_context, {k: P("data", "context") for k in table}, None),
+        (mesh_context, {k: P("data", "context") for k in table}, 2),
+    ]
+    for mesh, spec, halo in cases:
+        with DataLoader(source, mesh=mesh, global_batch_size=8, batch_spec=spec, halo=halo or 0,
+                        pad_value=5, seed=3) as loader:  # fmt: skip
+            for step in range(3):  # 3 steps of 8 cross the epoch end (len(source) < 24)
+                want = expected_batch(loader, table, step, halo=halo and dict.fromkeys(table, halo))
+                assert_batch_exact(loader.batch_at(step), want)
+
+
+@pytest.mark.multiprocess
+def test_every_device_shard_is_exact_on_the_noncontiguous_pod():
+    """One pod run: batch, full, the sequence sharded with a halo, and a schedule with padding,
+    each over a packed source, on 4 hosts that hold non-adjacent data rows."""
+    from tests import pod_targets_packing as targets
+    from tests.batch_checks import run_on_noncontiguous_pod
+
+    results = run_on_noncontiguous_pod(targets.packed_exact, steps=3, timeout_s=240)
+    # each host: 4 cases x 3 steps x 2 local devices x (4 leaves + the mask: 38 sequences leave
+    # a padded batch at each epoch's end, so every batch has one)
+    assert [r["checked"] for r in results] == [4 * 3 * 2 * 5] * 4
+    assert all(r["plans"] == results[0]["plans"] for r in results)  # every host, one plan
+
+
+def test_the_efficiency_script_counts_sequences_and_tokens(capsys):
+    """scripts/packing_efficiency.py, small: `none` is one padded sequence per document (a long
+    one over several), and every packing holds all the tokens in its sequences."""
+    import json
+    import runpy
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "packing_efficiency.py"
+    main = runpy.run_path(str(script), run_name="packing_efficiency")["main"]
+    assert main(["--documents", "500", "--seq-len", "1024", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["distribution"], r["strategy"]) for r in rows] == [
+        (d, s) for d in ("log-normal", "chat") for s in ("none", "greedy", "first_fit", "best_fit")
+    ]
+    for r in rows:
+        tokens = r["mean_length"] * 500
+        assert r["efficiency"] == pytest.approx(tokens / (r["sequences"] * 1024))
+    lengths = runpy.run_path(str(script))["log_normal"](np.random.default_rng(0), 500)
+    assert rows[0]["sequences"] == sum(-(-int(n) // 1024) for n in lengths)
