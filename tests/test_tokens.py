@@ -124,3 +124,29 @@ def test_a_context_sharded_host_reads_only_its_token_ranges(mesh_context, halo):
                 for r in rows for name in ("input_ids", "loss_mask")
             )  # fmt: skip
             assert sorted(store.ranges) == want, host
+
+
+@pytest.mark.multiprocess
+def test_every_shard_exact_and_each_hosts_token_ranges_on_the_noncontiguous_pod():
+    """One pod run (tests/pod_targets_tokens.py): BATCH, FULL, EOS with targets, and
+    P("data", "context") without a halo, with a pad and with a continue halo, each host's
+    two local shards of every leaf exact at two steps, and its store reading exactly the ranges
+    of its rows and columns."""
+    from tests import pod_targets_tokens as targets
+    from tests.batch_checks import run_on_noncontiguous_pod
+
+    results = run_on_noncontiguous_pod(
+        targets.token_shards_exact, axis_names=["data", "context"], timeout_s=240
+    )
+    # host h holds context column h % 2 of data rows {0, 2} (hosts 0, 1) or {1, 3} (hosts 2, 3)
+    assert [r["positions"] for r in results] == [
+        [[0, 0], [2, 0]], [[0, 1], [2, 1]], [[1, 0], [3, 0]], [[1, 1], [3, 1]]
+    ]  # fmt: skip
+    for r in results:
+        assert set(r["shards"].values()) == {5 * 2 * 2}, r  # 4 leaves + mask, 2 devices, 2 steps
+        # 2 stored leaves x 2 steps x (2 data rows x 2 rows each; FULL: 1 row per device);
+        # eos+targets is not counted (EOS tokens are not stored)
+        assert r["ranges"] == {
+            "batch": 16, "full": 8, "context": 16, "context+pad halo": 16,
+            "context+continue halo": 16,
+        }  # fmt: skip
