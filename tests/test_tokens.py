@@ -13,6 +13,7 @@ from psdp.sources import DocumentStore, TokenSequences
 from tests import token_oracle
 from tests.batch_checks import assert_batch_exact, expected_batch, physical_ids
 from tests.fake_hosts import fake_pod, host_batch
+from tests.pod_targets_tokens import CountingStore
 
 S = 8  # seq_len
 DOCS = token_oracle.documents(seed=3, count=30, mean=9)
@@ -83,19 +84,6 @@ def test_a_continue_halo_needs_a_source_that_continues_rows(mesh_context):
         )  # fmt: skip
 
 
-class CountingStore(DocumentStore):
-    """A document store that records every token range it reads."""
-
-    def __init__(self, store: DocumentStore):
-        super().__init__(store.offsets, {k: store._flat[k] for k in store.leaves})
-        self.ranges: list[tuple[str, int, int]] = []
-
-    def read_ranges(self, starts, stops, leaves=None):
-        for name in leaves or self.leaves:
-            self.ranges += [(name, int(a), int(b)) for a, b in zip(starts, stops, strict=True)]
-        return super().read_ranges(starts, stops, leaves)
-
-
 @pytest.mark.parametrize("halo", [0, 2])
 def test_a_context_sharded_host_reads_only_its_token_ranges(mesh_context, halo):
     """Host (data pair, context shard c) reads, per row r it holds, exactly the tokens
@@ -107,7 +95,7 @@ def test_a_context_sharded_host_reads_only_its_token_ranges(mesh_context, halo):
     w = S // 2
     with fake_pod(mesh_context, layout) as process_of:
         for host in range(4):
-            store = CountingStore(base)
+            store = CountingStore.from_documents(docs)
             loader = DataLoader(
                 TokenSequences(store, S), mesh=mesh_context, global_batch_size=8, seed=2,
                 batch_spec={k: P("data", "context") for k in ("input_ids", "loss_mask", "segment_ids", "positions")},
