@@ -138,3 +138,43 @@ def token_shards_exact(process_index, axis_names, mesh_shape) -> dict[str, Any]:
         "shards": shards,
         "ranges": ranges,
     }
+
+
+def host_reads(process_index, axis_names, seq_len, batch, halos, steps) -> dict[str, Any]:
+    """For scripts/token_bytes.py: the tokens, ranges and requests this host's store reads per
+    step, for the batch-only spec, the whole batch on every host, and the context spec with each
+    ``continue`` halo width of ``halos`` (0: none)."""
+    mesh = MeshLayout(np.asarray(process_index), tuple(axis_names)).build_mesh(jax.devices())
+    rng = np.random.default_rng(0)
+    lengths = np.clip(rng.lognormal(5.3, 1.0, 8 * batch * seq_len // 250), 1, 8 * seq_len)
+    docs = [rng.integers(3, 50_000, int(n)).astype(np.uint16) for n in lengths]
+    leaves = ("input_ids", "segment_ids", "positions")
+    cases: dict[str, Any] = {"P(data)": (P("data"), 0), "P() (whole batch)": (P(), 0)}
+    for h in halos:
+        cases[f"P(data, context), halo {h}"] = (P("data", "context"), h)
+    out: dict[str, Any] = {}
+    for name, (spec, h) in cases.items():
+        store = CountingStore.from_documents(docs)
+        calls = []
+        original = store.read_ranges
+
+        def counted(starts, stops, leaves=None, _original=original, _calls=calls):
+            _calls.append(len(starts))
+            return _original(starts, stops, leaves)
+
+        store.read_ranges = counted  # type: ignore[method-assign]
+        halo = {k: {1: (h, "continue")} for k in leaves} if h else 0
+        loader = DataLoader(
+            TokenSequences(store, seq_len), mesh=mesh, global_batch_size=batch,
+            batch_spec={k: spec for k in leaves}, halo=halo, seed=1,
+        )  # fmt: skip
+        per_step = []
+        for step in range(steps):
+            store.ranges.clear()
+            calls.clear()
+            loader.batch_at(step)
+            tokens = sum(b - a for _, a, b in store.ranges)
+            per_step.append({"tokens": tokens, "ranges": len(store.ranges), "requests": len(calls)})
+        loader.close()
+        out[name] = per_step
+    return {"process": jax.process_index(), "reads": out}
