@@ -4,7 +4,7 @@ sharding and against every host reading the whole batch.
 A local pod (`psdp.pod.run_pod`, one process per device, ``data x context`` devices) reads
 `TokenSequences` of ``seq_len`` tokens (``uint16`` ids, documents of log-normal lengths in
 memory) through a counting store (``tests/pod_targets_tokens.py``): per host and step, the
-tokens it reads, the ranges and the read requests (one `DocumentStore.read_ranges` call each).
+tokens it reads, the ranges, and the `DocumentStore.read_ranges` calls (batched reads).
 Specs: ``P("data")`` (each host its data group's rows whole: what a loader that reads whole
 sequences and slices on device reads), ``P()`` (every host the whole batch), and
 ``P("data", "context")`` with a ``continue`` halo of each width (a host reads its column range
@@ -50,7 +50,7 @@ def table(result: dict) -> str:
         f"data={result['data']} x context={result['context']}, one host per device, "
         f"seq_len={result['seq_len']}, global batch {result['batch']}, uint16 ids",
         "",
-        "| spec | bytes per host per step | ranges per host per step | requests per step | vs P(data) |",
+        "| spec | bytes per host per step | ranges per host per step | read_ranges calls per step | vs P(data) |",
         "|---|---:|---:|---:|---:|",
     ]  # fmt: skip
     for case in cases:
