@@ -252,10 +252,17 @@ def _checked_metadata(text: bytes, where: str) -> dict[str, Any]:
         meta = json.loads(text)
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise ValueError(f"cannot read the document store metadata {where}: {error}") from error
-    if not isinstance(meta, dict) or (meta.get("format"), meta.get("version")) != (
-        DOCUMENTS_FORMAT,
-        DOCUMENTS_VERSION,
+    if (
+        isinstance(meta, dict)
+        and meta.get("format") == DOCUMENTS_FORMAT
+        and (meta.get("version") != DOCUMENTS_VERSION)
     ):
+        raise ValueError(
+            f"{where} is a psdp document store of format version {meta.get('version')!r}, but "
+            f"this psdp reads version {DOCUMENTS_VERSION}; read it with the psdp that wrote it "
+            "(a newer one: upgrade psdp), or rewrite the store with write_documents"
+        )
+    if not isinstance(meta, dict) or meta.get("format") != DOCUMENTS_FORMAT:
         got = (meta.get("format"), meta.get("version")) if isinstance(meta, dict) else meta
         raise ValueError(
             f"{where} is not a psdp document store: format/version {got!r}, but this psdp reads "

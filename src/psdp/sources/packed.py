@@ -85,6 +85,11 @@ class PackedSequences:
     def __len__(self) -> int:
         return len(self.plan)
 
+    @property
+    def reads_storage(self) -> bool:
+        """Whether its reads wait on storage: its store's `DocumentStore.reads_storage`."""
+        return bool(self.store.reads_storage)
+
     @fresh_rows
     def read(self, ids: np.ndarray) -> dict[str, np.ndarray]:
         ids = check_ids(ids, len(self), self.describe())
