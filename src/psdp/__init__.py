@@ -37,6 +37,7 @@ from psdp._runtime.telemetry import LoaderStats as LoaderStats
 from psdp.sources import ArraySource as ArraySource
 from psdp.sources import GrainSource as GrainSource
 from psdp.sources import MemmapSource as MemmapSource
+from psdp.sources import Mixture as Mixture
 from psdp.sources import Source as Source
 from psdp.sources import StreamReader as StreamReader
 from psdp.sources import StreamSource as StreamSource

@@ -16,6 +16,7 @@ from psdp.sources.base import Source as Source
 from psdp.sources.base import as_source as as_source
 from psdp.sources.grain import GrainSource as GrainSource
 from psdp.sources.memmap import MemmapSource as MemmapSource
+from psdp.sources.mixture import Mixture as Mixture
 from psdp.sources.streams import StreamReader as StreamReader
 from psdp.sources.streams import StreamSource as StreamSource
 
@@ -49,6 +50,7 @@ __all__ = [
     "GrainSource",
     "IndexableSource",
     "MemmapSource",
+    "Mixture",
     "Rows",
     "Source",
     "StreamReader",
