@@ -24,6 +24,7 @@ from jax.sharding import Mesh, PartitionSpec
 from psdp import (
     ArraySource,
     DataLoader,
+    DocumentStore,
     GrainSource,
     LoaderClosedError,
     LoaderConfig,
@@ -35,6 +36,7 @@ from psdp import (
     TensorStoreSource,
     write_dataset,
 )
+from psdp.sources.document_writer import write_documents
 from tests.batch_checks import assert_batch_exact, expected_batch, token_table
 from tests.meshes import mesh_of
 
@@ -916,7 +918,10 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
         "an unknown halo boundary",
         lambda _: _field_loader(halo={"field": {3: (1, "wrap")}}),
         ValueError,
-        ["halo['field'][3] has boundary 'wrap' (did you mean 'periodic'?)", "('pad', 'periodic')"],
+        [
+            "halo['field'][3] has boundary 'wrap' (did you mean 'periodic'?)",
+            "('pad', 'periodic', 'continue')",
+        ],
     ),
     (
         "a halo on a dimension the leaf lacks",
@@ -1082,6 +1087,99 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
         lambda _: _loader(_mix(), io_block=64),
         ValueError,
         ["io_block=64 with Mixture(", "drop io_block"],
+    ),
+    # ---------------------------------------------------------------- token documents
+    (
+        "an empty document",
+        lambda _: DocumentStore.from_documents([np.array([1, 2]), np.array([], np.int32)]),
+        ValueError,
+        ["document 1 is empty", "drop empty documents first"],
+    ),
+    (
+        "a document of float token ids",
+        lambda _: DocumentStore.from_documents([np.array([1.0, 2.0])]),
+        TypeError,
+        ["document 0", "must be integers, got dtype float64", "tokenize first"],
+    ),
+    (
+        "a per-token leaf not aligned with the tokens",
+        lambda _: DocumentStore.from_documents(
+            [{"input_ids": np.array([1, 2, 3]), "loss_mask": np.array([1, 0])}]
+        ),
+        ValueError,
+        ["document 0", "{'input_ids': 3, 'loss_mask': 2}", "align the per-token leaves"],
+    ),
+    (
+        "documents with different leaves",
+        lambda _: DocumentStore.from_documents(
+            [{"input_ids": np.array([1])}, {"input_ids": np.array([2]), "w": np.array([1])}]
+        ),
+        ValueError,
+        ["document 1 has leaves ['input_ids', 'w']", "['input_ids']", "the same leaves"],
+    ),
+    (
+        "offsets that decrease",
+        lambda _: DocumentStore.from_arrays(
+            np.array([0, 3, 2, 4]), {"input_ids": np.zeros(4, int)}
+        ),
+        ValueError,
+        ["non-decreasing", "offsets[1]=3 > offsets[2]=2", "rewrite it"],
+    ),
+    (
+        "offsets that do not end at the token count",
+        lambda _: DocumentStore.from_arrays(np.array([0, 3, 5]), {"input_ids": np.zeros(4, int)}),
+        ValueError,
+        ["has 4 values, but the offsets end at 5 tokens", "offsets belong to these arrays"],
+    ),
+    (
+        "offsets that do not start at 0",
+        lambda _: DocumentStore.from_arrays(np.array([1, 4]), {"input_ids": np.zeros(4, int)}),
+        ValueError,
+        ["must start at 0, got 1", "rewrite it"],
+    ),
+    (
+        "flat leaves of different lengths",
+        lambda _: DocumentStore.from_arrays(
+            np.array([0, 4]), {"input_ids": np.zeros(4, int), "loss_mask": np.zeros(3, int)}
+        ),
+        ValueError,
+        ["leaf 'loss_mask'", "has 3 values, but the offsets end at 4 tokens"],
+    ),
+    (
+        "a token range past the end of the store",
+        lambda _: DocumentStore.from_documents([np.arange(5)]).read_ranges([2], [9]),
+        ValueError,
+        ["0 <= start <= stop <= num_tokens=5", "range 0: [2, 9)"],
+    ),
+    (
+        "token ids too large for the store's dtype",
+        lambda tmp: write_documents(
+            tmp / "docs", [np.array([1, 70_000])], dtype=np.uint16, progress=False
+        ),
+        ValueError,
+        [
+            "document 0",
+            "value 70000 at token 1 does not fit the store's dtype uint16",
+            "dtype=np.uint32",
+        ],
+    ),
+    (
+        "a negative token id",
+        lambda tmp: write_documents(
+            tmp / "docs", [np.array([4]), np.array([3, -1])], dtype=np.uint16, progress=False
+        ),
+        ValueError,
+        ["document 1", "value -1 at token 1 does not fit the store's dtype uint16"],
+    ),
+    (
+        "a continue halo on a source that does not continue its rows",
+        lambda _: _loader(
+            mesh=_mesh(("data", "context")),
+            batch_spec=PartitionSpec("data", "context"),
+            halo={"tokens": {1: (1, "continue")}},
+        ),
+        ValueError,
+        ["boundary 'continue'", "does not continue its rows", "use 'pad' or 'periodic'"],
     ),
 ]
 

@@ -35,20 +35,27 @@ from psdp._runtime.loader import DataLoader as DataLoader
 from psdp._runtime.prefetch import LoaderClosedError as LoaderClosedError
 from psdp._runtime.telemetry import LoaderStats as LoaderStats
 from psdp.sources import ArraySource as ArraySource
+from psdp.sources import DocumentStore as DocumentStore
 from psdp.sources import GrainSource as GrainSource
 from psdp.sources import MemmapSource as MemmapSource
 from psdp.sources import Mixture as Mixture
 from psdp.sources import Source as Source
 from psdp.sources import StreamReader as StreamReader
 from psdp.sources import StreamSource as StreamSource
+from psdp.sources import TokenSequences as TokenSequences
 
 if TYPE_CHECKING:  # imported on first use below: both load tensorstore, which is slow to import
     from psdp.sources import TensorStoreSource as TensorStoreSource
+    from psdp.sources.document_writer import write_documents as write_documents
     from psdp.sources.writer import write_dataset as write_dataset
 
 __getattr__, __dir__ = lazy_attributes(
     __name__,
-    {"psdp.sources": ["TensorStoreSource"], "psdp.sources.writer": ["write_dataset"]},
+    {
+        "psdp.sources": ["TensorStoreSource"],
+        "psdp.sources.writer": ["write_dataset"],
+        "psdp.sources.document_writer": ["write_documents"],
+    },
     globals(),
 )
 

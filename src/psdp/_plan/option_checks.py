@@ -345,7 +345,8 @@ def as_axis_halo(where: str, value: Any, fix: str) -> AxisHalo:
             raise ValueError(
                 f"{where} has boundary {boundary!r}{hint}; a halo's boundary is one of "
                 f"{BOUNDARIES}: 'pad' fills beyond the domain's edges with pad_value, 'periodic' "
-                f"wraps to the other end; {fix}"
+                "wraps to the other end, 'continue' takes the entries that continue the row in "
+                f"the source (TokenSequences); {fix}"
             )
         return AxisHalo(as_columns(where, width, fix, _ENTRIES), boundary)
     return AxisHalo(as_columns(where, value, fix, _ENTRIES))

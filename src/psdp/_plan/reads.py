@@ -223,6 +223,7 @@ def window_reads(leaf: LeafWindows) -> list[WindowRead]:
                 [leaf.windows[i].axes[axis].indices for i in members],
                 leaf.source_shape[d],
                 leaf.halos[axis].boundary == "periodic",
+                reach(leaf, axis),
             )
             for axis, d in enumerate(leaf.windowed)
         ]
@@ -243,10 +244,10 @@ def _boxes(
     union of those products splits into disjoint products (`shard_grids`), one box each."""
     atoms, held, place = [], [], []
     for axis, run in enumerate(ranges):
-        size = leaf.source_shape[leaf.windowed[axis]]
-        where = np.full(size, -1, np.int64)
-        where[run] = np.arange(len(run))  # an entry's position in its range
-        positions = [where[leaf.windows[i].axes[axis].indices] for i in group]
+        size, r = leaf.source_shape[leaf.windowed[axis]], reach(leaf, axis)
+        where = np.full(size + 2 * r, -1, np.int64)
+        where[run + r] = np.arange(len(run))  # an entry's position in its range
+        positions = [where[leaf.windows[i].axes[axis].indices + r] for i in group]
         inside = np.zeros((len(run), len(group)), bool)
         for w, held_at in enumerate(positions):
             inside[held_at, w] = True
@@ -328,13 +329,21 @@ def shard_grids(shards: set[tuple[int, ...]]) -> list[set[tuple[int, ...]]]:
     ]
 
 
+def reach(leaf: LeafWindows, axis: int) -> int:
+    """How far the entries of windowed dimension ``axis`` may lie outside ``[0, size)``: the
+    halo's width for the ``continue`` boundary (the source serves them), else 0."""
+    halo = leaf.halos[axis]
+    return halo.width if halo.boundary == "continue" else 0
+
+
 def merged_ranges(
-    held: list[np.ndarray], size: int, periodic: bool
+    held: list[np.ndarray], size: int, periodic: bool, reach: int = 0
 ) -> tuple[list[np.ndarray], list[int], list[np.ndarray]]:
     """Merges the entries some windows hold along one dimension of ``size`` entries into ranges.
 
     Entries that overlap or touch merge; on a ``periodic`` dimension the range that ends at the
-    last entry and the one that starts at entry 0 merge too (read as one index array).
+    last entry and the one that starts at entry 0 merge too (read as one index array). Entries
+    may lie ``reach`` beyond either end (a ``continue`` halo).
 
     Returns:
         ``(ranges, range of each window, positions of each window's entries in its range)``.
@@ -346,17 +355,17 @@ def merged_ranges(
         >>> [r.tolist() for r in ranges], which, [w.tolist() for w in within]
         ([[5, 6, 7, 0, 1, 2]], [0, 0], [[2, 3, 4, 5], [0, 1, 2, 3]])
     """
-    covered = np.zeros(size, bool)
+    covered = np.zeros(size + 2 * reach, bool)
     for entries in held:
-        covered[entries] = True
-    edges = np.flatnonzero(np.diff(np.concatenate(([0], covered.astype(np.int8), [0]))))
+        covered[entries + reach] = True
+    edges = np.flatnonzero(np.diff(np.concatenate(([0], covered.astype(np.int8), [0])))) - reach
     runs = [np.arange(a, b) for a, b in zip(edges[::2], edges[1::2], strict=True)]
     if periodic and len(runs) > 1 and runs[0][0] == 0 and runs[-1][-1] == size - 1:
         runs = [np.concatenate((runs[-1], runs[0])), *runs[1:-1]]
     runs = runs or [np.arange(0)]
-    range_of = np.zeros(size, np.int64)
-    position = np.zeros(size, np.int64)
+    range_of = np.zeros(size + 2 * reach, np.int64)
+    position = np.zeros(size + 2 * reach, np.int64)
     for r, entries in enumerate(runs):
-        range_of[entries], position[entries] = r, np.arange(len(entries))
-    which = [int(range_of[e[0]]) if len(e) else 0 for e in held]
-    return runs, which, [position[e] for e in held]
+        range_of[entries + reach], position[entries + reach] = r, np.arange(len(entries))
+    which = [int(range_of[e[0] + reach]) if len(e) else 0 for e in held]
+    return runs, which, [position[e + reach] for e in held]

@@ -2,7 +2,8 @@
 
 A leaf is read in *windows* when a dimension after the batch is sharded or has a halo: one window
 per distinct box of those dimensions that the host holds, widened by each dimension's halo, whose
-entries beyond the domain's edges follow the halo's boundary rule (``pad`` or ``periodic``), and a
+entries beyond the domain's edges follow the halo's boundary rule (``pad``, ``periodic`` or
+``continue``), and a
 dimension its shards do not divide is padded up to the next multiple. Every device box is then a
 view of one window's buffer.
 """
@@ -21,8 +22,11 @@ from jax.sharding import NamedSharding, PartitionSpec
 from psdp._checks import check_int
 from psdp._plan.mesh import DataPlan, as_layout, plan_pod, spec_axes
 
-#: What lies beyond a domain's edges in a halo: ``pad_value``, or the entries of the other end.
-BOUNDARIES = ("pad", "periodic")
+#: What lies beyond a domain's edges in a halo: ``pad_value``; the entries of the other end; or the
+#: entries that continue the row in the source (entries before 0 and past the end, which a source
+#: that stores its rows back to back serves: `TokenSequences`, where they are the neighbouring
+#: rows' tokens).
+BOUNDARIES = ("pad", "periodic", "continue")
 
 #: The entries of one dimension a read takes: a range, or an index array (a periodic wrap).
 Indexer: TypeAlias = "slice | np.ndarray"
@@ -205,7 +209,12 @@ class LeafWindows:
         """The shape of a read of ``rows`` rows of this leaf cut to ``box``."""
         trailing = list(self.source_shape[1:])
         for d, part in enumerate(box_parts(box)):
-            trailing[d] = len(range(trailing[d])[part]) if isinstance(part, slice) else len(part)
+            if isinstance(part, slice):  # a `continue` halo's range may lie past either end
+                start = 0 if part.start is None else part.start
+                stop = trailing[d] if part.stop is None else part.stop
+                trailing[d] = max(0, stop - start)
+            else:
+                trailing[d] = len(part)
         return (rows, *trailing)
 
     def fill(
@@ -364,8 +373,9 @@ def axis_window(shard: int, width: int, size: int, halo: AxisHalo) -> AxisWindow
     padded), widened by ``halo``: the source entries it holds and the padding around them.
 
     Position ``p`` of the window is domain entry ``x = shard * width - h + p``: entry ``x`` if
-    ``0 <= x < size``; beyond the edges, within ``h``, ``pad_value`` (``pad``) or entry
-    ``x mod size`` (``periodic``); past ``size + h`` (an uneven domain's padding), ``pad_value``.
+    ``0 <= x < size``; beyond the edges, within ``h``, ``pad_value`` (``pad``), entry
+    ``x mod size`` (``periodic``) or entry ``x`` itself, outside ``[0, size)`` (``continue``: the
+    source serves it); past ``size + h`` (an uneven domain's padding), ``pad_value``.
 
     Example:
         >>> w = axis_window(0, 3, 5, AxisHalo(1, "periodic"))  # entries 0-2 of 5, one each side
@@ -378,8 +388,8 @@ def axis_window(shard: int, width: int, size: int, halo: AxisHalo) -> AxisWindow
     h = halo.width
     x = np.arange(shard * width - h, (shard + 1) * width + h)
     # a periodic halo holds data as far as h past either edge (x >= -h always)
-    data = x < size + h if halo.boundary == "periodic" else (x >= 0) & (x < size)
-    held = x[data] % size
+    data = x < size + h if halo.boundary != "pad" else (x >= 0) & (x < size)
+    held = x[data] % size if halo.boundary == "periodic" else x[data]
     before = int(np.argmax(data)) if data.any() else len(x)
     return AxisWindow(held, before, len(x) - before - len(held))
 

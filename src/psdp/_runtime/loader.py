@@ -14,7 +14,7 @@ import jax
 from jax.sharding import Mesh
 
 from psdp._checks import check_int
-from psdp._plan.leaves import unwrap
+from psdp._plan.leaves import leaf_label, unwrap
 from psdp._plan.loader_plan import LoaderPlan
 from psdp._plan.mesh import as_layout
 from psdp._plan.offsets import StepInfo, stages_of
@@ -129,6 +129,7 @@ class DataLoader:
         self.start_step = order.start[0]
         #: the plan of the first step (`plans` has every batch size's)
         self.plan = self.plans[self.feed.step_info(self.start_step).batch_size]
+        _check_continue_halos(self.plan, self.source)
         self.telemetry = Telemetry(stall_warning_s=reading.stall_warning_s)
         self._readers = {
             b: StepReader(p, self.feed, reading.read_timeout_s, self.telemetry)
@@ -305,3 +306,21 @@ class DataLoader:
             f"batch_spec={self.batch_spec}, process {self.process_index} reads "
             f"{len(self.plan.read_positions)} rows/step)"
         )
+
+
+def _check_continue_halos(plan: LoaderPlan, source: Any) -> None:
+    """A ``continue`` halo asks the source for entries before 0 and past a row's end: only a
+    source that stores rows back to back (``continues_rows``) has them; any other would wrap
+    or clip them into wrong data."""
+    if getattr(source, "continues_rows", False) is True:
+        return
+    for key, leaf in plan.leaves.items():
+        for d, halo in zip(leaf.windowed, leaf.halos, strict=True):
+            if halo.boundary == "continue":
+                raise ValueError(
+                    f"the halo of {leaf_label(key)} on dimension {d} has boundary 'continue', "
+                    f"but the source {source.describe() if hasattr(source, 'describe') else type(source).__name__} "
+                    "does not continue its rows (only a source with continues_rows = True, such "
+                    "as TokenSequences, serves entries beyond a row's ends); use 'pad' or "
+                    "'periodic'"
+                )

@@ -14,13 +14,16 @@ from psdp.sources.base import IndexableSource as IndexableSource
 from psdp.sources.base import Rows as Rows
 from psdp.sources.base import Source as Source
 from psdp.sources.base import as_source as as_source
+from psdp.sources.documents import DocumentStore as DocumentStore
 from psdp.sources.grain import GrainSource as GrainSource
 from psdp.sources.memmap import MemmapSource as MemmapSource
 from psdp.sources.mixture import Mixture as Mixture
 from psdp.sources.streams import StreamReader as StreamReader
 from psdp.sources.streams import StreamSource as StreamSource
+from psdp.sources.tokens import TokenSequences as TokenSequences
 
 if TYPE_CHECKING:  # imported on first use below: tensorstore is slow to import
+    from psdp.sources.document_writer import write_documents as write_documents
     from psdp.sources.tensorstore import DATASET_FORMAT as DATASET_FORMAT
     from psdp.sources.tensorstore import DATASET_VERSION as DATASET_VERSION
     from psdp.sources.tensorstore import INCOMPLETE_MARKER as INCOMPLETE_MARKER
@@ -34,10 +37,17 @@ _TENSORSTORE_NAMES = [
     "INCOMPLETE_MARKER",
     "METADATA_FILE",
     "TensorStoreSource",
+    "TokenSequences",
     "read_metadata",
+    "write_documents",
 ]
 __getattr__, __dir__ = lazy_attributes(
-    __name__, {"psdp.sources.tensorstore": _TENSORSTORE_NAMES}, globals()
+    __name__,
+    {
+        "psdp.sources.tensorstore": _TENSORSTORE_NAMES,
+        "psdp.sources.document_writer": ["write_documents"],
+    },
+    globals(),
 )
 
 __all__ = [
@@ -47,6 +57,7 @@ __all__ = [
     "METADATA_FILE",
     "SINGLE_LEAF",
     "ArraySource",
+    "DocumentStore",
     "GrainSource",
     "IndexableSource",
     "MemmapSource",
@@ -56,6 +67,8 @@ __all__ = [
     "StreamReader",
     "StreamSource",
     "TensorStoreSource",
+    "TokenSequences",
     "as_source",
     "read_metadata",
+    "write_documents",
 ]

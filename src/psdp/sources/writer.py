@@ -105,7 +105,7 @@ def write_dataset(
             f"rows_per_shard={rows_per_shard} must be a multiple of rows_per_chunk="
             f"{rows_per_chunk}; e.g. rows_per_shard={rows_per_chunk * 16}"
         )
-    codecs = _inner_codecs(compression, checksum)
+    codecs = inner_codecs(compression, checksum)
     location = locate(path)
     chunks, total, single = _chunks_of(arrays)
     first = next(chunks, None)
@@ -119,9 +119,9 @@ def write_dataset(
     label = location.local.name if location.local is not None else location.name
     layout = {"rows_per_chunk": rows_per_chunk, "compression": compression, "checksum": checksum}
 
-    def fill(leaf_kvstore: Any) -> _ShardedWriter:
+    def fill(leaf_kvstore: Any, on_start: Callable[[Any], None]) -> ShardedWriter:
         """Writes every row to the leaves at ``leaf_kvstore(name)``, metadata aside."""
-        writer = _ShardedWriter(
+        writer = ShardedWriter(
             leaf_kvstore, schema, rows_per_shard, rows_per_chunk, codecs, total, on_start
         )
         with tqdm(
@@ -134,17 +134,46 @@ def write_dataset(
             raise ValueError(f"no rows to write to {location.name}: every chunk had 0 rows")
         return writer
 
-    started: list[_ShardedWriter] = []
-    on_start = started.append  # so that a failed write waits for what is in flight
+    return commit_write(
+        path, overwrite, fill, lambda writer: _metadata_of(schema, writer, single, layout)
+    )
+
+
+def commit_write(
+    path: Any,
+    overwrite: bool,
+    fill: Callable[[Callable[[str], dict[str, Any]], Callable[[Any], None]], Any],
+    metadata_of: Callable[[Any], dict[str, Any]],
+) -> Any:
+    """Writes a psdp store atomically: ``fill(leaf_kvstore, on_start)`` writes its arrays (each at
+    ``leaf_kvstore(name)``, registering every `ShardedWriter` with ``on_start``), then
+    ``metadata_of(result)`` becomes ``psdp.json``; a local directory is staged beside ``path``
+    and renamed into place, an object store commits by writing ``psdp.json`` last. On failure,
+    what this write put there is deleted and the old store is kept.
+
+    Returns:
+        ``path`` as a `Path` for a local directory, else ``path`` as given.
+    """
+    location = locate(path)
+    started: list[ShardedWriter] = []
     if location.local is None:
-        write_remote(location, overwrite, fill, _metadata_of, schema, single, layout, started)
+        write_remote(
+            location,
+            overwrite,
+            lambda leaf_kvstore: fill(leaf_kvstore, started.append),
+            lambda _schema, result, _single, _layout: metadata_of(result),
+            None,
+            False,
+            {},
+            started,
+        )
         return path
     local = location.local
     _check_target(local, overwrite)
     staging = _staging_directory(Path(os.path.abspath(local)))  # "." and "a/.." name no sibling
     try:
-        writer = fill(lambda name: _file_kvstore(staging / name))
-        _write_metadata(staging, _metadata_of(schema, writer, single, layout))
+        result = fill(lambda name: _file_kvstore(staging / name), started.append)
+        _write_metadata(staging, metadata_of(result))
         (staging / INCOMPLETE_MARKER).unlink()
         _swap_into_place(staging, Path(os.path.abspath(local)), overwrite)
     except BaseException:  # Ctrl-C included
@@ -155,7 +184,7 @@ def write_dataset(
     return local
 
 
-class _ShardedWriter:
+class ShardedWriter:
     """Buffers chunks into blocks of whole shards and writes each block to every leaf array."""
 
     def __init__(
@@ -166,7 +195,7 @@ class _ShardedWriter:
         rows_per_chunk: int,
         codecs: list[dict[str, Any]],
         total: int | None,
-        on_start: Callable[[_ShardedWriter], None],
+        on_start: Callable[[ShardedWriter], None],
     ):
         on_start(self)
         self.in_flight: list[Any] = []
@@ -315,7 +344,7 @@ def _create_leaf(
     return ts.open(spec, create=True, context=context).result()
 
 
-def _inner_codecs(compression: str | dict[str, Any] | None, checksum: bool) -> list[dict[str, Any]]:
+def inner_codecs(compression: str | dict[str, Any] | None, checksum: bool) -> list[dict[str, Any]]:
     """bytes -> optional compression -> optional crc32c (over the stored bytes)."""
     middle: list[dict[str, Any]] = []
     if compression is None:
@@ -478,7 +507,7 @@ def _swap_into_place(staging: Path, path: Path, overwrite: bool) -> None:
 
 
 def _metadata_of(
-    schema: Schema, writer: _ShardedWriter, single: bool, layout: dict[str, Any]
+    schema: Schema, writer: ShardedWriter, single: bool, layout: dict[str, Any]
 ) -> dict[str, Any]:
     return {
         "format": DATASET_FORMAT,

@@ -1,0 +1,287 @@
+"""`write_documents` and `open_documents`: a `DocumentStore` on disk or in an object store, written
+atomically like `write_dataset` (the same staging and commit), read by token ranges.
+
+Layout below the store (``docs/tokens.md``): ``psdp.json`` (format `DOCUMENTS_FORMAT`, written
+last), ``offsets/`` (int64, ``D + 1``) and ``tokens/<leaf>/`` (one flat zarr3 array per leaf, in
+shard files of ``tokens_per_shard`` tokens and chunks of ``tokens_per_chunk``, the unit a range
+read decodes), each chunk with a crc32c checksum by default.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
+
+import numpy as np
+import tensorstore as ts
+from tqdm import tqdm
+
+from psdp._checks import check_int
+from psdp.sources.documents import TOKENS, DocumentStore, document_leaves
+from psdp.sources.location import DATA_PREFIX, locate, open_kvstore
+from psdp.sources.tensorstore import METADATA_FILE
+from psdp.sources.writer import ShardedWriter, commit_write, inner_codecs
+
+#: The ``format`` and ``version`` of a document store's ``psdp.json``.
+DOCUMENTS_FORMAT = "psdp.documents"
+DOCUMENTS_VERSION = 1
+
+
+def write_documents(
+    path: str | os.PathLike[str] | Mapping[str, Any],
+    docs: Iterable[Any],
+    *,
+    dtype: Any = None,
+    tokens_per_shard: int = 1 << 20,
+    tokens_per_chunk: int = 4096,
+    compression: str | dict[str, Any] | None = None,
+    checksum: bool = True,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> Any:
+    """Writes documents to a store that `DocumentStore.open` reads.
+
+    Args:
+        path: a new directory, or a prefix in an object store (a URL such as
+            ``s3://bucket/docs`` or a kvstore spec), as for `write_dataset`.
+        docs: 1-D integer arrays of token ids, or dicts of aligned 1-D arrays (``input_ids`` and
+            e.g. a ``loss_mask``), every document with the same leaves and at least one token.
+        dtype: the dtype of ``input_ids`` on disk (e.g. ``np.uint16`` for vocabularies up to
+            65,536); default: the first document's. An id it cannot hold (too large, or
+            negative) is an error, never a wrapped value; the other leaves keep the first
+            document's dtypes under the same rule.
+        tokens_per_shard: tokens per shard file.
+        tokens_per_chunk: tokens per chunk, the unit a range read decodes (a read of a few
+            thousand tokens touches one or two chunks).
+        compression, checksum, overwrite, progress: as for `write_dataset`.
+
+    Returns:
+        ``path`` as a `Path` for a local directory, else ``path`` as given.
+
+    Example:
+        >>> import tempfile
+        >>> tmp = tempfile.TemporaryDirectory()
+        >>> docs = [np.array([5, 6, 7]), np.array([8, 9])]
+        >>> path = write_documents(f"{tmp.name}/docs", docs, dtype=np.uint16, progress=False)
+        >>> sorted(p.name for p in path.iterdir())
+        ['offsets', 'psdp.json', 'tokens']
+        >>> store = DocumentStore.open(path)
+        >>> store.offsets.tolist(), store.read_ranges([2], [4])["input_ids"].tolist()
+        ([0, 3, 5], [7, 8])
+        >>> tmp.cleanup()
+    """
+    check_int("tokens_per_shard", tokens_per_shard, minimum=1)
+    check_int("tokens_per_chunk", tokens_per_chunk, minimum=1)
+    if tokens_per_shard % tokens_per_chunk:
+        raise ValueError(
+            f"tokens_per_shard={tokens_per_shard} must be a multiple of tokens_per_chunk="
+            f"{tokens_per_chunk}; e.g. tokens_per_shard={tokens_per_chunk * 256}"
+        )
+    if isinstance(docs, np.ndarray | Mapping | str | bytes) or not isinstance(docs, Iterable):
+        raise TypeError(
+            "docs must be an iterable of documents (1-D token arrays, or dicts of aligned 1-D "
+            f"arrays), got {type(docs).__name__}; for one document pass [doc]"
+        )
+    codecs = inner_codecs(compression, checksum)
+    stream = iter(docs)
+    first = next(stream, None)
+    if first is None:
+        raise ValueError(f"no documents to write to {locate(path).name}: the iterable was empty")
+    head = document_leaves(first, 0, None)
+    schema = {name: (np.dtype(values.dtype), ()) for name, values in head.items()}
+    if dtype is not None:
+        schema[TOKENS] = (_token_dtype(dtype), ())
+    layout = {
+        "tokens_per_shard": tokens_per_shard,
+        "tokens_per_chunk": tokens_per_chunk,
+        "compression": compression,
+        "checksum": checksum,
+    }
+    lengths: list[int] = []
+    name = locate(path).name
+
+    def fill(leaf_kvstore: Callable[[str], dict[str, Any]], on_start: Any) -> tuple[int, int]:
+        tokens = ShardedWriter(
+            lambda leaf: leaf_kvstore(f"tokens/{leaf}"),
+            schema,
+            tokens_per_shard,
+            tokens_per_chunk,
+            codecs,
+            None,
+            on_start,
+        )
+        chunks = _checked(head, stream, schema, lengths)
+        with tqdm(unit="tokens", desc=f"write {name}", disable=not progress, delay=1.0) as bar:
+            for index, chunk in enumerate(chunks):
+                bar.update(tokens.add(chunk, index))
+            bar.update(tokens.finish())
+        offsets = np.zeros(len(lengths) + 1, np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        per_shard = 1 << 20
+        writer = ShardedWriter(
+            leaf_kvstore,
+            {"offsets": (np.dtype(np.int64), ())},
+            per_shard,
+            per_shard,
+            codecs,
+            len(offsets),
+            on_start,
+        )
+        writer.add({"offsets": offsets}, 0)
+        writer.finish()
+        return len(lengths), int(offsets[-1])
+
+    def metadata_of(counts: tuple[int, int]) -> dict[str, Any]:
+        return {
+            "format": DOCUMENTS_FORMAT,
+            "version": DOCUMENTS_VERSION,
+            "num_documents": counts[0],
+            "num_tokens": counts[1],
+            "leaves": {leaf: d.name for leaf, (d, _) in schema.items()},
+            **layout,
+        }
+
+    return commit_write(path, overwrite, fill, metadata_of)
+
+
+def open_documents(path: Any, *, context: ts.Context | None = None) -> DocumentStore:
+    """The `DocumentStore` `write_documents` wrote at ``path`` (a directory, URL or kvstore
+    spec); its metadata, offsets and leaf shapes are checked on open."""
+    location = locate(path)
+    context = ts.Context() if context is None else context
+    if location.local is not None:
+        meta_file = location.local / METADATA_FILE
+        if not meta_file.is_file():
+            raise FileNotFoundError(
+                f"no document store at {location.local}: it has no {METADATA_FILE}; write one "
+                "with psdp.write_documents(path, docs)"
+            )
+        meta = _checked_metadata(meta_file.read_bytes(), str(meta_file))
+        root = os.path.abspath(location.local)
+
+        def kvstore(name: str) -> dict[str, Any]:
+            return {"driver": "file", "path": f"{root}/{name}/"}
+
+    else:
+        got = open_kvstore(location, context).read(METADATA_FILE.encode()).result()
+        if got.state != "value":
+            raise FileNotFoundError(f"no document store at {location.name}: no {METADATA_FILE}")
+        meta = _checked_metadata(bytes(got.value), f"{location.name}{METADATA_FILE}")
+        prefix = meta.get("data_prefix", "")
+
+        def kvstore(name: str) -> dict[str, Any]:
+            return location.below(f"{prefix}{name}/")
+
+    arrays = {
+        leaf: _open(kvstore(f"tokens/{leaf}"), context, location.name) for leaf in meta["leaves"]
+    }
+    for leaf, array in arrays.items():
+        if np.dtype(array.dtype.numpy_dtype).name != meta["leaves"][leaf]:
+            raise ValueError(
+                f"leaf {leaf!r} of {location.name} has dtype {array.dtype.numpy_dtype}, but its "
+                f"metadata says {meta['leaves'][leaf]}; the store is damaged: rewrite it"
+            )
+    offsets = np.asarray(_open(kvstore("offsets"), context, location.name).read().result())
+    if len(offsets) != meta["num_documents"] + 1 or offsets[-1] != meta["num_tokens"]:
+        raise ValueError(
+            f"the offsets of {location.name} hold {len(offsets) - 1} documents and "
+            f"{int(offsets[-1])} tokens, but its metadata says {meta['num_documents']} and "
+            f"{meta['num_tokens']}; the store is damaged: rewrite it"
+        )
+    return DocumentStore(offsets, arrays, name=location.name)
+
+
+def _token_dtype(dtype: Any) -> np.dtype:
+    try:
+        token = np.dtype(dtype)
+    except TypeError:
+        raise TypeError(f"dtype must be a numpy integer dtype, got {dtype!r}") from None
+    if token.kind not in "iu":
+        raise TypeError(f"dtype must be an integer dtype for token ids, got {token}")
+    return token
+
+
+def _checked(
+    head: dict[str, np.ndarray],
+    rest: Iterator[Any],
+    schema: dict[str, tuple[np.dtype, tuple[()]]],
+    lengths: list[int],
+) -> Iterator[dict[str, np.ndarray]]:
+    """Each document as leaves in the store's dtypes; records its length."""
+    names = list(head)
+    leaves = head
+    index = 0
+    while True:
+        out = {}
+        for leaf, values in leaves.items():
+            out[leaf] = _cast(values, schema[leaf][0], f"document {index}, leaf {leaf!r}")
+        lengths.append(len(out[TOKENS]))
+        yield out
+        doc = next(rest, None)
+        if doc is None:
+            return
+        index += 1
+        leaves = document_leaves(doc, index, names)
+
+
+def _cast(values: np.ndarray, dtype: np.dtype, where: str) -> np.ndarray:
+    """``values`` in ``dtype``, refusing any value it cannot hold exactly."""
+    if values.dtype == dtype:
+        return values
+    cast = values.astype(dtype)
+    if not np.array_equal(cast, values):
+        bad = np.flatnonzero(cast != values)[0]
+        fix = (
+            "write with a wider dtype (e.g. dtype=np.uint32 for ids >= 65,536)"
+            if dtype.kind in "iu"
+            else "cast the leaf first"
+        )
+        raise ValueError(
+            f"{where}: value {values[bad].item()!r} at token {bad} does not fit the store's dtype "
+            f"{dtype} (it would be written as {cast[bad].item()!r}); {fix}"
+        )
+    return cast
+
+
+def _checked_metadata(text: bytes, where: str) -> dict[str, Any]:
+    try:
+        meta = json.loads(text)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"cannot read the document store metadata {where}: {error}") from error
+    if not isinstance(meta, dict) or (meta.get("format"), meta.get("version")) != (
+        DOCUMENTS_FORMAT,
+        DOCUMENTS_VERSION,
+    ):
+        got = (meta.get("format"), meta.get("version")) if isinstance(meta, dict) else meta
+        raise ValueError(
+            f"{where} is not a psdp document store: format/version {got!r}, but this psdp reads "
+            f"{DOCUMENTS_FORMAT!r} version {DOCUMENTS_VERSION} (a dataset of rows opens with "
+            "TensorStoreSource)"
+        )
+    leaves = meta.get("leaves")
+    counts = [meta.get("num_documents"), meta.get("num_tokens")]
+    prefix = meta.get("data_prefix", "")
+    if (
+        not isinstance(leaves, dict)
+        or TOKENS not in leaves
+        or not all(isinstance(c, int) and c >= 0 for c in counts)
+        or not (prefix == "" or (isinstance(prefix, str) and prefix.startswith(DATA_PREFIX)))
+    ):
+        raise ValueError(f"{where} is damaged document store metadata; rewrite the store")
+    return meta
+
+
+def _open(kvstore: dict[str, Any], context: ts.Context, where: str) -> ts.TensorStore:
+    spec = {"driver": "zarr3", "kvstore": kvstore, "fill_missing_data_reads": False}
+    try:
+        array = ts.open(spec, read=True, open=True, context=context).result()
+    except ValueError as error:
+        raise ValueError(
+            f"cannot open {kvstore.get('path')} of the document store {where}: {error}; the "
+            "store is damaged or incomplete: rewrite it"
+        ) from error
+    if array.rank != 1:
+        raise ValueError(f"{kvstore.get('path')} of {where} is not a flat (1-D) array")
+    return array

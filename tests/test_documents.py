@@ -1,0 +1,134 @@
+"""DocumentStore: documents stored flat, read by token ranges, against numpy slices of the
+concatenated documents (the oracle), and the checks of bad stores."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from psdp.sources import DocumentStore
+
+
+def _docs(lengths, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 50_000, n).astype(np.uint16) for n in lengths]
+
+
+def test_from_documents_offsets_and_leaves():
+    docs = _docs([3, 1, 4])
+    store = DocumentStore.from_documents(docs)
+    assert store.offsets.dtype == np.int64
+    assert store.offsets.tolist() == [0, 3, 4, 8]
+    assert store.leaves == {"input_ids": np.dtype(np.uint16)}
+    assert (store.num_documents, store.num_tokens) == (3, 8)
+    flat = np.concatenate(docs)
+    for d in range(3):
+        a, b = store.offsets[d], store.offsets[d + 1]
+        got = store.read_ranges([a], [b])["input_ids"]
+        np.testing.assert_array_equal(got, docs[d])
+        assert got.dtype == np.uint16
+    np.testing.assert_array_equal(store.read_ranges([0], [8])["input_ids"], flat)
+
+
+def test_dict_documents_keep_leaves_aligned():
+    docs = [
+        {"input_ids": np.array([1, 2, 3]), "loss_mask": np.array([0, 1, 1], np.uint8)},
+        {"input_ids": np.array([4, 5]), "loss_mask": np.array([1, 0], np.uint8)},
+    ]
+    store = DocumentStore.from_documents(iter(docs))
+    got = store.read_ranges([1, 3], [4, 5])
+    assert got["input_ids"].tolist() == [2, 3, 4, 4, 5]
+    assert got["loss_mask"].tolist() == [1, 1, 1, 1, 0]
+    assert list(store.read_ranges([0], [1], ["loss_mask"])) == ["loss_mask"]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 20), min_size=1, max_size=12),
+    cuts=st.lists(st.tuples(st.integers(0, 300), st.integers(0, 300)), max_size=6),
+)
+def test_read_ranges_equals_slices_of_the_concatenation(lengths, cuts):
+    docs = _docs(lengths, seed=len(lengths))
+    flat = np.concatenate(docs)  # the oracle
+    n = len(flat)
+    starts = [min(a, b) % (n + 1) for a, b in cuts]
+    stops = [max(s, max(a, b) % (n + 1)) for s, (a, b) in zip(starts, cuts, strict=True)]
+    want = [flat[a:b] for a, b in zip(starts, stops, strict=True)]
+    got = DocumentStore.from_documents(docs).read_ranges(
+        np.array(starts, np.int64), np.array(stops, np.int64)
+    )["input_ids"]
+    np.testing.assert_array_equal(got, np.concatenate([flat[:0], *want]))
+
+
+def test_from_arrays_reads_foreign_flat_and_tensorstore_arrays():
+    import tensorstore as ts
+
+    flat = np.arange(100, 110, dtype=np.int32)
+    spec = {"driver": "zarr3", "kvstore": "memory://toks/", "create": True}
+    array = ts.open(spec, dtype=ts.int32, shape=[10]).result()
+    array.write(flat).result()
+    for leaf in (flat, array):
+        store = DocumentStore.from_arrays(np.array([0, 4, 4, 10]), {"input_ids": leaf})
+        assert store.num_documents == 3  # a foreign store may hold an empty document
+        got = store.read_ranges([8, 1], [10, 3])["input_ids"]
+        assert got.tolist() == [108, 109, 101, 102]
+
+
+# ------------------------------------------------------------------------------ written stores
+def _chat_docs(seed=0):
+    rng = np.random.default_rng(seed)
+    out = []
+    for n in rng.integers(1, 40, 25):
+        ids = rng.integers(0, 65_536, n).astype(np.int64)  # the whole uint16 range
+        out.append({"input_ids": ids, "loss_mask": (rng.random(n) < 0.5).astype(np.uint8)})
+    return out
+
+
+def _assert_store_equal(store, docs):
+    oracle = {k: np.concatenate([d[k] for d in docs]) for k in docs[0]}
+    lengths = [len(d["input_ids"]) for d in docs]
+    assert store.offsets.tolist() == np.concatenate(([0], np.cumsum(lengths))).tolist()
+    got = store.read_ranges([0], [store.num_tokens])
+    for k, v in oracle.items():
+        np.testing.assert_array_equal(got[k], v)
+    a, b = int(store.offsets[3]), int(store.offsets[9])  # a range across chunks
+    np.testing.assert_array_equal(
+        store.read_ranges([a], [b])["loss_mask"], oracle["loss_mask"][a:b]
+    )
+
+
+def test_write_documents_round_trips_locally(tmp_path):
+    from psdp.sources.document_writer import write_documents
+
+    docs = _chat_docs()
+    path = write_documents(
+        tmp_path / "store", iter(docs), dtype=np.uint16, tokens_per_shard=64,
+        tokens_per_chunk=16, progress=False,
+    )  # fmt: skip
+    store = DocumentStore.open(path)
+    assert store.leaves == {"input_ids": np.dtype(np.uint16), "loss_mask": np.dtype(np.uint8)}
+    _assert_store_equal(store, docs)
+    assert sorted(p.name for p in (path / "tokens").iterdir()) == ["input_ids", "loss_mask"]
+
+
+def test_write_documents_round_trips_through_s3():
+    from psdp.sources.document_writer import write_documents
+    from psdp.tools.benchmarks.object_store import S3Server
+
+    docs = _chat_docs(seed=1)
+    with S3Server() as server:
+        where = server.kvstore("docs/")
+        write_documents(
+            where, docs, dtype=np.uint16, tokens_per_shard=128, tokens_per_chunk=32, progress=False
+        )
+        _assert_store_equal(DocumentStore.open(where), docs)
+
+
+def test_a_dataset_of_rows_is_not_a_document_store(tmp_path):
+    from psdp import write_dataset
+
+    write_dataset(tmp_path / "rows", np.zeros((4, 2), np.int32), progress=False)
+    with pytest.raises(ValueError, match="is not a psdp document store"):
+        DocumentStore.open(tmp_path / "rows")
