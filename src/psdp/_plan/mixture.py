@@ -86,6 +86,9 @@ class MixturePlan:
     before: np.ndarray = field(init=False, repr=False, compare=False)
     #: each stage's first block
     first_blocks: np.ndarray = field(init=False, repr=False, compare=False)
+    #: each source's key (`source_key`), and the key of the block permutations
+    source_keys: np.ndarray = field(init=False, repr=False, compare=False)
+    block_key: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         check_sources(self.names, self.lengths)
@@ -101,13 +104,16 @@ class MixturePlan:
         for name, value in (("counts", counts), ("edges", edges), ("before", before)):
             object.__setattr__(self, name, value)
         object.__setattr__(self, "first_blocks", starts)
+        keys = [source_key(self.seed, name) for name in self.names]
+        object.__setattr__(self, "source_keys", np.array(keys, np.uint64))
+        object.__setattr__(self, "block_key", splitmix64(_BLOCK_TAG ^ splitmix64(self.seed)))
 
     def slots(self, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per offset: its stage, its source, and how many samples that source gave before it."""
         offsets = np.asarray(offsets, np.int64)
         block, position = np.divmod(offsets, self.block_size)
         stage = np.searchsorted(self.first_blocks, block, side="right") - 1
-        base = np.full(block.shape, splitmix64(_BLOCK_TAG ^ splitmix64(self.seed)), np.uint64)
+        base = np.full(block.shape, self.block_key, np.uint64)
         slot = shuffle_each(position, self.block_size, _mix(base, block))
         edges = self.edges[stage]
         source = (slot[:, None] >= edges[:, 1:]).sum(1)  # O(sources): the edge the slot passed
@@ -124,8 +130,7 @@ class MixturePlan:
         epoch, within = np.divmod(sample, lengths)
         if not self.shuffle:
             return source, within
-        keys = np.array([source_key(self.seed, name) for name in self.names], np.uint64)
-        epoch_keys = _mix(keys[source], epoch)
+        epoch_keys = _mix(self.source_keys[source], epoch)
         return source, shuffle_each(within, lengths, epoch_keys)
 
     def given_before(self, offset: int) -> np.ndarray:
