@@ -23,7 +23,14 @@ import pytest
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 
 #: the docs this test covers (README.md has tests/test_readme.py; trainer.md has test_config.py)
-COVERED = ["concepts.md", "loader.md", "sources.md", "partitioning.md", "reliability.md"]
+COVERED = [
+    "concepts.md",
+    "loader.md",
+    "sources.md",
+    "partitioning.md",
+    "reliability.md",
+    "mixtures.md",
+]
 
 #: doc -> the reasons of its blocks that are not run, in order
 NOT_RUN = {"sources.md": ["an outline of the stream API, not Python"]}
@@ -125,6 +132,7 @@ def test_the_runnable_blocks_are_found():
         "sources.md": 5,
         "partitioning.md": 10,
         "reliability.md": 2,
+        "mixtures.md": 3,
     }
 
 
@@ -162,6 +170,7 @@ def test_the_shell_sessions_are_found():
         "sources.md": 0,
         "partitioning.md": 0,
         "reliability.md": 0,
+        "mixtures.md": 0,
     }
 
 
