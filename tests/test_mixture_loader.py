@@ -78,6 +78,19 @@ def test_an_edited_future_stage_takes_effect_at_its_start_and_not_before(mesh_1d
     assert saved[112:128].tolist() != edited[112:128].tolist()
 
 
+def test_a_stage_starting_exactly_at_the_resume_offset_may_change(mesh_1d):
+    """Saved at step 2 (offset 48, where stage 1 starts): stage 1's weights may change, and the
+    samples from 48 on are the edited oracle's."""
+    with DataLoader(_mixture(), mesh=mesh_1d, global_batch_size=24) as loader:
+        state = loader.iter_from(2).state()
+    assert state["offset"] == 48
+    edited = [STAGES[0], (48, {"web": 1, "code": 7}), STAGES[2]]
+    with DataLoader.restore(state, _mixture(edited), mesh=mesh_1d, global_batch_size=16) as loader:
+        tags = _tags(loader, list(range(2, 6)))  # offsets 48..111
+    want = OracleMixture(NAMES, LENGTHS, edited, BLOCK, 7).sequence(112)[0]
+    assert tags == want[48:112].tolist() and tags.count(1) == 4 * 14
+
+
 @pytest.mark.parametrize(
     ("stages", "changes", "message"),
     [
