@@ -46,7 +46,8 @@ def _mesh(process_index, axis_names):
 def mixture_cases(process_index, axis_names, mesh_shape) -> dict[str, Any]:
     """(1) 3 stages with a source tag, batch 24, 8 steps; saved at step 3; (2) restored with a
     batch of 16 and an edited future stage; (3) tokens split over ``model`` as a sequence axis:
-    each host reads only its columns, through each source's read_window."""
+    each host reads only its columns, through each source's read_window; (4) hosts whose
+    mixtures differ are refused."""
     mesh, sources = _mesh(process_index, axis_names), data()
     out: dict[str, Any] = {}
     mix = Mixture(sources, stages=STAGES, block_size=BLOCK, seed=7, source_leaf="source")
@@ -88,4 +89,12 @@ def mixture_cases(process_index, axis_names, mesh_shape) -> dict[str, Any]:
             if "tokens" in cols
         }
     )
+    # (4) a host whose mixture has another stage than the others': refused on every host
+    mine = STAGES if jax.process_index() else EDITED
+    mix = Mixture(sources, stages=mine, block_size=BLOCK, seed=7)
+    try:
+        DataLoader(mix, mesh=mesh, global_batch_size=24).close()
+        out["disagreement"] = ""
+    except ValueError as error:
+        out["disagreement"] = str(error)
     return out

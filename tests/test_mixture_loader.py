@@ -156,7 +156,8 @@ def test_a_batch_that_does_not_divide_the_length_needs_no_padding(mesh_2d):
 def test_mixture_on_the_four_host_noncontiguous_pod():
     """One pod run: three stages with a source tag, a restore with a new batch size and an
     edited future stage, and a sequence-split leaf read as column windows from each source;
-    every device shard exact against the oracle on every host."""
+    every device shard exact against the oracle on every host; hosts whose mixtures differ are
+    refused on every host."""
     from tests import pod_targets_mixture as targets
     from tests.batch_checks import run_on_noncontiguous_pod
 
@@ -170,3 +171,5 @@ def test_mixture_on_the_four_host_noncontiguous_pod():
     # each host holds one half of the 8 token columns: it reads just that half
     halves = {"slice(0, 4, None)", "slice(4, 8, None)"}
     assert all(r["token_columns"] and set(r["token_columns"]) <= halves for r in results)
+    for r in results:  # process 0's third stage differs: every host names the definition
+        assert "source definition (process 0 has" in r["disagreement"], r["disagreement"]
