@@ -22,7 +22,10 @@ EDITED = [*STAGES[:2], (96, {"web": 1, "code": 3})]  # a new stage after the res
 
 def data(width: int = 4) -> dict[str, dict[str, np.ndarray]]:
     return {
-        name: {"tokens": token_table(n, width) + 1_000_000 * i, "weight": (np.arange(n) + 0.5 * i).astype(np.float32)}
+        name: {
+            "tokens": token_table(n, width) + 1_000_000 * i,
+            "weight": (np.arange(n) + 0.5 * i).astype(np.float32),
+        }
         for i, (name, n) in enumerate(zip(NAMES, LENGTHS, strict=True))
     }
 

@@ -211,6 +211,7 @@ _RESUME_FIX = "resume with the saved value"
 
 # (id, action, exception, fragments the message must contain: the values, then the fix)
 
+
 def _mix(sources: Any = None, **kwargs: Any) -> Mixture:
     """A mixture of two token sources (64 and 16 rows), weights 3:1, blocks of 8, unless given."""
     if "stages" not in kwargs:

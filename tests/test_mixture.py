@@ -25,7 +25,9 @@ STAGES = [
 
 
 def _plan(stages=STAGES, block=64, seed=5, shuffle=True, names=NAMES, lengths=LENGTHS):
-    return MixturePlan(names, lengths, stages_from(names, None, stages, block), block, seed, shuffle)
+    return MixturePlan(
+        names, lengths, stages_from(names, None, stages, block), block, seed, shuffle
+    )
 
 
 def _oracle(stages=STAGES, block=64, seed=5, shuffle=True, names=NAMES, lengths=LENGTHS):
@@ -131,7 +133,10 @@ def test_counts_without_reading_equal_the_samples(offset, count):
 def test_shuffle_each_equals_index_shuffle(sizes, keys, data):
     index = [data.draw(st.integers(0, n - 1)) for n in sizes]
     got = shuffle_each(np.array(index), np.array(sizes), np.array(keys[: len(sizes)], np.uint64))
-    want = [int(IndexShuffle(n, k)(np.array([i]))[0]) for n, k, i in zip(sizes, keys, index)]
+    want = [
+        int(IndexShuffle(n, k)(np.array([i]))[0])
+        for n, k, i in zip(sizes, keys[: len(sizes)], index, strict=True)
+    ]
     assert got.tolist() == want
 
 

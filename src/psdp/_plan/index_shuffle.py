@@ -71,7 +71,7 @@ def _feistel(x: np.ndarray, bits: int, keys: tuple[int, ...]) -> np.ndarray:
     return x
 
 
-def shuffle_each(index: np.ndarray, n: np.ndarray, key: np.ndarray) -> np.ndarray:
+def shuffle_each(index: np.ndarray, n: np.ndarray | int, key: np.ndarray | int) -> np.ndarray:
     """``IndexShuffle(n[i], key[i])(index[i])`` for every ``i``, in one vectorised pass.
 
     Many small permutations at once (a mixture's blocks and its sources' epochs): each element

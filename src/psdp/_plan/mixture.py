@@ -213,7 +213,7 @@ def _past_stage_message(
 
 def _mix(key: np.ndarray, value: np.ndarray) -> np.ndarray:
     """A splitmix64 step of ``key ^ value``, vectorised: keys per (source, epoch) or block."""
-    x = key ^ np.asarray(value).astype(np.uint64)
+    x: np.ndarray = key ^ np.asarray(value).astype(np.uint64)
     x = x + np.uint64(0x9E3779B97F4A7C15)
     x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
@@ -318,7 +318,9 @@ def _weights(index: int, weights: Any, names: Sequence[str]) -> tuple[float, ...
     out = []
     for name in names:
         weight = weights.get(name, 0.0)
-        if isinstance(weight, bool) or not isinstance(weight, int | float | np.integer | np.floating):
+        if isinstance(weight, bool) or not isinstance(
+            weight, int | float | np.integer | np.floating
+        ):
             raise TypeError(f"{where}: the weight of {name!r} must be a number, got {weight!r}")
         if not math.isfinite(weight) or weight < 0:
             raise ValueError(

@@ -50,7 +50,7 @@ class Mixture:
         >>> mix = Mixture({"web": web, "code": code}, weights={"web": 3, "code": 1},
         ...               block_size=8, source_leaf="source")
         >>> mix.counts(0, 16), mix.read(np.arange(8))["source"].tolist()
-        ({'web': 12, 'code': 4}, [0, 1, 0, 0, 1, 0, 0, 0])
+        ({'web': 12, 'code': 4}, [0, 1, 0, 0, 0, 1, 0, 0])
     """
 
     #: The loader's rule for such a source: it orders its own rows, so read them in id order.
@@ -116,7 +116,9 @@ class Mixture:
     def _read_window(self, ids: np.ndarray, columns: Mapping[Key, Box]) -> dict[Key, np.ndarray]:
         ids = check_ids(ids, MIXTURE_ROWS, self.describe())
         source, rows = self.plan.locate(ids)
-        wanted = {k: v for k, v in columns.items() if self.source_leaf is None or k != self.source_leaf}
+        wanted = {
+            k: v for k, v in columns.items() if self.source_leaf is None or k != self.source_leaf
+        }
         out = self._gather(source, rows, lambda s, r: s.read_window(r, wanted), set(wanted))
         if self.source_leaf is not None and self.source_leaf in columns:
             out[self.source_leaf] = source.astype(TAG_DTYPE)
