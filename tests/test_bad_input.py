@@ -12,6 +12,8 @@ sources (see test_loader.py); only what remains a user error is here.
 
 from __future__ import annotations
 
+import json
+import shutil
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -34,9 +36,11 @@ from psdp import (
     ReadingOptions,
     StreamSource,
     TensorStoreSource,
+    TokenSequences,
     write_dataset,
 )
 from psdp.sources.document_writer import write_documents
+from tests import token_oracle
 from tests.batch_checks import assert_batch_exact, expected_batch, token_table
 from tests.meshes import mesh_of
 
@@ -108,6 +112,54 @@ def _too_wide_for_declared_dtype(_: Path) -> None:
         for step, batch in zip(range(6), loader, strict=False):
             assert step < 3, f"step {step} was delivered"
             assert_batch_exact(batch, expected_batch(loader, {"tokens": TOKENS}, step))
+
+
+DOCS = [
+    np.arange(n, dtype=np.uint16) + 100 * (d + 1) for d, n in enumerate((5, 9, 3, 12, 7, 20, 6, 11))
+]
+
+
+def _damaged_store(tmp: Path, damage: Callable[[Path], Any]) -> Path:
+    """A document store of `DOCS` (73 tokens in 5 shard files of 16, chunks of 4), damaged."""
+    path = write_documents(
+        tmp / "docs", DOCS, tokens_per_shard=16, tokens_per_chunk=4, progress=False
+    )
+    damage(path)
+    return path
+
+
+def _edit_metadata(**changes: Any) -> Callable[[Path], None]:
+    def damage(path: Path) -> None:
+        meta = json.loads((path / "psdp.json").read_text())
+        (path / "psdp.json").write_text(json.dumps(meta | changes))
+
+    return damage
+
+
+def _truncate_offsets(path: Path) -> None:
+    """The offsets rewritten without their last entry (a valid zarr array, one entry short)."""
+    import tensorstore as ts
+
+    offsets = DocumentStore.open(path).offsets
+    shutil.rmtree(path / "offsets")
+    spec = {"driver": "zarr3", "kvstore": f"file://{path / 'offsets'}/", "create": True}
+    array = ts.open(spec, dtype=ts.int64, shape=[len(offsets) - 1]).result()
+    array.write(offsets[:-1]).result()
+
+
+def _read_damaged(damage: Callable[[Path], Any]) -> Callable[[Path], None]:
+    """Reads a damaged store through TokenSequences, unshuffled: the steps before the damaged
+    tokens (the last shard file holds rows 16 and 17: step 2) must be exact."""
+
+    def run(tmp: Path) -> None:
+        path = _damaged_store(tmp, damage)
+        rows = token_oracle.rows(DOCS, 4)
+        with _loader(TokenSequences(DocumentStore.open(path), 4), shuffle=False) as loader:
+            for step, batch in zip(range(3), loader, strict=False):
+                assert step < 2, f"step {step} was delivered"
+                assert_batch_exact(batch, expected_batch(loader, rows, step))
+
+    return run
 
 
 def _state_with(**changes: Any) -> dict[str, Any]:
@@ -1171,6 +1223,62 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
         ),
         ValueError,
         ["document 1", "value -1 at token 1 does not fit the store's dtype uint16"],
+    ),
+    (
+        "a document store with a shard file missing",
+        _read_damaged(lambda path: (path / "tokens/input_ids/c/4").unlink()),
+        ValueError,
+        [
+            "tokens/input_ids/c/4",
+            "is missing",
+            "of leaf 'input_ids' of",
+            "The document store is damaged",
+            "write_documents(..., overwrite=True)",
+        ],
+    ),
+    (
+        "a document store with a corrupted shard file",
+        _read_damaged(lambda path: (path / "tokens/input_ids/c/4").write_bytes(b"\0" * 40)),
+        ValueError,
+        ["tokens/input_ids/c/4", "token ranges ([64, 68)", "The document store is damaged"],
+    ),
+    (
+        "a document store whose metadata disagrees with its offsets",
+        lambda tmp: DocumentStore.open(_damaged_store(tmp, _edit_metadata(num_tokens=70))),
+        ValueError,
+        ["offsets of", "hold 8 documents and 73 tokens", "metadata says 8 and 70", "rewrite it"],
+    ),
+    (
+        "a document store with its offsets cut short",
+        lambda tmp: DocumentStore.open(_damaged_store(tmp, _truncate_offsets)),
+        ValueError,
+        ["hold 7 documents and 62 tokens", "metadata says 8 and 73", "damaged: rewrite it"],
+    ),
+    (
+        "a document store of another format version",
+        lambda tmp: DocumentStore.open(_damaged_store(tmp, _edit_metadata(version=2))),
+        ValueError,
+        [
+            "psdp.json is a psdp document store of format version 2",
+            "reads version 1",
+            "upgrade psdp",
+        ],
+    ),
+    (
+        "a dataset's metadata on a document store",
+        lambda tmp: DocumentStore.open(_damaged_store(tmp, _edit_metadata(format="psdp.dataset"))),
+        ValueError,
+        ["is not a psdp document store", "'psdp.dataset'", "opens with TensorStoreSource"],
+    ),
+    (
+        "a document store whose metadata names a leaf it lacks",
+        lambda tmp: DocumentStore.open(
+            _damaged_store(
+                tmp, _edit_metadata(leaves={"input_ids": "uint16", "loss_mask": "uint8"})
+            )
+        ),
+        ValueError,
+        ["tokens/loss_mask/", "does not exist", "damaged or incomplete: rewrite it"],
     ),
     (
         "a continue halo on a source that does not continue its rows",

@@ -76,6 +76,7 @@ def test_each_figure_has_the_rows_the_issue_asks_for(quick_report):
     stall = figures["stall"]["rows"]
     assert sorted({r["step_ms"] for r in stall}) == [5, 20, 100]
     assert {r["read_threads"] for r in stall} == set(threads)
+    assert {r["source"] for r in stall} == {"in-memory + 10 ms per read", "TensorStore zarr3"}
     assert all("bottleneck" in r["stats"] for r in stall)
     assert {r["step"] for r in figures["planning"]["rows"]} == {
         "plan_pod + plan(p)",

@@ -565,3 +565,94 @@ def test_the_old_spec_flag_is_a_hidden_alias_of_batch_spec(capsys):
     for command in ("plan", "simulate"):
         code, out, _ = run_cli(capsys, command, "--help")
         assert code == 0 and "--batch-spec" in out and "--spec" not in out
+
+
+# ------------------------------------------------------------------------- write: token documents
+def _documents_of(path):
+    """A written document store as its documents (the offsets applied by numpy here)."""
+    from psdp.sources import DocumentStore
+
+    store = DocumentStore.open(path)
+    flat = store.read_ranges([0], [store.num_tokens])["input_ids"]
+    offsets = store.offsets
+    return [flat[offsets[d] : offsets[d + 1]].tolist() for d in range(store.num_documents)], flat
+
+
+def test_write_token_documents(capsys, tmp_path):
+    """A flat .npy with offsets or split at EOS, a nanoGPT .bin, .jsonl lists and objects: each
+    store holds exactly the documents given (empty ones left out and counted)."""
+    rng = np.random.default_rng(0)
+    docs = [rng.integers(1, 60_000, n).astype(np.uint16) for n in (5, 1, 0, 9, 3)]
+    kept = [d.tolist() for d in docs if len(d)]
+    flat = np.concatenate(docs)
+    np.save(tmp_path / "tokens.npy", flat)
+    np.save(tmp_path / "offsets.npy", np.cumsum([0, *map(len, docs)]))
+    out = str(tmp_path / "a")
+    code, text, err = run_cli(capsys, "write", str(tmp_path / "tokens.npy"), out, "--offsets", str(tmp_path / "offsets.npy"))  # fmt: skip
+    assert code == 0, err
+    assert text == f"wrote 4 documents, 18 tokens to {out} (input_ids uint16; left out 1 empty documents)\n"  # fmt: skip
+    assert _documents_of(out)[0] == kept
+
+    eos = np.zeros(1, np.uint16)
+    with_eos = np.concatenate([docs[0], eos, docs[1], eos, docs[3]])  # the last: no EOS
+    with_eos.tofile(tmp_path / "train.bin")  # nanoGPT: raw uint16, no header
+    argv = ["write", str(tmp_path / "train.bin"), str(tmp_path / "b"), "--eos-id", "0", "--json"]
+    meta = json.loads(run_cli(capsys, *argv)[1])
+    assert (meta["num_documents"], meta["dtype"]) == (3, "uint16")
+    got, stream = _documents_of(tmp_path / "b")
+    assert got == [[*docs[0].tolist(), 0], [*docs[1].tolist(), 0], docs[3].tolist()]
+    np.testing.assert_array_equal(stream, with_eos)  # the stream is the file's exactly
+
+    lines = [json.dumps(d.tolist()) for d in docs[:2]] + ["", json.dumps([70_000, 1])]
+    (tmp_path / "d.jsonl").write_text("\n".join(lines) + "\n")
+    assert run_cli(capsys, "write", str(tmp_path / "d.jsonl"), str(tmp_path / "c"))[0] == 0
+    got, stream = _documents_of(tmp_path / "c")
+    assert got == [docs[0].tolist(), docs[1].tolist(), [70_000, 1]]
+    assert stream.dtype == np.uint32
+    lines = [json.dumps({"text": "x", "ids": d.tolist()}) for d in docs]
+    (tmp_path / "o.jsonl").write_text("\n".join(lines) + "\n")
+    argv = ["write", str(tmp_path / "o.jsonl"), str(tmp_path / "e"), "--key", "ids", "--dtype", "uint16"]  # fmt: skip
+    assert run_cli(capsys, *argv)[0] == 0
+    assert _documents_of(tmp_path / "e")[0] == kept
+
+
+@pytest.mark.parametrize(
+    ("files", "argv", "message"),
+    [
+        ({"t.npy": [1, 2, 3], "o.npy": [0, 2, 4]}, ["t.npy", "--offsets", "o.npy"], "'o.npy' end at 4, but 't.npy' holds 3 tokens"),
+        ({"t.npy": [1, 2, 3], "o.npy": [0, 2]}, ["t.npy", "--offsets", "o.npy"], "end at 2, but 't.npy' holds 3 tokens; the last offset is the number of tokens"),
+        ({"t.npy": [1, 2, 3], "o.npy": [0, 3, 2, 3]}, ["t.npy", "--offsets", "o.npy"], "must never decrease, got offsets[1]=3 > offsets[2]=2"),
+        ({"t.npy": [1, 2, 3], "o.npy": [1, 3]}, ["t.npy", "--offsets", "o.npy"], "must start at 0, got 1"),
+        ({"t.npy": [1.0, 2.0]}, ["t.npy", "--eos-id", "0"], "must hold a flat (1-D) integer token array, got float64[2]"),
+        ({"t.npy": [1, 2]}, ["t.npy"] , None),  # rows: a .npy alone is still a dataset
+        ({"t.npy": [1, 2], "o.npy": [0, 2]}, ["t.npy", "--offsets", "o.npy", "--eos-id", "0"], "give --offsets OFFSETS.npy or --eos-id ID (not both)"),
+        ({"t.bin": b"\x01\x00\x02"}, ["t.bin", "--eos-id", "0"], "holds 3 bytes, not a whole number of uint16 tokens"),
+        ({"t.bin": b"\x01\x00"}, ["t.bin"], "give --offsets OFFSETS.npy or --eos-id ID"),
+        ({"d.jsonl": "[1, 2]\n[3, oops]\n"}, ["d.jsonl"], "'d.jsonl' line 2 is not JSON"),
+        ({"d.jsonl": "[1, 2]\n\n[3, 4.0]\n"}, ["d.jsonl"], "'d.jsonl' line 3: token ids must be integers, got 4.0"),
+        ({"d.jsonl": '[1, "2"]\n'}, ["d.jsonl"], "line 1: token ids must be integers, got '2'"),
+        ({"d.jsonl": "[true]\n"}, ["d.jsonl"], "line 1: token ids must be integers, got True"),
+        ({"d.jsonl": "[1, -1]\n"}, ["d.jsonl"], "line 1: token id -1 does not fit uint32"),
+        ({"d.jsonl": "[1, 70000]\n"}, ["d.jsonl", "--dtype", "uint16"], "line 1: token id 70000 does not fit uint16 (0 to 65535); give a wider --dtype"),
+        ({"d.jsonl": '{"ids": [1]}\n'}, ["d.jsonl"], "line 1 must be a list of token ids, got dict (lines are objects: name the key of the token ids with --key)"),
+        ({"d.jsonl": '{"ids": [1]}\n{"text": "a"}\n'}, ["d.jsonl", "--key", "ids"], "line 2 must be an object with the key 'ids' (--key), got keys ['text']"),
+        ({"d.jsonl": "[1]\n"}, ["d.jsonl", "--dtype", "float32"], "--dtype float32 is not an integer dtype"),
+        ({"d.jsonl": "[1]\n"}, ["d.jsonl", "--rows-per-chunk", "2"], "--rows-per-chunk does not apply to token documents"),
+        ({"t.npy": [1, 2]}, ["t.npy", "--tokens-per-chunk", "2"], "--tokens-per-chunk does not apply to the rows of"),
+    ],
+)  # fmt: skip
+def test_write_token_documents_errors(capsys, tmp_path, monkeypatch, files, argv, message):
+    monkeypatch.chdir(tmp_path)
+    for name, content in files.items():
+        if name.endswith(".npy"):
+            np.save(name, np.array(content))
+        else:
+            (tmp_path / name).write_bytes(
+                content if isinstance(content, bytes) else content.encode()
+            )
+    code, _, err = run_cli(capsys, "write", *argv, "out")
+    if message is None:
+        assert code == 0, err
+        return
+    assert code == 2 and err.count("\n") == 1 and message in err, err
+    assert not (tmp_path / "out").exists()

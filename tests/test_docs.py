@@ -29,6 +29,7 @@ COVERED = [
     "sources.md",
     "partitioning.md",
     "reliability.md",
+    "tokens.md",
     "mixtures.md",
 ]
 
@@ -132,6 +133,7 @@ def test_the_runnable_blocks_are_found():
         "sources.md": 5,
         "partitioning.md": 10,
         "reliability.md": 2,
+        "tokens.md": 2,
         "mixtures.md": 3,
     }
 
@@ -170,6 +172,7 @@ def test_the_shell_sessions_are_found():
         "sources.md": 0,
         "partitioning.md": 0,
         "reliability.md": 0,
+        "tokens.md": 0,
         "mixtures.md": 0,
     }
 

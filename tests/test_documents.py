@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from psdp.sources import DocumentStore
+from psdp.sources import DocumentStore, TokenSequences
 
 
 def _docs(lengths, seed=0):
@@ -109,6 +109,12 @@ def test_write_documents_round_trips_locally(tmp_path):
     )  # fmt: skip
     store = DocumentStore.open(path)
     assert store.leaves == {"input_ids": np.dtype(np.uint16), "loss_mask": np.dtype(np.uint8)}
+    # a store on disk waits on storage (the loader then reads with several threads), one in
+    # memory does not; TokenSequences says what its store says
+    assert (
+        TokenSequences(store, 4).reads_storage,
+        TokenSequences(DocumentStore.from_documents(docs), 4).reads_storage,
+    ) == (True, False)
     _assert_store_equal(store, docs)
     assert sorted(p.name for p in (path / "tokens").iterdir()) == ["input_ids", "loss_mask"]
 

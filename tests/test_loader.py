@@ -362,3 +362,21 @@ def test_state_after_the_with_block_keeps_the_progress():
             next(it)
         assert loader.state()["step"] == 3
     assert loader.state()["step"] == 3  # a checkpoint saved after close() resumes at step 3
+
+
+@pytest.mark.parametrize(
+    ("storage", "requested", "threads"),
+    [(False, None, 1), (True, None, 4), (True, 2, 2), (False, 3, 3)],
+)
+def test_unset_read_threads_follow_the_source(tmp_path, mesh_2d, storage, requested, threads):
+    from psdp.sources import TensorStoreSource
+    from psdp.sources.writer import write_dataset
+
+    table = token_table(32)
+    source = TensorStoreSource(write_dataset(tmp_path / "d", table, progress=False))
+    kwargs = {} if requested is None else {"read_threads": requested}
+    loader = DataLoader(source if storage else table, mesh=mesh_2d, global_batch_size=8, **kwargs)
+    with loader, loader.iter_from(0) as it:
+        next(it)
+        names = {t.name for t in live_threads(loader.name)}
+        assert len(names) == threads, names

@@ -81,7 +81,7 @@ def test_every_group_has_its_defaults_and_prints_them():
         "skip_steps=(), skip_offsets=(), start_at=None, io_block=None, window_blocks=16)"
     )
     assert repr(ReadingOptions()) == (
-        "ReadingOptions(prefetch=2, read_threads=1, read_timeout_s=None, stall_warning_s=1.0, "
+        "ReadingOptions(prefetch=2, read_threads=None, read_timeout_s=None, stall_warning_s=1.0, "
         "read_attempts=4, retry_backoff_s=0.5, first_read_timeout_s=None)"
     )
     assert repr(OutputOptions()) == "OutputOptions(pad_value=0, mask_key='mask', dtypes=None)"

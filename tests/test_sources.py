@@ -360,7 +360,10 @@ def even_dataset(tmp_path):
 
 
 def loader_of(source, batch=8):
-    return DataLoader(source, mesh=MESH, global_batch_size=batch, shuffle=False, prefetch=1)
+    # one read thread: the damage tests count how far the reads run ahead (prefetch + threads)
+    return DataLoader(
+        source, mesh=MESH, global_batch_size=batch, shuffle=False, prefetch=1, read_threads=1
+    )
 
 
 def expect_steps(iterator, data, steps, batch=8):

@@ -10,8 +10,10 @@ from jax.sharding import PartitionSpec as P
 
 from psdp import DataLoader
 from psdp.sources import DocumentStore, TokenSequences
-from tests import token_oracle
-from tests.batch_checks import assert_batch_exact, expected_batch
+from tests import oracle, token_oracle
+from tests.batch_checks import assert_batch_exact, expected_batch, physical_ids
+from tests.fake_hosts import fake_pod, host_batch
+from tests.pod_targets_tokens import CountingStore
 
 S = 8  # seq_len
 DOCS = token_oracle.documents(seed=3, count=30, mean=9)
@@ -80,3 +82,97 @@ def test_a_continue_halo_needs_a_source_that_continues_rows(mesh_context):
             {"input_ids": rows}, mesh=mesh_context, global_batch_size=8,
             batch_spec=P("data", "context"), halo={"input_ids": {1: (1, "continue")}},
         )  # fmt: skip
+
+
+@pytest.mark.parametrize("halo", [0, 2])
+def test_a_context_sharded_host_reads_only_its_token_ranges(mesh_context, halo):
+    """Host (data pair, context shard c) reads, per row r it holds, exactly the tokens
+    [r*S + c*w - halo, r*S + (c+1)*w + halo) of the store (clipped to it), once, and no token
+    for segment_ids or positions."""
+    layout = np.array([[0, 1], [0, 1], [2, 3], [2, 3]])  # host = 2 * data pair + context shard
+    docs = [{"input_ids": d, "loss_mask": (d % 2).astype(np.uint8)} for d in DOCS]
+    base = DocumentStore.from_documents(docs)
+    w = S // 2
+    with fake_pod(mesh_context, layout) as process_of:
+        for host in range(4):
+            store = CountingStore.from_documents(docs)
+            loader = DataLoader(
+                TokenSequences(store, S), mesh=mesh_context, global_batch_size=8, seed=2,
+                batch_spec={k: P("data", "context") for k in ("input_ids", "loss_mask", "segment_ids", "positions")},
+                halo={k: {1: (halo, "continue")} for k in ("input_ids", "loss_mask")} if halo else 0,
+                process_index=host,
+            )  # fmt: skip
+            ids = physical_ids(loader, 1)
+            store.ranges.clear()
+            host_batch(loader, 1, process_of)
+            pair, c = divmod(host, 2)
+            rows = ids[pair * 4 : (pair + 1) * 4]  # 8 rows over data=4: 2 per shard, 2 shards
+            want = sorted(
+                (name, max(0, r * S + c * w - halo), min(base.num_tokens, r * S + (c + 1) * w + halo))
+                for r in rows for name in ("input_ids", "loss_mask")
+            )  # fmt: skip
+            assert sorted(store.ranges) == want, host
+
+
+@pytest.mark.multiprocess
+def test_every_shard_exact_and_each_hosts_token_ranges_on_the_noncontiguous_pod():
+    """One pod run (tests/pod_targets_tokens.py): BATCH, FULL, EOS with targets, and
+    P("data", "context") without a halo, with a pad and with a continue halo, each host's
+    two local shards of every leaf exact at two steps, and its store reading exactly the ranges
+    of its rows and columns."""
+    from tests import pod_targets_tokens as targets
+    from tests.batch_checks import run_on_noncontiguous_pod
+
+    results = run_on_noncontiguous_pod(
+        targets.token_shards_exact, axis_names=["data", "context"], timeout_s=240
+    )
+    # host h holds context column h % 2 of data rows {0, 2} (hosts 0, 1) or {1, 3} (hosts 2, 3)
+    assert [r["positions"] for r in results] == [
+        [[0, 0], [2, 0]], [[0, 1], [2, 1]], [[1, 0], [3, 0]], [[1, 1], [3, 1]]
+    ]  # fmt: skip
+    for r in results:
+        assert set(r["shards"].values()) == {5 * 2 * 2}, r  # 4 leaves + mask, 2 devices, 2 steps
+        # 2 stored leaves x 2 steps x (2 data rows x 2 rows each; FULL: 1 row per device);
+        # eos+targets is not counted (EOS tokens are not stored)
+        assert r["ranges"] == {
+            "batch": 16, "full": 8, "context": 16, "context+pad halo": 16,
+            "context+continue halo": 16,
+        }  # fmt: skip
+
+
+def _sample_keys(batch) -> list[tuple]:
+    """The real rows of a delivered batch (the mask), each named by its tokens and its first
+    token's document and position (which fix its place in the stream)."""
+    ids, mask = np.asarray(batch["input_ids"]), np.asarray(batch["mask"])
+    seg, pos = np.asarray(batch["segment_ids"]), np.asarray(batch["positions"])
+    return sorted(
+        (tuple(ids[i].tolist()), int(seg[i, 0]), int(pos[i, 0])) for i in np.flatnonzero(mask)
+    )
+
+
+def test_a_schedule_saved_on_one_mesh_resumes_on_another_with_the_same_samples(
+    mesh_1d, mesh_context
+):
+    """A batch-size ramp with a step skip, saved at step 4 on data=8 (BATCH) and restored on
+    data=4 x context=2 (P("data", "context")): every shard exact against the oracle on both,
+    and each step holds the samples of the uninterrupted run's step."""
+    store = DocumentStore.from_documents(DOCS)
+    source = TokenSequences(store, S, eos_id=2)
+    rows = token_oracle.rows(DOCS, S, eos_id=2)
+    order = dict(global_batch_size=[(0, 8), (3, 16)], skip_steps=[(5, 6)], seed=9)
+    steps, save_at = 8, 4
+    with DataLoader(source, mesh=mesh_1d, **order) as loader:
+        whole = [_sample_keys(loader.batch_at(step)) for step in range(steps)]
+        it = loader.iter_from(0)
+        for step in range(save_at):
+            assert assert_batch_exact(next(it), expected_batch(loader, rows, step)) > 0
+        state = it.state()
+        it.close()
+    spec = {k: P("data", "context") for k in rows}
+    with DataLoader.restore(state, source, mesh=mesh_context, batch_spec=spec) as loader:
+        for step, batch in zip(range(save_at, steps), loader, strict=False):
+            assert assert_batch_exact(batch, expected_batch(loader, rows, step)) > 0
+            assert _sample_keys(batch) == whole[step], step
+    spans = oracle.schedule_spans(len(rows["input_ids"]), order["global_batch_size"], steps, skip_steps=order["skip_steps"])  # fmt: skip
+    assert [len(w) for w in whole] == [s.rows for s in spans]  # epoch ends cut some steps short
+    assert spans[5].offset > spans[4].offset + spans[4].rows  # step 5 was skipped

@@ -240,13 +240,33 @@ class OutputOptions:
             checks.set_field(self, "dtypes", checks.as_dtypes(self.dtypes))
 
 
+#: The read threads of a source that waits on storage when `ReadingOptions.read_threads` is unset:
+#: its reads release the GIL, so several overlap (``docs/performance.md``, "Read threads").
+STORAGE_READ_THREADS = 4
+
+
+def read_threads_for(requested: int | None, reads_storage: bool) -> int:
+    """The read threads of a loader: ``requested``, or when unset, `STORAGE_READ_THREADS` for a
+    source that waits on storage and 1 for one in memory (more threads do not help it).
+
+    Example:
+        >>> read_threads_for(None, reads_storage=True), read_threads_for(None, False)
+        (4, 1)
+        >>> read_threads_for(2, reads_storage=True)
+        2
+    """
+    if requested is not None:
+        return requested
+    return STORAGE_READ_THREADS if reads_storage else 1
+
+
 @dataclass(frozen=True)
 class ReadingOptions:
     """How the background threads read: prefetch depth, threads, time limit, stall warning.
 
     Example:
         >>> ReadingOptions(prefetch=4, read_timeout_s=60)  # doctest: +ELLIPSIS
-        ReadingOptions(prefetch=4, read_threads=1, read_timeout_s=60.0, stall_warning_s=1.0, ...)
+        ReadingOptions(prefetch=4, read_threads=None, read_timeout_s=60.0, stall_warning_s=1.0, ...)
         >>> ReadingOptions(read_threads=0)
         Traceback (most recent call last):
             ...
@@ -256,8 +276,10 @@ class ReadingOptions:
     prefetch: int = 2
     """Finished batches that wait in the queue (>= 1)."""
 
-    read_threads: int = 1
-    """Steps read and assembled concurrently by background threads (>= 1)."""
+    read_threads: int | None = None
+    """Steps read and assembled concurrently by background threads (>= 1; unset:
+    `STORAGE_READ_THREADS` for a source that waits on storage, such as `TensorStoreSource`, 1 for
+    one in memory)."""
 
     read_timeout_s: float | None = None
     """Raise `TimeoutError` naming the step when its reads take longer (unset: no limit)."""
@@ -281,7 +303,8 @@ class ReadingOptions:
 
     def __post_init__(self) -> None:
         checks.fix_field(self, "prefetch", checks.as_count, "batches ahead", 2)
-        checks.fix_field(self, "read_threads", checks.as_count, "steps read at once", 1)
+        if self.read_threads is not None:  # unset: chosen by the source (`read_threads_for`)
+            checks.fix_field(self, "read_threads", checks.as_count, "steps read at once", 1)
         checks.fix_field(
             self,
             "read_timeout_s",

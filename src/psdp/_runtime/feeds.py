@@ -15,7 +15,7 @@ from psdp._checks import preview_ids
 from psdp._plan.leaves import Key, leaves_of
 from psdp._plan.loader_plan import LoaderPlan
 from psdp._plan.offsets import StepInfo, StepOffsets
-from psdp._plan.options import OrderOptions
+from psdp._plan.options import OrderOptions, read_threads_for
 from psdp._plan.order import PAD, GlobalOrder
 from psdp._runtime.agreement import StreamEnds, describe_end
 from psdp._runtime.prefetch import LoaderClosedError
@@ -57,8 +57,8 @@ class Feed(Protocol):
         """Where ``step`` lies: its offset, batch size, real rows and epoch."""
         ...
 
-    def read_threads(self, requested: int) -> int:
-        """How many steps may be read concurrently."""
+    def read_threads(self, requested: int | None) -> int:
+        """How many steps may be read concurrently (``requested``: the option, maybe unset)."""
         ...
 
     def step(self, step: int, run: str, stop: Callable[[], bool]) -> tuple[np.ndarray, Any]:
@@ -122,8 +122,8 @@ class RandomAccessFeed:
     def start(self, plans: Mapping[int, LoaderPlan], namespace: str | None) -> None:
         self._plans = plans
 
-    def read_threads(self, requested: int) -> int:
-        return requested
+    def read_threads(self, requested: int | None) -> int:
+        return read_threads_for(requested, bool(getattr(self.source, "reads_storage", False)))
 
     def ids(self, step: int) -> np.ndarray:
         """The physical batch's source row ids at ``step`` (`PAD` for padding); reads nothing."""
@@ -244,7 +244,7 @@ class StreamFeed:
         if namespace is not None and not self.source.round_robin and num_shards > 1:
             self.ends = StreamEnds(namespace, plan.layout.processes, shard, self.source.describe())
 
-    def read_threads(self, requested: int) -> int:
+    def read_threads(self, requested: int | None) -> int:
         return 1  # a shard is read in order
 
     def step(self, step: int, run: str, stop: Callable[[], bool]) -> tuple[np.ndarray, Any]:

@@ -90,7 +90,9 @@ def write_documents(
     if first is None:
         raise ValueError(f"no documents to write to {locate(path).name}: the iterable was empty")
     head = document_leaves(first, 0, None)
-    schema = {name: (np.dtype(values.dtype), ()) for name, values in head.items()}
+    schema: dict[str, tuple[np.dtype, tuple[int, ...]]] = {
+        name: (np.dtype(values.dtype), ()) for name, values in head.items()
+    }
     if dtype is not None:
         schema[TOKENS] = (_token_dtype(dtype), ())
     layout = {
@@ -206,7 +208,7 @@ def _token_dtype(dtype: Any) -> np.dtype:
 def _checked(
     head: dict[str, np.ndarray],
     rest: Iterator[Any],
-    schema: dict[str, tuple[np.dtype, tuple[()]]],
+    schema: dict[str, tuple[np.dtype, tuple[int, ...]]],
     lengths: list[int],
 ) -> Iterator[dict[str, np.ndarray]]:
     """Each document as leaves in the store's dtypes; records its length."""
@@ -250,10 +252,17 @@ def _checked_metadata(text: bytes, where: str) -> dict[str, Any]:
         meta = json.loads(text)
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise ValueError(f"cannot read the document store metadata {where}: {error}") from error
-    if not isinstance(meta, dict) or (meta.get("format"), meta.get("version")) != (
-        DOCUMENTS_FORMAT,
-        DOCUMENTS_VERSION,
+    if (
+        isinstance(meta, dict)
+        and meta.get("format") == DOCUMENTS_FORMAT
+        and (meta.get("version") != DOCUMENTS_VERSION)
     ):
+        raise ValueError(
+            f"{where} is a psdp document store of format version {meta.get('version')!r}, but "
+            f"this psdp reads version {DOCUMENTS_VERSION}; read it with the psdp that wrote it "
+            "(a newer one: upgrade psdp), or rewrite the store with write_documents"
+        )
+    if not isinstance(meta, dict) or meta.get("format") != DOCUMENTS_FORMAT:
         got = (meta.get("format"), meta.get("version")) if isinstance(meta, dict) else meta
         raise ValueError(
             f"{where} is not a psdp document store: format/version {got!r}, but this psdp reads "

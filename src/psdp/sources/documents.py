@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from psdp.sources.errors import TransientReadError, is_transient_status
+
 #: The leaf every document store has: the token ids (integers). A document given as one array
 #: is this leaf.
 TOKENS = "input_ids"
@@ -56,6 +58,17 @@ class DocumentStore:
     @property
     def num_tokens(self) -> int:
         return int(self.offsets[-1])
+
+    @property
+    def reads_storage(self) -> bool:
+        """Whether reading tokens waits on storage: some leaf is a TensorStore array (the
+        offsets are always in memory). A loader then reads with several threads by default.
+
+        Example:
+            >>> DocumentStore.from_documents([np.array([1, 2])]).reads_storage
+            False
+        """
+        return any(not isinstance(array, np.ndarray) for array in self._flat.values())
 
     @classmethod
     def from_documents(cls, docs: Iterable[Any]) -> DocumentStore:
@@ -152,7 +165,13 @@ class DocumentStore:
                 f"leaves {unknown} are not in the document store {self.name} (it has "
                 f"{list(self.leaves)})"
             )
-        return {name: _read_flat(self._flat[name], starts, stops) for name in names}
+        out = {}
+        for name in names:
+            try:
+                out[name] = _read_flat(self._flat[name], starts, stops)
+            except ValueError as error:  # TensorStore: a missing, truncated or corrupt chunk
+                raise _read_error(error, f"leaf {name!r} of {self.name}", starts, stops) from error
+        return out
 
     def _checked_ranges(self, starts: Any, stops: Any) -> tuple[np.ndarray, np.ndarray]:
         starts, stops = np.asarray(starts), np.asarray(stops)
@@ -302,6 +321,23 @@ def _opened(value: Any, what: str) -> Any:
     raise TypeError(
         f"{what} must be a numpy array, an open TensorStore array or a TensorStore spec dict, "
         f"got {type(value).__name__}"
+    )
+
+
+def _read_error(error: ValueError, where: str, starts: np.ndarray, stops: np.ndarray) -> Exception:
+    """A TensorStore read error as the loader treats those of `TensorStoreSource`: a transient
+    one (unreachable, throttled) as `TransientReadError`, retried; any other as a `ValueError`
+    naming the store and the ranges."""
+    shown = ", ".join(f"[{a}, {b})" for a, b in zip(starts[:3], stops[:3], strict=True))
+    what = f"reading {len(starts)} token ranges ({shown}{', ...' if len(starts) > 3 else ''}) of {where}"
+    if is_transient_status(str(error)):
+        return TransientReadError(
+            f"{what} failed: {error}. The store did not answer in time or asked to slow down; "
+            "the loader retries such reads (read_attempts)"
+        )
+    return ValueError(
+        f"{what} failed: {error}. The document store is damaged or incomplete (e.g. a missing, "
+        "truncated or corrupted shard file); rewrite it with write_documents(..., overwrite=True)"
     )
 
 

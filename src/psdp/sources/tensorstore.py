@@ -71,6 +71,9 @@ class TensorStoreSource:
         >>> tmp.cleanup()
     """
 
+    #: its reads wait on storage and release the GIL: unset ``read_threads`` give it several
+    reads_storage = True
+
     def __init__(
         self,
         path_or_spec: str | os.PathLike[str] | Mapping[str, Any] | ts.TensorStore,

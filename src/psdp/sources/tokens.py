@@ -119,12 +119,17 @@ class TokenSequences:
         return self._len
 
     @property
+    def reads_storage(self) -> bool:
+        """Whether its reads wait on storage: its store's `DocumentStore.reads_storage`."""
+        return self.store.reads_storage
+
+    @property
     def leaves(self) -> dict[str, np.dtype]:
         """The leaves of every row and their dtypes."""
         return dict(self._dtypes)
 
     @fresh_rows
-    def read(self, ids: np.ndarray) -> dict[str, np.ndarray]:
+    def read(self, ids: np.ndarray) -> dict[Key, np.ndarray]:
         ids = check_ids(ids, self._len, self.describe())
         return self._read(ids, {name: slice(0, self.width) for name in self._dtypes})
 
@@ -142,7 +147,7 @@ class TokenSequences:
             [[15, 16]]
         """
         ids = check_ids(ids, self._len, self.describe())
-        boxes = {}
+        boxes: dict[Key, Any] = {}
         for key, box in columns.items():
             if key not in self._dtypes:
                 raise KeyError(f"{key!r} is not a leaf of {self.describe()}")
@@ -165,13 +170,13 @@ class TokenSequences:
             out.update(self._at(where, [k for k in keys if isinstance(k, str)]))
         return out
 
-    def _at(self, where: np.ndarray, names: list[str]) -> dict[str, np.ndarray]:
+    def _at(self, where: np.ndarray, names: list[str]) -> dict[Key, np.ndarray]:
         """The leaves ``names`` at stream positions ``where`` (any shape)."""
         inside = (where >= 0) & (where < self.stream_tokens)
         doc = np.searchsorted(self._starts, np.where(inside, where, 0), side="right") - 1
         within = where - self._starts[doc]
         token = inside & (where < self._ends[doc])  # not EOS, not beyond the ends
-        out: dict[str, np.ndarray] = {}
+        out: dict[Key, np.ndarray] = {}
         stored = [name for name in names if name in self.store.leaves]
         if stored:
             values = self._stored(self.store.offsets[doc] + within, token, stored)

@@ -428,23 +428,44 @@ def _simulation(args: argparse.Namespace) -> Any:
 def _add_write(subparsers: Subparsers) -> None:
     parser = subparsers.add_parser(
         "write",
-        help="convert a .npy or .npz file (or a psdp dataset) to a psdp TensorStore dataset",
+        help="convert a .npy or .npz file (or a psdp dataset) to a psdp TensorStore dataset, or "
+        "token files (.npy + offsets, .bin, .jsonl) to a document store",
         description=(
             "Write the rows of a .npy file (one array, reads return an array), a .npz file "
             "(one leaf per array, reads return a dict) or a psdp dataset directory (to change its "
             "layout, in place with --overwrite) to a psdp TensorStore dataset directory with "
-            "psdp.write_dataset: zarr3, sharded files, one row per chunk. The dataset is written "
-            "beside OUTPUT and renamed into place when complete."
+            "psdp.write_dataset: zarr3, sharded files, one row per chunk. Token documents "
+            "(a flat .npy with --offsets or --eos-id, a raw .bin with --eos-id, or a .jsonl of "
+            "token-id lists) are written to a document store with psdp.write_documents. Either "
+            "is written beside OUTPUT and renamed into place when complete."
         ),
     )
     parser.add_argument(
         "input",
-        help="a .npy or .npz file (arrays share their first dimension) or a psdp dataset "
-        "directory",
+        help="a .npy or .npz file (arrays share their first dimension), a psdp dataset "
+        "directory, or token documents: a flat .npy or .bin token file, or a .jsonl file",
     )
-    parser.add_argument("output", help="the dataset directory to create")
-    parser.add_argument("--rows-per-shard", type=int, default=1024, help="rows per shard file")
-    parser.add_argument("--rows-per-chunk", type=int, default=1, help="rows per inner chunk")
+    parser.add_argument("output", help="the dataset or document store directory to create")
+    parser.add_argument("--rows-per-shard", type=int, help="rows per shard file (default 1024)")
+    parser.add_argument("--rows-per-chunk", type=int, help="rows per inner chunk (default 1)")
+    documents = parser.add_argument_group("token documents (a document store)")
+    documents.add_argument(
+        "--offsets", help="a .npy of D + 1 document offsets into the flat .npy INPUT"
+    )
+    documents.add_argument(
+        "--eos-id",
+        type=int,
+        help="split the flat .npy or .bin INPUT after each token EOS_ID (kept as its "
+        "document's last token)",
+    )
+    documents.add_argument("--key", help=".jsonl lines are objects: the key of their token-id list")
+    documents.add_argument(
+        "--dtype",
+        help="the token dtype: of a raw .bin file (default uint16, nanoGPT's) or of the ids of a "
+        ".jsonl file (default uint32); a .npy keeps its own",
+    )
+    documents.add_argument("--tokens-per-shard", type=int, help="tokens per shard file")
+    documents.add_argument("--tokens-per-chunk", type=int, help="tokens per chunk")
     parser.add_argument("--compression", choices=["zstd", "gzip"], help="default: none")
     parser.add_argument("--no-checksum", action="store_true", help="no per-chunk crc32c")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing dataset")
@@ -452,7 +473,28 @@ def _add_write(subparsers: Subparsers) -> None:
     parser.set_defaults(run=_run_write)
 
 
+#: the options of `psdp write` for rows and for token documents, refused for the other kind
+ROW_OPTIONS = ("rows_per_shard", "rows_per_chunk")
+DOCUMENT_OPTIONS = ("offsets", "eos_id", "key", "dtype", "tokens_per_shard", "tokens_per_chunk")
+
+
 def _run_write(args: argparse.Namespace) -> int:
+    documents = args.input.endswith((".jsonl", ".bin")) or any(
+        getattr(args, name) is not None for name in ("offsets", "eos_id")
+    )
+    wrong = [
+        name
+        for name in (ROW_OPTIONS if documents else DOCUMENT_OPTIONS)
+        if getattr(args, name) is not None
+    ]
+    if wrong:
+        option = "--" + wrong[0].replace("_", "-")
+        kind = "token documents" if documents else f"the rows of {args.input!r}"
+        raise UsageError(f"{option} does not apply to {kind}; see `psdp write --help`")
+    return _write_documents(args) if documents else _write_rows(args)
+
+
+def _write_rows(args: argparse.Namespace) -> int:
     from psdp.sources import read_metadata
     from psdp.sources.writer import write_dataset
 
@@ -461,8 +503,8 @@ def _run_write(args: argparse.Namespace) -> int:
         path = write_dataset(
             args.output,
             arrays,
-            rows_per_shard=args.rows_per_shard,
-            rows_per_chunk=args.rows_per_chunk,
+            rows_per_shard=1024 if args.rows_per_shard is None else args.rows_per_shard,
+            rows_per_chunk=1 if args.rows_per_chunk is None else args.rows_per_chunk,
             compression=args.compression,
             checksum=not args.no_checksum,
             overwrite=args.overwrite,
@@ -482,6 +524,77 @@ def _run_write(args: argparse.Namespace) -> int:
         )
         print(f"wrote {meta['num_rows']} rows to {path} (leaves: {leaves})")
     return 0
+
+
+def _write_documents(args: argparse.Namespace) -> int:
+    from psdp.sources import DocumentStore
+    from psdp.sources.document_writer import write_documents
+
+    docs = _token_documents(args)
+    sizes = {
+        name: value
+        for name in ("tokens_per_shard", "tokens_per_chunk")
+        if (value := getattr(args, name)) is not None
+    }
+    try:
+        path = write_documents(
+            args.output,
+            docs,
+            dtype=docs.dtype,
+            compression=args.compression,
+            checksum=not args.no_checksum,
+            overwrite=args.overwrite,
+            progress=not args.json,
+            **sizes,
+        )
+    except OSError as err:  # the output path exists, is a file, or cannot be created
+        raise UsageError(f"output {args.output!r}: {err}") from None
+    except TypeError as err:
+        raise UsageError(f"input {args.input!r}: {err}") from None
+    store = DocumentStore.open(path)
+    dtype = store.leaves["input_ids"].name
+    if args.json:
+        summary = {
+            "path": str(path),
+            "num_documents": store.num_documents,
+            "num_tokens": store.num_tokens,
+            "dtype": dtype,
+            "empty_documents_left_out": docs.empty,
+        }
+        print(json.dumps(summary, indent=2))
+        return 0
+    left_out = f"; left out {docs.empty} empty documents" if docs.empty else ""
+    print(
+        f"wrote {store.num_documents} documents, {store.num_tokens} tokens to {path} "
+        f"(input_ids {dtype}{left_out})"
+    )
+    return 0
+
+
+def _token_documents(args: argparse.Namespace) -> Any:
+    """The documents of INPUT as `psdp.tools.token_files.Documents`."""
+    from psdp.tools import token_files
+
+    path = args.input
+    if path.endswith(".jsonl"):
+        if args.offsets is not None or args.eos_id is not None:
+            raise UsageError(f"--offsets and --eos-id read flat token files, not {path!r}")
+        return token_files.jsonl_documents(path, args.dtype or "uint32", args.key)
+    if args.key is not None:
+        raise UsageError(f"--key names the token ids of .jsonl lines; {path!r} is not .jsonl")
+    if not path.endswith((".npy", ".bin")):
+        raise UsageError(
+            f"input {path!r} must be a .npy, .bin or .jsonl file to write token documents"
+        )
+    if (args.offsets is None) == (args.eos_id is None):
+        raise UsageError(
+            f"give --offsets OFFSETS.npy or --eos-id ID (not both) to split {path!r} into "
+            "documents"
+        )
+    tokens = token_files.flat_tokens(path, args.dtype)
+    if args.offsets is not None:
+        return token_files.split_at_offsets(tokens, args.offsets, path)
+    return token_files.split_after_eos(tokens, args.eos_id)
 
 
 def _load_arrays(path: str) -> Any:

@@ -85,7 +85,7 @@ USAGE_ERROR = 2
 RUNNERS: dict[str, Callable[[Sizes, Path], dict[str, Any]]] = {
     "assembly": lambda s, _: bench_assembly(s),
     "throughput": bench_throughput,
-    "stall": lambda s, _: bench_stall(s),
+    "stall": bench_stall,
     "planning": lambda s, _: bench_planning(s),
     "resume": lambda s, _: bench_resume(s),
     "multihost": lambda s, _: bench_multihost(s),
