@@ -32,6 +32,7 @@ from psdp import (
     LoaderConfig,
     MemmapSource,
     MeshLayout,
+    Mixture,
     PackedSequences,
     ReadingOptions,
     StreamSource,
@@ -264,6 +265,18 @@ _SHAPE_RULE = "every row of a source must have one shape and dtype"
 _RESUME_FIX = "resume with the saved value"
 
 # (id, action, exception, fragments the message must contain: the values, then the fix)
+
+
+def _mix(sources: Any = None, **kwargs: Any) -> Mixture:
+    """A mixture of two token sources (64 and 16 rows), weights 3:1, blocks of 8, unless given."""
+    if "stages" not in kwargs:
+        kwargs.setdefault("weights", {"web": 3, "code": 1})
+    kwargs.setdefault("block_size", 8)
+    if sources is None:
+        sources = {"web": {"tokens": TOKENS}, "code": {"tokens": TOKENS[:16]}}
+    return Mixture(sources, **kwargs)
+
+
 CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] = [
     # ---------------------------------------------------------------- mesh and partition specs
     (
@@ -1034,6 +1047,102 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
             '"zarr3"',  # TensorStore's words for it vary by release
             "'s3://bucket/corpus'",
         ],
+    ),
+    (
+        "mixture: a negative weight",
+        lambda _: _mix(weights={"web": 1, "code": -0.5}),
+        ValueError,
+        ["stage 0's weights: the weight of 'code' is -0.5", "finite and >= 0"],
+    ),
+    (
+        "mixture: every weight zero",
+        lambda _: _mix(weights={"web": 0, "code": 0}),
+        ValueError,
+        ["stage 0's weights are all 0 ({'web': 0, 'code': 0})", "some source with a weight > 0"],
+    ),
+    (
+        "mixture: a weight for a source it does not have",
+        lambda _: _mix(stages=[(0, {"web": 1}), (8, {"wiki": 1})]),
+        ValueError,
+        ["stage 1's weights name ['wiki']", "its sources: ['web', 'code']"],
+    ),
+    (
+        "mixture: a weight that is not a number",
+        lambda _: _mix(weights={"web": "1"}),
+        TypeError,
+        ["the weight of 'web' must be a number, got '1'"],
+    ),
+    (
+        "mixture: stages out of order",
+        lambda _: _mix(stages=[(0, {"web": 1}), (16, {"code": 1}), (8, {"web": 1})]),
+        ValueError,
+        ["stage 2 starts at offset 8, not after stage 1 (offset 16)", "increasing order"],
+    ),
+    (
+        "mixture: a stage off a block boundary",
+        lambda _: _mix(stages=[(0, {"web": 1}), (12, {"code": 1})]),
+        ValueError,
+        ["stage 1 starts at offset 12", "block_size=8", "start it at 8 or 16"],
+    ),
+    (
+        "mixture: a first stage after offset 0",
+        lambda _: _mix(stages=[(8, {"web": 1})]),
+        ValueError,
+        ["the first stage starts at offset 8", "start the first stage at 0"],
+    ),
+    (
+        "mixture: both weights and stages",
+        lambda _: _mix(weights={"web": 1}, stages=[(0, {"web": 1})]),
+        ValueError,
+        ["pass weights={name: weight} (one stage) or stages=", "not both"],
+    ),
+    (
+        "mixture: a weight the block rounds to no sample",
+        lambda _: _mix(weights={"web": 99, "code": 1}),
+        ValueError,
+        ["source 'code' has weight 1.0 (a share of 0.01) in stage 0", "block_size >= 100"],
+    ),
+    (
+        "mixture: sources with different leaves",
+        lambda _: _mix({"web": {"tokens": TOKENS}, "code": {"ids": TOKENS}}),
+        ValueError,
+        ["source 'code' has leaves ['ids'], but 'web' has ['tokens']", "same leaves"],
+    ),
+    (
+        "mixture: sources whose rows differ in shape",
+        lambda _: _mix({"web": {"tokens": TOKENS}, "code": {"tokens": TOKENS[:, :4]}}),
+        ValueError,
+        ["source 'code' has leaf 'tokens' with rows of shape (4,) and dtype int32", "(8,) int32"],
+    ),
+    (
+        "mixture: an empty source",
+        lambda _: _mix({"web": {"tokens": TOKENS}, "code": {"tokens": TOKENS[:0]}}),
+        ValueError,
+        ["source 'code' of the mixture is empty (0 rows)", "drop it, or give it data"],
+    ),
+    (
+        "mixture: a source tag on single-array sources",
+        lambda _: _mix({"web": TOKENS, "code": TOKENS}, source_leaf="source"),
+        ValueError,
+        ["source_leaf='source' adds a leaf", "source_leaf=None"],
+    ),
+    (
+        "mixture: a source tag named like a leaf",
+        lambda _: _mix(source_leaf="tokens"),
+        ValueError,
+        ["source_leaf='tokens', but the sources already have a leaf 'tokens'"],
+    ),
+    (
+        "mixture: the loader's shuffle",
+        lambda _: _loader(_mix(), shuffle=True),
+        ValueError,
+        ["shuffle=True with Mixture(web:", "orders its own rows", "leave shuffle unset"],
+    ),
+    (
+        "mixture: the loader's block shuffle",
+        lambda _: _loader(_mix(), io_block=64),
+        ValueError,
+        ["io_block=64 with Mixture(", "drop io_block"],
     ),
     # ---------------------------------------------------------------- token documents
     (

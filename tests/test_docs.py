@@ -31,6 +31,7 @@ COVERED = [
     "reliability.md",
     "packing.md",
     "tokens.md",
+    "mixtures.md",
 ]
 
 #: doc -> the reasons of its blocks that are not run, in order
@@ -135,6 +136,7 @@ def test_the_runnable_blocks_are_found():
         "reliability.md": 2,
         "packing.md": 4,
         "tokens.md": 2,
+        "mixtures.md": 3,
     }
 
 
@@ -174,6 +176,7 @@ def test_the_shell_sessions_are_found():
         "reliability.md": 0,
         "packing.md": 0,
         "tokens.md": 0,
+        "mixtures.md": 0,
     }
 
 

@@ -41,6 +41,7 @@ from psdp.sources import ArraySource as ArraySource
 from psdp.sources import DocumentStore as DocumentStore
 from psdp.sources import GrainSource as GrainSource
 from psdp.sources import MemmapSource as MemmapSource
+from psdp.sources import Mixture as Mixture
 from psdp.sources import PackedSequences as PackedSequences
 from psdp.sources import Source as Source
 from psdp.sources import StreamReader as StreamReader

@@ -69,3 +69,46 @@ def _feistel(x: np.ndarray, bits: int, keys: tuple[int, ...]) -> np.ndarray:
         x = (lo << np.uint64(hi_bits)) | (hi ^ (f >> np.uint64(64 - hi_bits)))
         hi_bits, lo_bits = lo_bits, hi_bits
     return x
+
+
+def shuffle_each(index: np.ndarray, n: np.ndarray | int, key: np.ndarray | int) -> np.ndarray:
+    """``IndexShuffle(n[i], key[i])(index[i])`` for every ``i``, in one vectorised pass.
+
+    Many small permutations at once (a mixture's blocks and its sources' epochs): each element
+    has its own domain and key, and the result equals `IndexShuffle`'s element by element.
+
+    Example:
+        >>> shuffle_each(np.array([3, 3]), np.array([10, 7]), np.array([5, 9])).tolist() == [
+        ...     int(IndexShuffle(10, 5)(np.array([3]))[0]), int(IndexShuffle(7, 9)(np.array([3]))[0])]
+        True
+    """
+    index = np.asarray(index, dtype=np.int64)
+    n = np.broadcast_to(np.asarray(n, dtype=np.int64), index.shape)
+    key = np.broadcast_to(np.asarray(key, dtype=np.uint64), index.shape)
+    # few distinct domains and keys per call: their bit widths and round keys in plain Python
+    sizes, size_of = np.unique(n, return_inverse=True)
+    bits = np.array([max(2, (int(s) - 1).bit_length()) for s in sizes], np.uint64)[size_of]
+    keys, key_of = np.unique(key, return_inverse=True)
+    rounds = np.array([_round_keys(int(k)) for k in keys], np.uint64).reshape(-1, _ROUNDS)
+    round_keys = rounds[key_of.reshape(-1)].T  # (rounds, elements)
+    out = index.astype(np.uint64).reshape(-1)
+    limit, bits = n.astype(np.uint64).reshape(-1), bits.reshape(-1)
+    todo = np.arange(out.size)
+    while todo.size:
+        out[todo] = _feistel_each(out[todo], bits[todo], round_keys[:, todo])
+        todo = todo[out[todo] >= limit[todo]]
+    return out.astype(np.int64).reshape(index.shape)
+
+
+def _feistel_each(x: np.ndarray, bits: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """`_feistel` with a bit width and round keys per element."""
+    one = np.uint64(1)
+    hi_bits = bits - bits // np.uint64(2)
+    lo_bits = bits // np.uint64(2)
+    for key in keys:
+        hi, lo = x >> lo_bits, x & ((one << lo_bits) - one)
+        f = (lo ^ key) * np.uint64(0x9E3779B97F4A7C15)
+        f = (f ^ (f >> np.uint64(32))) * np.uint64(0xD6E8FEB86659FD93)
+        x = (lo << hi_bits) | (hi ^ (f >> (np.uint64(64) - hi_bits)))
+        hi_bits, lo_bits = lo_bits, hi_bits
+    return x

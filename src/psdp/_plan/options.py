@@ -44,7 +44,8 @@ class OrderOptions:
     ``(start_step, rows)`` stages from step 0, e.g. ``[[0, 256], [1000, 512]]``."""
 
     shuffle: bool | None = None
-    """Permute each epoch (unset: true for a random-access source, false for a stream)."""
+    """Permute each epoch (unset: true for a random-access source, false for a stream or a source
+    that orders its own rows, such as a `Mixture`)."""
 
     seed: int = 0
     """The shuffle's seed, in [0, 2**64 - 1]."""

@@ -92,10 +92,11 @@ class RandomAccessFeed:
         assert order.global_batch_size is not None
         self.source = source
         self.rows: int | None = len(source)
+        ordered = orders_itself(source, order)
         self.order: GlobalOrder | None = GlobalOrder(
             len(source),
             order.global_batch_size,
-            True if order.shuffle is None else order.shuffle,
+            not ordered and order.shuffle is not False,
             order.seed,
             order.drop_last,
             order.skip_steps,
@@ -105,7 +106,8 @@ class RandomAccessFeed:
             order.window_blocks,
         )
         self.offsets = self.order.offsets
-        self.ends_short = self.order.pads
+        # a self-ordered source is endless in practice: its length is a bound no run reaches
+        self.ends_short = self.order.pads if not ordered else endless_pads(order)
         self.fresh = reads_fresh_rows(source)  # other reads may be views of memory they refill
         self._plans: Mapping[int, LoaderPlan] = {}
         # a step's info is asked for by the loader and by the read: walk the schedule once
@@ -142,6 +144,37 @@ class RandomAccessFeed:
 
     def close(self) -> None:
         pass
+
+
+def orders_itself(source: Any, order: OrderOptions) -> bool:
+    """Whether ``source`` orders its own rows (``orders_itself = True``, e.g. a `Mixture`: row
+    ``g`` is sample offset ``g``), so the loader reads its rows in id order; raises if the order
+    options ask for a shuffle."""
+    if not getattr(source, "orders_itself", False):
+        return False
+    if order.shuffle or order.io_block is not None:
+        asked = "shuffle=True" if order.shuffle else f"io_block={order.io_block}"
+        raise ValueError(
+            f"{asked} with {source.describe()}, which orders its own rows (a mixture shuffles "
+            "inside each source and each block, and its stages follow the sample offset): the "
+            "loader's shuffle would scramble its stages; leave shuffle unset (False for such a "
+            "source) and drop io_block"
+        )
+    return True
+
+
+def endless_pads(order: OrderOptions) -> bool:
+    """Whether some step is cut short by a skip, in a run with no epoch end."""
+    assert order.global_batch_size is not None
+    offsets = StepOffsets.create(
+        None,
+        order.global_batch_size,
+        drop_last=order.drop_last,
+        skip_steps=order.skip_steps,
+        skip_offsets=order.skip_offsets,
+        start=order.start,
+    )
+    return offsets.cuts_short()
 
 
 class StreamFeed:

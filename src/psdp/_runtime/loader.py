@@ -281,7 +281,7 @@ class DataLoader:
         state = check_state(state)
         loader = cls(source, mesh=mesh, order=restored_order(state, kwargs), **kwargs)
         try:
-            check_restored(state, loader.plan, loader.feed.rows, loader.name)
+            check_restored(state, loader.plan, loader.feed.rows, loader.name, loader.source)
         except BaseException:
             loader.close()
             raise

@@ -47,12 +47,16 @@ ORDER_FIELDS = (
 CHANGEABLE = ("global_batch_size", "skip_steps", "skip_offsets", "drop_last")
 
 
-def fingerprint(rows: int | None, plan: LoaderPlan) -> dict[str, Any]:
-    """What a state records of its source: its length (``None`` for a stream), its leaves, and a
-    stream's number of shards."""
+def fingerprint(rows: int | None, plan: LoaderPlan, source: Any = None) -> dict[str, Any]:
+    """What a state records of its source: its length (``None`` for a stream), its leaves, a
+    stream's number of shards, and what a source with a ``state_record()`` method says decides
+    its rows (a `Mixture`'s definition), under ``"definition"``."""
     found = {"rows": rows, "leaves": plan.leaf_shapes()}
     if plan.stream_shard is not None:
         found["stream_shards"] = plan.stream_shard[1]
+    record = getattr(source, "state_record", None)
+    if record is not None:
+        found["definition"] = record()
     return found
 
 
@@ -76,7 +80,7 @@ def loader_state(step: int, order: OrderOptions, feed: Any, plan: LoaderPlan) ->
         "step": int(step),
         "offset": int(feed.offsets.resume_offset(step)),
         **order_record(order, feed),
-        "source": fingerprint(feed.rows, plan),
+        "source": fingerprint(feed.rows, plan, feed.source),
     }
 
 
@@ -186,15 +190,22 @@ def _check_past_skips(
             )
 
 
-def check_restored(state: Mapping[str, Any], plan: LoaderPlan, rows: int | None, name: str) -> None:
-    """Raises unless every host restored the same state, from the source it was saved from."""
+def check_restored(
+    state: Mapping[str, Any], plan: LoaderPlan, rows: int | None, name: str, source: Any = None
+) -> None:
+    """Raises unless every host restored the same state, from the source it was saved from.
+
+    A source's ``"definition"`` (`fingerprint`) may differ where the source's own
+    ``check_resume(saved, offset)`` allows it: in what decides only offsets after the resume.
+    """
     # hosts that restored from different checkpoints would feed one batch two ways
     agree(
         {"step": state["step"], "offset": state["offset"], "saved source": state["source"]},
         plan.layout.processes,
         f"restored DataLoader {name!r}",
     )
-    found = fingerprint(rows, plan)
+    found = fingerprint(rows, plan, source)
+    _check_definition(state["source"].get("definition"), found.get("definition"), source, state)
     saved_shards = state["source"].get("stream_shards")
     if saved_shards is not None and saved_shards != found.get("stream_shards"):
         raise ValueError(
@@ -203,11 +214,26 @@ def check_restored(state: Mapping[str, Any], plan: LoaderPlan, rows: int | None,
             f"the run resumes exactly only with {saved_shards} stream shards (a mesh with as "
             "many distinct data shards), or from a random-access source"
         )
-    if found != state["source"]:
+    saved = {k: v for k, v in state["source"].items() if k != "definition"}
+    if {k: v for k, v in found.items() if k != "definition"} != saved:
         raise ValueError(
             f"the source does not match the saved state: saved {state['source']}, found "
             f"{found}; resume with the source the state was saved from"
         )
+
+
+def _check_definition(saved: Any, found: Any, source: Any, state: Mapping[str, Any]) -> None:
+    """The source's own check of its saved definition at the resume offset (`check_resume`)."""
+    if saved is None and found is None:
+        return
+    if saved is None or found is None:
+        was = "without a definition" if saved is None else f"defined as {saved}"
+        has = "has no definition" if found is None else f"is defined as {found}"
+        raise ValueError(
+            f"the state was saved from a source {was}, but this source {has}; resume with the "
+            "source the state was saved from"
+        )
+    source.check_resume(saved, state["offset"])
 
 
 def agreed_settings(order: OrderOptions, feed: Any, plan: LoaderPlan) -> dict[str, Any]:
@@ -218,5 +244,6 @@ def agreed_settings(order: OrderOptions, feed: Any, plan: LoaderPlan) -> dict[st
         "start offset": order.start[1],
         "source rows": feed.rows,
         "source leaves": plan.leaf_shapes(),
+        "source definition": fingerprint(feed.rows, plan, feed.source).get("definition"),
         **plan.settings(),
     }

@@ -17,6 +17,7 @@ from psdp.sources.base import as_source as as_source
 from psdp.sources.documents import DocumentStore as DocumentStore
 from psdp.sources.grain import GrainSource as GrainSource
 from psdp.sources.memmap import MemmapSource as MemmapSource
+from psdp.sources.mixture import Mixture as Mixture
 from psdp.sources.packed import PackedSequences as PackedSequences
 from psdp.sources.streams import StreamReader as StreamReader
 from psdp.sources.streams import StreamSource as StreamSource
@@ -61,6 +62,7 @@ __all__ = [
     "GrainSource",
     "IndexableSource",
     "MemmapSource",
+    "Mixture",
     "PackedSequences",
     "Rows",
     "Source",

@@ -1,0 +1,350 @@
+"""The mixture map: sample offset -> (source, row of that source), pure and O(sources) a sample.
+
+Offsets come in blocks of ``block_size``. A block takes exact per-source counts from the weights of
+its stage (largest-remainder rounding), places them at positions drawn by a keyed permutation of
+the block, and each source hands out its samples in turn: sample ``j`` of a source is row
+``permutation_e(j - e n)`` of its epoch ``e = j // n``. How many samples a source gave before a
+block is a sum over the stages before it, so no table grows with the run: ``docs/mixtures.md``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import operator
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+
+from psdp._plan.index_shuffle import MASK64, shuffle_each, splitmix64
+from psdp._plan.order import check_seed
+
+#: The ``kind`` of a mixture's record in a loader state.
+MIXTURE_KIND = "psdp.mixture/1"
+_BLOCK_TAG = 0x6D69782D626C6F63  # "mix-bloc": block permutations' keys apart from sources'
+
+
+def block_counts(weights: Sequence[float], block_size: int) -> tuple[int, ...]:
+    """Per-source samples in one block: ``block_size * w / sum(w)`` rounded by largest remainder
+    (exact fractions; ties go to the earlier source), so the counts sum to ``block_size``.
+
+    Example:
+        >>> block_counts([0.5, 0.3, 0.2], 10), block_counts([1, 1, 1], 10)
+        ((5, 3, 2), (4, 3, 3))
+    """
+    exact = [Fraction(w) for w in weights]
+    total = sum(exact)
+    quotas = [block_size * w / total for w in exact]
+    counts = [math.floor(q) for q in quotas]
+    by_remainder = sorted(range(len(quotas)), key=lambda i: (-(quotas[i] - counts[i]), i))
+    for i in by_remainder[: block_size - sum(counts)]:
+        counts[i] += 1
+    return tuple(counts)
+
+
+def source_key(seed: int, name: str) -> int:
+    """The key of a source's epoch permutations: from the seed and the source's name (not its
+    position), so listing the sources in another order keeps each one's order."""
+    digest = int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "little")
+    return splitmix64(splitmix64(seed & MASK64) ^ digest)
+
+
+@dataclass(frozen=True)
+class MixturePlan:
+    """Which source and row every sample offset of a mixture reads (`locate`), checked on creation.
+
+    Args:
+        names: the sources, in tag order (the ``source`` leaf holds a position in ``names``).
+        lengths: each source's rows.
+        stages: ``(start_offset, weights)`` pairs, weights one per source, the first stage at 0,
+            starts increasing and multiples of ``block_size``.
+        block_size: samples per block; each block holds the exact counts of `block_counts`.
+        seed: keys the block permutations and the sources' epoch permutations.
+        shuffle: permute each source's epochs (else a source is read in row order).
+
+    Example:
+        >>> plan = MixturePlan(("a", "b"), (5, 100), ((0, (3.0, 1.0)),), block_size=4, seed=0)
+        >>> source, row = plan.locate(np.arange(8))
+        >>> np.bincount(source[:4]).tolist(), np.bincount(source[4:]).tolist()
+        ([3, 1], [3, 1])
+    """
+
+    names: tuple[str, ...]
+    lengths: tuple[int, ...]
+    stages: tuple[tuple[int, tuple[float, ...]], ...]
+    block_size: int
+    seed: int = 0
+    shuffle: bool = True
+    #: (stages, sources) samples per block, each stage's
+    counts: np.ndarray = field(init=False, repr=False, compare=False)
+    #: (stages, sources + 1) running sums of ``counts`` along the sources: a slot's source
+    edges: np.ndarray = field(init=False, repr=False, compare=False)
+    #: (stages, sources) samples each source gave before each stage's first block
+    before: np.ndarray = field(init=False, repr=False, compare=False)
+    #: each stage's first block
+    first_blocks: np.ndarray = field(init=False, repr=False, compare=False)
+    #: each source's key (`source_key`), and the key of the block permutations
+    source_keys: np.ndarray = field(init=False, repr=False, compare=False)
+    block_key: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        check_sources(self.names, self.lengths)
+        block = check_block_size(self.block_size)
+        check_seed(self.seed)
+        object.__setattr__(self, "seed", operator.index(self.seed))
+        counts = np.array([block_counts(w, block) for _, w in self.stages], np.int64)
+        check_counts(self.names, self.stages, counts, block)
+        starts = np.array([start for start, _ in self.stages], np.int64) // block
+        blocks_in = np.diff(starts)[:, None] * counts[:-1]
+        before = np.concatenate([np.zeros((1, len(self.names)), np.int64), np.cumsum(blocks_in, 0)])
+        edges = np.concatenate([np.zeros((len(counts), 1), np.int64), np.cumsum(counts, 1)], 1)
+        for name, value in (("counts", counts), ("edges", edges), ("before", before)):
+            object.__setattr__(self, name, value)
+        object.__setattr__(self, "first_blocks", starts)
+        keys = [source_key(self.seed, name) for name in self.names]
+        object.__setattr__(self, "source_keys", np.array(keys, np.uint64))
+        object.__setattr__(self, "block_key", splitmix64(_BLOCK_TAG ^ splitmix64(self.seed)))
+
+    def slots(self, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per offset: its stage, its source, and how many samples that source gave before it."""
+        offsets = np.asarray(offsets, np.int64)
+        block, position = np.divmod(offsets, self.block_size)
+        stage = np.searchsorted(self.first_blocks, block, side="right") - 1
+        base = np.full(block.shape, self.block_key, np.uint64)
+        slot = shuffle_each(position, self.block_size, _mix(base, block))
+        edges = self.edges[stage]
+        source = (slot[:, None] >= edges[:, 1:]).sum(1)  # O(sources): the edge the slot passed
+        rank = slot - edges[np.arange(len(slot)), source]
+        counts = self.counts[stage, source]
+        earlier = self.before[stage, source] + (block - self.first_blocks[stage]) * counts
+        return stage, source, earlier + rank
+
+    def locate(self, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The source (a position in ``names``) and the row of that source at each offset."""
+        offsets = np.asarray(offsets, np.int64).reshape(-1)
+        _, source, sample = self.slots(offsets)
+        lengths = np.array(self.lengths, np.int64)[source]
+        epoch, within = np.divmod(sample, lengths)
+        if not self.shuffle:
+            return source, within
+        epoch_keys = _mix(self.source_keys[source], epoch)
+        return source, shuffle_each(within, lengths, epoch_keys)
+
+    def given_before(self, offset: int) -> np.ndarray:
+        """Samples each source gave at offsets ``[0, offset)``: whole blocks by arithmetic, the
+        part of ``offset``'s block by evaluating its permutation (at most ``block_size``)."""
+        offset = operator.index(offset)
+        if offset < 0:
+            raise ValueError(f"a sample offset must be >= 0, got {offset}")
+        block, position = divmod(offset, self.block_size)
+        stage = int(np.searchsorted(self.first_blocks, block, side="right")) - 1
+        whole = self.before[stage] + (block - self.first_blocks[stage]) * self.counts[stage]
+        if not position:
+            return whole
+        start = block * self.block_size
+        _, source, _ = self.slots(np.arange(start, start + position, dtype=np.int64))
+        return whole + np.bincount(source, minlength=len(self.names))
+
+    def counts_between(self, offset: int, count: int) -> np.ndarray:
+        """Samples each source gives at offsets ``[offset, offset + count)`` (reads nothing)."""
+        count = operator.index(count)
+        if count < 0:
+            raise ValueError(f"count must be >= 0, got {count}")
+        return self.given_before(offset + count) - self.given_before(offset)
+
+    def record(self) -> dict[str, Any]:
+        """What the samples depend on, as JSON values (a loader state keeps it)."""
+        return {
+            "kind": MIXTURE_KIND,
+            "sources": [[name, n] for name, n in zip(self.names, self.lengths, strict=True)],
+            "block_size": self.block_size,
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "stages": [[start, list(w)] for start, w in self.stages],
+        }
+
+    def check_past(self, saved: Mapping[str, Any], offset: int) -> None:
+        """Raises unless the saved ``record`` gives the same samples as this plan before
+        ``offset``: the same sources, block size, seed and shuffle, and the same stages starting
+        before ``offset`` (later stages may differ: they decide only later samples)."""
+        now = self.record()
+        if saved.get("kind") != MIXTURE_KIND:
+            raise ValueError(
+                f"the state was saved from a source recorded as {dict(saved)}, not a mixture "
+                f"({MIXTURE_KIND}); resume with the source the state was saved from"
+            )
+        for name in ("sources", "block_size", "seed", "shuffle"):
+            if saved.get(name) != now[name]:
+                raise ValueError(
+                    f"the mixture's {name} is {now[name]!r}, but the saved run's was "
+                    f"{saved.get(name)!r}; every sample depends on it, so resume with the saved "
+                    "value (only stages that start at or after the resume offset "
+                    f"{offset} may change)"
+                )
+        past = [s for s in saved["stages"] if s[0] < offset]
+        mine = [s for s in now["stages"] if s[0] < offset]
+        for index in range(max(len(past), len(mine))):
+            if index < len(past) and index < len(mine) and past[index] == mine[index]:
+                continue
+            raise ValueError(_past_stage_message(index, past, mine, self.names, offset))
+
+
+def _past_stage_message(
+    index: int, saved: list[Any], now: list[Any], names: Sequence[str], offset: int
+) -> str:
+    def text(stage: Any) -> str:
+        if stage is None:
+            return "no such stage"
+        weights = dict(zip(names, stage[1], strict=True))
+        return f"from offset {stage[0]} with weights {weights}"
+
+    was = saved[index] if index < len(saved) else None
+    is_ = now[index] if index < len(now) else None
+    return (
+        f"mixture stage {index} differs from the saved run's before the resume offset {offset}: "
+        f"saved {text(was)}, now {text(is_)}; samples before {offset} were already trained on, so "
+        f"keep every stage that starts before {offset} as saved, and edit or add stages from "
+        f"offset {offset} on (rounded up to a multiple of block_size)"
+    )
+
+
+def _mix(key: np.ndarray, value: np.ndarray) -> np.ndarray:
+    """A splitmix64 step of ``key ^ value``, vectorised: keys per (source, epoch) or block."""
+    x: np.ndarray = key ^ np.asarray(value).astype(np.uint64)
+    x = x + np.uint64(0x9E3779B97F4A7C15)
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+# ------------------------------------------------------------------------------ checks
+def check_sources(names: Sequence[str], lengths: Sequence[int]) -> None:
+    """Raises unless there is at least one source, each with rows."""
+    if not names:
+        raise ValueError("a mixture needs at least one source, got none; pass {name: source}")
+    for name, n in zip(names, lengths, strict=True):
+        if n < 1:
+            raise ValueError(
+                f"source {name!r} of the mixture is empty (0 rows); a mixed source needs rows: "
+                "drop it, or give it data"
+            )
+
+
+def check_block_size(block_size: Any) -> int:
+    """``block_size`` as an int >= 1, or raises."""
+    if isinstance(block_size, bool) or not isinstance(block_size, int | np.integer):
+        raise TypeError(f"block_size must be an int, got {type(block_size).__name__}")
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1 sample, got {block_size}")
+    return int(block_size)
+
+
+def check_counts(
+    names: Sequence[str], stages: Sequence[Any], counts: np.ndarray, block_size: int
+) -> None:
+    """Raises where a source with weight gets no sample in its stage's blocks."""
+    for index, ((start, weights), row) in enumerate(zip(stages, counts, strict=True)):
+        for name, weight, count in zip(names, weights, row, strict=True):
+            if weight > 0 and count == 0:
+                share = weight / sum(weights)
+                raise ValueError(
+                    f"source {name!r} has weight {weight} (a share of {share:.3g}) in stage "
+                    f"{index} (from offset {start}), but a block of {block_size} samples rounds "
+                    "its share to 0 samples, so it would never be read; use block_size >= "
+                    f"{math.ceil(1 / share)} or a larger weight (or weight 0 to leave it out)"
+                )
+
+
+def stages_from(
+    names: Sequence[str],
+    weights: Mapping[str, Any] | None,
+    stages: Sequence[Any] | None,
+    block_size: int,
+) -> tuple[tuple[int, tuple[float, ...]], ...]:
+    """The stages as ``(start, weights in names order)``, from ``weights=`` or ``stages=``,
+    checked: known names, finite weights >= 0 not all 0, starts from 0, increasing, on blocks.
+
+    Example:
+        >>> stages_from(["a", "b"], None, [(0, {"a": 1}), (8, {"a": 1, "b": 3})], 4)
+        ((0, (1.0, 0.0)), (8, (1.0, 3.0)))
+    """
+    if (weights is None) == (stages is None):
+        raise ValueError(
+            "a mixture needs its weights: pass weights={name: weight} (one stage) or "
+            "stages=[(start_offset, {name: weight}), ...], not both and not neither"
+        )
+    given = [(0, weights)] if stages is None else list(stages)
+    if not given:
+        raise ValueError("stages=[] has no stage; the first stage must start at offset 0")
+    out = []
+    for index, stage in enumerate(given):
+        if not isinstance(stage, Sequence) or len(stage) != 2:
+            raise TypeError(
+                f"stage {index} must be a pair (start_offset, {{name: weight}}), got {stage!r}"
+            )
+        start, stage_weights = stage
+        out.append((_stage_start(index, start, block_size), _weights(index, stage_weights, names)))
+    _check_order(out, block_size)
+    return tuple(out)
+
+
+def _stage_start(index: int, start: Any, block_size: int) -> int:
+    if isinstance(start, bool) or not isinstance(start, int | np.integer):
+        raise TypeError(f"stage {index} starts at a sample offset (an int), got {start!r}")
+    start = int(start)
+    if start < 0 or start % block_size:
+        down, up = start // block_size * block_size, -(-start // block_size) * block_size
+        raise ValueError(
+            f"stage {index} starts at offset {start}, which is not a block boundary (a multiple "
+            f"of block_size={block_size} that is >= 0); every block takes one stage's weights, "
+            f"so start it at {max(down, 0)} or {max(up, 0)}"
+        )
+    return start
+
+
+def _weights(index: int, weights: Any, names: Sequence[str]) -> tuple[float, ...]:
+    where = f"stage {index}'s weights"
+    if not isinstance(weights, Mapping):
+        raise TypeError(f"{where} must be a dict {{name: weight}}, got {type(weights).__name__}")
+    unknown = [name for name in weights if name not in names]
+    if unknown:
+        raise ValueError(
+            f"{where} name {unknown}, which the mixture has no source for (its sources: "
+            f"{list(names)}); give weights only to those sources"
+        )
+    out = []
+    for name in names:
+        weight = weights.get(name, 0.0)
+        if isinstance(weight, bool) or not isinstance(
+            weight, int | float | np.integer | np.floating
+        ):
+            raise TypeError(f"{where}: the weight of {name!r} must be a number, got {weight!r}")
+        if not math.isfinite(weight) or weight < 0:
+            raise ValueError(
+                f"{where}: the weight of {name!r} is {weight}; weights must be finite and >= 0 "
+                "(0 leaves a source out of the stage)"
+            )
+        out.append(float(weight))
+    if sum(out) == 0:
+        raise ValueError(
+            f"{where} are all 0 ({dict(weights)}); a stage needs some source with a weight > 0"
+        )
+    return tuple(out)
+
+
+def _check_order(stages: Sequence[tuple[int, Any]], block_size: int) -> None:
+    if stages[0][0] != 0:
+        raise ValueError(
+            f"the first stage starts at offset {stages[0][0]}, but the mixture needs weights "
+            "from offset 0; start the first stage at 0"
+        )
+    for index in range(1, len(stages)):
+        if stages[index][0] <= stages[index - 1][0]:
+            raise ValueError(
+                f"stage {index} starts at offset {stages[index][0]}, not after stage "
+                f"{index - 1} (offset {stages[index - 1][0]}); list the stages in increasing "
+                "order of their start offsets, each once"
+            )

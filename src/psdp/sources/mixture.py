@@ -1,0 +1,212 @@
+"""`Mixture`: weighted sources read as one, row id = sample offset (``docs/mixtures.md``).
+
+The map from an offset to (source, row) is `psdp._plan.mixture`'s; this module reads: one batched
+read per mixed source, rows scattered back in the order of the ids.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from psdp._plan.leaves import Key, leaves_of
+from psdp._plan.mixture import MixturePlan, check_block_size, stages_from
+from psdp._plan.windows import Box
+from psdp.sources.base import Rows, as_source, check_ids
+
+#: A mixture's length: its rows are sample offsets, and no run reaches this many, so the
+#: loader's order (which restarts at a source's end) never wraps back to the first stage.
+MIXTURE_ROWS = 1 << 62
+#: The dtype of the ``source_leaf`` tags.
+TAG_DTYPE = np.dtype(np.int32)
+
+
+class Mixture:
+    """Several sources read as one, each sample drawn from a source by weight, exactly per block.
+
+    Row ``g`` of a mixture is its sample offset ``g``: the loader reads it in order
+    (``shuffle=False``, the default for a mixture), and the mixture shuffles inside each block and
+    each source's epochs. Every ``block_size`` samples hold exactly the per-source counts of their
+    stage's weights; each source runs through its own epochs, each a keyed permutation of its rows.
+
+    Args:
+        sources: ``{name: source}``; any psdp random-access source (or what `as_source` takes),
+            all with the same leaves (names, row shapes, dtypes).
+        weights: ``{name: weight}`` for the whole run (unnamed sources: 0); or ``stages``.
+        stages: ``[(start_offset, {name: weight}), ...]``, the first at offset 0, starts
+            increasing multiples of ``block_size`` (a step's offset: ``loader.step_info(step)``).
+        block_size: samples per block, each with exact counts (must give each weighted source a
+            sample per block).
+        seed: keys the blocks' and the sources' permutations.
+        shuffle: permute each source's epochs (``False``: each source in row order).
+        source_leaf: the name of an int32 leaf added to each row: its source's position in
+            ``sources`` (for a per-source loss); ``None``: no such leaf. Needs dict sources.
+
+    Example:
+        >>> web = {"tokens": np.zeros((100, 4), np.int32)}
+        >>> code = {"tokens": np.ones((50, 4), np.int32)}
+        >>> mix = Mixture({"web": web, "code": code}, weights={"web": 3, "code": 1},
+        ...               block_size=8, source_leaf="source")
+        >>> mix.counts(0, 16), mix.read(np.arange(8))["source"].tolist()
+        ({'web': 12, 'code': 4}, [0, 1, 0, 0, 0, 1, 0, 0])
+    """
+
+    #: The loader's rule for such a source: it orders its own rows, so read them in id order.
+    orders_itself = True
+
+    def __init__(
+        self,
+        sources: Mapping[str, Any],
+        *,
+        weights: Mapping[str, float] | None = None,
+        stages: Sequence[tuple[int, Mapping[str, float]]] | None = None,
+        block_size: int = 2048,
+        seed: int = 0,
+        shuffle: bool = True,
+        source_leaf: str | None = None,
+    ) -> None:
+        if not isinstance(sources, Mapping):
+            raise TypeError(
+                f"a mixture's sources must be a dict {{name: source}}, got {type(sources).__name__}"
+            )
+        names = tuple(str(name) for name in sources)
+        self.sources = {name: as_source(s) for name, s in zip(names, sources.values(), strict=True)}
+        lengths = tuple(len(s) for s in self.sources.values())
+        block_size = check_block_size(block_size)
+        self.plan = MixturePlan(
+            names,
+            lengths,
+            stages_from(names, weights, stages, block_size),
+            block_size,
+            seed,
+            bool(shuffle),
+        )
+        self.source_leaf = source_leaf
+        self._leaves = _agreed_leaves(self.sources)
+        if source_leaf is not None:
+            _check_source_leaf(source_leaf, self._leaves)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The sources' names, in tag order."""
+        return self.plan.names
+
+    def __len__(self) -> int:
+        return MIXTURE_ROWS
+
+    def read(self, ids: np.ndarray) -> Rows:
+        """The rows at sample offsets ``ids``: one batched read per source, in the order of ids."""
+        ids = check_ids(ids, MIXTURE_ROWS, self.describe())
+        source, rows = self.plan.locate(ids)
+        out = self._gather(source, rows, lambda s, r: leaves_of(s.read(r)), set(self._leaves))
+        if self.source_leaf is not None:
+            out[self.source_leaf] = source.astype(TAG_DTYPE)
+        return out[None] if None in out else out
+
+    @property
+    def read_window(self) -> Any:
+        """``read_window(ids, columns)`` when every mixed source has one (so a host reads only
+        its columns of a sequence-sharded leaf); absent otherwise."""
+        if not all(hasattr(s, "read_window") for s in self.sources.values()):
+            raise AttributeError("read_window: a mixed source reads only whole rows")
+        return self._read_window
+
+    def _read_window(self, ids: np.ndarray, columns: Mapping[Key, Box]) -> dict[Key, np.ndarray]:
+        ids = check_ids(ids, MIXTURE_ROWS, self.describe())
+        source, rows = self.plan.locate(ids)
+        wanted = {
+            k: v for k, v in columns.items() if self.source_leaf is None or k != self.source_leaf
+        }
+        out = self._gather(source, rows, lambda s, r: s.read_window(r, wanted), set(wanted))
+        if self.source_leaf is not None and self.source_leaf in columns:
+            out[self.source_leaf] = source.astype(TAG_DTYPE)
+        return out
+
+    def _gather(self, source: np.ndarray, rows: np.ndarray, read: Any, keys: set[Key]) -> dict:
+        """Per leaf in ``keys``, the rows of every id: each source read once (its rows sorted, as
+        gathers like), then scattered to the ids' positions."""
+        out: dict[Key, np.ndarray] = {}
+        if not keys:
+            return out
+        if not source.size:  # no ids: the leaves' empty rows, as a source returns them
+            got = read(next(iter(self.sources.values())), rows)
+            return {key: np.asarray(got[key]) for key in keys}
+        for index, name in enumerate(self.names):
+            positions = np.flatnonzero(source == index)
+            if not positions.size:
+                continue
+            order = np.argsort(rows[positions], kind="stable")
+            positions = positions[order]
+            got = read(self.sources[name], rows[positions])
+            for key in keys:
+                value = np.asarray(got[key])
+                if key not in out:
+                    out[key] = np.empty((len(source), *value.shape[1:]), value.dtype)
+                out[key][positions] = value
+        return out
+
+    def counts(self, offset: int, count: int) -> dict[str, int]:
+        """Samples each source gives at offsets ``[offset, offset + count)``, reading nothing:
+        ``mix.counts(info.offset, info.rows)`` for ``info = loader.step_info(step)``."""
+        return dict(zip(self.names, map(int, self.plan.counts_between(offset, count)), strict=True))
+
+    def locate(self, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The source (a position in `names`) and row within it of each sample offset."""
+        return self.plan.locate(check_ids(offsets, MIXTURE_ROWS, self.describe()))
+
+    def state_record(self) -> dict[str, Any]:
+        """What the samples depend on (JSON values): a loader state records it."""
+        return self.plan.record()
+
+    def check_resume(self, saved: Mapping[str, Any], offset: int) -> None:
+        """Raises unless ``saved`` (a `state_record`) gives the same samples before ``offset``:
+        only stages starting at or after the resume offset may differ."""
+        self.plan.check_past(saved, offset)
+
+    def describe(self) -> str:
+        parts = ", ".join(f"{name}: {s.describe()}" for name, s in self.sources.items())
+        stages = len(self.plan.stages)
+        return f"Mixture({parts}; {stages} stage(s), block_size={self.plan.block_size})"
+
+
+def _agreed_leaves(sources: Mapping[str, Any]) -> dict[Key, tuple[tuple[int, ...], np.dtype]]:
+    """The leaves every source has (name -> row shape, dtype), or raises naming one that differs."""
+    found = {}
+    for name, source in sources.items():
+        row = leaves_of(source.read(np.zeros(1, np.int64)))
+        found[name] = {k: (np.shape(v)[1:], np.asarray(v).dtype) for k, v in row.items()}
+    first, leaves = next(iter(found.items()))
+    for name, other in found.items():
+        if other == leaves:
+            continue
+        if set(other) != set(leaves):
+            what = f"leaves {sorted(map(str, other))}, but {first!r} has {sorted(map(str, leaves))}"
+        else:
+            key = next(k for k in leaves if other[k] != leaves[k])
+            shape, dtype = other[key]
+            what = (
+                f"leaf {key!r} with rows of shape {shape} and dtype {dtype}, but {first!r} has "
+                f"{leaves[key][0]} {leaves[key][1]}"
+            )
+        raise ValueError(
+            f"mixed sources must have the same leaves (names, row shapes, dtypes): source "
+            f"{name!r} has {what}; convert the sources to one layout before mixing them"
+        )
+    return leaves
+
+
+def _check_source_leaf(name: Any, leaves: Mapping[Key, Any]) -> None:
+    if not isinstance(name, str):
+        raise TypeError(f"source_leaf must be a leaf name (a str) or None, got {name!r}")
+    if None in leaves:
+        raise ValueError(
+            f"source_leaf={name!r} adds a leaf, which a single-array source cannot carry; pass "
+            "dict sources (e.g. {'tokens': array}) or source_leaf=None"
+        )
+    if name in leaves:
+        raise ValueError(
+            f"source_leaf={name!r}, but the sources already have a leaf {name!r}; pick another "
+            "source_leaf name"
+        )

@@ -1,0 +1,249 @@
+"""The mixture map and the `Mixture` source, against the block-walking oracle (tests/mixture_oracle.py):
+exact counts in every block, realised weights, each source's rows once per its own epoch, the
+map itself, counts without reading, and one batched read per source."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from psdp import ArraySource, Mixture
+from psdp._plan.index_shuffle import IndexShuffle, shuffle_each
+from psdp._plan.mixture import MixturePlan, block_counts, stages_from
+from tests.batch_checks import CountingSource, token_table
+from tests.mixture_oracle import OracleMixture, largest_remainder
+
+NAMES = ("web", "code", "books")
+LENGTHS = (97, 40, 13)
+STAGES = [
+    (0, {"web": 0.5, "code": 0.3, "books": 0.2}),
+    (640, {"web": 0.1, "books": 0.9}),
+    (1280, {"code": 2, "books": 1, "web": 1}),
+]
+
+
+def _plan(stages=STAGES, block=64, seed=5, shuffle=True, names=NAMES, lengths=LENGTHS):
+    return MixturePlan(
+        names, lengths, stages_from(names, None, stages, block), block, seed, shuffle
+    )
+
+
+def _oracle(stages=STAGES, block=64, seed=5, shuffle=True, names=NAMES, lengths=LENGTHS):
+    return OracleMixture(names, lengths, stages, block, seed, shuffle)
+
+
+def test_every_block_holds_the_exact_counts_of_its_stage():
+    """Three stages (one leaving a source out), 40 blocks: each block's per-source counts are the
+    oracle's largest-remainder counts of its stage, and the whole map equals the oracle's."""
+    plan, oracle = _plan(), _oracle()
+    source, row = plan.locate(np.arange(64 * 40))
+    for block in range(40):
+        got = np.bincount(source[block * 64 : (block + 1) * 64], minlength=3).tolist()
+        assert got == oracle.block_counts(block), block
+    want_source, want_row = oracle.sequence(64 * 40)
+    np.testing.assert_array_equal(source, want_source)
+    np.testing.assert_array_equal(row, want_row)
+
+
+def test_realised_weights_over_100k_samples_are_within_one_percent():
+    weights = {"web": 0.55, "code": 0.3, "books": 0.15}
+    plan = _plan([(0, weights)], block=2048, lengths=(1000, 300, 70))
+    source, _ = plan.locate(np.arange(100_000))
+    shares = np.bincount(source, minlength=3) / 100_000
+    for name, share in zip(NAMES, shares, strict=True):
+        assert abs(share - weights[name]) < 0.01, (name, share)
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_each_source_gives_each_row_once_per_its_own_epoch(shuffle):
+    """Sources of 97, 40 and 13 rows: taken in the order of their sample numbers (the oracle's),
+    each run of n samples of a source (its epoch) is a permutation of its rows (row order without
+    shuffle), and epochs differ; over a whole block the sample numbers are the next ones."""
+    plan, oracle = _plan(shuffle=shuffle), _oracle(shuffle=shuffle)
+    count = 64 * 30
+    source, row = plan.locate(np.arange(count))
+    sample = oracle.samples(count)
+    for index, n in enumerate(LENGTHS):
+        mine = source == index
+        assert sorted(sample[mine].tolist()) == list(range(mine.sum()))
+        rows = row[mine][np.argsort(sample[mine])]
+        epochs = [rows[e * n : (e + 1) * n] for e in range(len(rows) // n)]
+        assert len(epochs) >= 3
+        for epoch in epochs:
+            assert sorted(epoch.tolist()) == list(range(n))
+            if not shuffle:
+                assert epoch.tolist() == list(range(n))
+        if shuffle:
+            assert not np.array_equal(epochs[0], epochs[1])
+
+
+def test_offsets_far_into_a_run_cost_no_walk():
+    """An offset near 2**50 is located by arithmetic: its block's counts are its stage's, and its
+    sample number is what the stages before it gave."""
+    plan = _plan()
+    far = (1 << 50) // 64 * 64
+    source, _ = plan.locate(far + np.arange(64))
+    assert np.bincount(source, minlength=3).tolist() == largest_remainder([1, 2, 1], 64)
+    given = plan.given_before(far)
+    blocks_2 = far // 64 - 20  # stage 2 starts at block 20
+    want = 10 * np.array(largest_remainder([0.5, 0.3, 0.2], 64))
+    want += 10 * np.array(largest_remainder([0.1, 0, 0.9], 64))
+    want += blocks_2 * np.array(largest_remainder([1, 2, 1], 64))
+    assert given.tolist() == want.tolist()
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    weights=st.lists(
+        st.lists(st.integers(0, 9), min_size=3, max_size=3).filter(any), min_size=1, max_size=3
+    ),
+    block=st.integers(27, 48),  # >= 27: every weight >= 1 of a sum <= 27 gets a sample per block
+    seed=st.integers(0, 2**64 - 1),
+    gaps=st.lists(st.integers(1, 4), min_size=2, max_size=2),
+)
+def test_the_map_equals_the_oracle(weights, block, seed, gaps):
+    """Random stages (integer weights 0..9, some 0) on random block sizes and seeds."""
+    starts = [0, gaps[0] * block, (gaps[0] + gaps[1]) * block][: len(weights)]
+    stages = [(s, dict(zip(NAMES, w, strict=True))) for s, w in zip(starts, weights, strict=True)]
+    plan, oracle = _plan(stages, block, seed), _oracle(stages, block, seed)
+    count = block * (sum(gaps) + 3)
+    source, row = plan.locate(np.arange(count))
+    want_source, want_row = oracle.sequence(count)
+    np.testing.assert_array_equal(source, want_source)
+    np.testing.assert_array_equal(row, want_row)
+
+
+@settings(max_examples=30, deadline=None)
+@given(offset=st.integers(0, 3000), count=st.integers(0, 500))
+def test_counts_without_reading_equal_the_samples(offset, count):
+    plan, oracle = _plan(), _oracle()
+    source, _ = oracle.sequence(offset + count)
+    want = np.bincount(source[offset:], minlength=3)
+    assert plan.counts_between(offset, count).tolist() == want.tolist()
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    sizes=st.lists(st.integers(1, 3000), min_size=1, max_size=6),
+    keys=st.lists(st.integers(0, 2**64 - 1), min_size=6, max_size=6),
+    data=st.data(),
+)
+def test_shuffle_each_equals_index_shuffle(sizes, keys, data):
+    index = [data.draw(st.integers(0, n - 1)) for n in sizes]
+    got = shuffle_each(np.array(index), np.array(sizes), np.array(keys[: len(sizes)], np.uint64))
+    want = [
+        int(IndexShuffle(n, k)(np.array([i]))[0])
+        for n, k, i in zip(sizes, keys[: len(sizes)], index, strict=True)
+    ]
+    assert got.tolist() == want
+
+
+def test_block_counts_sum_to_the_block_and_break_ties_by_order():
+    assert block_counts([1, 1, 1], 10) == (4, 3, 3)
+    assert block_counts([0, 1, 1], 3) == (0, 2, 1)
+    assert sum(block_counts([0.1] * 7, 1000)) == 1000
+
+
+def _sources():
+    return {
+        name: {"tokens": token_table(n, 4) + 10_000_000 * i, "weight": np.arange(n) * 1.0 + i}
+        for i, (name, n) in enumerate(zip(NAMES, LENGTHS, strict=True))
+    }
+
+
+def test_read_is_one_batched_read_per_source_in_the_order_of_the_ids():
+    """Ids out of order with repeats: each source is read once (its rows sorted), and every row
+    is the oracle's, with its source tag."""
+    data = _sources()
+    counting = {name: CountingSource(d) for name, d in data.items()}
+    mix = Mixture(counting, stages=STAGES, block_size=64, seed=5, source_leaf="source")
+    for s in counting.values():
+        s.reads.clear()
+    ids = np.array([1500, 3, 3, 700, 64, 2, 1999, 0, 640, 1281])
+    got = mix.read(ids)
+    assert [len(s.reads) for s in counting.values()] == [1, 1, 1]
+    for s in counting.values():
+        assert np.all(np.diff(s.reads[0]) >= 0)
+    source, row = _oracle().sequence(2000)
+    for key in ("tokens", "weight"):
+        want = np.stack([data[NAMES[source[g]]][key][row[g]] for g in ids])
+        np.testing.assert_array_equal(got[key], want)
+    assert got["source"].dtype == np.int32
+    assert got["source"].tolist() == source[ids].tolist()
+
+
+def test_read_window_reads_each_source_s_columns_once():
+    data = _sources()
+    mix = Mixture(data, stages=STAGES, block_size=64, seed=5, source_leaf="source")
+    ids = np.arange(100, 164)
+    got = mix.read_window(ids, {"tokens": slice(1, 3), "source": None})
+    source, row = _oracle().sequence(164)
+    want = np.stack([data[NAMES[source[g]]]["tokens"][row[g], 1:3] for g in ids])
+    np.testing.assert_array_equal(got["tokens"], want)
+    assert got["source"].tolist() == source[ids].tolist()
+    assert set(got) == {"tokens", "source"}
+
+
+def test_read_window_exists_only_when_every_source_has_it():
+    class RowsOnly:
+        def __init__(self, n):
+            self.n = n
+
+        def __len__(self):
+            return self.n
+
+        def read(self, ids):
+            return np.asarray(ids, np.int64)
+
+        def describe(self):
+            return "RowsOnly"
+
+    both = Mixture({"a": np.arange(5), "b": np.arange(7)}, weights={"a": 1, "b": 1}, block_size=4)
+    mixed = Mixture({"a": np.arange(5), "b": RowsOnly(7)}, weights={"a": 1, "b": 1}, block_size=4)
+    assert hasattr(both, "read_window") and not hasattr(mixed, "read_window")
+    assert mixed.read(np.arange(4)).shape == (4,)
+
+
+def test_counts_and_locate_of_the_source():
+    mix = Mixture(_sources(), stages=STAGES, block_size=64, seed=5)
+    source, row = _oracle().sequence(1000)
+    assert mix.counts(600, 100) == dict(
+        zip(NAMES, np.bincount(source[600:700], minlength=3).tolist(), strict=True)
+    )
+    got_source, got_row = mix.locate(np.arange(1000))
+    assert got_source.tolist() == source.tolist() and got_row.tolist() == row.tolist()
+    assert mix.read(np.zeros(0, np.int64))["tokens"].shape == (0, 4)
+    assert isinstance(mix.sources["web"], ArraySource)
+
+
+def test_sources_of_every_kind_mix(tmp_path):
+    """A memory-mapped, a Grain-style and a TensorStore source with the same leaf, mixed: every
+    row is the oracle's, read through each kind's own reads."""
+    from psdp import GrainSource, MemmapSource, TensorStoreSource, write_dataset
+
+    tables = [token_table(n, 4) + 10_000_000 * i for i, n in enumerate(LENGTHS)]
+    np.save(tmp_path / "tokens.npy", tables[0])
+    write_dataset(tmp_path / "books", {"tokens": tables[2]})
+    sources = {
+        "web": MemmapSource({"tokens": tmp_path / "tokens.npy"}),
+        "code": GrainSource([{"tokens": row} for row in tables[1]]),
+        "books": TensorStoreSource(tmp_path / "books"),
+    }
+    mix = Mixture(sources, stages=STAGES, block_size=64, seed=5)
+    ids = np.arange(600, 1400, 7)
+    source, row = _oracle().sequence(1400)
+    want = np.stack([tables[source[g]][row[g]] for g in ids])
+    np.testing.assert_array_equal(mix.read(ids)["tokens"], want)
+
+
+def test_the_cost_script_checks_its_counts_and_reports_each_size():
+    """scripts/mixture_cost.py on a small batch: it runs, and its counts check holds."""
+    import runpy
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "mixture_cost.py"
+    cost = runpy.run_path(str(script))["cost"]
+    per_batch, per_sample = cost(64, batch=128, repeats=1)
+    assert per_batch > 0 and per_sample == per_batch / 128
