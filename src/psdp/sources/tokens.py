@@ -201,8 +201,8 @@ class TokenSequences:
         rows = at.reshape(len(at), -1) if at.ndim > 1 else at[None]
         held = token.reshape(rows.shape)
         big = np.iinfo(np.int64).max
-        lo = np.where(held, rows, big).min(axis=1)
-        hi = np.where(held, rows, -1).max(axis=1) + 1
+        lo = np.where(held, rows, big).min(axis=1, initial=big)  # initial: a window of 0 columns
+        hi = np.where(held, rows, -1).max(axis=1, initial=-1) + 1
         some = held.any(axis=1)
         starts, stops = lo[some], hi[some]
         got = self.store.read_ranges(starts, stops, names)
