@@ -199,3 +199,12 @@ def test_a_context_shard_of_padding_only():
     for name in spec:
         for box in shards[name].shards.values():
             assert np.array_equal(box, np.full((2, 3), 7)), (name, box)
+
+
+def test_a_negative_pad_id_for_signed_token_ids():
+    """pad_id may be any id the token dtype holds (as for PackedSequences): -1 for int32."""
+    rows = TokenSequences(
+        DocumentStore.from_documents([np.arange(1, 9, dtype=np.int32)]), 4, pad_id=-1
+    )
+    got = rows.read_window(np.array([0, 1]), {"input_ids": slice(-1, 6)})["input_ids"]
+    assert got.tolist() == [[-1, 1, 2, 3, 4, 5, 6], [4, 5, 6, 7, 8, -1, -1]]
