@@ -1106,10 +1106,10 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
     ),
     (
         "a row longer than the whole store",
-        lambda _: TokenSequences(DocumentStore.from_documents([np.arange(3)]), 4, eos_id=0),
+        lambda _: TokenSequences(DocumentStore.from_documents([np.arange(3)]), 5, eos_id=0),
         ValueError,
         [
-            "the store has 4 tokens (EOS included), fewer than one row of seq_len=4",
+            "the store has 4 tokens (EOS included), fewer than one row of seq_len=5",
             "use a shorter seq_len",
         ],
     ),  # fmt: skip
