@@ -1207,6 +1207,46 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
         ValueError,
         ["0 <= start <= stop <= num_tokens=5", "range 0: [2, 9)"],
     ),
+    (
+        "fixed-length rows of something that is not a document store",
+        lambda _: TokenSequences([np.arange(9)], 4),
+        TypeError,
+        ["store must be a DocumentStore, got list", "DocumentStore.from_documents(docs)"],
+    ),
+    (
+        "a row longer than the whole store",
+        lambda _: TokenSequences(DocumentStore.from_documents([np.arange(3)]), 5, eos_id=0),
+        ValueError,
+        [
+            "the store has 4 tokens (EOS included), fewer than one row of seq_len=5",
+            "use a shorter seq_len",
+        ],
+    ),  # fmt: skip
+    (
+        "an EOS id the token dtype cannot hold",
+        lambda _: TokenSequences(
+            DocumentStore.from_documents([np.arange(9, dtype=np.uint16)]), 4, eos_id=70_000
+        ),
+        ValueError,
+        ["eos_id=70000 does not fit the store's token dtype uint16 ([0, 65535])", "wider ids"],
+    ),
+    (
+        "a negative pad id for unsigned token ids",
+        lambda _: TokenSequences(
+            DocumentStore.from_documents([np.arange(9, dtype=np.uint16)]), 4, pad_id=-1
+        ),
+        ValueError,
+        ["pad_id=-1 does not fit the store's token dtype uint16 ([0, 65535])"],
+    ),
+    (
+        "a store leaf that TokenSequences computes itself",
+        lambda _: TokenSequences(
+            DocumentStore.from_documents([{"input_ids": np.arange(9), "positions": np.arange(9)}]),
+            4,
+        ),
+        ValueError,
+        ["the store has leaves ['positions']", "TokenSequences computes", "rename or drop them"],
+    ),
     # ---------------------------------------------------------------- packing
     (
         "a packed sequence length below 1",

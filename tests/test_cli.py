@@ -632,8 +632,10 @@ def test_write_token_documents(capsys, tmp_path):
         ({"d.jsonl": "[1, 2]\n\n[3, 4.0]\n"}, ["d.jsonl"], "'d.jsonl' line 3: token ids must be integers, got 4.0"),
         ({"d.jsonl": '[1, "2"]\n'}, ["d.jsonl"], "line 1: token ids must be integers, got '2'"),
         ({"d.jsonl": "[true]\n"}, ["d.jsonl"], "line 1: token ids must be integers, got True"),
-        ({"d.jsonl": "[1, -1]\n"}, ["d.jsonl"], "line 1: token id -1 does not fit uint32"),
-        ({"d.jsonl": "[1, 70000]\n"}, ["d.jsonl", "--dtype", "uint16"], "line 1: token id 70000 does not fit uint16 (0 to 65535); give a wider --dtype"),
+        ({"d.jsonl": "[1, -1]\n"}, ["d.jsonl"], "line 1: token id -1 does not fit uint32 (0 to 4294967295); give a signed --dtype (e.g. int32)"),
+        ({"d.jsonl": "[1, 99999999999]\n"}, ["d.jsonl"], "token id 99999999999 does not fit uint32 (0 to 4294967295); give a wider --dtype (e.g. uint64)"),
+        ({"d.jsonl": "\ufeff[1, 2]\n[3]\n"}, ["d.jsonl"], None),  # a byte-order mark (Windows tools write one)
+        ({"d.jsonl": "[1, 70000]\n"}, ["d.jsonl", "--dtype", "uint16"], "line 1: token id 70000 does not fit uint16 (0 to 65535); give a wider --dtype (e.g. uint32)"),
         ({"d.jsonl": '{"ids": [1]}\n'}, ["d.jsonl"], "line 1 must be a list of token ids, got dict (lines are objects: name the key of the token ids with --key)"),
         ({"d.jsonl": '{"ids": [1]}\n{"text": "a"}\n'}, ["d.jsonl", "--key", "ids"], "line 2 must be an object with the key 'ids' (--key), got keys ['text']"),
         ({"d.jsonl": "[1]\n"}, ["d.jsonl", "--dtype", "float32"], "--dtype float32 is not an integer dtype"),

@@ -13,6 +13,7 @@ from psdp.sources import DocumentStore, TokenSequences
 from tests import oracle, token_oracle
 from tests.batch_checks import assert_batch_exact, expected_batch, physical_ids
 from tests.fake_hosts import fake_pod, host_batch
+from tests.meshes import mesh_of
 from tests.pod_targets_tokens import CountingStore
 
 S = 8  # seq_len
@@ -176,3 +177,34 @@ def test_a_schedule_saved_on_one_mesh_resumes_on_another_with_the_same_samples(
     spans = oracle.schedule_spans(len(rows["input_ids"]), order["global_batch_size"], steps, skip_steps=order["skip_steps"])  # fmt: skip
     assert [len(w) for w in whole] == [s.rows for s in spans]  # epoch ends cut some steps short
     assert spans[5].offset > spans[4].offset + spans[4].rows  # step 5 was skipped
+
+
+def test_a_context_shard_of_padding_only():
+    """Rows of 8 + 1 tokens over 4 context shards are padded to 12 columns: the last shard holds
+    no token (columns 9-11) and is padding, also on a host that holds it alone (and reads no
+    token for it)."""
+    mesh = mesh_of(("data", "context"), (2, 4))
+    source = TokenSequences(DocumentStore.from_documents(DOCS), S, targets=True)
+    spec = {k: P("data", "context") for k in source.leaves}
+    options = dict(global_batch_size=4, batch_spec=spec, seed=3, pad_value=7)
+    loader = DataLoader(source, mesh=mesh, **options)
+    rows = token_oracle.rows(DOCS, S, targets=True)
+    delivered = {k: np.pad(v, ((0, 0), (0, 3)), constant_values=7) for k, v in rows.items()}
+    for step in (0, 1):
+        assert assert_batch_exact(loader.batch_at(step), expected_batch(loader, delivered, step))
+    layout = np.array([[0, 1, 2, 3], [0, 1, 2, 3]])  # host c holds context shard c only
+    with fake_pod(mesh, layout) as process_of:
+        loader = DataLoader(source, mesh=mesh, process_index=3, **options)
+        shards = host_batch(loader, 1, process_of)
+    for name in spec:
+        for box in shards[name].shards.values():
+            assert np.array_equal(box, np.full((2, 3), 7)), (name, box)
+
+
+def test_a_negative_pad_id_for_signed_token_ids():
+    """pad_id may be any id the token dtype holds (as for PackedSequences): -1 for int32."""
+    rows = TokenSequences(
+        DocumentStore.from_documents([np.arange(1, 9, dtype=np.int32)]), 4, pad_id=-1
+    )
+    got = rows.read_window(np.array([0, 1]), {"input_ids": slice(-1, 6)})["input_ids"]
+    assert got.tolist() == [[-1, 1, 2, 3, 4, 5, 6], [4, 5, 6, 7, 8, -1, -1]]

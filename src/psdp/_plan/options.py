@@ -141,7 +141,8 @@ class ShardingOptions:
     """Entries of each neighbouring shard added on each side of a device's window: an int for
     dimension 1 of every sequence-sharded leaf, or a dict leaf -> an int (dimension 1) or a dict
     dimension -> width or ``[width, boundary]``, boundary ``pad`` (pad_value beyond the domain's
-    edges, the default) or ``periodic`` (wrap around), e.g. ``{field: {2: 1, 3: [2, periodic]}}``;
+    edges, the default), ``periodic`` (wrap around) or ``continue`` (the source's neighbouring
+    entries: `TokenSequences`), e.g. ``{field: {2: 1, 3: [2, periodic]}}``;
     for an array source's single leaf, a dict dimension -> width or ``[width, boundary]``."""
 
     feeding_processes: list[int] | tuple[int, ...] | None = None

@@ -263,8 +263,11 @@ def _boxes(
         for w in range(len(group))
         for cell in itertools.product(*(held[axis][w] for axis in range(len(ranges))))
     }
+    # a window of an uneven dimension's padding alone (no source entry) reads nothing, but
+    # still needs an entry of some read, or its buffer would never be made
+    blank = [w for w in range(len(group)) if not all(len(p[w]) for p in place)]
     reads = []
-    for grid in sorted(shard_grids(covered), key=min):
+    for grid in sorted(shard_grids(covered), key=min) if covered else [set()]:
         keep = [np.isin(atoms[a], sorted({cell[a] for cell in grid})) for a in range(len(ranges))]
         axes = {d: ranges[a][keep[a]] for a, d in enumerate(leaf.windowed)}
         box = tuple(
@@ -292,6 +295,8 @@ def _boxes(
                 )
             )
         reads.append((rows, box, entries))
+    nothing = _parts(leaf, [np.zeros(0, np.int64)] * len(ranges))
+    reads[0][2].extend((group[w], nothing, nothing) for w in blank)
     return reads
 
 

@@ -107,7 +107,10 @@ class DocumentStore:
     def from_arrays(cls, offsets: Any, leaves: Mapping[str, Any]) -> DocumentStore:
         """A store from flat arrays written by any tool: numpy arrays (``np.load(path,
         mmap_mode="r")`` for nanoGPT/MaxText ``.npy`` files), open TensorStore arrays, or
-        TensorStore spec dicts (a zarr array of another tool, e.g. Levanter's).
+        TensorStore spec dicts (a zarr array of another tool). Levanter's ``JaggedArrayStore``
+        differs: its ``offsets[0]`` holds the document count and its arrays are allocated
+        ``2**54`` long, so pass its offsets ``[:count + 1]`` with entry 0 set to 0, and its data
+        sliced to ``[:offsets[-1]]`` (``docs/tokens.md``).
 
         Args:
             offsets: the ``(D + 1,)`` integer offsets (read into memory once).

@@ -53,7 +53,8 @@ class TokenSequences:
         seq_len: tokens per row (and the stride between rows).
         targets: one more token per row, for shifted targets.
         eos_id: a token inserted after every document; ``None``: none.
-        pad_id: ``input_ids`` beyond the stream's ends (halos of ``"continue"`` only).
+        pad_id: ``input_ids`` beyond the stream's ends (halos of ``"continue"`` only); any id
+            the token dtype holds (``eos_id`` too).
 
     Example:
         >>> store = DocumentStore.from_documents([np.array([11, 12, 13]), np.array([21, 22])])
@@ -84,6 +85,12 @@ class TokenSequences:
             raise TypeError(
                 f"store must be a DocumentStore, got {type(store).__name__}; build one with "
                 "DocumentStore.from_documents(docs) or DocumentStore.open(path)"
+            )
+        clash = sorted({SEGMENT_IDS, POSITIONS} & set(store.leaves))
+        if clash:  # they would silently replace the store's own leaves
+            raise ValueError(
+                f"the store has leaves {clash}, which TokenSequences computes from the offsets; "
+                "rename or drop them before reading rows"
             )
         check_int("seq_len", seq_len, minimum=1)
         if not isinstance(targets, bool):
@@ -201,8 +208,8 @@ class TokenSequences:
         rows = at.reshape(len(at), -1) if at.ndim > 1 else at[None]
         held = token.reshape(rows.shape)
         big = np.iinfo(np.int64).max
-        lo = np.where(held, rows, big).min(axis=1)
-        hi = np.where(held, rows, -1).max(axis=1) + 1
+        lo = np.where(held, rows, big).min(axis=1, initial=big)  # initial: a window of 0 columns
+        hi = np.where(held, rows, -1).max(axis=1, initial=-1) + 1
         some = held.any(axis=1)
         starts, stops = lo[some], hi[some]
         got = self.store.read_ranges(starts, stops, names)
@@ -228,9 +235,10 @@ def _columns(part: Any, width: int) -> np.ndarray:
 
 
 def _check_token(name: str, value: Any, dtype: np.dtype) -> None:
-    check_int(name, value, minimum=0)
-    if value > np.iinfo(dtype).max:
+    check_int(name, value, minimum=None)
+    info = np.iinfo(dtype)
+    if not info.min <= value <= info.max:
         raise ValueError(
-            f"{name}={value} does not fit the store's token dtype {dtype} (at most "
-            f"{np.iinfo(dtype).max}); choose an id below that, or store wider ids"
+            f"{name}={value} does not fit the store's token dtype {dtype} ([{info.min}, "
+            f"{info.max}]); choose an id in that range, or store wider ids"
         )

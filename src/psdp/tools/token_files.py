@@ -158,7 +158,8 @@ def jsonl_documents(path: str, dtype: Any, key: str | None = None) -> Documents:
     """
     dtype = integer_dtype(dtype)
     try:
-        handle = open(path, encoding="utf-8")  # noqa: SIM115  (closed by the generator)
+        # utf-8-sig: a byte-order mark (Windows tools write one) is not part of line 1's JSON
+        handle = open(path, encoding="utf-8-sig")  # noqa: SIM115  (closed by the generator)
     except OSError as err:
         raise ValueError(f"cannot read {path!r}: {err.strerror}") from None
     return Documents(_jsonl_lines(handle, path, dtype, key), dtype)
@@ -187,10 +188,18 @@ def _jsonl_lines(handle: Any, path: str, dtype: np.dtype, key: str | None) -> It
             out = [i for i in ids if not low <= i <= high]
             if out:
                 raise ValueError(
-                    f"{where}: token id {out[0]} does not fit {dtype} ({low} to {high}); give a "
-                    "wider --dtype (e.g. uint32)"
+                    f"{where}: token id {out[0]} does not fit {dtype} ({low} to {high}); give "
+                    f"{_dtype_for(out[0])}"
                 )
             yield np.array(ids, dtype)
+
+
+def _dtype_for(token: int) -> str:
+    """The fix for an id that does not fit: a dtype that holds it."""
+    if token < 0:
+        return f"a signed --dtype (e.g. {'int32' if token >= -(2**31) else 'int64'})"
+    wider = next((d for d in ("uint16", "uint32") if token <= np.iinfo(d).max), "uint64")
+    return f"a wider --dtype (e.g. {wider})"
 
 
 def _ids_of(value: Any, where: str, key: str | None) -> list[Any]:
