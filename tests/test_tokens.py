@@ -208,3 +208,16 @@ def test_a_negative_pad_id_for_signed_token_ids():
     )
     got = rows.read_window(np.array([0, 1]), {"input_ids": slice(-1, 6)})["input_ids"]
     assert got.tolist() == [[-1, 1, 2, 3, 4, 5, 6], [4, 5, 6, 7, 8, -1, -1]]
+
+
+def test_a_window_past_the_streams_end_is_padding():
+    # stream (EOS 9 after every document): 100 101 102 103 104 9 200 201 9 -- 9 tokens, exactly
+    # 3 rows of 3, so a continue halo of the last row reaches past the stream's end
+    store = DocumentStore.from_documents([np.arange(100, 105), np.arange(200, 202)])
+    rows = TokenSequences(store, 3, eos_id=9, pad_id=7)
+    got = rows.read_window(
+        np.array([2]), {k: slice(1, 5) for k in ("input_ids", "segment_ids", "positions")}
+    )
+    assert got["input_ids"].tolist() == [[201, 9, 7, 7]]  # stream positions 7, 8, then beyond
+    assert got["segment_ids"].tolist() == [[2, 2, 0, 0]]
+    assert got["positions"].tolist() == [[1, 2, 0, 0]]

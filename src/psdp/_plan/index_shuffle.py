@@ -63,12 +63,17 @@ def _feistel(x: np.ndarray, bits: int, keys: tuple[int, ...]) -> np.ndarray:
     hi_bits, lo_bits = bits - bits // 2, bits // 2
     for key in keys:
         hi, lo = x >> np.uint64(lo_bits), x & np.uint64((1 << lo_bits) - 1)
-        # multiplicative hashing: the top bits of the products depend on every bit of lo
-        f = (lo ^ np.uint64(key)) * np.uint64(0x9E3779B97F4A7C15)
-        f = (f ^ (f >> np.uint64(32))) * np.uint64(0xD6E8FEB86659FD93)
+        f = _round(lo, np.uint64(key))
         x = (lo << np.uint64(hi_bits)) | (hi ^ (f >> np.uint64(64 - hi_bits)))
         hi_bits, lo_bits = lo_bits, hi_bits
     return x
+
+
+def _round(lo: np.ndarray, key: np.ndarray | np.uint64) -> np.ndarray:
+    """A Feistel round's function of the low half: multiplicative hashing, so the top bits of
+    the products (the ones used) depend on every bit of ``lo``."""
+    f = (lo ^ key) * np.uint64(0x9E3779B97F4A7C15)
+    return (f ^ (f >> np.uint64(32))) * np.uint64(0xD6E8FEB86659FD93)
 
 
 def shuffle_each(index: np.ndarray, n: np.ndarray | int, key: np.ndarray | int) -> np.ndarray:
@@ -107,8 +112,7 @@ def _feistel_each(x: np.ndarray, bits: np.ndarray, keys: np.ndarray) -> np.ndarr
     lo_bits = bits // np.uint64(2)
     for key in keys:
         hi, lo = x >> lo_bits, x & ((one << lo_bits) - one)
-        f = (lo ^ key) * np.uint64(0x9E3779B97F4A7C15)
-        f = (f ^ (f >> np.uint64(32))) * np.uint64(0xD6E8FEB86659FD93)
+        f = _round(lo, key)
         x = (lo << hi_bits) | (hi ^ (f >> (np.uint64(64) - hi_bits)))
         hi_bits, lo_bits = lo_bits, hi_bits
     return x
