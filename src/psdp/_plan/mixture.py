@@ -24,6 +24,9 @@ from psdp._plan.order import check_seed
 
 #: The ``kind`` of a mixture's record in a loader state.
 MIXTURE_KIND = "psdp.mixture/1"
+#: A mixture's length: its rows are sample offsets, and no run reaches this many, so the
+#: loader's order (which restarts at a source's end) never wraps back to the first stage.
+MIXTURE_ROWS = 1 << 62
 _BLOCK_TAG = 0x6D69782D626C6F63  # "mix-bloc": block permutations' keys apart from sources'
 
 
@@ -301,6 +304,11 @@ def _stage_start(index: int, start: Any, block_size: int) -> int:
             f"stage {index} starts at offset {start}, which is not a block boundary (a multiple "
             f"of block_size={block_size} that is >= 0); every block takes one stage's weights, "
             f"so start it at {max(down, 0)} or {max(up, 0)}"
+        )
+    if start >= MIXTURE_ROWS:  # never reached, and past what the int64 prefix sums hold
+        raise ValueError(
+            f"stage {index} starts at offset {start}, past every sample offset of a mixture "
+            "(its rows are offsets below 2**62); start it at an offset a run reaches, or drop it"
         )
     return start
 
