@@ -9,9 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from psdp import ArraySource, Mixture
+from psdp import ArraySource, Mixture, OrderOptions
 from psdp._plan.index_shuffle import IndexShuffle, shuffle_each
 from psdp._plan.mixture import MixturePlan, block_counts, stages_from
+from psdp._runtime.feeds import open_feed
 from tests.batch_checks import CountingSource, token_table
 from tests.mixture_oracle import OracleMixture, largest_remainder
 
@@ -236,6 +237,10 @@ def test_sources_of_every_kind_mix(tmp_path):
     source, row = _oracle().sequence(1400)
     want = np.stack([tables[source[g]][row[g]] for g in ids])
     np.testing.assert_array_equal(mix.read(ids)["tokens"], want)
+    # one source waits on storage, so the loader's default read threads are storage's
+    assert mix.reads_storage is True
+    assert Mixture(_sources(), stages=STAGES, block_size=64).reads_storage is False
+    assert open_feed(mix, OrderOptions(global_batch_size=8)).read_threads(None) == 4
 
 
 def test_the_cost_script_checks_its_counts_and_reports_each_size():

@@ -112,6 +112,12 @@ class Mixture:
         return out[None] if None in out else out
 
     @property
+    def reads_storage(self) -> bool:
+        """Whether some mixed source waits on storage (the loader then reads several steps at
+        once by default)."""
+        return any(bool(getattr(s, "reads_storage", False)) for s in self.sources.values())
+
+    @property
     def read_window(self) -> Any:
         """``read_window(ids, columns)`` when every mixed source has one (so a host reads only
         its columns of a sequence-sharded leaf); absent otherwise."""
