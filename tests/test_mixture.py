@@ -252,3 +252,50 @@ def test_the_cost_script_checks_its_counts_and_reports_each_size():
     cost = runpy.run_path(str(script))["cost"]
     per_batch, per_sample = cost(64, batch=128, repeats=1)
     assert per_batch > 0 and per_sample == per_batch / 128
+
+
+class _BreaksAfterProbe:
+    """Rows of ``data`` for the mixture's one-row probe, then broken in one way (a source whose
+    reads change mid-run): the mixture must name it, never cast or broadcast its rows."""
+
+    def __init__(self, data, how):
+        self.data, self.how = data, how
+
+    def __len__(self):
+        return len(self.data)
+
+    def describe(self):
+        return f"Breaks({self.how})"
+
+    def read(self, ids):
+        rows = self.data[ids]
+        if len(ids) < 2:
+            return {"tokens": rows}
+        broken = {
+            "dtype": lambda v: v + 0.5,  # float64: a cast to int32 would drop the .5
+            "one row": lambda v: v[:1],  # would broadcast over every position
+            "trailing shape": lambda v: v[:, :1],  # would broadcast over the columns
+        }
+        return {"tokens": broken[self.how](rows)}
+
+
+@pytest.mark.parametrize(
+    ("how", "fragments"),
+    [
+        ("dtype", ["dtype float64", "dtype int32"]),
+        ("one row", ["shape (1, 4)", "for 2 ids", "shape (2, 4)"]),  # 2 of a block of 4 at 1:1
+        ("trailing shape", ["shape (2, 1)", "shape (2, 4)"]),
+    ],
+)
+def test_a_mixed_source_whose_reads_change_is_named_not_cast(how, fragments):
+    good = token_table(20, 4)
+    mix = Mixture(
+        {"good": {"tokens": good}, "bad": _BreaksAfterProbe(token_table(9, 4), how)},
+        weights={"good": 1, "bad": 1},
+        block_size=4,
+    )
+    with pytest.raises(ValueError, match="source 'bad' of the mixture") as error:
+        mix.read(np.arange(4))
+    message = str(error.value)
+    assert all(f in message for f in fragments), message
+    assert "Breaks(" in message and "one row per id, all of one shape and dtype" in message

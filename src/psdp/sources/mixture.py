@@ -156,8 +156,24 @@ class Mixture:
                 value = np.asarray(got[key])
                 if key not in out:
                     out[key] = np.empty((len(source), *value.shape[1:]), value.dtype)
+                self._check_rows(name, key, value, len(positions), out[key])
                 out[key][positions] = value
         return out
+
+    def _check_rows(
+        self, name: str, key: Key, value: np.ndarray, ids: int, out: np.ndarray
+    ) -> None:
+        """Raises unless a source's rows fit the batch as they are: an assignment would cast
+        another dtype and broadcast a single row or column, silently."""
+        dtype = self._leaves[key][1]
+        if value.dtype == dtype and value.shape == (ids, *out.shape[1:]):
+            return
+        raise ValueError(
+            f"source {name!r} of the mixture ({self.sources[name].describe()}) returned leaf "
+            f"{key!r} of shape {value.shape} and dtype {value.dtype} for {ids} ids, but the "
+            f"mixture needs shape {(ids, *out.shape[1:])} and dtype {dtype}; every read of a "
+            "mixed source must return one row per id, all of one shape and dtype"
+        )
 
     def counts(self, offset: int, count: int) -> dict[str, int]:
         """Samples each source gives at offsets ``[offset, offset + count)``, reading nothing:
