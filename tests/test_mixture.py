@@ -4,6 +4,8 @@ map itself, counts without reading, and one batched read per source."""
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -139,6 +141,12 @@ def test_shuffle_each_equals_index_shuffle(sizes, keys, data):
         for n, k, i in zip(sizes, keys[: len(sizes)], index, strict=True)
     ]
     assert got.tolist() == want
+
+
+def test_weights_may_be_any_real_number():
+    """A `Fraction` or numpy scalar is a weight like a float (1/3 : 2/3 of 3 is 1 : 2)."""
+    got = stages_from(["a", "b"], {"a": Fraction(1, 3), "b": np.float32(2 / 3)}, None, 3)
+    assert block_counts(got[0][1], 3) == (1, 2)
 
 
 def test_block_counts_sum_to_the_block_and_break_ties_by_order():

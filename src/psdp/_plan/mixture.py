@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import numbers
 import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -326,9 +327,7 @@ def _weights(index: int, weights: Any, names: Sequence[str]) -> tuple[float, ...
     out = []
     for name in names:
         weight = weights.get(name, 0.0)
-        if isinstance(weight, bool) or not isinstance(
-            weight, int | float | np.integer | np.floating
-        ):
+        if isinstance(weight, bool | np.bool_) or not isinstance(weight, numbers.Real):
             raise TypeError(f"{where}: the weight of {name!r} must be a number, got {weight!r}")
         if not math.isfinite(weight) or weight < 0:
             raise ValueError(
