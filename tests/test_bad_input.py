@@ -1133,6 +1133,46 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
         ["source_leaf='tokens', but the sources already have a leaf 'tokens'"],
     ),
     (
+        # its rows would go through this mixture's epoch permutation over 2**62 offsets,
+        # scrambling its stages (and its definition would escape the state's resume check)
+        "mixture: a mixture among the mixed sources",
+        lambda _: _mix({"web": _mix(), "code": {"tokens": TOKENS}}),
+        ValueError,
+        ["source 'web' is Mixture(web:", "orders its own rows", "mix its sources directly"],
+    ),
+    (
+        "mixture: a source name that is not a str",  # str(1) == "1" would merge two sources
+        lambda _: _mix({1: {"tokens": TOKENS}, "1": {"tokens": TOKENS}}, weights={"1": 1}),
+        TypeError,
+        ["a mixture's source names must be str, got 1 (int)", "name each source by a str"],
+    ),
+    (
+        "mixture: no source",
+        lambda _: _mix({}, weights={}),
+        ValueError,
+        ["a mixture needs at least one source, got none", "pass {name: source}"],
+    ),
+    (
+        "mixture: a stream among the sources",
+        lambda _: _mix(
+            {"web": {"tokens": TOKENS}, "code": StreamSource(lambda shard, count: iter(TOKENS))}
+        ),
+        TypeError,
+        ["source 'code' of the mixture is a stream", "StreamSource", "random-access source"],
+    ),
+    (
+        "mixture: shuffle that is not a bool",  # bool("no") is True
+        lambda _: _mix(shuffle="no"),
+        TypeError,
+        ["a mixture's shuffle must be True or False, got 'no'"],
+    ),
+    (
+        "mixture: a stage that starts past every sample offset",
+        lambda _: _mix(stages=[(0, {"web": 1}), (1 << 64, {"code": 1})]),
+        ValueError,
+        ["stage 1 starts at offset 18446744073709551616", "offsets below 2**62"],
+    ),
+    (
         "mixture: the loader's shuffle",
         lambda _: _loader(_mix(), shuffle=True),
         ValueError,

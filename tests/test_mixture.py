@@ -4,14 +4,17 @@ map itself, counts without reading, and one batched read per source."""
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from psdp import ArraySource, Mixture
+from psdp import ArraySource, Mixture, OrderOptions
 from psdp._plan.index_shuffle import IndexShuffle, shuffle_each
 from psdp._plan.mixture import MixturePlan, block_counts, stages_from
+from psdp._runtime.feeds import open_feed
 from tests.batch_checks import CountingSource, token_table
 from tests.mixture_oracle import OracleMixture, largest_remainder
 
@@ -140,6 +143,12 @@ def test_shuffle_each_equals_index_shuffle(sizes, keys, data):
     assert got.tolist() == want
 
 
+def test_weights_may_be_any_real_number():
+    """A `Fraction` or numpy scalar is a weight like a float (1/3 : 2/3 of 3 is 1 : 2)."""
+    got = stages_from(["a", "b"], {"a": Fraction(1, 3), "b": np.float32(2 / 3)}, None, 3)
+    assert block_counts(got[0][1], 3) == (1, 2)
+
+
 def test_block_counts_sum_to_the_block_and_break_ties_by_order():
     assert block_counts([1, 1, 1], 10) == (4, 3, 3)
     assert block_counts([0, 1, 1], 3) == (0, 2, 1)
@@ -236,6 +245,10 @@ def test_sources_of_every_kind_mix(tmp_path):
     source, row = _oracle().sequence(1400)
     want = np.stack([tables[source[g]][row[g]] for g in ids])
     np.testing.assert_array_equal(mix.read(ids)["tokens"], want)
+    # one source waits on storage, so the loader's default read threads are storage's
+    assert mix.reads_storage is True
+    assert Mixture(_sources(), stages=STAGES, block_size=64).reads_storage is False
+    assert open_feed(mix, OrderOptions(global_batch_size=8)).read_threads(None) == 4
 
 
 def test_the_cost_script_checks_its_counts_and_reports_each_size():
@@ -247,3 +260,50 @@ def test_the_cost_script_checks_its_counts_and_reports_each_size():
     cost = runpy.run_path(str(script))["cost"]
     per_batch, per_sample = cost(64, batch=128, repeats=1)
     assert per_batch > 0 and per_sample == per_batch / 128
+
+
+class _BreaksAfterProbe:
+    """Rows of ``data`` for the mixture's one-row probe, then broken in one way (a source whose
+    reads change mid-run): the mixture must name it, never cast or broadcast its rows."""
+
+    def __init__(self, data, how):
+        self.data, self.how = data, how
+
+    def __len__(self):
+        return len(self.data)
+
+    def describe(self):
+        return f"Breaks({self.how})"
+
+    def read(self, ids):
+        rows = self.data[ids]
+        if len(ids) < 2:
+            return {"tokens": rows}
+        broken = {
+            "dtype": lambda v: v + 0.5,  # float64: a cast to int32 would drop the .5
+            "one row": lambda v: v[:1],  # would broadcast over every position
+            "trailing shape": lambda v: v[:, :1],  # would broadcast over the columns
+        }
+        return {"tokens": broken[self.how](rows)}
+
+
+@pytest.mark.parametrize(
+    ("how", "fragments"),
+    [
+        ("dtype", ["dtype float64", "dtype int32"]),
+        ("one row", ["shape (1, 4)", "for 2 ids", "shape (2, 4)"]),  # 2 of a block of 4 at 1:1
+        ("trailing shape", ["shape (2, 1)", "shape (2, 4)"]),
+    ],
+)
+def test_a_mixed_source_whose_reads_change_is_named_not_cast(how, fragments):
+    good = token_table(20, 4)
+    mix = Mixture(
+        {"good": {"tokens": good}, "bad": _BreaksAfterProbe(token_table(9, 4), how)},
+        weights={"good": 1, "bad": 1},
+        block_size=4,
+    )
+    with pytest.raises(ValueError, match="source 'bad' of the mixture") as error:
+        mix.read(np.arange(4))
+    message = str(error.value)
+    assert all(f in message for f in fragments), message
+    assert "Breaks(" in message and "one row per id, all of one shape and dtype" in message

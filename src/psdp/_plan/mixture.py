@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import numbers
 import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -24,6 +25,9 @@ from psdp._plan.order import check_seed
 
 #: The ``kind`` of a mixture's record in a loader state.
 MIXTURE_KIND = "psdp.mixture/1"
+#: A mixture's length: its rows are sample offsets, and no run reaches this many, so the
+#: loader's order (which restarts at a source's end) never wraps back to the first stage.
+MIXTURE_ROWS = 1 << 62
 _BLOCK_TAG = 0x6D69782D626C6F63  # "mix-bloc": block permutations' keys apart from sources'
 
 
@@ -302,6 +306,11 @@ def _stage_start(index: int, start: Any, block_size: int) -> int:
             f"of block_size={block_size} that is >= 0); every block takes one stage's weights, "
             f"so start it at {max(down, 0)} or {max(up, 0)}"
         )
+    if start >= MIXTURE_ROWS:  # never reached, and past what the int64 prefix sums hold
+        raise ValueError(
+            f"stage {index} starts at offset {start}, past every sample offset of a mixture "
+            "(its rows are offsets below 2**62); start it at an offset a run reaches, or drop it"
+        )
     return start
 
 
@@ -318,9 +327,7 @@ def _weights(index: int, weights: Any, names: Sequence[str]) -> tuple[float, ...
     out = []
     for name in names:
         weight = weights.get(name, 0.0)
-        if isinstance(weight, bool) or not isinstance(
-            weight, int | float | np.integer | np.floating
-        ):
+        if isinstance(weight, bool | np.bool_) or not isinstance(weight, numbers.Real):
             raise TypeError(f"{where}: the weight of {name!r} must be a number, got {weight!r}")
         if not math.isfinite(weight) or weight < 0:
             raise ValueError(

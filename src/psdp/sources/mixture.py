@@ -12,13 +12,17 @@ from typing import Any
 import numpy as np
 
 from psdp._plan.leaves import Key, leaves_of
-from psdp._plan.mixture import MixturePlan, check_block_size, stages_from
+from psdp._plan.mixture import (
+    MIXTURE_ROWS,
+    MixturePlan,
+    check_block_size,
+    check_sources,
+    stages_from,
+)
 from psdp._plan.windows import Box
 from psdp.sources.base import Rows, as_source, check_ids
+from psdp.sources.streams import StreamSource
 
-#: A mixture's length: its rows are sample offsets, and no run reaches this many, so the
-#: loader's order (which restarts at a source's end) never wraps back to the first stage.
-MIXTURE_ROWS = 1 << 62
 #: The dtype of the ``source_leaf`` tags.
 TAG_DTYPE = np.dtype(np.int32)
 
@@ -71,10 +75,12 @@ class Mixture:
             raise TypeError(
                 f"a mixture's sources must be a dict {{name: source}}, got {type(sources).__name__}"
             )
-        names = tuple(str(name) for name in sources)
-        self.sources = {name: as_source(s) for name, s in zip(names, sources.values(), strict=True)}
-        lengths = tuple(len(s) for s in self.sources.values())
+        self.sources = {name: _mixed_source(name, s) for name, s in sources.items()}
+        names, lengths = tuple(self.sources), tuple(len(s) for s in self.sources.values())
+        check_sources(names, lengths)
         block_size = check_block_size(block_size)
+        if not isinstance(shuffle, bool | np.bool_):
+            raise TypeError(f"a mixture's shuffle must be True or False, got {shuffle!r}")
         self.plan = MixturePlan(
             names,
             lengths,
@@ -104,6 +110,12 @@ class Mixture:
         if self.source_leaf is not None:
             out[self.source_leaf] = source.astype(TAG_DTYPE)
         return out[None] if None in out else out
+
+    @property
+    def reads_storage(self) -> bool:
+        """Whether some mixed source waits on storage (the loader then reads several steps at
+        once by default)."""
+        return any(bool(getattr(s, "reads_storage", False)) for s in self.sources.values())
 
     @property
     def read_window(self) -> Any:
@@ -144,8 +156,24 @@ class Mixture:
                 value = np.asarray(got[key])
                 if key not in out:
                     out[key] = np.empty((len(source), *value.shape[1:]), value.dtype)
+                self._check_rows(name, key, value, len(positions), out[key])
                 out[key][positions] = value
         return out
+
+    def _check_rows(
+        self, name: str, key: Key, value: np.ndarray, ids: int, out: np.ndarray
+    ) -> None:
+        """Raises unless a source's rows fit the batch as they are: an assignment would cast
+        another dtype and broadcast a single row or column, silently."""
+        dtype = self._leaves[key][1]
+        if value.dtype == dtype and value.shape == (ids, *out.shape[1:]):
+            return
+        raise ValueError(
+            f"source {name!r} of the mixture ({self.sources[name].describe()}) returned leaf "
+            f"{key!r} of shape {value.shape} and dtype {value.dtype} for {ids} ids, but the "
+            f"mixture needs shape {(ids, *out.shape[1:])} and dtype {dtype}; every read of a "
+            "mixed source must return one row per id, all of one shape and dtype"
+        )
 
     def counts(self, offset: int, count: int) -> dict[str, int]:
         """Samples each source gives at offsets ``[offset, offset + count)``, reading nothing:
@@ -169,6 +197,29 @@ class Mixture:
         parts = ", ".join(f"{name}: {s.describe()}" for name, s in self.sources.items())
         stages = len(self.plan.stages)
         return f"Mixture({parts}; {stages} stage(s), block_size={self.plan.block_size})"
+
+
+def _mixed_source(name: Any, source: Any) -> Any:
+    """``source`` as a psdp source that a mixture can draw rows from by number, or raises."""
+    if not isinstance(name, str):
+        raise TypeError(
+            f"a mixture's source names must be str, got {name!r} ({type(name).__name__}); name "
+            "each source by a str (the weights, the source tags and the state use the names)"
+        )
+    if isinstance(source, StreamSource):
+        raise TypeError(
+            f"source {name!r} of the mixture is a stream ({source.describe()}): a mixture reads "
+            "each source's rows by number, which a StreamSource cannot; mix a random-access "
+            "source (arrays, TensorStoreSource, MemmapSource, GrainSource, TokenSequences)"
+        )
+    source = as_source(source)
+    if getattr(source, "orders_itself", False):
+        raise ValueError(
+            f"source {name!r} is {source.describe()}, which orders its own rows (its row g is its "
+            "sample offset g): this mixture would read its rows in a permuted order, scrambling "
+            "its stages; mix its sources directly, each with its weight times the inner one's"
+        )
+    return source
 
 
 def _agreed_leaves(sources: Mapping[str, Any]) -> dict[Key, tuple[tuple[int, ...], np.dtype]]:
