@@ -317,6 +317,23 @@ MUTANTS = [
     Mutant("PK6", "sources/packed.py", "count = np.minimum(first + plan.piece_len[piece], high) - begin",
            "count = np.minimum(first + plan.piece_len[piece], high - 1) - begin",
            "a window's last column never read"),
+    # ------------------------------------------------------ mixtures (mixture.py, both folders)
+    Mutant("MX1", "_plan/mixture.py", "earlier = self.before[stage, source] + (block - self.first_blocks[stage]) * counts",
+           "earlier = self.before[stage, source] + block * counts",
+           "a source's samples counted from block 0, not from its stage's first block"),
+    Mutant("MX2", "_plan/mixture.py", "source = (slot[:, None] >= edges[:, 1:]).sum(1)",
+           "source = (slot[:, None] > edges[:, 1:]).sum(1)", "a slot on an edge given to the source below"),
+    Mutant("MX3", "_plan/mixture.py", "epoch_keys = _mix(self.source_keys[source], epoch)",
+           "epoch_keys = _mix(self.source_keys[source], 0 * epoch)", "every epoch of a source in one order"),
+    Mutant("MX4", "_plan/mixture.py",
+           'past = [s for s in saved["stages"] if s[0] < offset]\n        mine = [s for s in now["stages"] if s[0] < offset]',
+           'past = [s for s in saved["stages"] if s[0] < offset - 1]\n        mine = [s for s in now["stages"] if s[0] < offset - 1]',
+           "a stage whose first sample was read just before the resume offset may change"),
+    Mutant("MX6", "_plan/mixture.py", "for index in range(max(len(past), len(mine))):",
+           "for index in range(min(len(past), len(mine))):",
+           "a stage added or removed before the resume offset goes unnoticed"),
+    Mutant("MX5", "sources/mixture.py", "            positions = positions[order]\n", "",
+           "a source's rows sorted for the read but scattered to the unsorted positions"),
 ]  # fmt: skip
 
 #: Single-process tests run against every mutant (the planner, reads, assembly and order).

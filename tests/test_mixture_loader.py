@@ -173,3 +173,16 @@ def test_mixture_on_the_four_host_noncontiguous_pod():
     assert all(r["token_columns"] and set(r["token_columns"]) <= halves for r in results)
     for r in results:  # process 0's third stage differs: every host names the definition
         assert "source definition (process 0 has" in r["disagreement"], r["disagreement"]
+
+
+@pytest.mark.parametrize(("offset", "refused"), [(47, False), (48, False), (49, True), (60, True)])
+def test_a_stage_is_past_once_one_of_its_samples_was_read(offset, refused):
+    """Stage 1 starts at 48: editing it is allowed up to a resume at 48 and refused from 49
+    (sample 48 was read with it)."""
+    saved = _mixture().state_record()
+    edited = _mixture([STAGES[0], (48, {"web": 5, "code": 1}), STAGES[2]])
+    if refused:
+        with pytest.raises(ValueError, match=rf"mixture stage 1 differs .* offset {offset}"):
+            edited.check_resume(saved, offset)
+    else:
+        edited.check_resume(saved, offset)

@@ -20,6 +20,20 @@ def splitmix64(x: int) -> int:
     return x ^ (x >> 31)
 
 
+def splitmix64_array(x: np.ndarray) -> np.ndarray:
+    """`splitmix64` on every element of a uint64 array (wrapping arithmetic, as on ints).
+
+    Example:
+        >>> x = np.array([0, 7, 2**64 - 1], np.uint64)
+        >>> splitmix64_array(x).tolist() == [splitmix64(int(v)) for v in x]
+        True
+    """
+    x = x + np.uint64(0x9E3779B97F4A7C15)
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
 def _round_keys(key: int) -> tuple[int, ...]:
     keys, k = [], key & MASK64
     for _ in range(_ROUNDS):

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from psdp._plan.index_shuffle import MASK64, shuffle_each, splitmix64
+from psdp._plan.index_shuffle import MASK64, shuffle_each, splitmix64, splitmix64_array
 from psdp._plan.order import check_seed
 
 #: The ``kind`` of a mixture's record in a loader state.
@@ -217,11 +217,7 @@ def _past_stage_message(
 
 def _mix(key: np.ndarray, value: np.ndarray) -> np.ndarray:
     """A splitmix64 step of ``key ^ value``, vectorised: keys per (source, epoch) or block."""
-    x: np.ndarray = key ^ np.asarray(value).astype(np.uint64)
-    x = x + np.uint64(0x9E3779B97F4A7C15)
-    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
+    return splitmix64_array(key ^ np.asarray(value).astype(np.uint64))
 
 
 # ------------------------------------------------------------------------------ checks
