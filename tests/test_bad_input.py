@@ -1251,7 +1251,7 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
         "fixed-length rows of something that is not a document store",
         lambda _: TokenSequences([np.arange(9)], 4),
         TypeError,
-        ["store must be a DocumentStore, got list", "DocumentStore.from_documents(docs)"],
+        ["store must be a psdp DocumentStore, got list", "DocumentStore.from_documents(docs)"],
     ),
     (
         "a row longer than the whole store",
@@ -1268,7 +1268,7 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
             DocumentStore.from_documents([np.arange(9, dtype=np.uint16)]), 4, eos_id=70_000
         ),
         ValueError,
-        ["eos_id=70000 does not fit the store's token dtype uint16 ([0, 65535])", "wider ids"],
+        ["eos_id=70000 does not fit the store's input_ids dtype uint16 ([0, 65535])", "wider ids"],
     ),
     (
         "a negative pad id for unsigned token ids",
@@ -1276,7 +1276,7 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
             DocumentStore.from_documents([np.arange(9, dtype=np.uint16)]), 4, pad_id=-1
         ),
         ValueError,
-        ["pad_id=-1 does not fit the store's token dtype uint16 ([0, 65535])"],
+        ["pad_id=-1 does not fit the store's input_ids dtype uint16 ([0, 65535])"],
     ),
     (
         "a store leaf that TokenSequences computes itself",

@@ -12,11 +12,55 @@ from typing import Any
 
 import numpy as np
 
+from psdp._checks import check_int
 from psdp.sources.errors import TransientReadError, is_transient_status
 
 #: The leaf every document store has: the token ids (integers). A document given as one array
 #: is this leaf.
 TOKENS = "input_ids"
+#: The leaf a view of a store (`TokenSequences`, `PackedSequences`) numbers each token's document
+#: or segment with (0: padding).
+SEGMENT_IDS = "segment_ids"
+#: The leaf a view gives each token's position in its document or segment (0 at its first token).
+POSITIONS = "positions"
+
+
+def check_view_of(store: Any, view: str, **ids: int | None) -> None:
+    """Raises unless ``store`` is a `DocumentStore` that ``view`` may read: no leaf that the view
+    computes itself (it would silently replace the store's own), and every token id in ``ids``
+    (e.g. ``pad_id=0``; ``None``: unset) an int that the store's token dtype holds.
+
+    Example:
+        >>> store = DocumentStore.from_documents([np.arange(3, dtype=np.uint8)])
+        >>> check_view_of(store, "TokenSequences", pad_id=255, eos_id=None)
+        >>> check_view_of(store, "TokenSequences", pad_id=256)
+        Traceback (most recent call last):
+            ...
+        ValueError: pad_id=256 does not fit the store's input_ids dtype uint8 ([0, 255]); choose an id in that range, or store wider ids
+    """
+    if not isinstance(store, DocumentStore):
+        raise TypeError(
+            f"store must be a psdp DocumentStore, got {type(store).__name__}; build one with "
+            "DocumentStore.from_documents(docs), DocumentStore.open(path) or "
+            "DocumentStore.from_arrays(offsets, leaves)"
+        )
+    clash = sorted({SEGMENT_IDS, POSITIONS} & set(store.leaves))
+    if clash:
+        raise ValueError(
+            f"the store has leaves {clash}, which {view} computes itself; rename or drop them "
+            f"before reading it with {view}"
+        )
+    dtype = store.leaves[TOKENS]
+    info = np.iinfo(dtype)
+    for name, value in ids.items():
+        if value is None:
+            continue
+        check_int(name, value, minimum=None)
+        if not info.min <= value <= info.max:
+            raise ValueError(
+                f"{name}={value} does not fit the store's {TOKENS} dtype {dtype} ([{info.min}, "
+                f"{info.max}]); choose an id in that range, or store wider ids"
+            )
 
 
 class DocumentStore:

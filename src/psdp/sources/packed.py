@@ -13,16 +13,15 @@ from typing import Any
 
 import numpy as np
 
-from psdp._checks import check_int
 from psdp._plan.leaves import Key
 from psdp._plan.packing import PackPlan, plan_packing
 from psdp._plan.windows import Box
 from psdp.sources.base import check_ids, fresh_rows
-from psdp.sources.documents import TOKENS, DocumentStore
+from psdp.sources.documents import POSITIONS, SEGMENT_IDS, TOKENS, DocumentStore, check_view_of
 
 #: The leaves a packed sequence adds to the store's: each token's segment (1, 2, ... within a
 #: sequence, 0 on padding), its position within its segment, and whether it counts in the loss.
-SEGMENT_IDS, POSITIONS, LOSS_MASK = "segment_ids", "positions", "loss_mask"
+LOSS_MASK = "loss_mask"
 
 
 class PackedSequences:
@@ -64,19 +63,7 @@ class PackedSequences:
         seed: int | None = None,
         pad_id: int = 0,
     ):
-        if not isinstance(store, DocumentStore):
-            raise TypeError(
-                f"store must be a psdp DocumentStore, got {type(store).__name__}; build one with "
-                "DocumentStore.from_documents, DocumentStore.open or DocumentStore.from_arrays"
-            )
-        clash = sorted({SEGMENT_IDS, POSITIONS} & set(store.leaves))
-        if clash:
-            raise ValueError(
-                f"the store has leaves {clash}, which packing computes itself; rename or drop "
-                "them before packing"
-            )
-        check_int("pad_id", pad_id, minimum=None)
-        _check_fits(pad_id, store.leaves[TOKENS])
+        check_view_of(store, "PackedSequences", pad_id=pad_id)
         self.store, self.seq_len, self.pad_id = store, seq_len, pad_id
         self.plan: PackPlan = plan_packing(
             np.diff(store.offsets), seq_len, strategy, long_documents, seed
@@ -199,12 +186,3 @@ def _tag(cols: slice | np.ndarray | None) -> Any:
     if isinstance(cols, slice):
         return (cols.start, cols.stop)
     return None if cols is None else cols.tobytes()
-
-
-def _check_fits(pad_id: int, dtype: np.dtype) -> None:
-    info = np.iinfo(dtype)
-    if not info.min <= pad_id <= info.max:
-        raise ValueError(
-            f"pad_id={pad_id} does not fit the store's {TOKENS} dtype {dtype} "
-            f"([{info.min}, {info.max}]); choose a pad id in that range"
-        )

@@ -18,13 +18,7 @@ from psdp._checks import check_int
 from psdp._plan.leaves import Key
 from psdp._plan.windows import Box, box_parts
 from psdp.sources.base import check_ids, fresh_rows
-from psdp.sources.documents import TOKENS, DocumentStore
-
-#: The leaf numbering each token's document: the document's index in the store plus one (0 marks
-#: padding beyond the store's ends), the same in every row, shard and host.
-SEGMENT_IDS = "segment_ids"
-#: The leaf giving each token's position in its document (0 at a document's first token).
-POSITIONS = "positions"
+from psdp.sources.documents import POSITIONS, SEGMENT_IDS, TOKENS, DocumentStore, check_view_of
 
 
 class TokenSequences:
@@ -81,24 +75,10 @@ class TokenSequences:
         eos_id: int | None = None,
         pad_id: int = 0,
     ):
-        if not isinstance(store, DocumentStore):
-            raise TypeError(
-                f"store must be a DocumentStore, got {type(store).__name__}; build one with "
-                "DocumentStore.from_documents(docs) or DocumentStore.open(path)"
-            )
-        clash = sorted({SEGMENT_IDS, POSITIONS} & set(store.leaves))
-        if clash:  # they would silently replace the store's own leaves
-            raise ValueError(
-                f"the store has leaves {clash}, which TokenSequences computes from the offsets; "
-                "rename or drop them before reading rows"
-            )
+        check_view_of(store, "TokenSequences", eos_id=eos_id, pad_id=pad_id)
         check_int("seq_len", seq_len, minimum=1)
         if not isinstance(targets, bool):
             raise TypeError(f"targets must be a bool, got {type(targets).__name__} {targets!r}")
-        token_dtype = store.leaves[TOKENS]
-        for name, value in (("eos_id", eos_id), ("pad_id", pad_id)):
-            if value is not None:
-                _check_token(name, value, token_dtype)
         self.store, self.seq_len, self.targets = store, int(seq_len), targets
         self.eos_id, self.pad_id = eos_id, int(pad_id)
         self.width = self.seq_len + int(targets)
@@ -232,13 +212,3 @@ def _columns(part: Any, width: int) -> np.ndarray:
         start = 0 if part.start is None else part.start
         return np.arange(start, width if part.stop is None else part.stop, dtype=np.int64)
     return np.asarray(part, np.int64)
-
-
-def _check_token(name: str, value: Any, dtype: np.dtype) -> None:
-    check_int(name, value, minimum=None)
-    info = np.iinfo(dtype)
-    if not info.min <= value <= info.max:
-        raise ValueError(
-            f"{name}={value} does not fit the store's token dtype {dtype} ([{info.min}, "
-            f"{info.max}]); choose an id in that range, or store wider ids"
-        )
