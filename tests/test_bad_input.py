@@ -33,6 +33,7 @@ from psdp import (
     MemmapSource,
     MeshLayout,
     Mixture,
+    OrderOptions,
     PackedSequences,
     ReadingOptions,
     StreamSource,
@@ -932,6 +933,16 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
         lambda tmp: LoaderConfig.create(source=str(tmp / "t.npy")).build(_mesh()),
         TypeError,
         ["needs global_batch_size", "order.global_batch_size: 256"],
+    ),
+    (
+        "a deprecated flat config field and its group's field both set",
+        lambda _: LoaderConfig(global_batch_size=8, order=OrderOptions(global_batch_size=16)),
+        TypeError,
+        [
+            "LoaderConfig.global_batch_size (deprecated) and LoaderConfig.order.global_batch_size",
+            "(8 and 16)",
+            "give it once, as order.global_batch_size",
+        ],
     ),
     (
         "named axes without an axis mapping",

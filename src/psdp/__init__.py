@@ -7,6 +7,7 @@ one global `jax.Array` per batch leaf from host-local reads.
 
 from typing import TYPE_CHECKING
 
+from psdp import _deprecated
 from psdp._imports import lazy_attributes
 from psdp._integration.config import LoaderConfig as LoaderConfig
 from psdp._integration.config import MeshConfig as MeshConfig
@@ -64,3 +65,5 @@ __getattr__, __dir__ = lazy_attributes(
 )
 
 __version__ = "0.1.0"
+
+_deprecated.install()  # the previous release's module paths (psdp.config, ...), for one release

@@ -18,7 +18,9 @@ import numpy as np
 from jax.sharding import PartitionSpec
 
 from psdp._checks import is_int
+from psdp._deprecated import warn_deprecated
 from psdp._plan.options import (
+    GROUP_OF,
     GROUPS,
     LoaderOptions,
     OrderOptions,
@@ -264,6 +266,40 @@ class LoaderConfig:
     """How rows are read: prefetch, read_threads, read_timeout_s, stall_warning_s,
     read_attempts, retry_backoff_s, first_read_timeout_s."""
 
+    # The previous release's flat fields, deprecated (docs/trainer.md, "Deprecated names"): a set
+    # one moves into its group when the config is made and reads None after, so it takes no part
+    # in comparisons or dumps. Their types are the previous release's, for draccus to parse.
+    global_batch_size: int | None = field(default=None, repr=False, compare=False)
+    """Deprecated: use order.global_batch_size."""
+    partition: dict[str, str] | str | None = field(default=None, repr=False, compare=False)
+    """Deprecated: use sharding.batch_spec."""
+    shuffle: bool | None = field(default=None, repr=False, compare=False)
+    """Deprecated: use order.shuffle."""
+    seed: int | None = field(default=None, repr=False, compare=False)
+    """Deprecated: use order.seed."""
+    prefetch: int | None = field(default=None, repr=False, compare=False)
+    """Deprecated: use reading.prefetch."""
+    drop_last: bool | None = field(default=None, repr=False, compare=False)
+    """Deprecated: use order.drop_last."""
+    halo: dict[str, int] | int | None = field(default=None, repr=False, compare=False)
+    """Deprecated: use sharding.halo."""
+    pad_value: int | float | None = field(default=None, repr=False, compare=False)
+    """Deprecated: use output.pad_value."""
+    mask_key: str | None = field(default=None, repr=False, compare=False)
+    """Deprecated: use output.mask_key."""
+    dtypes: dict[str, str] | str | None = field(default=None, repr=False, compare=False)
+    """Deprecated: use output.dtypes."""
+    read_threads: int | None = field(default=None, repr=False, compare=False)
+    """Deprecated: use reading.read_threads."""
+    feeding_processes: list[int] | None = field(default=None, repr=False, compare=False)
+    """Deprecated: use sharding.feeding_processes."""
+    named_axes: dict[str, list[str]] | None = field(default=None, repr=False, compare=False)
+    """Deprecated: use sharding.named_axes."""
+    axis_mapping: dict[str, list[str]] | None = field(default=None, repr=False, compare=False)
+    """Deprecated: use sharding.axis_mapping."""
+    read_timeout_s: float | None = field(default=None, repr=False, compare=False)
+    """Deprecated: use reading.read_timeout_s."""
+
     def __post_init__(self) -> None:
         if self.source is not None and not isinstance(self.source, str):
             raise TypeError(
@@ -276,6 +312,34 @@ class LoaderConfig:
                 ".npy file, e.g. source: data/tokens"
             )
         check_groups("LoaderConfig", {name: getattr(self, name) for name in GROUPS})
+        self._move_flat_fields()
+
+    def _move_flat_fields(self) -> None:
+        """Moves the set deprecated flat fields into their groups, each with a warning."""
+        moved = []  # (flat field, its group, its name there, value)
+        for flat in _FLAT_FIELDS:
+            value = getattr(self, flat)
+            if value is None:
+                continue
+            name = _RENAMED.get(flat, flat)
+            group = GROUP_OF[name]
+            given = getattr(getattr(self, group), name)
+            if given != getattr(GROUPS[group](), name):
+                raise TypeError(
+                    f"LoaderConfig.{flat} (deprecated) and LoaderConfig.{group}.{name} are both "
+                    f"set ({value!r} and {given!r}); give it once, as {group}.{name}"
+                )
+            moved.append((flat, group, name, value))
+            object.__setattr__(self, flat, None)
+        for group in dict.fromkeys(g for _, g, _, _ in moved):  # whole: named_axes + axis_mapping
+            values = {name: value for _, g, name, value in moved if g == group}
+            object.__setattr__(self, group, replace(getattr(self, group), **values))
+        for flat, group, name, _ in moved:
+            warn_deprecated(
+                f"LoaderConfig.{flat}",
+                f"use LoaderConfig.{group}.{name} (YAML: `{group}: {{{name}: ...}}`, flag: "
+                f"--<config>.{group}.{name})",
+            )
 
     @classmethod
     def create(cls, source: str | None = None, **options: Any) -> LoaderConfig:
@@ -302,7 +366,28 @@ class LoaderConfig:
     def from_dict(cls, raw: Mapping[str, Any]) -> LoaderConfig:
         """The config `to_dict` wrote (or one parsed from YAML/JSON of the same form)."""
         groups = {name: kind(**raw.get(name, {})) for name, kind in GROUPS.items()}
-        return cls(source=raw.get("source"), **groups)
+        flat = {k: v for k, v in raw.items() if k != "source" and k not in GROUPS}  # deprecated
+        return cls(source=raw.get("source"), **groups, **flat)
+
+    def loader_kwargs(self) -> dict[str, Any]:
+        """Deprecated: the options that differ from their defaults, as flat `DataLoader` keywords;
+        use `build`, or `options` for the groups."""
+        warn_deprecated(
+            "LoaderConfig.loader_kwargs()",
+            "use config.build(mesh, source=...), or config.options() for the option groups that "
+            "DataLoader takes (order=, sharding=, output=, reading=)",
+        )
+        kwargs: dict[str, Any] = {}
+        for name, kind in GROUPS.items():
+            group, default = getattr(self, name), kind()
+            kwargs.update(
+                {
+                    f.name: getattr(group, f.name)
+                    for f in fields(group)
+                    if getattr(group, f.name) != getattr(default, f.name)
+                }
+            )
+        return kwargs
 
     def options(self, batch_axes: Sequence[str] | None = None) -> LoaderOptions:
         """The `LoaderOptions` of `build`; ``batch_axes`` fills an unset ``sharding.batch_axes``
@@ -412,6 +497,11 @@ class LoaderConfig:
         )
 
 
+#: the deprecated flat fields (every field after the groups), and the one whose name changed
+_FLAT_FIELDS = tuple(f.name for f in fields(LoaderConfig) if f.name not in ("source", *GROUPS))
+_RENAMED = {"partition": "batch_spec"}
+
+
 def _plain(value: Any) -> Any:
     """A group's value as YAML/JSON has it: specs as text, tuples as lists, dicts by leaf."""
     if isinstance(value, PartitionSpec):
@@ -440,6 +530,13 @@ def _register_draccus_codecs() -> None:
 
     draccus.decode.register(PartitionSpec, decode)
     draccus.encode.register(PartitionSpec, lambda spec, declared_type=None: spec_text(spec))
+    # a dump holds the groups, not the deprecated flat fields: the next release loads it
+    draccus.encode.register(
+        LoaderConfig,
+        lambda config, declared_type=None: {
+            name: draccus.encode(getattr(config, name)) for name in ("source", *GROUPS)
+        },
+    )
 
 
 _register_draccus_codecs()

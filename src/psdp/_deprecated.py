@@ -1,0 +1,117 @@
+"""The previous release's spellings, kept for one more release (``docs/trainer.md``, "Deprecated names").
+
+A name that moved still works until psdp `REMOVED_IN`, and warns once with the new spelling: the
+module paths of the flat layout (``psdp.config``, ``psdp.pod``, ...), served by an import hook that
+hands back the module now at the new path, and `LoaderConfig`'s flat fields and ``loader_kwargs``
+(``_integration/config.py`` maps them onto the option groups and calls `warn_deprecated`).
+
+The warning is a `FutureWarning`, not a `DeprecationWarning`: Python shows a DeprecationWarning only
+when it is attributed to ``__main__``, and these are raised inside the import system or draccus's
+config parsing, so it would stay hidden from the trainer's author, who must edit the trainer
+before the names go.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.util
+import os
+import sys
+import warnings
+from collections.abc import Sequence
+from importlib.machinery import ModuleSpec
+from types import FrameType, ModuleType
+
+#: The release that no longer has the deprecated names.
+REMOVED_IN = "0.2.0"
+
+#: module of the previous release -> (the module at its place now, what to write instead)
+MOVED_MODULES = {
+    "psdp.config": ("psdp._integration.config", "from psdp import LoaderConfig, MeshConfig"),
+    "psdp.consistency": ("psdp._integration.consistency", "from psdp import check_consistency"),
+    "psdp.sharding": ("psdp._integration.filter_shard", "from psdp import filter_shard"),
+    "psdp.writer": ("psdp.sources.writer", "from psdp import write_dataset"),
+    "psdp.layout": ("psdp._plan.layout", "from psdp import MeshLayout"),
+    "psdp.mesh": ("psdp._plan.mesh", "from psdp import plan_batch, process_mesh_mapping"),
+    "psdp.order": ("psdp._plan.order", "from psdp import GlobalOrder"),
+    "psdp.partition": ("psdp._plan.partition", "from psdp import default_batch_spec"),
+    "psdp.loader": ("psdp._runtime.loader", "from psdp import DataLoader"),
+    "psdp.prefetch": ("psdp._runtime.prefetch", "from psdp import LoaderClosedError"),
+    "psdp.telemetry": ("psdp._runtime.telemetry", "from psdp import LoaderStats"),
+    "psdp.pod": ("psdp.tools.pod", "from psdp.tools.pod import run_pod"),
+    "psdp.simulate": ("psdp.tools.simulate", "import psdp.tools.simulate"),
+    "psdp.benchmarks": ("psdp.tools.benchmarks", "import psdp.tools.benchmarks"),
+    "psdp.cli": ("psdp.tools.cli", "the psdp command, or import psdp.tools.cli"),
+    # internal machinery, named in the previous release's docs: no public replacement
+    "psdp.agreement": ("psdp._runtime.agreement", None),
+    "psdp.assembly": ("psdp._runtime.assembly", None),
+    "psdp.reads": ("psdp._plan.reads", None),
+    "psdp.picture": ("psdp._plan.picture", None),
+    "psdp.dtypes": ("psdp._plan.dtypes", None),
+}
+
+
+_PSDP = os.path.dirname(__file__) + os.sep  # psdp's own frames: the user is further out
+
+
+def warn_deprecated(old: str, new: str) -> None:
+    """Warns that ``old`` goes away in `REMOVED_IN`, naming ``new``, at the caller's caller."""
+    warnings.warn(
+        f"{old} is deprecated and goes away in psdp {REMOVED_IN}; {new}",
+        FutureWarning,
+        stacklevel=_user_level(),
+    )
+
+
+def _user_level() -> int:
+    """The stack level of the first frame outside psdp, importlib and dataclasses' __init__."""
+    frame: FrameType | None = sys._getframe(2)  # warn_deprecated's caller
+    level = 2
+    while frame is not None and _internal(frame.f_code.co_filename):
+        name = frame.f_code.co_filename
+        # warnings.warn skips importlib's _bootstrap frames itself: they take no level
+        level += not ("importlib" in name and "_bootstrap" in name)
+        frame = frame.f_back
+    return level
+
+
+def _internal(filename: str) -> bool:
+    # "<string>": the __init__ that dataclasses generates, which runs __post_init__
+    return (
+        filename.startswith(("<frozen importlib", "<string>"))
+        or filename == importlib.__file__
+        or filename.startswith(_PSDP)
+    )
+
+
+class MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """The import hook: ``import psdp.config`` gives the module now at ``psdp._integration.config``
+    (the same object, so every name is the new one), with a warning; a submodule of a moved
+    package (``psdp.benchmarks.throughput``) is the new package's."""
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> ModuleSpec | None:
+        return importlib.util.spec_from_loader(fullname, self) if _moved(fullname) else None
+
+    def exec_module(self, module: ModuleType) -> None:
+        old = _moved(module.__name__)
+        assert old is not None  # find_spec made the spec for a moved name only
+        new, instead = MOVED_MODULES[old]
+        if module.__name__ == old:
+            hint = f"write `{instead}`" if instead else "its names are psdp's internals now"
+            warn_deprecated(old, f"{hint} (the module is {new} now)")
+        # the import system returns what sys.modules holds once the module ran: the new module
+        sys.modules[module.__name__] = importlib.import_module(new + module.__name__[len(old) :])
+
+
+def _moved(name: str) -> str | None:
+    """The moved module that ``name`` is, or is inside of."""
+    return next((old for old in MOVED_MODULES if name == old or name.startswith(old + ".")), None)
+
+
+def install() -> None:
+    """Puts the import hook in front of the others (once)."""
+    if not any(isinstance(finder, MovedModules) for finder in sys.meta_path):
+        sys.meta_path.insert(0, MovedModules())
