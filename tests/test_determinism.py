@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from psdp import ArraySource, DataLoader, MeshLayout
+from psdp import ArraySource, DataLoader, MeshLayout, Mixture
 from psdp.tools.pod import run_pod
 from tests.batch_checks import assert_shards_exact, expected_batch
 from tests.pod_targets_reliability import batch_digest, dataset, layout_digests, loader_kwargs
@@ -127,6 +127,30 @@ def test_docs_checkpoint_example_runs(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the example's run directory
     exec(compile(block.group(1), str(DOCS), "exec"), {})
     assert capsys.readouterr().out.split() == ["resumed", "at", "step", "3", "True"]
+
+
+def test_the_docs_state_is_a_real_state_and_its_sizes_are_measured(tmp_path, monkeypatch, mesh_2d):
+    """docs/reliability.md's state is the checkpoint example's own, and the sizes it gives are
+    those of that state and of a loader over docs/mixtures.md's first mixture."""
+    text = DOCS.read_text()
+    block = re.search(r"<!-- runnable -->\n```python\n(.*?)```", text, re.S)
+    assert block is not None
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    namespace: dict = {}
+    exec(compile(block.group(1), str(DOCS), "exec"), namespace)
+    shown = re.search(r"```json\n(.*?)```", text, re.S)
+    assert shown is not None
+    assert json.loads(shown.group(1)) == namespace["state"]
+    words = " ".join(text.split())
+    assert f"({len(json.dumps(namespace['state']))} bytes for the one below," in words
+
+    web = {"tokens": np.arange(400, dtype=np.int32).reshape(100, 4)}
+    code = {"tokens": -np.arange(160, dtype=np.int32).reshape(40, 4)}
+    mix = Mixture({"web": web, "code": code}, weights={"web": 3, "code": 1}, block_size=16)
+    with DataLoader(mix, mesh=mesh_2d, global_batch_size=8) as loader:
+        state = loader.state()
+    assert f" {len(json.dumps(state))} bytes for a loader over the two-source `Mixture`" in words
 
 
 LAYOUTS = {
