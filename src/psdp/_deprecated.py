@@ -21,7 +21,7 @@ import sys
 import warnings
 from collections.abc import Sequence
 from importlib.machinery import ModuleSpec
-from types import FrameType, ModuleType
+from types import CodeType, FrameType, ModuleType
 
 #: The release that no longer has the deprecated names.
 REMOVED_IN = "0.2.0"
@@ -56,7 +56,15 @@ _PSDP = os.path.dirname(__file__) + os.sep  # psdp's own frames: the user is fur
 
 
 def warn_deprecated(old: str, new: str) -> None:
-    """Warns that ``old`` goes away in `REMOVED_IN`, naming ``new``, at the caller's caller."""
+    """Warns that ``old`` goes away in `REMOVED_IN`, naming ``new``, blaming the user's line.
+
+    Example:
+        >>> with warnings.catch_warnings(record=True) as caught:
+        ...     warnings.simplefilter("always")
+        ...     warn_deprecated("psdp.old", "use psdp.new")
+        >>> str(caught[0].message), caught[0].category.__name__
+        ('psdp.old is deprecated and goes away in psdp 0.2.0; use psdp.new', 'FutureWarning')
+    """
     warnings.warn(
         f"{old} is deprecated and goes away in psdp {REMOVED_IN}; {new}",
         FutureWarning,
@@ -68,7 +76,7 @@ def _user_level() -> int:
     """The stack level of the first frame outside psdp, importlib and dataclasses' __init__."""
     frame: FrameType | None = sys._getframe(2)  # warn_deprecated's caller
     level = 2
-    while frame is not None and _internal(frame.f_code.co_filename):
+    while frame is not None and _internal(frame.f_code):
         name = frame.f_code.co_filename
         # warnings.warn skips importlib's _bootstrap frames itself: they take no level
         level += not ("importlib" in name and "_bootstrap" in name)
@@ -76,12 +84,12 @@ def _user_level() -> int:
     return level
 
 
-def _internal(filename: str) -> bool:
-    # "<string>": the __init__ that dataclasses generates, which runs __post_init__
+def _internal(code: CodeType) -> bool:
     return (
-        filename.startswith(("<frozen importlib", "<string>"))
-        or filename == importlib.__file__
-        or filename.startswith(_PSDP)
+        code.co_filename.startswith(("<frozen importlib", _PSDP))
+        or code.co_filename == importlib.__file__
+        # the __init__ that dataclasses generate, which runs LoaderConfig.__post_init__
+        or (code.co_filename == "<string>" and code.co_name == "__init__")
     )
 
 
