@@ -315,6 +315,31 @@ def test_bytes_read_per_host_are_the_union_of_its_boxes_and_halos(layout, halos)
                 assert len(reads) == row_sets(mesh, devices), host
 
 
+# host 0 holds rows 0-1 of both column shards, rows 2-3 of shard 0 and rows 4-5 of shard 1: its
+# two windows' rows overlap in part (2 processes x 4 devices, the defect report's case)
+MIXED_ROWS = [[0, 0], [0, 1], [1, 0], [1, 1]]
+
+
+@pytest.mark.parametrize("halo", [(1, "pad"), (2, "periodic"), (4, "periodic")])
+def test_windows_whose_rows_overlap_in_part_read_each_entry_once(halo):
+    mesh = mesh_of(("a0", "a1"), (4, 2), SCRAMBLED)
+    spec, shape, halos = P("a0", None, "a1"), (12, 3, 8), {2: halo}
+    data = {"field": field(*shape)}
+    with fake_pod(mesh, MIXED_ROWS) as process_of:
+        for host in range(2):
+            source = Recording(data)
+            loader = DataLoader(source, mesh=mesh, global_batch_size=8,
+                                batch_spec={"field": spec}, halo={"field": halos},
+                                seed=5, process_index=host)  # fmt: skip
+            devices = [d for d, p in process_of.items() if p == host]
+            ids = physical_ids(loader, 1)
+            cells = needed_cells(ids, (len(ids), *shape[1:]), mesh, spec, halos, devices)
+            source.clear()
+            batch = host_batch(loader, 1, process_of)
+            assert source.bytes == needed_bytes(cells, shape, [2], 4), host
+            check_host(batch, want_of(loader, data, 1, {"field": halos}), mesh, process_of, host)
+
+
 def row_sets(mesh, devices) -> int:
     """How many distinct sets of data rows the devices' (h, w) shards are held on."""
     rows: dict[tuple[int, int], set[int]] = {}
