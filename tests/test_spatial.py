@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import math
+import re
 import runpy
 from pathlib import Path
 
@@ -424,6 +425,32 @@ def test_an_array_source_takes_its_halos_per_dimension():
     draccus = pytest.importorskip("draccus")
     flags = ["--sharding.halo", "{2: 1, 3: [2, periodic]}"]
     assert draccus.parse(LoaderConfig, args=flags).sharding.halo == loader.options.sharding.halo
+
+
+def test_the_docs_halo_cost_formula_gives_its_table_and_the_counted_reads():
+    """docs/partitioning.md's formula for the share of a sample a one-device host reads with
+    halos of ``h`` (read from the page and evaluated) gives the ratio column of its table, and
+    the bytes the planner's reads count (scripts/spatial_bytes.py) for the table's shape."""
+    text = (Path(__file__).parents[1] / "docs" / "partitioning.md").read_text()
+    formula = re.search(r"reads\s+`(\(360 \+ [^`]+)`\s+of each", text).group(1)
+
+    def share(h: int) -> float:
+        # the page's arithmetic as Python: "(a)(b)" is a product, "2h" is 2 * h
+        return eval(formula.replace(")(", ")*(").replace("2h", "2*h"), {"h": h})
+
+    rows = re.findall(r"^\| (one host per device|4 hosts, non-contiguous) \| (\S+) \|.*\| ([\d.]+) \|$",
+                      text, re.M)  # fmt: skip
+    assert len(rows) == 6
+    script = runpy.run_path(str(Path(__file__).parents[1] / "scripts" / "spatial_bytes.py"))
+    shape = (16, 8, 720, 1440)
+    layout = MeshLayout(script["LAYOUTS"]["one host per device"], ("data", "h", "w"))
+    for name, halo, ratio in rows:
+        halos = script["parse_halo"]("" if halo == "none" else halo)
+        h = {a.width for a in halos.values()}.pop() if halos else 0
+        assert f"{share(h):.3f}" == ratio, (name, halo)
+        counted = script["host_bytes"](layout, shape, halos, 4, 0)
+        whole = script["whole_sample_bytes"](layout, shape, 4, 0)
+        assert counted / whole == pytest.approx(share(h), rel=1e-12), halo
 
 
 def test_the_bytes_script_gives_what_the_source_counts():
