@@ -39,6 +39,7 @@ from psdp import (
     StreamSource,
     TensorStoreSource,
     TokenSequences,
+    check_consistency,
     plan_packing,
     write_dataset,
 )
@@ -61,6 +62,13 @@ def _loader(source: Any = None, **kwargs: Any) -> DataLoader:
     kwargs.setdefault("mesh", _mesh())
     kwargs.setdefault("global_batch_size", B)
     return DataLoader({"tokens": TOKENS} if source is None else source, **kwargs)
+
+
+def _haloed_batch() -> dict[str, Any]:
+    """A batch of TOKENS' rows 0-7 over data x model with a halo of 1: (8, 2 x (4 + 2))."""
+    spec = {"tokens": PartitionSpec("data", "model")}
+    with _loader(batch_spec=spec, halo=1, shuffle=False) as loader:
+        return loader.batch_at(0)
 
 
 class ChangesMidDataset:
@@ -348,6 +356,27 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
         lambda _: _loader(halo=1),
         ValueError,
         ["halo=1", 'give a leaf a spec like P("data", "context") or drop the halo'],
+    ),
+    (
+        "check_consistency of a haloed batch without its halo",
+        lambda _: check_consistency(_haloed_batch(), source={"tokens": TOKENS}, ids=np.arange(B)),
+        ValueError,
+        [
+            "expected leaf 'tokens' has 8 entries along dimension 1",
+            "but the batch leaf has 12: 6 per shard, 4 + 2 x 1, a halo of 1",
+            "pass check_consistency the loader's halo= and pad_value=",
+        ],
+    ),
+    (
+        "check_consistency of a continue halo against expected rows",
+        lambda _: check_consistency(
+            _haloed_batch(), {"tokens": TOKENS[:B]}, halo={"tokens": {1: (1, "continue")}}
+        ),
+        ValueError,
+        [
+            "leaf 'tokens' has a 'continue' halo",
+            "pass source=<that source> and ids=, not expected=",
+        ],
     ),
     # ------------------------------------------------------------------------------ sources
     (

@@ -236,6 +236,45 @@ def test_psdp_retries_a_transient_error_that_outlives_the_store(server, proxy, m
     assert any("(try 2 of 2)" in note for note in caught.value.__notes__)
 
 
+class CountingReads(TensorStoreSource):
+    """A `TensorStoreSource` that counts the reads the loader asks of it (tries included)."""
+
+    calls = 0
+
+    def read(self, ids):
+        self.calls += 1
+        return super().read(ids)
+
+    def read_window(self, ids, columns):
+        self.calls += 1
+        return super().read_window(ids, columns)
+
+
+def test_a_store_error_is_retried_by_its_status_not_by_a_word_in_its_path(server, proxy, mesh_1d):
+    """Every object's key holds the status word UNAVAILABLE, so every error message does too: a
+    throttled store (503: ABORTED once TensorStore's retries are spent) is tried read_attempts
+    times, a missing object (NOT_FOUND) once."""
+    path = "UNAVAILABLE/ds/"
+    data = rows(32, seed=9)
+    write_dataset(spec(server, path), data, rows_per_shard=8, progress=False)
+    source = CountingReads(spec(server, path, proxy, retries={"max_retries": 1}))
+    options = {"mesh": mesh_1d, "global_batch_size": 8, "shuffle": False, "read_attempts": 3}
+    with DataLoader(source, retry_backoff_s=None, **options) as loader:
+        proxy.error_503, source.calls = 1.0, 0  # every read answered 503 SlowDown
+        with pytest.raises(TransientReadError, match="UNAVAILABLE/ds/"):
+            loader.batch_at(0)
+        assert source.calls == 3
+        proxy.error_503 = 0.0
+        np.testing.assert_array_equal(np.asarray(loader.batch_at(0)["tokens"]), data["tokens"][:8])
+        prefix = read_metadata(spec(server, path))["data_prefix"]
+        del server.objects()[f"{path}{prefix}tokens/c/1/0".encode()]  # rows 8-15
+        source.calls = 0
+        with pytest.raises(ValueError, match="NOT_FOUND.*UNAVAILABLE/ds/") as caught:
+            loader.batch_at(1)
+        assert source.calls == 1
+    assert not any("(try" in note for note in caught.value.__notes__)
+
+
 # -------------------------------------------------------------------------------- the pod
 def pod_reads_remote(spec, expected_npz, process_index, axis_names, mesh_shape, steps):
     """Runs in every pod process: the loader over the remote dataset, every shard checked."""

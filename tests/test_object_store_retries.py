@@ -129,12 +129,46 @@ def test_which_errors_are_transient(error, transient):
         ("DEADLINE_EXCEEDED: timed out", True),
         ("RESOURCE_EXHAUSTED: 429", True),
         ('NOT_FOUND: chunk in "ds/c/1/0" is missing', False),
+        # a status word later on, e.g. in a path, is no status: only the code at the start is
+        ('NOT_FOUND: chunk in local file "/data/UNAVAILABLE/ds/c/1/0" is missing', False),
+        ("DATA_LOSS: Checksum mismatch in s3://b/ABORTED/c/0 (RESOURCE_EXHAUSTED?)", False),
+        ("Error reading: DEADLINE_EXCEEDED", False),
         ("DATA_LOSS: Checksum mismatch", False),
         ("PERMISSION_DENIED: 403", False),
     ],
 )
 def test_which_tensorstore_errors_are_transient(message, transient):
     assert is_transient_status(message) is transient
+
+
+def test_a_permanent_store_error_naming_a_transient_status_in_its_path_is_tried_once(
+    tmp_path, mesh_1d
+):
+    """A local TensorStore dataset under a directory named UNAVAILABLE with a shard file gone:
+    its NOT_FOUND message holds the word in the path, and the read is tried once, not
+    read_attempts times."""
+    from psdp.sources import TensorStoreSource
+    from psdp.sources.writer import write_dataset
+
+    class Counting(TensorStoreSource):
+        calls = 0
+
+        def read(self, ids):
+            self.calls += 1
+            return super().read(ids)
+
+    path = tmp_path / "UNAVAILABLE" / "ds"
+    data = {"tokens": np.arange(64 * 4, dtype=np.int32).reshape(64, 4)}
+    write_dataset(path, data, rows_per_shard=16, progress=False)
+    source = Counting(str(path))  # opened whole: then the shard file goes
+    (path / "tokens" / "c" / "2" / "0").unlink()  # rows 32-47
+    with DataLoader(source, mesh=mesh_1d, global_batch_size=16, shuffle=False, read_attempts=5,
+                    retry_backoff_s=None) as loader:  # fmt: skip
+        source.calls = 0
+        with pytest.raises(ValueError, match=r"NOT_FOUND.*UNAVAILABLE.*is missing") as caught:
+            loader.batch_at(2)
+    assert source.calls == 1
+    assert not any("(try" in note for note in caught.value.__notes__)
 
 
 def test_the_first_batch_gets_its_grace(mesh_1d):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import math
+import re
 import runpy
 from pathlib import Path
 
@@ -315,6 +316,31 @@ def test_bytes_read_per_host_are_the_union_of_its_boxes_and_halos(layout, halos)
                 assert len(reads) == row_sets(mesh, devices), host
 
 
+# host 0 holds rows 0-1 of both column shards, rows 2-3 of shard 0 and rows 4-5 of shard 1: its
+# two windows' rows overlap in part (2 processes x 4 devices, the defect report's case)
+MIXED_ROWS = [[0, 0], [0, 1], [1, 0], [1, 1]]
+
+
+@pytest.mark.parametrize("halo", [(1, "pad"), (2, "periodic"), (4, "periodic")])
+def test_windows_whose_rows_overlap_in_part_read_each_entry_once(halo):
+    mesh = mesh_of(("a0", "a1"), (4, 2), SCRAMBLED)
+    spec, shape, halos = P("a0", None, "a1"), (12, 3, 8), {2: halo}
+    data = {"field": field(*shape)}
+    with fake_pod(mesh, MIXED_ROWS) as process_of:
+        for host in range(2):
+            source = Recording(data)
+            loader = DataLoader(source, mesh=mesh, global_batch_size=8,
+                                batch_spec={"field": spec}, halo={"field": halos},
+                                seed=5, process_index=host)  # fmt: skip
+            devices = [d for d, p in process_of.items() if p == host]
+            ids = physical_ids(loader, 1)
+            cells = needed_cells(ids, (len(ids), *shape[1:]), mesh, spec, halos, devices)
+            source.clear()
+            batch = host_batch(loader, 1, process_of)
+            assert source.bytes == needed_bytes(cells, shape, [2], 4), host
+            check_host(batch, want_of(loader, data, 1, {"field": halos}), mesh, process_of, host)
+
+
 def row_sets(mesh, devices) -> int:
     """How many distinct sets of data rows the devices' (h, w) shards are held on."""
     rows: dict[tuple[int, int], set[int]] = {}
@@ -399,6 +425,32 @@ def test_an_array_source_takes_its_halos_per_dimension():
     draccus = pytest.importorskip("draccus")
     flags = ["--sharding.halo", "{2: 1, 3: [2, periodic]}"]
     assert draccus.parse(LoaderConfig, args=flags).sharding.halo == loader.options.sharding.halo
+
+
+def test_the_docs_halo_cost_formula_gives_its_table_and_the_counted_reads():
+    """docs/partitioning.md's formula for the share of a sample a one-device host reads with
+    halos of ``h`` (read from the page and evaluated) gives the ratio column of its table, and
+    the bytes the planner's reads count (scripts/spatial_bytes.py) for the table's shape."""
+    text = (Path(__file__).parents[1] / "docs" / "partitioning.md").read_text()
+    formula = re.search(r"reads\s+`(\(360 \+ [^`]+)`\s+of each", text).group(1)
+
+    def share(h: int) -> float:
+        # the page's arithmetic as Python: "(a)(b)" is a product, "2h" is 2 * h
+        return eval(formula.replace(")(", ")*(").replace("2h", "2*h"), {"h": h})
+
+    rows = re.findall(r"^\| (one host per device|4 hosts, non-contiguous) \| (\S+) \|.*\| ([\d.]+) \|$",
+                      text, re.M)  # fmt: skip
+    assert len(rows) == 6
+    script = runpy.run_path(str(Path(__file__).parents[1] / "scripts" / "spatial_bytes.py"))
+    shape = (16, 8, 720, 1440)
+    layout = MeshLayout(script["LAYOUTS"]["one host per device"], ("data", "h", "w"))
+    for name, halo, ratio in rows:
+        halos = script["parse_halo"]("" if halo == "none" else halo)
+        h = {a.width for a in halos.values()}.pop() if halos else 0
+        assert f"{share(h):.3f}" == ratio, (name, halo)
+        counted = script["host_bytes"](layout, shape, halos, 4, 0)
+        whole = script["whole_sample_bytes"](layout, shape, 4, 0)
+        assert counted / whole == pytest.approx(share(h), rel=1e-12), halo
 
 
 def test_the_bytes_script_gives_what_the_source_counts():

@@ -3,7 +3,8 @@ case: 2-D domains on ``data=2 x h=2 x w=2`` and 3-D domains on ``x=2 x y=2 x z=2
 holding two devices in different rows and different corners of the domain. Every host checks
 every addressable shard against the numpy oracle (tests/test_spatial_oracle.py), counts the bytes
 its reads return at the source (in memory and TensorStore) against the union of its devices'
-boxes and halos, the wrap included, and a ppermute exchange across processes agrees.
+boxes and halos, the wrap included, and a ppermute exchange across processes agrees. A second
+pod, 2 hosts x 4 devices, holds windows whose rows overlap in part (each entry still read once).
 """
 
 from __future__ import annotations
@@ -158,3 +159,43 @@ def test_spatial_domains_on_a_four_host_pod(tmp_path):
             )  # 3 leaves (mask), 2 devices, 2 steps
         assert r["exchange"] == 2  # both local devices equal the exchange
         assert r["store"]["shards"] == 2 and r["store"]["reads"] == 2  # one read per box
+
+
+# 2 hosts x 4 devices on a0=4 x a1=2: host 0 holds rows 0-1 of both column shards, rows 2-3 of
+# shard 0 and rows 4-5 of shard 1, so its windows' rows overlap in part (the defect report's case)
+MIXED_ROWS = [[0, 0], [0, 1], [1, 0], [1, 1]]
+
+
+def mixed_rows_cases(cases):
+    """Each case's shards against the oracle and its bytes at the source against the union of
+    the host's windows, on the `MIXED_ROWS` pod."""
+    me = jax.process_index()
+    mesh = MeshLayout(np.asarray(MIXED_ROWS), ("a0", "a1")).build_mesh(jax.devices())
+    spec, shape = P("a0", None, "a1"), (3, 8)
+    mine = [d for d in mesh.devices.flat if d.process_index == me]
+    out = []
+    for width, boundary in cases:
+        halos = {2: (width, boundary)}
+        data = {"field": field_of(12, shape)}
+        source = Recording(data)
+        with DataLoader(source, mesh=mesh, global_batch_size=8, batch_spec={"field": spec},
+                        halo={"field": halos}, pad_value=-1, seed=5) as loader:  # fmt: skip
+            source.clear()
+            batch = loader.batch_at(1)
+            want = expected_leaf(expected_batch(loader, data, 1)["field"], mesh, spec, halos, -1)
+            shards = assert_shards_exact(batch["field"], want, leaf="field")
+            ids = physical_ids(loader, 1)
+            cells = needed_cells(ids, (len(ids), *shape), mesh, spec, halos, mine)
+            union = needed_bytes(cells, (12, *shape), [2], 4)
+            out.append({"shards": shards, "bytes": source.bytes, "union": union})
+    return {"process": me, "cases": out}
+
+
+def test_windows_whose_rows_overlap_in_part_on_a_two_host_pod():
+    cases = [(1, "pad"), (2, "periodic")]
+    results = run_pod(mixed_rows_cases, num_processes=2, devices_per_process=4,
+                      args={"cases": cases}, timeout_s=300)  # fmt: skip
+    for r in results:
+        for case, got in zip(cases, r["cases"], strict=True):
+            assert got["shards"] == 4, (r["process"], case)  # its 4 devices, each exact
+            assert got["bytes"] == got["union"], (r["process"], case)  # each entry read once

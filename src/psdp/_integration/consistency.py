@@ -13,7 +13,11 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax.sharding import PartitionSpec
 
+from psdp._plan.option_checks import as_halo
+from psdp._plan.partition import resolve_halos
+from psdp._plan.windows import AxisHalo
 from psdp.sources import as_source
 
 #: Columns of a shard record before the box: device id, process, leaf, fingerprint (2 x int32), ok.
@@ -59,6 +63,8 @@ def check_consistency(
     *,
     source: Any = None,
     ids: np.ndarray | None = None,
+    halo: int | Mapping[Any, Any] = 0,
+    pad_value: int | float = 0,
     distinct: bool | Collection[str] = True,
     mask_key: str | None = "mask",
 ) -> ConsistencyReport:
@@ -77,6 +83,12 @@ def check_consistency(
         source: instead of ``expected``: a psdp source (or anything `DataLoader` accepts) whose
             rows ``ids`` form the expected global batch.
         ids: the global row ids of the batch, with ``source``.
+        halo: the loader's ``halo=`` (any of its forms), for a batch delivered with halos: the
+            expected rows are then cut into each shard's window, halo included, by the rule of
+            ``docs/partitioning.md`` (a dimension its shards do not divide is padded likewise);
+            a ``"continue"`` halo needs ``source``, which serves the entries beyond a row's ends.
+        pad_value: the loader's ``pad_value``: what ``pad`` halos beyond a domain's edges and an
+            uneven domain's padding hold.
         distinct: require shards with different index boxes to hold different bytes: ``True``
             for every non-boolean leaf without expected rows (a mask legitimately repeats, and an
             exact comparison needs no such oracle), ``False`` for none, or a collection of leaf
@@ -91,7 +103,8 @@ def check_consistency(
     Raises:
         ConsistencyError: a device holds the wrong data; the message names the leaf, the device,
             its process and index box, and the first differing element when it is local.
-        ValueError: ``expected`` does not fit the batch, or ``source`` came without ``ids``.
+        ValueError: ``expected`` does not fit the batch (e.g. a haloed batch checked without
+            its ``halo``), or ``source`` came without ``ids``.
 
     Example:
         >>> import jax, numpy as np
@@ -109,7 +122,7 @@ def check_consistency(
     leaves = _leaves(batch)
     if isinstance(distinct, str):
         distinct = {distinct}
-    wanted = _expected(leaves, expected, source, ids)
+    wanted = _expected(leaves, expected, source, ids, halo, pad_value)
     records, local_problems = _local_records(leaves, wanted)
     table = _gather(records)
     real = _real_rows(leaves, mask_key)
@@ -150,7 +163,12 @@ def _leaves(batch: Any) -> dict[str, jax.Array]:
 
 
 def _expected(
-    leaves: dict[str, jax.Array], expected: Any, source: Any, ids: np.ndarray | None
+    leaves: dict[str, jax.Array],
+    expected: Any,
+    source: Any,
+    ids: np.ndarray | None,
+    halo: int | Mapping[Any, Any],
+    pad_value: int | float,
 ) -> dict[str, np.ndarray] | None:
     if source is not None:
         if expected is not None or ids is None:
@@ -159,10 +177,12 @@ def _expected(
                 f"expected={'set' if expected is not None else None}, "
                 f"ids={'set' if ids is not None else None}"
             )
-        expected = as_source(source).read(np.asarray(ids))
+        source = as_source(source)
+        expected = source.read(np.asarray(ids))
     if expected is None:
         return None
-    got = dict(expected) if isinstance(expected, Mapping) else {"batch": expected}
+    single = not isinstance(expected, Mapping)  # the loader keys an array source's leaf None
+    got = {"batch": expected} if single else dict(expected)
     got = {str(k): np.asarray(v) for k, v in got.items()}
     extra = sorted(set(got) - set(leaves))
     if extra:
@@ -170,13 +190,113 @@ def _expected(
             f"expected has leaves {extra} that the batch lacks (batch leaves: {sorted(leaves)}); "
             "pass the expected rows of the batch's own leaves"
         )
+    halos = _halos(leaves, halo, single)
     for name, rows in got.items():
-        if rows.shape != leaves[name].shape:
+        leaf = leaves[name]
+        if rows.shape[:1] != leaf.shape[:1] or rows.ndim != leaf.ndim:
             raise ValueError(
                 f"expected leaf {name!r} has shape {rows.shape} but the batch leaf is "
-                f"{leaves[name].shape}; pass the whole global batch, not one host's rows"
+                f"{leaf.shape}; pass the whole global batch, not one host's rows"
             )
+        axes = halos.get(name, {})
+        if any(h.boundary == "continue" for h in axes.values()):
+            rows = _continued(name, None if single else name, axes, source, ids, rows.shape)
+        got[name] = _windows(name, rows, leaf, axes, pad_value)
     return got
+
+
+def _halos(
+    leaves: dict[str, jax.Array], halo: int | Mapping[Any, Any], single: bool
+) -> dict[str, dict[int, AxisHalo]]:
+    """Each leaf's halos per dimension, resolved as the loader resolves ``halo=``."""
+    if not halo:
+        return {}
+    specs = {
+        None if single else name: getattr(leaf.sharding, "spec", PartitionSpec())
+        for name, leaf in leaves.items()
+    }
+    ndims = {None if single else name: leaf.ndim for name, leaf in leaves.items()}
+    resolved = resolve_halos(as_halo(halo), specs, ndims)
+    return {("batch" if key is None else str(key)): axes for key, axes in resolved.items()}
+
+
+def _continued(
+    name: str,
+    key: Any,
+    halos: dict[int, AxisHalo],
+    source: Any,
+    ids: np.ndarray | None,
+    shape: tuple[int, ...],
+) -> np.ndarray:
+    """The rows widened by each ``continue`` halo's width on both sides, as the source serves
+    them (the entries before 0 and past the end of a row)."""
+    if source is None or not getattr(source, "continues_rows", False):
+        raise ValueError(
+            f"leaf {name!r} has a 'continue' halo, whose entries lie beyond each row's ends; "
+            "only a source that continues its rows (continues_rows = True, such as "
+            "TokenSequences) serves them: pass source=<that source> and ids=, not expected="
+        )
+    last = max(halos)
+    box = tuple(
+        slice(-halos[d].width, shape[d] + halos[d].width)
+        if d in halos and halos[d].boundary == "continue"
+        else slice(0, shape[d])
+        for d in range(1, last + 1)
+    )
+    got = source.read_window(np.asarray(ids), {key: box})
+    return np.asarray(got[key] if isinstance(got, Mapping) else got)
+
+
+def _windows(
+    name: str,
+    rows: np.ndarray,
+    leaf: jax.Array,
+    halos: dict[int, AxisHalo],
+    pad_value: int | float,
+) -> np.ndarray:
+    """``rows`` cut into each shard's window along every dimension with a halo or that its
+    shards do not divide: position ``p`` of shard ``k`` is entry ``x = k * ceil(n / C) - h + p``,
+    which holds entry ``x`` inside the domain, the boundary rule's entry within ``h`` of an
+    edge, and ``pad_value`` beyond (``docs/partitioning.md``, "Uneven domains")."""
+    per_device = leaf.sharding.shard_shape(leaf.shape)
+    for d in range(1, leaf.ndim):
+        halo = halos.get(d, AxisHalo(0))
+        h = halo.width
+        reach = h if halo.boundary == "continue" else 0  # `_continued` read h more each side
+        n = rows.shape[d] - 2 * reach
+        if not h and n == leaf.shape[d]:
+            continue
+        count = leaf.shape[d] // per_device[d]
+        w = -(-n // count)
+        if leaf.shape[d] != count * (w + 2 * h):
+            raise ValueError(_window_mismatch(name, d, leaf.shape[d], n, count, h))
+        x = (np.arange(count)[:, None] * w - h + np.arange(w + 2 * h)).ravel()
+        inside = (x >= 0) & (x < n)
+        near = (x >= -h) & (x < n + h)  # inside, or within h of an edge
+        held = inside if halo.boundary == "pad" else near
+        entry = x % n if halo.boundary == "periodic" else x + reach
+        rows = np.take(rows, np.where(held, entry, 0), axis=d)
+        where: list[Any] = [slice(None)] * rows.ndim
+        where[d] = ~held
+        rows[tuple(where)] = pad_value
+    return rows
+
+
+def _window_mismatch(name: str, dim: int, size: int, n: int, count: int, halo: int) -> str:
+    w = -(-n // count)
+    with_halo = f" plus a halo of {halo} on each side" if halo else ""
+    reason = (
+        f"expected leaf {name!r} has {n} entries along dimension {dim}: the batch's {count} "
+        f"shards there hold {w} each{with_halo}, {count * (w + 2 * halo)} in all, but the batch "
+        f"leaf has {size}"
+    )
+    shard, extra = size // count, size // count - w
+    if size % count == 0 and extra > 0 and extra % 2 == 0:
+        return (
+            f"{reason}: {shard} per shard, {w} + 2 x {extra // 2}, a halo of {extra // 2}; pass "
+            "check_consistency the loader's halo= and pad_value="
+        )
+    return f"{reason}; pass the loader's halo= and the whole global batch, not one host's rows"
 
 
 # ----------------------------------------------------------------------------- records

@@ -38,6 +38,9 @@ class WindowSlice:
     #: which entries of the window they are (a `Box` of positions after its padding): a window
     #: put together from several reads; None: the whole window
     into: Box = None
+    #: which rows of the window they are, in order (a window whose rows other windows share in
+    #: part is put together from several reads); None: all of them
+    window_rows: np.ndarray | None = None
 
 
 def plan_reads(leaves: Mapping[Key, LeafWindows]) -> list[ReadRequest]:
@@ -88,7 +91,9 @@ def plan_reads(leaves: Mapping[Key, LeafWindows]) -> list[ReadRequest]:
                 requests.append(request)
             request.columns[key] = box[0] if len(box) == 1 and isinstance(box[0], slice) else box
             for index, within, into in members:
-                request.entries.append(WindowSlice(key, index, None, within, into))
+                held = leaf.windows[index].rows
+                part = None if np.array_equal(held, rows) else np.searchsorted(held, rows)
+                request.entries.append(WindowSlice(key, index, None, within, into, part))
     return requests
 
 
@@ -200,24 +205,20 @@ WindowRead = tuple[np.ndarray, tuple[Indexer, ...], list[tuple[int, Box, Box]]]
 def window_reads(leaf: LeafWindows) -> list[WindowRead]:
     """A windowed leaf's reads, each entry of the host's windows read once.
 
-    Windows on the same rows are read together. Along each windowed dimension their entries merge
-    into ranges (`merged_ranges`); windows in different ranges share no entry and are read apart.
-    Windows in the same ranges are read as the boxes of `shard_grids` over the pieces their
-    overlaps cut the ranges into: one box when they form a grid (every combination of their
-    shards: the usual case), several when they do not (a host holding two diagonal corners of a
-    domain), and a window that spans several boxes is put together from its pieces.
+    The host's rows are split into classes of rows held by the same windows (`row_classes`), and
+    each class is read apart, so windows whose rows overlap in part never read the shared rows
+    twice; a window whose rows span several classes is put together from its pieces. Within a
+    class, along each windowed dimension the windows' entries merge into ranges
+    (`merged_ranges`); windows in different ranges share no entry and are read apart. Windows in
+    the same ranges are read as the boxes of `shard_grids` over the pieces their overlaps cut the
+    ranges into: one box when they form a grid (every combination of their shards: the usual
+    case), several when they do not (a host holding two diagonal corners of a domain), and a
+    window that spans several boxes is put together from its pieces.
     """
     if not leaf.windowed:
         return []
-    by_rows: list[tuple[np.ndarray, list[int]]] = []
-    for index, window in enumerate(leaf.windows):
-        same = [members for rows, members in by_rows if np.array_equal(rows, window.rows)]
-        if same:
-            same[0].append(index)
-        else:
-            by_rows.append((window.rows, [index]))
     reads = []
-    for rows, members in by_rows:
+    for rows, members in row_classes([w.rows for w in leaf.windows]):
         per_dim = [
             merged_ranges(
                 [leaf.windows[i].axes[axis].indices for i in members],
@@ -234,6 +235,29 @@ def window_reads(leaf: LeafWindows) -> list[WindowRead]:
             ranges = [per_dim[axis][0][r] for axis, r in enumerate(chosen)]
             reads += _boxes(leaf, rows, group, ranges)
     return reads
+
+
+def row_classes(held: list[np.ndarray]) -> list[tuple[np.ndarray, list[int]]]:
+    """The rows some windows hold (``held[i]``: window ``i``'s rows, ascending), split into
+    classes of rows held by the same windows: ``(rows, windows)``, in order of their first window,
+    then of their first row.
+
+    Example:
+        Two windows on rows 0-3 and on rows 0, 1, 4, 5: rows 0-1 are both windows', rows 2-3 the
+        first's only, rows 4-5 the second's only.
+
+        >>> [(r.tolist(), w) for r, w in row_classes([np.arange(4), np.array([0, 1, 4, 5])])]
+        [([0, 1], [0, 1]), ([2, 3], [0]), ([4, 5], [1])]
+    """
+    rows = np.unique(np.concatenate(held))
+    member = np.stack([np.isin(rows, h) for h in held], axis=1)  # row -> the windows holding it
+    patterns, first, inverse = np.unique(member, axis=0, return_index=True, return_inverse=True)
+    classes = [
+        (rows[inverse.ravel() == c], np.flatnonzero(patterns[c]).tolist())
+        for c in range(len(patterns))
+    ]
+    order = sorted(range(len(classes)), key=lambda c: (classes[c][1][0], first[c]))
+    return [classes[c] for c in order]
 
 
 def _boxes(
@@ -266,6 +290,7 @@ def _boxes(
     # a window of an uneven dimension's padding alone (no source entry) reads nothing, but
     # still needs an entry of some read, or its buffer would never be made
     blank = [w for w in range(len(group)) if not all(len(p[w]) for p in place)]
+    n_rows = [len(leaf.windows[index].rows) for index in group]
     reads = []
     for grid in sorted(shard_grids(covered), key=min) if covered else [set()]:
         keep = [np.isin(atoms[a], sorted({cell[a] for cell in grid})) for a in range(len(ranges))]
@@ -291,7 +316,8 @@ def _boxes(
                 (
                     index,
                     None if whole_read else _parts(leaf, read),
-                    None if whole_window else _parts(leaf, window),
+                    # a window with rows in other reads too is put together from its pieces
+                    None if whole_window and len(rows) == n_rows[w] else _parts(leaf, window),
                 )
             )
         reads.append((rows, box, entries))

@@ -259,13 +259,17 @@ class LeafWindows:
         data: np.ndarray,
         into: Box,
         pad_value: int | float,
+        rows: np.ndarray | None = None,
     ) -> None:
-        """Writes ``data``, the entries ``into`` of window ``index`` (one read of a window that
-        spans several), into its buffer in ``buffers``, made the first time (``pad_value``)."""
+        """Writes ``data``, the entries ``into`` of window ``index`` on its rows ``rows`` (their
+        positions in the window; ``None``: all), into its buffer in ``buffers``, made the first
+        time (``pad_value``): one read of a window that spans several."""
         shape = self.window_shape(index)
         if buffers[index].shape != shape:
             buffers[index] = np.full(shape, pad_value, self.dtype)
         where = [np.arange(n) for n in shape]
+        if rows is not None:
+            where[0] = rows
         parts = box_parts(into)
         for d, axis in zip(self.windowed, self.windows[index].axes, strict=True):
             where[d] = axis.before + np.arange(len(axis.indices))[parts[d - 1]]

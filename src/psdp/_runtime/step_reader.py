@@ -137,7 +137,14 @@ class StepReader:
                     rows = take_box(rows, entry.columns)
                 leaf = self.plan.leaves[entry.key]
                 if entry.into is not None:  # one of several reads of a window: a copy
-                    leaf.place(buffers[entry.key], entry.window, rows, entry.into, self.pad_value)
+                    leaf.place(
+                        buffers[entry.key],
+                        entry.window,
+                        rows,
+                        entry.into,
+                        self.pad_value,
+                        entry.window_rows,
+                    )
                     continue
                 buffer = leaf.pad_window(entry.window, rows, self.pad_value)
                 if entry.key in borrowed and np.may_share_memory(buffer, got[entry.key]):

@@ -29,12 +29,13 @@ def is_transient(error: BaseException) -> bool:
 
 
 def is_transient_status(message: str) -> bool:
-    """Whether a TensorStore error message has a status code that may pass on a retry.
+    """Whether a TensorStore error message has a status code that may pass on a retry: the code
+    at the start of the message only, never a word later on (a path may hold one).
 
     Example:
         >>> is_transient_status("ABORTED: All 32 retry attempts failed: SlowDown")
         True
-        >>> is_transient_status('NOT_FOUND: chunk {8, 0} in "ds/c/1/0" is missing')
+        >>> is_transient_status('NOT_FOUND: chunk {8, 0} in "UNAVAILABLE/c/1/0" is missing')
         False
     """
     return message.split(":", 1)[0].strip() in TRANSIENT_STATUS
