@@ -169,7 +169,9 @@ def ends_short(num_rows: int, batch_size: int, drop_last: bool) -> bool:
 
 
 # ------------------------------------------------------------------------- specs and shards
-def resolve(strategy: Any, mesh: Mesh, batch_axes: Sequence[str] | None = None) -> PartitionSpec:
+def resolve(
+    strategy: Any, mesh: Mesh, batch_axes: str | Sequence[str] | None = None
+) -> PartitionSpec:
     """The documented meaning of a strategy name (a `PartitionSpec` is used as given)."""
     if isinstance(strategy, PartitionSpec):
         return strategy
@@ -178,7 +180,7 @@ def resolve(strategy: Any, mesh: Mesh, batch_axes: Sequence[str] | None = None) 
     axes = (
         tuple(mesh.axis_names)
         if strategy == "full"
-        else tuple(batch_axes or [a for a in mesh.axis_names if a in BATCH_AXES])
+        else axes_of(batch_axes) or tuple(a for a in mesh.axis_names if a in BATCH_AXES)
     )
     assert strategy in ("batch", "full") and axes, strategy
     return PartitionSpec(axes[0] if len(axes) == 1 else axes)
