@@ -104,6 +104,20 @@ def test_resume_from_any_step_equals_continuing():
             resumed.close()
 
 
+def test_a_restore_takes_the_block_shuffle_from_the_state():
+    """Restored with no order given, a block-shuffled run goes on with the saved io_block and
+    window_blocks (a short block, into the next epoch): every shard exact against the oracle of
+    the settings the run was started with."""
+    data = {"x": token_table(50)}  # blocks of 4: a short last block of 2
+    mesh = make_mesh("data=4 x model=2")
+    settings = dict(mesh=mesh, global_batch_size=8, seed=9, io_block=4, window_blocks=3)
+    with DataLoader(data, **settings) as loader:
+        state = loader.iter_from(4).state()
+    with DataLoader.restore(state, data, mesh=mesh) as restored:
+        for step, batch in zip(range(4, 11), restored, strict=False):  # 7 steps an epoch
+            assert assert_batch_exact(batch, expected_batch(data, step, **settings)) == 16
+
+
 def test_prefetch_depth_does_not_change_batches():
     data = {"x": token_table(40)}
     mesh = make_mesh("replica=2 x data=2 x model=2")
