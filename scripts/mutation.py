@@ -85,6 +85,19 @@ MUTANTS = [
     Mutant("O17", "_runtime/state.py", "**{name: given[name] for name in CHANGEABLE if name in given},",
            "**{name: given[name] for name in CHANGEABLE if name in given and name != 'drop_last'},",
            "a restore ignores a new drop_last"),
+    # shuffles that stay permutations, and restores with another block shuffle: caught only by
+    # oracles that stand alone (tests/shuffle_oracle.py, settings from the test)
+    Mutant("O18", "_plan/order.py", "return splitmix64((splitmix64(self.seed & MASK64) ^ epoch) & MASK64)",
+           "return splitmix64((splitmix64(self.seed & MASK64) ^ (epoch + 1)) & MASK64)",
+           "every epoch takes the next epoch's key"),
+    Mutant("O19", "_plan/index_shuffle.py", "    return tuple(keys)", "    return (keys[1], keys[0], *keys[2:])",
+           "two Feistel rounds' keys swapped"),
+    Mutant("O20", "_runtime/state.py", "saved = OrderOptions(**{name: state[name] for name in ORDER_FIELDS})",
+           'saved = OrderOptions(**{name: state[name] for name in ORDER_FIELDS if name != "window_blocks"})',
+           "a restore takes the default window_blocks, not the saved one"),
+    Mutant("O21", "_runtime/state.py", "saved = OrderOptions(**{name: state[name] for name in ORDER_FIELDS})",
+           'saved = OrderOptions(**{name: state[name] for name in ORDER_FIELDS if name != "io_block"})',
+           "a restore of a block shuffle goes on with a full shuffle"),
     # -------------------------------------------------------------------------------- mesh.py
     Mutant("M1", "_plan/mesh.py", "index = index * layout.shape[dim] + coords[dim]",
            "index = index + coords[dim] * count", "axes of one dimension linearised minor-major"),

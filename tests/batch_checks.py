@@ -1,6 +1,7 @@
 """Exact-data checks shared by single- and multi-process tests: every device shard, never shapes.
 
-The expected values come from tests/oracle.py, never from the loader under test."""
+The expected values come from tests/oracle.py and the settings the test gave the loader, never
+from the loader under test."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import jax
 import numpy as np
 
 from psdp import ArraySource
-from psdp._plan.order import PAD
 from tests import oracle
+from tests.oracle import PAD
 
 
 def expected_global(data: np.ndarray | dict[str, np.ndarray], ids: np.ndarray, pad_value=0):
@@ -27,49 +28,71 @@ def expected_global(data: np.ndarray | dict[str, np.ndarray], ids: np.ndarray, p
     return rows
 
 
-def _oracle_step(loader, data, step: int, feeding=None, halo=None) -> oracle.Expected:
-    """The oracle's step for a loader's *settings* (its mesh, leaf specs, batch size or
-    schedule, skips, resume point, seed, shuffle, drop_last, pad value, mask key): never its ids,
-    positions or plans."""
-    specs = loader.batch_spec if isinstance(loader.batch_spec, dict) else {None: loader.batch_spec}
-    order = loader.options.order
+def expected_step(
+    data,
+    step: int,
+    *,
+    mesh,
+    global_batch_size,
+    batch_spec=None,
+    batch_axes=None,
+    seed: int = 0,
+    shuffle: bool = True,
+    drop_last: bool = False,
+    skip_steps=(),
+    skip_offsets=(),
+    start_at=None,
+    io_block=None,
+    window_blocks: int = 16,
+    pad_value=0,
+    mask_key="mask",
+    feeding_processes=None,
+    halo=0,
+) -> oracle.Expected:
+    """The oracle's step for the settings a test gave its loader: `DataLoader`'s keywords with
+    the same values and defaults (``shuffle``: ``True``, a random-access source's; pass ``False``
+    for a `Mixture`), never read back from a loader, so a loader that applies other settings (a
+    restore that picks another seed or block shuffle, say) fails the comparison. ``data`` is the
+    source as numpy, an array or a dict of some of its leaves (in the source's leaf order); a
+    ``halo`` is an int or a dict leaf -> int, pad halos of dimension 1 (the oracle's only kind)."""
+    leaves = data if isinstance(data, dict) else {None: data}
+    named = batch_spec if isinstance(batch_spec, dict) else dict.fromkeys(leaves, batch_spec)
+    # leaves without a spec take the "batch" strategy (documented)
+    strategies = {k: "batch" if named.get(k) is None else named[k] for k in leaves}
+    specs = {k: oracle.resolve(strategy, mesh, batch_axes) for k, strategy in strategies.items()}
     span = None
-    if (
-        not isinstance(order.global_batch_size, int)
-        or order.skip_steps
-        or order.skip_offsets
-        or (order.start_at is not None)
-    ):
+    if not isinstance(global_batch_size, int) or skip_steps or skip_offsets or start_at:
         span = oracle.schedule_spans(
-            len(loader.source), order.global_batch_size, step + 1, drop_last=order.drop_last,
-            skip_steps=order.skip_steps, skip_offsets=order.skip_offsets, start=order.start,
+            len(next(iter(leaves.values()))), global_batch_size, step + 1, drop_last=drop_last,
+            skip_steps=skip_steps, skip_offsets=skip_offsets, start=start_at or (0, 0),
         )[-1]  # fmt: skip
     return oracle.expected_step(
-        data, loader.mesh, specs, loader.global_batch_size, step,
-        seed=loader.order.seed, shuffle=loader.order.shuffle,
-        drop_last=order.drop_last, pad_value=loader.options.output.pad_value,
-        halo=halo, feeding=feeding, mask_key=loader.options.output.mask_key, span=span,
-        block=None if order.io_block is None else (order.io_block, order.window_blocks),
+        data, mesh, specs, global_batch_size if span is None else span.batch_size, step,
+        seed=seed, shuffle=shuffle, drop_last=drop_last, pad_value=pad_value,
+        halo=_pad_halos(halo, specs), feeding=feeding_processes, mask_key=mask_key, span=span,
+        block=None if io_block is None else (io_block, window_blocks),
     )  # fmt: skip
 
 
-def physical_ids(loader, step: int, feeding=None) -> np.ndarray:
-    """The step's ids in the physical batch, `PAD` for padding (from the oracle)."""
-    return _oracle_step(loader, _rows_like(loader), step, feeding).ids
+def _pad_halos(halo, specs) -> dict:
+    """Each leaf's dimension-1 pad halo: an int is every leaf sharded on dimension 1 (documented)."""
+    if isinstance(halo, int):
+        return {k: halo for k, spec in specs.items() if len(spec) > 1 and oracle.axes_of(spec[1])}
+    if not all(isinstance(h, int) for h in halo.values()):
+        raise TypeError(f"the oracle models dimension-1 pad halos only, got {halo}")
+    return dict(halo)
 
 
-def _rows_like(loader):
-    """A stand-in source with the loader's leaves and length, for the ids alone."""
-    rows = np.zeros(len(loader.source), np.int8)
-    return {k: rows for k in loader.batch_spec} if isinstance(loader.batch_spec, dict) else rows
-
-
-def expected_batch(loader, data, step: int, feeding=None, halo=None):
-    """What the loader must deliver at ``step``, from the oracle (tests/oracle.py): the rows,
-    padding, halos and the mask when padded. ``feeding`` and ``halo`` are the loader's
-    ``feeding_processes`` and per-leaf halos when it was given them."""
-    want = _oracle_step(loader, data, step, feeding, halo)
+def expected_batch(data, step: int, **settings):
+    """What a loader given ``settings`` must deliver at ``step`` (`expected_step`): the rows,
+    padding, halos and the mask leaf of a dict."""
+    want = expected_step(data, step, **settings)
     return want.leaves if isinstance(data, dict) else want.leaves[None]
+
+
+def physical_ids(data, step: int, **settings) -> np.ndarray:
+    """The step's ids in the physical batch, `PAD` for padding (`expected_step`)."""
+    return expected_step(data, step, **settings).ids
 
 
 def assert_shards_exact(batch: jax.Array, expected: np.ndarray, leaf: Any = None) -> int:

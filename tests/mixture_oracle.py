@@ -1,7 +1,7 @@
 """An independent oracle of a mixture (docs/mixtures.md, "The map"): it walks the blocks one by one
 in plain Python, counting what each source gave so far, instead of the plan's prefix sums and
-vectorised lookups. Only the documented primitives are shared: `IndexShuffle` and `splitmix64`
-(tested on their own), and the documented keys."""
+vectorised lookups. Its keyed permutations and `splitmix64` are tests/shuffle_oracle.py's (the
+documented rule written again, nothing from psdp), with the documented keys."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from psdp._plan.index_shuffle import IndexShuffle, splitmix64
+from tests.shuffle_oracle import index_shuffle, splitmix64
 
 BLOCK_TAG = 0x6D69782D626C6F63  # documented in docs/mixtures.md
 
@@ -48,7 +48,7 @@ class OracleMixture:
         self._row = np.zeros(0, np.int64)
         self._sample = np.zeros(0, np.int64)
         self._given = [0] * len(names)
-        self._epochs: dict[tuple[int, int], np.ndarray] = {}
+        self._epochs: dict[tuple[int, int], list[int]] = {}
 
     def stage_weights(self, offset: int) -> list[float]:
         weights = self.stages[0][1]
@@ -69,7 +69,8 @@ class OracleMixture:
     def _walk_block(self, block: int) -> None:
         counts = self.block_counts(block)
         key = splitmix64(splitmix64(BLOCK_TAG ^ splitmix64(self.seed)) ^ block)
-        slots = IndexShuffle(self.block, key)(np.arange(self.block))  # position -> slot
+        position_slot = [index_shuffle(self.block, key, p) for p in range(self.block)]
+        slots = np.array(position_slot, np.int64)
         owner = np.repeat(np.arange(len(counts)), counts)  # slot -> source, sources in order
         rank = np.concatenate([np.arange(c) for c in counts]).astype(np.int64)
         source, rows = owner[slots], np.zeros(self.block, np.int64)
@@ -98,7 +99,7 @@ class OracleMixture:
             name = self.names[source].encode()
             digest = int.from_bytes(hashlib.blake2b(name, digest_size=8).digest(), "little")
             key = splitmix64(splitmix64(splitmix64(self.seed) ^ digest) ^ epoch)
-            self._epochs[(source, epoch)] = IndexShuffle(n, key)(np.arange(n))
+            self._epochs[(source, epoch)] = [index_shuffle(n, key, i) for i in range(n)]
         return int(self._epochs[(source, epoch)][within])
 
 

@@ -4,9 +4,9 @@ Nothing here asks the loader or psdp's planner which rows, positions or columns 
 
 - the order is the documented formula (``psdp._plan.order``'s module docstring): ``K = N // B`` steps
   per epoch with ``drop_last``, else ``ceil(N / B)``; step ``s`` takes positions
-  ``(s % K) * B ..`` of epoch ``s // K``'s permutation, `PAD` past ``N``. Only the permutation
-  of an epoch comes from psdp (`GlobalOrder` with a batch of one row, i.e. the permutation read
-  off position by position), and tests/test_oracle.py pins it with literal known answers;
+  ``(s % K) * B ..`` of epoch ``s // K``'s permutation, `PAD` past ``N``. The permutation is
+  tests/shuffle_oracle.py, the documented rule written again (nothing from psdp), and
+  tests/test_oracle.py pins it with literal known answers;
 - the physical batch is the smallest multiple of the lcm of every leaf's batch-shard count (the
   product of the mesh axis sizes its spec names for dimension 0) that holds ``B`` rows; with
   feeding processes, each fed batch shard (one that a feeding process holds) gets
@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from psdp._plan.order import GlobalOrder
+from tests import shuffle_oracle
 
 #: The id of a padding position (the documented `psdp._plan.order.PAD`; pinned in tests/test_oracle.py).
 PAD = -1
@@ -45,12 +45,9 @@ def permuted(
     positions: np.ndarray,
     block: tuple[int, int] | None = None,
 ) -> np.ndarray:
-    """Rows at ``positions`` of epoch ``epoch``'s permutation, read off one position at a time
-    (``block``: the ``(io_block, window_blocks)`` of a block shuffle)."""
-    io_block, window_blocks = block or (None, 16)
-    one = GlobalOrder(num_rows, 1, shuffle=True, seed=seed, io_block=io_block,
-                      window_blocks=window_blocks)  # fmt: skip  # step epoch*N + i: position i
-    rows = np.array([one.batch_ids(epoch * num_rows + int(i))[0] for i in positions], np.int64)
+    """Rows at ``positions`` of epoch ``epoch``'s permutation (``block``: the
+    ``(io_block, window_blocks)`` of a block shuffle)."""
+    rows = np.array(shuffle_oracle.epoch_rows(num_rows, seed, epoch, positions, block), np.int64)
     assert ((rows >= 0) & (rows < num_rows)).all(), rows
     return rows
 
@@ -172,7 +169,9 @@ def ends_short(num_rows: int, batch_size: int, drop_last: bool) -> bool:
 
 
 # ------------------------------------------------------------------------- specs and shards
-def resolve(strategy: Any, mesh: Mesh, batch_axes: Sequence[str] | None = None) -> PartitionSpec:
+def resolve(
+    strategy: Any, mesh: Mesh, batch_axes: str | Sequence[str] | None = None
+) -> PartitionSpec:
     """The documented meaning of a strategy name (a `PartitionSpec` is used as given)."""
     if isinstance(strategy, PartitionSpec):
         return strategy
@@ -181,7 +180,7 @@ def resolve(strategy: Any, mesh: Mesh, batch_axes: Sequence[str] | None = None) 
     axes = (
         tuple(mesh.axis_names)
         if strategy == "full"
-        else tuple(batch_axes or [a for a in mesh.axis_names if a in BATCH_AXES])
+        else axes_of(batch_axes) or tuple(a for a in mesh.axis_names if a in BATCH_AXES)
     )
     assert strategy in ("batch", "full") and axes, strategy
     return PartitionSpec(axes[0] if len(axes) == 1 else axes)

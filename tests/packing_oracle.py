@@ -26,7 +26,8 @@ def named_documents(lengths, masks: bool = False) -> list[dict[str, np.ndarray]]
 
 
 def naive_pack(lengths, seq_len, strategy, long_documents="split", seed=None):
-    """Sequences as lists of ``(doc, start, length)``, item by item, every sequence scanned."""
+    """Sequences as lists of ``(doc, start, length)``, item by item, every sequence scanned
+    (``seed``: the documented order, numpy's ``default_rng(seed).permutation``)."""
     order = (
         range(len(lengths))
         if seed is None

@@ -26,19 +26,18 @@ def loader_exact(
     mesh = layout.build_mesh(jax.devices())
     data = {"tokens": token_table(num_rows), "weight": np.arange(num_rows, dtype=np.float32)}
     source = CountingSource(data)
-    loader = DataLoader(
-        source, mesh=mesh, global_batch_size=batch_size, shuffle=shuffle, seed=5, prefetch=2
-    )
+    settings = dict(mesh=mesh, global_batch_size=batch_size, shuffle=shuffle, seed=5)
+    loader = DataLoader(source, prefetch=2, **settings)
     source.reads.clear()  # the constructor's one-row probe
     me = jax.process_index()
     shards, want_reads = 0, []
     with loader:
         for step, batch in zip(range(steps), loader, strict=False):
-            expected = expected_batch(loader, data, step)
+            expected = expected_batch(data, step, **settings)
             shards += assert_batch_exact(batch, expected)
             # the host reads exactly the rows of its devices' boxes (JAX's), in batch order,
             # minus padding, which is never read (no read at all if it holds only padding)
-            ids = physical_ids(loader, step)
+            ids = physical_ids(data, step, **settings)
             boxes = NamedSharding(mesh, P(batch_axes)).devices_indices_map(ids.shape)
             mine = sorted({boxes[d][0].start for d in mesh.devices.flat if d.process_index == me})
             block = len(ids) // mesh.shape[batch_axes]
@@ -71,10 +70,11 @@ def tensorstore_exact(
         data = {k: saved[k] for k in saved.files}
     source = TensorStoreSource(path)
     shards = 0
-    loader = DataLoader(source, mesh=mesh, global_batch_size=batch_size, shuffle=shuffle, seed=11)
+    settings = dict(mesh=mesh, global_batch_size=batch_size, shuffle=shuffle, seed=11)
+    loader = DataLoader(source, **settings)
     with loader:
         for step, batch in zip(range(steps), loader, strict=False):
-            shards += assert_batch_exact(batch, expected_batch(loader, data, step))
+            shards += assert_batch_exact(batch, expected_batch(data, step, **settings))
     return {
         "process": jax.process_index(),
         "shards": shards,

@@ -56,21 +56,25 @@ def mixture_cases(process_index, axis_names, mesh_shape) -> dict[str, Any]:
     mix = Mixture(sources, stages=STAGES, block_size=BLOCK, seed=7, source_leaf="source")
     want = oracle_batch(STAGES, sources)
     checked = 0
-    with DataLoader(mix, mesh=mesh, global_batch_size=24) as loader:
+    # a mixture orders its own rows: the loader reads them in offset order (shuffle=False)
+    settings = dict(mesh=mesh, global_batch_size=24, shuffle=False)
+    with DataLoader(mix, **settings) as loader:
         it = iter(loader)
         for step in range(8):
             if step == 3:
                 out["state"] = it.state()
-            checked += assert_batch_exact(next(it), expected_batch(loader, want, step))
+            checked += assert_batch_exact(next(it), expected_batch(want, step, **settings))
         it.close()
     out["stages"] = checked
 
     edited = Mixture(sources, stages=EDITED, block_size=BLOCK, seed=7, source_leaf="source")
     want = oracle_batch(EDITED, sources)
     checked = 0
+    # from step 3 at offset 3 * 24 (the saved run's), in batches of 16
+    settings = dict(mesh=mesh, global_batch_size=16, shuffle=False, start_at=(3, 3 * 24))
     with DataLoader.restore(out["state"], edited, mesh=mesh, global_batch_size=16) as loader:
         for step, batch in zip(range(3, 12), loader, strict=False):
-            checked += assert_batch_exact(batch, expected_batch(loader, want, step))
+            checked += assert_batch_exact(batch, expected_batch(want, step, **settings))
     out["restored"] = checked
 
     windows = {name: WindowSource(d) for name, d in data(width=8).items()}
@@ -78,11 +82,12 @@ def mixture_cases(process_index, axis_names, mesh_shape) -> dict[str, Any]:
     want = oracle_batch(STAGES, data(width=8), source_leaf=None)
     spec = {"tokens": P("data", "model"), "weight": P("data")}
     checked = 0
-    with DataLoader(mix, mesh=mesh, global_batch_size=8, batch_spec=spec) as loader:
+    settings = dict(mesh=mesh, global_batch_size=8, batch_spec=spec, shuffle=False)
+    with DataLoader(mix, **settings) as loader:
         for source in windows.values():
             source.windows.clear()
         for step, batch in zip(range(6), loader, strict=False):
-            checked += assert_batch_exact(batch, expected_batch(loader, want, step))
+            checked += assert_batch_exact(batch, expected_batch(want, step, **settings))
     out["context"] = checked
     out["token_columns"] = sorted(
         {

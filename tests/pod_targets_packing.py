@@ -40,12 +40,10 @@ def packed_exact(process_index, axis_names, mesh_shape, steps: int) -> Any:
     for strategy, options in _cases():
         source = PackedSequences(store, SEQ_LEN, strategy, pad_id=9)
         table = packed_table(docs, naive_pack(LENGTHS, SEQ_LEN, strategy), SEQ_LEN, 9)
-        halo = options.get("halo")
-        with DataLoader(source, mesh=mesh, seed=2, **options) as loader:
+        settings = dict(mesh=mesh, seed=2, **options)
+        with DataLoader(source, **settings) as loader:
             for step in range(steps):
-                want = expected_batch(
-                    loader, table, step, halo=halo and dict.fromkeys(LEAVES, halo)
-                )
+                want = expected_batch(table, step, **settings)
                 checked += assert_batch_exact(loader.batch_at(step), want)
         plans.append([len(source), source.plan.seq_starts.tolist()])
     return {"checked": checked, "plans": plans}

@@ -71,6 +71,11 @@ def _haloed_batch() -> dict[str, Any]:
         return loader.batch_at(0)
 
 
+def _expected_unshuffled(data: Any, step: int) -> Any:
+    """What ``_loader(source, shuffle=False)`` must deliver at ``step``, from its settings."""
+    return expected_batch(data, step, mesh=_mesh(), global_batch_size=B, shuffle=False)
+
+
 class ChangesMidDataset:
     """Reads rows faithfully until step 3 (unshuffled), then breaks them in one way."""
 
@@ -111,7 +116,7 @@ def _mid_dataset(how: str) -> Callable[[Path], Any]:
         with _loader(ChangesMidDataset(data, how), shuffle=False) as loader:
             for step, batch in zip(range(6), loader, strict=False):
                 assert step < ChangesMidDataset.FROM_STEP, f"step {step} was delivered"
-                assert_batch_exact(batch, expected_batch(loader, data, step))
+                assert_batch_exact(batch, _expected_unshuffled(data, step))
 
     return run
 
@@ -123,7 +128,7 @@ def _too_wide_for_declared_dtype(_: Path) -> None:
     with _loader({"tokens": wide}, shuffle=False, dtypes={"tokens": np.int32}) as loader:
         for step, batch in zip(range(6), loader, strict=False):
             assert step < 3, f"step {step} was delivered"
-            assert_batch_exact(batch, expected_batch(loader, {"tokens": TOKENS}, step))
+            assert_batch_exact(batch, _expected_unshuffled({"tokens": TOKENS}, step))
 
 
 DOCS = [
@@ -169,7 +174,7 @@ def _read_damaged(damage: Callable[[Path], Any]) -> Callable[[Path], None]:
         with _loader(TokenSequences(DocumentStore.open(path), 4), shuffle=False) as loader:
             for step, batch in zip(range(3), loader, strict=False):
                 assert step < 2, f"step {step} was delivered"
-                assert_batch_exact(batch, expected_batch(loader, rows, step))
+                assert_batch_exact(batch, _expected_unshuffled(rows, step))
 
     return run
 
@@ -239,7 +244,7 @@ def _truncated_shard(tmp_path: Path) -> None:
     with _loader(TensorStoreSource(path), shuffle=False) as loader:
         for step, batch in zip(range(6), loader, strict=False):
             assert step < 2, f"step {step} (rows 16-23) was delivered"  # never zero-filled rows
-            assert_batch_exact(batch, expected_batch(loader, {"tokens": TOKENS}, step))
+            assert_batch_exact(batch, _expected_unshuffled({"tokens": TOKENS}, step))
 
 
 def _missing_shard(tmp_path: Path) -> None:

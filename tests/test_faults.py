@@ -67,9 +67,12 @@ class FaultySource:
         raise OSError(f"EIO reading rows {ids.min()}-{ids.max()} from shard 7")
 
 
-def _take_good_steps(loader: DataLoader, iterator, count: int) -> None:
+def _take_good_steps(mesh, iterator, count: int) -> None:
+    """The first ``count`` batches of a loader of ``DATA`` on ``mesh``, batches of `B` in source
+    order (every test's settings), each exact."""
     for step in range(count):
-        assert_batch_exact(next(iterator), expected_batch(loader, DATA, step))
+        want = expected_batch(DATA, step, mesh=mesh, global_batch_size=B, shuffle=False)
+        assert_batch_exact(next(iterator), want)
 
 
 @pytest.mark.parametrize(("read_threads", "prefetch"), [(1, 1), (1, 4), (3, 2)])
@@ -82,7 +85,7 @@ def test_a_source_error_reaches_the_trainer_at_its_step_with_its_traceback(
         prefetch=prefetch,
     ) as loader:  # fmt: skip
         iterator = iter(loader)
-        _take_good_steps(loader, iterator, K)  # steps before the failure are delivered, exact
+        _take_good_steps(mesh_2d, iterator, K)  # steps before the failure are delivered, exact
         with pytest.raises(OSError, match="EIO reading rows 24-31 from shard 7") as info:
             next(iterator)
         latency = time.perf_counter() - source.raised_at
@@ -103,7 +106,7 @@ def test_a_read_that_never_returns_times_out_naming_step_and_rows(read_threads, 
             read_threads=read_threads,
         ) as loader:  # fmt: skip
             iterator = iter(loader)
-            _take_good_steps(loader, iterator, K)
+            _take_good_steps(mesh_2d, iterator, K)
             with pytest.raises(TimeoutError) as info:
                 next(iterator)
         message = str(info.value)
@@ -124,7 +127,7 @@ def test_close_from_another_thread_wakes_a_blocked_next(caplog, mesh_2d):
     source = FaultySource("block")
     loader = DataLoader(source, mesh=mesh_2d, global_batch_size=B, shuffle=False)
     iterator = iter(loader)
-    _take_good_steps(loader, iterator, K)
+    _take_good_steps(mesh_2d, iterator, K)
     closer = threading.Timer(0.3, loader.close)
     closer.name = "fault-closer"
     try:

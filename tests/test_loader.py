@@ -42,9 +42,10 @@ def live_threads(prefix: str) -> list[threading.Thread]:
 def test_every_device_gets_exactly_its_rows(mesh_name, shuffle):
     mesh = make_mesh(mesh_name)
     data = {"tokens": token_table(44), "loss_mask": (np.arange(44) % 3 == 0)}
-    with DataLoader(data, mesh=mesh, global_batch_size=16, shuffle=shuffle, seed=3) as loader:
+    settings = dict(mesh=mesh, global_batch_size=16, shuffle=shuffle, seed=3)
+    with DataLoader(data, **settings) as loader:
         for step, batch in zip(range(7), loader, strict=False):  # 44/16: 3 steps per epoch
-            assert assert_batch_exact(batch, expected_batch(loader, data, step)) == 24
+            assert assert_batch_exact(batch, expected_batch(data, step, **settings)) == 24
             assert batch["tokens"].sharding.spec == loader.batch_spec["tokens"]
 
 
@@ -80,10 +81,11 @@ def test_seed_changes_the_order_and_nothing_else():
     mesh = make_mesh("data=8")
     seen = {}
     for seed in (1, 2):
-        loader = DataLoader(data, mesh=mesh, global_batch_size=8, seed=seed)
+        settings = dict(mesh=mesh, global_batch_size=8, seed=seed)
+        loader = DataLoader(data, **settings)
         batches = [loader.batch_at(step) for step in range(8)]  # one epoch
         for step, batch in enumerate(batches):
-            assert_batch_exact(batch, expected_batch(loader, data, step))
+            assert_batch_exact(batch, expected_batch(data, step, **settings))
         assert {(b.shape, b.sharding) for b in batches} == {((8, 3), loader.leaf().sharding)}
         seen[seed] = [np.asarray(b)[:, 0] // 1000 for b in batches]
     assert all(not np.array_equal(a, b) for a, b in zip(seen[1], seen[2], strict=True))
@@ -102,13 +104,28 @@ def test_resume_from_any_step_equals_continuing():
             resumed.close()
 
 
+def test_a_restore_takes_the_block_shuffle_from_the_state():
+    """Restored with no order given, a block-shuffled run goes on with the saved io_block and
+    window_blocks (a short block, into the next epoch): every shard exact against the oracle of
+    the settings the run was started with."""
+    data = {"x": token_table(50)}  # blocks of 4: a short last block of 2
+    mesh = make_mesh("data=4 x model=2")
+    settings = dict(mesh=mesh, global_batch_size=8, seed=9, io_block=4, window_blocks=3)
+    with DataLoader(data, **settings) as loader:
+        state = loader.iter_from(4).state()
+    with DataLoader.restore(state, data, mesh=mesh) as restored:
+        for step, batch in zip(range(4, 11), restored, strict=False):  # 7 steps an epoch
+            assert assert_batch_exact(batch, expected_batch(data, step, **settings)) == 16
+
+
 def test_prefetch_depth_does_not_change_batches():
     data = {"x": token_table(40)}
     mesh = make_mesh("replica=2 x data=2 x model=2")
     for depth in (1, 8):
-        with DataLoader(data, mesh=mesh, global_batch_size=8, prefetch=depth, seed=4) as loader:
+        settings = dict(mesh=mesh, global_batch_size=8, seed=4)
+        with DataLoader(data, prefetch=depth, **settings) as loader:
             for step, batch in zip(range(10), loader, strict=False):  # every shard, exactly
-                assert_batch_exact(batch, expected_batch(loader, data, step))
+                assert_batch_exact(batch, expected_batch(data, step, **settings))
 
 
 def test_step_ten_million_is_its_known_batch():
@@ -127,11 +144,12 @@ def test_one_batched_read_per_step():
     """One call per step with the step's ids, never one per row (on one process, every row: the
     reads of hosts holding part of the batch are checked in tests/test_hosts.py)."""
     source = CountingSource(token_table(32))
-    loader = DataLoader(source, mesh=make_mesh("data=4 x model=2"), global_batch_size=8)
+    settings = dict(mesh=make_mesh("data=4 x model=2"), global_batch_size=8)
+    loader = DataLoader(source, **settings)
     source.reads.clear()
     loader.batch_at(3)
     assert len(source.reads) == 1
-    np.testing.assert_array_equal(source.reads[0], physical_ids(loader, 3))
+    np.testing.assert_array_equal(source.reads[0], physical_ids(token_table(32), 3, **settings))
 
 
 def test_indexable_object_source():
@@ -346,11 +364,10 @@ def test_a_subclass_overriding_read_is_not_bypassed_by_read_window(mesh_context)
 
     data = {"tokens": token_table(16, 4), "w": np.arange(16, dtype=np.int32)}
     spec = {"tokens": P("data", "context")}  # a column window: served by read_window otherwise
-    loader = DataLoader(
-        Doubling(data), mesh=mesh_context, global_batch_size=8, batch_spec=spec, seed=1
-    )
+    settings = dict(mesh=mesh_context, global_batch_size=8, batch_spec=spec, seed=1)
+    loader = DataLoader(Doubling(data), **settings)
     doubled = {k: v * 2 for k, v in data.items()}
-    assert_batch_exact(loader.batch_at(0), expected_batch(loader, doubled, 0))
+    assert_batch_exact(loader.batch_at(0), expected_batch(doubled, 0, **settings))
 
 
 def test_state_after_the_with_block_keeps_the_progress():

@@ -12,9 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from psdp import ArraySource, Mixture, OrderOptions
-from psdp._plan.index_shuffle import IndexShuffle, shuffle_each
+from psdp._plan.index_shuffle import shuffle_each
 from psdp._plan.mixture import MixturePlan, block_counts, stages_from
 from psdp._runtime.feeds import open_feed
+from tests import shuffle_oracle
 from tests.batch_checks import CountingSource, token_table
 from tests.mixture_oracle import OracleMixture, largest_remainder
 
@@ -134,10 +135,11 @@ def test_counts_without_reading_equal_the_samples(offset, count):
     data=st.data(),
 )
 def test_shuffle_each_equals_index_shuffle(sizes, keys, data):
+    """Element by element, the documented `IndexShuffle` (tests/shuffle_oracle.py)."""
     index = [data.draw(st.integers(0, n - 1)) for n in sizes]
     got = shuffle_each(np.array(index), np.array(sizes), np.array(keys[: len(sizes)], np.uint64))
     want = [
-        int(IndexShuffle(n, k)(np.array([i]))[0])
+        shuffle_oracle.index_shuffle(n, k, i)
         for n, k, i in zip(sizes, keys[: len(sizes)], index, strict=True)
     ]
     assert got.tolist() == want

@@ -207,14 +207,13 @@ def test_faults_are_retried_and_every_batch_is_exact(server, proxy, mesh_1d, cap
     write_dataset(spec(server, "faults/"), data, rows_per_shard=16, progress=False)
     # two tries by TensorStore itself, so that some failures reach psdp's own retries too
     source = TensorStoreSource(spec(server, "faults/", proxy))
-    loader = DataLoader(
-        source, mesh=mesh_1d, global_batch_size=24, seed=3, read_attempts=8, retry_backoff_s=0.01
-    )
+    settings = dict(mesh=mesh_1d, global_batch_size=24, seed=3)
+    loader = DataLoader(source, read_attempts=8, retry_backoff_s=0.01, **settings)
     proxy.latency_s, proxy.drop, proxy.error_503 = 0.002, 0.1, 0.2
     store_before = TensorStoreSource.request_counts()
     with loader, caplog.at_level("WARNING", logger="psdp"):
         for step, batch in zip(range(8), loader, strict=False):
-            assert_batch_exact(batch, expected_batch(loader, data, step))
+            assert_batch_exact(batch, expected_batch(data, step, **settings))
     store_retries = TensorStoreSource.request_counts()[1] - store_before[1]
     psdp_retries = [
         r for r in caplog.records if "SlowDown" in r.getMessage() or "CURL" in r.getMessage()
@@ -288,11 +287,10 @@ def pod_reads_remote(spec, expected_npz, process_index, axis_names, mesh_shape, 
         data = {k: saved[k] for k in saved.files}
     before = TensorStoreSource.request_counts()
     shards = 0
+    settings = dict(mesh=mesh, global_batch_size=12, seed=9)
     loader = DataLoader(
         TensorStoreSource(spec),
-        mesh=mesh,
-        global_batch_size=12,
-        seed=9,
+        **settings,
         read_threads=2,
         read_attempts=8,
         retry_backoff_s=0.01,
@@ -301,7 +299,7 @@ def pod_reads_remote(spec, expected_npz, process_index, axis_names, mesh_shape, 
     )
     with loader:
         for step, batch in zip(range(steps), loader, strict=False):
-            shards += assert_batch_exact(batch, expected_batch(loader, data, step))
+            shards += assert_batch_exact(batch, expected_batch(data, step, **settings))
     after = TensorStoreSource.request_counts()
     return {"shards": shards, "requests": after[0] - before[0], "retries": after[1] - before[1]}
 
@@ -364,9 +362,9 @@ def test_a_block_shuffle_reads_few_requests_per_step(server, proxy):
 
 def test_the_loaders_block_shuffle_cuts_requests_and_resumes_exactly(server, proxy, mesh_1d):
     """``io_block`` through the loader, counted at the proxy: every batch exact against the
-    oracle (which reads the block shuffle's permutation off position by position), each epoch a
-    permutation of the rows, each step's GETs within its blocks + shard indexes and far fewer than
-    a full shuffle's; a restore mid-epoch gives the same batches."""
+    oracle (the block shuffle written again from its documented rule), each epoch a permutation
+    of the rows, each step's GETs within its blocks + shard indexes and far fewer than a full
+    shuffle's; a restore mid-epoch (given no order: the state's) gives the same batches."""
     n, width, shard, io_block, window, batch = 512, 1024, 256, 16, 2, 32
     data = {"x": np.arange(n * width, dtype=np.int32).reshape(n, width)}
     write_dataset(spec(server, "lblocks/"), data, rows_per_shard=shard, rows_per_chunk=io_block,
@@ -378,12 +376,13 @@ def test_the_loaders_block_shuffle_cuts_requests_and_resumes_exactly(server, pro
                         "lrows/": {}}.items():  # fmt: skip
         source = TensorStoreSource(spec(server, path, proxy))
         gets[path], seen = [], []
-        with DataLoader(source, mesh=mesh_1d, global_batch_size=batch, seed=3, **order) as loader:
+        settings = dict(mesh=mesh_1d, global_batch_size=batch, seed=3, **order)
+        with DataLoader(source, **settings) as loader:
             for step in range(n // batch):
                 proxy.reset()
                 got = loader.batch_at(step)
                 gets[path].append(proxy.requests["GET"])
-                want = expected_batch(loader, data, step)
+                want = expected_batch(data, step, **settings)
                 assert_batch_exact(got, want)
                 ids = np.asarray(got["x"])[:, 0] // width
                 seen += ids.tolist()
@@ -393,7 +392,7 @@ def test_the_loaders_block_shuffle_cuts_requests_and_resumes_exactly(server, pro
             assert sorted(seen) == list(range(n))  # the epoch: each row once
             state = loader.iter_from(5).state()
             loader.close()
-        with DataLoader.restore(state, source, mesh=mesh_1d, **order) as restored:
-            assert_batch_exact(restored.batch_at(5), expected_batch(restored, data, 5))
+        with DataLoader.restore(state, source, mesh=mesh_1d) as restored:  # the state's order
+            assert_batch_exact(restored.batch_at(5), expected_batch(data, 5, **settings))
     # a step of 32 rows: ~32 GETs of 1-row chunks against 2-3 blocks (+ shard indexes)
     assert sum(gets["lrows/"]) >= 3 * sum(gets["lblocks/"]), gets

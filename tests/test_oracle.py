@@ -2,10 +2,15 @@
 documented structure of epochs and padding, and the halo rule against a ppermute exchange.
 
 The literal orders are what a resume across versions relies on: a changed Feistel constant, round
-count or seed/epoch mixing re-reads or skips rows silently, so it must fail here first.
+count or seed/epoch mixing re-reads or skips rows silently, so it must fail here first. Each is
+checked twice: against psdp's order and against tests/shuffle_oracle.py, the rule written again
+from the docs, so the oracles of every other test stand alone.
 """
 
 from __future__ import annotations
+
+import ast
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -16,9 +21,10 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from psdp import MeshLayout
+from psdp._plan.index_shuffle import splitmix64
 from psdp._plan.order import PAD, GlobalOrder
 from psdp._plan.reads import feeding_positions
-from tests import oracle
+from tests import oracle, shuffle_oracle
 from tests.batch_checks import assert_batch_exact, halo_exchange, token_table
 from tests.meshes import mesh_of
 
@@ -30,6 +36,17 @@ KNOWN_PERMUTATIONS = {
     (10, 2**40 + 3, 5): [7, 2, 8, 6, 4, 5, 9, 1, 3, 0],
     (16, 5, 0): [0, 3, 11, 15, 8, 5, 14, 10, 2, 12, 6, 1, 4, 7, 13, 9],  # N a power of two
     (4, 1, 2): [2, 3, 1, 0],  # the smallest Feistel domain (2 bits)
+}
+
+# (num_rows, seed, epoch, io_block, window_blocks) -> the block shuffle's permutation, as psdp
+# 0.1 computes it
+KNOWN_BLOCK_PERMUTATIONS = {
+    (10, 0, 0, 2, 2): [9, 5, 8, 4, 3, 7, 2, 6, 0, 1],  # 5 full blocks, a last window of one
+    (10, 3, 1, 3, 2): [8, 6, 3, 7, 5, 4, 0, 2, 9, 1],  # a short block (row 9) at a keyed slot
+    (11, 7, 2, 4, 1): [7, 4, 5, 6, 10, 9, 8, 1, 0, 3, 2],  # windows of one block
+    (5, 0, 0, 8, 2): [0, 1, 3, 2, 4],  # the short block is the only one
+    (16, 5, 3, 4, 16): [1, 8, 3, 10, 2, 9, 4, 6, 13, 7, 5, 15, 0, 14, 11, 12],  # one window
+    (14, 2**40 + 3, 5, 3, 3): [10, 11, 5, 9, 12, 3, 13, 4, 7, 1, 2, 0, 8, 6],  # a big seed
 }
 
 # (num_rows, batch, seed, drop_last, step) -> the step's ids: the same rows as psdp 0.1 gave,
@@ -69,6 +86,34 @@ def test_known_epoch_permutations(key, perm):
     one_row = GlobalOrder(n, 1, seed=seed)  # a batch of one row: the permutation, step by step
     assert [int(one_row.batch_ids(epoch * n + i)[0]) for i in range(n)] == perm
     assert oracle.epoch_permutation(n, seed, epoch).tolist() == perm
+
+
+@pytest.mark.parametrize(("key", "perm"), list(KNOWN_BLOCK_PERMUTATIONS.items()))
+def test_known_block_permutations(key, perm):
+    n, seed, epoch, io_block, window = key
+    one_row = GlobalOrder(n, 1, seed=seed, io_block=io_block, window_blocks=window)
+    assert [int(one_row.batch_ids(epoch * n + i)[0]) for i in range(n)] == perm
+    got = shuffle_oracle.epoch_rows(n, seed, epoch, range(n), (io_block, window))
+    assert got == perm
+
+
+def test_splitmix64_is_the_published_sequence():
+    """The first outputs of splitmix64 seeded with 0 (the state steps by the golden gamma)."""
+    outputs = [0xE220A8397B1DCDAF, 0x6E789E6AA1B965F4, 0x06C45D188009454F]
+    states = [i * shuffle_oracle.GOLDEN % 2**64 for i in range(3)]
+    assert [shuffle_oracle.splitmix64(s) for s in states] == outputs
+    assert [splitmix64(s) for s in states] == outputs
+
+
+@pytest.mark.parametrize(
+    "name", ["oracle", "shuffle_oracle", "mixture_oracle", "packing_oracle", "token_oracle"]
+)
+def test_the_oracles_import_nothing_from_psdp(name):
+    """An oracle that borrows psdp's code follows a change of it: it must stand alone."""
+    tree = ast.parse((Path(__file__).parent / f"{name}.py").read_text())
+    imported = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+    imported += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+    assert not [m for m in imported if m.split(".")[0] == "psdp"], imported
 
 
 @pytest.mark.parametrize(("key", "ids"), list(KNOWN_BATCHES.items()))

@@ -35,9 +35,10 @@ RDM = (("replica", "data", "model"), (2, 2, 2))
 def test_each_strategy_delivers_exact_rows(strategy):
     mesh = mesh_of(*RDM, SCRAMBLED)
     data = {"tokens": token_table(64, 4), "weight": np.arange(64, dtype=np.float32)}
-    with DataLoader(data, mesh=mesh, global_batch_size=16, batch_spec=strategy, seed=2) as loader:
+    settings = dict(mesh=mesh, global_batch_size=16, batch_spec=strategy, seed=2)
+    with DataLoader(data, **settings) as loader:
         for step, batch in zip(range(5), loader, strict=False):
-            shards = assert_batch_exact(batch, expected_batch(loader, data, step))
+            shards = assert_batch_exact(batch, expected_batch(data, step, **settings))
             assert shards == 24  # 8 devices x 3 leaves: tokens, weight and the mask
     spec = batch["tokens"].sharding.spec
     assert spec == {"batch": P(("replica", "data")), "full": P(("replica", "data", "model")),
@@ -62,13 +63,14 @@ def test_per_leaf_specs_and_one_read_for_whole_row_leaves():
             "w": np.ones(32, np.float32)}  # fmt: skip
     source = CountingSource(data)
     specs = {"tokens": "full", "doc": "replicated"}  # "w" takes the default, "batch"
-    loader = DataLoader(source, mesh=mesh, global_batch_size=8, batch_spec=specs, seed=1)
+    settings = dict(mesh=mesh, global_batch_size=8, batch_spec=specs, seed=1)
+    loader = DataLoader(source, **settings)
     assert loader.batch_spec == {
         "tokens": P(("replica", "data", "model")), "doc": P(), "w": P(("replica", "data"))
     }  # fmt: skip
     source.reads.clear()
     batch = loader.batch_at(3)
-    assert_batch_exact(batch, expected_batch(loader, data, 3))
+    assert_batch_exact(batch, expected_batch(data, 3, **settings))
     assert len(source.reads) == 1  # every whole-row leaf shares one read
 
 
@@ -90,10 +92,11 @@ def test_sequence_sharded_leaf_is_read_in_column_windows():
     data = {"tokens": token_table(32, 16), "w": np.arange(32, dtype=np.float32)}
     source = WindowSource(data)
     spec = {"tokens": P("data", "context")}
-    loader = DataLoader(source, mesh=seq_mesh(), global_batch_size=8, batch_spec=spec, seed=3)
+    settings = dict(mesh=seq_mesh(), global_batch_size=8, batch_spec=spec, seed=3)
+    loader = DataLoader(source, **settings)
     source.windows.clear()
     batch = loader.batch_at(2)
-    assert_batch_exact(batch, expected_batch(loader, data, 2))
+    assert_batch_exact(batch, expected_batch(data, 2, **settings))
     # whole rows for "w"; the tokens' two column windows sit on the same rows here (one process
     # holds every device) and touch, so they merge into one read of their span. On a pod, a host
     # reads only its own windows (tests/test_partition_multiprocess.py).
@@ -107,15 +110,15 @@ def test_halo_equals_a_ppermute_halo_exchange(h, pad):
     mesh = seq_mesh()
     data = {"tokens": token_table(24, 8)}
     spec = {"tokens": P("data", "context")}
-    haloed = DataLoader(data, mesh=mesh, global_batch_size=8, batch_spec=spec, halo=h,
-                        pad_value=pad, seed=5)  # fmt: skip
+    settings = dict(mesh=mesh, global_batch_size=8, batch_spec=spec, pad_value=pad, seed=5)
+    haloed = DataLoader(data, halo=h, **settings)
     sharding = NamedSharding(mesh, P("data", "context"))
     for step in range(3):
         got = haloed.batch_at(step)["tokens"]
         assert got.shape == (8, 2 * (4 + 2 * h)) and got.sharding == sharding
-        want = expected_batch(haloed, data, step, halo={"tokens": h})["tokens"]
+        want = expected_batch(data, step, halo=h, **settings)["tokens"]
         assert_shards_exact(got, want, leaf="tokens")
-        plain = jax.device_put(expected_batch(haloed, data, step)["tokens"], sharding)
+        plain = jax.device_put(expected_batch(data, step, **settings)["tokens"], sharding)
         assert_shards_exact(got, np.asarray(halo_exchange(plain, mesh, h, pad)), leaf="tokens")
     mask = haloed.halo_mask("tokens")  # per device: h halo, 4 own, h halo columns
     assert mask.sharding.spec == P("context")
@@ -190,14 +193,15 @@ def test_logical_batches_on_data_4(batch_size, shuffle):
     mesh = mesh_of(("data", "model"), (4, 2), SCRAMBLED)
     n = 23
     data = {"x": token_table(n), "y": np.arange(n, dtype=np.float32) + 1}
-    loader = DataLoader(data, mesh=mesh, global_batch_size=batch_size, shuffle=shuffle, seed=4)
+    settings = dict(mesh=mesh, global_batch_size=batch_size, shuffle=shuffle, seed=4)
+    loader = DataLoader(data, **settings)
     physical = -(-batch_size // 4) * 4
     assert loader.plan.physical_batch_size == physical and loader.plan.padded
     per_epoch = -(-n // batch_size)
     seen = []
     with loader:
         for step, batch in zip(range(2 * per_epoch), loader, strict=False):
-            assert_batch_exact(batch, expected_batch(loader, data, step))
+            assert_batch_exact(batch, expected_batch(data, step, **settings))
             mask = np.asarray(batch["mask"])
             assert mask.shape == (physical,) and not mask[batch_size:].any()
             assert (np.asarray(batch["x"])[~mask] == 0).all()  # padding is zero
@@ -211,12 +215,13 @@ def test_logical_batches_on_data_4(batch_size, shuffle):
 def test_padding_rows_are_never_read():
     mesh = mesh_of(("data", "model"), (4, 2), SCRAMBLED)
     source = CountingSource({"x": token_table(10)})
-    loader = DataLoader(source, mesh=mesh, global_batch_size=3, shuffle=False)
+    settings = dict(mesh=mesh, global_batch_size=3, shuffle=False)
+    loader = DataLoader(source, **settings)
     source.reads.clear()
     batch = loader.batch_at(3)  # the epoch's final batch: one real row, physical batch 4
     assert np.asarray(batch["mask"]).tolist() == [True, False, False, False]
     assert [r.tolist() for r in source.reads] == [[9]]
-    assert (physical_ids(loader, 3) == [9, PAD, PAD, PAD]).all()
+    assert (physical_ids({"x": token_table(10)}, 3, **settings) == [9, PAD, PAD, PAD]).all()
 
 
 def test_custom_mask_key_and_pad_value():
@@ -258,7 +263,8 @@ def test_named_axes_give_named_arrays_with_the_mapped_shardings():
     assert batch["tokens"].axes == (Batch, Pos)
     assert batch["tokens"].array.sharding.spec == P(("replica", "data"), "context")
     assert batch["weight"].array.sharding.spec == P(("replica", "data"))
-    expected = expected_batch(loader, data, 0)
+    spec = {"tokens": P(("replica", "data"), "context"), "weight": P(("replica", "data"))}
+    expected = expected_batch(data, 0, mesh=mesh, global_batch_size=8, batch_spec=spec, seed=1)
     assert_shards_exact(batch["tokens"].array, expected["tokens"], leaf="tokens")
     assert_shards_exact(batch["weight"].array, expected["weight"], leaf="weight")
 
@@ -291,21 +297,23 @@ def test_real_sources_read_column_windows(kind, tmp_path):
     assert window["tokens"].tolist() == [[5003, 5004, 5005], [2003, 2004, 2005]]
     assert window["w"].tolist() == [5.0, 2.0]
     spec = {"tokens": P("data", "context")}
-    loader = DataLoader(source, mesh=seq_mesh(), global_batch_size=8, batch_spec=spec, halo=1,
-                        pad_value=-1, seed=2)  # fmt: skip
+    settings = dict(mesh=seq_mesh(), global_batch_size=8, batch_spec=spec, halo=1, pad_value=-1,
+                    seed=2)  # fmt: skip
+    loader = DataLoader(source, **settings)
     for step in range(4):
-        want = expected_batch(loader, data, step, halo={"tokens": 1})
+        want = expected_batch(data, step, **settings)
         assert_batch_exact(loader.batch_at(step), want)
 
 
 def test_feeding_processes_on_one_process_is_the_plain_logical_batch():
     mesh = mesh_of(("data", "model"), (4, 2), SCRAMBLED)
     data = {"x": token_table(30)}
-    fed = DataLoader(data, mesh=mesh, global_batch_size=10, feeding_processes=[0], seed=1)
+    settings = dict(mesh=mesh, global_batch_size=10, feeding_processes=[0], seed=1)
+    fed = DataLoader(data, **settings)
     assert fed.plan.physical_batch_size == 12 and fed.plan.real_positions.tolist() == list(
         range(10)
     )
-    assert_batch_exact(fed.batch_at(1), expected_batch(fed, data, 1))
+    assert_batch_exact(fed.batch_at(1), expected_batch(data, 1, **settings))
     with pytest.raises(ValueError, match=r"process_index=3 is out of range: this layout has 1"):
         DataLoader(data, mesh=mesh, global_batch_size=10, feeding_processes=[3])
     with pytest.raises(ValueError, match="feeding_processes needs every leaf's batch dimension"):
@@ -320,12 +328,14 @@ def test_both_assembly_paths_deliver_the_same_exact_shards(batched, monkeypatch)
     monkeypatch.setattr(psdp._runtime.assembly, "BATCHED_PUT_MIN_BYTES", 0 if batched else 1 << 60)
     data = {"tokens": token_table(24, 8), "w": np.arange(24, dtype=np.float32)}
     spec = {"tokens": P("data", "context")}
-    loader = DataLoader(data, mesh=seq_mesh(), global_batch_size=6, batch_spec=spec, seed=4)
+    settings = dict(mesh=seq_mesh(), global_batch_size=6, batch_spec=spec, seed=4)
+    loader = DataLoader(data, **settings)
     for step in range(5):
-        assert_batch_exact(loader.batch_at(step), expected_batch(loader, data, step))
-    haloed = DataLoader(data, mesh=seq_mesh(), global_batch_size=8, batch_spec=spec, halo=2, seed=4)
+        assert_batch_exact(loader.batch_at(step), expected_batch(data, step, **settings))
+    settings = dict(mesh=seq_mesh(), global_batch_size=8, batch_spec=spec, halo=2, seed=4)
+    haloed = DataLoader(data, **settings)
     for step in range(3):
-        want = expected_batch(haloed, data, step, halo={"tokens": 2})
+        want = expected_batch(data, step, **settings)
         assert_batch_exact(haloed.batch_at(step), want)
 
 
@@ -333,10 +343,11 @@ def test_a_leaf_sharded_beyond_dimension_1_reads_each_row_once():
     mesh = mesh_of(("data", "context", "model"), (2, 2, 2), SCRAMBLED)
     data = {"x": (np.arange(16 * 4 * 2) % 1000).reshape(16, 4, 2).astype(np.int32)}
     source = WindowSource(data)
-    loader = DataLoader(source, mesh=mesh, global_batch_size=4, batch_spec={"x": P("data", "context", "model")},
-                        shuffle=False, halo=1)  # fmt: skip
+    settings = dict(mesh=mesh, global_batch_size=4, batch_spec={"x": P("data", "context", "model")},
+                    shuffle=False, halo=1)  # fmt: skip
+    loader = DataLoader(source, **settings)
     source.windows.clear()
-    assert_batch_exact(loader.batch_at(0), expected_batch(loader, data, 0, halo={"x": 1}))
+    assert_batch_exact(loader.batch_at(0), expected_batch(data, 0, **settings))
     for ids, _ in source.windows:
         assert len(set(ids.tolist())) == len(ids)  # no row twice in one read
 
@@ -355,9 +366,10 @@ def test_batch_axes_in_the_order_given():
     mesh = mesh_of(*RDM, SCRAMBLED)
     data = {"x": token_table(16)}
     for axes in (("replica", "data"), ("data", "replica")):
-        loader = DataLoader(data, mesh=mesh, global_batch_size=8, batch_axes=axes, seed=6)
+        settings = dict(mesh=mesh, global_batch_size=8, batch_axes=axes, seed=6)
+        loader = DataLoader(data, **settings)
         assert loader.batch_spec == {"x": P(axes)}
-        assert_batch_exact(loader.batch_at(1), expected_batch(loader, data, 1))
+        assert_batch_exact(loader.batch_at(1), expected_batch(data, 1, **settings))
 
 
 def test_an_int_halo_widens_only_the_sequence_sharded_leaves():
@@ -367,18 +379,20 @@ def test_an_int_halo_widens_only_the_sequence_sharded_leaves():
         "doc": token_table(24, 3),
         "w": np.arange(24, dtype=np.int32),
     }
-    loader = DataLoader(data, mesh=seq_mesh(), global_batch_size=8, halo=2, seed=3,
-                        batch_spec={"tokens": P("data", "context")})  # fmt: skip
+    settings = dict(mesh=seq_mesh(), global_batch_size=8, halo=2, seed=3,
+                    batch_spec={"tokens": P("data", "context")})  # fmt: skip
+    loader = DataLoader(data, **settings)
     assert [loader.leaf(k).halos for k in data] == [(AxisHalo(2, "pad"),), (), ()]
-    assert_batch_exact(loader.batch_at(2), expected_batch(loader, data, 2, halo={"tokens": 2}))
+    assert_batch_exact(loader.batch_at(2), expected_batch(data, 2, **settings))
 
 
 def test_batch_axes_may_be_one_name_and_bad_knobs_are_clear_errors():
     mesh = mesh_of(("rows", "model"), (4, 2), SCRAMBLED)
     data = {"x": token_table(16)}
-    loader = DataLoader(data, mesh=mesh, global_batch_size=8, batch_axes="rows", shuffle=False)
+    settings = dict(mesh=mesh, global_batch_size=8, batch_axes="rows", shuffle=False)
+    loader = DataLoader(data, **settings)
     assert loader.batch_spec == {"x": P("rows")}
-    assert_batch_exact(loader.batch_at(0), expected_batch(loader, data, 0))
+    assert_batch_exact(loader.batch_at(0), expected_batch(data, 0, **settings))
     with pytest.raises(
         TypeError, match=r"read_timeout_s must be > 0 or None \(a number of seconds.*'x'"
     ):

@@ -22,12 +22,11 @@ STEPS = 14  # crosses the first epoch's end (offset 1000) and the offset skip
 DATA = {"tokens": token_table(N), "weight": np.arange(N, dtype=np.float32)}
 
 
+ORDER = dict(global_batch_size=RAMP, skip_steps=SKIP_STEPS, skip_offsets=SKIP_OFFSETS, seed=5)
+
+
 def _ramp(mesh, **changes):
-    kwargs = (
-        dict(global_batch_size=RAMP, skip_steps=SKIP_STEPS, skip_offsets=SKIP_OFFSETS, seed=5)
-        | changes
-    )
-    return DataLoader(DATA, mesh=mesh, **kwargs)
+    return DataLoader(DATA, mesh=mesh, **ORDER | changes)
 
 
 def _rows(batch) -> list[int]:
@@ -51,7 +50,8 @@ def test_a_ramp_with_skips_delivers_the_oracles_rows_on_every_device(mesh_2d):
     seen = []
     with _ramp(mesh_2d) as loader:
         for step, batch in zip(range(STEPS), loader, strict=False):
-            assert assert_batch_exact(batch, expected_batch(loader, DATA, step)) == 3 * 8
+            want = expected_batch(DATA, step, mesh=mesh_2d, **ORDER)
+            assert assert_batch_exact(batch, want) == 3 * 8
             info = loader.step_info(step)
             assert (info.offset, info.batch_size, info.rows) == (
                 spans[step].offset, spans[step].batch_size, spans[step].rows,
@@ -90,17 +90,18 @@ def test_a_resumed_run_reads_every_sample_once_like_an_uninterrupted_one(
     before = oracle.schedule_spans(
         N, RAMP, resume_at, skip_steps=SKIP_STEPS, skip_offsets=SKIP_OFFSETS
     )
-    # what the restore was asked for, from the test's own settings (not the loader's)
+    # what the restore was asked for, from the test's own settings (not the loader's): the
+    # saved settings with the changes, from where the saved walk stopped
+    resumed = ORDER | changes | dict(start_at=(resume_at, before[-1].offset + before[-1].rows))
     after = oracle.schedule_spans(
-        N, changes.get("global_batch_size", RAMP), steps,
-        drop_last=changes.get("drop_last", False),
-        skip_steps=changes.get("skip_steps", SKIP_STEPS), skip_offsets=SKIP_OFFSETS,
-        start=(resume_at, state["offset"]),
+        N, resumed["global_batch_size"], steps, drop_last=resumed.get("drop_last", False),
+        skip_steps=resumed["skip_steps"], skip_offsets=SKIP_OFFSETS, start=resumed["start_at"],
     )  # fmt: skip
     with DataLoader.restore(state, DATA, mesh=mesh_2d, **changes) as loader:
         second = []
         for step, batch in zip(range(resume_at, steps), loader, strict=False):
-            assert assert_batch_exact(batch, expected_batch(loader, DATA, step)) == 3 * 8
+            want = expected_batch(DATA, step, mesh=mesh_2d, **resumed)
+            assert assert_batch_exact(batch, want) == 3 * 8
             want = oracle.span_ids(N, after[step - resume_at], seed=5)
             assert _rows(batch) == want[want != oracle.PAD].tolist()
             second.append(_rows(batch))

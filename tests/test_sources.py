@@ -47,9 +47,10 @@ def check_loader(source, data, *, steps=7, batch=16, shuffle=True) -> int:
     dict batches get a ``mask`` leaf: 4 leaves for `corpus`, checked like the others.
     """
     shards = 0
-    with DataLoader(source, mesh=MESH, global_batch_size=batch, shuffle=shuffle) as loader:
+    settings = dict(mesh=MESH, global_batch_size=batch, shuffle=shuffle)
+    with DataLoader(source, **settings) as loader:
         for step, got in zip(range(steps), loader, strict=False):
-            shards += assert_batch_exact(got, expected_batch(loader, data, step))
+            shards += assert_batch_exact(got, expected_batch(data, step, **settings))
     return shards
 
 

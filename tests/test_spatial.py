@@ -24,7 +24,7 @@ from psdp._plan.windows import AxisHalo
 from psdp._runtime.assembly import domain_mask, halo_mask
 from psdp.sources.writer import write_dataset
 from tests import oracle
-from tests.batch_checks import assert_shards_exact, expected_batch, physical_ids
+from tests.batch_checks import assert_shards_exact, expected_batch, expected_step, physical_ids
 from tests.fake_hosts import fake_pod, host_batch
 from tests.meshes import SCRAMBLED, mesh_of
 from tests.test_spatial_oracle import (
@@ -61,15 +61,14 @@ def field(rows: int, *shape: int, dtype=np.float32) -> np.ndarray:
     return (np.arange(rows * math.prod(shape)).reshape(rows, *shape) + 1).astype(dtype)
 
 
-def want_of(loader, data, step, halos, pad_value=0):
-    """The oracle's delivered batch: whole rows from tests/oracle.py, widened per dimension."""
-    want = expected_batch(loader, data, step)
-    specs = loader.batch_spec
+def want_of(data, step, halos, **settings):
+    """The oracle's delivered batch for a loader given ``settings`` and ``halo=options(halos)``:
+    whole rows from tests/oracle.py, widened per dimension."""
+    want = expected_step(data, step, **settings)
+    mesh, pad_value = settings["mesh"], settings.get("pad_value", 0)
     return {
-        k: v
-        if k == "mask"
-        else expected_leaf(v, loader.mesh, specs[k], halos.get(k, {}), pad_value)
-        for k, v in want.items()
+        k: v if k == "mask" else expected_leaf(v, mesh, want.specs[k], halos.get(k, {}), pad_value)
+        for k, v in want.leaves.items()
     }
 
 
@@ -111,12 +110,11 @@ def test_2d_domain_every_device_exact_on_every_host(layout, height, width, halos
     hosts = int(np.max(layout)) + 1
     with fake_pod(mesh, layout) as process_of:
         for host in range(hosts):
-            loader = DataLoader(
-                data, mesh=mesh, global_batch_size=4, batch_spec={"field": SPEC_2D},
-                halo=options(halo), pad_value=-1, seed=2, process_index=host,
-            )  # fmt: skip
+            settings = dict(mesh=mesh, global_batch_size=4, batch_spec={"field": SPEC_2D},
+                            pad_value=-1, seed=2)  # fmt: skip
+            loader = DataLoader(data, halo=options(halo), process_index=host, **settings)
             for step in (0, 2):
-                want = want_of(loader, data, step, halo, pad_value=-1)
+                want = want_of(data, step, halo, **settings)
                 check_host(host_batch(loader, step, process_of), want, mesh, process_of, host)
 
 
@@ -136,13 +134,11 @@ def test_3d_domain_every_device_exact_with_the_batch_replicated(nx, ny, nz, halo
     layout = [[[0, 1], [2, 3]], [[1, 0], [3, 2]]]
     with fake_pod(mesh, layout) as process_of:
         for host in range(4):
-            loader = DataLoader(
-                data, mesh=mesh, global_batch_size=5,
-                batch_spec={"field": SPEC_3D, "label": "full"}, halo=options(halo), pad_value=-2,
-                seed=1, process_index=host,
-            )  # fmt: skip
+            settings = dict(mesh=mesh, global_batch_size=5, pad_value=-2, seed=1,
+                            batch_spec={"field": SPEC_3D, "label": "full"})  # fmt: skip
+            loader = DataLoader(data, halo=options(halo), process_index=host, **settings)
             assert loader.plan.physical_batch_size == 8  # "full" splits 5 rows over 8 devices
-            want = want_of(loader, data, 1, halo, pad_value=-2)
+            want = want_of(data, 1, halo, **settings)
             check_host(host_batch(loader, 1, process_of), want, mesh, process_of, host)
 
 
@@ -162,18 +158,17 @@ def test_every_batch_strategy_feeding_and_an_uneven_batch_beside_a_2d_domain():
     with fake_pod(mesh, NONCONTIGUOUS) as process_of:
         for batch_spec in specs:
             for host in range(4):
-                loader = DataLoader(
-                    data, mesh=mesh, global_batch_size=3, batch_spec=batch_spec,
-                    halo=options(halo), seed=7, process_index=host,
-                )  # fmt: skip
-                want = want_of(loader, data, 0, halo)
+                settings = dict(mesh=mesh, global_batch_size=3, batch_spec=batch_spec, seed=7)
+                loader = DataLoader(data, halo=options(halo), process_index=host, **settings)
+                want = want_of(data, 0, halo, **settings)
                 check_host(host_batch(loader, 0, process_of), want, mesh, process_of, host)
         for host in range(4):  # only hosts 0 and 3 fed: the others' rows are padding
-            loader = DataLoader(
-                data, mesh=mesh, global_batch_size=3, batch_spec={"field": SPEC_2D, "tokens": P("data")},
-                halo=options(halo), feeding_processes=[0, 3], process_index=host, seed=3,
+            settings = dict(
+                mesh=mesh, global_batch_size=3, batch_spec={"field": SPEC_2D, "tokens": P("data")},
+                feeding_processes=[0, 3], seed=3,
             )  # fmt: skip
-            want = {k: v for k, v in expected_batch(loader, data, 0, feeding=[0, 3]).items()}
+            loader = DataLoader(data, halo=options(halo), process_index=host, **settings)
+            want = expected_batch(data, 0, **settings)
             want["field"] = expected_leaf(want["field"], mesh, SPEC_2D, halo["field"], 0)
             check_host(host_batch(loader, 0, process_of), want, mesh, process_of, host)
 
@@ -185,10 +180,10 @@ def test_a_periodic_sequence_and_the_int_halo_side_by_side():
     data = {"tokens": field(16, 12, dtype=np.int32)}
     spec = {"tokens": P("data", "context")}
     for halo, boundary in ((2, "pad"), ({1: (2, "periodic")}, "periodic")):
-        loader = DataLoader(data, mesh=mesh, global_batch_size=8, batch_spec=spec,
-                            halo={"tokens": halo}, pad_value=-1, seed=4)  # fmt: skip
+        settings = dict(mesh=mesh, global_batch_size=8, batch_spec=spec, pad_value=-1, seed=4)
+        loader = DataLoader(data, halo={"tokens": halo}, **settings)
         assert loader.plan.halos == {"tokens": {1: AxisHalo(2, boundary)}}
-        want = expected_leaf(expected_batch(loader, data, 1)["tokens"], mesh, spec["tokens"],
+        want = expected_leaf(expected_batch(data, 1, **settings)["tokens"], mesh, spec["tokens"],
                              {1: (2, boundary)}, -1)  # fmt: skip
         assert_shards_exact(loader.batch_at(1)["tokens"], want, leaf="tokens")
 
@@ -212,10 +207,9 @@ def test_a_source_without_read_window_gives_the_same_boxes():
     halo = {"field": {2: (2, "periodic"), 3: (1, "pad")}}
     with fake_pod(mesh, NONCONTIGUOUS) as process_of:
         for host in range(4):
-            loader = DataLoader(ReadOnly(data), mesh=mesh, global_batch_size=4,
-                                batch_spec={"field": SPEC_2D}, halo=options(halo),
-                                process_index=host)  # fmt: skip
-            want = want_of(loader, data, 1, halo)
+            settings = dict(mesh=mesh, global_batch_size=4, batch_spec={"field": SPEC_2D})
+            loader = DataLoader(ReadOnly(data), halo=options(halo), process_index=host, **settings)
+            want = want_of(data, 1, halo, **settings)
             check_host(host_batch(loader, 1, process_of), want, mesh, process_of, host)
 
 
@@ -299,11 +293,10 @@ def test_bytes_read_per_host_are_the_union_of_its_boxes_and_halos(layout, halos)
     with fake_pod(mesh, layout) as process_of:
         for host in range(int(np.max(layout)) + 1):
             source = Recording(data)
-            loader = DataLoader(source, mesh=mesh, global_batch_size=4,
-                                batch_spec={"field": SPEC_2D}, halo={"field": halos},
-                                seed=9, process_index=host)  # fmt: skip
+            settings = dict(mesh=mesh, global_batch_size=4, batch_spec={"field": SPEC_2D}, seed=9)
+            loader = DataLoader(source, halo={"field": halos}, process_index=host, **settings)
             devices = [d for d, p in process_of.items() if p == host]
-            ids = physical_ids(loader, 1)
+            ids = physical_ids(data, 1, **settings)
             cells = needed_cells(ids, (len(ids), *shape[1:]), mesh, SPEC_2D, halos, devices)
             reads, got = host_reads(loader, source, 1, process_of)
             assert got == needed_bytes(cells, shape, [2, 3], 4), host
@@ -358,14 +351,15 @@ def test_bytes_read_from_tensorstore_per_host_and_one_read_per_box(tmp_path):
     with fake_pod(mesh, NONCONTIGUOUS) as process_of:
         for host in range(4):
             source = RecordingStore(path)
-            loader = DataLoader(source, mesh=mesh, global_batch_size=4,
-                                batch_spec={"field": SPEC_2D}, halo={"field": halos},
-                                seed=3, process_index=host)  # fmt: skip
+            settings = dict(mesh=mesh, global_batch_size=4, batch_spec={"field": SPEC_2D}, seed=3)
+            loader = DataLoader(source, halo={"field": halos}, process_index=host, **settings)
             source.reads = source.bytes = 0
             batch = host_batch(loader, 1, process_of)
-            check_host(batch, want_of(loader, data, 1, {"field": halos}), mesh, process_of, host)
+            check_host(
+                batch, want_of(data, 1, {"field": halos}, **settings), mesh, process_of, host
+            )
             devices = [d for d, p in process_of.items() if p == host]
-            ids = physical_ids(loader, 1)
+            ids = physical_ids(data, 1, **settings)
             cells = needed_cells(ids, (len(ids), 2, 7, 12), mesh, SPEC_2D, halos, devices)
             assert source.bytes == needed_bytes(cells, (10, 2, 7, 12), [2, 3], 4)
             assert source.reads == 2  # the host's two boxes, one batched read each
@@ -414,10 +408,11 @@ def test_an_array_source_takes_its_halos_per_dimension():
     mesh = mesh_2d()
     rows = field(9, 2, 6, 8)
     halos = {2: (1, "pad"), 3: (2, "periodic")}
-    loader = DataLoader(rows, mesh=mesh, global_batch_size=4, batch_spec=SPEC_2D, halo=halos,
-                        pad_value=-1, seed=1, drop_last=True)  # fmt: skip
+    settings = dict(mesh=mesh, global_batch_size=4, batch_spec=SPEC_2D, pad_value=-1, seed=1,
+                    drop_last=True)  # fmt: skip
+    loader = DataLoader(rows, halo=halos, **settings)
     assert loader.plan.halos == {None: {2: AxisHalo(1, "pad"), 3: AxisHalo(2, "periodic")}}
-    want = expected_leaf(expected_batch(loader, rows, 0), mesh, SPEC_2D, halos, -1)
+    want = expected_leaf(expected_batch(rows, 0, **settings), mesh, SPEC_2D, halos, -1)
     assert_shards_exact(loader.batch_at(0), want)
     config = LoaderConfig.create(global_batch_size=4, halo=halos)
     assert config.to_dict()["sharding"]["halo"] == {"2": [1, "pad"], "3": [2, "periodic"]}

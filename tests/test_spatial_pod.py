@@ -67,21 +67,20 @@ def spatial_cases(cases, store):
         halos = {int(d): (w, b) for d, (w, b) in raw_halos.items()}
         data = {"field": field_of(17, shape), "label": np.arange(17, dtype=np.int32)}
         source = Recording(data)
-        loader = DataLoader(
-            source, mesh=mesh, global_batch_size=batch_size,
-            batch_spec={"field": spec, **others}, halo={"field": halos}, pad_value=-1, seed=6,
-        )  # fmt: skip
+        settings = dict(mesh=mesh, global_batch_size=batch_size,
+                        batch_spec={"field": spec, **others}, pad_value=-1, seed=6)  # fmt: skip
+        loader = DataLoader(source, halo={"field": halos}, **settings)
         mine = [d for d in mesh.devices.flat if d.process_index == me]
         shards, step_bytes = 0, []
         with loader:
             for step in (0, 1):
                 source.clear()
                 batch = loader.batch_at(step)
-                want = expected_batch(loader, data, step)
+                want = expected_batch(data, step, **settings)
                 want["field"] = expected_leaf(want["field"], mesh, spec, halos, -1)
                 for key in want:
                     shards += assert_shards_exact(batch[key], want[key], leaf=key)
-                ids = physical_ids(loader, step)
+                ids = physical_ids(data, step, **settings)
                 cells = needed_cells(ids, (len(ids), *shape), mesh, spec, halos, mine)
                 dims = windowed(mesh, spec, 1 + len(shape), halos)
                 union = needed_bytes(cells, (17, *shape), dims, 4)
@@ -125,15 +124,15 @@ def _store_check(mesh, store):
     with np.load(store["expected"]) as saved:
         data = {"field": saved["field"]}
     source = RecordingStore(store["path"])
-    loader = DataLoader(source, mesh=mesh, global_batch_size=4, batch_spec={"field": spec},
-                        halo={"field": halos}, seed=8)  # fmt: skip
+    settings = dict(mesh=mesh, global_batch_size=4, batch_spec={"field": spec}, seed=8)
+    loader = DataLoader(source, halo={"field": halos}, **settings)
     me = jax.process_index()
     with loader:
         source.reads = source.bytes = 0
         batch = loader.batch_at(0)
-        want = expected_leaf(expected_batch(loader, data, 0)["field"], mesh, spec, halos)
+        want = expected_leaf(expected_batch(data, 0, **settings)["field"], mesh, spec, halos)
         shards = assert_shards_exact(batch["field"], want, leaf="field")
-        ids = physical_ids(loader, 0)
+        ids = physical_ids(data, 0, **settings)
         mine = [d for d in mesh.devices.flat if d.process_index == me]
         shape = data["field"].shape
         cells = needed_cells(ids, (len(ids), *shape[1:]), mesh, spec, halos, mine)

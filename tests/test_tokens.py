@@ -20,9 +20,10 @@ S = 8  # seq_len
 DOCS = token_oracle.documents(seed=3, count=30, mean=9)
 
 
-def _check_steps(loader, rows, steps=(0, 1, 2), halo=None):
+def _check_steps(loader, rows, steps=(0, 1, 2), **settings):
+    """Each step of ``loader``, made with ``settings``, exact against ``rows``."""
     for step in steps:
-        want = expected_batch(loader, rows, step, halo=halo)
+        want = expected_batch(rows, step, **settings)
         assert assert_batch_exact(loader.batch_at(step), want) > 0
 
 
@@ -33,8 +34,8 @@ def test_every_shard_exact_batch_and_full(mesh_2d, strategy, targets, eos_id):
     source = TokenSequences(DocumentStore.from_documents(DOCS), S, targets=targets, eos_id=eos_id)
     rows = token_oracle.rows(DOCS, S, targets=targets, eos_id=eos_id)
     assert len(source) == len(rows["input_ids"])
-    loader = DataLoader(source, mesh=mesh_2d, global_batch_size=8, batch_spec=strategy, seed=5)
-    _check_steps(loader, rows)
+    settings = dict(mesh=mesh_2d, global_batch_size=8, batch_spec=strategy, seed=5)
+    _check_steps(DataLoader(source, **settings), rows, **settings)
 
 
 @pytest.mark.parametrize("halo", [0, 2])
@@ -44,11 +45,9 @@ def test_every_shard_exact_context_sharded_with_a_pad_halo(mesh_context, halo):
     rows = token_oracle.rows(docs, S, eos_id=1)
     spec = {k: P("data", "context") for k in rows}
     halos = {k: halo for k in rows} if halo else None
-    loader = DataLoader(
-        source, mesh=mesh_context, global_batch_size=8, batch_spec=spec, halo=halos or 0,
-        seed=1, pad_value=7,
-    )  # fmt: skip
-    _check_steps(loader, rows, halo=halos)
+    settings = dict(mesh=mesh_context, global_batch_size=8, batch_spec=spec, halo=halos or 0,
+                    seed=1, pad_value=7)  # fmt: skip
+    _check_steps(DataLoader(source, **settings), rows, **settings)
 
 
 @pytest.mark.parametrize(("targets", "halo"), [(False, 2), (True, 1), (False, 4)])
@@ -66,13 +65,12 @@ def test_a_continue_halo_holds_the_neighbouring_tokens(mesh_context, targets, ha
     spec = {k: P("data", "context") for k in want_rows}
     halos = {k: {1: (halo, "continue")} for k in want_rows}
     for shuffle in (False, True):  # unshuffled: row 0 (before token 0) and the last row
-        loader = DataLoader(
-            source, mesh=mesh_context, global_batch_size=8, batch_spec=spec, halo=halos,
-            seed=4, shuffle=shuffle, pad_value=7,
-        )  # fmt: skip
+        settings = dict(mesh=mesh_context, global_batch_size=8, batch_spec=spec, seed=4,
+                        shuffle=shuffle, pad_value=7)  # fmt: skip
+        loader = DataLoader(source, halo=halos, **settings)
         steps = range(-(-len(source) // 8)) if not shuffle else (0, 1)
         for step in steps:
-            want = expected_batch(loader, want_rows, step)  # rows already in delivered layout
+            want = expected_batch(want_rows, step, **settings)  # rows already in delivered layout
             assert assert_batch_exact(loader.batch_at(step), want) > 0
 
 
@@ -97,13 +95,15 @@ def test_a_context_sharded_host_reads_only_its_token_ranges(mesh_context, halo):
     with fake_pod(mesh_context, layout) as process_of:
         for host in range(4):
             store = CountingStore.from_documents(docs)
-            loader = DataLoader(
-                TokenSequences(store, S), mesh=mesh_context, global_batch_size=8, seed=2,
+            settings = dict(
+                mesh=mesh_context, global_batch_size=8, seed=2,
                 batch_spec={k: P("data", "context") for k in ("input_ids", "loss_mask", "segment_ids", "positions")},
-                halo={k: {1: (halo, "continue")} for k in ("input_ids", "loss_mask")} if halo else 0,
-                process_index=host,
             )  # fmt: skip
-            ids = physical_ids(loader, 1)
+            loader = DataLoader(
+                TokenSequences(store, S), process_index=host, **settings,
+                halo={k: {1: (halo, "continue")} for k in ("input_ids", "loss_mask")} if halo else 0,
+            )  # fmt: skip
+            ids = physical_ids(token_oracle.rows(docs, S), 1, **settings)
             store.ranges.clear()
             host_batch(loader, 1, process_of)
             pair, c = divmod(host, 2)
@@ -166,13 +166,15 @@ def test_a_schedule_saved_on_one_mesh_resumes_on_another_with_the_same_samples(
         whole = [_sample_keys(loader.batch_at(step)) for step in range(steps)]
         it = loader.iter_from(0)
         for step in range(save_at):
-            assert assert_batch_exact(next(it), expected_batch(loader, rows, step)) > 0
+            want = expected_batch(rows, step, mesh=mesh_1d, **order)
+            assert assert_batch_exact(next(it), want) > 0
         state = it.state()
         it.close()
     spec = {k: P("data", "context") for k in rows}
     with DataLoader.restore(state, source, mesh=mesh_context, batch_spec=spec) as loader:
         for step, batch in zip(range(save_at, steps), loader, strict=False):
-            assert assert_batch_exact(batch, expected_batch(loader, rows, step)) > 0
+            want = expected_batch(rows, step, mesh=mesh_context, batch_spec=spec, **order)
+            assert assert_batch_exact(batch, want) > 0
             assert _sample_keys(batch) == whole[step], step
     spans = oracle.schedule_spans(len(rows["input_ids"]), order["global_batch_size"], steps, skip_steps=order["skip_steps"])  # fmt: skip
     assert [len(w) for w in whole] == [s.rows for s in spans]  # epoch ends cut some steps short
@@ -191,7 +193,8 @@ def test_a_context_shard_of_padding_only():
     rows = token_oracle.rows(DOCS, S, targets=True)
     delivered = {k: np.pad(v, ((0, 0), (0, 3)), constant_values=7) for k, v in rows.items()}
     for step in (0, 1):
-        assert assert_batch_exact(loader.batch_at(step), expected_batch(loader, delivered, step))
+        want = expected_batch(delivered, step, mesh=mesh, **options)
+        assert assert_batch_exact(loader.batch_at(step), want)
     layout = np.array([[0, 1, 2, 3], [0, 1, 2, 3]])  # host c holds context shard c only
     with fake_pod(mesh, layout) as process_of:
         loader = DataLoader(source, mesh=mesh, process_index=3, **options)

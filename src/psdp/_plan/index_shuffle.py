@@ -1,5 +1,6 @@
 """`IndexShuffle`: a keyed permutation of ``range(n)`` evaluated pointwise (the order's full
-shuffle; `BlockShuffle` builds on it): ``docs/loader.md``, "The order and the resume rule"."""
+shuffle; `BlockShuffle` builds on it); the rule in full: ``docs/loader.md``, "The permutations,
+bit for bit"."""
 
 from __future__ import annotations
 
