@@ -74,28 +74,37 @@ def _box_text(box, shape) -> str:
     )
 
 
+def _no_halo(settings):
+    """The settings without the halo, which does not change which rows a step holds."""
+    return {k: v for k, v in settings.items() if k != "halo"}
+
+
 def _field_loader():
     """A (16, 7, 10) field on data=2 x h=2 x w=2: 7 latitudes (pad, uneven: 8) by 10 longitudes
     (periodic), every entry distinct."""
     mesh = mesh_of(("data", "h", "w"), (2, 2, 2), SCRAMBLED)
     data = {"field": np.arange(16 * 7 * 10, dtype=np.int32).reshape(16, 7, 10) + 1}
     halo = {"field": {1: 1, 2: (2, "periodic")}}
-    loader = DataLoader(data, mesh=mesh, global_batch_size=4, batch_spec={"field": P("data", "h", "w")},
-                        halo=halo, pad_value=-1, seed=2)  # fmt: skip
-    want = expected_leaf(data["field"][physical_ids(loader, 1)], mesh, P("data", "h", "w"),
+    settings = dict(mesh=mesh, global_batch_size=4, batch_spec={"field": P("data", "h", "w")},
+                    halo=halo, pad_value=-1, seed=2)  # fmt: skip
+    loader = DataLoader(data, **settings)
+    ids = physical_ids(data, 1, **_no_halo(settings))  # the oracle's halo: expected_leaf's
+    want = expected_leaf(data["field"][ids], mesh, P("data", "h", "w"),
                          {1: (1, "pad"), 2: (2, "periodic")}, pad_value=-1)  # fmt: skip
     # device (h=0, w=0)'s window position (1, 0): latitude 0, longitude 8 (the wrap)
-    return loader, data, halo, -1, {"field": want}, ("field", 2, 0, (0, 1, 0))
+    return loader, ids, data, halo, -1, {"field": want}, ("field", 2, 0, (0, 1, 0))
 
 
 def _tokens_loader(mesh_context):
     """A (B, 16) token leaf over context=2 with a pad halo of 2."""
     data = {"tokens": np.arange(64 * 16, dtype=np.int32).reshape(64, 16) + 1}
-    loader = DataLoader(data, mesh=mesh_context, global_batch_size=8, seed=3,
-                        batch_spec={"tokens": P("data", "context")}, halo=2, pad_value=-1)  # fmt: skip
-    want = expected_batch(loader, data, 1, halo={"tokens": 2})
+    settings = dict(mesh=mesh_context, global_batch_size=8, seed=3,
+                    batch_spec={"tokens": P("data", "context")}, halo=2, pad_value=-1)  # fmt: skip
+    loader = DataLoader(data, **settings)
+    want = expected_batch(data, 1, **settings)
+    ids = physical_ids(data, 1, **settings)
     # context shard 1's window position (0, 1): column 7, the halo from shard 0
-    return loader, data, 2, -1, want, ("tokens", 1, 1, (0, 1))
+    return loader, ids, data, 2, -1, want, ("tokens", 1, 1, (0, 1))
 
 
 def _continue_loader(mesh_context):
@@ -104,12 +113,14 @@ def _continue_loader(mesh_context):
     source = TokenSequences(DocumentStore.from_documents(docs), 8, eos_id=1, pad_id=9)
     halo = {"input_ids": {1: (2, "continue")}}
     spec = {k: P("data", "context") for k in ("input_ids", "segment_ids", "positions")}
-    loader = DataLoader(source, mesh=mesh_context, global_batch_size=8, batch_spec=spec,
-                        halo=halo, pad_value=7, seed=4)  # fmt: skip
+    settings = dict(mesh=mesh_context, global_batch_size=8, batch_spec=spec, halo=halo,
+                    pad_value=7, seed=4)  # fmt: skip
+    loader = DataLoader(source, **settings)
     rows = token_oracle.continued_rows(docs, 8, shards=2, halo=2, pad_id=9, eos_id=1)
-    want = {"input_ids": rows["input_ids"][physical_ids(loader, 1)]}
+    ids = physical_ids(rows["input_ids"], 1, **_no_halo(settings))
+    want = {"input_ids": rows["input_ids"][ids]}
     # context shard 0's window position (0, 0): the previous row's token (or pad_id)
-    return loader, source, halo, 7, want, ("input_ids", 1, 0, (0, 0))
+    return loader, ids, source, halo, 7, want, ("input_ids", 1, 0, (0, 0))
 
 
 @pytest.mark.parametrize("case", ["pad", "periodic", "continue"])
@@ -118,10 +129,9 @@ def test_a_haloed_batch_is_checked_against_its_windows(mesh_context, case):
     the numpy oracle), one wrong halo entry on one device fails naming that device's box."""
     make = {"pad": lambda: _tokens_loader(mesh_context), "periodic": _field_loader,
             "continue": lambda: _continue_loader(mesh_context)}[case]  # fmt: skip
-    loader, source, halo, pad_value, want, (key, dim, shard, at) = make()
+    loader, ids, source, halo, pad_value, want, (key, dim, shard, at) = make()
     with loader:
         batch = loader.batch_at(1)
-    ids = physical_ids(loader, 1)
     for name, value in want.items():
         if name != "mask":
             np.testing.assert_array_equal(np.asarray(batch[name]), value)
