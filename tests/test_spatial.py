@@ -322,16 +322,17 @@ def test_windows_whose_rows_overlap_in_part_read_each_entry_once(halo):
     with fake_pod(mesh, MIXED_ROWS) as process_of:
         for host in range(2):
             source = Recording(data)
-            loader = DataLoader(source, mesh=mesh, global_batch_size=8,
-                                batch_spec={"field": spec}, halo={"field": halos},
-                                seed=5, process_index=host)  # fmt: skip
+            settings = dict(mesh=mesh, global_batch_size=8, batch_spec={"field": spec}, seed=5)
+            loader = DataLoader(source, halo={"field": halos}, process_index=host, **settings)
             devices = [d for d, p in process_of.items() if p == host]
-            ids = physical_ids(loader, 1)
+            ids = physical_ids(data, 1, **settings)
             cells = needed_cells(ids, (len(ids), *shape[1:]), mesh, spec, halos, devices)
             source.clear()
             batch = host_batch(loader, 1, process_of)
             assert source.bytes == needed_bytes(cells, shape, [2], 4), host
-            check_host(batch, want_of(loader, data, 1, {"field": halos}), mesh, process_of, host)
+            check_host(
+                batch, want_of(data, 1, {"field": halos}, **settings), mesh, process_of, host
+            )
 
 
 def row_sets(mesh, devices) -> int:

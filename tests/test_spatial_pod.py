@@ -177,13 +177,17 @@ def mixed_rows_cases(cases):
         halos = {2: (width, boundary)}
         data = {"field": field_of(12, shape)}
         source = Recording(data)
-        with DataLoader(source, mesh=mesh, global_batch_size=8, batch_spec={"field": spec},
-                        halo={"field": halos}, pad_value=-1, seed=5) as loader:  # fmt: skip
+        settings = dict(
+            mesh=mesh, global_batch_size=8, batch_spec={"field": spec}, pad_value=-1, seed=5
+        )
+        with DataLoader(source, halo={"field": halos}, **settings) as loader:
             source.clear()
             batch = loader.batch_at(1)
-            want = expected_leaf(expected_batch(loader, data, 1)["field"], mesh, spec, halos, -1)
+            want = expected_leaf(
+                expected_batch(data, 1, **settings)["field"], mesh, spec, halos, -1
+            )
             shards = assert_shards_exact(batch["field"], want, leaf="field")
-            ids = physical_ids(loader, 1)
+            ids = physical_ids(data, 1, **settings)
             cells = needed_cells(ids, (len(ids), *shape), mesh, spec, halos, mine)
             union = needed_bytes(cells, (12, *shape), [2], 4)
             out.append({"shards": shards, "bytes": source.bytes, "union": union})
