@@ -42,6 +42,7 @@ from psdp import (
     write_dataset,
 )
 from psdp.sources.document_writer import write_documents
+from psdp.tools.pod import run_pod
 from psdp.tools.simulate import Simulation
 from tests import token_oracle
 from tests.batch_checks import assert_batch_exact, expected_batch, token_table
@@ -1459,6 +1460,18 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
         ),
         ValueError,
         ["boundary 'continue'", "does not continue its rows", "use 'pad' or 'periodic'"],
+    ),
+    # ---------------------------------------------------------------- the local pod
+    (
+        "a pod with fewer per-process environments than processes",
+        lambda _: run_pod(
+            "psdp.tools.pod:_describe_host",
+            num_processes=2,
+            devices_per_process=1,
+            env=[{"PYTHONHASHSEED": "0"}],
+        ),  # fmt: skip
+        ValueError,
+        ["env is a list of 1 environments for 2 processes", "one dict per process"],
     ),
 ]
 

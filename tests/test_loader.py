@@ -48,6 +48,20 @@ def test_every_device_gets_exactly_its_rows(mesh_name, shuffle):
             assert batch["tokens"].sharding.spec == loader.batch_spec["tokens"]
 
 
+def test_a_batch_lists_its_leaves_in_sorted_order_the_mask_included():
+    """One rule for leaf order (docs/sources.md, "Leaf order"): a batch's keys are sorted, the
+    mask's among them, whatever order the source gave."""
+    data = {
+        "weight": np.ones(44, np.float32),
+        "tokens": token_table(44),
+        "ids": np.arange(44, dtype=np.int32),
+    }
+    for options in ({}, {"mask_key": "z_mask"}, {"mask_key": None, "drop_last": True}):
+        with DataLoader(data, mesh=make_mesh("data=8"), global_batch_size=16, **options) as loader:
+            keys = list(loader.batch_at(0))
+        assert keys == sorted(keys) and len(keys) == 3 + (options.get("mask_key", 1) is not None)
+
+
 def test_unshuffled_order_is_the_documented_formula():
     data = {"x": token_table(10)}
     loader = DataLoader(data, mesh=make_mesh("data=8"), global_batch_size=8, shuffle=False)

@@ -186,3 +186,22 @@ def test_a_stage_is_past_once_one_of_its_samples_was_read(offset, refused):
             edited.check_resume(saved, offset)
     else:
         edited.check_resume(saved, offset)
+
+
+@pytest.mark.multiprocess
+def test_leaf_order_and_consistency_agree_on_hosts_with_different_hash_seeds():
+    """Each host of the 4-host pod runs with its own PYTHONHASHSEED (0-3: sets of the leaf names
+    iterate in two different orders among them): every host's batch has the same keys in sorted
+    order, the mask included, and check_consistency passes on every host, also when odd hosts
+    hand it the leaves reversed."""
+    from tests import pod_targets_mixture as targets
+    from tests.batch_checks import run_on_noncontiguous_pod
+
+    envs = [{"PYTHONHASHSEED": str(seed)} for seed in range(4)]
+    results = run_on_noncontiguous_pod(targets.leaf_order_cases, env=envs, timeout_s=240)
+    keys = ["mask", "source", "tokens", "weight"]
+    assert [r["keys"] for r in results] == [[keys, keys]] * 4
+    assert [r["errors"] for r in results] == [[]] * 4
+    for r in results:
+        assert len(r["reports"]) == 6, r
+        assert all(report.startswith("all 8 devices received") for report in r["reports"]), r

@@ -10,7 +10,7 @@ from typing import Any, Protocol, TypeAlias, TypeVar, runtime_checkable
 
 import numpy as np
 
-from psdp._plan.leaves import Key
+from psdp._plan.leaves import Key, in_leaf_order
 from psdp._plan.windows import Box, read_box
 
 Rows: TypeAlias = "np.ndarray | dict[str, np.ndarray]"
@@ -84,7 +84,7 @@ class ArraySource:
         if isinstance(data, Mapping):
             if not data:
                 raise ValueError("a dict source needs at least one leaf, got an empty dict")
-            leaves = {str(k): as_rows(v, f"leaf {k!r}") for k, v in data.items()}
+            leaves = in_leaf_order({str(k): as_rows(v, f"leaf {k!r}") for k, v in data.items()})
             lengths = {k: len(v) for k, v in leaves.items()}
             if len(set(lengths.values())) > 1:
                 raise ValueError(
@@ -122,7 +122,7 @@ class ArraySource:
         for key, cols in columns.items():
             leaf: Any = self._data if key is None else self._data[key]
             out[key] = read_box(leaf, ids, cols)
-        return out
+        return in_leaf_order(out)
 
     def describe(self) -> str:
         return f"ArraySource({describe_rows(self._data)})"

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from psdp._checks import check_int
-from psdp._plan.leaves import Key
+from psdp._plan.leaves import Key, in_leaf_order
 from psdp._plan.windows import Box, box_parts
 from psdp.sources.base import check_ids, fresh_rows
 from psdp.sources.documents import POSITIONS, SEGMENT_IDS, TOKENS, DocumentStore, check_view_of
@@ -155,7 +155,7 @@ class TokenSequences:
             columns = _columns(boxes[keys[0]], self.width)
             where = ids[:, None] * self.seq_len + columns[None, :]  # stream positions
             out.update(self._at(where, [k for k in keys if isinstance(k, str)]))
-        return out
+        return in_leaf_order(out)
 
     def _at(self, where: np.ndarray, names: list[str]) -> dict[Key, np.ndarray]:
         """The leaves ``names`` at stream positions ``where`` (any shape)."""
