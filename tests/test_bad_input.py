@@ -1232,7 +1232,15 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
         "offsets that do not start at 0",
         lambda _: DocumentStore.from_arrays(np.array([1, 4]), {"input_ids": np.zeros(4, int)}),
         ValueError,
-        ["must start at 0, got 1", "rewrite it"],
+        ["must start at 0, got 1", "Levanter's JaggedArrayStore", "offsets[:1 + 1]", "rewrite it"],
+    ),
+    (
+        # offsets allocated longer than memory (Levanter's 2**54 entries) would abort pytest if
+        # read: that refusal is tested in a child process (tests/test_documents.py)
+        "a flat leaf allocated longer than the offsets' tokens",
+        lambda _: DocumentStore.from_arrays(np.array([0, 4]), {"input_ids": np.zeros(6, int)}),
+        ValueError,
+        ["leaf 'input_ids' of arrays has 6 values", "offsets end at 4 tokens", "pass leaf[:4]"],
     ),
     (
         "flat leaves of different lengths",
