@@ -49,11 +49,8 @@ class Source(Protocol):
     """What the loader reads from: a sized table read in batches.
 
     ``read(ids)`` returns the rows at ``ids`` (an array, or a dict of arrays for a dict batch).
-    A source may also offer ``read_window(ids, columns)``, where ``columns`` maps some leaves
-    (``None`` for a single array) to a slice of dimension 1, a box (a tuple with a slice or an
-    index array per dimension from 1 on) or ``None`` (whole rows), returning just those leaves:
-    the loader then reads a windowed leaf's columns or box only, instead of whole rows
-    (`ArraySource`, `MemmapSource` and `TensorStoreSource` do).
+    A source may also offer `SupportsReadWindow`'s ``read_window``: the loader then reads a
+    windowed leaf's columns or box only, instead of whole rows.
 
     Example:
         >>> class Squares:
@@ -69,6 +66,26 @@ class Source(Protocol):
     def read(self, ids: np.ndarray) -> Rows: ...
 
     def describe(self) -> str: ...
+
+
+@runtime_checkable
+class SupportsReadWindow(Protocol):
+    """A source that reads some leaves cut to a box: ``docs/sources.md``, "Column windows and
+    boxes".
+
+    ``columns`` maps each leaf to read (``None`` for a single array) to its box: a slice of
+    dimension 1, or a tuple with a slice or a 1-d int index array per dimension from 1 on (outer
+    indexing; dimensions past the tuple whole). ``()`` is the whole row: the loader reads
+    whole-row leaves that way beside a windowed leaf. Returns exactly those leaves, one row per id.
+
+    Example:
+        >>> src = ArraySource({"tokens": np.arange(12).reshape(3, 4), "w": np.arange(3)})
+        >>> got = src.read_window(np.array([2]), {"tokens": (slice(1, 3),), "w": ()})
+        >>> isinstance(src, SupportsReadWindow), got["tokens"].tolist(), got["w"].tolist()
+        (True, [[9, 10]], [2])
+    """
+
+    def read_window(self, ids: np.ndarray, columns: Mapping[Key, Box]) -> dict[Key, np.ndarray]: ...
 
 
 class ArraySource:

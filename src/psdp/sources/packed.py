@@ -172,9 +172,9 @@ def _columns(box: Box) -> slice | np.ndarray | None:
     """A read's columns of dimension 1: ``None`` (all), a range, or an index array."""
     cols: Any = box
     if isinstance(box, tuple):
-        if len(box) != 1:
+        if len(box) > 1:
             raise ValueError(f"a packed sequence has one dimension after the batch, got box {box}")
-        cols = box[0]
+        cols = box[0] if box else None  # (): the whole row
     if cols is None or isinstance(cols, slice):
         if cols is not None and cols.step not in (None, 1):
             raise ValueError(f"column windows are ranges with step 1, got {cols}")
