@@ -1080,6 +1080,12 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
         ["stage 2 starts at offset 8, not after stage 1 (offset 16)", "increasing order"],
     ),
     (
+        "mixture: two stages with the same start",  # which weights would its blocks take?
+        lambda _: _mix(stages=[(0, {"web": 1}), (8, {"code": 1}), (8, {"web": 1})]),
+        ValueError,
+        ["stage 2 starts at offset 8, not after stage 1 (offset 8)", "each once"],
+    ),
+    (
         "mixture: a stage off a block boundary",
         lambda _: _mix(stages=[(0, {"web": 1}), (12, {"code": 1})]),
         ValueError,

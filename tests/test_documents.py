@@ -62,6 +62,29 @@ def test_read_ranges_equals_slices_of_the_concatenation(lengths, cuts):
     np.testing.assert_array_equal(got, np.concatenate([flat[:0], *want]))
 
 
+@pytest.mark.parametrize("backing", ["documents", "array", "memmap r+", "memmap r"])
+def test_reads_return_arrays_the_caller_owns(tmp_path, backing):
+    """A caller may write into what read_ranges returns (a read-only view would also do): the
+    store, in memory or a memory-mapped file, never changes. One range, several, and none."""
+    flat = np.arange(100, 110, dtype=np.int32)
+    offsets = np.array([0, 4, 10])
+    if backing == "documents":
+        store = DocumentStore.from_documents([flat[:4], flat[4:]])
+    elif backing == "array":
+        store = DocumentStore.from_arrays(offsets, {"input_ids": flat})
+    else:
+        np.save(tmp_path / "flat.npy", flat)
+        mapped = np.load(tmp_path / "flat.npy", mmap_mode=backing.split()[1])
+        store = DocumentStore.from_arrays(offsets, {"input_ids": mapped})
+    for starts, stops in (([2], [7]), ([0, 5], [3, 9]), ([], [])):
+        got = store.read_ranges(np.array(starts, np.int64), np.array(stops, np.int64))["input_ids"]
+        if got.flags.writeable:
+            got[...] = -1
+        assert store.read_ranges([0], [10])["input_ids"].tolist() == list(range(100, 110))
+    if backing.startswith("memmap"):
+        assert np.load(tmp_path / "flat.npy").tolist() == list(range(100, 110))
+
+
 def test_from_arrays_reads_foreign_flat_and_tensorstore_arrays():
     import tensorstore as ts
 

@@ -3,6 +3,8 @@ layout, editing future stages, refusing an edited past, and the 4-host non-conti
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -112,6 +114,11 @@ def test_a_stage_starting_exactly_at_the_resume_offset_may_change(mesh_1d):
         ),
         (STAGES, {"seed": 8}, r"the mixture's seed is 8, but the saved run's was 7"),
         (STAGES, {"block_size": 8}, r"the mixture's block_size is 8, but the saved run's was 16"),
+        (
+            STAGES,
+            {"shuffle": False},
+            r"the mixture's shuffle is False, but the saved run's was True",
+        ),
     ],
 )
 def test_a_restore_that_changes_the_past_is_refused(mesh_1d, stages, changes, message):
@@ -119,6 +126,30 @@ def test_a_restore_that_changes_the_past_is_refused(mesh_1d, stages, changes, me
         state = loader.iter_from(3).state()
     with pytest.raises(ValueError, match=message):
         DataLoader.restore(state, _mixture(stages, **changes), mesh=mesh_1d)
+
+
+@pytest.mark.parametrize(
+    ("edit", "now"),
+    [
+        (
+            lambda d: {**d, "web": {k: v[:80] for k, v in d["web"].items()}},
+            "[['web', 80], ['code', 35]]",
+        ),
+        (lambda d: {"wiki": d["web"], "code": d["code"]}, "[['wiki', 90], ['code', 35]]"),
+        (lambda d: {"code": d["code"], "web": d["web"]}, "[['code', 35], ['web', 90]]"),
+    ],
+    ids=["a source with fewer rows", "a renamed source", "the sources in another order"],
+)
+def test_a_restore_with_other_sources_is_refused(mesh_1d, edit, now):
+    """Every sample depends on the sources (their names, rows and tag order): other sources are
+    refused, naming both (before the stages, which differ here too)."""
+    with DataLoader(_mixture(), mesh=mesh_1d, global_batch_size=24) as loader:
+        state = loader.iter_from(3).state()
+    sources = edit(data())
+    mix = Mixture(sources, weights=dict.fromkeys(sources, 1), block_size=BLOCK, seed=7)
+    message = f"the mixture's sources is {now}, but the saved run's was [['web', 90], ['code', 35]]"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        DataLoader.restore(state, mix, mesh=mesh_1d)
 
 
 def test_a_mixture_state_records_its_definition_and_an_array_cannot_restore_it(mesh_1d):
