@@ -359,6 +359,27 @@ MUTANTS = [
            "a stage added or removed before the resume offset goes unnoticed"),
     Mutant("MX5", "sources/mixture.py", "            positions = positions[order]\n", "",
            "a source's rows sorted for the read but scattered to the unsorted positions"),
+    Mutant("MX7", "_plan/mixture.py", 'for name in ("sources", "block_size", "seed", "shuffle"):',
+           'for name in ("block_size", "seed"):', "a restore may change the sources or shuffle"),
+    Mutant("MX8", "_plan/mixture.py", "if stages[index][0] <= stages[index - 1][0]:",
+           "if stages[index][0] < stages[index - 1][0]:", "two stages with the same start"),
+    # ------------------------------------- leaf order, read_window boxes, token views and stores
+    Mutant("LO1", "_runtime/assembly.py", "return self._wrap(in_leaf_order(batch))",
+           "return self._wrap(batch)", "the mask appended after the sorted leaves"),
+    Mutant("LO2", "_plan/loader_plan.py", "        first_row = in_leaf_order(first_row)", "        pass",
+           "the mask follows the first leaf the caller listed, not the first by name"),
+    Mutant("RW1", "_runtime/step_reader.py",
+           "boxes = {key: () if box is None else box for key, box in request.columns.items()}",
+           "boxes = request.columns", "whole-row leaves given to read_window as None, no documented box"),
+    Mutant("T6", "sources/tokens.py", "eos_after = extra * (lengths > 0)", "eos_after = extra + 0 * lengths",
+           "an empty document gets an EOS"),
+    Mutant("T7", "sources/tokens.py", "self._len = max(0, (self.stream_tokens - int(targets)) // self.seq_len)",
+           "self._len = max(0, self.stream_tokens // self.seq_len)",
+           "with targets, a last row whose target is an unmasked pad"),
+    Mutant("DS1", "sources/documents.py", "return np.array(array[starts[0] : stops[0]])",
+           "return array[starts[0] : stops[0]]", "one range read as a view of the store"),
+    Mutant("DS2", "sources/documents.py", "if memory is not None and shape[0] * dtype.itemsize > memory:",
+           "if False:", "offsets 2**54 long read whole (std::bad_alloc)"),
 ]  # fmt: skip
 
 #: Single-process tests run against every mutant (the planner, reads, assembly and order).

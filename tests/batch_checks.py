@@ -161,14 +161,21 @@ class WindowSource(CountingSource):
 NONCONTIGUOUS_4x2 = [[0, 1], [2, 3], [0, 1], [2, 3]]
 
 
-def run_on_noncontiguous_pod(target: Callable[..., Any], timeout_s: float = 180, **args):
+def run_on_noncontiguous_pod(
+    target: Callable[..., Any], timeout_s: float = 180, env: Any = None, **args
+):
     """Runs the pod target ``target`` (a function of a ``tests.pod_targets*`` module) on the
-    4-process `NONCONTIGUOUS_4x2` pod (``data=4 x model=2``)."""
+    4-process `NONCONTIGUOUS_4x2` pod (``data=4 x model=2``); ``env`` as `run_pod` takes it."""
     from psdp.tools.pod import run_pod
 
     layout = dict(process_index=NONCONTIGUOUS_4x2, axis_names=["data", "model"], mesh_shape=[4, 2])
     return run_pod(
-        target, num_processes=4, devices_per_process=2, args=layout | args, timeout_s=timeout_s
+        target,
+        num_processes=4,
+        devices_per_process=2,
+        args=layout | args,
+        timeout_s=timeout_s,
+        env=env,
     )
 
 

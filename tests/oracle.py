@@ -274,7 +274,8 @@ def expected_step(
     """The whole global batch of ``step`` and each leaf's spec.
 
     ``data`` is the source as numpy (an array: leaf ``None``; or a dict). ``specs`` has one
-    `PartitionSpec` per leaf, in the source's leaf order. ``process_of`` maps each device to its
+    `PartitionSpec` per leaf; the first leaf (whose batch dimension the mask follows) is the
+    first by name (docs/sources.md, "Leaf order"). ``process_of`` maps each device to its
     process (default: JAX's), for feeding. ``span``: the step's span under a schedule or skips
     (`schedule_spans`); then ``batch_size`` is ignored.
     """
@@ -283,7 +284,7 @@ def expected_step(
         batch_size = span.batch_size
     halo = dict(halo or {})
     num_rows = len(next(iter(leaves.values())))
-    first = next(iter(specs.values()))
+    first = specs[sorted(specs, key=str)[0]]
     if feeding is None:
         size = physical_size(batch_size, mesh, list(specs.values()))
         positions = np.arange(batch_size)

@@ -106,3 +106,29 @@ def mixture_cases(process_index, axis_names, mesh_shape) -> dict[str, Any]:
     except ValueError as error:
         out["disagreement"] = str(error)
     return out
+
+
+def leaf_order_cases(process_index, axis_names, mesh_shape) -> dict[str, Any]:
+    """Run with a different ``PYTHONHASHSEED`` on each host: a mixture's batch keys (mask
+    included) in one order on every host, and `check_consistency` passing on its batches, also
+    when a host hands it the leaves in another order (odd hosts: reversed)."""
+    from psdp import ConsistencyError, check_consistency
+
+    mesh, sources = _mesh(process_index, axis_names), data()
+    mix = Mixture(sources, stages=STAGES, block_size=BLOCK, seed=7, source_leaf="source")
+    want = oracle_batch(STAGES, sources)
+    out: dict[str, Any] = {"keys": [], "reports": [], "errors": []}
+    with DataLoader(mix, mesh=mesh, global_batch_size=24) as loader:
+        for step in range(2):
+            batch = loader.batch_at(step)
+            out["keys"].append(list(batch))
+            mine = dict(reversed(batch.items())) if jax.process_index() % 2 else batch
+            try:
+                # source tags repeat by design: only the rows' own leaves must differ
+                out["reports"].append(str(check_consistency(batch, distinct={"tokens", "weight"})))
+                out["reports"].append(str(check_consistency(mine, distinct={"tokens", "weight"})))
+                expected = expected_batch(loader, want, step)
+                out["reports"].append(str(check_consistency(mine, expected)))
+            except ConsistencyError as error:
+                out["errors"].append(str(error))
+    return out

@@ -44,6 +44,7 @@ from psdp import (
     write_dataset,
 )
 from psdp.sources.document_writer import write_documents
+from psdp.tools.pod import run_pod
 from psdp.tools.simulate import Simulation
 from tests import token_oracle
 from tests.batch_checks import assert_batch_exact, expected_batch, token_table
@@ -1124,6 +1125,12 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
         ["stage 2 starts at offset 8, not after stage 1 (offset 16)", "increasing order"],
     ),
     (
+        "mixture: two stages with the same start",  # which weights would its blocks take?
+        lambda _: _mix(stages=[(0, {"web": 1}), (8, {"code": 1}), (8, {"web": 1})]),
+        ValueError,
+        ["stage 2 starts at offset 8, not after stage 1 (offset 8)", "each once"],
+    ),
+    (
         "mixture: a stage off a block boundary",
         lambda _: _mix(stages=[(0, {"web": 1}), (12, {"code": 1})]),
         ValueError,
@@ -1276,7 +1283,15 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
         "offsets that do not start at 0",
         lambda _: DocumentStore.from_arrays(np.array([1, 4]), {"input_ids": np.zeros(4, int)}),
         ValueError,
-        ["must start at 0, got 1", "rewrite it"],
+        ["must start at 0, got 1", "Levanter's JaggedArrayStore", "offsets[:1 + 1]", "rewrite it"],
+    ),
+    (
+        # offsets allocated longer than memory (Levanter's 2**54 entries) would abort pytest if
+        # read: that refusal is tested in a child process (tests/test_documents.py)
+        "a flat leaf allocated longer than the offsets' tokens",
+        lambda _: DocumentStore.from_arrays(np.array([0, 4]), {"input_ids": np.zeros(6, int)}),
+        ValueError,
+        ["leaf 'input_ids' of arrays has 6 values", "offsets end at 4 tokens", "pass leaf[:4]"],
     ),
     (
         "flat leaves of different lengths",
@@ -1504,6 +1519,18 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
         ),
         ValueError,
         ["boundary 'continue'", "does not continue its rows", "use 'pad' or 'periodic'"],
+    ),
+    # ---------------------------------------------------------------- the local pod
+    (
+        "a pod with fewer per-process environments than processes",
+        lambda _: run_pod(
+            "psdp.tools.pod:_describe_host",
+            num_processes=2,
+            devices_per_process=1,
+            env=[{"PYTHONHASHSEED": "0"}],
+        ),  # fmt: skip
+        ValueError,
+        ["env is a list of 1 environments for 2 processes", "one dict per process"],
     ),
 ]
 

@@ -131,7 +131,7 @@ def test_the_runnable_blocks_are_found():
     assert run == {
         "concepts.md": 0,
         "loader.md": 5,
-        "sources.md": 5,
+        "sources.md": 6,
         "partitioning.md": 10,
         "reliability.md": 2,
         "packing.md": 4,

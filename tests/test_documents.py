@@ -62,6 +62,29 @@ def test_read_ranges_equals_slices_of_the_concatenation(lengths, cuts):
     np.testing.assert_array_equal(got, np.concatenate([flat[:0], *want]))
 
 
+@pytest.mark.parametrize("backing", ["documents", "array", "memmap r+", "memmap r"])
+def test_reads_return_arrays_the_caller_owns(tmp_path, backing):
+    """A caller may write into what read_ranges returns (a read-only view would also do): the
+    store, in memory or a memory-mapped file, never changes. One range, several, and none."""
+    flat = np.arange(100, 110, dtype=np.int32)
+    offsets = np.array([0, 4, 10])
+    if backing == "documents":
+        store = DocumentStore.from_documents([flat[:4], flat[4:]])
+    elif backing == "array":
+        store = DocumentStore.from_arrays(offsets, {"input_ids": flat})
+    else:
+        np.save(tmp_path / "flat.npy", flat)
+        mapped = np.load(tmp_path / "flat.npy", mmap_mode=backing.split()[1])
+        store = DocumentStore.from_arrays(offsets, {"input_ids": mapped})
+    for starts, stops in (([2], [7]), ([0, 5], [3, 9]), ([], [])):
+        got = store.read_ranges(np.array(starts, np.int64), np.array(stops, np.int64))["input_ids"]
+        if got.flags.writeable:
+            got[...] = -1
+        assert store.read_ranges([0], [10])["input_ids"].tolist() == list(range(100, 110))
+    if backing.startswith("memmap"):
+        assert np.load(tmp_path / "flat.npy").tolist() == list(range(100, 110))
+
+
 def test_from_arrays_reads_foreign_flat_and_tensorstore_arrays():
     import tensorstore as ts
 
@@ -74,6 +97,72 @@ def test_from_arrays_reads_foreign_flat_and_tensorstore_arrays():
         assert store.num_documents == 3  # a foreign store may hold an empty document
         got = store.read_ranges([8, 1], [10, 3])["input_ids"]
         assert got.tolist() == [108, 109, 101, 102]
+
+
+# a Levanter JaggedArrayStore's raw arrays: offsets[0] holds the document count, the others the
+# documents' ends, and both arrays are allocated 2**54 entries long (sparse: only the written
+# chunks exist). Run in a child process: an abort (std::bad_alloc) must fail the test, not pytest.
+_LEVANTER_CHILD = """
+import json, sys
+import numpy as np
+import tensorstore as ts
+from psdp.sources import DocumentStore
+
+root, out = sys.argv[1], {}
+def array(name, dtype):
+    metadata = {"shape": [2**54], "data_type": dtype,
+                "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [4096]}}}
+    spec = {"driver": "zarr3", "kvstore": {"driver": "file", "path": f"{root}/{name}/"}}
+    return spec, ts.open({**spec, "metadata": metadata, "create": True}).result()
+offsets_spec, offsets = array("offsets", "int64")
+data_spec, data = array("data", "int32")
+offsets[:4].write(np.array([3, 3, 5, 9])).result()  # 3 documents, ending at 3, 5 and 9
+data[:9].write(np.arange(100, 109, dtype=np.int32)).result()
+zeros_spec, _ = array("zeros", "int64")  # offsets allocated 2**54 long, entry 0 a plain 0
+
+def refusal(offsets, leaves):
+    try:
+        DocumentStore.from_arrays(offsets, leaves)
+    except ValueError as error:
+        return " ".join(str(error).split())
+    return "no error"
+
+out["raw"] = refusal(offsets_spec, {"input_ids": data_spec})
+out["raw open"] = refusal(offsets, {"input_ids": data})
+out["long zeros"] = refusal(zeros_spec, {"input_ids": data_spec})
+n = int(offsets[0].read().result())  # the documented recipe: the used parts
+ends = offsets[: n + 1].read().result().copy()
+ends[0] = 0
+out["long data"] = refusal(ends, {"input_ids": data})
+store = DocumentStore.from_arrays(ends, {"input_ids": data[: int(ends[-1])]})
+out["store"] = [store.num_documents, store.read_ranges([3, 0], [5, 2])["input_ids"].tolist()]
+print(json.dumps(out))
+"""
+
+
+def test_a_levanter_shaped_store_is_refused_with_a_python_error_and_read_by_its_recipe(tmp_path):
+    """Offsets and data 2**54 long: from_arrays reads offsets[0] and the shapes only, and says
+    how to pass the used parts; the recipe of docs/tokens.md then reads the documents."""
+    import json
+    import subprocess
+    import sys
+
+    child = subprocess.run(
+        [sys.executable, "-c", _LEVANTER_CHILD, str(tmp_path)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert child.returncode == 0, (child.returncode, child.stderr[-2000:])
+    got = json.loads(child.stdout.splitlines()[-1])
+    for raw in (got["raw"], got["raw open"]):
+        assert "the offsets of arrays must start at 0, got 3" in raw, raw
+        assert "Levanter's JaggedArrayStore" in raw and "offsets[:3 + 1]" in raw, raw
+    long_zeros = got["long zeros"]
+    assert "the offsets of arrays have 18014398509481984 entries" in long_zeros, long_zeros
+    assert "pass the used part, offsets[:D + 1]" in long_zeros, long_zeros
+    long_data = got["long data"]
+    assert "leaf 'input_ids' of arrays has 18014398509481984 values" in long_data, long_data
+    assert "pass leaf[:9]" in long_data, long_data
+    assert got["store"] == [3, [103, 104, 100, 101]]
 
 
 # ------------------------------------------------------------------------------ written stores

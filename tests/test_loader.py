@@ -49,6 +49,35 @@ def test_every_device_gets_exactly_its_rows(mesh_name, shuffle):
             assert batch["tokens"].sharding.spec == loader.batch_spec["tokens"]
 
 
+def test_a_batch_lists_its_leaves_in_sorted_order_the_mask_included():
+    """One rule for leaf order (docs/sources.md, "Leaf order"): a batch's keys are sorted, the
+    mask's among them, whatever order the source gave."""
+    data = {
+        "weight": np.ones(44, np.float32),
+        "tokens": token_table(44),
+        "ids": np.arange(44, dtype=np.int32),
+    }
+    for options in ({}, {"mask_key": "z_mask"}, {"mask_key": None, "drop_last": True}):
+        with DataLoader(data, mesh=make_mesh("data=8"), global_batch_size=16, **options) as loader:
+            keys = list(loader.batch_at(0))
+        assert keys == sorted(keys) and len(keys) == 3 + (options.get("mask_key", 1) is not None)
+
+
+def test_the_mask_follows_the_first_leaf_by_name_whatever_order_the_planner_gets():
+    """docs/partitioning.md: the mask is sharded like the batch dimension of the first leaf by
+    name, also when the planner is handed the leaves in another order."""
+    from psdp._plan.loader_plan import LoaderPlan
+    from psdp._plan.options import LoaderOptions
+
+    row = {"w": np.zeros(1, np.float32), "tokens": np.zeros((1, 4), np.int32)}
+    options = LoaderOptions.create(global_batch_size=8, batch_spec={"w": P(), "tokens": P("data")})
+    for first_row in (row, dict(reversed(row.items()))):
+        plan = LoaderPlan.create(first_row, make_mesh("data=8"), options, 0, stream=False,
+                                 ends_short=False)  # fmt: skip
+        assert list(plan.leaves) == ["tokens", "w"]
+        assert plan.mask.sharding.spec == P("data")
+
+
 def test_unshuffled_order_is_the_documented_formula():
     data = {"x": token_table(10)}
     loader = DataLoader(data, mesh=make_mesh("data=8"), global_batch_size=8, shuffle=False)

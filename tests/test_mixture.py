@@ -189,7 +189,7 @@ def test_read_window_reads_each_source_s_columns_once():
     data = _sources()
     mix = Mixture(data, stages=STAGES, block_size=64, seed=5, source_leaf="source")
     ids = np.arange(100, 164)
-    got = mix.read_window(ids, {"tokens": slice(1, 3), "source": None})
+    got = mix.read_window(ids, {"tokens": slice(1, 3), "source": ()})
     source, row = _oracle().sequence(164)
     want = np.stack([data[NAMES[source[g]]]["tokens"][row[g], 1:3] for g in ids])
     np.testing.assert_array_equal(got["tokens"], want)

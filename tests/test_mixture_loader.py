@@ -3,6 +3,8 @@ layout, editing future stages, refusing an edited past, and the 4-host non-conti
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -114,6 +116,11 @@ def test_a_stage_starting_exactly_at_the_resume_offset_may_change(mesh_1d):
         ),
         (STAGES, {"seed": 8}, r"the mixture's seed is 8, but the saved run's was 7"),
         (STAGES, {"block_size": 8}, r"the mixture's block_size is 8, but the saved run's was 16"),
+        (
+            STAGES,
+            {"shuffle": False},
+            r"the mixture's shuffle is False, but the saved run's was True",
+        ),
     ],
 )
 def test_a_restore_that_changes_the_past_is_refused(mesh_1d, stages, changes, message):
@@ -121,6 +128,30 @@ def test_a_restore_that_changes_the_past_is_refused(mesh_1d, stages, changes, me
         state = loader.iter_from(3).state()
     with pytest.raises(ValueError, match=message):
         DataLoader.restore(state, _mixture(stages, **changes), mesh=mesh_1d)
+
+
+@pytest.mark.parametrize(
+    ("edit", "now"),
+    [
+        (
+            lambda d: {**d, "web": {k: v[:80] for k, v in d["web"].items()}},
+            "[['web', 80], ['code', 35]]",
+        ),
+        (lambda d: {"wiki": d["web"], "code": d["code"]}, "[['wiki', 90], ['code', 35]]"),
+        (lambda d: {"code": d["code"], "web": d["web"]}, "[['code', 35], ['web', 90]]"),
+    ],
+    ids=["a source with fewer rows", "a renamed source", "the sources in another order"],
+)
+def test_a_restore_with_other_sources_is_refused(mesh_1d, edit, now):
+    """Every sample depends on the sources (their names, rows and tag order): other sources are
+    refused, naming both (before the stages, which differ here too)."""
+    with DataLoader(_mixture(), mesh=mesh_1d, global_batch_size=24) as loader:
+        state = loader.iter_from(3).state()
+    sources = edit(data())
+    mix = Mixture(sources, weights=dict.fromkeys(sources, 1), block_size=BLOCK, seed=7)
+    message = f"the mixture's sources is {now}, but the saved run's was [['web', 90], ['code', 35]]"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        DataLoader.restore(state, mix, mesh=mesh_1d)
 
 
 def test_a_mixture_state_records_its_definition_and_an_array_cannot_restore_it(mesh_1d):
@@ -188,3 +219,22 @@ def test_a_stage_is_past_once_one_of_its_samples_was_read(offset, refused):
             edited.check_resume(saved, offset)
     else:
         edited.check_resume(saved, offset)
+
+
+@pytest.mark.multiprocess
+def test_leaf_order_and_consistency_agree_on_hosts_with_different_hash_seeds():
+    """Each host of the 4-host pod runs with its own PYTHONHASHSEED (0-3: sets of the leaf names
+    iterate in two different orders among them): every host's batch has the same keys in sorted
+    order, the mask included, and check_consistency passes on every host, also when odd hosts
+    hand it the leaves reversed."""
+    from tests import pod_targets_mixture as targets
+    from tests.batch_checks import run_on_noncontiguous_pod
+
+    envs = [{"PYTHONHASHSEED": str(seed)} for seed in range(4)]
+    results = run_on_noncontiguous_pod(targets.leaf_order_cases, env=envs, timeout_s=240)
+    keys = ["mask", "source", "tokens", "weight"]
+    assert [r["keys"] for r in results] == [[keys, keys]] * 4
+    assert [r["errors"] for r in results] == [[]] * 4
+    for r in results:
+        assert len(r["reports"]) == 6, r
+        assert all(report.startswith("all 8 devices received") for report in r["reports"]), r

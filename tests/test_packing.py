@@ -128,7 +128,7 @@ def test_one_store_read_per_read_and_a_window_reads_only_its_tokens():
         assert leaves == ["input_ids"]
         if isinstance(columns, slice):  # only the tokens inside the window are read
             assert (stops - starts).sum() == (table["segment_ids"][ids][:, columns] > 0).sum()
-    mixed = source.read_window(ids, {"segment_ids": (slice(1, 3),), "loss_mask": None})
+    mixed = source.read_window(ids, {"segment_ids": (slice(1, 3),), "loss_mask": ()})
     np.testing.assert_array_equal(mixed["segment_ids"], table["segment_ids"][ids][:, 1:3])
     np.testing.assert_array_equal(mixed["loss_mask"], table["loss_mask"][ids])
 

@@ -100,7 +100,55 @@ def test_sequence_sharded_leaf_is_read_in_column_windows():
     # whole rows for "w"; the tokens' two column windows sit on the same rows here (one process
     # holds every device) and touch, so they merge into one read of their span. On a pod, a host
     # reads only its own windows (tests/test_partition_multiprocess.py).
-    assert [c for _, c in source.windows] == [{"w": None}, {"tokens": slice(0, 16)}]
+    assert [c for _, c in source.windows] == [{"w": ()}, {"tokens": slice(0, 16)}]
+
+
+class DocsWindowSource:
+    """A source written from docs/sources.md alone ("The protocol", "Column windows and boxes"):
+    a box is a slice of dimension 1 or a tuple with a slice or an index array per dimension from
+    1 on, the dimensions past it whole, read with outer indexing (np.ix_)."""
+
+    def __init__(self, data):
+        self.data = data
+        self.boxes = []
+
+    def __len__(self):
+        return len(self.data["w"])
+
+    def read(self, ids):
+        return {key: leaf[ids] for key, leaf in self.data.items()}
+
+    def read_window(self, ids, columns):
+        self.boxes.append(dict(columns))
+        out = {}
+        for key, box in columns.items():
+            leaf = self.data[key]
+            parts = box if isinstance(box, tuple) else (box,)
+            axes = [
+                np.arange(leaf.shape[d])[part] if isinstance(part, slice) else np.asarray(part)
+                for d, part in enumerate(parts, start=1)
+            ]
+            out[key] = leaf[np.ix_(ids, *axes)]
+        return out
+
+    def describe(self):
+        return "DocsWindowSource"
+
+
+def test_a_source_written_from_the_docs_reads_windows_beside_whole_row_leaves():
+    """One leaf windowed, one read whole: the whole-row leaf comes through read_window as the
+    empty box () (it came as None, which no doc named: np.ix_ raised 'Cross index must be 1
+    dimensional'), and every shard is exact."""
+    from psdp.sources import SupportsReadWindow
+
+    data = {"tokens": token_table(24, 8), "w": np.arange(24, dtype=np.float32)}
+    source = DocsWindowSource(data)
+    assert isinstance(source, SupportsReadWindow)
+    spec = {"tokens": P("data", "context"), "w": P("data")}
+    loader = DataLoader(source, mesh=seq_mesh(), global_batch_size=8, batch_spec=spec, seed=2)
+    for step in range(3):
+        assert_batch_exact(loader.batch_at(step), expected_batch(loader, data, step))
+    assert {"w": ()} in source.boxes and {"tokens": slice(0, 8)} in source.boxes
 
 
 @pytest.mark.parametrize(("h", "pad"), [(1, 0), (3, -7), (4, -1)])
@@ -293,7 +341,7 @@ def test_real_sources_read_column_windows(kind, tmp_path):
     else:
         source = TensorStoreSource(write_dataset(tmp_path / "ds", data, progress=False))
     assert hasattr(source, "read_window")
-    window = source.read_window(np.array([5, 2]), {"tokens": slice(3, 6), "w": None})
+    window = source.read_window(np.array([5, 2]), {"tokens": slice(3, 6), "w": ()})
     assert window["tokens"].tolist() == [[5003, 5004, 5005], [2003, 2004, 2005]]
     assert window["w"].tolist() == [5.0, 2.0]
     spec = {"tokens": P("data", "context")}

@@ -676,3 +676,49 @@ def test_a_generator_that_refills_one_buffer_writes_every_chunk(tmp_path):
     path = write_dataset(tmp_path / "ds", refilled(), rows_per_shard=4, progress=False)
     rows = TensorStoreSource(path).read(np.arange(12))["x"][:, 0]
     assert rows.tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
+
+
+def _unsorted_leaves(n: int = 12) -> dict[str, np.ndarray]:
+    """Leaves listed out of name order: a source must not keep the order it was given."""
+    return {"weight": np.arange(n, dtype=np.float32), "tokens": token_table(n, width=4)}
+
+
+def _leaf_order_sources(tmp: Path) -> dict[str, object]:
+    from psdp import DocumentStore, Mixture, PackedSequences, StreamSource, TokenSequences
+
+    data = _unsorted_leaves()
+    for name, values in data.items():
+        np.save(tmp / f"{name}.npy", values)
+    docs = [{"input_ids": np.arange(3, 9), "weight": np.ones(6, np.float32)}] * 4
+    store = DocumentStore.from_documents(docs)
+    records = [{k: v[i] for k, v in data.items()} for i in range(12)]
+    return {
+        "ArraySource": data,
+        "TensorStoreSource": TensorStoreSource(write_dataset(tmp / "ds", data, progress=False)),
+        "MemmapSource": MemmapSource({k: tmp / f"{k}.npy" for k in data}),
+        "GrainSource": GrainSource(records, read_threads=1),
+        "Mixture": Mixture(
+            {"b": data, "a": data}, weights={"b": 1, "a": 1}, block_size=2, source_leaf="from"
+        ),  # fmt: skip
+        "TokenSequences": TokenSequences(store, 4),
+        "PackedSequences": PackedSequences(store, 8),
+        "StreamSource": StreamSource(records),
+    }
+
+
+def test_every_source_reads_its_leaves_in_sorted_order(tmp_path):
+    """One rule for leaf order (docs/sources.md, "Leaf order"): whatever order a source's
+    leaves were given or computed in, its reads list them sorted by name."""
+    from psdp.sources import as_source
+
+    for name, given in _leaf_order_sources(tmp_path).items():
+        if name == "StreamSource":
+            got = given.open(0, 1).take(2)
+            assert list(got) == sorted(got), (name, list(got))
+            continue
+        source = as_source(given)
+        got = source.read(np.array([1, 0]))
+        assert list(got) == sorted(got), (name, list(got))
+        if hasattr(source, "read_window"):
+            got = source.read_window(np.array([1]), dict.fromkeys(reversed(sorted(got))))
+            assert list(got) == sorted(got), (name, "read_window", list(got))

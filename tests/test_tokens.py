@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 from jax.sharding import PartitionSpec as P
 
 from psdp import DataLoader
@@ -224,3 +226,59 @@ def test_a_window_past_the_streams_end_is_padding():
     assert got["input_ids"].tolist() == [[201, 9, 7, 7]]  # stream positions 7, 8, then beyond
     assert got["segment_ids"].tolist() == [[2, 2, 0, 0]]
     assert got["positions"].tolist() == [[1, 2, 0, 0]]
+
+
+def _store_of(docs: list[np.ndarray]) -> DocumentStore:
+    """A store holding ``docs`` as they are, empty ones included (`from_documents` refuses
+    those; a store written by another tool may hold them)."""
+    offsets = np.concatenate([[0], np.cumsum([len(d) for d in docs])])
+    return DocumentStore.from_arrays(offsets, {"input_ids": np.concatenate(docs).astype(np.int32)})
+
+
+def test_an_empty_document_contributes_no_token_not_even_an_eos():
+    """docs/tokens.md: empty documents contribute no token. Documents [], [11 12 13], [], [21 22]
+    with EOS 0: the stream is 11 12 13 0 21 22 0, numbered by the documents' places in the store."""
+    docs = [np.array([], np.int32), np.array([11, 12, 13]), np.array([]), np.array([21, 22])]
+    rows = TokenSequences(_store_of(docs), 7, eos_id=0)
+    assert len(rows) == 1 and rows.stream_tokens == 7
+    got = rows.read(np.array([0]))
+    assert got["input_ids"].tolist() == [[11, 12, 13, 0, 21, 22, 0]]
+    assert got["segment_ids"].tolist() == [[2, 2, 2, 2, 4, 4, 4]]
+    assert got["positions"].tolist() == [[0, 1, 2, 3, 0, 1, 2]]
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 12), min_size=1, max_size=10),
+    seq_len=st.integers(1, 8),
+    targets=st.booleans(),
+    eos_id=st.sampled_from([None, 0]),
+)
+# the stream exactly a multiple of seq_len: with targets the last row would need a token past the
+# end, so there is one row fewer (a row whose last target is padding would be unmasked)
+@example(lengths=[3, 3], seq_len=3, targets=True, eos_id=None)
+@example(lengths=[2, 0, 2], seq_len=3, targets=True, eos_id=0)
+def test_rows_equal_the_oracle_with_empty_documents(lengths, seq_len, targets, eos_id):
+    """Every leaf of every row equals the numpy oracle's concatenate-then-split, whatever the
+    documents (empty ones anywhere), the length, the targets and the EOS."""
+    rng = np.random.default_rng(len(lengths) * 100 + seq_len)
+    docs = [rng.integers(1, 1000, n).astype(np.int32) for n in lengths]
+    want = token_oracle.rows(docs, seq_len, targets=targets, eos_id=eos_id)
+    if not len(want["input_ids"]):
+        with pytest.raises(ValueError, match="fewer than one row"):
+            TokenSequences(_store_of(docs), seq_len, targets=targets, eos_id=eos_id)
+        return
+    source = TokenSequences(_store_of(docs), seq_len, targets=targets, eos_id=eos_id)
+    assert len(source) == len(want["input_ids"])
+    got = source.read(np.arange(len(source)))
+    assert list(got) == sorted(want)
+    for key, value in want.items():
+        np.testing.assert_array_equal(got[key], value, err_msg=key)
+
+
+def test_targets_on_a_stream_of_whole_rows_leave_out_the_row_that_would_run_past_its_end():
+    """6 tokens in rows of 3 + 1 target: row 1 would need a 7th token, and its last target would
+    be padding that no mask marks, so there is one row, not two."""
+    rows = TokenSequences(_store_of([np.arange(1, 7)]), 3, targets=True, pad_id=99)
+    assert len(rows) == 1
+    assert rows.read(np.array([0]))["input_ids"].tolist() == [[1, 2, 3, 4]]

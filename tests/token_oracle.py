@@ -15,10 +15,13 @@ def documents(seed: int, count: int, mean: int, high: int = 60_000) -> list[np.n
 
 def stream(docs, eos_id=None) -> dict[str, np.ndarray]:
     """Every leaf of the documents back to back (EOS after each), plus segment ids (document
-    number + 1) and positions, built one document at a time."""
+    number + 1) and positions, built one document at a time. An empty document contributes no
+    token, no EOS either (docs/tokens.md), but keeps its number."""
     leaves: dict[str, list[np.ndarray]] = {"segment_ids": [], "positions": []}
     for d, doc in enumerate(docs):
         doc = doc if isinstance(doc, dict) else {"input_ids": doc}
+        if not len(doc["input_ids"]):
+            continue
         n = len(doc["input_ids"]) + (eos_id is not None)
         for name, values in doc.items():
             extra = [] if eos_id is None else [eos_id if name == "input_ids" else 0]
@@ -27,16 +30,17 @@ def stream(docs, eos_id=None) -> dict[str, np.ndarray]:
             )
         leaves["segment_ids"].append(np.full(n, d + 1, np.int32))
         leaves["positions"].append(np.arange(n, dtype=np.int32))
-    return {k: np.concatenate(v) for k, v in leaves.items()}
+    leaves.setdefault("input_ids", [])
+    return {k: np.concatenate(v) if v else np.zeros(0, np.int32) for k, v in leaves.items()}
 
 
 def rows(docs, seq_len: int, targets: bool = False, eos_id=None) -> dict[str, np.ndarray]:
     """Row r of every leaf: stream[r*seq_len : r*seq_len + seq_len (+1)], whole rows only."""
     flat = stream(docs, eos_id)
     width = seq_len + int(targets)
-    n = (len(flat["input_ids"]) - int(targets)) // seq_len
+    n = max(0, (len(flat["input_ids"]) - int(targets)) // seq_len)
     return {
-        k: np.stack([v[r * seq_len : r * seq_len + width] for r in range(n)])
+        k: np.array([v[r * seq_len : r * seq_len + width] for r in range(n)], v.dtype)
         for k, v in flat.items()
     }
 

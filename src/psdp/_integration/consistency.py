@@ -148,7 +148,13 @@ def check_consistency(
 
 # ------------------------------------------------------------------------------- inputs
 def _leaves(batch: Any) -> dict[str, jax.Array]:
-    items = batch.items() if isinstance(batch, Mapping) else [("batch", batch)]
+    """The batch's leaves by name, sorted: records number the leaves by this order, so hosts
+    whose batch dicts list the leaves in different orders still compare leaf with leaf."""
+    items = (
+        sorted(batch.items(), key=lambda kv: str(kv[0]))
+        if isinstance(batch, Mapping)
+        else [("batch", batch)]
+    )
     # a haliax NamedArray holds its jax.Array in ``.array``
     leaves: dict[str, jax.Array] = {}
     for key, value in items:

@@ -1,11 +1,16 @@
-"""The leaf-key convention, in one place: a batch is a dict of leaves; an array source's single
-leaf is keyed ``None`` in memory and stored as `SINGLE_LEAF` on disk (``docs/sources.md``)."""
+"""The leaf-key convention, in one place: a batch is a dict of leaves, in sorted key order on
+every host (`in_leaf_order`); an array source's single leaf is keyed ``None`` in memory and
+stored as `SINGLE_LEAF` on disk (``docs/sources.md``)."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, TypeVar
 
 import numpy as np
+
+K = TypeVar("K", bound="str | None")
+V = TypeVar("V")
 
 #: A leaf's name; ``None`` for an array source's single leaf.
 Key = str | None
@@ -13,15 +18,29 @@ Key = str | None
 SINGLE_LEAF = "array"
 
 
-def leaves_of(rows: Any) -> dict[Key, np.ndarray]:
-    """A read's leaves by name: a dict's keys as strings, or ``{None: rows}`` for one array.
+def in_leaf_order(leaves: Mapping[K, V]) -> dict[K, V]:
+    """``leaves`` in the one order of a batch's leaves: sorted by name. A dict's order would
+    otherwise depend on how it was built (a set's order changes with ``PYTHONHASHSEED``, so from
+    host to host), and code that pairs leaves by position across hosts would pair different ones.
 
     Example:
-        >>> leaves_of({"tokens": [1, 2]}), leaves_of([1, 2])
-        ({'tokens': [1, 2]}, {None: [1, 2]})
+        >>> list(in_leaf_order({"weight": 1, "mask": 2, "tokens": 3}))
+        ['mask', 'tokens', 'weight']
+    """
+    # a single array's key None never meets a name: one sort key for both
+    return dict(sorted(leaves.items(), key=lambda item: str(item[0])))
+
+
+def leaves_of(rows: Any) -> dict[Key, np.ndarray]:
+    """A read's leaves by name, `in_leaf_order`: a dict's keys as strings, or ``{None: rows}``
+    for one array.
+
+    Example:
+        >>> leaves_of({"weight": [1.0], "tokens": [1, 2]}), leaves_of([1, 2])
+        ({'tokens': [1, 2], 'weight': [1.0]}, {None: [1, 2]})
     """
     if isinstance(rows, dict):
-        return {(None if k is None else str(k)): v for k, v in rows.items()}
+        return in_leaf_order({(None if k is None else str(k)): v for k, v in rows.items()})
     return {None: rows}
 
 

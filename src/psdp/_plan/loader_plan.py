@@ -14,7 +14,7 @@ from jax.sharding import Mesh, PartitionSpec
 
 from psdp._plan.dtypes import LeafDtype, check_pad_value, needs_x64, plan_dtypes
 from psdp._plan.layout import MeshLayout
-from psdp._plan.leaves import Key, leaf_label
+from psdp._plan.leaves import Key, in_leaf_order, leaf_label
 from psdp._plan.mesh import spec_axes
 from psdp._plan.options import LoaderOptions
 from psdp._plan.partition import (
@@ -97,6 +97,7 @@ class LoaderPlan:
         (default: `MeshLayout.from_mesh`).
         """
         layout = MeshLayout.from_mesh(mesh) if layout is None else layout
+        first_row = in_leaf_order(first_row)  # every leaf table of the plan in the one order
         order, sharding, output = options.order, options.sharding, options.output
         batch = order.global_batch_size
         assert isinstance(batch, int)  # a schedule has one plan per batch size (DataLoader)
@@ -274,6 +275,6 @@ def _plan_mask(
         return None
     if mask_key in leaves:
         raise ValueError(f"the source already has a leaf named {mask_key!r}; pass another mask_key")
-    first = next(iter(specs.values()))
+    first = next(iter(specs.values()))  # the first leaf by name (`create` orders the leaves)
     spec = PartitionSpec(first[0] if len(first) else None)
     return LeafWindows.create(mesh, spec, (physical,), np.dtype(bool), process_index)

@@ -15,7 +15,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from psdp._compat import enable_x64
 from psdp._imports import import_optional
-from psdp._plan.leaves import Key, leaf_label, unwrap
+from psdp._plan.leaves import Key, in_leaf_order, leaf_label, unwrap
 from psdp._plan.loader_plan import LoaderPlan
 from psdp._plan.order import PAD
 from psdp._plan.windows import LeafWindows
@@ -149,7 +149,7 @@ class BatchAssembler:
             batch = {key: leaf.assemble(buffers[key]) for key, leaf in self.leaves.items()}
             if self.mask is not None:
                 batch[self.plan.options.output.mask_key] = self._mask_of(ids)
-        return self._wrap(batch)
+        return self._wrap(in_leaf_order(batch))
 
     def _mask_of(self, ids: np.ndarray) -> jax.Array:
         """Without padding the mask is the same every step, so it is assembled once (jax.Arrays

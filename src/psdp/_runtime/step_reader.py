@@ -19,6 +19,7 @@ from psdp._plan.order import PAD
 from psdp._plan.reads import ReadRequest
 from psdp._plan.windows import Box, take_box
 from psdp._runtime.telemetry import Telemetry
+from psdp.sources.base import SupportsReadWindow
 from psdp.sources.errors import is_transient
 
 logger = logging.getLogger(__name__)
@@ -215,7 +216,9 @@ class StepReader:
             c is not None for c in request.columns.values()
         )
         if partial and read_window is not None:
-            return leaves_of(read_window(ids, request.columns))
+            # a whole-row leaf is the empty box, as docs/sources.md defines boxes
+            boxes = {key: () if box is None else box for key, box in request.columns.items()}
+            return leaves_of(read_window(ids, boxes))
         # a source without column reads: read whole rows, keep this request's leaves and columns
         got = leaves_of(source.read(ids))
         wanted = {key for key in got if key in request.columns or key not in leaves}
@@ -379,12 +382,11 @@ def with_timeout(work: Any, timeout_s: float | None, message: Any) -> Any:
 def _read_window_of(source: Any) -> Any:
     """The source's ``read_window``, unless a subclass overrides ``read`` below it (then the
     override is what the user means, and ``read_window`` would bypass it)."""
-    read_window = getattr(source, "read_window", None)
-    if read_window is None:
+    if not isinstance(source, SupportsReadWindow):
         return None
     mro = type(source).__mro__
     defines = [
         next((i for i, c in enumerate(mro) if n in c.__dict__), len(mro))
         for n in ("read", "read_window")
     ]
-    return read_window if defines[1] <= defines[0] else None
+    return source.read_window if defines[1] <= defines[0] else None

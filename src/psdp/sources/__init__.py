@@ -13,6 +13,7 @@ from psdp.sources.base import ArraySource as ArraySource
 from psdp.sources.base import IndexableSource as IndexableSource
 from psdp.sources.base import Rows as Rows
 from psdp.sources.base import Source as Source
+from psdp.sources.base import SupportsReadWindow as SupportsReadWindow
 from psdp.sources.base import as_source as as_source
 from psdp.sources.documents import DocumentStore as DocumentStore
 from psdp.sources.grain import GrainSource as GrainSource
@@ -68,6 +69,7 @@ __all__ = [
     "Source",
     "StreamReader",
     "StreamSource",
+    "SupportsReadWindow",
     "TensorStoreSource",
     "TokenSequences",
     "as_source",

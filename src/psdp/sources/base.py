@@ -10,7 +10,7 @@ from typing import Any, Protocol, TypeAlias, TypeVar, runtime_checkable
 
 import numpy as np
 
-from psdp._plan.leaves import Key
+from psdp._plan.leaves import Key, in_leaf_order
 from psdp._plan.windows import Box, read_box
 
 Rows: TypeAlias = "np.ndarray | dict[str, np.ndarray]"
@@ -49,11 +49,8 @@ class Source(Protocol):
     """What the loader reads from: a sized table read in batches.
 
     ``read(ids)`` returns the rows at ``ids`` (an array, or a dict of arrays for a dict batch).
-    A source may also offer ``read_window(ids, columns)``, where ``columns`` maps some leaves
-    (``None`` for a single array) to a slice of dimension 1, a box (a tuple with a slice or an
-    index array per dimension from 1 on) or ``None`` (whole rows), returning just those leaves:
-    the loader then reads a windowed leaf's columns or box only, instead of whole rows
-    (`ArraySource`, `MemmapSource` and `TensorStoreSource` do).
+    A source may also offer `SupportsReadWindow`'s ``read_window``: the loader then reads a
+    windowed leaf's columns or box only, instead of whole rows.
 
     Example:
         >>> class Squares:
@@ -71,6 +68,26 @@ class Source(Protocol):
     def describe(self) -> str: ...
 
 
+@runtime_checkable
+class SupportsReadWindow(Protocol):
+    """A source that reads some leaves cut to a box: ``docs/sources.md``, "Column windows and
+    boxes".
+
+    ``columns`` maps each leaf to read (``None`` for a single array) to its box: a slice of
+    dimension 1, or a tuple with a slice or a 1-d int index array per dimension from 1 on (outer
+    indexing; dimensions past the tuple whole). ``()`` is the whole row: the loader reads
+    whole-row leaves that way beside a windowed leaf. Returns exactly those leaves, one row per id.
+
+    Example:
+        >>> src = ArraySource({"tokens": np.arange(12).reshape(3, 4), "w": np.arange(3)})
+        >>> got = src.read_window(np.array([2]), {"tokens": (slice(1, 3),), "w": ()})
+        >>> isinstance(src, SupportsReadWindow), got["tokens"].tolist(), got["w"].tolist()
+        (True, [[9, 10]], [2])
+    """
+
+    def read_window(self, ids: np.ndarray, columns: Mapping[Key, Box]) -> dict[Key, np.ndarray]: ...
+
+
 class ArraySource:
     """In-memory rows: one array ``(N, ...)`` or a dict of arrays with the same ``N``.
 
@@ -84,7 +101,7 @@ class ArraySource:
         if isinstance(data, Mapping):
             if not data:
                 raise ValueError("a dict source needs at least one leaf, got an empty dict")
-            leaves = {str(k): as_rows(v, f"leaf {k!r}") for k, v in data.items()}
+            leaves = in_leaf_order({str(k): as_rows(v, f"leaf {k!r}") for k, v in data.items()})
             lengths = {k: len(v) for k, v in leaves.items()}
             if len(set(lengths.values())) > 1:
                 raise ValueError(
@@ -122,7 +139,7 @@ class ArraySource:
         for key, cols in columns.items():
             leaf: Any = self._data if key is None else self._data[key]
             out[key] = read_box(leaf, ids, cols)
-        return out
+        return in_leaf_order(out)
 
     def describe(self) -> str:
         return f"ArraySource({describe_rows(self._data)})"

@@ -7,6 +7,7 @@ read time and read contiguous token ranges (`DocumentStore.read_ranges`). ``docs
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -172,10 +173,7 @@ class DocumentStore:
                 'e.g. {"input_ids": tokens}'
             )
         flat = {str(name): _opened(value, f"leaf {name!r}") for name, value in leaves.items()}
-        opened = _opened(offsets, "offsets")
-        if not isinstance(opened, np.ndarray):
-            opened = np.asarray(opened.read().result())
-        return cls(opened, flat, name="arrays")
+        return cls(_used_offsets(_opened(offsets, "offsets"), "arrays"), flat, name="arrays")
 
     @classmethod
     def open(cls, path: Any, **options: Any) -> DocumentStore:
@@ -304,13 +302,16 @@ def _check_dtype(name: str, dtype: np.dtype, where: str) -> None:
         )
 
 
+def _check_offsets_type(shape: tuple[int, ...], dtype: np.dtype, name: str) -> None:
+    if len(shape) != 1 or dtype.kind not in "iu":
+        raise TypeError(
+            f"the offsets of {name} must be a 1-d integer array, got {dtype}{list(shape)}"
+        )
+
+
 def _checked_offsets(offsets: Any, name: str) -> np.ndarray:
     offsets = np.asarray(offsets)
-    if offsets.ndim != 1 or offsets.dtype.kind not in "iu":
-        raise TypeError(
-            f"the offsets of {name} must be a 1-d integer array, got "
-            f"{offsets.dtype}{list(offsets.shape)}"
-        )
+    _check_offsets_type(offsets.shape, offsets.dtype, name)
     offsets = offsets.astype(np.int64)
     fix = "the document store is damaged or was written with another layout; rewrite it"
     if len(offsets) < 2:
@@ -330,6 +331,49 @@ def _checked_offsets(offsets: Any, name: str) -> np.ndarray:
     return offsets
 
 
+def _used_offsets(offsets: Any, name: str) -> np.ndarray:
+    """``offsets`` (a numpy or TensorStore array) in memory, read only once its metadata and
+    entry 0 (read alone) show psdp's layout (entry 0 is 0) and an array that fits in memory:
+    reading one allocated far longer than its documents (Levanter's, ``2**54`` entries) would
+    abort Python (``std::bad_alloc``) instead of raising."""
+    shape, dtype = _shape_and_dtype(offsets)
+    _check_offsets_type(shape, dtype, name)
+    first = 0
+    if shape[0]:  # none: `_checked_offsets` says how many it needs
+        first = int(offsets[0] if isinstance(offsets, np.ndarray) else offsets[0].read().result())
+    if first != 0:
+        raise ValueError(
+            f"the offsets of {name} must start at 0, got {first}. Levanter's JaggedArrayStore "
+            f"keeps its document count there: pass its used part, ends = offsets[:{first} + 1] "
+            "with ends[0] = 0, and each leaf sliced to leaf[:ends[-1]] (docs/tokens.md); "
+            "otherwise the document store is damaged or was written with another layout; "
+            "rewrite it"
+        )
+    memory = _memory_bytes()
+    if memory is not None and shape[0] * dtype.itemsize > memory:
+        raise ValueError(
+            f"the offsets of {name} have {shape[0]} entries ({shape[0] * dtype.itemsize} bytes), "
+            f"more than this machine's memory ({memory} bytes), and they are read into memory "
+            "whole: the array is allocated longer than its documents; pass the used part, "
+            "offsets[:D + 1] for D documents"
+        )
+    return offsets if isinstance(offsets, np.ndarray) else np.asarray(offsets.read().result())
+
+
+def _memory_bytes() -> int | None:
+    """This machine's physical memory, where the OS says (``None`` elsewhere)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # no sysconf (Windows) or no such name
+        return None
+
+
+def _shape_and_dtype(array: Any) -> tuple[tuple[int, ...], np.dtype]:
+    """A numpy or TensorStore array's shape and numpy dtype, from its metadata (reads nothing)."""
+    dtype = np.dtype(array.dtype if isinstance(array, np.ndarray) else array.dtype.numpy_dtype)
+    return tuple(int(n) for n in array.shape), dtype
+
+
 def _checked_leaves(flat: Mapping[str, Any], num_tokens: int, name: str) -> dict[str, np.dtype]:
     if TOKENS not in flat:
         raise ValueError(
@@ -337,15 +381,19 @@ def _checked_leaves(flat: Mapping[str, Any], num_tokens: int, name: str) -> dict
         )
     dtypes = {}
     for leaf, array in flat.items():
-        dtype = np.dtype(array.dtype if isinstance(array, np.ndarray) else array.dtype.numpy_dtype)
-        shape = tuple(int(n) for n in array.shape)
+        shape, dtype = _shape_and_dtype(array)
         if len(shape) != 1:
             raise ValueError(f"leaf {leaf!r} of {name} must be 1-D (flat), got shape {shape}")
         if shape[0] != num_tokens:
+            longer = (
+                f"; if the array is allocated longer than its tokens, pass leaf[:{num_tokens}]"
+                if shape[0] > num_tokens
+                else ""
+            )
             raise ValueError(
                 f"leaf {leaf!r} of {name} has {shape[0]} values, but the offsets end at "
                 f"{num_tokens} tokens; every leaf holds one value per token (check that the "
-                "offsets belong to these arrays)"
+                f"offsets belong to these arrays){longer}"
             )
         if dtype.kind not in "biuf":
             raise TypeError(f"leaf {leaf!r} of {name} has dtype {dtype}; store numbers or bools")

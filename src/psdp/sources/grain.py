@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from psdp._checks import check_int
+from psdp._plan.leaves import in_leaf_order
 from psdp.sources.base import Rows, check_ids, fresh_rows
 
 
@@ -105,10 +106,12 @@ def _stack_records(
                     f"{where}: record {int(ids[0])} has leaves {sorted(keys)} but record {int(i)} "
                     f"has {got}; every record must have the same leaves"
                 )
-        return {
-            str(k): _stack_leaf([r[k] for r in records], ids, f"{where} leaf {k!r}")[inverse]
-            for k in records[0]
-        }
+        return in_leaf_order(
+            {
+                str(k): _stack_leaf([r[k] for r in records], ids, f"{where} leaf {k!r}")[inverse]
+                for k in records[0]
+            }
+        )
     return _stack_leaf(records, ids, where)[inverse]
 
 

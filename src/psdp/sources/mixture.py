@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from psdp._plan.leaves import Key, leaves_of
+from psdp._plan.leaves import Key, in_leaf_order, leaves_of
 from psdp._plan.mixture import (
     MIXTURE_ROWS,
     MixturePlan,
@@ -90,7 +90,7 @@ class Mixture:
             bool(shuffle),
         )
         self.source_leaf = source_leaf
-        self._leaves = _agreed_leaves(self.sources)
+        self._leaves = _agreed_leaves(self.sources)  # in leaf order (leaves_of)
         if source_leaf is not None:
             _check_source_leaf(source_leaf, self._leaves)
 
@@ -106,10 +106,10 @@ class Mixture:
         """The rows at sample offsets ``ids``: one batched read per source, in the order of ids."""
         ids = check_ids(ids, MIXTURE_ROWS, self.describe())
         source, rows = self.plan.locate(ids)
-        out = self._gather(source, rows, lambda s, r: leaves_of(s.read(r)), set(self._leaves))
+        out = self._gather(source, rows, lambda s, r: leaves_of(s.read(r)), list(self._leaves))
         if self.source_leaf is not None:
             out[self.source_leaf] = source.astype(TAG_DTYPE)
-        return out[None] if None in out else out
+        return out[None] if None in out else in_leaf_order(out)
 
     @property
     def reads_storage(self) -> bool:
@@ -131,12 +131,12 @@ class Mixture:
         wanted = {
             k: v for k, v in columns.items() if self.source_leaf is None or k != self.source_leaf
         }
-        out = self._gather(source, rows, lambda s, r: s.read_window(r, wanted), set(wanted))
+        out = self._gather(source, rows, lambda s, r: s.read_window(r, wanted), list(wanted))
         if self.source_leaf is not None and self.source_leaf in columns:
             out[self.source_leaf] = source.astype(TAG_DTYPE)
-        return out
+        return in_leaf_order(out)
 
-    def _gather(self, source: np.ndarray, rows: np.ndarray, read: Any, keys: set[Key]) -> dict:
+    def _gather(self, source: np.ndarray, rows: np.ndarray, read: Any, keys: list[Key]) -> dict:
         """Per leaf in ``keys``, the rows of every id: each source read once (its rows sorted, as
         gathers like), then scattered to the ids' positions."""
         out: dict[Key, np.ndarray] = {}

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from psdp._plan.leaves import Key
+from psdp._plan.leaves import Key, in_leaf_order
 from psdp._plan.packing import PackPlan, plan_packing
 from psdp._plan.windows import Box
 from psdp.sources.base import check_ids, fresh_rows
@@ -80,7 +80,8 @@ class PackedSequences:
     @fresh_rows
     def read(self, ids: np.ndarray) -> dict[str, np.ndarray]:
         ids = check_ids(ids, len(self), self.describe())
-        return self._read_columns(ids, None, list(dict.fromkeys([*self.store.leaves, *_DERIVED])))
+        leaves = in_leaf_order(dict.fromkeys([*self.store.leaves, *_DERIVED]))
+        return self._read_columns(ids, None, list(leaves))
 
     @fresh_rows
     def read_window(self, ids: np.ndarray, columns: Mapping[Key, Box]) -> dict[Key, np.ndarray]:
@@ -104,7 +105,7 @@ class PackedSequences:
         for cols, keys in groups.values():  # leaves with the same columns: one store read
             for key, value in self._read_columns(ids, cols, keys).items():
                 out[key] = value
-        return out
+        return in_leaf_order(out)
 
     def _read_columns(
         self, ids: np.ndarray, cols: slice | np.ndarray | None, keys: list[str]
@@ -171,9 +172,9 @@ def _columns(box: Box) -> slice | np.ndarray | None:
     """A read's columns of dimension 1: ``None`` (all), a range, or an index array."""
     cols: Any = box
     if isinstance(box, tuple):
-        if len(box) != 1:
+        if len(box) > 1:
             raise ValueError(f"a packed sequence has one dimension after the batch, got box {box}")
-        cols = box[0]
+        cols = box[0] if box else None  # (): the whole row
     if cols is None or isinstance(cols, slice):
         if cols is not None and cols.step not in (None, 1):
             raise ValueError(f"column windows are ranges with step 1, got {cols}")

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from psdp._checks import check_int
-from psdp._plan.leaves import Key
+from psdp._plan.leaves import Key, in_leaf_order
 from psdp.sources.base import Rows
 
 #: dtype kinds a stream element may have: bool, integers, floats, complex (what JAX arrays hold).
@@ -407,4 +407,4 @@ def _stack(rows: list[Leaves], schema: Schema | None) -> Rows:
         key: (np.stack([r[key] for r in rows]) if rows else np.empty((0, *shape), dtype))
         for key, (dtype, shape) in schema.items()
     }
-    return out[None] if None in out else {str(k): v for k, v in out.items()}
+    return out[None] if None in out else in_leaf_order({str(k): v for k, v in out.items()})

@@ -18,7 +18,7 @@ import numpy as np
 import tensorstore as ts
 
 from psdp._checks import check_int, preview_ids
-from psdp._plan.leaves import SINGLE_LEAF, Key
+from psdp._plan.leaves import SINGLE_LEAF, Key, in_leaf_order
 from psdp._plan.windows import Box
 from psdp.sources.base import Rows, check_ids, fresh_rows
 from psdp.sources.errors import TransientReadError, is_transient_status
@@ -120,6 +120,7 @@ class TensorStoreSource:
             )
         if self._single:
             self._len = _rows_of_single_array(self._arrays[SINGLE_LEAF], self._where)
+        self._arrays = in_leaf_order(self._arrays)  # reads return the leaves in this order
         self._leaf_types = {
             name: (np.dtype(a.dtype.numpy_dtype), tuple(a.shape[1:]))
             for name, a in self._arrays.items()
@@ -243,7 +244,7 @@ class TensorStoreSource:
                     key: _box_of(a, ids, columns[key]).read(batch=batch)
                     for key, a in arrays.items()
                 }
-            return {key: f.result() for key, f in futures.items()}
+            return in_leaf_order({key: f.result() for key, f in futures.items()})
         except ValueError as error:
             what = f"{ids.size} rows (ids {preview_ids(ids)}, columns {dict(columns)})"
             raise self._read_error(error, what) from error

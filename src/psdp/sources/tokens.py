@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from psdp._checks import check_int
-from psdp._plan.leaves import Key
+from psdp._plan.leaves import Key, in_leaf_order
 from psdp._plan.windows import Box, box_parts
 from psdp.sources.base import check_ids, fresh_rows
 from psdp.sources.documents import POSITIONS, SEGMENT_IDS, TOKENS, DocumentStore, check_view_of
@@ -84,9 +84,11 @@ class TokenSequences:
         self.width = self.seq_len + int(targets)
         extra = 1 if eos_id is not None else 0
         lengths = np.diff(store.offsets)
+        # an empty document contributes no token, not even an EOS (docs/tokens.md)
+        eos_after = extra * (lengths > 0)
         #: where each document starts in the stream (EOS tokens included), and the stream's size
-        self._starts = store.offsets[:-1] + extra * np.arange(store.num_documents)
-        self.stream_tokens = store.num_tokens + extra * store.num_documents
+        self._starts = store.offsets[:-1] + np.cumsum(eos_after) - eos_after
+        self.stream_tokens = store.num_tokens + int(eos_after.sum())
         self._ends = self._starts + lengths  # where each document's own tokens end (its EOS)
         self._len = max(0, (self.stream_tokens - int(targets)) // self.seq_len)
         if self._len == 0:
@@ -155,7 +157,7 @@ class TokenSequences:
             columns = _columns(boxes[keys[0]], self.width)
             where = ids[:, None] * self.seq_len + columns[None, :]  # stream positions
             out.update(self._at(where, [k for k in keys if isinstance(k, str)]))
-        return out
+        return in_leaf_order(out)
 
     def _at(self, where: np.ndarray, names: list[str]) -> dict[Key, np.ndarray]:
         """The leaves ``names`` at stream positions ``where`` (any shape)."""

@@ -17,7 +17,7 @@ import threading
 import time
 import traceback
 import types
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +63,7 @@ def run_pod(
     devices_per_process: int,
     args: dict[str, Any] | None = None,
     timeout_s: float = 120.0,
-    env: dict[str, str] | None = None,
+    env: Mapping[str, str] | Sequence[Mapping[str, str]] | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> list[Any]:
     """Runs ``target(**args)`` in ``num_processes`` JAX processes and returns their results.
@@ -77,7 +77,8 @@ def run_pod(
         devices_per_process: fake CPU devices per process.
         args: keyword arguments for the target (JSON-able).
         timeout_s: the whole pod's time limit.
-        env: extra environment variables for the children.
+        env: extra environment variables for the children: one dict for all, or a list of one
+            dict per process (e.g. a different ``PYTHONHASHSEED`` on each host).
         progress: called as ``progress(done, total)`` whenever process 0's target reports
             progress with `report_progress` (e.g. to move a progress bar).
 
@@ -100,12 +101,18 @@ def run_pod(
             f"a pod needs at least one process and one device per process, got "
             f"num_processes={num_processes}, devices_per_process={devices_per_process}"
         )
+    envs = [env] * num_processes if env is None or isinstance(env, Mapping) else list(env)
+    if len(envs) != num_processes:
+        raise ValueError(
+            f"env is a list of {len(envs)} environments for {num_processes} processes; give one "
+            "dict per process, or one dict for all"
+        )
     coordinator = f"127.0.0.1:{free_port()}"
     with tempfile.TemporaryDirectory(prefix="psdp-pod-") as name:
         tmp = Path(name)
         children = [
             _start_child(
-                tmp, i, coordinator, num_processes, devices_per_process, named, root, args, env
+                tmp, i, coordinator, num_processes, devices_per_process, named, root, args, envs[i]
             )
             for i in range(num_processes)
         ]
@@ -185,7 +192,7 @@ def _start_child(
     target: str,
     root: str | None,
     args: dict[str, Any] | None,
-    env: dict[str, str] | None,
+    env: Mapping[str, str] | None,
 ) -> Child:
     log, result = tmp / f"p{index}.log", tmp / f"p{index}.json"
     child_env = {**os.environ, **(env or {}), "JAX_PLATFORMS": "cpu"}
