@@ -145,9 +145,10 @@ def test_a_source_written_from_the_docs_reads_windows_beside_whole_row_leaves():
     source = DocsWindowSource(data)
     assert isinstance(source, SupportsReadWindow)
     spec = {"tokens": P("data", "context"), "w": P("data")}
-    loader = DataLoader(source, mesh=seq_mesh(), global_batch_size=8, batch_spec=spec, seed=2)
+    settings = dict(mesh=seq_mesh(), global_batch_size=8, batch_spec=spec, seed=2)
+    loader = DataLoader(source, **settings)
     for step in range(3):
-        assert_batch_exact(loader.batch_at(step), expected_batch(loader, data, step))
+        assert_batch_exact(loader.batch_at(step), expected_batch(data, step, **settings))
     assert {"w": ()} in source.boxes and {"tokens": slice(0, 8)} in source.boxes
 
 
