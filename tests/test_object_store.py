@@ -4,11 +4,15 @@ numpy arrays that were written (never against ids the code under test computed).
 
 from __future__ import annotations
 
+import json
+import threading
+
 import numpy as np
 import pytest
 
 from psdp import DataLoader
 from psdp.sources import TensorStoreSource, read_metadata
+from psdp.sources.document_writer import open_documents, write_documents
 from psdp.sources.errors import TransientReadError
 from psdp.sources.writer import write_dataset
 from psdp.tools.benchmarks.object_store import FaultProxy, S3Server
@@ -34,7 +38,7 @@ def server():
 
 @pytest.fixture
 def proxy(server):
-    with FaultProxy(server.endpoint, seed=1) as p:
+    with FaultProxy(server.endpoint) as p:
         yield p
 
 
@@ -132,7 +136,7 @@ def test_a_write_that_lost_a_race_keeps_the_winner(server):
         write_dataset(where, winner, overwrite=True, progress=False)
         yield rows(8, seed=11)
 
-    with pytest.raises(FileExistsError, match="another write_dataset committed to s3://psdp/race/"):
+    with pytest.raises(FileExistsError, match="another write committed to s3://psdp/race/"):
         write_dataset(where, chunks(), rows_per_shard=8, progress=False)
     source = TensorStoreSource(where)
     np.testing.assert_array_equal(source.read(np.arange(12))["tokens"], winner["tokens"])
@@ -140,6 +144,86 @@ def test_a_write_that_lost_a_race_keeps_the_winner(server):
         k.split(b"/")[1] for k in server.objects().list().result() if k.startswith(b"race/")
     }
     assert len(prefixes) == 2  # psdp.json and the winner's prefix: the loser left nothing
+
+
+def _prefixes(server, path):
+    """The first path parts below ``path`` in the bucket: psdp.json and the data prefixes."""
+    keys = server.objects().list().result()
+    return {k.decode()[len(path) :].split("/")[0] for k in keys if k.startswith(path.encode())}
+
+
+def _write_rows(where, seed, **options):
+    write_dataset(where, rows(12 + seed % 5, seed), rows_per_shard=8, progress=False, **options)
+
+
+def _write_docs(where, seed, **options):
+    docs = [np.arange(1 + seed % 7 + d, dtype=np.int32) + seed for d in range(5)]
+    write_documents(where, docs, tokens_per_shard=16, tokens_per_chunk=4, progress=False, **options)
+
+
+def _check_rows(where, seed):
+    data = rows(12 + seed % 5, seed)
+    got = TensorStoreSource(where).read(np.arange(len(data["tokens"])))
+    np.testing.assert_array_equal(got["tokens"], data["tokens"])
+
+
+def _check_docs(where, seed):
+    store = open_documents(where)
+    want = np.concatenate([np.arange(1 + seed % 7 + d, dtype=np.int32) + seed for d in range(5)])
+    assert store.read_ranges([0], [len(want)])["input_ids"].tolist() == want.tolist()
+
+
+WRITERS = {
+    "write_dataset": (_write_rows, _check_rows),
+    "write_documents": (_write_docs, _check_docs),
+}
+
+
+@pytest.mark.parametrize("kind", WRITERS)
+@pytest.mark.parametrize("existing", [False, True], ids=["new", "overwrite"])
+def test_of_two_concurrent_writers_exactly_one_commits(server, proxy, kind, existing):
+    """Writer A's commit PUT is held at the proxy, after every check A makes (TensorStore's
+    own HEAD included), until writer B has committed: A must fail, naming the URL, and B's
+    dataset is the one there, whole, with no object of A's left."""
+    write, check = WRITERS[kind]
+    path = f"cas-{kind}-{'old' if existing else 'new'}/"
+    if existing:
+        write(spec(server, path), seed=30)
+    held = proxy.hold("PUT", f"/{path}psdp.json")
+    outcome: dict[str, object] = {}
+
+    def writer_a():
+        try:
+            write(spec(server, path, proxy), seed=31, overwrite=True)
+            outcome["a"] = "committed"
+        except Exception as error:  # the test looks at it below
+            outcome["a"] = error
+
+    thread = threading.Thread(target=writer_a)
+    thread.start()
+    assert held.reached.wait(60), "writer A never reached its commit"
+    write(spec(server, path), seed=32, overwrite=True)  # writer B, straight to the server
+    held.release()
+    thread.join(60)
+    assert isinstance(outcome["a"], FileExistsError), outcome
+    assert f"s3://psdp/{path}" in str(outcome["a"]) and "while this one ran" in str(outcome["a"])
+    check(spec(server, path), seed=32)
+    meta = json.loads(bytes(server.objects()[f"{path}psdp.json".encode()]))
+    assert _prefixes(server, path) == {"psdp.json", meta["data_prefix"].rstrip("/")}
+
+
+def test_a_commit_whose_answer_was_lost_is_still_its_own(server, proxy):
+    """The commit PUT reaches the store but its answer is lost: TensorStore tries again, and
+    now the condition fails, since psdp.json is this write's own. The write must see that it
+    committed (it reads psdp.json back), not delete the dataset it just committed."""
+    path = "lost-answer/"
+    _write_rows(spec(server, path), seed=40)
+    proxy.fail("lost", tries=1, where=f"/{path}psdp.json", method="PUT")
+    _write_rows(spec(server, path, proxy), seed=41, overwrite=True)
+    assert proxy.faults["lost"] == 1
+    _check_rows(spec(server, path), seed=41)
+    meta = json.loads(bytes(server.objects()[f"{path}psdp.json".encode()]))
+    assert _prefixes(server, path) == {"psdp.json", meta["data_prefix"].rstrip("/")}
 
 
 def test_foreign_objects_are_never_overwritten(server):
@@ -203,24 +287,26 @@ def test_a_corrupted_chunk_fails_its_checksum(server):
 
 # ------------------------------------------------------------------------ faults and retries
 def test_faults_are_retried_and_every_batch_is_exact(server, proxy, mesh_1d, caplog):
+    """Faults by rule, the same on every run: the first try of every read of the tokens' shard 1
+    is dropped (TensorStore's HTTP layer tries again, uncounted), and the first 3 tries of every
+    read of the weights' shard 2 answer 503: TensorStore retries twice (counted), then gives up,
+    so psdp's retry gets them. One read thread: no two steps share a request's tries."""
     data = rows(96, seed=6)
     write_dataset(spec(server, "faults/"), data, rows_per_shard=16, progress=False)
-    # two tries by TensorStore itself, so that some failures reach psdp's own retries too
     source = TensorStoreSource(spec(server, "faults/", proxy))
-    loader = DataLoader(
-        source, mesh=mesh_1d, global_batch_size=24, seed=3, read_attempts=8, retry_backoff_s=0.01
-    )
-    proxy.latency_s, proxy.drop, proxy.error_503 = 0.002, 0.1, 0.2
+    loader = DataLoader(source, mesh=mesh_1d, global_batch_size=24, seed=3, read_attempts=8,
+                        retry_backoff_s=0.01, read_threads=1)  # fmt: skip
+    proxy.latency_s = 0.002
+    proxy.fail("drop", tries=1, where="/tokens/c/1/0")  # rows 16..31
+    proxy.fail("503", tries=1 + FAST_RETRIES["max_retries"], where="/weight/c/2")  # 32..47
     store_before = TensorStoreSource.request_counts()
     with loader, caplog.at_level("WARNING", logger="psdp"):
-        for step, batch in zip(range(8), loader, strict=False):
+        for step, batch in zip(range(8), loader, strict=False):  # two epochs: every row read
             assert_batch_exact(batch, expected_batch(loader, data, step))
     store_retries = TensorStoreSource.request_counts()[1] - store_before[1]
-    psdp_retries = [
-        r for r in caplog.records if "SlowDown" in r.getMessage() or "CURL" in r.getMessage()
-    ]
-    assert proxy.errors > 0 and proxy.dropped > 0  # faults were injected, and retried by both
-    assert store_retries > 0 and psdp_retries
+    psdp_retries = [r for r in caplog.records if "SlowDown" in r.getMessage()]
+    assert proxy.faults["drop"] > 0 and proxy.faults["503"] >= 3
+    assert store_retries >= FAST_RETRIES["max_retries"] and psdp_retries
 
 
 def test_psdp_retries_a_transient_error_that_outlives_the_store(server, proxy, mesh_1d):
@@ -230,8 +316,8 @@ def test_psdp_retries_a_transient_error_that_outlives_the_store(server, proxy, m
     loader = DataLoader(
         source, mesh=mesh_1d, global_batch_size=8, read_attempts=2, retry_backoff_s=None
     )
-    proxy.error_503 = 1.0  # every read: TensorStore gives up, and so does psdp, after 2 tries
-    with loader, pytest.raises(TransientReadError, match="SlowDown") as caught:
+    proxy.fail("503", tries=1 << 30, where="/outlives/")  # every read: TensorStore gives up,
+    with loader, pytest.raises(TransientReadError, match="SlowDown") as caught:  # then psdp
         loader.batch_at(0)
     assert any("(try 2 of 2)" in note for note in caught.value.__notes__)
 
@@ -272,7 +358,11 @@ def test_four_host_pod_reads_through_faults_every_shard_exact(server, proxy, tmp
     data = rows(60, seed=8)
     write_dataset(spec(server, "pod/"), data, rows_per_shard=16, progress=False)
     np.savez(tmp_path / "expected.npz", **data)
-    proxy.latency_s, proxy.drop, proxy.error_503 = 0.002, 0.05, 0.1
+    proxy.latency_s = 0.002
+    # the first try of every read of these shards fails; TensorStore tries again and gets it (a
+    # request two hosts share fails once in all, on one of them)
+    proxy.fail("drop", tries=1, where="/tokens/c/1/0")
+    proxy.fail("503", tries=1, where="/weight/c/2")
     results = run_on_noncontiguous_pod(
         pod_reads_remote,
         spec=spec(server, "pod/", proxy, retries={"max_retries": 1}),
@@ -281,8 +371,8 @@ def test_four_host_pod_reads_through_faults_every_shard_exact(server, proxy, tmp
     )
     # 2 leaves and the mask x 2 local devices x 7 steps, on each of the 4 processes
     assert [r["shards"] for r in results] == [42] * 4
-    assert proxy.errors > 0 and proxy.dropped > 0
-    assert sum(r["retries"] for r in results) > 0
+    assert proxy.faults["drop"] > 0 and proxy.faults["503"] > 0
+    assert sum(r["retries"] for r in results) > 0  # the 503s (dropped connections go uncounted)
     # TensorStore counted the requests the proxy saw (and no more: reads still in flight at the
     # end may reach the proxy after the count)
     assert 0 < sum(r["requests"] for r in results) <= sum(proxy.requests.values())
