@@ -226,6 +226,68 @@ def test_a_commit_whose_answer_was_lost_is_still_its_own(server, proxy):
     assert _prefixes(server, path) == {"psdp.json", meta["data_prefix"].rstrip("/")}
 
 
+def _open_in_thread(where):
+    """Opens a `TensorStoreSource` on a thread; returns the thread and a dict that gets the
+    source (or the error) under ``"source"``."""
+    outcome: dict[str, object] = {}
+
+    def run():
+        try:
+            outcome["source"] = TensorStoreSource(where)
+        except Exception as error:  # the test looks at it
+            outcome["source"] = error
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, outcome
+
+
+@pytest.mark.parametrize(
+    "request_held",
+    ["/tokens/zarr.json", "list-type=2"],  # a leaf's metadata; the LIST of its shard objects
+    ids=["leaf-metadata", "shard-list"],
+)
+def test_an_open_that_meets_an_overwrite_opens_the_new_dataset(server, proxy, request_held):
+    """The reader has read psdp.json (the old dataset) when its next request is held at the
+    proxy while an overwrite commits and deletes the old prefix: the open must see that
+    psdp.json changed and open the new dataset, never call the dataset damaged."""
+    path = f"reopen-{'list' if 'list' in request_held else 'leaf'}/"
+    old, new = rows(40, seed=50), rows(24, seed=51)
+    write_dataset(spec(server, path), old, rows_per_shard=8, progress=False)
+    held = proxy.hold("GET", request_held)
+    thread, outcome = _open_in_thread(spec(server, path, proxy))
+    assert held.reached.wait(60), "the reader never sent the request"
+    write_dataset(spec(server, path), new, rows_per_shard=8, overwrite=True, progress=False)
+    held.release()
+    thread.join(60)
+    source = outcome["source"]
+    assert isinstance(source, TensorStoreSource), source
+    assert len(source) == 24
+    np.testing.assert_array_equal(source.read(np.arange(24))["tokens"], new["tokens"])
+
+
+def test_an_open_overwritten_every_time_says_so(server, proxy):
+    """Each of the open's tries meets another overwrite: it gives up saying what happened (the
+    dataset is not damaged), after `OPEN_ATTEMPTS` tries."""
+    from psdp.sources.tensorstore import OPEN_ATTEMPTS
+
+    path = "reopen-always/"
+    write_dataset(spec(server, path), rows(16, seed=60), rows_per_shard=8, progress=False)
+    held = proxy.hold("GET", "/tokens/zarr.json")
+    thread, outcome = _open_in_thread(spec(server, path, proxy))
+    for attempt in range(OPEN_ATTEMPTS):
+        assert held.reached.wait(60), f"try {attempt + 1} never came"
+        data = rows(16, seed=61 + attempt)
+        write_dataset(spec(server, path), data, rows_per_shard=8, overwrite=True, progress=False)
+        last, held = held, proxy.hold("GET", "/tokens/zarr.json")
+        last.release()
+    thread.join(60)
+    error = outcome["source"]
+    assert isinstance(error, ValueError), error
+    assert f"was overwritten while it was being opened, {OPEN_ATTEMPTS} times" in str(error)
+    assert "missing" not in str(error) and "rewrite" not in str(error)  # not called damaged
+
+
 def test_foreign_objects_are_never_overwritten(server):
     objects = server.objects()
     objects[b"foreign/notes.txt"] = b"not a dataset"
