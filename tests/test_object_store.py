@@ -440,6 +440,50 @@ def test_four_host_pod_reads_through_faults_every_shard_exact(server, proxy, tmp
     assert 0 < sum(r["requests"] for r in results) <= sum(proxy.requests.values())
 
 
+# ------------------------------------------------------------------------------- the cache
+def test_cached_chunks_are_read_again_with_no_request(server, proxy):
+    """A committed dataset never changes under its prefix, so what the cache holds (shard
+    indexes, chunks) is used as it is, never checked again: counted at the proxy, a first read
+    of 5 rows in 4 shards costs one GET per shard index and per chunk (4 + 4), and reading the
+    same rows again costs none."""
+    table = np.arange(64 * 4, dtype=np.int32).reshape(64, 4)
+    where = spec(server, "cached/")
+    write_dataset(where, table, rows_per_shard=16, rows_per_chunk=4, progress=False)
+    source = TensorStoreSource(spec(server, "cached/", proxy), cache_bytes=16 << 20)
+    ids = np.array([63, 3, 17, 18, 40])  # chunks 15, 0, 4, 4, 10: one in each shard
+    proxy.reset()
+    np.testing.assert_array_equal(source.read(ids), table[ids])
+    assert dict(proxy.requests) == {"GET": 8}
+    proxy.reset()
+    for _ in range(3):
+        np.testing.assert_array_equal(source.read(ids), table[ids])
+        np.testing.assert_array_equal(source.read(ids[::-1]), table[ids[::-1]])
+    assert dict(proxy.requests) == {}
+
+
+def test_cached_document_chunks_are_read_again_with_no_request(server, proxy):
+    """The same for a document store: a second read of the same token ranges makes no request."""
+    import tensorstore as ts
+
+    docs = [np.arange(n, dtype=np.int32) + 100 * n for n in (5, 9, 3, 12)]
+    write_documents(spec(server, "cached-docs/"), docs, tokens_per_shard=8, tokens_per_chunk=4,
+                    progress=False)  # fmt: skip
+    cache = ts.Context({"cache_pool": {"total_bytes_limit": 16 << 20}})
+    store = open_documents(spec(server, "cached-docs/", proxy), context=cache)
+    flat = np.concatenate(docs)
+    starts, stops = np.array([0, 6, 20]), np.array([4, 15, 29])
+    want = np.concatenate([flat[a:b] for a, b in zip(starts, stops, strict=True)]).tolist()
+
+    def read():
+        return store.read_ranges(starts, stops)["input_ids"].tolist()
+
+    proxy.reset()
+    assert read() == want and proxy.requests["GET"] > 0
+    proxy.reset()
+    assert read() == want and read() == want
+    assert dict(proxy.requests) == {}
+
+
 # ------------------------------------------------------------------ block shuffle requests
 def test_a_block_shuffle_reads_few_requests_per_step(server, proxy):
     """Counted at the proxy: a step of a block shuffle over chunks of ``io_block`` rows costs at

@@ -40,6 +40,10 @@ DATASET_FORMAT = "psdp.zarr3"
 DATASET_VERSION = 1
 #: How many times opening a remote dataset starts again when an overwrite commits meanwhile.
 OPEN_ATTEMPTS = 3
+#: How a committed remote dataset is opened: the objects below its data prefix never change
+#: (a write fills a new prefix), so what the cache holds is never checked again (a conditional
+#: GET per object and read, otherwise).
+COMMITTED: dict[str, Any] = {"recheck_cached_data": False, "recheck_cached_metadata": False}
 _PREFIX = re.compile(rf"(|{DATA_PREFIX}[0-9a-f]+/)")
 
 
@@ -219,7 +223,9 @@ class TensorStoreSource:
         prefix = meta.get("data_prefix", "")
         arrays = {}
         for name, leaf in meta["leaves"].items():
-            spec = _strict_spec({"driver": "zarr3", "kvstore": location.below(f"{prefix}{name}/")})
+            spec = _strict_spec(
+                {"driver": "zarr3", "kvstore": location.below(f"{prefix}{name}/"), **COMMITTED}
+            )
             where = f"{location.name} (leaf {name!r})"
             array = _open_array(spec, self._context, where)
             _check_leaf_matches(location.name, name, array, self._len, leaf)
