@@ -5,6 +5,9 @@ numpy arrays that were written (never against ids the code under test computed).
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -303,6 +306,53 @@ def test_an_unfinished_write_is_refused_by_readers(server):
         TensorStoreSource(spec(server, "unfinished/"))
     with pytest.raises(FileNotFoundError, match="no dataset at s3://psdp/nothing-here/"):
         TensorStoreSource(spec(server, "nothing-here/"))
+
+
+# --------------------------------------------------------------------------- credentials
+_OPEN_AND_FAIL = """
+import json, sys
+import numpy as np
+from psdp.sources import TensorStoreSource, read_metadata
+from psdp.sources.writer import write_dataset
+
+spec = json.loads(sys.argv[1])
+write_dataset(spec, np.arange(8, dtype=np.int32), progress=False)
+assert TensorStoreSource(spec).read(np.array([3])).tolist() == [3]
+leaf = {**spec, "path": spec["path"] + read_metadata(spec)["data_prefix"] + "array/"}
+assert TensorStoreSource({"driver": "zarr3", "kvstore": leaf}).read(np.array([5])).tolist() == [5]
+for problem, bad in [("refused", {"endpoint": sys.argv[2]}), ("bucket", {"bucket": "no-such"})]:
+    try:
+        TensorStoreSource({**spec, **bad})
+    except (ValueError, FileNotFoundError) as error:
+        print(problem, type(error).__name__, error)
+"""
+
+
+def test_an_s3_open_logs_nothing_and_real_errors_still_raise(server, tmp_path):
+    """TensorStore's AWS layer logs an ERROR line for every ~/.aws file it does not find, on
+    every S3 open, unless the spec says where credentials come from: with AWS_ACCESS_KEY_ID set,
+    psdp names the environment, so a write, opens (of the dataset, and of one array by its
+    spec) and reads log nothing (HOME has no .aws here). A refused connection and a missing bucket still raise with the store's message."""
+    from psdp.tools.benchmarks.object_store import free_port
+
+    where = {**spec(server, "quiet/"), "s3_request_retries": {"max_retries": 0}}
+    refused = f"http://127.0.0.1:{free_port()}"
+    done = subprocess.run(
+        [sys.executable, "-c", _OPEN_AND_FAIL, json.dumps(where), refused],
+        env={**os.environ, "HOME": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    noise = [line for line in done.stderr.splitlines() if ".aws" in line or "Credentials" in line]
+    assert noise == [], done.stderr
+    out = dict(line.split(" ", 1) for line in done.stdout.splitlines())
+    assert out["refused"].startswith(
+        f"ValueError cannot read s3://psdp/quiet/ (endpoint {refused})"
+    )
+    assert "Could not connect to server" in out["refused"]
+    assert out["bucket"].startswith("ValueError NOT_FOUND: NoSuchBucket"), out
 
 
 # --------------------------------------------------------------------- damage: fail, never zeros

@@ -9,6 +9,7 @@ holds its arrays (`DATA_PREFIX`).
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -76,11 +77,51 @@ def locate(where: str | os.PathLike[str] | Mapping[str, Any]) -> Location:
             ) from None
         path = spec.get("path", "")
         spec["path"] = path if not path or path.endswith("/") else path + "/"
-        return Location(None, spec, describe_kvstore(spec))
+        return Location(None, environment_credentials(spec), describe_kvstore(spec))
     raise TypeError(
         "a dataset location must be a path, a kvstore URL (s3://, gs://, file://) or a "
         f"TensorStore kvstore spec dict, got {type(where).__name__}"
     )
+
+
+def environment_credentials(kvstore: Any, environ: Mapping[str, str] = os.environ) -> Any:
+    """An ``s3`` kvstore spec (a dict or a URL) that names no credentials, with TensorStore's
+    environment provider named when ``AWS_ACCESS_KEY_ID`` is set: the provider its default chain
+    picks first then, but without the chain's look for ``~/.aws`` files, which logs an ERROR line
+    per missing file on every open. Any other spec comes back as it is.
+
+    Example:
+        >>> keys = {"AWS_ACCESS_KEY_ID": "AKIAEXAMPLE"}
+        >>> spec = environment_credentials({"driver": "s3", "bucket": "corpus"}, keys)
+        >>> spec.get("aws_credentials", {"type": "environment"})  # TensorStore 0.1.68: implied
+        {'type': 'environment'}
+        >>> environment_credentials({"driver": "s3", "bucket": "corpus"}, {})
+        {'driver': 's3', 'bucket': 'corpus'}
+    """
+    if isinstance(kvstore, str) and kvstore.startswith("s3://"):
+        kvstore = ts.KvStore.Spec(kvstore).to_json()
+    if (
+        isinstance(kvstore, Mapping)
+        and kvstore.get("driver") == "s3"
+        and "aws_credentials" not in kvstore
+        and environ.get("AWS_ACCESS_KEY_ID")
+        and _names_credential_types()
+    ):
+        return {**kvstore, "aws_credentials": {"type": "environment"}}
+    return kvstore
+
+
+@functools.cache
+def _names_credential_types() -> bool:
+    """Whether this TensorStore takes ``aws_credentials: {"type": ...}`` (0.1.68 does not, and
+    reads the environment first, quietly)."""
+    try:
+        ts.KvStore.Spec(
+            {"driver": "s3", "bucket": "psdp", "aws_credentials": {"type": "environment"}}
+        )
+    except ValueError:
+        return False
+    return True
 
 
 def describe_kvstore(spec: Mapping[str, Any]) -> str:

@@ -25,6 +25,7 @@ from psdp.sources.errors import TransientReadError, is_transient_status
 from psdp.sources.location import (
     DATA_PREFIX,
     Location,
+    environment_credentials,
     is_kvstore_spec,
     list_keys,
     locate,
@@ -106,6 +107,8 @@ class TensorStoreSource:
         elif isinstance(path_or_spec, Mapping) and not is_kvstore_spec(path_or_spec):
             spec = _strict_spec(dict(path_or_spec))
             self._where = f"the TensorStore spec with kvstore {spec.get('kvstore')!r}"
+            if "kvstore" in spec:  # quiet: no ERROR lines from TensorStore's AWS layer
+                spec["kvstore"] = environment_credentials(spec["kvstore"])
             kvstore = spec.get("kvstore")
             driver = kvstore.get("driver") if isinstance(kvstore, Mapping) else str(kvstore)
             self.remote = str(driver).split(":")[0] not in ("file", "memory", "None")

@@ -10,7 +10,6 @@ Nothing here reaches beyond 127.0.0.1. moto is a dev dependency (``pip install "
 from __future__ import annotations
 
 import contextlib
-import functools
 import http.client
 import os
 import queue
@@ -32,21 +31,6 @@ S3_ENVIRONMENT = {
     "AWS_REGION": "us-east-1",
 }
 _START_TIMEOUT_S = 60.0
-
-
-@functools.cache
-def _environment_credentials() -> dict[str, Any]:
-    """``aws_credentials`` from the environment (the server's keys): TensorStore's spec member
-    since it names credential types; older releases take no ``type`` and read the environment
-    first by default, so the member is left out there."""
-    import tensorstore as ts
-
-    member = {"aws_credentials": {"type": "environment"}}
-    try:
-        ts.KvStore.Spec({"driver": "s3", "bucket": "b", **member})
-    except ValueError:
-        return {}
-    return member
 
 
 def free_port() -> int:
@@ -103,7 +87,6 @@ class S3Server:
             "bucket": self.bucket,
             "endpoint": endpoint or self.endpoint,
             "aws_region": S3_ENVIRONMENT["AWS_REGION"],
-            **_environment_credentials(),
             "path": path,
         }
 
@@ -112,7 +95,9 @@ class S3Server:
         write or delete objects with ``store[key]``, e.g. to damage a dataset on purpose."""
         import tensorstore as ts  # slow to import: only when used
 
-        return ts.KvStore.open(self.kvstore("")).result()
+        from psdp.sources.location import environment_credentials
+
+        return ts.KvStore.open(environment_credentials(self.kvstore(""))).result()
 
     def stop(self) -> None:
         if self._process is not None:
