@@ -39,9 +39,11 @@ class Location:
     name: str
 
     def below(self, relative: str) -> dict[str, Any]:
-        """The kvstore spec of the prefix ``relative`` (ending in ``/``) below this one."""
+        """The kvstore spec to open the prefix ``relative`` (``""`` or ending in ``/``) below
+        this one with, its credentials named (`environment_credentials`)."""
         assert self.kvstore is not None
-        return {**self.kvstore, "path": self.kvstore.get("path", "") + relative}
+        path = self.kvstore.get("path", "") + relative
+        return environment_credentials({**self.kvstore, "path": path})
 
 
 def is_kvstore_spec(spec: Mapping[str, Any]) -> bool:
@@ -77,7 +79,7 @@ def locate(where: str | os.PathLike[str] | Mapping[str, Any]) -> Location:
             ) from None
         path = spec.get("path", "")
         spec["path"] = path if not path or path.endswith("/") else path + "/"
-        return Location(None, environment_credentials(spec), describe_kvstore(spec))
+        return Location(None, spec, describe_kvstore(spec))
     raise TypeError(
         "a dataset location must be a path, a kvstore URL (s3://, gs://, file://) or a "
         f"TensorStore kvstore spec dict, got {type(where).__name__}"
@@ -142,7 +144,7 @@ def open_kvstore(location: Location, context: ts.Context | None = None) -> ts.Kv
     """The kvstore of a remote ``location``; raises naming it if it cannot be opened."""
     assert location.kvstore is not None
     try:
-        return ts.KvStore.open(location.kvstore, context=context).result()
+        return ts.KvStore.open(location.below(""), context=context).result()
     except ValueError as error:
         raise ValueError(
             f"cannot open {location.name}: {error}; check the URL or spec, the credentials in "

@@ -203,7 +203,7 @@ class TensorStoreSource:
     def _open_remote_array(self, store: ts.KvStore, location: Location) -> dict[str, Any]:
         """A prefix with no psdp.json: one plain zarr3 array, or an error saying what is there."""
         if store.read(b"zarr.json").result().state == "value":
-            spec = _strict_spec({"driver": "zarr3", "kvstore": location.kvstore})
+            spec = _strict_spec({"driver": "zarr3", "kvstore": location.below("")})
             return {SINGLE_LEAF: _open_array(spec, self._context, location.name)}
         unfinished = any(k.startswith(DATA_PREFIX) for k in list_keys(store))
         raise FileNotFoundError(
