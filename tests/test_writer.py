@@ -219,3 +219,25 @@ def test_of_two_writers_committing_at_once_exactly_one_commits(tmp_path, monkeyp
     assert isinstance(outcome["b"], FileExistsError), outcome
     np.testing.assert_array_equal(_read_back(path)["x"], np.arange(20, 25))
     assert sorted(os.listdir(tmp_path)) == ["ds"]
+
+
+def test_a_file_kvstore_write_that_lost_a_race_keeps_the_winner(tmp_path):
+    """A ``file`` kvstore spec commits like an object store, by a conditional write of psdp.json
+    that TensorStore's file driver checks: a write that another one overtook fails."""
+    where = {"driver": "file", "path": f"{tmp_path}/kv/"}
+    write_dataset(where, {"x": np.arange(4)}, progress=False)
+    winner = {"x": np.arange(10, 16)}
+
+    def chunks():
+        yield {"x": np.arange(3)}
+        write_dataset(where, winner, overwrite=True, progress=False)
+        yield {"x": np.arange(3)}
+
+    with pytest.raises(FileExistsError, match=f"another write committed to file://{tmp_path}/kv/"):
+        write_dataset(where, chunks(), overwrite=True, progress=False)
+    np.testing.assert_array_equal(_read_back(where)["x"], winner["x"])
+    prefix = read_metadata(where)["data_prefix"]
+    files = [
+        str(f.relative_to(tmp_path / "kv")) for f in (tmp_path / "kv").rglob("*") if f.is_file()
+    ]
+    assert all(f == "psdp.json" or f.startswith(prefix) for f in files), files  # the loser's: gone
