@@ -58,8 +58,8 @@ def _check_target(
     store: ts.KvStore, location: Location, overwrite: bool
 ) -> tuple[bytes, str | None]:
     """Refuses a non-empty location without ``overwrite``, and one holding anything but a psdp
-    dataset; returns the generation of ``psdp.json`` (that of a missing object if there is
-    none), the condition of the commit, and the prefix it names (``None`` for none)."""
+    dataset; returns the generation of ``psdp.json``, the commit's condition (that of a missing
+    object if there is none), and the prefix it names (``None`` for none)."""
     got = store.read(METADATA_FILE.encode()).result()  # first: the commit's condition covers
     keys = list_keys(store)  # whatever the LIST shows after it
     if not keys and got.state != "value":
