@@ -4,11 +4,19 @@ numpy arrays that were written (never against ids the code under test computed).
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import threading
+from importlib.metadata import version
+
 import numpy as np
 import pytest
 
 from psdp import DataLoader
 from psdp.sources import TensorStoreSource, read_metadata
+from psdp.sources.document_writer import open_documents, write_documents
 from psdp.sources.errors import TransientReadError
 from psdp.sources.writer import write_dataset
 from psdp.tools.benchmarks.object_store import FaultProxy, S3Server
@@ -34,7 +42,7 @@ def server():
 
 @pytest.fixture
 def proxy(server):
-    with FaultProxy(server.endpoint, seed=1) as p:
+    with FaultProxy(server.endpoint) as p:
         yield p
 
 
@@ -132,7 +140,7 @@ def test_a_write_that_lost_a_race_keeps_the_winner(server):
         write_dataset(where, winner, overwrite=True, progress=False)
         yield rows(8, seed=11)
 
-    with pytest.raises(FileExistsError, match="another write_dataset committed to s3://psdp/race/"):
+    with pytest.raises(FileExistsError, match="another write committed to s3://psdp/race/"):
         write_dataset(where, chunks(), rows_per_shard=8, progress=False)
     source = TensorStoreSource(where)
     np.testing.assert_array_equal(source.read(np.arange(12))["tokens"], winner["tokens"])
@@ -140,6 +148,154 @@ def test_a_write_that_lost_a_race_keeps_the_winner(server):
         k.split(b"/")[1] for k in server.objects().list().result() if k.startswith(b"race/")
     }
     assert len(prefixes) == 2  # psdp.json and the winner's prefix: the loser left nothing
+
+
+def _prefixes(server, path):
+    """The first path parts below ``path`` in the bucket: psdp.json and the data prefixes."""
+    keys = server.objects().list().result()
+    return {k.decode()[len(path) :].split("/")[0] for k in keys if k.startswith(path.encode())}
+
+
+def _write_rows(where, seed, **options):
+    write_dataset(where, rows(12 + seed % 5, seed), rows_per_shard=8, progress=False, **options)
+
+
+def _write_docs(where, seed, **options):
+    docs = [np.arange(1 + seed % 7 + d, dtype=np.int32) + seed for d in range(5)]
+    write_documents(where, docs, tokens_per_shard=16, tokens_per_chunk=4, progress=False, **options)
+
+
+def _check_rows(where, seed):
+    data = rows(12 + seed % 5, seed)
+    got = TensorStoreSource(where).read(np.arange(len(data["tokens"])))
+    np.testing.assert_array_equal(got["tokens"], data["tokens"])
+
+
+def _check_docs(where, seed):
+    store = open_documents(where)
+    want = np.concatenate([np.arange(1 + seed % 7 + d, dtype=np.int32) + seed for d in range(5)])
+    assert store.read_ranges([0], [len(want)])["input_ids"].tolist() == want.tolist()
+
+
+WRITERS = {
+    "write_dataset": (_write_rows, _check_rows),
+    "write_documents": (_write_docs, _check_docs),
+}
+
+
+#: TensorStore sends the commit's condition with the PUT itself from 0.1.72 on; 0.1.68-0.1.71
+#: check it with a HEAD, then PUT unconditionally (docs/sources.md, "Concurrent writers")
+CONDITIONAL_PUT = tuple(map(int, version("tensorstore").split(".")[:3])) >= (0, 1, 72)
+
+
+@pytest.mark.skipif(not CONDITIONAL_PUT, reason="this TensorStore's s3 PUT carries no condition")
+@pytest.mark.parametrize("kind", WRITERS)
+@pytest.mark.parametrize("existing", [False, True], ids=["new", "overwrite"])
+def test_of_two_concurrent_writers_exactly_one_commits(server, proxy, kind, existing):
+    """Writer A's commit PUT is held at the proxy, after every check A makes (TensorStore's
+    own HEAD included), until writer B has committed: A must fail, naming the URL, and B's
+    dataset is the one there, whole, with no object of A's left."""
+    write, check = WRITERS[kind]
+    path = f"cas-{kind}-{'old' if existing else 'new'}/"
+    if existing:
+        write(spec(server, path), seed=30)
+    held = proxy.hold("PUT", f"/{path}psdp.json")
+    outcome: dict[str, object] = {}
+
+    def writer_a():
+        try:
+            write(spec(server, path, proxy), seed=31, overwrite=True)
+            outcome["a"] = "committed"
+        except Exception as error:  # the test looks at it below
+            outcome["a"] = error
+
+    thread = threading.Thread(target=writer_a)
+    thread.start()
+    assert held.reached.wait(60), "writer A never reached its commit"
+    write(spec(server, path), seed=32, overwrite=True)  # writer B, straight to the server
+    held.release()
+    thread.join(60)
+    assert isinstance(outcome["a"], FileExistsError), outcome
+    assert f"s3://psdp/{path}" in str(outcome["a"]) and "while this one ran" in str(outcome["a"])
+    check(spec(server, path), seed=32)
+    meta = json.loads(bytes(server.objects()[f"{path}psdp.json".encode()]))
+    assert _prefixes(server, path) == {"psdp.json", meta["data_prefix"].rstrip("/")}
+
+
+def test_a_commit_whose_answer_was_lost_is_still_its_own(server, proxy):
+    """The commit PUT reaches the store but its answer is lost: TensorStore tries again, and
+    now the condition fails, since psdp.json is this write's own. The write must see that it
+    committed (it reads psdp.json back), not delete the dataset it just committed."""
+    path = "lost-answer/"
+    _write_rows(spec(server, path), seed=40)
+    proxy.fail("lost", tries=1, where=f"/{path}psdp.json", method="PUT")
+    _write_rows(spec(server, path, proxy), seed=41, overwrite=True)
+    assert proxy.faults["lost"] == 1
+    _check_rows(spec(server, path), seed=41)
+    meta = json.loads(bytes(server.objects()[f"{path}psdp.json".encode()]))
+    assert _prefixes(server, path) == {"psdp.json", meta["data_prefix"].rstrip("/")}
+
+
+def _open_in_thread(where):
+    """Opens a `TensorStoreSource` on a thread; returns the thread and a dict that gets the
+    source (or the error) under ``"source"``."""
+    outcome: dict[str, object] = {}
+
+    def run():
+        try:
+            outcome["source"] = TensorStoreSource(where)
+        except Exception as error:  # the test looks at it
+            outcome["source"] = error
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, outcome
+
+
+@pytest.mark.parametrize(
+    "request_held",
+    ["/tokens/zarr.json", "list-type=2"],  # a leaf's metadata; the LIST of its shard objects
+    ids=["leaf-metadata", "shard-list"],
+)
+def test_an_open_that_meets_an_overwrite_opens_the_new_dataset(server, proxy, request_held):
+    """The reader has read psdp.json (the old dataset) when its next request is held at the
+    proxy while an overwrite commits and deletes the old prefix: the open must see that
+    psdp.json changed and open the new dataset, never call the dataset damaged."""
+    path = f"reopen-{'list' if 'list' in request_held else 'leaf'}/"
+    old, new = rows(40, seed=50), rows(24, seed=51)
+    write_dataset(spec(server, path), old, rows_per_shard=8, progress=False)
+    held = proxy.hold("GET", request_held)
+    thread, outcome = _open_in_thread(spec(server, path, proxy))
+    assert held.reached.wait(60), "the reader never sent the request"
+    write_dataset(spec(server, path), new, rows_per_shard=8, overwrite=True, progress=False)
+    held.release()
+    thread.join(60)
+    source = outcome["source"]
+    assert isinstance(source, TensorStoreSource), source
+    assert len(source) == 24
+    np.testing.assert_array_equal(source.read(np.arange(24))["tokens"], new["tokens"])
+
+
+def test_an_open_overwritten_every_time_says_so(server, proxy):
+    """Each of the open's tries meets another overwrite: it gives up saying what happened (the
+    dataset is not damaged), after `OPEN_ATTEMPTS` tries."""
+    from psdp.sources.tensorstore import OPEN_ATTEMPTS
+
+    path = "reopen-always/"
+    write_dataset(spec(server, path), rows(16, seed=60), rows_per_shard=8, progress=False)
+    held = proxy.hold("GET", "/tokens/zarr.json")
+    thread, outcome = _open_in_thread(spec(server, path, proxy))
+    for attempt in range(OPEN_ATTEMPTS):
+        assert held.reached.wait(60), f"try {attempt + 1} never came"
+        data = rows(16, seed=61 + attempt)
+        write_dataset(spec(server, path), data, rows_per_shard=8, overwrite=True, progress=False)
+        last, held = held, proxy.hold("GET", "/tokens/zarr.json")
+        last.release()
+    thread.join(60)
+    error = outcome["source"]
+    assert isinstance(error, ValueError), error
+    assert f"was overwritten while it was being opened, {OPEN_ATTEMPTS} times" in str(error)
+    assert "missing" not in str(error) and "rewrite" not in str(error)  # not called damaged
 
 
 def test_foreign_objects_are_never_overwritten(server):
@@ -157,6 +313,54 @@ def test_an_unfinished_write_is_refused_by_readers(server):
         TensorStoreSource(spec(server, "unfinished/"))
     with pytest.raises(FileNotFoundError, match="no dataset at s3://psdp/nothing-here/"):
         TensorStoreSource(spec(server, "nothing-here/"))
+
+
+# --------------------------------------------------------------------------- credentials
+_OPEN_AND_FAIL = """
+import json, sys
+import numpy as np
+from psdp.sources import TensorStoreSource, read_metadata
+from psdp.sources.writer import write_dataset
+
+spec = json.loads(sys.argv[1])
+write_dataset(spec, np.arange(8, dtype=np.int32), progress=False)
+assert TensorStoreSource(spec).read(np.array([3])).tolist() == [3]
+leaf = {**spec, "path": spec["path"] + read_metadata(spec)["data_prefix"] + "array/"}
+assert TensorStoreSource({"driver": "zarr3", "kvstore": leaf}).read(np.array([5])).tolist() == [5]
+for problem, bad in [("refused", {"endpoint": sys.argv[2]}), ("bucket", {"bucket": "no-such"})]:
+    try:
+        TensorStoreSource({**spec, **bad})
+    except (ValueError, FileNotFoundError) as error:
+        print(problem, type(error).__name__, error)
+"""
+
+
+def test_an_s3_open_logs_nothing_and_real_errors_still_raise(server, tmp_path):
+    """TensorStore's AWS layer logs an ERROR line for every ~/.aws file it does not find, on
+    every S3 open, unless the spec says where credentials come from: with AWS_ACCESS_KEY_ID set,
+    psdp names the environment, so a write, opens (of the dataset, and of one array by its
+    spec) and reads log nothing (HOME has no .aws here). A refused connection and a missing bucket still raise with the store's message."""
+    from psdp.tools.benchmarks.object_store import free_port
+
+    where = spec(server, "quiet/", retries={"max_retries": 1, "initial_delay": "1ms"})
+    refused = f"http://127.0.0.1:{free_port()}"
+    done = subprocess.run(
+        [sys.executable, "-c", _OPEN_AND_FAIL, json.dumps(where), refused],
+        env={**os.environ, "HOME": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    noise = [line for line in done.stderr.splitlines() if ".aws" in line or "Credentials" in line]
+    assert noise == [], done.stderr
+    out = dict(line.split(" ", 1) for line in done.stdout.splitlines())
+    assert out["refused"].startswith(
+        f"ValueError cannot read s3://psdp/quiet/ (endpoint {refused})"
+    )
+    assert "Could not connect to server" in out["refused"]
+    # worded by TensorStore: "NOT_FOUND: NoSuchBucket ..." (0.1.86), "Malformed List ..." (0.1.68)
+    assert out["bucket"].startswith("ValueError "), out
 
 
 # --------------------------------------------------------------------- damage: fail, never zeros
@@ -203,23 +407,26 @@ def test_a_corrupted_chunk_fails_its_checksum(server):
 
 # ------------------------------------------------------------------------ faults and retries
 def test_faults_are_retried_and_every_batch_is_exact(server, proxy, mesh_1d, caplog):
+    """Faults by rule, the same on every run: the first try of every read of the tokens' shard 1
+    is dropped (TensorStore's HTTP layer tries again, uncounted), and the first 3 tries of every
+    read of the weights' shard 2 answer 503: TensorStore retries twice (counted), then gives up,
+    so psdp's retry gets them. One read thread: no two steps share a request's tries."""
     data = rows(96, seed=6)
     write_dataset(spec(server, "faults/"), data, rows_per_shard=16, progress=False)
-    # two tries by TensorStore itself, so that some failures reach psdp's own retries too
     source = TensorStoreSource(spec(server, "faults/", proxy))
     settings = dict(mesh=mesh_1d, global_batch_size=24, seed=3)
-    loader = DataLoader(source, read_attempts=8, retry_backoff_s=0.01, **settings)
-    proxy.latency_s, proxy.drop, proxy.error_503 = 0.002, 0.1, 0.2
+    loader = DataLoader(source, read_attempts=8, retry_backoff_s=0.01, read_threads=1, **settings)
+    proxy.latency_s = 0.002
+    proxy.fail("drop", tries=1, where="/tokens/c/1/0")  # rows 16..31
+    proxy.fail("503", tries=1 + FAST_RETRIES["max_retries"], where="/weight/c/2")  # 32..47
     store_before = TensorStoreSource.request_counts()
     with loader, caplog.at_level("WARNING", logger="psdp"):
-        for step, batch in zip(range(8), loader, strict=False):
+        for step, batch in zip(range(8), loader, strict=False):  # two epochs: every row read
             assert_batch_exact(batch, expected_batch(data, step, **settings))
     store_retries = TensorStoreSource.request_counts()[1] - store_before[1]
-    psdp_retries = [
-        r for r in caplog.records if "SlowDown" in r.getMessage() or "CURL" in r.getMessage()
-    ]
-    assert proxy.errors > 0 and proxy.dropped > 0  # faults were injected, and retried by both
-    assert store_retries > 0 and psdp_retries
+    psdp_retries = [r for r in caplog.records if "SlowDown" in r.getMessage()]
+    assert proxy.faults["drop"] > 0 and proxy.faults["503"] >= 3
+    assert store_retries >= FAST_RETRIES["max_retries"] and psdp_retries
 
 
 def test_psdp_retries_a_transient_error_that_outlives_the_store(server, proxy, mesh_1d):
@@ -229,8 +436,8 @@ def test_psdp_retries_a_transient_error_that_outlives_the_store(server, proxy, m
     loader = DataLoader(
         source, mesh=mesh_1d, global_batch_size=8, read_attempts=2, retry_backoff_s=None
     )
-    proxy.error_503 = 1.0  # every read: TensorStore gives up, and so does psdp, after 2 tries
-    with loader, pytest.raises(TransientReadError, match="SlowDown") as caught:
+    proxy.fail("503", tries=1 << 30, where="/outlives/")  # every read: TensorStore gives up,
+    with loader, pytest.raises(TransientReadError, match="SlowDown") as caught:  # then psdp
         loader.batch_at(0)
     assert any("(try 2 of 2)" in note for note in caught.value.__notes__)
 
@@ -309,7 +516,11 @@ def test_four_host_pod_reads_through_faults_every_shard_exact(server, proxy, tmp
     data = rows(60, seed=8)
     write_dataset(spec(server, "pod/"), data, rows_per_shard=16, progress=False)
     np.savez(tmp_path / "expected.npz", **data)
-    proxy.latency_s, proxy.drop, proxy.error_503 = 0.002, 0.05, 0.1
+    proxy.latency_s = 0.002
+    # the first try of every read of these shards fails; TensorStore tries again and gets it (a
+    # request two hosts share fails once in all, on one of them)
+    proxy.fail("drop", tries=1, where="/tokens/c/1/0")
+    proxy.fail("503", tries=1, where="/weight/c/2")
     results = run_on_noncontiguous_pod(
         pod_reads_remote,
         spec=spec(server, "pod/", proxy, retries={"max_retries": 1}),
@@ -318,11 +529,55 @@ def test_four_host_pod_reads_through_faults_every_shard_exact(server, proxy, tmp
     )
     # 2 leaves and the mask x 2 local devices x 7 steps, on each of the 4 processes
     assert [r["shards"] for r in results] == [42] * 4
-    assert proxy.errors > 0 and proxy.dropped > 0
-    assert sum(r["retries"] for r in results) > 0
+    assert proxy.faults["drop"] > 0 and proxy.faults["503"] > 0
+    assert sum(r["retries"] for r in results) > 0  # the 503s (dropped connections go uncounted)
     # TensorStore counted the requests the proxy saw (and no more: reads still in flight at the
     # end may reach the proxy after the count)
     assert 0 < sum(r["requests"] for r in results) <= sum(proxy.requests.values())
+
+
+# ------------------------------------------------------------------------------- the cache
+def test_cached_chunks_are_read_again_with_no_request(server, proxy):
+    """A committed dataset never changes under its prefix, so what the cache holds (shard
+    indexes, chunks) is used as it is, never checked again: counted at the proxy, a first read
+    of 5 rows in 4 shards costs one GET per shard index and per chunk (4 + 4), and reading the
+    same rows again costs none."""
+    table = np.arange(64 * 4, dtype=np.int32).reshape(64, 4)
+    where = spec(server, "cached/")
+    write_dataset(where, table, rows_per_shard=16, rows_per_chunk=4, progress=False)
+    source = TensorStoreSource(spec(server, "cached/", proxy), cache_bytes=16 << 20)
+    ids = np.array([63, 3, 17, 18, 40])  # chunks 15, 0, 4, 4, 10: one in each shard
+    proxy.reset()
+    np.testing.assert_array_equal(source.read(ids), table[ids])
+    assert dict(proxy.requests) == {"GET": 8}
+    proxy.reset()
+    for _ in range(3):
+        np.testing.assert_array_equal(source.read(ids), table[ids])
+        np.testing.assert_array_equal(source.read(ids[::-1]), table[ids[::-1]])
+    assert dict(proxy.requests) == {}
+
+
+def test_cached_document_chunks_are_read_again_with_no_request(server, proxy):
+    """The same for a document store: a second read of the same token ranges makes no request."""
+    import tensorstore as ts
+
+    docs = [np.arange(n, dtype=np.int32) + 100 * n for n in (5, 9, 3, 12)]
+    write_documents(spec(server, "cached-docs/"), docs, tokens_per_shard=8, tokens_per_chunk=4,
+                    progress=False)  # fmt: skip
+    cache = ts.Context({"cache_pool": {"total_bytes_limit": 16 << 20}})
+    store = open_documents(spec(server, "cached-docs/", proxy), context=cache)
+    flat = np.concatenate(docs)
+    starts, stops = np.array([0, 6, 20]), np.array([4, 15, 29])
+    want = np.concatenate([flat[a:b] for a, b in zip(starts, stops, strict=True)]).tolist()
+
+    def read():
+        return store.read_ranges(starts, stops)["input_ids"].tolist()
+
+    proxy.reset()
+    assert read() == want and proxy.requests["GET"] > 0
+    proxy.reset()
+    assert read() == want and read() == want
+    assert dict(proxy.requests) == {}
 
 
 # ------------------------------------------------------------------ block shuffle requests

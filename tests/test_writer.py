@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -154,3 +155,89 @@ def test_the_written_dataset_is_readable_by_others(tmp_path):
     finally:
         os.umask(umask)
     assert path.stat().st_mode & 0o777 == 0o755
+
+
+# ------------------------------------------------------------------------- concurrent writers
+def test_a_write_that_lost_a_race_keeps_the_winner(tmp_path):
+    """Another write commits to the same directory while this one runs: this one fails at its
+    commit, naming the path, and the other's dataset stays, as on an object store."""
+    path = write_dataset(tmp_path / "ds", {"x": np.arange(4)}, progress=False)
+    winner = {"x": np.arange(10, 16)}
+
+    def chunks():
+        yield {"x": np.arange(3)}
+        write_dataset(path, winner, overwrite=True, progress=False)
+        yield {"x": np.arange(3)}
+
+    with pytest.raises(FileExistsError, match=f"another write committed to {path} while this"):
+        write_dataset(path, chunks(), overwrite=True, progress=False)
+    np.testing.assert_array_equal(_read_back(path)["x"], winner["x"])
+    assert sorted(os.listdir(tmp_path)) == ["ds"]  # no staging directory, no lock file left
+
+
+def test_of_two_writers_committing_at_once_exactly_one_commits(tmp_path, monkeypatch):
+    """Writer A has checked that the dataset is still the one it began with, and is stopped
+    just before its renames; writer B commits meanwhile (or, holding no lock, would): B must
+    wait for A's commit and then fail, since the dataset changed; A's dataset stays."""
+    from psdp.sources import writer
+
+    path = write_dataset(tmp_path / "ds", {"x": np.arange(4)}, progress=False)
+    a_checked, b_done = threading.Event(), threading.Event()
+    calls = {"a": 0}
+    real = writer._identity
+
+    def identity(where):
+        got = real(where)
+        if threading.current_thread().name == "writer-a":
+            calls["a"] += 1
+            if calls["a"] == 2:  # A's check at its commit (the first is at its start)
+                a_checked.set()
+                b_done.wait(2)  # B, if it could commit now, would do it in this time
+        return got
+
+    monkeypatch.setattr(writer, "_identity", identity)
+    outcome = {}
+
+    def writer_a():
+        try:
+            write_dataset(path, {"x": np.arange(20, 25)}, overwrite=True, progress=False)
+            outcome["a"] = "committed"
+        except FileExistsError as error:
+            outcome["a"] = error
+
+    thread = threading.Thread(target=writer_a, name="writer-a")
+    thread.start()
+    assert a_checked.wait(60)
+    try:
+        write_dataset(path, {"x": np.arange(30, 33)}, overwrite=True, progress=False)
+        outcome["b"] = "committed"
+    except FileExistsError as error:
+        outcome["b"] = error
+    b_done.set()
+    thread.join(60)
+    assert outcome["a"] == "committed", outcome
+    assert isinstance(outcome["b"], FileExistsError), outcome
+    np.testing.assert_array_equal(_read_back(path)["x"], np.arange(20, 25))
+    assert sorted(os.listdir(tmp_path)) == ["ds"]
+
+
+def test_a_file_kvstore_write_that_lost_a_race_keeps_the_winner(tmp_path):
+    """A ``file`` kvstore spec commits like an object store, by a conditional write of psdp.json
+    that TensorStore's file driver checks: a write that another one overtook fails."""
+    where = {"driver": "file", "path": f"{tmp_path}/kv/"}
+    write_dataset(where, {"x": np.arange(4)}, progress=False)
+    winner = {"x": np.arange(10, 16)}
+
+    def chunks():
+        yield {"x": np.arange(3)}
+        write_dataset(where, winner, overwrite=True, progress=False)
+        yield {"x": np.arange(3)}
+
+    with pytest.raises(FileExistsError, match=f"another write committed to file://{tmp_path}/kv/"):
+        write_dataset(where, chunks(), overwrite=True, progress=False)
+    np.testing.assert_array_equal(_read_back(where)["x"], winner["x"])
+    prefix = read_metadata(where)["data_prefix"]
+    files = [
+        str(f.relative_to(tmp_path / "kv")) for f in (tmp_path / "kv").rglob("*") if f.is_file()
+    ]
+    assert all(f == "psdp.json" or f.startswith(prefix) for f in files), files  # the loser's: gone

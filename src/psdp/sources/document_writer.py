@@ -21,7 +21,7 @@ from tqdm import tqdm
 from psdp._checks import check_int
 from psdp.sources.documents import TOKENS, DocumentStore, document_leaves
 from psdp.sources.location import DATA_PREFIX, locate, open_kvstore
-from psdp.sources.tensorstore import METADATA_FILE
+from psdp.sources.tensorstore import COMMITTED, METADATA_FILE
 from psdp.sources.writer import ShardedWriter, commit_write, inner_codecs
 
 #: The ``format`` and ``version`` of a document store's ``psdp.json``.
@@ -162,6 +162,7 @@ def open_documents(path: Any, *, context: ts.Context | None = None) -> DocumentS
             )
         meta = _checked_metadata(meta_file.read_bytes(), str(meta_file))
         root = os.path.abspath(location.local)
+        options: dict[str, Any] = {}
 
         def kvstore(name: str) -> dict[str, Any]:
             return {"driver": "file", "path": f"{root}/{name}/"}
@@ -172,12 +173,14 @@ def open_documents(path: Any, *, context: ts.Context | None = None) -> DocumentS
             raise FileNotFoundError(f"no document store at {location.name}: no {METADATA_FILE}")
         meta = _checked_metadata(bytes(got.value), f"{location.name}{METADATA_FILE}")
         prefix = meta.get("data_prefix", "")
+        options = COMMITTED
 
         def kvstore(name: str) -> dict[str, Any]:
             return location.below(f"{prefix}{name}/")
 
     arrays = {
-        leaf: _open(kvstore(f"tokens/{leaf}"), context, location.name) for leaf in meta["leaves"]
+        leaf: _open(kvstore(f"tokens/{leaf}"), context, location.name, options)
+        for leaf in meta["leaves"]
     }
     for leaf, array in arrays.items():
         if np.dtype(array.dtype.numpy_dtype).name != meta["leaves"][leaf]:
@@ -185,7 +188,7 @@ def open_documents(path: Any, *, context: ts.Context | None = None) -> DocumentS
                 f"leaf {leaf!r} of {location.name} has dtype {array.dtype.numpy_dtype}, but its "
                 f"metadata says {meta['leaves'][leaf]}; the store is damaged: rewrite it"
             )
-    offsets = np.asarray(_open(kvstore("offsets"), context, location.name).read().result())
+    offsets = np.asarray(_open(kvstore("offsets"), context, location.name, options).read().result())
     if len(offsets) != meta["num_documents"] + 1 or offsets[-1] != meta["num_tokens"]:
         raise ValueError(
             f"the offsets of {location.name} hold {len(offsets) - 1} documents and "
@@ -282,8 +285,10 @@ def _checked_metadata(text: bytes, where: str) -> dict[str, Any]:
     return meta
 
 
-def _open(kvstore: dict[str, Any], context: ts.Context, where: str) -> ts.TensorStore:
-    spec = {"driver": "zarr3", "kvstore": kvstore, "fill_missing_data_reads": False}
+def _open(
+    kvstore: dict[str, Any], context: ts.Context, where: str, options: dict[str, Any]
+) -> ts.TensorStore:
+    spec = {"driver": "zarr3", "kvstore": kvstore, "fill_missing_data_reads": False, **options}
     try:
         array = ts.open(spec, read=True, open=True, context=context).result()
     except ValueError as error:

@@ -9,6 +9,7 @@ holds its arrays (`DATA_PREFIX`).
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -38,9 +39,11 @@ class Location:
     name: str
 
     def below(self, relative: str) -> dict[str, Any]:
-        """The kvstore spec of the prefix ``relative`` (ending in ``/``) below this one."""
+        """The kvstore spec to open the prefix ``relative`` (``""`` or ending in ``/``) below
+        this one with, its credentials named (`environment_credentials`)."""
         assert self.kvstore is not None
-        return {**self.kvstore, "path": self.kvstore.get("path", "") + relative}
+        path = self.kvstore.get("path", "") + relative
+        return environment_credentials({**self.kvstore, "path": path})
 
 
 def is_kvstore_spec(spec: Mapping[str, Any]) -> bool:
@@ -83,6 +86,46 @@ def locate(where: str | os.PathLike[str] | Mapping[str, Any]) -> Location:
     )
 
 
+def environment_credentials(kvstore: Any, environ: Mapping[str, str] = os.environ) -> Any:
+    """An ``s3`` kvstore spec (a dict or a URL) that names no credentials, with TensorStore's
+    environment provider named when ``AWS_ACCESS_KEY_ID`` is set: the provider its default chain
+    picks first then, but without the chain's look for ``~/.aws`` files, which logs an ERROR line
+    per missing file on every open. Any other spec comes back as it is.
+
+    Example:
+        >>> keys = {"AWS_ACCESS_KEY_ID": "AKIAEXAMPLE"}
+        >>> spec = environment_credentials({"driver": "s3", "bucket": "corpus"}, keys)
+        >>> spec.get("aws_credentials", {"type": "environment"})  # TensorStore 0.1.68: implied
+        {'type': 'environment'}
+        >>> environment_credentials({"driver": "s3", "bucket": "corpus"}, {})
+        {'driver': 's3', 'bucket': 'corpus'}
+    """
+    if isinstance(kvstore, str) and kvstore.startswith("s3://"):
+        kvstore = ts.KvStore.Spec(kvstore).to_json()
+    if (
+        isinstance(kvstore, Mapping)
+        and kvstore.get("driver") == "s3"
+        and "aws_credentials" not in kvstore
+        and environ.get("AWS_ACCESS_KEY_ID")
+        and _names_credential_types()
+    ):
+        return {**kvstore, "aws_credentials": {"type": "environment"}}
+    return kvstore
+
+
+@functools.cache
+def _names_credential_types() -> bool:
+    """Whether this TensorStore takes ``aws_credentials: {"type": ...}`` (0.1.68 does not, and
+    reads the environment first, quietly)."""
+    try:
+        ts.KvStore.Spec(
+            {"driver": "s3", "bucket": "psdp", "aws_credentials": {"type": "environment"}}
+        )
+    except ValueError:
+        return False
+    return True
+
+
 def describe_kvstore(spec: Mapping[str, Any]) -> str:
     """A URL-like name of a kvstore spec, for messages.
 
@@ -101,7 +144,7 @@ def open_kvstore(location: Location, context: ts.Context | None = None) -> ts.Kv
     """The kvstore of a remote ``location``; raises naming it if it cannot be opened."""
     assert location.kvstore is not None
     try:
-        return ts.KvStore.open(location.kvstore, context=context).result()
+        return ts.KvStore.open(location.below(""), context=context).result()
     except ValueError as error:
         raise ValueError(
             f"cannot open {location.name}: {error}; check the URL or spec, the credentials in "

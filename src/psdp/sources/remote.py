@@ -2,9 +2,12 @@
 
 A write fills a fresh prefix ``psdp-data-<id>/`` below the dataset, then PUTs ``psdp.json``
 naming it: a single PUT is atomic on S3 and GCS, so a reader sees the old dataset or the new one,
-never a mix, and objects no ``psdp.json`` names are never read. Only then is the replaced
-dataset's prefix deleted; other prefixes (a write still running elsewhere, or one that was
-killed) are left alone. ``docs/sources.md``, "Remote stores".
+never a mix, and objects no ``psdp.json`` names are never read. The PUT is a compare-and-swap:
+it carries the generation of the ``psdp.json`` the write saw when it began, and the store itself
+refuses it if another write committed since (S3 ``If-Match``/``If-None-Match``, GCS
+``ifGenerationMatch``), so of two concurrent writers exactly one commits. Only then is the
+replaced dataset's prefix deleted; other prefixes (a write still running elsewhere, or one that
+was killed) are left alone. ``docs/sources.md``, "Remote stores".
 """
 
 from __future__ import annotations
@@ -53,13 +56,14 @@ def write_remote(
 
 def _check_target(
     store: ts.KvStore, location: Location, overwrite: bool
-) -> tuple[bytes | None, str | None]:
+) -> tuple[bytes, str | None]:
     """Refuses a non-empty location without ``overwrite``, and one holding anything but a psdp
-    dataset; returns the generation of the ``psdp.json`` there and the prefix it names (``None``
-    for none)."""
-    keys = list_keys(store)
-    if not keys:
-        return None, None
+    dataset; returns the generation of ``psdp.json``, the commit's condition (that of a missing
+    object if there is none), and the prefix it names (``None`` for none)."""
+    got = store.read(METADATA_FILE.encode()).result()  # first: the commit's condition covers
+    keys = list_keys(store)  # whatever the LIST shows after it
+    if not keys and got.state != "value":
+        return bytes(got.stamp.generation), None
     shown = ", ".join(keys[:3]) + (", ..." if len(keys) > 3 else "")
     if not overwrite:
         raise FileExistsError(
@@ -73,9 +77,8 @@ def _check_target(
             f"{', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}); delete those "
             "objects yourself or choose a new path"
         )
-    got = store.read(METADATA_FILE.encode()).result()
     if got.state != "value":
-        return None, None
+        return bytes(got.stamp.generation), None
     try:
         replaced = json.loads(bytes(got.value)).get("data_prefix")
     except (ValueError, AttributeError):
@@ -84,22 +87,24 @@ def _check_target(
     return bytes(got.stamp.generation), replaced if ok else None
 
 
-def _generation(store: ts.KvStore) -> bytes | None:
+def _commit(store: ts.KvStore, location: Location, meta: dict[str, Any], before: bytes) -> None:
+    """PUTs ``psdp.json`` if it is still at generation ``before``, checked by the store itself in
+    the same request; raises if another write committed there since this one began."""
+    body = (json.dumps(meta, indent=1) + "\n").encode()
+    if store.write(METADATA_FILE.encode(), body, if_equal=before).result().generation:
+        return
+    # The condition failed (an empty generation). A PUT that took effect but whose answer was
+    # lost is retried by TensorStore, and then fails its condition against itself: the body,
+    # which names this write's own unique prefix, tells the two apart.
     got = store.read(METADATA_FILE.encode()).result()
-    return bytes(got.stamp.generation) if got.state == "value" else None
-
-
-def _commit(
-    store: ts.KvStore, location: Location, meta: dict[str, Any], before: bytes | None
-) -> None:
-    """PUTs ``psdp.json``, unless another write committed there since this one checked."""
-    if _generation(store) != before:
-        raise FileExistsError(
-            f"another write_dataset committed to {location.name} while this one ran; this "
-            "write's objects are deleted and the other dataset is kept (write from one "
-            "process at a time)"
-        )
-    store.write(METADATA_FILE.encode(), (json.dumps(meta, indent=1) + "\n").encode()).result()
+    if got.state == "value" and bytes(got.value) == body:
+        return
+    raise FileExistsError(
+        f"another write committed to {location.name} while this one ran (its "
+        f"{METADATA_FILE} changed after this write began); this write's objects are deleted and "
+        "the other dataset is kept. Write to one place from one process at a time, or run this "
+        "write again (with overwrite=True) to replace the other one"
+    )
 
 
 def _delete_prefix(store: ts.KvStore, prefix: str) -> None:

@@ -25,6 +25,7 @@ from psdp.sources.errors import TransientReadError, is_transient_status
 from psdp.sources.location import (
     DATA_PREFIX,
     Location,
+    environment_credentials,
     is_kvstore_spec,
     list_keys,
     locate,
@@ -38,6 +39,12 @@ INCOMPLETE_MARKER = ".psdp-incomplete"
 #: The ``format`` and ``version`` of ``psdp.json`` this code reads and writes.
 DATASET_FORMAT = "psdp.zarr3"
 DATASET_VERSION = 1
+#: How many times opening a remote dataset starts again when an overwrite commits meanwhile.
+OPEN_ATTEMPTS = 3
+#: How a committed remote dataset is opened: the objects below its data prefix never change
+#: (a write fills a new prefix), so what the cache holds is never checked again (a conditional
+#: GET per object and read, otherwise).
+COMMITTED: dict[str, Any] = {"recheck_cached_data": False, "recheck_cached_metadata": False}
 _PREFIX = re.compile(rf"(|{DATA_PREFIX}[0-9a-f]+/)")
 
 
@@ -100,6 +107,8 @@ class TensorStoreSource:
         elif isinstance(path_or_spec, Mapping) and not is_kvstore_spec(path_or_spec):
             spec = _strict_spec(dict(path_or_spec))
             self._where = f"the TensorStore spec with kvstore {spec.get('kvstore')!r}"
+            if "kvstore" in spec:  # quiet: no ERROR lines from TensorStore's AWS layer
+                spec["kvstore"] = environment_credentials(spec["kvstore"])
             kvstore = spec.get("kvstore")
             driver = kvstore.get("driver") if isinstance(kvstore, Mapping) else str(kvstore)
             self.remote = str(driver).split(":")[0] not in ("file", "memory", "None")
@@ -174,28 +183,53 @@ class TensorStoreSource:
 
     def _open_remote(self, location: Location, check_shards: bool) -> dict[str, ts.TensorStore]:
         store = open_kvstore(location, self._context)
-        meta = _read_remote_metadata(store, location)
-        if meta is None:
-            if store.read(b"zarr.json").result().state == "value":  # one plain zarr3 array
-                spec = _strict_spec({"driver": "zarr3", "kvstore": location.kvstore})
-                return {SINGLE_LEAF: _open_array(spec, self._context, location.name)}
-            unfinished = any(k.startswith(DATA_PREFIX) for k in list_keys(store))
-            raise FileNotFoundError(
-                f"no dataset at {location.name}: it has no {METADATA_FILE}"
-                + (
-                    f" but holds {DATA_PREFIX}* objects, so a write_dataset there did not "
-                    "finish; rerun it with overwrite=True"
-                    if unfinished
-                    else "; write one with psdp.write_dataset(url_or_spec, arrays) or check "
-                    "the URL, bucket and path"
-                )
+        for _ in range(OPEN_ATTEMPTS):
+            meta, generation = _read_remote_metadata(store, location)
+            if meta is None:
+                return self._open_remote_array(store, location)
+            try:
+                return self._open_remote_dataset(store, location, meta, check_shards)
+            except ValueError as error:
+                # An overwrite that commits while this open runs deletes the prefix it read
+                # psdp.json naming: then open the new dataset; else the dataset is damaged.
+                if _read_remote_metadata(store, location)[1] == generation:
+                    raise
+                overwritten = error
+        raise ValueError(
+            f"{location.name} was overwritten while it was being opened, {OPEN_ATTEMPTS} times "
+            f"in a row (its {METADATA_FILE} changed each time; the dataset is not damaged); "
+            "open it again once the writes to it are done"
+        ) from overwritten
+
+    def _open_remote_array(self, store: ts.KvStore, location: Location) -> dict[str, Any]:
+        """A prefix with no psdp.json: one plain zarr3 array, or an error saying what is there."""
+        if store.read(b"zarr.json").result().state == "value":
+            spec = _strict_spec({"driver": "zarr3", "kvstore": location.below("")})
+            return {SINGLE_LEAF: _open_array(spec, self._context, location.name)}
+        unfinished = any(k.startswith(DATA_PREFIX) for k in list_keys(store))
+        raise FileNotFoundError(
+            f"no dataset at {location.name}: it has no {METADATA_FILE}"
+            + (
+                f" but holds {DATA_PREFIX}* objects, so a write_dataset there did not "
+                "finish; rerun it with overwrite=True"
+                if unfinished
+                else "; write one with psdp.write_dataset(url_or_spec, arrays) or check "
+                "the URL, bucket and path"
             )
+        )
+
+    def _open_remote_dataset(
+        self, store: ts.KvStore, location: Location, meta: dict[str, Any], check_shards: bool
+    ) -> dict[str, ts.TensorStore]:
+        """The leaves of the dataset ``meta`` (its psdp.json) names, each checked."""
         self._single = bool(meta["single_array"])
         self._len = int(meta["num_rows"])
         prefix = meta.get("data_prefix", "")
         arrays = {}
         for name, leaf in meta["leaves"].items():
-            spec = _strict_spec({"driver": "zarr3", "kvstore": location.below(f"{prefix}{name}/")})
+            spec = _strict_spec(
+                {"driver": "zarr3", "kvstore": location.below(f"{prefix}{name}/"), **COMMITTED}
+            )
             where = f"{location.name} (leaf {name!r})"
             array = _open_array(spec, self._context, where)
             _check_leaf_matches(location.name, name, array, self._len, leaf)
@@ -312,7 +346,7 @@ def read_metadata(path: str | os.PathLike[str] | Mapping[str, Any]) -> dict[str,
     """
     location = locate(path)
     if location.local is None:
-        meta = _read_remote_metadata(open_kvstore(location), location)
+        meta, _ = _read_remote_metadata(open_kvstore(location), location)
         if meta is None:
             raise FileNotFoundError(f"no dataset at {location.name}: it has no {METADATA_FILE}")
         return meta
@@ -345,8 +379,11 @@ def parse_metadata(text: str | bytes, where: str) -> dict[str, Any]:
     return meta
 
 
-def _read_remote_metadata(store: ts.KvStore, location: Location) -> dict[str, Any] | None:
-    """The checked ``psdp.json`` of a remote dataset, or ``None`` if there is none."""
+def _read_remote_metadata(
+    store: ts.KvStore, location: Location
+) -> tuple[dict[str, Any] | None, bytes]:
+    """The checked ``psdp.json`` of a remote dataset (``None`` if there is none), and its
+    generation (which changes when a write commits there)."""
     try:
         got = store.read(METADATA_FILE.encode()).result()
     except ValueError as error:
@@ -354,9 +391,10 @@ def _read_remote_metadata(store: ts.KvStore, location: Location) -> dict[str, An
             f"cannot read {location.name}{METADATA_FILE}: {error}; check the credentials in "
             "the environment, the endpoint and the bucket"
         ) from error
+    generation = bytes(got.stamp.generation)
     if got.state != "value":
-        return None
-    return parse_metadata(bytes(got.value), f"{location.name}{METADATA_FILE}")
+        return None, generation
+    return parse_metadata(bytes(got.value), f"{location.name}{METADATA_FILE}"), generation
 
 
 def _metadata_problem(meta: Any) -> str | None:

@@ -5,6 +5,8 @@ overwriting: ``docs/sources.md``, "write_dataset and TensorStoreSource".
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import itertools
 import json
 import os
@@ -170,12 +172,14 @@ def commit_write(
         return path
     local = location.local
     _check_target(local, overwrite)
-    staging = _staging_directory(Path(os.path.abspath(local)))  # "." and "a/.." name no sibling
+    target = Path(os.path.abspath(local))  # "." and "a/.." name no sibling
+    before = _identity(target)
+    staging = _staging_directory(target)
     try:
         result = fill(lambda name: _file_kvstore(staging / name), started.append)
         _write_metadata(staging, metadata_of(result))
         (staging / INCOMPLETE_MARKER).unlink()
-        _swap_into_place(staging, Path(os.path.abspath(local)), overwrite)
+        _swap_into_place(staging, target, overwrite, before)
     except BaseException:  # Ctrl-C included
         for writer in started:
             writer.wait_for_writes()  # a write landing after the rmtree would recreate files
@@ -488,22 +492,73 @@ def _staging_directory(path: Path) -> Path:
     return staging
 
 
-def _swap_into_place(staging: Path, path: Path, overwrite: bool) -> None:
-    """Renames the finished ``staging`` to ``path``; an old dataset there is deleted only then."""
-    _check_target(path, overwrite)  # again: the directory may have changed during the write
-    if path.is_dir() and any(path.iterdir()):
-        old = path.parent / f".{path.name}.psdp-old-{uuid.uuid4().hex[:8]}"
-        os.rename(path, old)
+def _swap_into_place(
+    staging: Path, path: Path, overwrite: bool, before: tuple[int, int, int] | None
+) -> None:
+    """Renames the finished ``staging`` to ``path`` if the dataset there is still the one this
+    write saw when it began (``before``); an old dataset there is deleted only then. The check
+    and the renames hold the commit lock, so of two concurrent writers exactly one commits."""
+    with _commit_lock(path):
+        _check_target(path, overwrite)  # again: the directory may have changed during the write
+        if _identity(path) != before:
+            raise FileExistsError(
+                f"another write committed to {path} while this one ran (its {METADATA_FILE} "
+                "changed after this write began); this write's files are deleted and the other "
+                "dataset is kept. Write to one place from one process at a time, or run this "
+                "write again (with overwrite=True) to replace the other one"
+            )
+        if path.is_dir() and any(path.iterdir()):
+            old = path.parent / f".{path.name}.psdp-old-{uuid.uuid4().hex[:8]}"
+            os.rename(path, old)
+            try:
+                os.rename(staging, path)
+            except BaseException:
+                os.rename(old, path)
+                raise
+            shutil.rmtree(old, ignore_errors=True)
+            return
+        if path.is_dir():
+            path.rmdir()  # empty: os.rename replaces an empty directory on POSIX, not on Windows
+        os.rename(staging, path)
+
+
+def _identity(path: Path) -> tuple[int, int, int] | None:
+    """Which dataset is at ``path``: its ``psdp.json``'s inode, modification time and size
+    (every commit renames a new file into place), or ``None`` for none."""
+    try:
+        stat = (path / METADATA_FILE).stat()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return stat.st_ino, stat.st_mtime_ns, stat.st_size
+
+
+@contextlib.contextmanager
+def _commit_lock(path: Path) -> Iterator[None]:
+    """Holds an exclusive ``flock`` on ``.<name>.psdp-lock`` beside ``path`` (released by the
+    system if the process dies), and removes the file on release."""
+    lock = path.parent / f".{path.name}.psdp-lock"
+    while True:
+        handle = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            os.rename(staging, path)
+            fcntl.flock(handle, fcntl.LOCK_EX)
         except BaseException:
-            os.rename(old, path)
+            os.close(handle)
             raise
-        shutil.rmtree(old, ignore_errors=True)
-        return
-    if path.is_dir():
-        path.rmdir()  # empty: os.rename replaces an empty directory on POSIX, but not on Windows
-    os.rename(staging, path)
+        if _same_file(handle, lock):
+            break
+        os.close(handle)  # the holder before us removed this file on release: lock the next one
+    try:
+        yield
+    finally:
+        os.unlink(lock)
+        os.close(handle)
+
+
+def _same_file(handle: int, path: Path) -> bool:
+    try:
+        return os.stat(path).st_ino == os.fstat(handle).st_ino
+    except FileNotFoundError:
+        return False
 
 
 def _metadata_of(

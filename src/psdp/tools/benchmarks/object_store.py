@@ -1,7 +1,8 @@
 """The object-store figure: psdp reading a dataset from an S3 server on 127.0.0.1, with and without
 injected latency (``docs/sources.md``, "Remote stores"), and the two tools it (and the tests) use:
 `S3Server`, moto's S3 server in a subprocess, and `FaultProxy`, an HTTP proxy in front of it that
-adds latency, drops connections and answers 503 on a fraction of requests, counting every one.
+adds latency, injects faults by rule (drops, 503s, lost answers) and holds chosen requests,
+counting every one.
 
 Nothing here reaches beyond 127.0.0.1. moto is a dev dependency (``pip install "moto[server]"``).
 """
@@ -9,11 +10,9 @@ Nothing here reaches beyond 127.0.0.1. moto is a dev dependency (``pip install "
 from __future__ import annotations
 
 import contextlib
-import functools
 import http.client
 import os
 import queue
-import random
 import socket
 import struct
 import subprocess
@@ -32,21 +31,6 @@ S3_ENVIRONMENT = {
     "AWS_REGION": "us-east-1",
 }
 _START_TIMEOUT_S = 60.0
-
-
-@functools.cache
-def _environment_credentials() -> dict[str, Any]:
-    """``aws_credentials`` from the environment (the server's keys): TensorStore's spec member
-    since it names credential types; older releases take no ``type`` and read the environment
-    first by default, so the member is left out there."""
-    import tensorstore as ts
-
-    member = {"aws_credentials": {"type": "environment"}}
-    try:
-        ts.KvStore.Spec({"driver": "s3", "bucket": "b", **member})
-    except ValueError:
-        return {}
-    return member
 
 
 def free_port() -> int:
@@ -103,7 +87,6 @@ class S3Server:
             "bucket": self.bucket,
             "endpoint": endpoint or self.endpoint,
             "aws_region": S3_ENVIRONMENT["AWS_REGION"],
-            **_environment_credentials(),
             "path": path,
         }
 
@@ -112,7 +95,9 @@ class S3Server:
         write or delete objects with ``store[key]``, e.g. to damage a dataset on purpose."""
         import tensorstore as ts  # slow to import: only when used
 
-        return ts.KvStore.open(self.kvstore("")).result()
+        from psdp.sources.location import environment_credentials
+
+        return ts.KvStore.open(environment_credentials(self.kvstore(""))).result()
 
     def stop(self) -> None:
         if self._process is not None:
@@ -137,37 +122,29 @@ def _request(method: str, url: str) -> None:
 
 
 class FaultProxy:
-    """An HTTP proxy on 127.0.0.1 in front of ``target`` that counts requests and injects faults.
+    """An HTTP proxy on 127.0.0.1 in front of ``target`` that counts requests and injects faults
+    by rule, never by chance, so that a test sees the same faults on every run.
 
-    Every request first waits ``latency_s``; then, drawn with a seeded generator, a fraction
-    ``drop`` has its connection reset without an answer, a fraction ``error_503`` gets
-    ``503 SlowDown`` (S3's throttling answer), and the rest are forwarded. The faults only hit
-    GET requests (reads) when ``reads_only``. Counts: `requests` (by method), `dropped`,
-    `errors`. Change the fields between runs; `reset` zeroes the counts.
+    Every request first waits ``latency_s``. `fail` gives the first tries of chosen requests a
+    fault; `hold` stops one request until the test releases it, to force an interleaving.
+    Counts: `requests` (by method) and `faults` (by kind); `reset` zeroes them.
 
     Example::
 
         with S3Server() as server, FaultProxy(server.endpoint, latency_s=0.05) as proxy:
             spec = server.kvstore("corpus/", endpoint=proxy.endpoint)
+            proxy.fail("503", tries=3, where="tokens/c/1/0")
     """
 
-    def __init__(
-        self,
-        target: str,
-        *,
-        latency_s: float = 0.0,
-        drop: float = 0.0,
-        error_503: float = 0.0,
-        reads_only: bool = True,
-        seed: int = 0,
-    ) -> None:
+    def __init__(self, target: str, *, latency_s: float = 0.0) -> None:
         self.target = target.removeprefix("http://")
-        self.latency_s, self.drop, self.error_503 = latency_s, drop, error_503
-        self.reads_only = reads_only
-        self._random = random.Random(seed)
+        self.latency_s = latency_s
         self._lock = threading.Lock()
+        self._rules: list[tuple[str, int, str, str]] = []
+        self._tries: Counter[tuple[str, str, str]] = Counter()
+        self._holds: list[Hold] = []
         self.requests: Counter[str] = Counter()
-        self.dropped = self.errors = 0
+        self.faults: Counter[str] = Counter()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
         self._server.daemon_threads = True
         self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
@@ -175,24 +152,50 @@ class FaultProxy:
             target=self._server.serve_forever, name="psdp-fault-proxy", daemon=True
         )
 
+    def fail(self, fault: str, tries: int, where: str = "", method: str = "GET") -> None:
+        """The first ``tries`` tries of every distinct request (method, path, byte range) whose
+        path holds ``where`` get ``fault``; later tries go through. ``fault`` is ``"drop"`` (the
+        connection reset, no answer), ``"503"`` (S3's ``SlowDown``) or ``"lost"`` (forwarded, so
+        it takes effect, then the connection reset: the client cannot know it did). A request's
+        tries are counted on their own, so the faults do not depend on the order of requests."""
+        assert fault in ("drop", "503", "lost"), fault
+        with self._lock:
+            self._rules.append((fault, tries, where, method))
+
+    def hold(self, method: str, where: str) -> Hold:
+        """Stops the next ``method`` request whose path holds ``where`` before it is forwarded,
+        until `Hold.release`; `Hold.reached` is set once it is stopped."""
+        held = Hold(method, where)
+        with self._lock:
+            self._holds.append(held)
+        return held
+
     def reset(self) -> None:
         with self._lock:
             self.requests.clear()
-            self.dropped = self.errors = 0
+            self.faults.clear()
 
-    def fault(self, method: str) -> str | None:
-        """The fault for the next request: ``"drop"``, ``"503"`` or ``None``; counts it."""
+    def fault(self, method: str, path: str, byte_range: str | None) -> str | None:
+        """The fault for this try of a request (``None``: forward it); counts it."""
         with self._lock:
             self.requests[method] += 1
-            if self.reads_only and method != "GET":
-                return None
-            draw = self._random.random()
-            if draw < self.drop:
-                self.dropped += 1
-                return "drop"
-            if draw < self.drop + self.error_503:
-                self.errors += 1
-                return "503"
+            for fault, tries, where, rule_method in self._rules:
+                if method == rule_method and where in path:
+                    key = (method, path, byte_range or "")
+                    self._tries[key] += 1
+                    if self._tries[key] <= tries:
+                        self.faults[fault] += 1
+                        return fault
+                    return None
+            return None
+
+    def held(self, method: str, path: str) -> Hold | None:
+        """The hold waiting for this request, if any (each stops one request)."""
+        with self._lock:
+            for held in self._holds:
+                if held.method == method and held.where in path:
+                    self._holds.remove(held)
+                    return held
             return None
 
     def __enter__(self) -> FaultProxy:
@@ -200,8 +203,29 @@ class FaultProxy:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
+        for held in self._holds:
+            held.release()
         self._server.shutdown()
         self._server.server_close()
+
+
+class Hold:
+    """One request the proxy stops (`FaultProxy.hold`): `reached` once it waits, `release` it."""
+
+    #: how long a stopped request waits at most, so that a failing test cannot hang
+    TIMEOUT_S = 60.0
+
+    def __init__(self, method: str, where: str) -> None:
+        self.method, self.where = method, where
+        self.reached = threading.Event()
+        self._released = threading.Event()
+
+    def release(self) -> None:
+        self._released.set()
+
+    def wait(self) -> None:
+        self.reached.set()
+        self._released.wait(self.TIMEOUT_S)
 
 
 def _handler_for(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
@@ -218,18 +242,26 @@ def _handler_for(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
             body = self.rfile.read(length) if length else None
             if proxy.latency_s:
                 time.sleep(proxy.latency_s)
-            fault = proxy.fault(self.command)
-            if fault == "drop":  # a reset, as a crashed server or a load balancer gives
-                self.connection.setsockopt(
-                    socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
-                )
-                self.close_connection = True
+            fault = proxy.fault(self.command, self.path, self.headers.get("Range"))
+            held = proxy.held(self.command, self.path)
+            if held is not None:
+                held.wait()
+            if fault == "drop":
+                self._reset()
                 return
             if fault == "503":
                 self._answer(503, b"<Error><Code>SlowDown</Code></Error>", {})
                 return
             status, headers, payload = _forward(pool, proxy.target, self, body)
+            if fault == "lost":
+                self._reset()
+                return
             self._answer(status, payload, headers)
+
+        def _reset(self) -> None:
+            """Closes the connection with a reset, as a crashed server or a load balancer does."""
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            self.close_connection = True
 
         def _answer(self, status: int, payload: bytes, headers: dict[str, str]) -> None:
             self.send_response(status)
