@@ -466,11 +466,12 @@ def test_a_store_error_is_retried_by_its_status_not_by_a_word_in_its_path(server
     source = CountingReads(spec(server, path, proxy, retries={"max_retries": 1}))
     options = {"mesh": mesh_1d, "global_batch_size": 8, "shuffle": False, "read_attempts": 3}
     with DataLoader(source, retry_backoff_s=None, **options) as loader:
-        proxy.error_503, source.calls = 1.0, 0  # every read answered 503 SlowDown
+        proxy.fail("503", tries=10**6, where=path)  # every read answered 503 SlowDown
+        source.calls = 0
         with pytest.raises(TransientReadError, match="UNAVAILABLE/ds/"):
             loader.batch_at(0)
         assert source.calls == 3
-        proxy.error_503 = 0.0
+        proxy.stop_failing()
         np.testing.assert_array_equal(np.asarray(loader.batch_at(0)["tokens"]), data["tokens"][:8])
         prefix = read_metadata(spec(server, path))["data_prefix"]
         del server.objects()[f"{path}{prefix}tokens/c/1/0".encode()]  # rows 8-15

@@ -170,6 +170,12 @@ class FaultProxy:
             self._holds.append(held)
         return held
 
+    def stop_failing(self) -> None:
+        """Forgets every `fail` rule and the tries counted for them: requests go through again."""
+        with self._lock:
+            self._rules.clear()
+            self._tries.clear()
+
     def reset(self) -> None:
         with self._lock:
             self.requests.clear()
