@@ -9,7 +9,7 @@ import collections
 import numpy as np
 import pytest
 
-from psdp import DataLoader
+from psdp import DataLoader, OrderOptions
 from psdp.sources import StreamSource
 from tests import oracle
 from tests.batch_checks import assert_batch_exact, expected_batch, token_table
@@ -224,7 +224,8 @@ def test_a_restore_refuses_a_new_offset_skip_behind_its_resume_offset(mesh_2d):
 
 def test_an_empty_skip_list_on_restore_removes_the_saved_future_skips(mesh_2d):
     """``skip_steps=[]`` (or ``skip_offsets=[]``) given to a restore replaces the saved list, so
-    a saved skip still ahead is not applied; left out, the saved list applies. Offsets by hand:
+    a saved skip still ahead is not applied; left out (or left at an ``order=`` group's default),
+    the saved list applies. Offsets by hand:
     steps 0-3 of 64, 4-7 of 128 (step 6 at 512, or 640 with the skip (6, 7)), then 256: step 8
     is cut at the epoch's end (1000) either way, step 9 reads 1000..1255, step 10 from 1256
     reaches the offset skip at 1500 (244 rows) or not (256 rows)."""
@@ -235,6 +236,10 @@ def test_an_empty_skip_list_on_restore_removes_the_saved_future_skips(mesh_2d):
         "kept": ({}, (640, 244, 1540)),
         "no step skip": ({"skip_steps": []}, (512, 244, 1540)),
         "no offset skip": ({"skip_offsets": []}, (640, 256, 1512)),
+        "an order group's empty list is its default": (
+            {"order": OrderOptions(skip_steps=[], skip_offsets=[])},
+            (640, 244, 1540),
+        ),
     }
     for name, (changes, want) in cases.items():
         with DataLoader.restore(state, DATA, mesh=mesh_2d, **changes) as loader:
