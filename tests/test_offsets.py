@@ -92,7 +92,7 @@ def test_a_new_batch_size_applies_from_the_resume_point_without_losing_a_sample(
 
 
 def test_far_steps_cost_the_same_as_near_ones():
-    """O(stages + skips): step 10**15 of a ramp with skips is found by arithmetic."""
+    """O(log(stages + skips)): step 10**15 of a ramp with skips is found by arithmetic."""
     offsets = StepOffsets.create(
         1000, [(0, 64), (10, 128), (100, 256)], skip_steps=[(50, 60)], skip_offsets=[(5, 9)]
     )

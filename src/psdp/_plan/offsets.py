@@ -4,9 +4,10 @@ The samples a run consumes are numbered by their **sample offset** ``g = 0, 1, 2
 ``g // N`` holds offsets ``[e N, (e + 1) N)``. A step with batch size ``B`` covers the offsets
 ``[g, g + B)`` from its start ``g``, cut short where a *run* of offsets ends: an epoch's end, or
 the start of a skipped range. A short step is padded (or, with ``drop_last``, dropped: the next
-step starts at the next run). Everything is arithmetic on the stages and skips, so a step's
-offset costs O(stages + skips) wherever it lies: ``docs/loader.md``, "Offsets, schedules and
-skips".
+step starts at the next run). One walk from the start, run by run (whole epochs jumped by
+arithmetic), turns step skips into offsets and records where each run starts; a step is then
+found from the last run start before it, in O(log(stages + skips)) wherever it lies:
+``docs/loader.md``, "Offsets, schedules and skips".
 """
 
 from __future__ import annotations
