@@ -694,6 +694,12 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
         ["skip_steps (1, 4) starts before step 2", "did not have it", "give (2, 5)", "(2, 4)"],
     ),
     (
+        "resume with a new skip of offsets already trained on",  # saved at offset 16
+        _resume({}, skip_offsets=[(8, 24)]),
+        ValueError,
+        ["skip_offsets (8, 24) starts before sample offset 16", "did not have it", "(16, 24)"],
+    ),
+    (
         "resume with start_at",
         _resume({}, start_at=(0, 0)),
         ValueError,

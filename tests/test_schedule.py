@@ -9,7 +9,7 @@ import collections
 import numpy as np
 import pytest
 
-from psdp import DataLoader
+from psdp import DataLoader, OrderOptions
 from psdp.sources import StreamSource
 from tests import oracle
 from tests.batch_checks import assert_batch_exact, expected_batch, token_table
@@ -202,3 +202,68 @@ def test_a_ramp_saved_on_four_hosts_resumes_on_two_with_a_new_batch_size():
     assert state["offset"] == before[-1].offset + before[-1].rows  # no sample lost or repeated
     covered = [g for s in before + after for g in range(s.offset, s.offset + s.rows)]
     assert len(covered) == len(set(covered))
+
+
+def test_a_restore_refuses_a_new_offset_skip_behind_its_resume_offset(mesh_2d):
+    """Offsets before the resume offset were trained on: a new ``skip_offsets`` range there is
+    refused like a new ``skip_steps`` range before the resume step; a saved one is the past
+    (accepted), and one from the resume offset on applies."""
+    with _ramp(mesh_2d, skip_offsets=[(10, 20)]) as loader:
+        state = loader.iter_from(3).state()  # steps 0-2: offsets 0..9 (cut short), 20..147
+        loader.close()
+    assert state["offset"] == 148
+    for skip, fix in (((30, 40), "drop it"), ((100, 300), "give (148, 300)")):
+        with pytest.raises(ValueError) as error:
+            DataLoader.restore(state, DATA, mesh=mesh_2d, skip_offsets=[(10, 20), skip])
+        message = str(error.value)
+        assert f"skip_offsets {skip} starts before sample offset 148" in message
+        assert "the saved run did not have it" in message and fix in message
+    ahead = [(10, 20), (148, 160)]
+    with DataLoader.restore(state, DATA, mesh=mesh_2d, skip_offsets=ahead) as loader:
+        assert loader.step_info(3).offset == 160  # 148..159 skipped
+
+
+def test_an_empty_skip_list_on_restore_removes_the_saved_future_skips(mesh_2d):
+    """``skip_steps=[]`` (or ``skip_offsets=[]``) given to a restore replaces the saved list, so
+    a saved skip still ahead is not applied; left out (or left at an ``order=`` group's default),
+    the saved list applies. Offsets by hand:
+    steps 0-3 of 64, 4-7 of 128 (step 6 at 512, or 640 with the skip (6, 7)), then 256: step 8
+    is cut at the epoch's end (1000) either way, step 9 reads 1000..1255, step 10 from 1256
+    reaches the offset skip at 1500 (244 rows) or not (256 rows)."""
+    with _ramp(mesh_2d) as loader:
+        state = loader.iter_from(3).state()
+        loader.close()
+    cases = {  # restore keywords -> (step 6's offset, step 10's rows, step 11's offset)
+        "kept": ({}, (640, 244, 1540)),
+        "no step skip": ({"skip_steps": []}, (512, 244, 1540)),
+        "no offset skip": ({"skip_offsets": []}, (640, 256, 1512)),
+        "an order group's empty list is its default": (
+            {"order": OrderOptions(skip_steps=[], skip_offsets=[])},
+            (640, 244, 1540),
+        ),
+    }
+    for name, (changes, want) in cases.items():
+        with DataLoader.restore(state, DATA, mesh=mesh_2d, **changes) as loader:
+            got = (loader.step_info(6).offset, loader.step_info(10).rows)
+            assert (*got, loader.step_info(11).offset) == want, name
+
+
+def test_a_skip_at_an_epoch_start_pads_that_epoch_and_masks_the_padding(mesh_2d):
+    """16 rows, batch 8, offsets 16..18 skipped: epoch 0 ends on a whole step, epoch 1 holds 13
+    offsets (19..31), so its second step has 5 real rows and 3 padded ones, masked (by hand)."""
+    data = {"tokens": token_table(16)}
+    kwargs = dict(mesh=mesh_2d, global_batch_size=8, shuffle=False, skip_offsets=[(16, 19)])
+    with DataLoader(data, **kwargs) as loader:
+        batches = [
+            (_rows(b), np.asarray(b["mask"]).tolist())
+            for b, _ in zip(loader, range(5), strict=False)
+        ]
+        padded = loader.plan.padded
+    assert batches == [
+        (list(range(0, 8)), [True] * 8),
+        (list(range(8, 16)), [True] * 8),
+        (list(range(3, 11)), [True] * 8),  # offsets 19..26
+        (list(range(11, 16)), [True] * 5 + [False] * 3),  # 27..31, then the epoch's end
+        (list(range(0, 8)), [True] * 8),  # epoch 2: no skip
+    ]
+    assert padded

@@ -118,3 +118,26 @@ def test_restore_takes_the_order_from_an_order_group_or_flat_keywords(mesh_2d):
             ValueError, match=r"resuming with seed=4, but the saved state has seed=3"
         ):
             DataLoader.restore(saved, DATA, mesh=mesh_2d, **given)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"window_blocks": 8}, {"io_block": 4}, {"order": OrderOptions(io_block=2, window_blocks=8)}],
+    ids=["window_blocks", "io_block", "order group"],
+)
+def test_a_restore_mid_epoch_refuses_another_block_shuffle(mesh_2d, change):
+    """``io_block`` and ``window_blocks`` decide the current epoch's permutation: a restore that
+    changes them would re-permute the epoch half read (rows twice, rows never), so it is refused;
+    with the saved values the epoch's 64 rows come exactly once (a set the test writes down)."""
+    shuffle = dict(global_batch_size=B, io_block=2, window_blocks=4, seed=1)
+    with DataLoader(DATA, mesh=mesh_2d, **shuffle) as loader:
+        train = iter(loader)
+        first = [next(train) for _ in range(3)]  # 3 of epoch 0's 8 steps: mid-way in a window
+        saved = train.state()
+    name = next(iter(change)) if "order" not in change else "window_blocks"
+    with pytest.raises(ValueError, match=rf"resuming with {name}=\d+, but the saved state has"):
+        DataLoader.restore(saved, DATA, mesh=mesh_2d, **change)
+    with DataLoader.restore(saved, DATA, mesh=mesh_2d, io_block=2, window_blocks=4) as loader:
+        second = [batch for batch, _ in zip(loader, range(5), strict=False)]
+    rows = [row for batch in first + second for row in np.asarray(batch["tokens"])[:, 0] // 1000]
+    assert sorted(rows) == list(range(ROWS))  # the whole epoch, each row once

@@ -4,17 +4,19 @@ The samples a run consumes are numbered by their **sample offset** ``g = 0, 1, 2
 ``g // N`` holds offsets ``[e N, (e + 1) N)``. A step with batch size ``B`` covers the offsets
 ``[g, g + B)`` from its start ``g``, cut short where a *run* of offsets ends: an epoch's end, or
 the start of a skipped range. A short step is padded (or, with ``drop_last``, dropped: the next
-step starts at the next run). Everything is arithmetic on the stages and skips, so a step's
-offset costs O(stages + skips) wherever it lies: ``docs/loader.md``, "Offsets, schedules and
-skips".
+step starts at the next run). One walk from the start, run by run (whole epochs jumped by
+arithmetic), turns step skips into offsets and records where each run starts; a step is then
+found from the last run start before it, in O(log(stages + skips)) wherever it lies:
+``docs/loader.md``, "Offsets, schedules and skips".
 """
 
 from __future__ import annotations
 
-import dataclasses
+import bisect
+import math
 import operator
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 #: Beyond every step and offset a run reaches: the end of an endless run (a stream's, or the
@@ -83,8 +85,15 @@ class StepOffsets:
     drop_last: bool
     start: tuple[int, int]
     #: the skips as given (``skips`` holds both as offset ranges)
-    skip_steps: tuple[tuple[int, int], ...] = ()
-    skip_offsets: tuple[tuple[int, int], ...] = ()
+    skip_steps: tuple[tuple[int, int], ...]
+    skip_offsets: tuple[tuple[int, int], ...]
+    #: the cuts of the offset line (``skips``, epochs' ends), to bisect
+    line: _Line = field(repr=False, compare=False)
+    #: (step, offset) where the walk from ``start`` began each run it crossed: a step is found
+    #: from the last one at or before it in O(1) bisections
+    anchors: tuple[tuple[int, int], ...] = field(repr=False, compare=False)
+    #: step skip's first step -> the offset that step would start at without the skip
+    unskipped: Mapping[int, int] = field(repr=False, compare=False)
 
     @classmethod
     def create(
@@ -101,6 +110,9 @@ class StepOffsets:
 
         ``num_rows``: the source's rows (``None``: a stream, one endless run). Step skips starting
         before ``start``'s step are done and ignored; one starting at it applies from there.
+        One walk from ``start`` does it all, in O((stages + skips) log skips): each step skip is
+        turned into offsets when the walk reaches its first step (the walk before it does not
+        depend on it), and the walk goes on past the last cut, recording where each run starts.
         """
         stages = stages_of(batch_size)
         if drop_last and num_rows is not None:
@@ -116,35 +128,39 @@ class StepOffsets:
         start = (operator.index(start[0]), operator.index(start[1]))
         steps = tuple(sorted((int(a), int(b)) for a, b in skip_steps))
         given = _merged(skip_offsets)
-        offsets = cls(num_rows, stages, given, drop_last, start, steps, given)
+        line = _Line(num_rows, drop_last, given)
+        anchors = [start]
+        unskipped: dict[int, int] = {}
+        at, offset = start
         for first, end in steps:
             if first < start[0]:
                 continue  # already behind the walk's start, so already in its offset
-            skipped = (offsets.info(first).offset, offsets.info(end).offset)
-            offsets = dataclasses.replace(offsets, skips=_merged([*offsets.skips, skipped]))
-        return offsets
+            at, offset = _walk(line, stages, at, offset, first, anchors.append)
+            skipped = line.next_start(offset, _stage(stages, first).batch_size)
+            unskipped.setdefault(first, skipped)
+            _, phantom = _walk(line, stages, first, offset, end)  # the steps it skips
+            line.skip(skipped, line.next_start(phantom, _stage(stages, end).batch_size))
+        # on to every stage and past every skip (a step moves the walk on by >= 1 offset): the
+        # runs after that are whole epochs, or one endless run, so any later step is O(1) away
+        last_cut = line.ends[-1] if line.ends else 0
+        beyond = max(stages[-1].start, at) + 1 + max(0, last_cut - offset)
+        _walk(line, stages, at, offset, beyond, anchors.append)
+        return cls(
+            num_rows, stages, line.ranges(), drop_last, start, steps, given, line,
+            tuple(anchors), unskipped,
+        )  # fmt: skip
 
     def resume_offset(self, step: int) -> int:
         """The offset a state saved at ``step`` records: ``info(step).offset``, but before a step
         skip that starts at ``step`` (a restore with that skip applies it again, one without it
         does not: either way as the skip list says)."""
-        starting = [skip for skip in self.skip_steps if skip[0] == step]
-        if not starting:
-            return self.info(step).offset
-        rest = [skip for skip in self.skip_steps if skip[0] != step]
-        unskipped = StepOffsets.create(
-            self.num_rows,
-            self.stages,
-            drop_last=self.drop_last,
-            skip_steps=rest,
-            skip_offsets=self.skip_offsets,
-            start=self.start,
-        )
-        return unskipped.info(step).offset
+        if step in self.unskipped:
+            return self.unskipped[step]
+        return self.info(step).offset
 
     def stage_at(self, step: int) -> Stage:
         """The stage in effect at ``step``."""
-        return next(s for s in reversed(self.stages) if s.start <= step)
+        return _stage(self.stages, step)
 
     def info(self, step: int) -> StepInfo:
         """Where ``step`` lies: its offset, batch size, real rows and epoch."""
@@ -155,17 +171,12 @@ class StepOffsets:
                 "resumes; the earlier steps depend on the saved run's settings: read them with a "
                 "loader of those settings (not restored)"
             )
-        at, offset = self.start
-        for index, stage in enumerate(self.stages):
-            end = self.stages[index + 1].start if index + 1 < len(self.stages) else _NEVER
-            if end <= at:
-                continue
-            at, offset = self._advance(at, offset, stage.batch_size, min(step, end))
-            if at == step:
-                break
+        at, offset = self.anchors[bisect.bisect_right(self.anchors, (step, math.inf)) - 1]
         batch = self.stage_at(step).batch_size
-        offset = self._next_start(offset, Stage(step, batch))
-        rows = min(batch, self._run_end(offset) - offset)
+        # no stage starts and no cut lies between the anchor and the step: O(1) moves
+        _, offset = self.line.advance(at, offset, batch, step)
+        offset = self.line.next_start(offset, batch)
+        rows = min(batch, self.line.run_end(offset) - offset)
         epoch = 0 if self.num_rows is None else offset // self.num_rows
         return StepInfo(step, offset, batch, rows, epoch)
 
@@ -181,7 +192,7 @@ class StepOffsets:
         """
         if self.drop_last:
             return False
-        n, at, offset = self.num_rows, self.start[0], self.start[1]
+        line, n, at, offset = self.line, self.num_rows, self.start[0], self.start[1]
         stages = [s for s in self.stages if s.start > at]
         for batch, target in zip(
             [self.stage_at(at).batch_size] + [s.batch_size for s in stages],
@@ -189,83 +200,145 @@ class StepOffsets:
             strict=True,
         ):
             while at < target:
-                offset = self._next_start(offset, Stage(at, batch))
-                cut = self._run_end(offset)
+                offset = line.next_start(offset, batch)
+                cut = line.run_end(offset)
                 if cut == _NEVER:
                     break  # a stream with no skip ahead: never cut again in this stage
-                last = target == _NEVER and not any(first >= offset for first, _ in self.skips)
+                last = target == _NEVER and line.next_skip(offset) is None
                 if last and n is not None and offset % n == 0:
                     return n % batch != 0  # every later run is a whole epoch
-                steps = self._steps(cut - offset, batch)
+                steps = line.steps(cut - offset, batch)
                 if at + steps > target:  # the stage ends inside this run
                     offset, at = offset + (target - at) * batch, target
                     break
                 if (cut - offset) % batch:
                     return True
                 at, offset = at + steps, cut
-                if n is not None and offset % n == 0 and self._run_end(offset) - offset == n:
-                    per_epoch = self._steps(n, batch)
-                    epochs = min((target - at) // per_epoch, self._free_epochs(offset))
+                if n is not None and offset % n == 0 and line.run_end(offset) - offset == n:
+                    per_epoch = line.steps(n, batch)
+                    epochs = min((target - at) // per_epoch, line.free_epochs(offset))
                     if epochs and n % batch:
                         return True
                     at, offset = at + epochs * per_epoch, offset + epochs * n
         return False
 
-    def _advance(self, at: int, offset: int, batch: int, target: int) -> tuple[int, int]:
-        """(step, offset) after stepping from ``at`` to ``target`` with batches of ``batch``."""
+
+class _Line:
+    """The cuts of the offset line, sorted disjoint skipped ranges and epochs' ends, and the walk
+    of steps along them; every question is a bisection of the skips. `StepOffsets.create` adds
+    the skips of step skips while it walks; read-only after."""
+
+    def __init__(
+        self, num_rows: int | None, drop_last: bool, skips: Sequence[tuple[int, int]]
+    ) -> None:
+        self.num_rows = num_rows
+        self.drop_last = drop_last
+        self.firsts = [first for first, _ in skips]
+        self.ends = [end for _, end in skips]
+
+    def skip(self, first: int, end: int) -> None:
+        """Skips ``[first, end)`` too, merged with the ranges it overlaps or touches."""
+        low = bisect.bisect_left(self.ends, first)
+        high = bisect.bisect_right(self.firsts, end)
+        if low < high:
+            first, end = min(first, self.firsts[low]), max(end, self.ends[high - 1])
+        self.firsts[low:high], self.ends[low:high] = [first], [end]
+
+    def ranges(self) -> tuple[tuple[int, int], ...]:
+        return tuple(zip(self.firsts, self.ends, strict=True))
+
+    def advance(
+        self,
+        at: int,
+        offset: int,
+        batch: int,
+        target: int,
+        record: Callable[[tuple[int, int]], None] | None = None,
+    ) -> tuple[int, int]:
+        """(step, offset) after stepping from ``at`` to ``target`` with batches of ``batch``;
+        ``record`` gets the (step, offset) where each run's walk begins."""
         n = self.num_rows
         while at < target:
-            offset = self._next_start(offset, Stage(at, batch))
-            cut = self._run_end(offset)
+            offset = self.next_start(offset, batch)
+            if record is not None:
+                record((at, offset))
+            cut = self.run_end(offset)
             if n is not None and offset % n == 0 and cut - offset == n:
                 # whole epochs with no skip inside: jump over as many as the target allows
-                per_epoch = self._steps(n, batch)
+                per_epoch = self.steps(n, batch)
                 # with drop_last an epoch's tail is dropped or not by the *next* step's batch
                 # size, which may be another stage's: the last epoch is walked, not jumped
                 room = target - at - (1 if self.drop_last else 0)
-                epochs = min(room // per_epoch, self._free_epochs(offset))
+                epochs = min(room // per_epoch, self.free_epochs(offset))
                 at, offset = at + epochs * per_epoch, offset + epochs * n
                 if epochs:
                     continue
-            steps = self._steps(cut - offset, batch)
-            if at + steps > target:
+            steps = self.steps(cut - offset, batch)
+            if cut == _NEVER or at + steps > target:  # an endless run holds every later step
                 return target, offset + (target - at) * batch
             # the run's last step ends at its cut, or (drop_last) where the whole batches end
             at, offset = at + steps, min(cut, offset + steps * batch)
         return at, offset
 
-    def _steps(self, length: int, batch: int) -> int:
+    def steps(self, length: int, batch: int) -> int:
         """Steps in a run of ``length`` offsets (a short last one is dropped with drop_last)."""
         return length // batch if self.drop_last else -(-length // batch)
 
-    def _free_epochs(self, offset: int) -> int:
+    def free_epochs(self, offset: int) -> int:
         """Whole epochs from ``offset`` (an epoch's start) before the next skip's epoch."""
         assert self.num_rows is not None
-        later = [first for first, _ in self.skips if first >= offset]
-        if not later:
+        first = self.next_skip(offset)
+        if first is None:
             return _NEVER
-        return min(later) // self.num_rows - offset // self.num_rows
+        return first // self.num_rows - offset // self.num_rows
 
-    def _next_start(self, offset: int, stage: Stage) -> int:
-        """``offset``, or the first offset at or after it where a step can start: out of skipped
-        ranges, and (with drop_last) in a run with room for a whole batch."""
+    def next_skip(self, offset: int) -> int | None:
+        """The first offset of the first skip starting at or after ``offset``, if any."""
+        index = bisect.bisect_left(self.firsts, offset)
+        return self.firsts[index] if index < len(self.firsts) else None
+
+    def next_start(self, offset: int, batch: int) -> int:
+        """``offset``, or the first offset at or after it where a step of ``batch`` can start:
+        out of skipped ranges, and (with drop_last) in a run with room for a whole batch."""
         while True:
-            inside = [end for first, end in self.skips if first <= offset < end]
-            if inside:
-                offset = inside[0]
+            inside = bisect.bisect_right(self.firsts, offset) - 1
+            if inside >= 0 and offset < self.ends[inside]:
+                offset = self.ends[inside]
                 continue
-            cut = self._run_end(offset)
-            if self.drop_last and cut - offset < stage.batch_size:
+            cut = self.run_end(offset)
+            if self.drop_last and cut - offset < batch:
                 offset = int(cut)
                 continue
             return offset
 
-    def _run_end(self, offset: int) -> int:
+    def run_end(self, offset: int) -> int:
         """Where the run holding ``offset`` ends: its epoch's end or the next skip's start."""
-        ends = [first for first, _ in self.skips if first > offset]
+        index = bisect.bisect_right(self.firsts, offset)
+        end = self.firsts[index] if index < len(self.firsts) else _NEVER
         if self.num_rows is not None:
-            ends.append((offset // self.num_rows + 1) * self.num_rows)
-        return min(ends, default=_NEVER)
+            end = min(end, (offset // self.num_rows + 1) * self.num_rows)
+        return end
+
+
+def _walk(
+    line: _Line,
+    stages: tuple[Stage, ...],
+    at: int,
+    offset: int,
+    target: int,
+    record: Callable[[tuple[int, int]], None] | None = None,
+) -> tuple[int, int]:
+    """(step, offset) after walking from ``at`` to ``target``, each stage with its batch size."""
+    while at < target:
+        index = bisect.bisect_right(stages, (at, math.inf)) - 1
+        end = stages[index + 1].start if index + 1 < len(stages) else _NEVER
+        at, offset = line.advance(at, offset, stages[index].batch_size, min(target, end), record)
+    return at, offset
+
+
+def _stage(stages: tuple[Stage, ...], step: int) -> Stage:
+    """The stage in effect at ``step`` (the last starting at or before it)."""
+    return stages[bisect.bisect_right(stages, (step, math.inf)) - 1]
 
 
 def _merged(ranges: Sequence[tuple[int, int]]) -> tuple[tuple[int, int], ...]:

@@ -172,6 +172,7 @@ def restored_order(state: Mapping[str, Any], kwargs: dict[str, Any]) -> OrderOpt
         start_at=(state["step"], state["offset"]),
     )
     _check_past_skips(order.skip_steps, saved.skip_steps, state["step"])
+    _check_past_offsets(order.skip_offsets, saved.skip_offsets, state["offset"], state["step"])
     return order
 
 
@@ -187,6 +188,21 @@ def _check_past_skips(
                 "and the saved run did not have it, so its first steps were already trained on; "
                 f"to skip the samples ahead, give ({step}, {step + end - first}) (or ({step}, "
                 f"{end}) to skip to where step {end} would have read)"
+            )
+
+
+def _check_past_offsets(
+    skips: Sequence[tuple[int, int]], saved: Sequence[tuple[int, int]], offset: int, step: int
+) -> None:
+    """An offset skip that starts before the resume offset must be one the saved run had;
+    a new one cannot skip offsets that were already trained on."""
+    for first, end in skips:
+        if first < offset and (first, end) not in saved:
+            fix = f"give ({offset}, {end}) to skip the offsets ahead" if end > offset else "drop it"
+            raise ValueError(
+                f"skip_offsets ({first}, {end}) starts before sample offset {offset}, where this "
+                f"run resumes (step {step}), and the saved run did not have it, so offsets "
+                f"{first}..{min(end, offset) - 1} are already passed (trained on, or skipped); {fix}"
             )
 
 
