@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import dataclasses
-import random
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -37,7 +36,7 @@ from psdp._runtime.state import (
     loader_state,
     restored_order,
 )
-from psdp._runtime.step_reader import StepReader, backoff_s, retried
+from psdp._runtime.step_reader import StepReader, read_first_row
 from psdp._runtime.telemetry import LoaderStats, Telemetry
 
 __all__ = ["DataLoader", "LoaderIterator"]
@@ -101,14 +100,7 @@ class DataLoader:
         layout = as_layout(mesh)
         self.process_index = check_own_process(layout, process_index)
         reading = self.options.reading
-        jitter = random.Random()
-        first_row = retried(  # the first read: an object store may throttle it too
-            self.feed.probe,
-            "the first read (row 0, for the leaves' shapes)",
-            self.feed.source,
-            reading.read_attempts,
-            lambda attempt: backoff_s(attempt, reading.retry_backoff_s, jitter.uniform(0.5, 1.0)),
-        )
+        first_row = read_first_row(self.feed, reading)
         order = self.options.order
         #: the frozen plan of this host's steps, per batch size of the schedule
         self.plans = {
