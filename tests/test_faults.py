@@ -276,6 +276,7 @@ def test_ctrl_c_in_the_trainer_ends_the_threads_and_the_process(tmp_path, varian
     assert exited_s < 30, exited_s  # ... and its daemon thread did not keep the process alive
 
 
+@pytest.mark.timeout(180)  # its pod's time limit, plus a minute
 @pytest.mark.multiprocess
 @pytest.mark.parametrize(
     ("how", "reason"),

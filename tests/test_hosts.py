@@ -13,7 +13,7 @@ import pytest
 from tests.batch_checks import run_on_noncontiguous_pod
 from tests.pod_targets_hosts import host_cases
 
-pytestmark = pytest.mark.multiprocess
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]  # the pod: 240 s, plus a minute
 
 POD_CASES = [
     "agreeing",
