@@ -120,6 +120,37 @@ def _restore_same_step(mesh: Mesh) -> Any:
         return ["ok", assert_batch_exact(batch, _expected(data, _unshuffled_ids(3, B, B)))]
 
 
+def _other_start(mesh: Mesh) -> Any:
+    """Process 2 continues from another sample offset than the others (a per-host start_at)."""
+    start = (2, 20) if jax.process_index() == 2 else (2, 16)
+    return _error(lambda: _build(_data(), mesh, global_batch_size=B, start_at=start))
+
+
+# --------------------------------------------------------------- one host's failure, everywhere
+def _timed(call: Callable[[], Any]) -> Any:
+    """The answer of ``call`` (its error as ``[type, message]``), and its seconds."""
+    started = time.monotonic()
+    answer = _error(call)
+    return [*(answer if isinstance(answer, list) else [answer]), time.monotonic() - started]
+
+
+def _others_fail_to_build(mesh: Mesh) -> Any:
+    """Processes 1-3 pass a wrong process_index (a ValueError before they reach the agreement);
+    process 0 builds its loader and waits for them."""
+    me = jax.process_index()
+    wrong = None if me == 0 else (me + 1) % jax.process_count()
+    return _timed(lambda: _build(_data(), mesh, global_batch_size=B, process_index=wrong))
+
+
+def _others_fail_to_restore(mesh: Mesh) -> Any:
+    """Processes 1-3 restore with another seed than the saved one (a ValueError before their
+    loader is built); process 0 restores as it should."""
+    with DataLoader(_data(), mesh=mesh, global_batch_size=B, seed=5) as loader:
+        state = loader.state()
+    seed = {"seed": 7} if jax.process_index() > 0 else {}
+    return _timed(lambda: DataLoader.restore(state, _data(), mesh=mesh, **seed).close())
+
+
 # ------------------------------------------------------------------------- process index
 def _other_process_index(mesh: Mesh) -> Any:
     """Every host passes the next host's index: a clear error at construction, not a KeyError."""
@@ -224,6 +255,9 @@ def host_cases(process_index, axis_names, mesh_shape, cases, missing_host_timeou
         "other spec": lambda: _other_spec(mesh),
         "restore other step": lambda: _restore_other_step(mesh),
         "restore same step": lambda: _restore_same_step(mesh),
+        "other start offset": lambda: _other_start(mesh),
+        "hosts 1-3 fail to build": lambda: _others_fail_to_build(mesh),
+        "hosts 1-3 fail to restore": lambda: _others_fail_to_restore(mesh),
         "other process index": lambda: _other_process_index(mesh),
         "subset {0, 2}": lambda: _subset([0, 2, 0, 2], batch=8, steps=3),
         "subset {0, 2} padded": lambda: _subset([0, 2], batch=6, steps=12),

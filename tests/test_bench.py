@@ -19,6 +19,8 @@ from psdp.tools.benchmarks import assembly, baselines, grain_loops, multihost, t
 from psdp.tools.cli import main as cli_main
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+# the quick benchmark run (a module fixture, charged to its first test) took 47 s under load
+pytestmark = pytest.mark.timeout(300)
 
 
 @pytest.fixture(scope="module")

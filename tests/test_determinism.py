@@ -163,6 +163,7 @@ LAYOUTS = {
 }
 
 
+@pytest.mark.timeout(300)  # its pod's time limit, plus a minute
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_process_layouts_deliver_the_single_process_bytes(reference, name):

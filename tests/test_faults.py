@@ -123,6 +123,65 @@ def test_a_read_that_never_returns_times_out_naming_step_and_rows(read_threads, 
     assert _wait_for_no_threads() == []
 
 
+class UnansweredStore(ArraySource):
+    """A store that does not answer: every read waits until the test releases it (at most
+    ``answer_after_s``, so that an unbounded constructor ends and the test fails instead of
+    hanging)."""
+
+    def __init__(self, answer_after_s: float = 20.0):
+        super().__init__(DATA)
+        self.answer_after_s = answer_after_s
+        self.release = threading.Event()
+        self.reads = 0
+
+    def read(self, ids):
+        self.reads += 1
+        self.release.wait(self.answer_after_s)
+        return super().read(ids)
+
+    def describe(self) -> str:
+        return "UnansweredStore(tokens)"
+
+
+def _restored(source, mesh, **options):
+    with DataLoader(ArraySource(DATA), mesh=mesh, global_batch_size=B) as saved:
+        state = saved.state()
+    return DataLoader.restore(state, source, mesh=mesh, **options)
+
+
+@pytest.mark.parametrize("how", ["build", "restore"])
+@pytest.mark.parametrize(
+    ("options", "limit"),
+    [
+        ({"read_timeout_s": 0.5}, "read_timeout_s=0.5"),
+        ({"read_timeout_s": 60, "first_read_timeout_s": 0.5}, "first_read_timeout_s=0.5"),
+    ],
+    ids=["read_timeout_s", "first_read_timeout_s"],
+)
+def test_building_or_restoring_from_a_store_that_never_answers_times_out(
+    how, options, limit, mesh_2d
+):
+    """Construction reads row 0 for the leaves' shapes, within the first read's time limit."""
+    source = UnansweredStore()
+    started = time.monotonic()
+    try:
+        with pytest.raises(TimeoutError) as info:
+            if how == "build":
+                DataLoader(source, mesh=mesh_2d, global_batch_size=B, **options)
+            else:
+                _restored(source, mesh_2d, **options)
+        elapsed = time.monotonic() - started
+    finally:
+        source.release.set()  # the abandoned read returns; its thread ends
+    message = str(info.value)
+    for fragment in ("the first read (row 0", "UnansweredStore(tokens)", f"longer than {limit}"):
+        assert fragment in message, message
+    assert f"raise {limit.split('=')[0]}" in message, message  # the fix
+    assert elapsed < 10, elapsed  # hang guard: the store answers only after 20 s
+    assert _wait_for_no_threads() == []
+    assert source.reads == 1  # the abandoned read was not tried again
+
+
 def test_close_from_another_thread_wakes_a_blocked_next(caplog, mesh_2d):
     source = FaultySource("block")
     loader = DataLoader(source, mesh=mesh_2d, global_batch_size=B, shuffle=False)
@@ -220,6 +279,7 @@ def test_ctrl_c_in_the_trainer_ends_the_threads_and_the_process(tmp_path, varian
     assert exited_s < 30, exited_s  # ... and its daemon thread did not keep the process alive
 
 
+@pytest.mark.timeout(180)  # its pod's time limit, plus a minute
 @pytest.mark.multiprocess
 @pytest.mark.parametrize(
     ("how", "reason"),

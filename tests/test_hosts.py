@@ -13,7 +13,7 @@ import pytest
 from tests.batch_checks import run_on_noncontiguous_pod
 from tests.pod_targets_hosts import host_cases
 
-pytestmark = pytest.mark.multiprocess
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]  # the pod: 240 s, plus a minute
 
 POD_CASES = [
     "agreeing",
@@ -22,6 +22,9 @@ POD_CASES = [
     "other spec",
     "restore other step",
     "restore same step",
+    "other start offset",
+    "hosts 1-3 fail to build",
+    "hosts 1-3 fail to restore",
     "other process index",
     "subset {0, 2}",
     "subset {0, 2} padded",
@@ -91,6 +94,45 @@ def test_a_host_that_never_builds_its_loader_is_named_in_bounded_time(pod):
     for answer in answers[:3]:
         message = _message(answer, "TimeoutError")
         assert "process 3 of the mesh did not arrive within 3 s" in message, message
+
+
+def test_hosts_given_different_start_offsets_are_refused_on_every_host(pod):
+    for answer in _answers(pod, "other start offset"):
+        message = _message(answer)
+        assert "start offset (processes 0, 1, 3 have 16, process 2 has 20)" in message, message
+        assert "start step" not in message  # the steps agree
+        assert "pass the same start_at everywhere" in message
+
+
+# ------------------------------------------------------- one host's failure reaches every host
+@pytest.mark.parametrize(
+    ("case", "doing", "cause"),
+    [
+        (
+            "hosts 1-3 fail to build",
+            "building",
+            "ValueError: process_index={next} is not this process",
+        ),
+        (
+            "hosts 1-3 fail to restore",
+            "restoring",
+            "ValueError: resuming with seed=7, but the saved state has seed=5",
+        ),
+    ],
+)
+def test_a_failure_on_some_hosts_reaches_every_host_within_seconds(pod, case, doing, cause):
+    answers = _answers(pod, case)
+    for p in (1, 2, 3):  # each failing host raises its own error
+        kind, message, _ = answers[p]
+        assert f"{kind}: {message}".startswith(cause.format(next=(p + 1) % 4)), answers[p]
+    kind, message, _ = answers[0]  # the host that waited for them names each, and its cause
+    assert kind == "HostFailedError", answers[0]
+    assert message.startswith("processes 1, 2, 3 of the mesh failed"), message
+    for p in (1, 2, 3):
+        what = f"process {p} ({doing} DataLoader 'psdp-loader'): {cause.format(next=(p + 1) % 4)}"
+        assert what in message, message
+    # a hang guard, as the pod's own timeout is: it waited 300 s before (the agreement's timeout)
+    assert max(seconds for _, _, seconds in answers) < 60, answers
 
 
 # -------------------------------------------------------------------- item 7: process index

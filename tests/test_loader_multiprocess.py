@@ -9,7 +9,7 @@ from psdp.tools.pod import run_pod
 from tests.batch_checks import NONCONTIGUOUS_4x2, run_on_noncontiguous_pod
 from tests.pod_targets import loader_exact
 
-pytestmark = pytest.mark.multiprocess
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(240)]  # pods of 180 s, plus a minute
 
 CONTIGUOUS_2x4 = [[0, 0], [0, 0], [1, 1], [1, 1]]
 

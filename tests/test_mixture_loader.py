@@ -185,6 +185,7 @@ def test_a_batch_that_does_not_divide_the_length_needs_no_padding(mesh_2d):
     assert batch.tolist() == want.tolist()
 
 
+@pytest.mark.timeout(300)  # its pod's time limit, plus a minute
 @pytest.mark.multiprocess
 def test_mixture_on_the_four_host_noncontiguous_pod():
     """One pod run: three stages with a source tag, a restore with a new batch size and an

@@ -146,3 +146,40 @@ def test_lock_script_examples_hold():
     for name in ("lower_bounds", "lock_lines"):
         for test in doctest.DocTestFinder().find(script[name], name, globs=script):
             assert doctest.DocTestRunner().run(test).failed == 0, name
+
+
+# ----------------------------------------------------------------------- the test run's limits
+HANGING_TEST = """
+import time
+
+import pytest
+
+
+@pytest.mark.timeout(1)
+def test_hangs():
+    time.sleep(600)
+
+
+def test_after_the_hang():
+    pass
+"""
+
+
+def test_every_test_has_a_time_limit(request):
+    """pyproject's default limit (slow tests carry their own ``@pytest.mark.timeout``)."""
+    assert request.config.pluginmanager.hasplugin("timeout")
+    assert 60 <= float(request.config.getini("timeout")) <= 300
+
+
+def test_a_hanging_test_fails_at_its_limit_and_the_run_goes_on(tmp_path):
+    (tmp_path / "test_hang.py").write_text(HANGING_TEST)
+    test = str(tmp_path / "test_hang.py")
+    options = ["-c", str(ROOT / "pyproject.toml"), "--rootdir", str(tmp_path), "-q", test]
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *options],
+        capture_output=True,
+        text=True,
+        timeout=120,  # hang guard
+    )
+    assert "Timeout (>1.0s) from pytest-timeout" in run.stdout, run.stdout + run.stderr
+    assert "1 failed, 1 passed" in run.stdout, run.stdout + run.stderr

@@ -159,6 +159,7 @@ def test_every_device_shard_is_exact_for_batch_full_and_context(strategy, mesh_2
                 assert_batch_exact(loader.batch_at(step), want)
 
 
+@pytest.mark.timeout(300)  # its pod's time limit, plus a minute
 @pytest.mark.multiprocess
 def test_every_device_shard_is_exact_on_the_noncontiguous_pod():
     """One pod run: batch, full, the sequence sharded with a halo, and a schedule with padding,

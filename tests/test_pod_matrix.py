@@ -25,7 +25,7 @@ from psdp.tools.pod import run_pod
 from tests.pod_cases import PODS
 from tests.pod_targets_matrix import check_cases
 
-pytestmark = pytest.mark.multiprocess
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]  # pods of 240 s, plus a minute
 
 
 @pytest.mark.parametrize("pod", list(PODS))

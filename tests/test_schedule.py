@@ -174,6 +174,7 @@ def test_stream_skips_of_offsets_and_restores_on_other_shard_counts_are_refused(
         DataLoader.restore(state, StreamSource(elements), mesh=mesh_2d)
 
 
+@pytest.mark.timeout(540)  # its pods' time limits, plus a minute
 @pytest.mark.multiprocess
 def test_a_ramp_saved_on_four_hosts_resumes_on_two_with_a_new_batch_size():
     """The 4-host non-contiguous pod reads the ramp with skips (every device shard exact) and

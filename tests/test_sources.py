@@ -608,6 +608,7 @@ def test_grain_source_single_thread_and_errors():
 
 
 # --------------------------------------------------------------------------- multi-process
+@pytest.mark.timeout(240)  # its pod's time limit, plus a minute
 @pytest.mark.multiprocess
 def test_tensorstore_on_a_noncontiguous_four_host_pod(tmp_path):
     data = corpus(40)

@@ -140,6 +140,7 @@ def _store_check(mesh, store):
         return {"shards": shards, "reads": source.reads, "bytes": source.bytes}
 
 
+@pytest.mark.timeout(360)  # its pod's time limit, plus a minute
 def test_spatial_domains_on_a_four_host_pod(tmp_path):
     rows = field_of(12, [2, 7, 12])
     path = write_dataset(tmp_path / "field", {"field": rows}, progress=False)

@@ -304,6 +304,7 @@ def test_errors_from_the_users_iterator_say_where_they_happened():
 
 
 # ----------------------------------------------------------------------------- multi-process
+@pytest.mark.timeout(240)  # its pod's time limit, plus a minute
 @pytest.mark.multiprocess
 def test_uid_shards_on_the_noncontiguous_pod():
     """Without the loader: hosts open shard uid of num_uids; equal uids read equal elements."""

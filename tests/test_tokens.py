@@ -117,6 +117,7 @@ def test_a_context_sharded_host_reads_only_its_token_ranges(mesh_context, halo):
             assert sorted(store.ranges) == want, host
 
 
+@pytest.mark.timeout(300)  # its pod's time limit, plus a minute
 @pytest.mark.multiprocess
 def test_every_shard_exact_and_each_hosts_token_ranges_on_the_noncontiguous_pod():
     """One pod run (tests/pod_targets_tokens.py): BATCH, FULL, EOS with targets, and

@@ -23,7 +23,10 @@ from psdp.sources.writer import write_dataset
 # flight: TensorStore writes each leaf on its own threads, so writes are still running when the
 # KeyboardInterrupt reaches the main thread.
 INTERRUPTED_WRITE = """
-import sys
+import signal, sys
+# a suite run as a background job (`pytest &`) starts its children with SIGINT ignored; a write
+# interrupted by hand has Python's handler, which this test is about
+signal.signal(signal.SIGINT, signal.default_int_handler)
 import numpy as np
 from psdp.sources.writer import write_dataset
 

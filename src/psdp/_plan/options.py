@@ -300,8 +300,8 @@ class ReadingOptions:
     jitter: a random time between half and the whole (null: retry at once)."""
 
     first_read_timeout_s: float | None = None
-    """The time limit of reads until the first batch is read: a grace for cold caches and new
-    connections (unset: read_timeout_s)."""
+    """The time limit of reads until the first batch is read, the row read when the loader is
+    built included: a grace for cold caches and new connections (unset: read_timeout_s)."""
 
     def __post_init__(self) -> None:
         checks.fix_field(self, "prefetch", checks.as_count, "batches ahead", 2)

@@ -1,17 +1,19 @@
-"""Agreement across the processes of a mesh: the settings batches depend on (`agree`), and the
-step where a callable stream's shards end (`StreamEnds`), through the coordination service's
-key-value store, not device collectives. Why and how: ``docs/loader.md``, "Hosts that must
-agree", and ``docs/sources.md``, "Shards of unequal length".
+"""Agreement across the processes of a mesh: the settings batches depend on (`agree`), a failure
+to build a loader on some of them (`failures_published`), and the step where a callable stream's
+shards end (`StreamEnds`), through the coordination service's key-value store, not device
+collectives. Why and how: ``docs/loader.md``, "Hosts that must agree", and ``docs/sources.md``,
+"Shards of unequal length".
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -46,6 +48,25 @@ FIXES = {
     "state, every host reads that file)",
 }
 _GENERIC_FIX = "build the loader with the same arguments on every process of the mesh"
+_CAUSE_CHARS = 1000  # of a failed process's error, published for the others
+
+
+class HostFailedError(RuntimeError):
+    """Other processes of the mesh failed to build or restore the loader this one built.
+
+    Raised at once on every process that reached the agreement, naming each failed process and
+    its error; the failed processes raise their own errors (``docs/loader.md``, "Hosts that must
+    agree").
+
+    Attributes:
+        failures: failed process -> what it did and its error, ``"(building DataLoader 'x'):
+            Type: message"``.
+    """
+
+    def __init__(self, message: str, failures: Mapping[int, str]) -> None:
+        super().__init__(message)
+        self.failures = dict(failures)
+
 
 _rounds: dict[str, int] = {}
 _rounds_lock = threading.Lock()
@@ -136,7 +157,11 @@ def agree(
     digest = hashlib.sha256(text.encode()).hexdigest()[:32]
     client.key_value_set(f"{base}/digest/{me}", digest)
     _barrier(client, f"{base}/built", processes, base, what, timeout)
-    if {value for _, value in client.key_value_dir_get(f"{base}/digest/")} == {digest}:
+    arrived = _arrivals(client, base)
+    failed = {p: cause for p, (kind, cause) in arrived.items() if kind == "failed"}
+    if failed:
+        raise HostFailedError(describe_failures(failed, me, what), failed)
+    if {value for _, value in arrived.values()} == {digest}:
         return base
     client.key_value_set(f"{base}/settings/{me}", text)
     _barrier(client, f"{base}/told", processes, base, what, timeout)
@@ -145,6 +170,60 @@ def agree(
         for key, value in client.key_value_dir_get(f"{base}/settings/")
     }
     raise ValueError(describe_difference(values, what))
+
+
+@contextlib.contextmanager
+def failures_published(processes: Sequence[int], doing: str) -> Iterator[None]:
+    """Runs the block; if it raises, tells the other processes of the mesh first, then re-raises.
+
+    The block is what a process does before its `agree` call (checks, the first read, the
+    plan): a process that fails there takes part in that agreement all the same, with its error
+    instead of its settings, so the others raise `HostFailedError` as soon as every process has
+    arrived, instead of waiting `TIMEOUT_S` for it. Nothing is published by a process outside
+    ``processes``, or without ``jax.distributed``.
+
+    Example:
+        >>> with failures_published([0], "building a loader"):  # one process: nobody to tell
+        ...     pass
+    """
+    try:
+        yield
+    except Exception as error:  # not Ctrl-C: an interrupted process leaves at once
+        client = coordination_client()
+        me = jax.process_index()
+        if client is not None and len(processes) > 1 and me in processes:
+            _publish(client, processes, me, f"({doing}): {type(error).__name__}: {error}", error)
+        raise
+
+
+def _publish(
+    client: Any, processes: Sequence[int], me: int, cause: str, error: BaseException
+) -> None:
+    """This process's failure, in the agreement round the others wait in; waits for them there,
+    so that every process leaves the round together."""
+    base = f"{_group(processes)}/{_next_round(_group(processes))}"
+    client.key_value_set(f"{base}/failed/{me}", " ".join(cause.split())[:_CAUSE_CHARS])
+    try:
+        _barrier(client, f"{base}/built", processes, base, "failed", TIMEOUT_S)
+    except TimeoutError as late:  # the others learn nothing more; this error says why it waited
+        error.add_note(f"psdp: after this error, {late}")
+
+
+def describe_failures(failed: Mapping[int, str], me: int, what: str) -> str:
+    """The error of a process that reached the agreement while others failed before it.
+
+    Example:
+        >>> failed = {2: "(building DataLoader 'train'): OSError: EIO reading shard 7"}
+        >>> print(describe_failures(failed, 0, "built DataLoader 'train'"))
+        process 2 of the mesh failed, while process 0 built DataLoader 'train' and waited for it: process 2 (building DataLoader 'train'): OSError: EIO reading shard 7; every process of the mesh must build the loader: fix the error on process 2 (raised there, with its traceback)
+    """
+    failing = _who(sorted(failed), verb=False)
+    causes = "; ".join(f"process {p} {failed[p]}" for p in sorted(failed))
+    return (
+        f"{failing} of the mesh failed, while process {me} {what} and waited for "
+        f"{'it' if len(failed) == 1 else 'them'}: {causes}; every process of the mesh must build "
+        f"the loader: fix the error on {failing} (raised there, with its traceback)"
+    )
 
 
 def describe_difference(values: Mapping[int, Mapping[str, Any]], what: str) -> str:
@@ -283,9 +362,7 @@ def _barrier(
     except jax.errors.JaxRuntimeError as error:
         if "DEADLINE_EXCEEDED" not in str(error):
             raise
-        arrived = {
-            int(key.rsplit("/", 1)[1]) for key, _ in client.key_value_dir_get(f"{base}/digest/")
-        }
+        arrived = _arrivals(client, base)
         missing = [p for p in processes if p not in arrived]
         raise TimeoutError(
             f"{_who(missing, verb=False)} of the mesh did not arrive within {timeout_s:g} s, "
@@ -293,6 +370,17 @@ def _barrier(
             f"mesh must build the same loaders in the same order: look for an error, or a loader "
             f"that was not built, on {_who(missing, verb=False)}"
         ) from None
+
+
+def _arrivals(client: Any, base: str) -> dict[int, tuple[str, str]]:
+    """Process -> ``("digest", its settings' digest)`` or ``("failed", its error)``, for every
+    process that arrived in the agreement round ``base`` (one round trip)."""
+    arrived = {}
+    for key, value in client.key_value_dir_get(f"{base}/"):
+        kind, process = key.rsplit("/", 2)[-2:]
+        if kind in ("digest", "failed"):
+            arrived[int(process)] = (kind, value)
+    return arrived
 
 
 def _who(processes: Sequence[int], verb: bool = True) -> str:

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import dataclasses
-import random
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -14,6 +13,7 @@ import jax
 from jax.sharding import Mesh
 
 from psdp._checks import check_int
+from psdp._plan.layout import MeshLayout
 from psdp._plan.leaves import leaf_label, unwrap
 from psdp._plan.loader_plan import LoaderPlan
 from psdp._plan.mesh import as_layout
@@ -25,7 +25,7 @@ from psdp._plan.options import (
     ReadingOptions,
     ShardingOptions,
 )
-from psdp._runtime.agreement import agree, check_own_process
+from psdp._runtime.agreement import agree, check_own_process, failures_published
 from psdp._runtime.assembly import BatchAssembler, LeafAssembler, domain_mask, halo_mask
 from psdp._runtime.feeds import open_feed
 from psdp._runtime.iterator import Iterators, LoaderIterator
@@ -37,12 +37,13 @@ from psdp._runtime.state import (
     loader_state,
     restored_order,
 )
-from psdp._runtime.step_reader import StepReader, backoff_s, retried
+from psdp._runtime.step_reader import StepReader, read_first_row
 from psdp._runtime.telemetry import LoaderStats, Telemetry
 
 __all__ = ["DataLoader", "LoaderIterator"]
 
 Batch = Any  # a jax.Array, or a dict of jax.Arrays / haliax NamedArrays
+DEFAULT_NAME = "psdp-loader"  # of a loader and its threads
 
 
 class DataLoader:
@@ -89,58 +90,51 @@ class DataLoader:
         output: OutputOptions | None = None,
         reading: ReadingOptions | None = None,
         process_index: int | None = None,
-        name: str = "psdp-loader",
+        name: str = DEFAULT_NAME,
         **options: Any,
     ):
-        if not isinstance(mesh, Mesh):
-            raise TypeError(f"mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}")
-        self.options = LoaderOptions.create(order, sharding, output, reading, **options)
-        self.mesh, self.name = mesh, name
-        self.feed = open_feed(source, self.options.order)
-        self.source, self.order = self.feed.source, self.feed.order
-        layout = as_layout(mesh)
-        self.process_index = check_own_process(layout, process_index)
-        reading = self.options.reading
-        jitter = random.Random()
-        first_row = retried(  # the first read: an object store may throttle it too
-            self.feed.probe,
-            "the first read (row 0, for the leaves' shapes)",
-            self.feed.source,
-            reading.read_attempts,
-            lambda attempt: backoff_s(attempt, reading.retry_backoff_s, jitter.uniform(0.5, 1.0)),
-        )
-        order = self.options.order
-        #: the frozen plan of this host's steps, per batch size of the schedule
-        self.plans = {
-            stage.batch_size: LoaderPlan.create(
-                first_row,
-                mesh,
-                dataclasses.replace(
-                    self.options,
-                    order=dataclasses.replace(order, global_batch_size=stage.batch_size),
-                ),
-                self.process_index,
-                layout=layout,
-                stream=self.feed.stream,
-                ends_short=self.feed.ends_short,
-            )
-            for stage in stages_of(order.global_batch_size)  # type: ignore[arg-type]
-        }
-        self.start_step = order.start[0]
-        #: the plan of the first step (`plans` has every batch size's)
-        self.plan = self.plans[self.feed.step_info(self.start_step).batch_size]
-        _check_continue_halos(self.plan, self.source)
-        self.telemetry = Telemetry(stall_warning_s=reading.stall_warning_s)
-        self._readers = {
-            b: StepReader(p, self.feed, reading.read_timeout_s, self.telemetry)
-            for b, p in self.plans.items()
-        }
-        self._assemblers = {b: BatchAssembler(p) for b, p in self.plans.items()}
-        self._iterators = Iterators()
-        self._lock = threading.Lock()
-        self._closed = False
-        self._direct_reads = 0  # batch_at calls, numbered alike on every host (stream ends)
-        self._iterations = 0  # iterators started, numbered alike on every host (stream ends)
+        layout = _layout_of(mesh)
+        # a failure from here on reaches the other hosts, waiting in the agreement below
+        with failures_published(layout.processes, f"building DataLoader {name!r}"):
+            self.options = LoaderOptions.create(order, sharding, output, reading, **options)
+            self.mesh, self.name = mesh, name
+            self.feed = open_feed(source, self.options.order)
+            self.source, self.order = self.feed.source, self.feed.order
+            self.process_index = check_own_process(layout, process_index)
+            reading = self.options.reading
+            first_row = read_first_row(self.feed, reading)
+            order = self.options.order
+            #: the frozen plan of this host's steps, per batch size of the schedule
+            self.plans = {
+                stage.batch_size: LoaderPlan.create(
+                    first_row,
+                    mesh,
+                    dataclasses.replace(
+                        self.options,
+                        order=dataclasses.replace(order, global_batch_size=stage.batch_size),
+                    ),
+                    self.process_index,
+                    layout=layout,
+                    stream=self.feed.stream,
+                    ends_short=self.feed.ends_short,
+                )
+                for stage in stages_of(order.global_batch_size)  # type: ignore[arg-type]
+            }
+            self.start_step = order.start[0]
+            #: the plan of the first step (`plans` has every batch size's)
+            self.plan = self.plans[self.feed.step_info(self.start_step).batch_size]
+            _check_continue_halos(self.plan, self.source)
+            self.telemetry = Telemetry(stall_warning_s=reading.stall_warning_s)
+            self._readers = {
+                b: StepReader(p, self.feed, reading.read_timeout_s, self.telemetry)
+                for b, p in self.plans.items()
+            }
+            self._assemblers = {b: BatchAssembler(p) for b, p in self.plans.items()}
+            self._iterators = Iterators()
+            self._lock = threading.Lock()
+            self._closed = False
+            self._direct_reads = 0  # batch_at calls, numbered alike on every host (stream ends)
+            self._iterations = 0  # iterators started, numbered alike on every host (stream ends)
         namespace = agree(
             agreed_settings(self.options.order, self.feed, self.plan),
             layout.processes,
@@ -278,8 +272,11 @@ class DataLoader:
         resume step on, and no sample is repeated or lost. The seed and shuffle come from the
         state; giving a different value is an error (``docs/reliability.md``).
         """
-        state = check_state(state)
-        loader = cls(source, mesh=mesh, order=restored_order(state, kwargs), **kwargs)
+        name = kwargs.get("name", DEFAULT_NAME)
+        with failures_published(_layout_of(mesh).processes, f"restoring DataLoader {name!r}"):
+            state = check_state(state)
+            order = restored_order(state, kwargs)
+        loader = cls(source, mesh=mesh, order=order, **kwargs)
         try:
             check_restored(state, loader.plan, loader.feed.rows, loader.name, loader.source)
         except BaseException:
@@ -306,6 +303,12 @@ class DataLoader:
             f"batch_spec={self.batch_spec}, process {self.process_index} reads "
             f"{len(self.plan.read_positions)} rows/step)"
         )
+
+
+def _layout_of(mesh: Any) -> MeshLayout:
+    if not isinstance(mesh, Mesh):
+        raise TypeError(f"mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}")
+    return as_layout(mesh)
 
 
 def _check_continue_halos(plan: LoaderPlan, source: Any) -> None:

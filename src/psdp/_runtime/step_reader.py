@@ -15,6 +15,7 @@ import numpy as np
 from psdp._checks import preview_ids
 from psdp._plan.leaves import Key, leaf_label, leaves_of
 from psdp._plan.loader_plan import LoaderPlan
+from psdp._plan.options import ReadingOptions
 from psdp._plan.order import PAD
 from psdp._plan.reads import ReadRequest
 from psdp._plan.windows import Box, take_box
@@ -95,18 +96,15 @@ class StepReader:
         )
         if limit == self.timeout_s:
             name = "read_timeout_s"  # no grace was asked for
-        try:
-            out = with_timeout(
-                read,
-                limit,
-                lambda: f"step {step}: reading {self.feed.what_is_read(step)} from "
-                f"{self.feed.source.describe()} took longer than {name}={limit}; the source may "
-                f"be stuck (a hung filesystem or object store); raise {name} if reads are just "
-                "slow",
-            )
-        except TimeoutError:
-            abandoned.set()
-            raise
+        out = with_timeout(
+            read,
+            limit,
+            lambda: f"step {step}: reading {self.feed.what_is_read(step)} from "
+            f"{self.feed.source.describe()} took longer than {name}={limit}; the source may "
+            f"be stuck (a hung filesystem or object store); raise {name} if reads are just "
+            "slow",
+            abandoned,
+        )
         self._warm = True
         self._record_counts()
         return out
@@ -270,6 +268,41 @@ class StepReader:
         return out, borrowed
 
 
+def read_first_row(feed: Any, reading: ReadingOptions) -> dict[Key, np.ndarray]:
+    """The row a loader reads when it is built, for its leaves' names, shapes and dtypes: retried
+    like a step's reads, and bounded like the first step's (``first_read_timeout_s``, else
+    ``read_timeout_s``; unset: no limit).
+
+    Example:
+        >>> from psdp._plan.options import OrderOptions
+        >>> from psdp._runtime.feeds import open_feed
+        >>> feed = open_feed(np.arange(6, dtype=np.int32), OrderOptions(global_batch_size=2))
+        >>> read_first_row(feed, ReadingOptions(read_timeout_s=1))
+        {None: array([0], dtype=int32)}
+    """
+    limit = reading.first_read_timeout_s or reading.read_timeout_s
+    name = "first_read_timeout_s" if reading.first_read_timeout_s else "read_timeout_s"
+    where = "the first read (row 0, for the leaves' shapes)"
+    jitter = random.Random()
+    abandoned = threading.Event()  # set on timeout: the abandoned read stops retrying
+    return with_timeout(
+        lambda: retried(
+            feed.probe,
+            where,
+            feed.source,
+            reading.read_attempts,
+            lambda attempt: backoff_s(attempt, reading.retry_backoff_s, jitter.uniform(0.5, 1.0)),
+            abandoned.is_set,
+        ),
+        limit,
+        lambda: f"{where} from {feed.source.describe()} took longer than {name}={limit}: a "
+        "DataLoader reads one row when it is built or restored, within the first read's time "
+        "limit (first_read_timeout_s, else read_timeout_s); the source may be stuck (a hung "
+        f"filesystem or object store); raise {name} if its first read is just slow",
+        abandoned,
+    )
+
+
 def backoff_s(attempt: int, base_s: float | None, draw: float) -> float:
     """The pause after failed try ``attempt`` (1, 2, ...): ``base_s * 2**(attempt - 1)``, at
     most `MAX_BACKOFF_S`, times ``draw`` (a random number in [0.5, 1]: jitter, so that hosts
@@ -351,12 +384,15 @@ def _pause(seconds: float, stopped: Callable[[], bool]) -> None:
         time.sleep(min(left, 0.05))
 
 
-def with_timeout(work: Any, timeout_s: float | None, message: Any) -> Any:
+def with_timeout(
+    work: Any, timeout_s: float | None, message: Any, abandoned: threading.Event | None = None
+) -> Any:
     """Runs ``work()`` on a daemon thread; raises `TimeoutError` if it takes over ``timeout_s``
-    (``None``: runs it on the calling thread, unbounded).
+    (``None``: runs it on the calling thread, unbounded), after setting ``abandoned``.
 
     A read that never returns cannot be interrupted from Python; its daemon thread is abandoned
-    (it ends with the process), and the step fails instead of hanging the trainer.
+    (it ends when the read returns, or with the process), and the step fails instead of hanging
+    the trainer.
     """
     if timeout_s is None:
         return work()
@@ -373,6 +409,8 @@ def with_timeout(work: Any, timeout_s: float | None, message: Any) -> Any:
     thread.start()
     thread.join(timeout_s)
     if thread.is_alive():
+        if abandoned is not None:
+            abandoned.set()  # the work's retries stop: its thread ends with the read in flight
         raise TimeoutError(message())
     if error:
         raise error[0]
