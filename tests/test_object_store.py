@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 import threading
-from importlib.metadata import version
 
 import numpy as np
 import pytest
@@ -183,12 +182,6 @@ WRITERS = {
 }
 
 
-#: TensorStore sends the commit's condition with the PUT itself from 0.1.72 on; 0.1.68-0.1.71
-#: check it with a HEAD, then PUT unconditionally (docs/sources.md, "Concurrent writers")
-CONDITIONAL_PUT = tuple(map(int, version("tensorstore").split(".")[:3])) >= (0, 1, 72)
-
-
-@pytest.mark.skipif(not CONDITIONAL_PUT, reason="this TensorStore's s3 PUT carries no condition")
 @pytest.mark.parametrize("kind", WRITERS)
 @pytest.mark.parametrize("existing", [False, True], ids=["new", "overwrite"])
 def test_of_two_concurrent_writers_exactly_one_commits(server, proxy, kind, existing):
