@@ -1435,6 +1435,26 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
         ["seed must be an int or None, got float 0.5"],
     ),
     (
+        "packed leaves given as one name, not a tuple",
+        lambda _: PackedSequences(
+            DocumentStore.from_documents([np.arange(3)]), 4, leaves="input_ids"
+        ),
+        TypeError,
+        ["leaves must be a tuple of leaf names, got str 'input_ids'", "leaves=('input_ids', "],
+    ),
+    (
+        "packed leaves naming a leaf the sequences do not have",
+        lambda _: PackedSequences(
+            DocumentStore.from_documents([np.arange(3)]), 4, leaves=("input_ids", "labels")
+        ),
+        ValueError,
+        [
+            "leaves must name each delivered leaf once, from ['input_ids', 'segment_ids', "
+            "'positions', 'loss_mask'], got ('input_ids', 'labels')",
+            "leave the option out to deliver them all",
+        ],
+    ),
+    (
         "token ids too large for the store's dtype",
         lambda tmp: write_documents(
             tmp / "docs", [np.array([1, 70_000])], dtype=np.uint16, progress=False

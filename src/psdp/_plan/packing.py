@@ -96,7 +96,8 @@ class PackPlan:
             >>> [a.tolist() for a in plan.pieces_of(np.array([1, 1, 0]))]
             [[0, 0, 1, 1, 2, 2], [2, 3, 2, 3, 0, 1]]
         """
-        first, counts = self.seq_starts[ids], np.diff(self.seq_starts)[ids]
+        first = self.seq_starts[ids]
+        counts = self.seq_starts[ids + 1] - first
         rows = np.repeat(np.arange(len(ids)), counts)
         within = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
         return rows, first[rows] + within

@@ -8,7 +8,7 @@ pieces' tokens that fall in it. ``docs/packing.md``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence, Set
 from typing import Any
 
 import numpy as np
@@ -42,6 +42,8 @@ class PackedSequences:
             ``"drop"`` it (`plan.dropped` lists them).
         seed: packs the documents in an order drawn from this seed; ``None``: the store's order.
         pad_id: the ``input_ids`` of padding.
+        leaves: the leaves to deliver, e.g. ``("input_ids", "segment_ids")``; default all. A
+            stored leaf left out is not read; a computed one is not computed.
 
     Example:
         >>> store = DocumentStore.from_documents([np.array([1, 2, 3]), np.array([4, 5])])
@@ -62,11 +64,14 @@ class PackedSequences:
         *,
         seed: int | None = None,
         pad_id: int = 0,
+        leaves: Sequence[str] | None = None,
     ):
         check_view_of(store, "PackedSequences", pad_id=pad_id)
         self.store, self.seq_len, self.pad_id = store, seq_len, pad_id
+        self.leaves: tuple[str, ...] = _delivered(leaves, [*store.leaves, *_DERIVED])
+        self._offsets = store.offsets_range(0, store.num_documents + 1)
         self.plan: PackPlan = plan_packing(
-            np.diff(store.offsets), seq_len, strategy, long_documents, seed
+            np.diff(self._offsets), seq_len, strategy, long_documents, seed
         )
 
     def __len__(self) -> int:
@@ -80,8 +85,7 @@ class PackedSequences:
     @fresh_rows
     def read(self, ids: np.ndarray) -> dict[str, np.ndarray]:
         ids = check_ids(ids, len(self), self.describe())
-        leaves = in_leaf_order(dict.fromkeys([*self.store.leaves, *_DERIVED]))
-        return self._read_columns(ids, None, list(leaves))
+        return self._read_columns(ids, None, list(self.leaves))
 
     @fresh_rows
     def read_window(self, ids: np.ndarray, columns: Mapping[Key, Box]) -> dict[Key, np.ndarray]:
@@ -99,6 +103,8 @@ class PackedSequences:
         for key, box in columns.items():
             if key not in self.store.leaves and key not in _DERIVED:
                 raise KeyError(f"leaf {key!r} is not a leaf of {self.describe()}")
+            if key not in self.leaves:
+                raise KeyError(f"leaf {key!r} is not delivered: leaves={self.leaves}")
             cols = _columns(box)
             groups.setdefault(_tag(cols), (cols, []))[1].append(str(key))
         out: dict[Key, np.ndarray] = {}
@@ -122,40 +128,50 @@ class PackedSequences:
     def _read_span(
         self, ids: np.ndarray, low: int, high: int, keys: list[str]
     ) -> dict[str, np.ndarray]:
-        """Leaves ``keys`` of rows ``ids`` at columns ``[low, high)``: one store read."""
-        plan, width = self.plan, high - low
-        rows, piece = plan.pieces_of(ids)
-        first = plan.piece_column[piece]
-        begin = np.maximum(first, low)
-        count = np.minimum(first + plan.piece_len[piece], high) - begin
+        """Leaves ``keys`` of rows ``ids`` at columns ``[low, high)``: one store read.
+
+        A row's pieces lie side by side from column 0, so the part of a row inside the columns
+        is one run from ``low``: the pieces' tokens, read in (row, column) order, fill the rows
+        through one mask, in C order."""
+        rows, token, length, column, segment = self._pieces(ids)
+        begin = np.maximum(column, low)
+        count = np.minimum(column + length, high) - begin
         inside = count > 0
-        rows, piece, first, begin, count = (a[inside] for a in (rows, piece, first, begin, count))
-        starts = self.store.offsets[plan.piece_doc[piece]] + plan.piece_start[piece] + begin - first
+        rows, token, column, segment, begin, count = (
+            a[inside] for a in (rows, token, column, segment, begin, count)
+        )
+        starts = token + begin - column
         stored = [key for key in keys if key in self.store.leaves]
         tokens = self.store.read_ranges(starts, starts + count, stored) if stored else {}
-        within = np.arange(count.sum()) - np.repeat(np.cumsum(count) - count, count)
-        where = np.repeat(rows * width + begin - low, count) + within  # flat (row, column)
+        filled = np.bincount(rows, weights=count, minlength=len(ids)).astype(np.int64)
+        mask = np.arange(high - low) < filled[:, None]
         out = {}
         for key in keys:
-            value, dtype, pad = self._token_values(
-                key, tokens, piece, ids, rows, begin - first, count, within
-            )
-            leaf = np.full(len(ids) * width, pad, dtype)
-            leaf[where] = value
-            out[key] = leaf.reshape(len(ids), width)
+            if key == LOSS_MASK and LOSS_MASK not in tokens:
+                out[key] = mask.astype(np.uint8)
+                continue
+            value, dtype, pad = self._token_values(key, tokens, segment, begin - column, count)
+            leaf = np.full(mask.shape, pad, dtype)
+            leaf[mask] = value
+            out[key] = leaf
         return out
 
-    def _token_values(self, key, tokens, piece, ids, rows, skipped, count, within):
+    def _pieces(self, ids: np.ndarray) -> tuple[np.ndarray, ...]:
+        """The pieces of rows ``ids`` in (row, column) order: their row (a position in
+        ``ids``), first token in the store, length, first column and segment id."""
+        plan = self.plan
+        rows, piece = plan.pieces_of(ids)
+        token = self._offsets[plan.piece_doc[piece]] + plan.piece_start[piece]
+        segment = piece - plan.seq_starts[ids[rows]] + 1
+        return rows, token, plan.piece_len[piece], plan.piece_column[piece], segment
+
+    def _token_values(self, key, tokens, segment, skipped, count):
         """The values of leaf ``key`` at the tokens read, its dtype and its padding."""
         if key == SEGMENT_IDS:
-            segment = piece - self.plan.seq_starts[ids[rows]] + 1
             return np.repeat(segment, count), np.int32, 0
-        if key == POSITIONS:
-            return np.repeat(skipped, count) + within, np.int32, 0
-        if key == LOSS_MASK:
-            if LOSS_MASK in tokens:
-                return tokens[LOSS_MASK], self.store.leaves[LOSS_MASK], 0
-            return 1, np.uint8, 0
+        if key == POSITIONS:  # each piece's tokens count on from its skipped columns
+            before = np.cumsum(count) - count
+            return np.arange(count.sum()) - np.repeat(before - skipped, count), np.int32, 0
         return tokens[key], self.store.leaves[key], self.pad_id if key == TOKENS else 0
 
     def describe(self) -> str:
@@ -166,6 +182,25 @@ class PackedSequences:
 
 
 _DERIVED = (SEGMENT_IDS, POSITIONS, LOSS_MASK)
+
+
+def _delivered(leaves: Any, known: list[str]) -> tuple[str, ...]:
+    """The checked ``leaves=`` option: leaf names, in leaf order (``None``: all ``known``)."""
+    if leaves is None:
+        return tuple(in_leaf_order(dict.fromkeys(known)))
+    if isinstance(leaves, str) or not isinstance(leaves, Sequence | Set):
+        raise TypeError(
+            f"leaves must be a tuple of leaf names, got {type(leaves).__name__} {leaves!r}; "
+            f"e.g. leaves=('input_ids', 'segment_ids')"
+        )
+    names = list(leaves)
+    unknown = [name for name in names if name not in known]
+    if unknown or not names or len(set(names)) < len(names):
+        raise ValueError(
+            f"leaves must name each delivered leaf once, from {known}, got {tuple(names)}; "
+            "leave the option out to deliver them all"
+        )
+    return tuple(in_leaf_order(dict.fromkeys(names)))
 
 
 def _columns(box: Box) -> slice | np.ndarray | None:
