@@ -25,14 +25,28 @@ def named_documents(lengths, masks: bool = False) -> list[dict[str, np.ndarray]]
     return docs
 
 
-def naive_pack(lengths, seq_len, strategy, long_documents="split", seed=None):
+def naive_pack(lengths, seq_len, strategy, long_documents="split", seed=None, window=None):
     """Sequences as lists of ``(doc, start, length)``, item by item, every sequence scanned
-    (``seed``: the documented order, numpy's ``default_rng(seed).permutation``)."""
-    order = (
-        range(len(lengths))
-        if seed is None
-        else np.random.default_rng(seed).permutation(len(lengths))
-    )
+    (``seed``: the documented order, numpy's ``default_rng(seed).permutation``). With
+    ``window``, each window of that many documents is packed alone, the windows' sequences one
+    after another, window ``w`` in the order ``default_rng([seed, w]).permutation``."""
+    if window is None:
+        order = (
+            range(len(lengths))
+            if seed is None
+            else np.random.default_rng(seed).permutation(len(lengths))
+        )
+        return _naive_bins(lengths, order, seq_len, strategy, long_documents)
+    bins = []
+    for w, first in enumerate(range(0, len(lengths), window)):
+        n = min(window, len(lengths) - first)
+        local = range(n) if seed is None else np.random.default_rng([seed, w]).permutation(n)
+        order = [first + int(i) for i in local]
+        bins += _naive_bins(lengths, order, seq_len, strategy, long_documents)
+    return bins
+
+
+def _naive_bins(lengths, order, seq_len, strategy, long_documents):
     items = []
     for d in order:
         n = int(lengths[d])

@@ -27,15 +27,20 @@ def plan_bins(plan) -> list[list[tuple[int, int, int]]]:
 
 
 class CountingStore(DocumentStore):
-    """Records every `read_ranges` call: (starts, stops, leaves)."""
+    """Records every `read_ranges` call, (starts, stops, leaves), and every `offsets_range`."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.calls: list = []
+        self.offset_reads: list[tuple[int, int]] = []
 
     def read_ranges(self, starts, stops, leaves=None):
         self.calls.append((np.array(starts), np.array(stops), leaves))
         return super().read_ranges(starts, stops, leaves)
+
+    def offsets_range(self, start, stop):
+        self.offset_reads.append((start, stop))
+        return super().offsets_range(start, stop)
 
 
 # ------------------------------------------------------------------------------------ the plan
@@ -102,6 +107,134 @@ def test_a_seed_reorders_documents_the_same_way_every_time():
     lengths = list(range(1, 30))
     a, b = (plan_packing(lengths, 32, "greedy", seed=5) for _ in range(2))
     assert plan_bins(a) == plan_bins(b) != plan_bins(plan_packing(lengths, 32, "greedy"))
+
+
+# ------------------------------------------------------------------------- packing in windows
+@settings(max_examples=60, deadline=None, derandomize=True)  # the same cases every run
+@given(
+    lengths=st.lists(st.integers(0, 40), min_size=1, max_size=40),
+    seq_len=st.integers(1, 16),
+    strategy=st.sampled_from(PACKING_STRATEGIES),
+    long_documents=st.sampled_from(["split", "drop"]),
+    seed=st.one_of(st.none(), st.integers(0, 3)),
+    window=st.integers(1, 9),
+)
+def test_packing_in_windows_packs_each_window_alone_as_the_naive_packer_does(
+    lengths, seq_len, strategy, long_documents, seed, window
+):
+    want = naive_pack(lengths, seq_len, strategy, long_documents, seed, window)
+    options = dict(seed=seed, window=window, pad_id=-1)
+    store = store_of(lengths)
+    if not want:
+        with pytest.raises(ValueError, match="nothing to pack"):
+            PackedSequences(store, seq_len, strategy, long_documents, **options)
+        return
+    source = PackedSequences(store, seq_len, strategy, long_documents, **options)
+    assert len(source) == len(want)
+    dropped = [d for d, n in enumerate(lengths) if n > seq_len and long_documents == "drop"]
+    assert int(source.plan.dropped.sum()) == len(dropped)
+    assert int(source.plan.empty.sum()) == lengths.count(0)
+    kept = sum(n for d, n in enumerate(lengths) if d not in dropped)
+    assert source.plan.efficiency == kept / (len(want) * seq_len)
+    ids = np.arange(len(source))[::-1]  # every window, out of order
+    rows = source.read(ids)
+    check_packed({k: v[::-1] for k, v in rows.items()}, lengths, seq_len, dropped)
+    table = packed_table(named_documents(lengths), want, seq_len, -1)
+    for key, value in table.items():
+        np.testing.assert_array_equal(rows[key], value[ids], err_msg=key)
+    cols = slice(seq_len // 3, seq_len - 1)
+    got = source.read_window(ids, {"input_ids": cols, "positions": cols})
+    for key in ("input_ids", "positions"):
+        np.testing.assert_array_equal(got[key], table[key][ids][:, cols], err_msg=key)
+
+
+def test_a_window_plan_numbers_documents_in_the_corpus():
+    from psdp._plan.packing import plan_window
+
+    plan = plan_window([0, 9, 3, 5], 4, "greedy", "drop", None, window=4, index=2)
+    assert plan_bins(plan) == [[(10, 0, 3)]]  # documents 9 and 11 are longer than 4: dropped
+    assert plan.dropped.tolist() == [9, 11] and plan.empty.tolist() == [8]
+    assert plan_bins(plan_window([2, 1], 4, "greedy", "split", 3, window=2, index=5)) == [
+        [(10 + int(d), 0, [2, 1][d]) for d in np.random.default_rng([3, 5]).permutation(2)]
+    ]
+
+
+def test_a_window_over_the_whole_corpus_packs_as_the_whole_corpus_does():
+    whole = PackedSequences(store_of(LENGTHS), 16)
+    one = PackedSequences(store_of(LENGTHS), 16, window=len(LENGTHS))
+    assert len(whole) == len(one) and whole.plan.num_tokens == one.plan.num_tokens
+    ids = np.arange(len(whole))
+    for key, value in whole.read(ids).items():
+        np.testing.assert_array_equal(one.read(ids)[key], value, err_msg=key)
+    assert one.describe().startswith("PackedSequences(best_fit packing in windows of 60 documents")
+
+
+def test_a_pack_index_file_is_built_once_then_start_up_reads_only_two_windows(tmp_path):
+    """With an index file, start-up reads the offsets of the first and last windows (to check
+    them against the index), not the corpus's; a read plans only the windows it touches."""
+    path = tmp_path / "pack" / "index.npz"
+    store = store_of(LENGTHS, kind=CountingStore)  # 60 documents: windows of 8, the last of 4
+    built = PackedSequences(store, 16, "first_fit", seed=4, window=8, index=path)
+    assert path.exists() and store.offset_reads == [(0, 61)]  # one chunk of whole windows
+    store.offset_reads.clear()
+    loaded = PackedSequences(store, 16, "first_fit", seed=4, window=8, index=path)
+    assert store.offset_reads == [(0, 9), (56, 61)]
+    np.testing.assert_array_equal(loaded.plan.starts, built.plan.starts)
+    want = naive_pack(LENGTHS, 16, "first_fit", seed=4, window=8)
+    table = packed_table(named_documents(LENGTHS), want, 16)
+    last = loaded.plan.starts[-2]  # the last window's first sequence: its plan is cached
+    store.offset_reads.clear()
+    ids = np.array([int(loaded.plan.starts[3]), last, 0, int(loaded.plan.starts[3]) + 1])
+    for key, value in loaded.read(ids).items():
+        np.testing.assert_array_equal(value, table[key][ids], err_msg=key)
+    assert store.offset_reads == [(24, 33)]  # window 3 only
+
+
+def test_a_stale_pack_index_is_rebuilt_or_refused_never_used(tmp_path):
+    path = tmp_path / "index.npz"
+    PackedSequences(store_of(LENGTHS), 16, window=8, index=path)
+    # other options: another key, so the index is built again and replaces the file
+    source = PackedSequences(store_of(LENGTHS), 12, "greedy", window=8, index=path)
+    want = naive_pack(LENGTHS, 12, "greedy", window=8)
+    np.testing.assert_array_equal(
+        source.read(np.arange(len(source)))["input_ids"],
+        packed_table(named_documents(LENGTHS), want, 12)["input_ids"],
+    )
+    # the same size and options, but a token moved from window 2 to window 3: found when
+    # either is read, never served
+    changed = list(LENGTHS)
+    changed[23], changed[24] = changed[23] - 1, changed[24] + 1
+    stale = PackedSequences(store_of(changed), 12, "greedy", window=8, index=path)
+    for w in (2, 3):
+        with pytest.raises(
+            ValueError, match=rf"window {w} \(documents \[{8 * w}, {8 * w + 8}\)\) packs"
+        ):
+            stale.read(stale.plan.starts[w : w + 1])
+    # a file that is not a pack index is never overwritten
+    other = tmp_path / "notes.npz"
+    other.write_bytes(b"not an index")
+    with pytest.raises(ValueError, match="is not a psdp pack index"):
+        PackedSequences(store_of(LENGTHS), 16, window=8, index=other)
+    assert other.read_bytes() == b"not an index"
+
+
+def test_the_pack_index_built_in_worker_processes_is_the_one_built_here(monkeypatch):
+    """Built in 2 processes, or here reading the offsets 3 windows at a time: one index."""
+    from psdp._plan.pack_windows import PackKey
+    from psdp.sources import pack_index
+
+    lengths = np.random.default_rng(0).integers(0, 40, 500)
+    store = store_of(lengths, kind=CountingStore)
+    key = PackKey(32, "best_fit", "drop", 7, 16, store.num_documents, store.num_tokens)
+    build_pack_index = pack_index.build_pack_index
+    pooled = build_pack_index(store, key, workers=2, progress=False)
+    monkeypatch.setattr(pack_index, "CHUNK_OFFSETS", 3 * 16 + 5)
+    store.offset_reads.clear()
+    here = build_pack_index(store, key, workers=1, progress=False)
+    assert store.offset_reads == [(a, min(a + 48, 500) + 1) for a in range(0, 500, 48)]
+    for name in ("starts", "tokens", "dropped", "empty"):
+        np.testing.assert_array_equal(getattr(pooled, name), getattr(here, name), err_msg=name)
+    assert len(here) == len(naive_pack(lengths, 32, "best_fit", "drop", 7, 16))
 
 
 # ------------------------------------------------------------------------------------ the reads
@@ -210,6 +343,19 @@ def test_every_device_shard_is_exact_for_batch_full_and_context(strategy, mesh_2
             for step in range(3):  # 3 steps of 8 cross the epoch end (len(source) < 24)
                 want = expected_batch(table, step, **settings)
                 assert_batch_exact(loader.batch_at(step), want)
+
+
+def test_every_device_shard_is_exact_packed_in_windows(mesh_2d, mesh_context):
+    """Windows of 7 documents, a seed: batch, and the sequence over ``context`` with a halo."""
+    source = PackedSequences(store_of(LENGTHS, masks=True), 16, seed=1, window=7, pad_id=7)
+    want = naive_pack(LENGTHS, 16, "best_fit", seed=1, window=7)
+    table = packed_table(named_documents(LENGTHS, masks=True), want, 16, 7)
+    context = {k: P("data", "context") for k in table}
+    for mesh, spec, halo in ((mesh_2d, "batch", 0), (mesh_context, context, 2)):
+        settings = dict(mesh=mesh, global_batch_size=8, batch_spec=spec, halo=halo, seed=3)
+        with DataLoader(source, **settings) as loader:
+            for step in range(6):  # past the epoch's end
+                assert_batch_exact(loader.batch_at(step), expected_batch(table, step, **settings))
 
 
 @pytest.mark.multiprocess

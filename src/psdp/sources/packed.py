@@ -1,27 +1,36 @@
 """`PackedSequences`: documents packed into fixed-length sequences, read as an ordinary source.
 
-Row ``q`` is sequence ``q`` of a pack plan (`plan_packing`, computed from the store's offsets at
-construction): its pieces laid side by side, then padding. A read fetches exactly the pieces of
-the rows asked for with one batched `DocumentStore.read_ranges`, and a column window only the
-pieces' tokens that fall in it. ``docs/packing.md``.
+Row ``q`` is sequence ``q`` of a pack plan: its pieces laid side by side, then padding. The plan
+is the whole corpus's (`plan_packing`, computed at construction), or, packed in windows, the
+plan of the window that holds ``q`` (found by the `PackIndex`, planned again when first read and
+kept in a small cache). A read fetches exactly the pieces of the rows asked for with one batched
+`DocumentStore.read_ranges`, and a column window only the pieces' tokens that fall in it.
+``docs/packing.md``.
 """
 
 from __future__ import annotations
 
+import functools
+import os
 from collections.abc import Mapping, Sequence, Set
 from typing import Any
 
 import numpy as np
 
+from psdp._checks import check_int
 from psdp._plan.leaves import Key, in_leaf_order
-from psdp._plan.packing import PackPlan, plan_packing
+from psdp._plan.pack_windows import PackIndex, PackKey
+from psdp._plan.packing import PackPlan, check_packing_options, plan_packing
 from psdp._plan.windows import Box
 from psdp.sources.base import check_ids, fresh_rows
 from psdp.sources.documents import POSITIONS, SEGMENT_IDS, TOKENS, DocumentStore, check_view_of
+from psdp.sources.pack_index import build_pack_index, open_pack_index, plan_of_window
 
 #: The leaves a packed sequence adds to the store's: each token's segment (1, 2, ... within a
 #: sequence, 0 on padding), its position within its segment, and whether it counts in the loss.
 LOSS_MASK = "loss_mask"
+#: Window plans kept for reads when packing in windows (each about 40 bytes per document).
+WINDOW_CACHE = 64
 
 
 class PackedSequences:
@@ -44,6 +53,10 @@ class PackedSequences:
         pad_id: the ``input_ids`` of padding.
         leaves: the leaves to deliver, e.g. ``("input_ids", "segment_ids")``; default all. A
             stored leaf left out is not read; a computed one is not computed.
+        window: packs each window of this many documents alone (``plan`` is then a
+            `PackIndex`); ``None``: the whole corpus at once.
+        index: with ``window``, a file for the pack index: loaded if it was built for this
+            packing of this store's size, else built and saved there; ``None``: built now.
 
     Example:
         >>> store = DocumentStore.from_documents([np.array([1, 2, 3]), np.array([4, 5])])
@@ -65,14 +78,36 @@ class PackedSequences:
         seed: int | None = None,
         pad_id: int = 0,
         leaves: Sequence[str] | None = None,
+        window: int | None = None,
+        index: str | os.PathLike[str] | None = None,
     ):
         check_view_of(store, "PackedSequences", pad_id=pad_id)
         self.store, self.seq_len, self.pad_id = store, seq_len, pad_id
         self.leaves: tuple[str, ...] = _delivered(leaves, [*store.leaves, *_DERIVED])
-        self._offsets = store.offsets_range(0, store.num_documents + 1)
-        self.plan: PackPlan = plan_packing(
-            np.diff(self._offsets), seq_len, strategy, long_documents, seed
-        )
+        self.plan: PackPlan | PackIndex
+        if window is None:
+            if index is not None:
+                raise ValueError(
+                    f"index={str(index)!r} is the index of a packing in windows, but window=None "
+                    "packs the whole corpus at once; set window (e.g. window=4096), or drop index"
+                )
+            self._offsets = store.offsets_range(0, store.num_documents + 1)
+            self.plan = plan_packing(
+                np.diff(self._offsets), seq_len, strategy, long_documents, seed
+            )
+            return
+        check_int("window", window, minimum=1)
+        check_packing_options(seq_len, strategy, long_documents, seed)
+        key = PackKey(seq_len, strategy, long_documents, seed, window, store.num_documents,
+                      store.num_tokens)  # fmt: skip
+        self._where = "built at start-up" if index is None else f"at {index}"
+        self._window_plan = functools.lru_cache(WINDOW_CACHE)(self._plan_of_window)
+        if index is None:
+            self.plan = build_pack_index(store, key)
+            return
+        self.plan, loaded = open_pack_index(store, key, index)
+        if loaded:  # a stale index is found before any read: its first and last window
+            self._window_plan(0), self._window_plan(key.num_windows - 1)
 
     def __len__(self) -> int:
         return len(self.plan)
@@ -159,11 +194,26 @@ class PackedSequences:
     def _pieces(self, ids: np.ndarray) -> tuple[np.ndarray, ...]:
         """The pieces of rows ``ids`` in (row, column) order: their row (a position in
         ``ids``), first token in the store, length, first column and segment id."""
-        plan = self.plan
-        rows, piece = plan.pieces_of(ids)
-        token = self._offsets[plan.piece_doc[piece]] + plan.piece_start[piece]
-        segment = piece - plan.seq_starts[ids[rows]] + 1
-        return rows, token, plan.piece_len[piece], plan.piece_column[piece], segment
+        if isinstance(self.plan, PackPlan):
+            return _plan_pieces(self.plan, self._offsets, 0, ids)
+        windows, local = self.plan.locate(ids)
+        by_window = np.argsort(windows, kind="stable")
+        parts = []
+        for at in np.split(by_window, np.flatnonzero(np.diff(windows[by_window])) + 1):
+            w = int(windows[at[0]])
+            plan, offsets = self._window_plan(w)
+            rows, *rest = _plan_pieces(plan, offsets, self.plan.key.documents(w)[0], local[at])
+            parts.append((at[rows], *rest))
+        joined = [np.concatenate(column) for column in zip(*parts, strict=True)]
+        by_row = np.argsort(joined[0], kind="stable")  # each row's pieces stay in column order
+        return tuple(a[by_row] for a in joined)
+
+    def _plan_of_window(self, w: int) -> tuple[PackPlan, np.ndarray]:
+        """Window ``w``'s plan and offsets, checked against the index (cached: `WINDOW_CACHE`)."""
+        assert isinstance(self.plan, PackIndex)
+        plan, offsets = plan_of_window(self.store, self.plan.key, w)
+        self.plan.check(w, plan, self._where)
+        return plan, offsets
 
     def _token_values(self, key, tokens, segment, skipped, count):
         """The values of leaf ``key`` at the tokens read, its dtype and its padding."""
@@ -182,6 +232,15 @@ class PackedSequences:
 
 
 _DERIVED = (SEGMENT_IDS, POSITIONS, LOSS_MASK)
+
+
+def _plan_pieces(plan: PackPlan, offsets: np.ndarray, first: int, ids: np.ndarray):
+    """`PackedSequences._pieces` of ``plan``'s sequences ``ids``; ``offsets[d - first]`` is
+    document ``d``'s first token."""
+    rows, piece = plan.pieces_of(ids)
+    token = offsets[plan.piece_doc[piece] - first] + plan.piece_start[piece]
+    segment = piece - plan.seq_starts[ids[rows]] + 1
+    return rows, token, plan.piece_len[piece], plan.piece_column[piece], segment
 
 
 def _delivered(leaves: Any, known: list[str]) -> tuple[str, ...]:
