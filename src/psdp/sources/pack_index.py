@@ -28,9 +28,9 @@ from psdp.sources.documents import DocumentStore
 FORMAT, VERSION = "psdp.pack_index", 1
 #: Offsets read at a time while building (8 MiB of int64): whole windows, at least one.
 CHUNK_OFFSETS = 1 << 20
-#: A process costs about a second to start (it imports psdp): fewer windows than this per worker
-#: plan faster in this process.
-WINDOWS_PER_WORKER = 64
+#: A worker process takes 1-2 s to start (it imports psdp), the time to plan about 2-3 million
+#: documents: fewer documents than this per worker are planned faster in this process.
+DOCUMENTS_PER_WORKER = 4_000_000
 
 
 def plan_of_window(store: DocumentStore, key: PackKey, w: int) -> tuple[PackPlan, np.ndarray]:
@@ -49,11 +49,11 @@ def build_pack_index(
         store: the documents (its size must be ``key``'s).
         key: the packing.
         workers: processes that plan windows; ``None``: one per CPU, but no more than one per
-            `WINDOWS_PER_WORKER` windows (1: all in this process).
+            `DOCUMENTS_PER_WORKER` documents (1: all in this process).
         progress: show a progress bar when building takes more than a second.
     """
     if workers is None:
-        workers = min(os.cpu_count() or 1, key.num_windows // WINDOWS_PER_WORKER)
+        workers = min(os.cpu_count() or 1, key.num_documents // DOCUMENTS_PER_WORKER)
     bar = tqdm(total=key.num_windows, unit="windows", desc="pack index", disable=not progress,
                delay=1.0)  # fmt: skip
     with bar:
