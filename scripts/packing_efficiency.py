@@ -11,9 +11,12 @@ sequences of its own), and psdp's `plan_packing` with ``greedy``, ``first_fit`` 
 Packing in windows (``PackedSequences(window=W)``): best fit within each window of ``W``
 documents (`plan_window`, the plans a pack index counts), against whole-corpus best fit. With
 ``--index-workers``, also the time to build a pack index (`build_pack_index`) of the lengths.
+With ``--read-speed``, the time of `PackedSequences.read` of 64 shuffled sequences from a
+memory-mapped store of the log-normal lengths, against a tight loop that copies each piece of the
+same plan into preallocated rows (7 interleaved rounds of 100 reads, medians).
 
     python scripts/packing_efficiency.py [--documents 1000000] [--seq-len 2048] [--seed 0]
-        [--windows 1024,4096,16384,65536] [--index-workers 1,2] [--json]
+        [--windows 1024,4096,16384,65536] [--index-workers 1,2] [--read-speed] [--json]
 """
 
 from __future__ import annotations
@@ -21,13 +24,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from psdp import PACKING_STRATEGIES, DocumentStore, plan_packing
+from psdp import PACKING_STRATEGIES, DocumentStore, PackedSequences, PackPlan, plan_packing
 from psdp._plan.pack_windows import PackKey
 from psdp._plan.packing import plan_window
 from psdp.sources.pack_index import build_pack_index
@@ -96,6 +100,45 @@ def index_seconds(lengths: np.ndarray, seq_len: int, window: int, workers: int) 
     return time.perf_counter() - start
 
 
+def read_speed(lengths: np.ndarray, seq_len: int, batch: int = 64) -> dict[str, float]:
+    """ms per read of ``batch`` shuffled sequences: psdp's and a tight loop's (medians)."""
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    with tempfile.TemporaryDirectory() as tmp:
+        flat = np.lib.format.open_memmap(f"{tmp}/t.npy", "w+", np.int32, (int(offsets[-1]),))
+        flat[:] = np.random.default_rng(0).integers(0, 50_000, len(flat), dtype=np.int32)
+        packed = PackedSequences(DocumentStore.from_arrays(offsets, {"input_ids": flat}), seq_len)
+        plan = packed.plan
+        assert isinstance(plan, PackPlan)
+        plain = np.asarray(flat)
+
+        def tight(ids: np.ndarray) -> dict[str, np.ndarray]:
+            out = {k: np.zeros((batch, seq_len), np.int32) for k in sorted(packed.leaves)}
+            for r, q in enumerate(ids.tolist()):
+                for segment, p in enumerate(range(plan.seq_starts[q], plan.seq_starts[q + 1]), 1):
+                    a = int(offsets[plan.piece_doc[p]] + plan.piece_start[p])
+                    n, c = int(plan.piece_len[p]), int(plan.piece_column[p])
+                    out["input_ids"][r, c : c + n] = plain[a : a + n]
+                    out["segment_ids"][r, c : c + n] = segment
+                    out["positions"][r, c : c + n] = np.arange(n)
+                    out["loss_mask"][r, c : c + n] = 1
+            return out
+
+        order = np.random.default_rng(1).permutation(len(packed))
+        reads = [order[s * batch : (s + 1) * batch] for s in range(100)]
+        got, want = packed.read(reads[0]), tight(reads[0])
+        assert all((got[k] == want[k]).all() for k in want)  # the same rows, before timing
+        times: dict[str, list[float]] = {"psdp": [], "tight": []}
+        for _ in range(7):
+            for name, read in (("psdp", packed.read), ("tight", tight)):
+                start = time.perf_counter()
+                for ids in reads:
+                    read(ids)
+                times[name].append((time.perf_counter() - start) / len(reads) * 1e3)
+    ratio = sorted(a / b for a, b in zip(times["psdp"], times["tight"], strict=True))[3]
+    return {"psdp_ms": sorted(times["psdp"])[3], "tight_ms": sorted(times["tight"])[3],
+            "ratio": ratio}  # fmt: skip
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--documents", type=int, default=1_000_000)
@@ -111,6 +154,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         default="",
         help="worker counts to time a pack index build with (windows of 4096)",
     )
+    parser.add_argument(
+        "--read-speed",
+        action="store_true",
+        help="time reads of the log-normal lengths against a tight loop",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = parser.parse_args(argv)  # fmt: skip
     windows = [int(w) for w in args.windows.split(",") if w]
@@ -124,6 +172,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         for n in args.index_workers.split(",")
         if n
     ]
+    if args.read_speed:
+        lengths = log_normal(np.random.default_rng(args.seed), args.documents).astype(np.int64)
+        builds.append(read_speed(lengths, args.seq_len))
     if args.json:
         print(json.dumps(results + builds, indent=1))
         return 0
@@ -136,8 +187,12 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{r['sequences']} | {r['efficiency']:.4f} | {r['vs_best_fit']:.4f} | "
               f"{r['seconds']:.2f} |")  # fmt: skip
     for b in builds:
-        print(f"\npack index of the chat lengths, windows of 4096, {b['workers']} workers: "
-              f"{b['seconds']:.2f} s")  # fmt: skip
+        if "workers" in b:
+            print(f"\npack index of the chat lengths, windows of 4096, {b['workers']} workers: "
+                  f"{b['seconds']:.2f} s")  # fmt: skip
+        else:
+            print(f"\nreads of 64 sequences: psdp {b['psdp_ms']:.2f} ms, a tight loop "
+                  f"{b['tight_ms']:.2f} ms (psdp/tight {b['ratio']:.2f})")  # fmt: skip
     return 0
 
 

@@ -409,6 +409,10 @@ def test_the_efficiency_script_counts_sequences_and_tokens(capsys):
     windowed = naive_pack(lengths.astype(int).tolist(), 1024, "best_fit", window=200)
     assert rows[5]["sequences"] == len(windowed)
     assert rows[5]["vs_best_fit"] == pytest.approx(rows[5]["efficiency"] / rows[3]["efficiency"])
+    # the read timing checks psdp's rows against the tight loop's before it times them
+    assert main(["--documents", "3000", "--windows", "", "--read-speed", "--json"]) == 0
+    speed = json.loads(capsys.readouterr().out)[-1]
+    assert set(speed) == {"psdp_ms", "tight_ms", "ratio"}
 
 
 # ------------------------------------------------------------------ the scale simulation, 10^9
@@ -419,7 +423,7 @@ class FormulaStore(DocumentStore):
     `DocumentStore.from_arrays` over them replaces this class.)"""
 
     def __init__(self, corpus: FormulaCorpus):  # no offsets to check: the formula's hold
-        self.corpus, self.name = corpus, f"formula, {corpus.documents} documents"
+        self.corpus, self.name = corpus, "formula"
         self.leaves = {"input_ids": np.dtype(np.int32), "loss_mask": np.dtype(np.uint8)}
         self.offset_reads: list[tuple[int, int]] = []
 
@@ -509,14 +513,13 @@ def scale_simulation(directory: str, documents: int = 10**9) -> dict:
     def tokens_before(q: int) -> int:  # the flat token where sequence q's window starts
         return int(corpus.offsets(np.array([packed.plan.locate(np.array([q]))[0][0] * window]))[0])
 
-    per_window = len(bins_full)
-    far = {
-        "first": np.arange(batch),
-        "past 2**32": (2**32 // int(corpus.period_offsets[-1]) + 1) * per_window + np.arange(batch),
-        "past 2**40": (2**40 // int(corpus.period_offsets[-1]) + 1) * per_window + np.arange(batch),
-        "the end": len(packed) - batch + np.arange(batch),
-        "across the corpus": np.random.default_rng(5).integers(0, len(packed), batch),
-    }
+    far = {"first": np.arange(batch), "next (its window planned)": batch + np.arange(batch)}
+    for power in (32, 40):  # the first whole window past 2**power tokens
+        w = 2**power // int(corpus.period_offsets[-1]) + 1
+        if w < windows - 1:
+            far[f"past 2**{power}"] = w * len(bins_full) + np.arange(batch)
+    far["the end"] = len(packed) - batch + np.arange(batch)
+    far["across the corpus"] = np.random.default_rng(5).integers(0, len(packed), batch)
     step_s = {}
     for name, ids in far.items():
         start = time.perf_counter()
@@ -532,7 +535,7 @@ def scale_simulation(directory: str, documents: int = 10**9) -> dict:
         "documents": documents,
         "tokens": corpus.num_tokens,
         "sequences": len(packed),
-        "past_2_40": tokens_before(int(far["past 2**40"][0])) > 2**40,
+        "past_2_40": "past 2**40" in far and tokens_before(int(far["past 2**40"][0])) > 2**40,
         "startup_reads": startup_reads,
         "index_bytes": os.path.getsize(path),
         "open_and_first_batch_s": open_s,
