@@ -86,28 +86,35 @@ class PackedSequences:
         self.leaves: tuple[str, ...] = _delivered(leaves, [*store.leaves, *_DERIVED])
         self.plan: PackPlan | PackIndex
         if window is None:
-            if index is not None:
-                raise ValueError(
-                    f"index={str(index)!r} is the index of a packing in windows, but window=None "
-                    "packs the whole corpus at once; set window (e.g. window=4096), or drop index"
-                )
-            self._offsets = store.offsets_range(0, store.num_documents + 1)
-            self.plan = plan_packing(
-                np.diff(self._offsets), seq_len, strategy, long_documents, seed
+            self.plan = self._plan_whole(strategy, long_documents, seed, index)
+        else:
+            self.plan = self._open_index(window, strategy, long_documents, seed, index)
+
+    def _plan_whole(self, strategy, long_documents, seed, index) -> PackPlan:
+        """The whole corpus's plan (its offsets kept for the reads)."""
+        if index is not None:
+            raise ValueError(
+                f"index={str(index)!r} is the index of a packing in windows, but window=None "
+                "packs the whole corpus at once; set window (e.g. window=4096), or drop index"
             )
-            return
+        self._offsets = self.store.offsets_range(0, self.store.num_documents + 1)
+        return plan_packing(np.diff(self._offsets), self.seq_len, strategy, long_documents, seed)
+
+    def _open_index(self, window, strategy, long_documents, seed, index) -> PackIndex:
+        """The pack index: loaded from ``index`` (its first and last windows checked at once),
+        or built."""
         check_int("window", window, minimum=1)
-        check_packing_options(seq_len, strategy, long_documents, seed)
-        key = PackKey(seq_len, strategy, long_documents, seed, window, store.num_documents,
-                      store.num_tokens)  # fmt: skip
+        check_packing_options(self.seq_len, strategy, long_documents, seed)
+        key = PackKey(self.seq_len, strategy, long_documents, seed, window,
+                      self.store.num_documents, self.store.num_tokens)  # fmt: skip
         self._where = "built at start-up" if index is None else f"at {index}"
         self._window_plan = functools.lru_cache(WINDOW_CACHE)(self._plan_of_window)
         if index is None:
-            self.plan = build_pack_index(store, key)
-            return
-        self.plan, loaded = open_pack_index(store, key, index)
-        if loaded:  # a stale index is found before any read: its first and last window
-            self._window_plan(0), self._window_plan(key.num_windows - 1)
+            return build_pack_index(self.store, key)
+        self.plan, loaded = open_pack_index(self.store, key, index)
+        for w in sorted({0, key.num_windows - 1}) if loaded else ():
+            self._window_plan(w)
+        return self.plan
 
     def __len__(self) -> int:
         return len(self.plan)
