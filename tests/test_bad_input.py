@@ -1440,7 +1440,7 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
             DocumentStore.from_documents([np.arange(3)]), 4, leaves="input_ids"
         ),
         TypeError,
-        ["leaves must be a tuple of leaf names, got str 'input_ids'", "leaves=('input_ids', "],
+        ["leaves must be a tuple of leaf names, got str 'input_ids'", "e.g. leaves=('input_ids', "],
     ),
     (
         "packed leaves naming a leaf the sequences do not have",
@@ -1449,9 +1449,8 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
         ),
         ValueError,
         [
-            "leaves must name each delivered leaf once, from ['input_ids', 'segment_ids', "
-            "'positions', 'loss_mask'], got ('input_ids', 'labels')",
-            "leave the option out to deliver them all",
+            "leaves=('input_ids', 'labels') names ['labels'], which PackedSequences does not have "
+            "(it has ['input_ids', 'segment_ids', 'positions', 'loss_mask']); choose among those",
         ],
     ),
     (

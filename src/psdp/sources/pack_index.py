@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import zipfile
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
@@ -105,14 +106,15 @@ def load_pack_index(path: Any) -> PackIndex | None:
         with np.load(path, allow_pickle=False) as saved:
             header = json.loads(str(saved["header"]))
             arrays = {name: saved[name] for name in ("starts", "tokens", "dropped", "empty")}
-    except (OSError, ValueError, KeyError) as error:
+        got = (header.get("format"), header.get("version"))
+        key = PackKey(**header["key"]) if got == (FORMAT, VERSION) else None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, zipfile.BadZipFile) as error:
         raise ValueError(f"{path} is not a psdp pack index ({error}); {fix}") from error
-    got = (header.get("format"), header.get("version")) if isinstance(header, dict) else None
-    if got != (FORMAT, VERSION):
+    if key is None:
         raise ValueError(
             f"{path} is not a psdp pack index of version {VERSION} (it says {got}); {fix}"
         )
-    return PackIndex(PackKey(**header["key"]), **arrays)
+    return PackIndex(key, **arrays)
 
 
 def _plan(lengths: np.ndarray, key: PackKey, w: int) -> PackPlan:

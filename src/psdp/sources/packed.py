@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Mapping, Sequence, Set
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -83,7 +83,12 @@ class PackedSequences:
     ):
         check_view_of(store, "PackedSequences", pad_id=pad_id)
         self.store, self.seq_len, self.pad_id = store, seq_len, pad_id
-        self.leaves: tuple[str, ...] = _delivered(leaves, [*store.leaves, *_DERIVED])
+        computed = {SEGMENT_IDS: np.dtype(np.int32), POSITIONS: np.dtype(np.int32),
+                    LOSS_MASK: store.leaves.get(LOSS_MASK, np.dtype(np.uint8))}  # fmt: skip
+        #: The leaves of every row and their dtypes (the store's, then the computed ones).
+        self.leaves: dict[str, np.dtype] = _chosen(
+            {**store.leaves, **computed}, leaves, "PackedSequences"
+        )
         self.plan: PackPlan | PackIndex
         if window is None:
             self.plan = self._plan_whole(strategy, long_documents, seed, index)
@@ -127,7 +132,7 @@ class PackedSequences:
     @fresh_rows
     def read(self, ids: np.ndarray) -> dict[str, np.ndarray]:
         ids = check_ids(ids, len(self), self.describe())
-        return self._read_columns(ids, None, list(self.leaves))
+        return self._read_columns(ids, None, list(in_leaf_order(self.leaves)))
 
     @fresh_rows
     def read_window(self, ids: np.ndarray, columns: Mapping[Key, Box]) -> dict[Key, np.ndarray]:
@@ -146,7 +151,7 @@ class PackedSequences:
             if key not in self.store.leaves and key not in _DERIVED:
                 raise KeyError(f"leaf {key!r} is not a leaf of {self.describe()}")
             if key not in self.leaves:
-                raise KeyError(f"leaf {key!r} is not delivered: leaves={self.leaves}")
+                raise KeyError(f"leaf {key!r} is not delivered: leaves={tuple(self.leaves)}")
             cols = _columns(box)
             groups.setdefault(_tag(cols), (cols, []))[1].append(str(key))
         out: dict[Key, np.ndarray] = {}
@@ -250,23 +255,30 @@ def _plan_pieces(plan: PackPlan, offsets: np.ndarray, first: int, ids: np.ndarra
     return rows, token, plan.piece_len[piece], plan.piece_column[piece], segment
 
 
-def _delivered(leaves: Any, known: list[str]) -> tuple[str, ...]:
-    """The checked ``leaves=`` option: leaf names, in leaf order (``None``: all ``known``)."""
+def _chosen(available: Mapping[str, np.dtype], leaves: Any, view: str) -> dict[str, np.dtype]:
+    """The leaves ``view`` delivers: ``leaves`` (names of ``available``), or all of them when
+    ``None``; in ``available``'s order. (The rule and messages of branch seqscale's
+    ``documents.chosen_leaves``, which replaces this when both land.)"""
     if leaves is None:
-        return tuple(in_leaf_order(dict.fromkeys(known)))
-    if isinstance(leaves, str) or not isinstance(leaves, Sequence | Set):
+        return dict(available)
+    if isinstance(leaves, str | bytes) or not isinstance(leaves, Iterable):
         raise TypeError(
             f"leaves must be a tuple of leaf names, got {type(leaves).__name__} {leaves!r}; "
-            f"e.g. leaves=('input_ids', 'segment_ids')"
+            f"e.g. leaves=({TOKENS!r}, {SEGMENT_IDS!r})"
         )
-    names = list(leaves)
-    unknown = [name for name in names if name not in known]
-    if unknown or not names or len(set(names)) < len(names):
+    names = tuple(leaves)
+    unknown = [name for name in names if name not in available]
+    if unknown:
         raise ValueError(
-            f"leaves must name each delivered leaf once, from {known}, got {tuple(names)}; "
-            "leave the option out to deliver them all"
+            f"leaves={names!r} names {unknown}, which {view} does not have (it has "
+            f"{list(available)}); choose among those"
         )
-    return tuple(in_leaf_order(dict.fromkeys(names)))
+    if not names or len(set(names)) < len(names):
+        raise ValueError(
+            f"leaves={names!r} must name each leaf {view} delivers once, and at least one; "
+            "leave it unset for every leaf"
+        )
+    return {name: dtype for name, dtype in available.items() if name in names}
 
 
 def _columns(box: Box) -> slice | np.ndarray | None:
