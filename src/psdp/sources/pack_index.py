@@ -103,7 +103,7 @@ def load_pack_index(path: Any) -> PackIndex | None:
         return None
     fix = "give another path for the index, or delete the file to build the index there"
     try:
-        with np.load(path, allow_pickle=False) as saved:
+        with open(path, "rb") as file, np.load(file, allow_pickle=False) as saved:
             header = json.loads(str(saved["header"]))
             arrays = {name: saved[name] for name in ("starts", "tokens", "dropped", "empty")}
         got = (header.get("format"), header.get("version"))
