@@ -355,19 +355,6 @@ def test_every_device_shard_is_exact_for_batch_full_and_context(strategy, mesh_2
                 assert_batch_exact(loader.batch_at(step), want)
 
 
-def test_every_device_shard_is_exact_packed_in_windows(mesh_2d, mesh_context):
-    """Windows of 7 documents, a seed: batch, and the sequence over ``context`` with a halo."""
-    source = PackedSequences(store_of(LENGTHS, masks=True), 16, seed=1, window=7, pad_id=7)
-    want = naive_pack(LENGTHS, 16, "best_fit", seed=1, window=7)
-    table = packed_table(named_documents(LENGTHS, masks=True), want, 16, 7)
-    context = {k: P("data", "context") for k in table}
-    for mesh, spec, halo in ((mesh_2d, "batch", 0), (mesh_context, context, 2)):
-        settings = dict(mesh=mesh, global_batch_size=8, batch_spec=spec, halo=halo, seed=3)
-        with DataLoader(source, **settings) as loader:
-            for step in range(6):  # past the epoch's end
-                assert_batch_exact(loader.batch_at(step), expected_batch(table, step, **settings))
-
-
 @pytest.mark.multiprocess
 def test_every_device_shard_is_exact_on_the_noncontiguous_pod():
     """One pod run: batch, full, the sequence sharded with a halo, and a schedule with padding,
@@ -380,6 +367,19 @@ def test_every_device_shard_is_exact_on_the_noncontiguous_pod():
     # a padded batch at each epoch's end, so every batch has one)
     assert [r["checked"] for r in results] == [4 * 3 * 2 * 5] * 4
     assert all(r["plans"] == results[0]["plans"] for r in results)  # every host, one plan
+
+
+def test_every_device_shard_is_exact_packed_in_windows(mesh_2d, mesh_context):
+    """Windows of 7 documents, a seed: batch, and the sequence over ``context`` with a halo."""
+    source = PackedSequences(store_of(LENGTHS, masks=True), 16, seed=1, window=7, pad_id=7)
+    want = naive_pack(LENGTHS, 16, "best_fit", seed=1, window=7)
+    table = packed_table(named_documents(LENGTHS, masks=True), want, 16, 7)
+    context = {k: P("data", "context") for k in table}
+    for mesh, spec, halo in ((mesh_2d, "batch", 0), (mesh_context, context, 2)):
+        settings = dict(mesh=mesh, global_batch_size=8, batch_spec=spec, halo=halo, seed=3)
+        with DataLoader(source, **settings) as loader:
+            for step in range(6):  # past the epoch's end
+                assert_batch_exact(loader.batch_at(step), expected_batch(table, step, **settings))
 
 
 def test_the_efficiency_script_counts_sequences_and_tokens(capsys):
