@@ -25,14 +25,28 @@ def named_documents(lengths, masks: bool = False) -> list[dict[str, np.ndarray]]
     return docs
 
 
-def naive_pack(lengths, seq_len, strategy, long_documents="split", seed=None):
+def naive_pack(lengths, seq_len, strategy, long_documents="split", seed=None, window=None):
     """Sequences as lists of ``(doc, start, length)``, item by item, every sequence scanned
-    (``seed``: the documented order, numpy's ``default_rng(seed).permutation``)."""
-    order = (
-        range(len(lengths))
-        if seed is None
-        else np.random.default_rng(seed).permutation(len(lengths))
-    )
+    (``seed``: the documented order, numpy's ``default_rng(seed).permutation``). With
+    ``window``, each window of that many documents is packed alone, the windows' sequences one
+    after another, window ``w`` in the order ``default_rng([seed, w]).permutation``."""
+    if window is None:
+        order = (
+            range(len(lengths))
+            if seed is None
+            else np.random.default_rng(seed).permutation(len(lengths))
+        )
+        return _naive_bins(lengths, order, seq_len, strategy, long_documents)
+    bins = []
+    for w, first in enumerate(range(0, len(lengths), window)):
+        n = min(window, len(lengths) - first)
+        local = range(n) if seed is None else np.random.default_rng([seed, w]).permutation(n)
+        order = [first + int(i) for i in local]
+        bins += _naive_bins(lengths, order, seq_len, strategy, long_documents)
+    return bins
+
+
+def _naive_bins(lengths, order, seq_len, strategy, long_documents):
     items = []
     for d in order:
         n = int(lengths[d])
@@ -105,3 +119,48 @@ def check_packed(rows: dict[str, np.ndarray], lengths, seq_len, dropped=()) -> N
     kept = [d for d, n in enumerate(lengths) if d not in set(dropped)]
     want = np.sort(np.concatenate([d * STRIDE + np.arange(lengths[d]) for d in kept] or [[]]))
     np.testing.assert_array_equal(got, want.astype(got.dtype))
+
+
+class FormulaCorpus:
+    """A corpus computed on the fly from a seeded formula, never written: document lengths
+    repeat every ``period`` documents (so one packing window of ``period`` documents is every
+    window, and the oracle packs it once); token ``t`` of the flat corpus is a 31-bit hash of
+    ``t``, and its loss mask is ``t % 3 != 1``. (Branch seqscale adds tests/scale_corpus.py for
+    `TokenSequences`; this one is periodic for the packing oracle's sake.)
+
+    Example: 10**9 documents of 1 to 2400 tokens (mean ~1200), 1.2 * 10**12 tokens.
+    """
+
+    def __init__(self, documents: int, period: int = 4096, max_length: int = 2400, seed: int = 0):
+        self.documents, self.period = documents, period
+        self.period_lengths = (1 + _mix(np.arange(period) + seed * period) % max_length).astype(
+            np.int64
+        )
+        self.period_offsets = np.concatenate([[0], np.cumsum(self.period_lengths)])
+        self.num_tokens = int(self.offsets(np.array([documents]))[0])
+
+    def offsets(self, docs: np.ndarray) -> np.ndarray:
+        """``offsets[docs]``: where each document starts in the flat corpus (int64)."""
+        docs = np.asarray(docs, np.int64)
+        return (docs // self.period) * self.period_offsets[-1] + self.period_offsets[
+            docs % self.period
+        ]
+
+    def lengths(self, first: int, stop: int) -> np.ndarray:
+        return self.period_lengths[np.arange(first, stop) % self.period]
+
+    @staticmethod
+    def tokens(positions: np.ndarray) -> np.ndarray:
+        return (_mix(positions) >> np.uint64(33)).astype(np.int32)
+
+    @staticmethod
+    def loss_mask(positions: np.ndarray) -> np.ndarray:
+        return (np.asarray(positions) % 3 != 1).astype(np.uint8)
+
+
+def _mix(x) -> np.ndarray:
+    """splitmix64's finaliser, elementwise on uint64 (wrapping, as the formula wants)."""
+    z = np.asarray(x).astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))

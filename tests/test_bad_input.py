@@ -1441,6 +1441,74 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
         ["seed must be an int or None, got float 0.5"],
     ),
     (
+        "packed leaves given as one name, not a tuple",
+        lambda _: PackedSequences(
+            DocumentStore.from_documents([np.arange(3)]), 4, leaves="input_ids"
+        ),
+        TypeError,
+        ["leaves must be a tuple of leaf names, got str 'input_ids'", "e.g. leaves=('input_ids', "],
+    ),
+    (
+        "packed leaves naming a leaf the sequences do not have",
+        lambda _: PackedSequences(
+            DocumentStore.from_documents([np.arange(3)]), 4, leaves=("input_ids", "labels")
+        ),
+        ValueError,
+        [
+            "leaves=('input_ids', 'labels') names ['labels'], which PackedSequences does not have "
+            "(it has ['input_ids', 'segment_ids', 'positions', 'loss_mask']); choose among those",
+        ],
+    ),
+    (
+        "a packing window below 1 document",
+        lambda _: PackedSequences(DocumentStore.from_documents([np.arange(3)]), 4, window=0),
+        ValueError,
+        ["window must be >= 1, got 0"],
+    ),
+    (
+        "a pack index without a packing window",
+        lambda tmp: PackedSequences(
+            DocumentStore.from_documents([np.arange(3)]), 4, index=str(tmp / "pack.npz")
+        ),
+        ValueError,
+        ["is the index of a packing in windows, but window=None", "set window (e.g. window=4096)"],
+    ),
+    (
+        "a pack index path that holds another file",
+        lambda tmp: (
+            (tmp / "notes.npz").write_text("notes"),
+            PackedSequences(
+                DocumentStore.from_documents([np.arange(3)]), 4, window=2, index=tmp / "notes.npz"
+            ),
+        ),
+        ValueError,
+        ["notes.npz is not a psdp pack index", "give another path for the index, or delete"],
+    ),
+    (
+        "a pack index built before the store changed (same size)",
+        lambda tmp: (
+            PackedSequences(
+                DocumentStore.from_documents([np.arange(n) for n in (3, 5, 4, 4, 2, 2, 1)]),
+                4,
+                window=2,
+                index=tmp / "pack.npz",
+            ),
+            PackedSequences(
+                DocumentStore.from_documents([np.arange(n) for n in (3, 5, 4, 3, 3, 2, 1)]),
+                4,
+                window=2,
+                index=tmp / "pack.npz",
+            ).read(np.array([2])),  # window 1: a token moved to window 2
+        ),
+        ValueError,
+        [
+            "does not match the store: window 1 (documents [2, 4)) packs into {'sequences': 2, "
+            "'tokens': 7,",
+            "the index says {'sequences': 2, 'tokens': 8,",
+            "delete the index to build it again",
+        ],
+    ),  # fmt: skip
+    (
         "token ids too large for the store's dtype",
         lambda tmp: write_documents(
             tmp / "docs", [np.array([1, 70_000])], dtype=np.uint16, progress=False

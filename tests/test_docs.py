@@ -134,7 +134,7 @@ def test_the_runnable_blocks_are_found():
         "sources.md": 6,
         "partitioning.md": 10,
         "reliability.md": 2,
-        "packing.md": 4,
+        "packing.md": 6,
         "tokens.md": 2,
         "mixtures.md": 3,
     }

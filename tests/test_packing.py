@@ -3,6 +3,9 @@ the documents, and every device shard of a loader over it (tests/packing_oracle.
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -11,7 +14,13 @@ from jax.sharding import PartitionSpec as P
 
 from psdp import PACKING_STRATEGIES, DataLoader, DocumentStore, PackedSequences, plan_packing
 from tests.batch_checks import assert_batch_exact, expected_batch
-from tests.packing_oracle import check_packed, naive_pack, named_documents, packed_table
+from tests.packing_oracle import (
+    FormulaCorpus,
+    check_packed,
+    naive_pack,
+    named_documents,
+    packed_table,
+)
 
 
 def store_of(lengths, masks=False, kind=DocumentStore):
@@ -27,15 +36,20 @@ def plan_bins(plan) -> list[list[tuple[int, int, int]]]:
 
 
 class CountingStore(DocumentStore):
-    """Records every `read_ranges` call: (starts, stops, leaves)."""
+    """Records every `read_ranges` call, (starts, stops, leaves), and every `offsets_range`."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.calls: list = []
+        self.offset_reads: list[tuple[int, int]] = []
 
     def read_ranges(self, starts, stops, leaves=None):
         self.calls.append((np.array(starts), np.array(stops), leaves))
         return super().read_ranges(starts, stops, leaves)
+
+    def offsets_range(self, start, stop):
+        self.offset_reads.append((start, stop))
+        return super().offsets_range(start, stop)
 
 
 # ------------------------------------------------------------------------------------ the plan
@@ -104,6 +118,135 @@ def test_a_seed_reorders_documents_the_same_way_every_time():
     assert plan_bins(a) == plan_bins(b) != plan_bins(plan_packing(lengths, 32, "greedy"))
 
 
+# ------------------------------------------------------------------------- packing in windows
+@settings(max_examples=60, deadline=None, derandomize=True)  # the same cases every run
+@given(
+    lengths=st.lists(st.integers(0, 40), min_size=1, max_size=40),
+    seq_len=st.integers(1, 16),
+    strategy=st.sampled_from(PACKING_STRATEGIES),
+    long_documents=st.sampled_from(["split", "drop"]),
+    seed=st.one_of(st.none(), st.integers(0, 3)),
+    window=st.integers(1, 9),
+)
+def test_packing_in_windows_packs_each_window_alone_as_the_naive_packer_does(
+    lengths, seq_len, strategy, long_documents, seed, window
+):
+    want = naive_pack(lengths, seq_len, strategy, long_documents, seed, window)
+    options = dict(seed=seed, window=window, pad_id=-1)
+    store = store_of(lengths)
+    if not want:
+        with pytest.raises(ValueError, match="nothing to pack"):
+            PackedSequences(store, seq_len, strategy, long_documents, **options)
+        return
+    source = PackedSequences(store, seq_len, strategy, long_documents, **options)
+    assert len(source) == len(want)
+    dropped = [d for d, n in enumerate(lengths) if n > seq_len and long_documents == "drop"]
+    assert int(source.plan.dropped.sum()) == len(dropped)
+    assert int(source.plan.empty.sum()) == lengths.count(0)
+    kept = sum(n for d, n in enumerate(lengths) if d not in dropped)
+    assert source.plan.efficiency == kept / (len(want) * seq_len)
+    ids = np.arange(len(source))[::-1]  # every window, out of order
+    rows = source.read(ids)
+    check_packed({k: v[::-1] for k, v in rows.items()}, lengths, seq_len, dropped)
+    table = packed_table(named_documents(lengths), want, seq_len, -1)
+    for key, value in table.items():
+        np.testing.assert_array_equal(rows[key], value[ids], err_msg=key)
+    cols = slice(seq_len // 3, seq_len - 1)
+    got = source.read_window(ids, {"input_ids": cols, "positions": cols})
+    for key in ("input_ids", "positions"):
+        np.testing.assert_array_equal(got[key], table[key][ids][:, cols], err_msg=key)
+
+
+def test_a_window_plan_numbers_documents_in_the_corpus():
+    from psdp._plan.packing import plan_window
+
+    plan = plan_window([0, 9, 3, 5], 4, "greedy", "drop", None, window=4, index=2)
+    assert plan_bins(plan) == [[(10, 0, 3)]]  # documents 9 and 11 are longer than 4: dropped
+    assert plan.dropped.tolist() == [9, 11] and plan.empty.tolist() == [8]
+    assert plan_bins(plan_window([2, 1], 4, "greedy", "split", 3, window=2, index=5)) == [
+        [(10 + int(d), 0, [2, 1][d]) for d in np.random.default_rng([3, 5]).permutation(2)]
+    ]
+
+
+def test_a_window_over_the_whole_corpus_packs_as_the_whole_corpus_does():
+    whole = PackedSequences(store_of(LENGTHS), 16)
+    one = PackedSequences(store_of(LENGTHS), 16, window=len(LENGTHS))
+    assert len(whole) == len(one) and whole.plan.num_tokens == one.plan.num_tokens
+    ids = np.arange(len(whole))
+    for key, value in whole.read(ids).items():
+        np.testing.assert_array_equal(one.read(ids)[key], value, err_msg=key)
+    assert one.describe().startswith("PackedSequences(best_fit packing in windows of 60 documents")
+
+
+def test_a_pack_index_file_is_built_once_then_start_up_reads_only_two_windows(tmp_path):
+    """With an index file, start-up reads the offsets of the first and last windows (to check
+    them against the index), not the corpus's; a read plans only the windows it touches."""
+    path = tmp_path / "pack" / "index.npz"
+    store = store_of(LENGTHS, kind=CountingStore)  # 60 documents: windows of 8, the last of 4
+    built = PackedSequences(store, 16, "first_fit", seed=4, window=8, index=path)
+    assert path.exists() and store.offset_reads == [(0, 61)]  # one chunk of whole windows
+    store.offset_reads.clear()
+    loaded = PackedSequences(store, 16, "first_fit", seed=4, window=8, index=path)
+    assert store.offset_reads == [(0, 9), (56, 61)]
+    np.testing.assert_array_equal(loaded.plan.starts, built.plan.starts)
+    want = naive_pack(LENGTHS, 16, "first_fit", seed=4, window=8)
+    table = packed_table(named_documents(LENGTHS), want, 16)
+    last = loaded.plan.starts[-2]  # the last window's first sequence: its plan is cached
+    store.offset_reads.clear()
+    ids = np.array([int(loaded.plan.starts[3]), last, 0, int(loaded.plan.starts[3]) + 1])
+    for key, value in loaded.read(ids).items():
+        np.testing.assert_array_equal(value, table[key][ids], err_msg=key)
+    assert store.offset_reads == [(24, 33)]  # window 3 only
+
+
+def test_a_stale_pack_index_is_rebuilt_or_refused_never_used(tmp_path):
+    path = tmp_path / "index.npz"
+    PackedSequences(store_of(LENGTHS), 16, window=8, index=path)
+    # other options: another key, so the index is built again and replaces the file
+    source = PackedSequences(store_of(LENGTHS), 12, "greedy", window=8, index=path)
+    want = naive_pack(LENGTHS, 12, "greedy", window=8)
+    np.testing.assert_array_equal(
+        source.read(np.arange(len(source)))["input_ids"],
+        packed_table(named_documents(LENGTHS), want, 12)["input_ids"],
+    )
+    # the same size and options, but a token moved from window 2 to window 3: found when
+    # either is read, never served
+    changed = list(LENGTHS)
+    changed[23], changed[24] = changed[23] - 1, changed[24] + 1
+    stale = PackedSequences(store_of(changed), 12, "greedy", window=8, index=path)
+    for w in (2, 3):
+        with pytest.raises(
+            ValueError, match=rf"window {w} \(documents \[{8 * w}, {8 * w + 8}\)\) packs"
+        ):
+            stale.read(stale.plan.starts[w : w + 1])
+    # a file that is not a pack index is never overwritten
+    other = tmp_path / "notes.npz"
+    for text in (b"not an index", path.read_bytes()[:100]):  # another file, a cut index
+        other.write_bytes(text)
+        with pytest.raises(ValueError, match="is not a psdp pack index"):
+            PackedSequences(store_of(LENGTHS), 16, window=8, index=other)
+        assert other.read_bytes() == text
+
+
+def test_the_pack_index_built_in_worker_processes_is_the_one_built_here(monkeypatch):
+    """Built in 2 processes, or here reading the offsets 3 windows at a time: one index."""
+    from psdp._plan.pack_windows import PackKey
+    from psdp.sources import pack_index
+
+    lengths = np.random.default_rng(0).integers(0, 40, 500)
+    store = store_of(lengths, kind=CountingStore)
+    key = PackKey(32, "best_fit", "drop", 7, 16, store.num_documents, store.num_tokens)
+    build_pack_index = pack_index.build_pack_index
+    pooled = build_pack_index(store, key, workers=2, progress=False)
+    monkeypatch.setattr(pack_index, "CHUNK_OFFSETS", 3 * 16 + 5)
+    store.offset_reads.clear()
+    here = build_pack_index(store, key, workers=1, progress=False)
+    assert store.offset_reads == [(a, min(a + 48, 500) + 1) for a in range(0, 500, 48)]
+    for name in ("starts", "tokens", "dropped", "empty"):
+        np.testing.assert_array_equal(getattr(pooled, name), getattr(here, name), err_msg=name)
+    assert len(here) == len(naive_pack(lengths, 32, "best_fit", "drop", 7, 16))
+
+
 # ------------------------------------------------------------------------------------ the reads
 def test_one_store_read_per_read_and_a_window_reads_only_its_tokens():
     lengths = [5, 9, 3, 7, 2, 6]
@@ -131,6 +274,59 @@ def test_one_store_read_per_read_and_a_window_reads_only_its_tokens():
     mixed = source.read_window(ids, {"segment_ids": (slice(1, 3),), "loss_mask": ()})
     np.testing.assert_array_equal(mixed["segment_ids"], table["segment_ids"][ids][:, 1:3])
     np.testing.assert_array_equal(mixed["loss_mask"], table["loss_mask"][ids])
+
+
+def test_a_memmap_store_is_read_without_a_memmap_object_per_piece(tmp_path, monkeypatch):
+    """Issue 29: each of a batch's ~430 pieces made an `np.memmap` object (2-3x slower than a
+    plain view of the same memory); a read now makes none, whatever its pieces."""
+    lengths = [5, 9, 3, 7, 2, 6, 11, 4] * 4
+    docs = named_documents(lengths, masks=True)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    flat = {}
+    for key in docs[0]:
+        np.save(tmp_path / f"{key}.npy", np.concatenate([d[key] for d in docs]))
+        flat[key] = np.load(tmp_path / f"{key}.npy", mmap_mode="r")
+    source = PackedSequences(DocumentStore.from_arrays(offsets, flat), 8, "best_fit")
+    made = []
+    finalize = np.memmap.__array_finalize__
+    monkeypatch.setattr(
+        np.memmap, "__array_finalize__", lambda self, obj: made.append(1) or finalize(self, obj)
+    )
+    ids = np.arange(len(source))[::-1]
+    rows = source.read(ids)
+    window = source.read_window(ids, {"input_ids": slice(2, 7)})
+    assert made == []
+    table = packed_table(docs, naive_pack(lengths, 8, "best_fit"), 8)
+    for key in table:
+        np.testing.assert_array_equal(rows[key], table[key][ids], err_msg=key)
+    np.testing.assert_array_equal(window["input_ids"], table["input_ids"][ids][:, 2:7])
+
+
+@pytest.mark.parametrize(
+    "leaves",
+    [("input_ids",), ("segment_ids", "input_ids"), ("positions",), ("loss_mask", "segment_ids")],
+)
+def test_leaves_delivers_only_the_leaves_named_and_reads_only_the_stored_ones(leaves):
+    lengths = [5, 9, 3, 7, 2, 6]
+    store = store_of(lengths, masks=True, kind=CountingStore)
+    source = PackedSequences(store, 8, "best_fit", pad_id=-1, leaves=leaves)
+    table = packed_table(
+        named_documents(lengths, masks=True), naive_pack(lengths, 8, "best_fit"), 8, -1
+    )
+    ids = np.array([2, 0, 2, 1])
+    store.calls.clear()
+    rows = source.read(ids)
+    assert list(rows) == sorted(leaves)
+    for key in leaves:
+        np.testing.assert_array_equal(rows[key], table[key][ids], err_msg=key)
+    stored = sorted({"input_ids", "loss_mask"} & set(leaves))
+    assert [sorted(c[2]) for c in store.calls] == ([stored] if stored else [])
+    window = source.read_window(ids, {key: slice(1, 5) for key in leaves})
+    for key in leaves:
+        np.testing.assert_array_equal(window[key], table[key][ids][:, 1:5], err_msg=key)
+    left_out = next(k for k in table if k not in leaves)
+    with pytest.raises(KeyError, match=f"leaf '{left_out}' is not delivered"):
+        source.read_window(ids, {left_out: slice(0, 2)})
 
 
 # --------------------------------------------------------------------- every device shard exact
@@ -174,22 +370,203 @@ def test_every_device_shard_is_exact_on_the_noncontiguous_pod():
     assert all(r["plans"] == results[0]["plans"] for r in results)  # every host, one plan
 
 
+def test_every_device_shard_is_exact_packed_in_windows(mesh_2d, mesh_context):
+    """Windows of 7 documents, a seed: batch, and the sequence over ``context`` with a halo."""
+    source = PackedSequences(store_of(LENGTHS, masks=True), 16, seed=1, window=7, pad_id=7)
+    want = naive_pack(LENGTHS, 16, "best_fit", seed=1, window=7)
+    table = packed_table(named_documents(LENGTHS, masks=True), want, 16, 7)
+    context = {k: P("data", "context") for k in table}
+    for mesh, spec, halo in ((mesh_2d, "batch", 0), (mesh_context, context, 2)):
+        settings = dict(mesh=mesh, global_batch_size=8, batch_spec=spec, halo=halo, seed=3)
+        with DataLoader(source, **settings) as loader:
+            for step in range(6):  # past the epoch's end
+                assert_batch_exact(loader.batch_at(step), expected_batch(table, step, **settings))
+
+
 def test_the_efficiency_script_counts_sequences_and_tokens(capsys):
     """scripts/packing_efficiency.py, small: `none` is one padded sequence per document (a long
-    one over several), and every packing holds all the tokens in its sequences."""
+    one over several), every packing holds all the tokens in its sequences, and best fit in
+    windows packs as many sequences as the naive packer of each window."""
     import json
     import runpy
     from pathlib import Path
 
     script = Path(__file__).resolve().parents[1] / "scripts" / "packing_efficiency.py"
     main = runpy.run_path(str(script), run_name="packing_efficiency")["main"]
-    assert main(["--documents", "500", "--seq-len", "1024", "--json"]) == 0
-    rows = json.loads(capsys.readouterr().out)
-    assert [(r["distribution"], r["strategy"]) for r in rows] == [
-        (d, s) for d in ("log-normal", "chat") for s in ("none", "greedy", "first_fit", "best_fit")
+    argv = ["--documents", "500", "--seq-len", "1024", "--windows", "64,200", "--json"]
+    assert main([*argv, "--index-workers", "1"]) == 0
+    *rows, build = json.loads(capsys.readouterr().out)
+    strategies = [("none", None), ("greedy", None), ("first_fit", None), ("best_fit", None)]
+    assert [(r["distribution"], r["strategy"], r["window"]) for r in rows] == [
+        (d, *s)
+        for d in ("log-normal", "chat")
+        for s in [*strategies, ("best_fit", 64), ("best_fit", 200)]
     ]
+    assert build["workers"] == 1 and build["seconds"] > 0
     for r in rows:
         tokens = r["mean_length"] * 500
         assert r["efficiency"] == pytest.approx(tokens / (r["sequences"] * 1024))
     lengths = runpy.run_path(str(script))["log_normal"](np.random.default_rng(0), 500)
     assert rows[0]["sequences"] == sum(-(-int(n) // 1024) for n in lengths)
+    windowed = naive_pack(lengths.astype(int).tolist(), 1024, "best_fit", window=200)
+    assert rows[5]["sequences"] == len(windowed)
+    assert rows[5]["vs_best_fit"] == pytest.approx(rows[5]["efficiency"] / rows[3]["efficiency"])
+    # the read timing checks psdp's rows against the tight loop's before it times them
+    assert main(["--documents", "3000", "--windows", "", "--read-speed", "--json"]) == 0
+    speed = json.loads(capsys.readouterr().out)[-1]
+    assert set(speed) == {"psdp_ms", "tight_ms", "ratio"}
+
+
+# ------------------------------------------------------------------ the scale simulation, 10^9
+class FormulaStore(DocumentStore):
+    """A `FormulaCorpus` as a store that has only what `PackedSequences` reads through
+    (`num_documents`, `num_tokens`, `offsets_range`, `read_ranges`): no offsets array exists.
+    Records every `offsets_range` call. (When branch seqscale's lazy arrays land,
+    `DocumentStore.from_arrays` over them replaces this class.)"""
+
+    def __init__(self, corpus: FormulaCorpus):  # no offsets to check: the formula's hold
+        self.corpus, self.name = corpus, "formula"
+        self.leaves = {"input_ids": np.dtype(np.int32), "loss_mask": np.dtype(np.uint8)}
+        self.offset_reads: list[tuple[int, int]] = []
+
+    num_documents = property(lambda self: self.corpus.documents)
+    num_tokens = property(lambda self: self.corpus.num_tokens)
+    reads_storage = property(lambda self: False)
+
+    def offsets_range(self, start, stop):
+        self.offset_reads.append((start, stop))
+        return self.corpus.offsets(np.arange(start, stop))
+
+    def read_ranges(self, starts, stops, leaves=None):
+        starts, stops = self._checked_ranges(starts, stops)
+        count = stops - starts
+        at = np.repeat(starts - (np.cumsum(count) - count), count) + np.arange(count.sum())
+        formula = {"input_ids": self.corpus.tokens, "loss_mask": self.corpus.loss_mask}
+        return {name: formula[name](at) for name in (leaves or self.leaves)}
+
+
+SCALE = dict(seq_len=1024, window=4096, batch=64)
+
+
+def scale_rows(corpus: FormulaCorpus, bins_full, bins_last, ids) -> dict[str, np.ndarray]:
+    """The rows ``ids`` must hold, from the formula and the oracle's packing of a full window
+    (``bins_full``) and of the last one (``bins_last``): every window but the last packs the
+    same lengths, so window ``w`` holds sequences ``[w * len(bins_full), ...)``."""
+    seq_len, window = SCALE["seq_len"], SCALE["window"]
+    full_windows = corpus.documents // window
+    rows = {
+        "input_ids": np.full((len(ids), seq_len), -1, np.int32),
+        "loss_mask": np.zeros((len(ids), seq_len), np.uint8),
+        "positions": np.zeros((len(ids), seq_len), np.int32),
+        "segment_ids": np.zeros((len(ids), seq_len), np.int32),
+    }
+    for r, q in enumerate(ids.tolist()):
+        w, local = divmod(q, len(bins_full))
+        bins = bins_full
+        if w >= full_windows:
+            w, local, bins = full_windows, q - full_windows * len(bins_full), bins_last
+        column = 0
+        for segment, (d, start, n) in enumerate(bins[local], 1):
+            doc = w * window + d
+            assert start + n <= corpus.lengths(doc, doc + 1)[0]  # a piece within its document
+            at = corpus.offsets(np.array([doc]))[0] + start + np.arange(n)
+            cols = slice(column, column + n)
+            rows["input_ids"][r, cols] = corpus.tokens(at)
+            rows["loss_mask"][r, cols] = corpus.loss_mask(at)
+            rows["positions"][r, cols] = np.arange(n)
+            rows["segment_ids"][r, cols] = segment
+            column += n
+    return rows
+
+
+def scale_simulation(directory: str, documents: int = 10**9) -> dict:
+    """Opens `PackedSequences` in windows over a formula corpus of ``documents`` with a pack
+    index that exists (its counts the oracle's), reads the first batch, batches past 2**32 and
+    2**40 tokens, across the corpus and at its end, and checks every row against the formula
+    and the oracle. Returns what it measured. Run in a process of its own (the memory)."""
+    import resource
+    import time
+
+    from psdp._plan.pack_windows import PackIndex, PackKey
+    from psdp.sources.pack_index import save_pack_index
+
+    seq_len, window, batch = SCALE["seq_len"], SCALE["window"], SCALE["batch"]
+    corpus = FormulaCorpus(documents, period=window)
+    bins_full = naive_pack(corpus.period_lengths.tolist(), seq_len, "best_fit")
+    last_n = documents - documents // window * window
+    bins_last = naive_pack(corpus.period_lengths[:last_n].tolist(), seq_len, "best_fit")
+    windows = -(-documents // window)
+    counts = np.tile([len(bins_full), int(corpus.period_offsets[-1]), 0, 0], (windows, 1))
+    if last_n:
+        counts[-1] = (len(bins_last), int(corpus.period_offsets[last_n]), 0, 0)
+    key = PackKey(seq_len, "best_fit", "split", None, window, documents, corpus.num_tokens)
+    path = f"{directory}/pack-{documents}.npz"
+    save_pack_index(PackIndex.from_counts(key, counts), path)
+    store = FormulaStore(corpus)
+
+    page = os.sysconf("SC_PAGE_SIZE")
+    rss_before = int(Path("/proc/self/statm").read_text().split()[1]) * page
+    start = time.perf_counter()
+    packed = PackedSequences(store, seq_len, window=window, index=path, pad_id=-1)
+    startup_reads = list(store.offset_reads)
+    first = packed.read(np.arange(batch))
+    open_s = time.perf_counter() - start
+
+    def tokens_before(q: int) -> int:  # the flat token where sequence q's window starts
+        return int(corpus.offsets(np.array([packed.plan.locate(np.array([q]))[0][0] * window]))[0])
+
+    far = {"first": np.arange(batch), "next (its window planned)": batch + np.arange(batch)}
+    for power in (32, 40):  # the first whole window past 2**power tokens
+        w = 2**power // int(corpus.period_offsets[-1]) + 1
+        if w < windows - 1:
+            far[f"past 2**{power}"] = w * len(bins_full) + np.arange(batch)
+    far["the end"] = len(packed) - batch + np.arange(batch)
+    far["across the corpus"] = np.random.default_rng(5).integers(0, len(packed), batch)
+    step_s = {}
+    for name, ids in far.items():
+        start = time.perf_counter()
+        got = first if name == "first" else packed.read(ids)
+        if name != "first":  # timed with the opening
+            step_s[name] = time.perf_counter() - start
+        want = scale_rows(corpus, bins_full, bins_last, ids)
+        assert set(got) == set(want)
+        for leaf, value in want.items():
+            np.testing.assert_array_equal(got[leaf], value, err_msg=f"{name}: {leaf}")
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return {
+        "documents": documents,
+        "tokens": corpus.num_tokens,
+        "sequences": len(packed),
+        "past_2_40": "past 2**40" in far and tokens_before(int(far["past 2**40"][0])) > 2**40,
+        "startup_reads": startup_reads,
+        "index_bytes": os.path.getsize(path),
+        "open_and_first_batch_s": open_s,
+        "read_s": step_s,
+        "rss_added_bytes": peak - rss_before,
+    }
+
+
+def test_a_billion_documents_packed_in_windows_open_in_two_window_reads_and_read_exactly(tmp_path):
+    """The scale simulation: 10^9 documents, 1.2 * 10^12 tokens, never written. With a pack
+    index that exists (built once, at prepare time: its cost is measured at 10^6-10^7 documents
+    by scripts/packing_efficiency.py), start-up reads the offsets of two windows, whatever the
+    corpus; batches anywhere in it are exact; memory added stays far below 1 GiB."""
+    import json
+    import subprocess
+    import sys
+
+    child = (
+        "import json, sys; from tests.test_packing import scale_simulation; "
+        "print(json.dumps(scale_simulation(sys.argv[1])))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", child, str(tmp_path)],
+        capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[1],
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.splitlines()[-1])
+    last = 10**9 // 4096 * 4096
+    assert got["tokens"] > 2**40 and got["past_2_40"]
+    assert got["startup_reads"] == [[0, 4097], [last, 10**9 + 1]]
+    assert got["index_bytes"] < 4 * 8 * (10**9 // 4096 + 2) + 4096  # O(D / W): 4 counts a window
+    assert got["rss_added_bytes"] <= 2**30, got

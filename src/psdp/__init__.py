@@ -30,6 +30,7 @@ from psdp._plan.options import OutputOptions as OutputOptions
 from psdp._plan.options import ReadingOptions as ReadingOptions
 from psdp._plan.options import ShardingOptions as ShardingOptions
 from psdp._plan.order import GlobalOrder as GlobalOrder
+from psdp._plan.pack_windows import PackIndex as PackIndex
 from psdp._plan.packing import PACKING_STRATEGIES as PACKING_STRATEGIES
 from psdp._plan.packing import PackPlan as PackPlan
 from psdp._plan.packing import plan_packing as plan_packing

@@ -1,7 +1,8 @@
 """The pack plan: which pieces of which documents fill each fixed-length sequence (``docs/packing.md``).
 
-The plan is computed from the documents' lengths alone (``np.diff(store.offsets)``), never from
-their tokens, so every host computes the same plan in bounded time and no cache can go stale.
+The plan is computed from the documents' lengths alone (``np.diff`` of the offsets), never from
+their tokens, so every host computes the same plan in bounded time. A large corpus is packed in
+windows of documents, each alone (`plan_window`), so that no host plans the whole corpus.
 Documents (optionally in a seeded order) become *items*: a document up to ``seq_len`` tokens is one
 item; a longer one is split into pieces of ``seq_len`` and a remainder, or dropped. A strategy puts
 each item, in order, into a sequence (a bin of ``seq_len`` slots); the plan is then flat arrays,
@@ -80,8 +81,8 @@ class PackPlan:
 
     @property
     def efficiency(self) -> float:
-        """Real tokens per slot: ``num_tokens / (len(plan) * seq_len)``."""
-        return self.num_tokens / (len(self) * self.seq_len)
+        """Real tokens per slot: ``num_tokens / (len(plan) * seq_len)`` (0 for no sequence)."""
+        return self.num_tokens / max(1, len(self) * self.seq_len)
 
     def pieces(self, q: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Sequence ``q``'s pieces: their documents, first tokens and lengths, in column order."""
@@ -96,7 +97,8 @@ class PackPlan:
             >>> [a.tolist() for a in plan.pieces_of(np.array([1, 1, 0]))]
             [[0, 0, 1, 1, 2, 2], [2, 3, 2, 3, 0, 1]]
         """
-        first, counts = self.seq_starts[ids], np.diff(self.seq_starts)[ids]
+        first = self.seq_starts[ids]
+        counts = self.seq_starts[ids + 1] - first
         rows = np.repeat(np.arange(len(ids)), counts)
         within = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
         return rows, first[rows] + within
@@ -121,7 +123,7 @@ def plan_packing(
     """Packs documents of ``lengths`` tokens into sequences of ``seq_len`` slots.
 
     Args:
-        lengths: each document's token count (``np.diff(store.offsets)``).
+        lengths: each document's token count (``np.diff(offsets)``).
         seq_len: slots per sequence.
         strategy: one of `PACKING_STRATEGIES`.
         long_documents: one of `LONG_DOCUMENTS`.
@@ -136,29 +138,68 @@ def plan_packing(
         ([0, 2, 3, 4], [0, 4, 0, 0])
     """
     lengths = _check_lengths(lengths)
-    _check_options(seq_len, strategy, long_documents, seed)
+    check_packing_options(seq_len, strategy, long_documents, seed)
     order = (
         np.arange(len(lengths))
         if seed is None
         else np.random.default_rng(seed).permutation(len(lengths))
     )
+    plan = _pack(lengths, order, 0, seq_len, strategy, long_documents, seed)
+    if not len(plan):
+        raise nothing_to_pack(len(lengths), len(plan.empty), len(plan.dropped), seq_len)
+    return plan
+
+
+def plan_window(
+    lengths: Any,
+    seq_len: int,
+    strategy: str,
+    long_documents: str,
+    seed: int | None,
+    *,
+    window: int,
+    index: int,
+) -> PackPlan:
+    """Window ``index`` of a corpus packed in windows of ``window`` documents: its documents,
+    numbered ``index * window + i`` for ``lengths[i]``, packed alone. With a ``seed`` they go in
+    the order ``np.random.default_rng([seed, index]).permutation(len(lengths))`` (each window
+    its own order). A window may hold no sequence (every document empty, or long and dropped).
+
+    Example:
+        >>> plan = plan_window([3, 5, 2], 8, "best_fit", "split", None, window=3, index=2)
+        >>> plan.piece_doc.tolist(), plan.seq_starts.tolist()
+        ([6, 7, 8], [0, 2, 3])
+    """
+    lengths = _check_lengths(lengths)
+    check_packing_options(seq_len, strategy, long_documents, seed)
+    n = len(lengths)
+    assert index >= 0 and 0 < n <= window, (index, window, n)
+    order = np.arange(n) if seed is None else np.random.default_rng([seed, index]).permutation(n)
+    return _pack(lengths, order, index * window, seq_len, strategy, long_documents, seed)
+
+
+def nothing_to_pack(documents: int, empty: int, dropped: int, seq_len: int) -> ValueError:
+    """The error of a corpus that fills no sequence."""
+    return ValueError(
+        f"nothing to pack: of {documents} documents, {empty} are empty and {dropped} are "
+        f"longer than seq_len={seq_len} with long_documents='drop'; raise seq_len, or use "
+        "long_documents='split'"
+    )
+
+
+def _pack(lengths, order, first, seq_len, strategy, long_documents, seed) -> PackPlan:
+    """Documents ``first + order`` (``lengths[order]`` tokens), placed in that order."""
     ordered = lengths[order]
     too_long = ordered > seq_len
     keep = (ordered > 0) & ~(too_long & (long_documents == "drop"))
     dropped = np.sort(order[too_long]) if long_documents == "drop" else np.zeros(0, np.int64)
     empty = np.flatnonzero(lengths == 0)
-    if not keep.any():
-        raise ValueError(
-            f"nothing to pack: of {len(lengths)} documents, {len(empty)} are empty and "
-            f"{len(dropped)} are longer than seq_len={seq_len} with long_documents='drop'; "
-            "raise seq_len, or use long_documents='split'"
-        )
-    item_doc, item_start, item_len = _items(order[keep], ordered[keep], seq_len)
+    item_doc, item_start, item_len = _items(first + order[keep], ordered[keep], seq_len)
     bins = _ASSIGN[strategy](item_len.tolist(), seq_len)
     return _plan_from_bins(
         bins, item_doc, item_start, item_len,
         seq_len=seq_len, strategy=strategy, long_documents=long_documents, seed=seed,
-        dropped=dropped, empty=empty,
+        dropped=first + dropped, empty=first + empty,
     )  # fmt: skip
 
 
@@ -177,7 +218,8 @@ def _check_lengths(lengths: Any) -> np.ndarray:
     return array.astype(np.int64, copy=False)
 
 
-def _check_options(seq_len: Any, strategy: Any, long_documents: Any, seed: Any) -> None:
+def check_packing_options(seq_len: Any, strategy: Any, long_documents: Any, seed: Any) -> None:
+    """Raises unless the options are a valid packing's (naming the option and the fix)."""
     check_int("seq_len", seq_len, minimum=1)
     if strategy not in PACKING_STRATEGIES:
         raise ValueError(

@@ -1,27 +1,36 @@
 """`PackedSequences`: documents packed into fixed-length sequences, read as an ordinary source.
 
-Row ``q`` is sequence ``q`` of a pack plan (`plan_packing`, computed from the store's offsets at
-construction): its pieces laid side by side, then padding. A read fetches exactly the pieces of
-the rows asked for with one batched `DocumentStore.read_ranges`, and a column window only the
-pieces' tokens that fall in it. ``docs/packing.md``.
+Row ``q`` is sequence ``q`` of a pack plan: its pieces laid side by side, then padding. The plan
+is the whole corpus's (`plan_packing`, computed at construction), or, packed in windows, the
+plan of the window that holds ``q`` (found by the `PackIndex`, planned again when first read and
+kept in a small cache). A read fetches exactly the pieces of the rows asked for with one batched
+`DocumentStore.read_ranges`, and a column window only the pieces' tokens that fall in it.
+``docs/packing.md``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
+import os
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from psdp._checks import check_int
 from psdp._plan.leaves import Key, in_leaf_order
-from psdp._plan.packing import PackPlan, plan_packing
+from psdp._plan.pack_windows import PackIndex, PackKey
+from psdp._plan.packing import PackPlan, check_packing_options, plan_packing
 from psdp._plan.windows import Box
 from psdp.sources.base import check_ids, fresh_rows
 from psdp.sources.documents import POSITIONS, SEGMENT_IDS, TOKENS, DocumentStore, check_view_of
+from psdp.sources.pack_index import build_pack_index, open_pack_index, plan_of_window
 
 #: The leaves a packed sequence adds to the store's: each token's segment (1, 2, ... within a
 #: sequence, 0 on padding), its position within its segment, and whether it counts in the loss.
 LOSS_MASK = "loss_mask"
+#: Window plans kept for reads when packing in windows (each about 40 bytes per document).
+WINDOW_CACHE = 64
 
 
 class PackedSequences:
@@ -42,6 +51,12 @@ class PackedSequences:
             ``"drop"`` it (`plan.dropped` lists them).
         seed: packs the documents in an order drawn from this seed; ``None``: the store's order.
         pad_id: the ``input_ids`` of padding.
+        leaves: the leaves to deliver, e.g. ``("input_ids", "segment_ids")``; default all. A
+            stored leaf left out is not read; a computed one is not computed.
+        window: packs each window of this many documents alone (``plan`` is then a
+            `PackIndex`); ``None``: the whole corpus at once.
+        index: with ``window``, a file for the pack index: loaded if it was built for this
+            packing of this store's size, else built and saved there; ``None``: built now.
 
     Example:
         >>> store = DocumentStore.from_documents([np.array([1, 2, 3]), np.array([4, 5])])
@@ -62,12 +77,49 @@ class PackedSequences:
         *,
         seed: int | None = None,
         pad_id: int = 0,
+        leaves: Sequence[str] | None = None,
+        window: int | None = None,
+        index: str | os.PathLike[str] | None = None,
     ):
         check_view_of(store, "PackedSequences", pad_id=pad_id)
         self.store, self.seq_len, self.pad_id = store, seq_len, pad_id
-        self.plan: PackPlan = plan_packing(
-            np.diff(store.offsets), seq_len, strategy, long_documents, seed
+        computed = {SEGMENT_IDS: np.dtype(np.int32), POSITIONS: np.dtype(np.int32),
+                    LOSS_MASK: store.leaves.get(LOSS_MASK, np.dtype(np.uint8))}  # fmt: skip
+        #: The leaves of every row and their dtypes (the store's, then the computed ones).
+        self.leaves: dict[str, np.dtype] = _chosen(
+            {**store.leaves, **computed}, leaves, "PackedSequences"
         )
+        self.plan: PackPlan | PackIndex
+        if window is None:
+            self.plan = self._plan_whole(strategy, long_documents, seed, index)
+        else:
+            self.plan = self._open_index(window, strategy, long_documents, seed, index)
+
+    def _plan_whole(self, strategy, long_documents, seed, index) -> PackPlan:
+        """The whole corpus's plan (its offsets kept for the reads)."""
+        if index is not None:
+            raise ValueError(
+                f"index={str(index)!r} is the index of a packing in windows, but window=None "
+                "packs the whole corpus at once; set window (e.g. window=4096), or drop index"
+            )
+        self._offsets = self.store.offsets_range(0, self.store.num_documents + 1)
+        return plan_packing(np.diff(self._offsets), self.seq_len, strategy, long_documents, seed)
+
+    def _open_index(self, window, strategy, long_documents, seed, index) -> PackIndex:
+        """The pack index: loaded from ``index`` (its first and last windows checked at once),
+        or built."""
+        check_int("window", window, minimum=1)
+        check_packing_options(self.seq_len, strategy, long_documents, seed)
+        key = PackKey(self.seq_len, strategy, long_documents, seed, window,
+                      self.store.num_documents, self.store.num_tokens)  # fmt: skip
+        self._where = "built at start-up" if index is None else f"at {index}"
+        self._window_plan = functools.lru_cache(WINDOW_CACHE)(self._plan_of_window)
+        if index is None:
+            return build_pack_index(self.store, key)
+        self.plan, loaded = open_pack_index(self.store, key, index)
+        for w in sorted({0, key.num_windows - 1}) if loaded else ():
+            self._window_plan(w)
+        return self.plan
 
     def __len__(self) -> int:
         return len(self.plan)
@@ -80,8 +132,7 @@ class PackedSequences:
     @fresh_rows
     def read(self, ids: np.ndarray) -> dict[str, np.ndarray]:
         ids = check_ids(ids, len(self), self.describe())
-        leaves = in_leaf_order(dict.fromkeys([*self.store.leaves, *_DERIVED]))
-        return self._read_columns(ids, None, list(leaves))
+        return self._read_columns(ids, None, list(in_leaf_order(self.leaves)))
 
     @fresh_rows
     def read_window(self, ids: np.ndarray, columns: Mapping[Key, Box]) -> dict[Key, np.ndarray]:
@@ -99,6 +150,8 @@ class PackedSequences:
         for key, box in columns.items():
             if key not in self.store.leaves and key not in _DERIVED:
                 raise KeyError(f"leaf {key!r} is not a leaf of {self.describe()}")
+            if key not in self.leaves:
+                raise KeyError(f"leaf {key!r} is not delivered: leaves={tuple(self.leaves)}")
             cols = _columns(box)
             groups.setdefault(_tag(cols), (cols, []))[1].append(str(key))
         out: dict[Key, np.ndarray] = {}
@@ -122,40 +175,65 @@ class PackedSequences:
     def _read_span(
         self, ids: np.ndarray, low: int, high: int, keys: list[str]
     ) -> dict[str, np.ndarray]:
-        """Leaves ``keys`` of rows ``ids`` at columns ``[low, high)``: one store read."""
-        plan, width = self.plan, high - low
-        rows, piece = plan.pieces_of(ids)
-        first = plan.piece_column[piece]
-        begin = np.maximum(first, low)
-        count = np.minimum(first + plan.piece_len[piece], high) - begin
+        """Leaves ``keys`` of rows ``ids`` at columns ``[low, high)``: one store read.
+
+        A row's pieces lie side by side from column 0, so the part of a row inside the columns
+        is one run from ``low``: the pieces' tokens, read in (row, column) order, fill the rows
+        through one mask, in C order."""
+        rows, token, length, column, segment = self._pieces(ids)
+        begin = np.maximum(column, low)
+        count = np.minimum(column + length, high) - begin
         inside = count > 0
-        rows, piece, first, begin, count = (a[inside] for a in (rows, piece, first, begin, count))
-        starts = self.store.offsets[plan.piece_doc[piece]] + plan.piece_start[piece] + begin - first
+        rows, token, column, segment, begin, count = (
+            a[inside] for a in (rows, token, column, segment, begin, count)
+        )
+        starts = token + begin - column
         stored = [key for key in keys if key in self.store.leaves]
         tokens = self.store.read_ranges(starts, starts + count, stored) if stored else {}
-        within = np.arange(count.sum()) - np.repeat(np.cumsum(count) - count, count)
-        where = np.repeat(rows * width + begin - low, count) + within  # flat (row, column)
+        filled = np.bincount(rows, weights=count, minlength=len(ids)).astype(np.int64)
+        mask = np.arange(high - low) < filled[:, None]
         out = {}
         for key in keys:
-            value, dtype, pad = self._token_values(
-                key, tokens, piece, ids, rows, begin - first, count, within
-            )
-            leaf = np.full(len(ids) * width, pad, dtype)
-            leaf[where] = value
-            out[key] = leaf.reshape(len(ids), width)
+            if key == LOSS_MASK and LOSS_MASK not in tokens:
+                out[key] = mask.astype(np.uint8)
+                continue
+            value, dtype, pad = self._token_values(key, tokens, segment, begin - column, count)
+            leaf = np.full(mask.shape, pad, dtype)
+            leaf[mask] = value
+            out[key] = leaf
         return out
 
-    def _token_values(self, key, tokens, piece, ids, rows, skipped, count, within):
+    def _pieces(self, ids: np.ndarray) -> tuple[np.ndarray, ...]:
+        """The pieces of rows ``ids`` in (row, column) order: their row (a position in
+        ``ids``), first token in the store, length, first column and segment id."""
+        if isinstance(self.plan, PackPlan):
+            return _plan_pieces(self.plan, self._offsets, 0, ids)
+        windows, local = self.plan.locate(ids)
+        by_window = np.argsort(windows, kind="stable")
+        parts = []
+        for at in np.split(by_window, np.flatnonzero(np.diff(windows[by_window])) + 1):
+            w = int(windows[at[0]])
+            plan, offsets = self._window_plan(w)
+            rows, *rest = _plan_pieces(plan, offsets, self.plan.key.documents(w)[0], local[at])
+            parts.append((at[rows], *rest))
+        joined = [np.concatenate(column) for column in zip(*parts, strict=True)]
+        by_row = np.argsort(joined[0], kind="stable")  # each row's pieces stay in column order
+        return tuple(a[by_row] for a in joined)
+
+    def _plan_of_window(self, w: int) -> tuple[PackPlan, np.ndarray]:
+        """Window ``w``'s plan and offsets, checked against the index (cached: `WINDOW_CACHE`)."""
+        assert isinstance(self.plan, PackIndex)
+        plan, offsets = plan_of_window(self.store, self.plan.key, w)
+        self.plan.check(w, plan, self._where)
+        return plan, offsets
+
+    def _token_values(self, key, tokens, segment, skipped, count):
         """The values of leaf ``key`` at the tokens read, its dtype and its padding."""
         if key == SEGMENT_IDS:
-            segment = piece - self.plan.seq_starts[ids[rows]] + 1
             return np.repeat(segment, count), np.int32, 0
-        if key == POSITIONS:
-            return np.repeat(skipped, count) + within, np.int32, 0
-        if key == LOSS_MASK:
-            if LOSS_MASK in tokens:
-                return tokens[LOSS_MASK], self.store.leaves[LOSS_MASK], 0
-            return 1, np.uint8, 0
+        if key == POSITIONS:  # each piece's tokens count on from its skipped columns
+            before = np.cumsum(count) - count
+            return np.arange(count.sum()) - np.repeat(before - skipped, count), np.int32, 0
         return tokens[key], self.store.leaves[key], self.pad_id if key == TOKENS else 0
 
     def describe(self) -> str:
@@ -166,6 +244,41 @@ class PackedSequences:
 
 
 _DERIVED = (SEGMENT_IDS, POSITIONS, LOSS_MASK)
+
+
+def _plan_pieces(plan: PackPlan, offsets: np.ndarray, first: int, ids: np.ndarray):
+    """`PackedSequences._pieces` of ``plan``'s sequences ``ids``; ``offsets[d - first]`` is
+    document ``d``'s first token."""
+    rows, piece = plan.pieces_of(ids)
+    token = offsets[plan.piece_doc[piece] - first] + plan.piece_start[piece]
+    segment = piece - plan.seq_starts[ids[rows]] + 1
+    return rows, token, plan.piece_len[piece], plan.piece_column[piece], segment
+
+
+def _chosen(available: Mapping[str, np.dtype], leaves: Any, view: str) -> dict[str, np.dtype]:
+    """The leaves ``view`` delivers: ``leaves`` (names of ``available``), or all of them when
+    ``None``; in ``available``'s order. (The rule and messages of branch seqscale's
+    ``documents.chosen_leaves``, which replaces this when both land.)"""
+    if leaves is None:
+        return dict(available)
+    if isinstance(leaves, str | bytes) or not isinstance(leaves, Iterable):
+        raise TypeError(
+            f"leaves must be a tuple of leaf names, got {type(leaves).__name__} {leaves!r}; "
+            f"e.g. leaves=({TOKENS!r}, {SEGMENT_IDS!r})"
+        )
+    names = tuple(leaves)
+    unknown = [name for name in names if name not in available]
+    if unknown:
+        raise ValueError(
+            f"leaves={names!r} names {unknown}, which {view} does not have (it has "
+            f"{list(available)}); choose among those"
+        )
+    if not names or len(set(names)) < len(names):
+        raise ValueError(
+            f"leaves={names!r} must name each leaf {view} delivers once, and at least one; "
+            "leave it unset for every leaf"
+        )
+    return {name: dtype for name, dtype in available.items() if name in names}
 
 
 def _columns(box: Box) -> slice | np.ndarray | None:
