@@ -158,7 +158,8 @@ def _truncate_offsets(path: Path) -> None:
     """The offsets rewritten without their last entry (a valid zarr array, one entry short)."""
     import tensorstore as ts
 
-    offsets = DocumentStore.open(path).offsets
+    store = DocumentStore.open(path)
+    offsets = store.offsets_range(0, store.num_documents + 1)
     shutil.rmtree(path / "offsets")
     spec = {"driver": "zarr3", "kvstore": f"file://{path / 'offsets'}/", "create": True}
     array = ts.open(spec, dtype=ts.int64, shape=[len(offsets) - 1]).result()

@@ -65,8 +65,9 @@ class PackedSequences:
     ):
         check_view_of(store, "PackedSequences", pad_id=pad_id)
         self.store, self.seq_len, self.pad_id = store, seq_len, pad_id
+        self._offsets = store.offsets_range(0, store.num_documents + 1)  # the whole plan needs all
         self.plan: PackPlan = plan_packing(
-            np.diff(store.offsets), seq_len, strategy, long_documents, seed
+            np.diff(self._offsets), seq_len, strategy, long_documents, seed
         )
 
     def __len__(self) -> int:
@@ -130,7 +131,7 @@ class PackedSequences:
         count = np.minimum(first + plan.piece_len[piece], high) - begin
         inside = count > 0
         rows, piece, first, begin, count = (a[inside] for a in (rows, piece, first, begin, count))
-        starts = self.store.offsets[plan.piece_doc[piece]] + plan.piece_start[piece] + begin - first
+        starts = self._offsets[plan.piece_doc[piece]] + plan.piece_start[piece] + begin - first
         stored = [key for key in keys if key in self.store.leaves]
         tokens = self.store.read_ranges(starts, starts + count, stored) if stored else {}
         within = np.arange(count.sum()) - np.repeat(np.cumsum(count) - count, count)
