@@ -279,13 +279,7 @@ def documents_touching(
         return TouchedDocuments(np.zeros(len(lo), np.int64), none, none, none, none)
     queries = np.concatenate((lo[used], hi[used] - 1))
     e = int(eos)
-    if isinstance(offsets, np.ndarray) and (
-        not eos or index.empty_free(_blocks(index, queries, eos))
-    ):
-        docs, stream = _search_in_place(index, offsets, queries, e, where)
-        take: Callable[[np.ndarray], np.ndarray] = offsets.__getitem__
-    else:
-        docs, stream, take = _search_read_blocks(index, read, queries, used, e, where)
+    docs, stream, take = _search(index, offsets, read, queries, int(used.sum()), e, where)
     n = int(used.sum())
     first, count = docs[:n], docs[n:] - docs[:n] + 1
     doc = ranges(first, count)
@@ -311,83 +305,116 @@ def documents_touching(
     return TouchedDocuments(counts, doc, start, stop, stream_start)
 
 
-def _blocks(index: DocumentIndex, queries: np.ndarray, eos: bool) -> np.ndarray:
-    """The block of the document that holds each stream position."""
-    marks = index.stream_marks(eos)
-    return np.minimum(np.searchsorted(marks, queries, side="right") - 1, len(marks) - 2)
+Gather = Callable[[np.ndarray], np.ndarray]
 
 
-def _search_in_place(
-    index: DocumentIndex, offsets: np.ndarray, queries: np.ndarray, e: int, where: str
-) -> tuple[np.ndarray, np.ndarray]:
-    """The document holding each stream position, and where it starts in the stream, searched
-    in the offsets array itself (in memory or memory-mapped: only the entries the search visits
-    are read). With EOS every block searched holds no empty document (the caller checked), so
-    document ``d`` of block ``j`` starts at ``offsets[d] + d - (empty documents before j)``."""
-    if not e:  # queries in the offsets' dtype: numpy would otherwise convert the whole array
+def _search(
+    index: DocumentIndex,
+    offsets: Any,
+    read: ReadOffsets,
+    queries: np.ndarray,
+    n: int,
+    e: int,
+    where: str,
+) -> tuple[np.ndarray, np.ndarray, Gather]:
+    """The document holding each stream position, where it starts in the stream, and a gather
+    of the offsets of the documents from each of the ``n`` ranges' first query to its last.
+
+    Each query's block comes from the marks; the document inside it is bisected, reading the
+    offsets where they are (a numpy array, in memory or memory-mapped: only the entries the
+    search visits), else from one read per run of the blocks the ranges span. Without EOS, or
+    in blocks with no empty document, document ``d`` of block ``j`` starts in the stream at
+    ``offsets[d] + e * (d - empty documents before block j)``; otherwise the read blocks'
+    non-empty documents are counted.
+    """
+    blocks = _blocks(index, queries, bool(e))
+    if isinstance(offsets, np.ndarray) and not e:  # the stream is the tokens: one search
+        # the queries in the offsets' dtype: numpy would otherwise convert the whole array
         docs = np.searchsorted(offsets, queries.astype(offsets.dtype), side="right") - 1
-        return docs, offsets[docs].astype(np.int64)
-    blocks = _blocks(index, queries, True)
+        return docs, offsets[docs].astype(np.int64), _gather(offsets)
+    plain = not e or index.empty_free(blocks)
     low = blocks * index.stride
-    index.check_marks(blocks, offsets[low].astype(np.int64), where, _STALE)
-    empty_before = low - index.nonempty[blocks]
+    if isinstance(offsets, np.ndarray) and plain:
+        take = _gather(offsets)
+        index.check_marks(blocks, take(low), where, _STALE)
+    else:
+        take, nonempty_before = _read_blocks(index, read, blocks, n, not plain, where)
+    if plain:
+        empty_before = low - index.nonempty[blocks]
+
+        def stream_at(d: np.ndarray) -> np.ndarray:
+            return take(d) + e * (d - empty_before)
+
+    else:
+        assert nonempty_before is not None  # counted: some block has an empty document
+        counted = nonempty_before
+
+        def stream_at(d: np.ndarray) -> np.ndarray:
+            return take(d) + counted(d)
+
     high = np.minimum(low + index.stride, index.num_documents)
     # bisect: the stream start of ``low`` is <= the query, that of ``high`` above it
     while (high - low > 1).any():
         middle = (low + high) // 2
-        below = offsets[middle].astype(np.int64) + middle - empty_before <= queries
+        below = stream_at(middle) <= queries
         low, high = np.where(below, middle, low), np.where(below, high, middle)
-    return low, offsets[low].astype(np.int64) + low - empty_before
+    return low, stream_at(low), take
 
 
-def _search_read_blocks(
-    index: DocumentIndex,
-    read: ReadOffsets,
-    queries: np.ndarray,
-    used: np.ndarray,
-    e: int,
-    where: str,
-) -> tuple[np.ndarray, np.ndarray, Callable[[np.ndarray], np.ndarray]]:
-    """`_search_in_place` for offsets read by range: the blocks from each range's first to its
-    last are read, one read per run of consecutive blocks, and searched in memory."""
-    blocks = _blocks(index, queries, bool(e))
-    n = int(used.sum())
+def _gather(offsets: np.ndarray) -> Gather:
+    return lambda d: offsets[d].astype(np.int64, copy=False)
+
+
+def _read_blocks(
+    index: DocumentIndex, read: ReadOffsets, blocks: np.ndarray, n: int, count: bool, where: str
+) -> tuple[Gather, Gather | None]:
+    """Reads the blocks from each range's first query's to its last's, one read per run of
+    consecutive blocks, and checks what it read: non-decreasing, the marks the index holds.
+    Returns gathers of the offsets read and (if ``count``) of the non-empty documents before
+    each document read."""
     needed = np.unique(ranges(blocks[:n], blocks[n:] - blocks[:n] + 1))
     breaks = np.flatnonzero(np.diff(needed) != 1) + 1
     run_first = needed[np.concatenate(([0], breaks))]
     run_last = needed[np.concatenate((breaks - 1, [len(needed) - 1]))]
     first_doc = run_first * index.stride
-    last_doc = np.minimum((run_last + 1) * index.stride, index.num_documents)
-    values = read(first_doc, last_doc + 1)
-    docs = ranges(first_doc, last_doc - first_doc + 1)
-    # non-empty documents before each entry: the mark's count, then those the run adds
-    size = last_doc - first_doc + 1
-    run_starts = np.cumsum(size) - size
-    grew = np.concatenate(([0], np.diff(values) > 0)).astype(np.int64)
-    grew[run_starts] = 0
+    size = np.minimum((run_last + 1) * index.stride, index.num_documents) - first_doc + 1
+    values = read(first_doc, first_doc + size)
+    run_start = np.cumsum(size) - size  # where each run is in ``values``
+
+    def position(d: np.ndarray) -> np.ndarray:
+        run = np.searchsorted(first_doc, d, side="right") - 1
+        return run_start[run] + d - first_doc[run]
+
     steps = np.diff(values)
-    down = (steps < 0) & ~np.isin(np.arange(1, len(values)), run_starts)
-    if down.any():
-        d = int(docs[np.argmax(down)])
+    steps[run_start[1:] - 1] = 0  # from one run to the next is no step
+    if (steps < 0).any():
+        i = int(np.argmax(steps < 0))
+        run = np.searchsorted(run_start, i, side="right") - 1
+        d = int(first_doc[run] + i - run_start[run])
         raise ValueError(
-            f"the offsets of {where} must be non-decreasing, got offsets[{d}]="
-            f"{int(values[np.argmax(down)])} > offsets[{d + 1}]={int(values[np.argmax(down) + 1])}"
-            "; the document store is damaged: rewrite it"
+            f"the offsets of {where} must be non-decreasing, got offsets[{d}]={int(values[i])} > "
+            f"offsets[{d + 1}]={int(values[i + 1])}; the document store is damaged: rewrite it"
         )
-    counted = np.cumsum(grew)
-    nonempty = counted - np.repeat(counted[run_starts] - index.nonempty[run_first], size)
-    at_marks = docs % index.stride == 0
-    mark_blocks = docs[at_marks] // index.stride
-    index.check_marks(mark_blocks, values[at_marks], where, _STALE)
-    if (nonempty[at_marks] != index.nonempty[mark_blocks]).any():
-        j = int(mark_blocks[np.argmax(nonempty[at_marks] != index.nonempty[mark_blocks])])
+    at_marks = position(needed * index.stride)
+    index.check_marks(needed, values[at_marks], where, _STALE)
+    if not count:
+        return lambda d: values[position(d)], None
+    grew = np.concatenate(([0], np.cumsum(steps > 0)))  # non-empty documents, run by run
+    counted = grew - np.repeat(grew[run_start] - index.nonempty[run_first], size)
+    wrong = counted[at_marks] != index.nonempty[needed]
+    if wrong.any():
         raise ValueError(
             f"the document index of {where} is stale: its count of non-empty documents before "
-            f"document {j * index.stride} differs from the offsets'; {_STALE}"
+            f"document {int(needed[np.argmax(wrong)]) * index.stride} differs from the "
+            f"offsets'; {_STALE}"
         )
-    stream = values + e * nonempty
-    at = np.searchsorted(stream, queries, side="right") - 1
-    return docs[at], stream[at], lambda wanted: values[np.searchsorted(docs, wanted)]
+    return lambda d: values[position(d)], lambda d: counted[position(d)]
+
+
+def _blocks(index: DocumentIndex, queries: np.ndarray, eos: bool) -> np.ndarray:
+    """The block of the document that holds each stream position."""
+    marks = index.stream_marks(eos)
+    return np.minimum(np.searchsorted(marks, queries, side="right") - 1, len(marks) - 2)
 
 
 _STALE = "build the index again (index=None) or rewrite the store"
