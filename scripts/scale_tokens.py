@@ -1,9 +1,10 @@
 """TokenSequences at real size and memory speed: two tables for docs/tokens.md.
 
 1. Time per step from 10^6 to 10^9 documents: corpora never written (tests/scale_corpus.py, the
-   same formula at both sizes, offsets and tokens computed on the fly), opened with the index
+   same formula at every size, offsets and tokens computed on the fly), opened with the index
    write_documents would record; each step reads ``BATCH`` random rows of ``SEQ_LEN`` tokens
-   with ``segment_ids`` and ``positions``.
+   with ``segment_ids`` and ``positions``. The corpus formula's own time (computing the offsets
+   and tokens read) is measured apart: psdp's own is the rest.
 2. ``TokenSequences.read`` against a tight numpy loop over the same in-memory corpus (200,000
    documents of log-normal lengths, mean ~300, int32 ids): the loop gathers whole rows of a
    reshape of the flat array and computes ``segment_ids`` and ``positions`` per row (one
@@ -36,7 +37,8 @@ from tests.scale_corpus import LazyArray, ScaleCorpus
 from psdp.sources import DocumentIndex, DocumentStore, TokenSequences
 from psdp.sources.document_index import STRIDE
 
-SEQ_LEN, BATCH, STEPS, ROUNDS = 2048, 64, 20, 5
+SEQ_LEN, BATCH, STEPS, ROUNDS = 2048, 64, 20, 7
+SIZES = (10**6, 10**7, 10**9)  # documents
 
 
 def keep_freed_memory() -> None:
@@ -74,13 +76,10 @@ class Timed:
 
 
 def scale_table() -> None:
-    print(
-        "| documents | tokens | open (index given) | eos_id | per step (CPU) | of which the "
-        "corpus formula | psdp's own |"
-    )
-    print("|---:|---:|---:|---|---:|---:|---:|")
-    own: dict[tuple[int, bool], float] = {}
-    for documents in (10**6, 10**9):
+    """Both sizes open side by side, then timed in interleaved rounds (a load change on a
+    shared machine then falls on both)."""
+    loops, opened = {}, {}
+    for documents in SIZES:
         corpus = ScaleCorpus(documents=documents)
         spent = [0.0]
         start = time.perf_counter()
@@ -88,32 +87,45 @@ def scale_table() -> None:
         index = DocumentIndex(documents, STRIDE, marks, nonempty, 2 * corpus.length - 1)
         offsets, tokens = Timed(corpus.offsets_array(), spent), Timed(corpus.tokens_array(), spent)
         store = DocumentStore.from_arrays(offsets, {"input_ids": tokens}, index=index)
-        opened = time.perf_counter() - start
-        for eos in (False, True):
-            rows = TokenSequences(store, SEQ_LEN, eos_id=0 if eos else None)
+        opened[documents] = time.perf_counter() - start, store.num_tokens
+        for eos_id in (None, 0):
+            rows = TokenSequences(store, SEQ_LEN, eos_id=eos_id)
             batches = [
                 np.random.default_rng(step).choice(len(rows), BATCH, replace=False)
                 for step in range(STEPS)
             ]
-            totals, formula = [], []
-            for _ in range(ROUNDS):
-                spent[0] = 0.0
-                start = time.process_time()
-                for ids in batches:
-                    rows.read(ids)
-                totals.append((time.process_time() - start) / STEPS)
-                formula.append(spent[0] / STEPS)
-            mine = [t - f for t, f in zip(totals, formula, strict=True)]
-            own[(documents, eos)] = statistics.median(mine)
-            print(
-                f"| {documents:.0e} | {store.num_tokens:.2e} | {opened * 1e3:.1f} ms | "
-                f"{0 if eos else None} | {summary(totals)} | {summary(formula)} | {summary(mine)} |"
-            )
-    for eos in (False, True):
-        ratio = own[(10**9, eos)] / own[(10**6, eos)]
+            loops[(documents, eos_id)] = rows, batches, spent
+    totals: dict[tuple[int, int | None], list[float]] = {key: [] for key in loops}
+    formula: dict[tuple[int, int | None], list[float]] = {key: [] for key in loops}
+    for _ in range(ROUNDS):
+        for key, (rows, batches, spent) in loops.items():
+            spent[0] = 0.0
+            start = time.process_time()
+            for ids in batches:
+                rows.read(ids)
+            totals[key].append((time.process_time() - start) / STEPS)
+            formula[key].append(spent[0] / STEPS)
+    print(
+        "| documents | tokens | open (index given) | eos_id | per step (CPU) | of which the "
+        "corpus formula | psdp's own |"
+    )
+    print("|---:|---:|---:|---|---:|---:|---:|")
+    own = {}
+    for (documents, eos_id), values in totals.items():
+        mine = [t - f for t, f in zip(values, formula[(documents, eos_id)], strict=True)]
+        own[(documents, eos_id)] = statistics.median(mine)
+        seconds, tokens = opened[documents]
         print(
-            f"psdp's own time per step, 10^9 / 10^6 documents, eos_id={0 if eos else None}: {ratio:.2f}"
+            f"| {documents:.0e} | {tokens:.2e} | {seconds * 1e3:.1f} ms | {eos_id} | "
+            f"{summary(values)} | {summary(formula[(documents, eos_id)])} | {summary(mine)} |"
         )
+    for eos_id in (None, 0):
+        for small in SIZES[:-1]:
+            ratio = own[(SIZES[-1], eos_id)] / own[(small, eos_id)]
+            print(
+                f"psdp's own time per step, {SIZES[-1]:.0e} / {small:.0e} documents, "
+                f"eos_id={eos_id}: {ratio:.2f}"
+            )
 
 
 def ranges(first: np.ndarray, count: np.ndarray) -> np.ndarray:
