@@ -374,6 +374,22 @@ def test_offsets_changed_under_the_store_are_refused_when_a_read_touches_them(ki
         rows.read(np.array([row]))
 
 
+def test_blocks_read_in_separate_runs_are_checked_each_against_its_own_mark():
+    """Rows in blocks 0 and 2 read two runs of offsets; a block 2 rewritten lower than block 0
+    ends is named by its own mark (the step from one run to the next is no document)."""
+    offsets = _short_documents(10_000, seed=5)
+    values = offsets.copy()
+    store = DocumentStore.from_arrays(
+        RecordedArray(values), {"input_ids": np.zeros(offsets[-1], np.int32)}
+    )
+    rows = TokenSequences(store, 16, eos_id=0)
+    ids = np.array([0, int((offsets[8192] + 8192) // 16) + 1])  # in blocks 0 and 2
+    rows.read(ids)
+    values[8192:] -= offsets[8192] - offsets[4000]  # now below block 0's last offset
+    with pytest.raises(ValueError, match=rf"is stale: offsets\[8192\]={offsets[4000]}, but"):
+        rows.read(ids)
+
+
 def test_a_written_store_records_its_index_and_opening_it_reads_no_offsets_but_its_ends(
     tmp_path, monkeypatch
 ):

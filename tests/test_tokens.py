@@ -350,11 +350,18 @@ def test_documents_are_found_per_row_never_per_token(monkeypatch):
 @example(
     lengths=[5, 0, 0, 0, 1], seq_len=3, eos_id=0, stride=1, kind="read by range", window=(0, 3)
 )
+# empty documents before a block with none: its stream starts shift by the empties' missing EOS
+@example(lengths=[0, 3, 0, 2], seq_len=2, eos_id=0, stride=1, kind="numpy", window=(0, 2))
+# every third row: runs of blocks apart, their counts of non-empty documents each from its mark
+@example(
+    lengths=[2, 0, 1, 3, 0, 0, 2, 1, 0, 4, 1, 0, 2], seq_len=2, eos_id=0, stride=1,
+    kind="read by range", window=(0, 2),
+)  # fmt: skip
 def test_windows_equal_the_oracle_whatever_the_offsets_and_the_index(
     lengths, seq_len, eos_id, stride, kind, window
 ):
-    """Columns [a, a + n) of every row (reaching past the stream's ends: padding) equal the
-    numpy oracle's stream, with empty documents anywhere, for offsets searched in place (numpy)
+    """Columns [a, a + n) of every row, and of every third row, (reaching past the stream's
+    ends: padding) equal the numpy oracle's stream, with empty documents anywhere, for offsets searched in place (numpy)
     or read block by block (any other array), and index strides from 1 to 4096 (a row then
     spans many blocks, runs of blocks, or one)."""
     from psdp.sources.document_index import build_index
@@ -380,10 +387,11 @@ def test_windows_equal_the_oracle_whatever_the_offsets_and_the_index(
     inside = (where >= 0) & (where < len(stream["input_ids"]))
     clipped = np.clip(where, 0, len(stream["input_ids"]) - 1)
     names = ("input_ids", "segment_ids", "positions")
-    got = source.read_window(np.arange(len(source)), {k: slice(a, a + n) for k in names})
-    for key in names:
-        want = np.where(inside, stream[key][clipped], 7 if key == "input_ids" else 0)
-        np.testing.assert_array_equal(got[key], want, err_msg=key)
+    for ids in (np.arange(len(source)), np.arange(len(source))[::3]):  # all, and rows apart
+        got = source.read_window(ids, {k: slice(a, a + n) for k in names})
+        for key in names:
+            want = np.where(inside, stream[key][clipped], 7 if key == "input_ids" else 0)[ids]
+            np.testing.assert_array_equal(got[key], want, err_msg=key)
 
 
 # ------------------------------------------------------------------- 10^9 documents, never written

@@ -306,7 +306,6 @@ class _Pieces:
     def token_ranges(self, window: _Window, eos: bool) -> _TokenRanges:
         """Each row's tokens, one range of the store: documents are back to back there."""
         rows = len(window.starts)
-        token_first = np.minimum(self.within, self.length)  # an EOS piece: past the tokens
         has_eos = eos & (self.length > 0) & (self.within + self.size > self.length)
         eos_rows = self.row[has_eos]
         eos_columns = self.eos_at[has_eos] - window.starts[eos_rows]
@@ -314,5 +313,5 @@ class _Pieces:
         touched = self.docs.count > 0
         firsts = (np.cumsum(self.docs.count) - self.docs.count)[touched]
         begin = np.zeros(rows, np.int64)
-        begin[touched] = self.docs.start[firsts] + token_first[firsts]
+        begin[touched] = self.docs.start[firsts] + self.within[firsts]  # an EOS: the next token
         return begin, count, eos_rows, eos_columns
