@@ -36,6 +36,8 @@ SPOT_CHECKS = 64
 #: ``read(starts, stops)``: the offsets ``[starts[i], stops[i])`` for every ``i``, concatenated,
 #: as int64.
 ReadOffsets = Callable[[np.ndarray, np.ndarray], np.ndarray]
+#: ``take(d)``: the offsets of documents ``d`` (int64), wherever they are.
+Gather = Callable[[np.ndarray], np.ndarray]
 
 
 @dataclass(frozen=True, eq=False)
@@ -169,7 +171,7 @@ class DocumentIndex:
 
 
 def build_index(
-    read: Callable[[np.ndarray, np.ndarray], np.ndarray],
+    read: ReadOffsets,
     num_documents: int,
     *,
     stride: int = STRIDE,
@@ -177,9 +179,8 @@ def build_index(
     progress: bool = True,
 ) -> DocumentIndex:
     """The index of offsets ``[0, num_documents]``, read in steps of `PASS_ENTRIES` entries (so
-    the memory used does not grow with the store), each step checked: entry 0 is 0 and no
-    entry is below the one before it (the error names both). A progress bar shows when the pass
-    takes over a second.
+    the memory used does not grow with the store), each step checked: no entry is below the one
+    before it (the error names both). A progress bar shows when the pass takes over a second.
 
     Args:
         read: ``read(starts, stops)`` -> the offsets of those ranges, concatenated.
@@ -278,12 +279,11 @@ def documents_touching(
         none = np.zeros(0, np.int64)
         return TouchedDocuments(np.zeros(len(lo), np.int64), none, none, none, none)
     queries = np.concatenate((lo[used], hi[used] - 1))
-    e = int(eos)
-    docs, stream, take = _search(index, offsets, read, queries, int(used.sum()), e, where)
-    n = int(used.sum())
+    e, n = int(eos), int(used.sum())
+    docs, stream, take = _search(index, offsets, read, queries, n, e, where)
     first, count = docs[:n], docs[n:] - docs[:n] + 1
     doc = ranges(first, count)
-    start, stop = take(doc).astype(np.int64), take(doc + 1).astype(np.int64)
+    start, stop = take(doc), take(doc + 1)
     lengths = stop - start
     bad = (lengths < 0) | (stop > index.num_tokens) | (lengths > index.longest)
     if bad.any():
@@ -303,9 +303,6 @@ def documents_touching(
     counts = np.zeros(len(lo), np.int64)
     counts[used] = count
     return TouchedDocuments(counts, doc, start, stop, stream_start)
-
-
-Gather = Callable[[np.ndarray], np.ndarray]
 
 
 def _search(
