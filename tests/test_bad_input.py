@@ -46,7 +46,7 @@ from psdp import (
 from psdp.sources.document_writer import write_documents
 from psdp.tools.pod import run_pod
 from psdp.tools.simulate import Simulation
-from tests import token_oracle
+from tests import scale_corpus, token_oracle
 from tests.batch_checks import assert_batch_exact, expected_batch, token_table
 from tests.meshes import mesh_of
 
@@ -158,7 +158,8 @@ def _truncate_offsets(path: Path) -> None:
     """The offsets rewritten without their last entry (a valid zarr array, one entry short)."""
     import tensorstore as ts
 
-    offsets = DocumentStore.open(path).offsets
+    store = DocumentStore.open(path)
+    offsets = store.offsets_range(0, store.num_documents + 1)
     shutil.rmtree(path / "offsets")
     spec = {"driver": "zarr3", "kvstore": f"file://{path / 'offsets'}/", "create": True}
     array = ts.open(spec, dtype=ts.int64, shape=[len(offsets) - 1]).result()
@@ -1292,8 +1293,8 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
         ["must start at 0, got 1", "Levanter's JaggedArrayStore", "offsets[:1 + 1]", "rewrite it"],
     ),
     (
-        # offsets allocated longer than memory (Levanter's 2**54 entries) would abort pytest if
-        # read: that refusal is tested in a child process (tests/test_documents.py)
+        # offsets allocated 2**54 long (Levanter's) are refused before any pass over them:
+        # tested in a child process (tests/test_documents.py)
         "a flat leaf allocated longer than the offsets' tokens",
         lambda _: DocumentStore.from_arrays(np.array([0, 4]), {"input_ids": np.zeros(6, int)}),
         ValueError,
@@ -1312,6 +1313,79 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
         lambda _: DocumentStore.from_documents([np.arange(5)]).read_ranges([2], [9]),
         ValueError,
         ["0 <= start <= stop <= num_tokens=5", "range 0: [2, 9)"],
+    ),
+    (
+        "an offsets range past the offsets' end",
+        lambda _: DocumentStore.from_documents([np.arange(5), np.arange(2)]).offsets_range(1, 9),
+        ValueError,
+        [
+            "0 <= start <= stop <= num_documents + 1 = 3",
+            "start=1, stop=9",
+            "offsets_range(d, d + 2)",
+        ],
+    ),
+    (
+        "the document index of other offsets",
+        lambda _: DocumentStore.from_arrays(
+            np.array([0, 2, 4, 6]),
+            {"input_ids": np.zeros(6, int)},
+            index=DocumentStore.from_documents([np.arange(2), np.arange(3)]).index,
+        ),
+        ValueError,
+        [
+            "index of arrays is of 2 documents and 5 tokens",
+            "offsets hold 3 documents and 6 tokens",
+            "pass the index of these offsets, or index=None",
+        ],
+    ),
+    (
+        "a document index that is not one",
+        lambda _: DocumentStore.from_arrays(
+            np.array([0, 2]), {"input_ids": np.zeros(2, int)}, index=4096
+        ),
+        TypeError,
+        ["index must be a DocumentIndex, a local file path or None, got int"],
+    ),
+    (
+        "flat offsets whose slices are short",
+        lambda _: DocumentStore.from_arrays(
+            scale_corpus.LazyArray((4,), np.dtype(np.int64), lambda at: at[:1]),
+            {"input_ids": np.zeros(3, int)},  # entry 3 (one value) is 3
+        ),
+        TypeError,
+        ["LazyArray[0:4] returned shape (1,), not (4,)", "slice must hold stop - start values"],
+    ),
+    (
+        "TokenSequences leaves given as one name",
+        lambda _: TokenSequences(
+            DocumentStore.from_documents([np.arange(9)]), 4, leaves="input_ids"
+        ),
+        TypeError,
+        [
+            "leaves must be a tuple of leaf names, got str 'input_ids'",
+            "leaves=('input_ids', 'segment_ids')",
+        ],
+    ),
+    (
+        "TokenSequences leaves naming a leaf it lacks",
+        lambda _: TokenSequences(
+            DocumentStore.from_documents([np.arange(9)]), 4, leaves=("input_ids", "position")
+        ),
+        ValueError,
+        [
+            "leaves=('input_ids', 'position') names ['position']",
+            "it has ['input_ids', 'segment_ids', 'positions']",
+            "choose among those",
+        ],
+    ),
+    (
+        "TokenSequences leaves naming none",
+        lambda _: TokenSequences(DocumentStore.from_documents([np.arange(9)]), 4, leaves=()),
+        ValueError,
+        [
+            "leaves=() must name each leaf TokenSequences delivers once, and at least one",
+            "leave it unset for every leaf",
+        ],
     ),
     (
         "fixed-length rows of something that is not a document store",
@@ -1408,7 +1482,10 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
         "document lengths that are not integers",
         lambda _: plan_packing(np.array([2.5, 3.0]), 4),
         TypeError,
-        ["document lengths must be a 1-d integer array, got float64[2]", "np.diff(store.offsets)"],
+        [
+            "document lengths must be a 1-d integer array, got float64[2]",
+            "np.diff(store.offsets_range(0, store.num_documents + 1))",
+        ],
     ),
     (
         "a negative document length",

@@ -574,7 +574,7 @@ def _documents_of(path):
 
     store = DocumentStore.open(path)
     flat = store.read_ranges([0], [store.num_tokens])["input_ids"]
-    offsets = store.offsets
+    offsets = store.offsets_range(0, store.num_documents + 1)
     return [flat[offsets[d] : offsets[d + 1]].tolist() for d in range(store.num_documents)], flat
 
 

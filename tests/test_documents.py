@@ -3,12 +3,15 @@ concatenated documents (the oracle), and the checks of bad stores."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from psdp.sources import DocumentStore, PackedSequences, TokenSequences
+from tests import token_oracle
 
 
 def _docs(lengths, seed=0):
@@ -19,13 +22,14 @@ def _docs(lengths, seed=0):
 def test_from_documents_offsets_and_leaves():
     docs = _docs([3, 1, 4])
     store = DocumentStore.from_documents(docs)
-    assert store.offsets.dtype == np.int64
-    assert store.offsets.tolist() == [0, 3, 4, 8]
+    offsets = store.offsets_range(0, 4)
+    assert offsets.dtype == np.int64
+    assert offsets.tolist() == [0, 3, 4, 8]
     assert store.leaves == {"input_ids": np.dtype(np.uint16)}
     assert (store.num_documents, store.num_tokens) == (3, 8)
     flat = np.concatenate(docs)
     for d in range(3):
-        a, b = store.offsets[d], store.offsets[d + 1]
+        a, b = store.offsets_range(d, d + 2)
         got = store.read_ranges([a], [b])["input_ids"]
         np.testing.assert_array_equal(got, docs[d])
         assert got.dtype == np.uint16
@@ -178,11 +182,12 @@ def _chat_docs(seed=0):
 def _assert_store_equal(store, docs):
     oracle = {k: np.concatenate([d[k] for d in docs]) for k in docs[0]}
     lengths = [len(d["input_ids"]) for d in docs]
-    assert store.offsets.tolist() == np.concatenate(([0], np.cumsum(lengths))).tolist()
+    want = np.concatenate(([0], np.cumsum(lengths)))
+    assert store.offsets_range(0, store.num_documents + 1).tolist() == want.tolist()
     got = store.read_ranges([0], [store.num_tokens])
     for k, v in oracle.items():
         np.testing.assert_array_equal(got[k], v)
-    a, b = int(store.offsets[3]), int(store.offsets[9])  # a range across chunks
+    a, b = int(want[3]), int(want[9])  # a range across chunks
     np.testing.assert_array_equal(
         store.read_ranges([a], [b])["loss_mask"], oracle["loss_mask"][a:b]
     )
@@ -230,3 +235,211 @@ def test_a_dataset_of_rows_is_not_a_document_store(tmp_path):
     write_dataset(tmp_path / "rows", np.zeros((4, 2), np.int32), progress=False)
     with pytest.raises(ValueError, match="is not a psdp document store"):
         DocumentStore.open(tmp_path / "rows")
+
+
+# ------------------------------------------------------------------ offsets by range, the index
+class RecordedArray:
+    """A flat array (the `FlatArray` protocol) over numpy values that records every slice read."""
+
+    def __init__(self, values: np.ndarray):
+        self.values, self.shape, self.dtype = values, values.shape, values.dtype
+        self.reads: list[tuple[int, int]] = []
+
+    def __getitem__(self, where: slice) -> np.ndarray:
+        self.reads.append((where.start, where.stop))
+        return self.values[where]
+
+
+def _short_documents(count: int, seed: int = 0) -> np.ndarray:
+    """The offsets of ``count`` documents of 1 to 5 tokens."""
+    lengths = np.random.default_rng(seed).integers(1, 6, count)
+    return np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
+
+
+def test_offsets_are_read_by_range_and_a_batch_reads_only_the_blocks_its_rows_touch(monkeypatch):
+    """Opening reads the offsets in bounded steps (one pass that builds the index), offsets_range
+    is one read of exactly its range, and a TokenSequences batch reads, per run of index blocks
+    its rows touch, one range of whole blocks: never the whole array."""
+    from psdp.sources import document_index
+
+    monkeypatch.setattr(document_index, "PASS_ENTRIES", 4096)  # the pass's step: one block
+    offsets = _short_documents(20_000)
+    recorded = RecordedArray(offsets)
+    flat = np.arange(offsets[-1], dtype=np.int32)
+    store = DocumentStore.from_arrays(recorded, {"input_ids": flat})
+    ends, passed = recorded.reads[:2], recorded.reads[2:]
+    assert ends == [(0, 1), (20_000, 20_001)]
+    # steps of 4096 entries, each from the entry before it (the document across the edge)
+    assert passed == [(max(a - 1, 0), min(a + 4096, 20_001)) for a in range(0, 20_001, 4096)]
+    assert store.index.marks.tolist() == [*offsets[::4096].tolist(), offsets[-1]]
+    recorded.reads.clear()
+    got = store.offsets_range(5, 9000)
+    assert recorded.reads == [(5, 9000)] and got.tolist() == offsets[5:9000].tolist()
+    got[:] = -1  # the caller's to keep
+    assert store.offsets_range(5, 6).tolist() == [offsets[5]]
+    recorded.reads.clear()
+    rows = TokenSequences(store, 16, eos_id=0)  # EOS: searched in blocks read by range
+    ids = np.array([3, 400, 1000, 1030, 4200])  # ~1000 rows a block: blocks 0, 1 and 4
+    rows.read(ids)
+    stream = offsets + np.arange(len(offsets))  # with an EOS after each document
+    blocks = set()
+    for r in ids:
+        first, last = np.searchsorted(stream, [r * 16, r * 16 + 15], side="right") - 1
+        blocks.update(range(first // 4096, last // 4096 + 1))
+    want = []
+    for b in sorted(blocks):
+        if want and want[-1][1] == b * 4096 + 1:  # a run of adjacent blocks: one read
+            want[-1] = (want[-1][0], min((b + 1) * 4096, 20_000) + 1)
+        else:
+            want.append((b * 4096, min((b + 1) * 4096, 20_000) + 1))
+    assert len(want) == 2 and recorded.reads == want
+
+
+def test_the_store_holds_an_index_not_the_offsets_and_the_pass_memory_is_bounded(
+    tmp_path, monkeypatch
+):
+    """2 * 10^6 documents in .npy memmaps: after opening and reading, the store holds its
+    index (16 bytes per 4096 documents), not 16 MB of offsets; the pass that built it read
+    them in steps of PASS_ENTRIES, so its peak stays near one step whatever the store's size."""
+    import tracemalloc
+
+    from psdp.sources import document_index
+
+    monkeypatch.setattr(document_index, "PASS_ENTRIES", 1 << 14)  # 128 KiB a step
+    offsets = np.arange(2_000_001, dtype=np.int64) * 2  # documents of 2 tokens
+    np.save(tmp_path / "offsets.npy", offsets)
+    np.save(tmp_path / "flat.npy", np.zeros(4_000_000, np.uint16))
+    del offsets
+    mapped = {
+        name: np.load(tmp_path / f"{name}.npy", mmap_mode="r") for name in ("offsets", "flat")
+    }
+    tracemalloc.start()
+    try:
+        store = DocumentStore.from_arrays(mapped["offsets"], {"input_ids": mapped["flat"]})
+        rows = TokenSequences(store, 1024, eos_id=1)
+        rows.read(np.array([0, 1000, 5000]))
+        held, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert (
+        store.num_documents == 2_000_000 and store.index.marks.nbytes == 490 * 8
+    )  # ceil(D / 4096) + 1 marks
+    assert held < 1 << 20, held  # the offsets alone are 16 MB
+    assert peak < 4 << 20, peak  # a few copies of one 128 KiB step, and a batch
+
+
+def test_an_index_saved_at_a_path_is_reused_and_never_trusted_when_stale(tmp_path):
+    """index=PATH: built and saved on first use; the next open reads only the offsets' ends and
+    64 spot checks; offsets changed in place (same size and last entry, a moved mark) make the
+    next open build it again, and the rows are exact."""
+    path = tmp_path / "offsets.index"
+    offsets = _short_documents(30_000, seed=1)
+    docs = [np.arange(a, b, dtype=np.int32) for a, b in itertools.pairwise(offsets)]
+    flat = np.concatenate(docs)
+    first = RecordedArray(offsets)
+    DocumentStore.from_arrays(first, {"input_ids": flat}, index=path)
+    assert path.is_file() and max(b - a for a, b in first.reads) > 1  # the pass
+    again = RecordedArray(offsets)
+    store = DocumentStore.from_arrays(again, {"input_ids": flat}, index=str(path))
+    assert max(b - a for a, b in again.reads) == 1 and len(again.reads) == 2 + 9  # 9 marks
+    assert store.index.marks.tolist() == [*offsets[::4096].tolist(), offsets[-1]]
+    moved = offsets.copy()
+    moved[4096] += 1  # document 4095 one token longer, 4096 one shorter: same size and end
+    docs[4095], docs[4096] = np.append(docs[4095], docs[4096][0]), docs[4096][1:]
+    changed = RecordedArray(moved)
+    store = DocumentStore.from_arrays(changed, {"input_ids": flat}, index=path)
+    assert max(b - a for a, b in changed.reads) > 1  # built again
+    assert store.index.marks[1] == moved[4096]
+    rows = TokenSequences(store, 32, eos_id=0)
+    want = token_oracle.rows(docs, 32, eos_id=0)
+    got = rows.read(np.arange(len(rows)))
+    for key, value in want.items():
+        np.testing.assert_array_equal(got[key], value, err_msg=key)
+
+
+@pytest.mark.parametrize("kind", ["numpy", "read by range"])
+def test_offsets_changed_under_the_store_are_refused_when_a_read_touches_them(kind):
+    """Offsets memory-mapped from a file rewritten after the store opened: a read whose blocks'
+    marks no longer match the index raises, naming the offset and the fix, instead of reading
+    rows at wrong boundaries."""
+    offsets = _short_documents(10_000, seed=2)
+    values = offsets.copy()
+    array = values if kind == "numpy" else RecordedArray(values)
+    store = DocumentStore.from_arrays(array, {"input_ids": np.zeros(offsets[-1], np.int32)})
+    rows = TokenSequences(store, 16, eos_id=0)
+    row = int((offsets[4096] + 4096) // 16)  # a row in block 1
+    rows.read(np.array([row]))
+    values[4096] += 1  # its first offset moves
+    with pytest.raises(ValueError, match=r"is stale: offsets\[4096\]=.*build the index again"):
+        rows.read(np.array([row]))
+
+
+def test_blocks_read_in_separate_runs_are_checked_each_against_its_own_mark():
+    """Rows in blocks 0 and 2 read two runs of offsets; a block 2 rewritten lower than block 0
+    ends is named by its own mark (the step from one run to the next is no document)."""
+    offsets = _short_documents(10_000, seed=5)
+    values = offsets.copy()
+    store = DocumentStore.from_arrays(
+        RecordedArray(values), {"input_ids": np.zeros(offsets[-1], np.int32)}
+    )
+    rows = TokenSequences(store, 16, eos_id=0)
+    ids = np.array([0, int((offsets[8192] + 8192) // 16) + 1])  # in blocks 0 and 2
+    rows.read(ids)
+    values[8192:] -= offsets[8192] - offsets[4000]  # now below block 0's last offset
+    with pytest.raises(ValueError, match=rf"is stale: offsets\[8192\]={offsets[4000]}, but"):
+        rows.read(ids)
+
+
+def test_a_written_store_records_its_index_and_opening_it_reads_no_offsets_but_its_ends(
+    tmp_path, monkeypatch
+):
+    """write_documents writes index/ beside offsets/ (and its stride in psdp.json): open builds
+    nothing. A store written before the index (no index/) is indexed by a pass on open."""
+    import json
+    import shutil
+
+    from psdp.sources import documents
+    from psdp.sources.document_writer import write_documents
+
+    docs = _chat_docs(seed=3)
+    path = write_documents(tmp_path / "store", docs, progress=False)
+    meta = json.loads((path / "psdp.json").read_text())
+    longest = max(len(d["input_ids"]) for d in docs)
+    assert (meta["index_stride"], meta["longest_document"]) == (4096, longest)
+    assert (path / "index").is_dir()
+
+    def no_pass(*args, **kwargs):
+        raise AssertionError("the index was built again")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(documents, "build_index", no_pass)
+        store = DocumentStore.open(path)
+    _assert_store_equal(store, docs)
+    del meta["index_stride"]
+    (path / "psdp.json").write_text(json.dumps(meta))
+    shutil.rmtree(path / "index")
+    _assert_store_equal(DocumentStore.open(path), docs)
+
+
+def test_any_object_with_shape_dtype_and_slices_is_a_flat_array():
+    """The FlatArray protocol (docs/tokens.md): offsets and a leaf computed on the fly read
+    exactly as numpy arrays of the same values."""
+    from tests.scale_corpus import ScaleCorpus
+
+    corpus = ScaleCorpus(documents=300, length=5, seed=4)
+    offsets = corpus.offsets(np.arange(301))
+    lazy = DocumentStore.from_arrays(corpus.offsets_array(), {"input_ids": corpus.tokens_array()})
+    plain = DocumentStore.from_arrays(offsets, {"input_ids": corpus.tokens(np.arange(offsets[-1]))})
+    assert lazy.reads_storage and not plain.reads_storage  # the loader reads it with threads
+    assert lazy.offsets_range(0, 301).tolist() == offsets.tolist()
+    starts, stops = np.array([0, 17, 900]), np.array([5, 400, 1500])
+    np.testing.assert_array_equal(
+        lazy.read_ranges(starts, stops)["input_ids"], plain.read_ranges(starts, stops)["input_ids"]
+    )
+
+
+def test_the_whole_offsets_are_deprecated_with_their_range_read_as_the_fix():
+    store = DocumentStore.from_documents(_docs([3, 1, 4]))
+    with pytest.warns(FutureWarning, match=r"DocumentStore.offsets is deprecated.*offsets_range"):
+        whole = store.offsets
+    assert whole.tolist() == [0, 3, 4, 8]

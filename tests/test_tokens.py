@@ -283,3 +283,187 @@ def test_targets_on_a_stream_of_whole_rows_leave_out_the_row_that_would_run_past
     rows = TokenSequences(_store_of([np.arange(1, 7)]), 3, targets=True, pad_id=99)
     assert len(rows) == 1
     assert rows.read(np.array([0]))["input_ids"].tolist() == [[1, 2, 3, 4]]
+
+
+# ------------------------------------------------------------------------------- per-row reads
+class _TouchCounting(DocumentStore):
+    """A store that counts the searches for documents (`documents_touching`)."""
+
+    searches = 0
+
+    def documents_touching(self, starts, stops, *, eos=False):
+        self.searches += 1
+        return super().documents_touching(starts, stops, eos=eos)
+
+
+@pytest.mark.parametrize("eos_id", [None, 1])
+def test_leaves_leave_out_computed_leaves_and_their_work(mesh_2d, eos_id):
+    """leaves=(...) delivers only those leaves, every shard exact; input_ids alone without an
+    EOS searches no document at all (each row is one range of the store)."""
+    docs = [{"input_ids": d, "loss_mask": (d % 3 == 0).astype(np.uint8)} for d in DOCS]
+    rows = token_oracle.rows(docs, S, eos_id=eos_id)
+    store = _TouchCounting.from_documents(docs)
+    chosen = ("input_ids", "segment_ids")
+    source = TokenSequences(store, S, eos_id=eos_id, leaves=chosen)
+    assert list(source.leaves) == ["input_ids", "segment_ids"]
+    settings = dict(mesh=mesh_2d, global_batch_size=8, seed=5)
+    want = {k: rows[k] for k in chosen}
+    _check_steps(DataLoader(source, **settings), want, **settings)
+    alone = TokenSequences(store, S, eos_id=eos_id, leaves=("input_ids",))
+    store.searches = 0
+    got = alone.read(np.arange(len(alone)))
+    assert list(got) == ["input_ids"]
+    np.testing.assert_array_equal(got["input_ids"], rows["input_ids"])
+    assert store.searches == (0 if eos_id is None else 1)
+
+
+def test_documents_are_found_per_row_never_per_token(monkeypatch):
+    """A batch's documents come from its rows' ends: every search (np.searchsorted) takes at
+    most two queries per row, whatever the row's length; reading a batch never searches each
+    token's document (the old path searched all 64 x 512 of them)."""
+    store = DocumentStore.from_documents(token_oracle.documents(seed=4, count=3000, mean=40))
+    sizes = []
+    search = np.searchsorted
+
+    def recorded(a, v, *args, **kwargs):
+        sizes.append(np.size(v))
+        return search(a, v, *args, **kwargs)
+
+    monkeypatch.setattr(np, "searchsorted", recorded)
+    for eos_id in (None, 0):
+        rows = TokenSequences(store, 512, eos_id=eos_id)
+        ids = np.random.default_rng(1).choice(len(rows), 64, replace=False)
+        rows.read(ids)
+        rows.read_window(ids, {"input_ids": slice(-8, 520), "positions": slice(100, 300)})
+    assert sizes and max(sizes) <= 2 * 64, sizes
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 9), min_size=1, max_size=40),
+    seq_len=st.integers(1, 9),
+    eos_id=st.sampled_from([None, 0]),
+    stride=st.sampled_from([1, 2, 3, 4096]),
+    kind=st.sampled_from(["numpy", "read by range"]),
+    window=st.tuples(st.integers(-12, 12), st.integers(0, 24)),
+)
+@example(lengths=[0, 0, 3, 0, 0, 2, 0], seq_len=2, eos_id=0, stride=2, kind="numpy", window=(-3, 9))
+@example(
+    lengths=[5, 0, 0, 0, 1], seq_len=3, eos_id=0, stride=1, kind="read by range", window=(0, 3)
+)
+# empty documents before a block with none: its stream starts shift by the empties' missing EOS
+@example(lengths=[0, 3, 0, 2], seq_len=2, eos_id=0, stride=1, kind="numpy", window=(0, 2))
+# every third row: runs of blocks apart, their counts of non-empty documents each from its mark
+@example(
+    lengths=[2, 0, 1, 3, 0, 0, 2, 1, 0, 4, 1, 0, 2], seq_len=2, eos_id=0, stride=1,
+    kind="read by range", window=(0, 2),
+)  # fmt: skip
+def test_windows_equal_the_oracle_whatever_the_offsets_and_the_index(
+    lengths, seq_len, eos_id, stride, kind, window
+):
+    """Columns [a, a + n) of every row, and of every third row, (reaching past the stream's
+    ends: padding) equal the numpy oracle's stream, with empty documents anywhere, for offsets searched in place (numpy)
+    or read block by block (any other array), and index strides from 1 to 4096 (a row then
+    spans many blocks, runs of blocks, or one)."""
+    from psdp.sources.document_index import build_index
+    from tests.scale_corpus import LazyArray
+
+    if sum(lengths) == 0:
+        return
+    rng = np.random.default_rng(len(lengths) * 10 + seq_len)
+    docs = [rng.integers(1, 1000, n).astype(np.int32) for n in lengths]
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    flat = {"input_ids": np.concatenate(docs)}
+    index = build_index(lambda a, b: offsets[a[0] : b[0]], len(docs), stride=stride, name="t")
+    array = offsets if kind == "numpy" else LazyArray(offsets.shape, offsets.dtype, offsets.take)
+    try:
+        source = TokenSequences(DocumentStore.from_arrays(array, flat, index=index), seq_len,
+                                eos_id=eos_id, pad_id=7)  # fmt: skip
+    except ValueError as error:
+        assert "fewer than one row" in str(error)
+        return
+    stream = token_oracle.stream(docs, eos_id)
+    a, n = window
+    where = np.arange(len(source))[:, None] * seq_len + a + np.arange(n)
+    inside = (where >= 0) & (where < len(stream["input_ids"]))
+    clipped = np.clip(where, 0, len(stream["input_ids"]) - 1)
+    names = ("input_ids", "segment_ids", "positions")
+    for ids in (np.arange(len(source)), np.arange(len(source))[::3]):  # all, and rows apart
+        got = source.read_window(ids, {k: slice(a, a + n) for k in names})
+        for key in names:
+            want = np.where(inside, stream[key][clipped], 7 if key == "input_ids" else 0)[ids]
+            np.testing.assert_array_equal(got[key], want, err_msg=key)
+
+
+# ------------------------------------------------------------------- 10^9 documents, never written
+# Run in a child process: its peak resident memory is the store's and the view's, not pytest's.
+# The corpus is tests/scale_corpus.py (plain numpy, the oracle too); its index is what
+# write_documents would record, computed from the formula (a pass over 10^9 offsets is
+# write-time work: docs/tokens.md gives its cost).
+_SCALE_CHILD = """
+import json, resource, sys, time
+import numpy as np
+from psdp import DocumentStore, TokenSequences
+from psdp.sources.document_index import STRIDE, DocumentIndex
+from tests.scale_corpus import ScaleCorpus
+
+def peak():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+S, B = 2048, 64
+corpus = ScaleCorpus()
+before = peak()
+start = time.perf_counter()
+marks, nonempty = corpus.marks(STRIDE)
+index = DocumentIndex(corpus.documents, STRIDE, marks, nonempty, 2 * corpus.length - 1)
+store = DocumentStore.from_arrays(
+    corpus.offsets_array(), {"input_ids": corpus.tokens_array()}, index=index
+)
+batches, seconds = {}, {"open": time.perf_counter() - start}
+for eos_id in (None, 0):
+    start = time.perf_counter()
+    rows = TokenSequences(store, S, eos_id=eos_id)
+    firsts = {"first": 0, "past 2**32": 2**32 // S + 1, "past 2**40": 2**40 // S + 1,
+              "last": len(rows) - B}
+    for name, first in firsts.items():
+        ids = np.arange(first, first + B)
+        batches[(eos_id, name)] = ids, rows.read(ids)
+        seconds.setdefault(f"view and first batch, eos_id={eos_id}", time.perf_counter() - start)
+    random = np.random.default_rng(0).choice(len(rows), B, replace=False)
+    batches[(eos_id, "random")] = random, rows.read(random)
+added = peak() - before
+checked = 0
+for (eos_id, name), (ids, got) in batches.items():
+    want = corpus.stream(ids[:, None] * S + np.arange(S), eos_id is not None)
+    want["input_ids"] = np.where(want["input_ids"] < 0, eos_id or 0, want["input_ids"])
+    assert sorted(got) == ["input_ids", "positions", "segment_ids"], sorted(got)
+    for key, value in want.items():
+        assert np.array_equal(got[key], value), (eos_id, name, key)
+    assert got["positions"].dtype == np.int32 and got["segment_ids"].dtype == np.int32
+    checked += got["input_ids"].size
+print(json.dumps({"documents": store.num_documents, "tokens": store.num_tokens,
+                  "checked": checked, "rss_added": added, "seconds": seconds}))
+"""
+
+
+def test_a_billion_documents_open_in_bounded_memory_and_every_token_is_exact():
+    """10^9 documents, 1.2 x 10^12 tokens, never written: TokenSequences without and with EOS
+    reads the first batch, batches past 2**32 and 2**40 tokens, the last and a random one, every
+    token, segment id and position equal to the formula's, and opening plus reading adds at
+    most 1 GiB of resident memory (the time is printed, not asserted)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).parents[1]
+    child = subprocess.run(
+        [sys.executable, "-c", _SCALE_CHILD], capture_output=True, text=True, timeout=300,
+        cwd=root, env={**os.environ, "PYTHONPATH": f"{root / 'src'}{os.pathsep}{root}"},
+    )  # fmt: skip
+    assert child.returncode == 0, child.stderr[-3000:]
+    got = json.loads(child.stdout.splitlines()[-1])
+    print(got)
+    assert (got["documents"], got["tokens"] > 2**40) == (10**9, True)
+    assert got["checked"] == 2 * 5 * 64 * 2048
+    assert got["rss_added"] <= 1 << 30, got

@@ -208,7 +208,7 @@ def _check_lengths(lengths: Any) -> np.ndarray:
     if array.ndim != 1 or (array.size and array.dtype.kind not in "iu"):
         raise TypeError(
             f"document lengths must be a 1-d integer array, got {array.dtype}{list(array.shape)}; "
-            "pass np.diff(store.offsets)"
+            "pass np.diff(store.offsets_range(0, store.num_documents + 1))"
         )
     if array.size and array.min() < 0:
         raise ValueError(

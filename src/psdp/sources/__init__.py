@@ -15,7 +15,9 @@ from psdp.sources.base import Rows as Rows
 from psdp.sources.base import Source as Source
 from psdp.sources.base import SupportsReadWindow as SupportsReadWindow
 from psdp.sources.base import as_source as as_source
+from psdp.sources.document_index import DocumentIndex as DocumentIndex
 from psdp.sources.documents import DocumentStore as DocumentStore
+from psdp.sources.documents import FlatArray as FlatArray
 from psdp.sources.grain import GrainSource as GrainSource
 from psdp.sources.memmap import MemmapSource as MemmapSource
 from psdp.sources.mixture import Mixture as Mixture
@@ -59,7 +61,9 @@ __all__ = [
     "METADATA_FILE",
     "SINGLE_LEAF",
     "ArraySource",
+    "DocumentIndex",
     "DocumentStore",
+    "FlatArray",
     "GrainSource",
     "IndexableSource",
     "MemmapSource",

@@ -2,9 +2,11 @@
 atomically like `write_dataset` (the same staging and commit), read by token ranges.
 
 Layout below the store (``docs/tokens.md``): ``psdp.json`` (format `DOCUMENTS_FORMAT`, written
-last), ``offsets/`` (int64, ``D + 1``) and ``tokens/<leaf>/`` (one flat zarr3 array per leaf, in
-shard files of ``tokens_per_shard`` tokens and chunks of ``tokens_per_chunk``, the unit a range
-read decodes), each chunk with a crc32c checksum by default.
+last), ``offsets/`` (int64, ``D + 1``, in chunks of one index block), ``index/`` (the offsets'
+`DocumentIndex`, so that opening the store reads no offsets but its ends) and ``tokens/<leaf>/``
+(one flat zarr3 array per leaf, in shard files of ``tokens_per_shard`` tokens and chunks of
+``tokens_per_chunk``, the unit a range read decodes), each chunk with a crc32c checksum by
+default.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import tensorstore as ts
 from tqdm import tqdm
 
 from psdp._checks import check_int
+from psdp.sources.document_index import STRIDE, DocumentIndex, build_index
 from psdp.sources.documents import TOKENS, DocumentStore, document_leaves
 from psdp.sources.location import DATA_PREFIX, locate, open_kvstore
 from psdp.sources.tensorstore import COMMITTED, METADATA_FILE
@@ -66,9 +69,9 @@ def write_documents(
         >>> docs = [np.array([5, 6, 7]), np.array([8, 9])]
         >>> path = write_documents(f"{tmp.name}/docs", docs, dtype=np.uint16, progress=False)
         >>> sorted(p.name for p in path.iterdir())
-        ['offsets', 'psdp.json', 'tokens']
+        ['index', 'offsets', 'psdp.json', 'tokens']
         >>> store = DocumentStore.open(path)
-        >>> store.offsets.tolist(), store.read_ranges([2], [4])["input_ids"].tolist()
+        >>> store.offsets_range(0, 3).tolist(), store.read_ranges([2], [4])["input_ids"].tolist()
         ([0, 3, 5], [7, 8])
         >>> tmp.cleanup()
     """
@@ -102,6 +105,7 @@ def write_documents(
         "checksum": checksum,
     }
     lengths: list[int] = []
+    recorded: dict[str, int] = {}  # what the index found, for the metadata
     name = locate(path).name
 
     def fill(leaf_kvstore: Callable[[str], dict[str, Any]], on_start: Any) -> tuple[int, int]:
@@ -126,13 +130,17 @@ def write_documents(
             leaf_kvstore,
             {"offsets": (np.dtype(np.int64), ())},
             per_shard,
-            per_shard,
+            STRIDE,  # a chunk per index block: a read of one block decodes ~one chunk
             codecs,
             len(offsets),
             on_start,
         )
         writer.add({"offsets": offsets}, 0)
         writer.finish()
+        doc_index = build_index(lambda a, b: offsets[a[0] : b[0]], len(lengths), name=name,
+                                progress=False)  # fmt: skip
+        _write_index(doc_index, leaf_kvstore, codecs, on_start)
+        recorded.update(longest=doc_index.longest)
         return len(lengths), int(offsets[-1])
 
     def metadata_of(counts: tuple[int, int]) -> dict[str, Any]:
@@ -143,6 +151,8 @@ def write_documents(
             "num_tokens": counts[1],
             "leaves": {leaf: d.name for leaf, (d, _) in schema.items()},
             **layout,
+            "index_stride": STRIDE,
+            "longest_document": recorded["longest"],
         }
 
     return commit_write(path, overwrite, fill, metadata_of)
@@ -188,14 +198,47 @@ def open_documents(path: Any, *, context: ts.Context | None = None) -> DocumentS
                 f"leaf {leaf!r} of {location.name} has dtype {array.dtype.numpy_dtype}, but its "
                 f"metadata says {meta['leaves'][leaf]}; the store is damaged: rewrite it"
             )
-    offsets = np.asarray(_open(kvstore("offsets"), context, location.name, options).read().result())
-    if len(offsets) != meta["num_documents"] + 1 or offsets[-1] != meta["num_tokens"]:
+    offsets = _open(kvstore("offsets"), context, location.name, options)
+    entries = int(offsets.shape[0])
+    last = int(offsets[entries - 1].read().result()) if entries else 0
+    if entries != meta["num_documents"] + 1 or last != meta["num_tokens"]:
         raise ValueError(
-            f"the offsets of {location.name} hold {len(offsets) - 1} documents and "
-            f"{int(offsets[-1])} tokens, but its metadata says {meta['num_documents']} and "
-            f"{meta['num_tokens']}; the store is damaged: rewrite it"
+            f"the offsets of {location.name} hold {entries - 1} documents and {last} tokens, but "
+            f"its metadata says {meta['num_documents']} and {meta['num_tokens']}; the store is "
+            "damaged: rewrite it"
         )
-    return DocumentStore(offsets, arrays, name=location.name)
+    index = None  # a store written before the index was recorded: built by a pass on open
+    if "index_stride" in meta:
+        index = _read_index(_open(kvstore("index"), context, location.name, options, rank=2), meta)
+    # the index was committed with the offsets, and its ends match the metadata's counts
+    return DocumentStore(offsets, arrays, name=location.name, index=index, spot_check=False)
+
+
+def _write_index(
+    index: DocumentIndex, leaf_kvstore: Callable[[str], dict[str, Any]], codecs: Any, on_start: Any
+) -> None:
+    """The index beside the offsets: ``index/``, int64 ``(blocks + 1, 2)``: each mark and the
+    non-empty documents before it."""
+    rows = np.stack([index.marks, index.nonempty], axis=1)
+    writer = ShardedWriter(
+        leaf_kvstore, {"index": (np.dtype(np.int64), (2,))}, 1 << 16, 1 << 16, codecs, len(rows),
+        on_start,
+    )  # fmt: skip
+    writer.add({"index": rows}, 0)
+    writer.finish()
+
+
+def _read_index(array: ts.TensorStore, meta: dict[str, Any]) -> DocumentIndex:
+    rows = np.asarray(array.read().result())
+    try:
+        return DocumentIndex(
+            meta["num_documents"], meta["index_stride"], rows[:, 0], rows[:, 1],
+            meta["longest_document"],
+        )  # fmt: skip
+    except (ValueError, TypeError, KeyError, IndexError) as error:
+        raise ValueError(
+            f"the document index of the store is damaged: {error}; rewrite the store"
+        ) from error
 
 
 def _token_dtype(dtype: Any) -> np.dtype:
@@ -286,7 +329,11 @@ def _checked_metadata(text: bytes, where: str) -> dict[str, Any]:
 
 
 def _open(
-    kvstore: dict[str, Any], context: ts.Context, where: str, options: dict[str, Any]
+    kvstore: dict[str, Any],
+    context: ts.Context,
+    where: str,
+    options: dict[str, Any],
+    rank: int = 1,
 ) -> ts.TensorStore:
     spec = {"driver": "zarr3", "kvstore": kvstore, "fill_missing_data_reads": False, **options}
     try:
@@ -296,6 +343,6 @@ def _open(
             f"cannot open {kvstore.get('path')} of the document store {where}: {error}; the "
             "store is damaged or incomplete: rewrite it"
         ) from error
-    if array.rank != 1:
-        raise ValueError(f"{kvstore.get('path')} of {where} is not a flat (1-D) array")
+    if array.rank != rank:
+        raise ValueError(f"{kvstore.get('path')} of {where} is not a {rank}-D array")
     return array

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -23,7 +23,14 @@ from psdp._plan.pack_windows import PackIndex, PackKey
 from psdp._plan.packing import PackPlan, check_packing_options, plan_packing
 from psdp._plan.windows import Box
 from psdp.sources.base import check_ids, fresh_rows
-from psdp.sources.documents import POSITIONS, SEGMENT_IDS, TOKENS, DocumentStore, check_view_of
+from psdp.sources.documents import (
+    POSITIONS,
+    SEGMENT_IDS,
+    TOKENS,
+    DocumentStore,
+    check_view_of,
+    chosen_leaves,
+)
 from psdp.sources.pack_index import build_pack_index, open_pack_index, plan_of_window
 
 #: The leaves a packed sequence adds to the store's: each token's segment (1, 2, ... within a
@@ -86,7 +93,7 @@ class PackedSequences:
         computed = {SEGMENT_IDS: np.dtype(np.int32), POSITIONS: np.dtype(np.int32),
                     LOSS_MASK: store.leaves.get(LOSS_MASK, np.dtype(np.uint8))}  # fmt: skip
         #: The leaves of every row and their dtypes (the store's, then the computed ones).
-        self.leaves: dict[str, np.dtype] = _chosen(
+        self.leaves: dict[str, np.dtype] = chosen_leaves(
             {**store.leaves, **computed}, leaves, "PackedSequences"
         )
         self.plan: PackPlan | PackIndex
@@ -253,32 +260,6 @@ def _plan_pieces(plan: PackPlan, offsets: np.ndarray, first: int, ids: np.ndarra
     token = offsets[plan.piece_doc[piece] - first] + plan.piece_start[piece]
     segment = piece - plan.seq_starts[ids[rows]] + 1
     return rows, token, plan.piece_len[piece], plan.piece_column[piece], segment
-
-
-def _chosen(available: Mapping[str, np.dtype], leaves: Any, view: str) -> dict[str, np.dtype]:
-    """The leaves ``view`` delivers: ``leaves`` (names of ``available``), or all of them when
-    ``None``; in ``available``'s order. (The rule and messages of branch seqscale's
-    ``documents.chosen_leaves``, which replaces this when both land.)"""
-    if leaves is None:
-        return dict(available)
-    if isinstance(leaves, str | bytes) or not isinstance(leaves, Iterable):
-        raise TypeError(
-            f"leaves must be a tuple of leaf names, got {type(leaves).__name__} {leaves!r}; "
-            f"e.g. leaves=({TOKENS!r}, {SEGMENT_IDS!r})"
-        )
-    names = tuple(leaves)
-    unknown = [name for name in names if name not in available]
-    if unknown:
-        raise ValueError(
-            f"leaves={names!r} names {unknown}, which {view} does not have (it has "
-            f"{list(available)}); choose among those"
-        )
-    if not names or len(set(names)) < len(names):
-        raise ValueError(
-            f"leaves={names!r} must name each leaf {view} delivers once, and at least one; "
-            "leave it unset for every leaf"
-        )
-    return {name: dtype for name, dtype in available.items() if name in names}
 
 
 def _columns(box: Box) -> slice | np.ndarray | None:

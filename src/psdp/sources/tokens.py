@@ -2,14 +2,18 @@
 
 The documents are concatenated (with an optional EOS token after each) and split into rows of
 ``seq_len`` tokens: row ``r`` is ``stream[r * seq_len : r * seq_len + width]``, so the sequence
-length is chosen when reading, not when writing. ``segment_ids`` and ``positions`` come from the
-offsets alone; a window of columns ``[a, b)`` of a row reads only ``stream[r * seq_len + a :
-r * seq_len + b]``, one contiguous range of the store. ``docs/tokens.md``.
+length is chosen when reading, not when writing. A read works per row, never per token in
+Python: the store finds the few documents each row touches (`DocumentStore.documents_touching`,
+from its index and a range of its offsets), each row's tokens are one range of the store
+(`DocumentStore.read_ranges`), and ``segment_ids`` and ``positions`` are filled from the
+documents' boundaries with a handful of numpy calls for the whole batch. A window of columns
+``[a, b)`` of a row reads only ``stream[r * seq_len + a : r * seq_len + b]``. ``docs/tokens.md``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -18,7 +22,15 @@ from psdp._checks import check_int
 from psdp._plan.leaves import Key, in_leaf_order
 from psdp._plan.windows import Box, box_parts
 from psdp.sources.base import check_ids, fresh_rows
-from psdp.sources.documents import POSITIONS, SEGMENT_IDS, TOKENS, DocumentStore, check_view_of
+from psdp.sources.document_index import TouchedDocuments
+from psdp.sources.documents import (
+    POSITIONS,
+    SEGMENT_IDS,
+    TOKENS,
+    DocumentStore,
+    check_view_of,
+    chosen_leaves,
+)
 
 
 class TokenSequences:
@@ -49,6 +61,8 @@ class TokenSequences:
         eos_id: a token inserted after every document; ``None``: none.
         pad_id: ``input_ids`` beyond the stream's ends (halos of ``"continue"`` only); any id
             the token dtype holds (``eos_id`` too).
+        leaves: the leaves to deliver, e.g. ``("input_ids", "segment_ids")`` to leave out
+            ``positions``; default every leaf. A computed leaf left out costs nothing.
 
     Example:
         >>> store = DocumentStore.from_documents([np.array([11, 12, 13]), np.array([21, 22])])
@@ -74,6 +88,7 @@ class TokenSequences:
         targets: bool = False,
         eos_id: int | None = None,
         pad_id: int = 0,
+        leaves: tuple[str, ...] | None = None,
     ):
         check_view_of(store, "TokenSequences", eos_id=eos_id, pad_id=pad_id)
         check_int("seq_len", seq_len, minimum=1)
@@ -82,14 +97,9 @@ class TokenSequences:
         self.store, self.seq_len, self.targets = store, int(seq_len), targets
         self.eos_id, self.pad_id = eos_id, int(pad_id)
         self.width = self.seq_len + int(targets)
-        extra = 1 if eos_id is not None else 0
-        lengths = np.diff(store.offsets)
-        # an empty document contributes no token, not even an EOS (docs/tokens.md)
-        eos_after = extra * (lengths > 0)
-        #: where each document starts in the stream (EOS tokens included), and the stream's size
-        self._starts = store.offsets[:-1] + np.cumsum(eos_after) - eos_after
-        self.stream_tokens = store.num_tokens + int(eos_after.sum())
-        self._ends = self._starts + lengths  # where each document's own tokens end (its EOS)
+        self._eos = eos_id is not None
+        #: the stream's size: every token, and an EOS after each non-empty document if asked
+        self.stream_tokens = store.index.stream_tokens(self._eos)
         self._len = max(0, (self.stream_tokens - int(targets)) // self.seq_len)
         if self._len == 0:
             raise ValueError(
@@ -98,11 +108,11 @@ class TokenSequences:
                 "seq_len or more documents"
             )
         ids_dtype = np.int32 if store.num_documents < np.iinfo(np.int32).max else np.int64
-        self._dtypes = {
-            **store.leaves,
+        computed = {
             SEGMENT_IDS: np.dtype(ids_dtype),
-            POSITIONS: np.dtype(np.int32 if lengths.max() < 2**31 - 1 else np.int64),
+            POSITIONS: np.dtype(np.int32 if store.index.longest < 2**31 - 1 else np.int64),
         }
+        self._dtypes = chosen_leaves({**store.leaves, **computed}, leaves, "TokenSequences")
 
     def __len__(self) -> int:
         return self._len
@@ -147,59 +157,63 @@ class TokenSequences:
         return self._read(ids, boxes)
 
     def _read(self, ids: np.ndarray, boxes: Mapping[Key, Any]) -> dict[Key, np.ndarray]:
-        """Each leaf's columns of rows ``ids``; one store read per distinct box."""
-        by_box: dict[Any, list[Key]] = {}
+        """Each leaf's columns of rows ``ids``; one window per distinct span of columns."""
+        by_span: dict[tuple[int, int], list[str]] = {}
+        picks: dict[str, np.ndarray | None] = {}
         for key, part in boxes.items():
-            columns = _columns(part, self.width)
-            by_box.setdefault((columns.tobytes(), len(columns)), []).append(key)
+            assert isinstance(key, str)  # a store's leaves are named
+            first, stop, picks[key] = _span(part, self.width)
+            by_span.setdefault((first, stop), []).append(key)
         out: dict[Key, np.ndarray] = {}
-        for keys in by_box.values():
-            columns = _columns(boxes[keys[0]], self.width)
-            where = ids[:, None] * self.seq_len + columns[None, :]  # stream positions
-            out.update(self._at(where, [k for k in keys if isinstance(k, str)]))
+        for (first, stop), keys in by_span.items():
+            got = self._window(ids * self.seq_len + first, stop - first, keys)
+            for key in keys:
+                pick = picks[key]
+                out[key] = got[key] if pick is None else got[key][:, pick]
         return in_leaf_order(out)
 
-    def _at(self, where: np.ndarray, names: list[str]) -> dict[Key, np.ndarray]:
-        """The leaves ``names`` at stream positions ``where`` (any shape)."""
-        inside = (where >= 0) & (where < self.stream_tokens)
-        doc = np.searchsorted(self._starts, np.where(inside, where, 0), side="right") - 1
-        within = where - self._starts[doc]
-        token = inside & (where < self._ends[doc])  # not EOS, not beyond the ends
-        out: dict[Key, np.ndarray] = {}
+    def _window(self, starts: np.ndarray, width: int, names: list[str]) -> dict[str, np.ndarray]:
+        """The leaves ``names`` at stream positions ``[starts[i], starts[i] + width)``, which may
+        reach past the stream's ends (padding there)."""
+        window = _Window.of(starts, width, self.stream_tokens)
+        out: dict[str, np.ndarray] = {}
         stored = [name for name in names if name in self.store.leaves]
+        if self._eos or SEGMENT_IDS in names or POSITIONS in names:
+            pieces = _Pieces.of(self.store, window, self._eos)
+            if SEGMENT_IDS in names:
+                ids = (pieces.docs.doc + 1).astype(self._dtypes[SEGMENT_IDS])
+                out[SEGMENT_IDS] = window.placed(np.repeat(ids, pieces.size), 0)
+            if POSITIONS in names:
+                out[POSITIONS] = window.placed(pieces.positions(self._dtypes[POSITIONS]), 0)
+            tokens = pieces.token_ranges(window, self._eos)
+        else:  # no EOS: stream positions are token positions
+            none = np.zeros(0, np.int64)
+            tokens = (window.lo, window.hi - window.lo, none, none)
         if stored:
-            values = self._stored(self.store.offsets[doc] + within, token, stored)
-            for name in stored:
-                fill = self.pad_id if name == TOKENS else 0
-                leaf = np.full(where.shape, fill, self._dtypes[name])
-                if self.eos_id is not None and name == TOKENS:
-                    leaf[inside & ~token] = self.eos_id
-                elif name != TOKENS:
-                    leaf[inside & ~token] = 0
-                leaf[token] = values[name]
-                out[name] = leaf
-        if SEGMENT_IDS in names:
-            out[SEGMENT_IDS] = np.where(inside, doc + 1, 0).astype(self._dtypes[SEGMENT_IDS])
-        if POSITIONS in names:
-            out[POSITIONS] = np.where(inside, within, 0).astype(self._dtypes[POSITIONS])
+            out.update(self._stored(window, tokens, stored))
         return out
 
-    def _stored(self, at: np.ndarray, token: np.ndarray, names: list[str]) -> dict[str, np.ndarray]:
-        """The store's values at flat positions ``at[token]`` (row-major order), read as one
-        range per row: from the row's first to its last stored token."""
-        rows = at.reshape(len(at), -1) if at.ndim > 1 else at[None]
-        held = token.reshape(rows.shape)
-        big = np.iinfo(np.int64).max
-        lo = np.where(held, rows, big).min(axis=1, initial=big)  # initial: a window of 0 columns
-        hi = np.where(held, rows, -1).max(axis=1, initial=-1) + 1
-        some = held.any(axis=1)
-        starts, stops = lo[some], hi[some]
-        got = self.store.read_ranges(starts, stops, names)
-        base = np.zeros(len(rows), np.int64)
-        base[some] = np.concatenate(([0], np.cumsum(stops - starts)[:-1]))
-        row_of = np.nonzero(held)[0]
-        index = base[row_of] + rows[held] - lo[row_of]
-        return {name: values[index] for name, values in got.items()}
+    def _stored(
+        self, window: _Window, tokens: _TokenRanges, names: list[str]
+    ) -> dict[str, np.ndarray]:
+        """The store's leaves ``names`` in the window: each row's tokens are one range of the
+        store, placed around its EOS tokens and padding."""
+        begin, count, eos_rows, eos_columns = tokens
+        held = count > 0
+        got = self.store.read_ranges(begin[held], begin[held] + count[held], names)
+        shape = (len(window.starts), window.width)
+        if not self._eos and window.inside is None:  # each row one whole range of the store
+            return {name: values.reshape(shape) for name, values in got.items()}
+        token = np.ones(shape, bool) if window.inside is None else window.inside.copy()
+        token[eos_rows, eos_columns] = False
+        out = {}
+        for name, values in got.items():
+            leaf = np.full(shape, self.pad_id if name == TOKENS else 0, values.dtype)
+            leaf[token] = values
+            if self.eos_id is not None and name == TOKENS:
+                leaf[eos_rows, eos_columns] = self.eos_id
+            out[name] = leaf
+        return out
 
     def describe(self) -> str:
         eos = "" if self.eos_id is None else f", eos_id={self.eos_id}"
@@ -209,8 +223,95 @@ class TokenSequences:
         )
 
 
-def _columns(part: Any, width: int) -> np.ndarray:
-    if isinstance(part, slice):  # a slice may start before 0 or stop past ``width`` (halos)
-        start = 0 if part.start is None else part.start
-        return np.arange(start, width if part.stop is None else part.stop, dtype=np.int64)
-    return np.asarray(part, np.int64)
+def _span(part: Any, width: int) -> tuple[int, int, np.ndarray | None]:
+    """A box's columns as a span ``[first, stop)`` (a slice may start before 0 or stop past
+    ``width``: halos) and, for an index array, the columns to pick from the span."""
+    if isinstance(part, slice):
+        first = 0 if part.start is None else int(part.start)
+        return first, width if part.stop is None else int(part.stop), None
+    columns = np.asarray(part, np.int64)
+    if not columns.size:
+        return 0, 0, columns
+    first = int(columns.min())
+    return first, int(columns.max()) + 1, columns - first
+
+
+#: Each row's tokens: the first one's place in the store, their count, and the (row, column)
+#: of every EOS in the rows.
+_TokenRanges = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
+
+@dataclass(frozen=True)
+class _Window:
+    """Columns ``[starts[i], starts[i] + width)`` of the stream, and the part of each inside
+    the stream: ``[lo[i], hi[i])``."""
+
+    starts: np.ndarray
+    width: int
+    lo: np.ndarray
+    hi: np.ndarray
+    inside: np.ndarray | None  # the columns inside the stream (None: all of them)
+
+    @classmethod
+    def of(cls, starts: np.ndarray, width: int, end: int) -> _Window:
+        lo, hi = np.clip(starts, 0, end), np.clip(starts + width, 0, end)
+        inside = None
+        if (lo != starts).any() or (hi != starts + width).any():
+            columns = np.arange(width)
+            inside = (columns >= (lo - starts)[:, None]) & (columns < (hi - starts)[:, None])
+        return cls(starts, width, lo, hi, inside)
+
+    def placed(self, values: np.ndarray, fill: int) -> np.ndarray:
+        """Values of the window's stream positions, row after row, as its rows: ``fill`` for
+        the columns beyond the stream's ends."""
+        shape = (len(self.starts), self.width)
+        if self.inside is None:
+            return values.reshape(shape)
+        out = np.full(shape, fill, values.dtype)
+        out[self.inside] = values
+        return out
+
+
+@dataclass(frozen=True)
+class _Pieces:
+    """The documents a window touches, as *pieces*: the part of each document in each row."""
+
+    docs: TouchedDocuments
+    row: np.ndarray  # each piece's row
+    length: np.ndarray  # its document's tokens
+    eos_at: np.ndarray  # where its document's EOS is in the stream (if it has one)
+    within: np.ndarray  # the piece's first position in its document
+    size: np.ndarray  # the piece's stream positions (an EOS included)
+
+    @classmethod
+    def of(cls, store: DocumentStore, window: _Window, eos: bool) -> _Pieces:
+        docs = store.documents_touching(window.lo, window.hi, eos=eos)
+        row = np.repeat(np.arange(len(window.starts)), docs.count)
+        length = docs.stop - docs.start
+        eos_at = docs.stream_start + length
+        first = np.maximum(docs.stream_start, window.lo[row])
+        size = np.minimum(eos_at + (eos & (length > 0)), window.hi[row]) - first
+        return cls(docs, row, length, eos_at, first - docs.stream_start, size)
+
+    def positions(self, dtype: np.dtype) -> np.ndarray:
+        """Each position's place in its document, row after row: a count that restarts at each
+        piece (at its first position)."""
+        total = int(self.size.sum())
+        work = dtype if total < 2**31 else np.dtype(np.int64)  # int32 halves the bytes written
+        shift = (np.cumsum(self.size) - self.size - self.within).astype(work)
+        return (np.arange(total, dtype=work) - np.repeat(shift, self.size)).astype(
+            dtype, copy=False
+        )
+
+    def token_ranges(self, window: _Window, eos: bool) -> _TokenRanges:
+        """Each row's tokens, one range of the store: documents are back to back there."""
+        rows = len(window.starts)
+        has_eos = eos & (self.length > 0) & (self.within + self.size > self.length)
+        eos_rows = self.row[has_eos]
+        eos_columns = self.eos_at[has_eos] - window.starts[eos_rows]
+        count = window.hi - window.lo - np.bincount(eos_rows, minlength=rows)
+        touched = self.docs.count > 0
+        firsts = (np.cumsum(self.docs.count) - self.docs.count)[touched]
+        begin = np.zeros(rows, np.int64)
+        begin[touched] = self.docs.start[firsts] + self.within[firsts]  # an EOS: the next token
+        return begin, count, eos_rows, eos_columns
