@@ -438,7 +438,7 @@ class FormulaStore(DocumentStore):
         return self.corpus.offsets(np.arange(start, stop))
 
     def read_ranges(self, starts, stops, leaves=None):
-        starts, stops = self._checked_ranges(starts, stops)
+        starts, stops = np.asarray(starts, np.int64), np.asarray(stops, np.int64)
         count = stops - starts
         at = np.repeat(starts - (np.cumsum(count) - count), count) + np.arange(count.sum())
         formula = {"input_ids": self.corpus.tokens, "loss_mask": self.corpus.loss_mask}
