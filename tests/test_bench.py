@@ -462,3 +462,17 @@ def test_every_token_loop_passes_its_check_and_a_wrong_batch_fails_it(token_corp
                     check(_tampered(got, leaf, 1, _plus_one))
             with pytest.raises(AssertionError):
                 check(_a_row_repeated(got))
+
+
+def test_a_token_loop_that_delivers_wrong_rows_stops_the_figure_naming_it(tmp_path, monkeypatch):
+    """The tight loop reading every row one token late fails the check of the first job, before
+    any timing, and the error names the loop, the job, the step and the leaf."""
+    honest = token_loops.concat_loop
+
+    def one_token_late(flat, *args):
+        return honest(flat[1:], *args)
+
+    monkeypatch.setattr(token_loops, "concat_loop", one_token_late)
+    pattern = r"tight loop, concatenate-then-split: step 0, input_ids: device \d+ holds the wrong"
+    with pytest.raises(AssertionError, match=pattern):
+        tokens.bench_tokens(benchmarks.QUICK, tmp_path)

@@ -31,8 +31,10 @@ class Store:
         """The document of each token id (the ids must belong to this store)."""
         at = np.asarray(ids, np.int64) - self.base
         if at.size and (at.min() < 0 or at.max() >= self.offsets[-1]):
-            raise AssertionError(f"token ids {at.min() + self.base}..{at.max() + self.base} are "
-                                 f"not all in the store of ids {self.base}..")  # fmt: skip
+            raise AssertionError(
+                f"token ids {at.min() + self.base}..{at.max() + self.base} are "
+                f"not all in the store of ids {self.base}.."
+            )
         return np.searchsorted(self.offsets, at, side="right") - 1
 
 

@@ -109,8 +109,9 @@ def greedy_packs(offsets: np.ndarray, seq_len: int) -> np.ndarray:
     return np.asarray(firsts, np.int64)
 
 
-def pack_rows(flat: np.ndarray, offsets: np.ndarray, firsts: np.ndarray, packs: np.ndarray,
-              seq_len: int) -> Batch:  # fmt: skip
+def pack_rows(
+    flat: np.ndarray, offsets: np.ndarray, firsts: np.ndarray, packs: np.ndarray, seq_len: int
+) -> Batch:
     """The rows of ``packs`` (`greedy_packs`): each pack's token range in one gather, padded
     with 0, and its ``segment_ids`` (1, 2, ... per document, 0 on padding) and ``positions``.
 
@@ -183,9 +184,14 @@ def grain_documents(grain: Any, source: Documents, seed: int, options: Any) -> A
 
 
 def grain_concat(
-    grain: Any, source: Documents, seq_len: int, batch: int, sharding: NamedSharding,
-    segments: bool, options: Any,
-) -> Iterator[Placed]:  # fmt: skip
+    grain: Any,
+    source: Documents,
+    seq_len: int,
+    batch: int,
+    sharding: NamedSharding,
+    segments: bool,
+    options: Any,
+) -> Iterator[Placed]:
     """Grain's ``ConcatThenSplitIterDataset`` over shuffled documents, ``batch`` rows a step, then
     ``grain.experimental.device_put`` (a host buffer filled by a Grain thread, then the transfer).
     Its own ``segment_ids`` (1, 2, ... per piece of a row) and ``positions`` (restarting at 0 in
@@ -200,9 +206,14 @@ def grain_concat(
 
 
 def grain_packed_mixture(
-    grain: Any, sources: Sequence[Documents], weights: Sequence[float], seq_len: int, batch: int,
-    sharding: NamedSharding, options: Any,
-) -> Iterator[Placed]:  # fmt: skip
+    grain: Any,
+    sources: Sequence[Documents],
+    weights: Sequence[float],
+    seq_len: int,
+    batch: int,
+    sharding: NamedSharding,
+    options: Any,
+) -> Iterator[Placed]:
     """Each store's shuffled documents packed by Grain's ``BestFitPackIterDataset`` (``batch``
     bins), the stores mixed by ``IterDataset.mix(weights)``, ``batch`` rows a step, then
     ``grain.experimental.device_put``."""

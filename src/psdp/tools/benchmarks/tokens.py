@@ -67,8 +67,6 @@ ROUNDS = 3
 CHECKED_STEPS = 4
 #: The packed job's stores and weights; the second store has half the first's documents.
 WEIGHTS = {"a": 3, "b": 1}
-#: Grain's read threads for documents (``ReadOptions``); more only contend on these 2 cores.
-GRAIN_THREADS = 2
 SEED = 1
 
 Delivered = dict[str, jax.Array]
@@ -182,8 +180,9 @@ Check = Callable[[list[Delivered]], float]
 Loop = tuple[Callable[[], Iterator[Any]], Check]  # psdp's batches are typed as jax.Array
 
 
-def loops(job: Job, sizes: Sizes, mesh: Mesh, corpora: tuple[Corpus, Corpus], grain: Any,
-          stack: ExitStack) -> dict[str, Loop]:  # fmt: skip
+def loops(
+    job: Job, sizes: Sizes, mesh: Mesh, corpora: tuple[Corpus, Corpus], grain: Any, stack: ExitStack
+) -> dict[str, Loop]:
     """Every loop of ``job``: name -> (open a fresh iterator, check its first batches). psdp's
     loaders are closed by ``stack``."""
     sharding = NamedSharding(mesh, job.spec)
@@ -197,8 +196,15 @@ def loops(job: Job, sizes: Sizes, mesh: Mesh, corpora: tuple[Corpus, Corpus], gr
     return {name: opened[name] for name in LOOPS if name in opened}
 
 
-def _concat_loops(job: Job, sizes: Sizes, mesh: Mesh, sharding: NamedSharding, corpus: Corpus,
-                  grain: Any, stack: ExitStack) -> dict[str, Loop]:  # fmt: skip
+def _concat_loops(
+    job: Job,
+    sizes: Sizes,
+    mesh: Mesh,
+    sharding: NamedSharding,
+    corpus: Corpus,
+    grain: Any,
+    stack: ExitStack,
+) -> dict[str, Loop]:
     seq_len, batch = sizes.token_seq_len, sizes.token_batch
     flat = corpus.flat()
     ids = BatchIds(len(flat) // seq_len, batch, seed=SEED)
@@ -211,7 +217,7 @@ def _concat_loops(job: Job, sizes: Sizes, mesh: Mesh, sharding: NamedSharding, c
         TIGHT: (
             partial(
                 token_loops.concat_loop, flat, corpus.offsets, seq_len, ids, sharding, job.segments
-            ),  # fmt: skip
+            ),
             by_rows(ids),
         )
     }
@@ -225,7 +231,7 @@ def _concat_loops(job: Job, sizes: Sizes, mesh: Mesh, sharding: NamedSharding, c
         found[name] = (partial(psdp_batches, loader), by_rows(loader.order.batch_ids))
     if grain is not None:
         documents = token_loops.Documents(flat, corpus.offsets)
-        options = grain.ReadOptions(num_threads=GRAIN_THREADS)
+        options = grain.ReadOptions()  # Grain's default: 16 threads, 500 documents ahead
         found[GRAIN] = (
             partial(
                 token_loops.grain_concat,
@@ -236,20 +242,29 @@ def _concat_loops(job: Job, sizes: Sizes, mesh: Mesh, sharding: NamedSharding, c
                 sharding,
                 job.segments,
                 options,
-            ),  # fmt: skip
+            ),
             partial(_check_shuffled, corpus.store, leaves),
         )
     return found
 
 
-def _packed_loops(job: Job, sizes: Sizes, mesh: Mesh, sharding: NamedSharding,
-                  corpora: tuple[Corpus, ...], grain: Any, stack: ExitStack) -> dict[str, Loop]:  # fmt: skip
+def _packed_loops(
+    job: Job,
+    sizes: Sizes,
+    mesh: Mesh,
+    sharding: NamedSharding,
+    corpora: tuple[Corpus, ...],
+    grain: Any,
+    stack: ExitStack,
+) -> dict[str, Loop]:
     seq_len, batch = sizes.token_seq_len, sizes.token_batch
     total = sum(WEIGHTS.values())
     shares = [batch * w // total for w in WEIGHTS.values()]
     stores = [(c.flat(), c.offsets, token_loops.greedy_packs(c.offsets, seq_len)) for c in corpora]
-    ids = [BatchIds(len(firsts) - 1, share, seed=SEED + i)
-           for i, ((_, _, firsts), share) in enumerate(zip(stores, shares, strict=True))]  # fmt: skip
+    ids = [
+        BatchIds(len(firsts) - 1, share, seed=SEED + i)
+        for i, ((_, _, firsts), share) in enumerate(zip(stores, shares, strict=True))
+    ]
     check = partial(_check_packed, [c.store for c in corpora], shares)
     found: dict[str, Loop] = {
         TIGHT: (partial(token_loops.packed_mixture_loop, stores, ids, seq_len, sharding), check),
@@ -265,7 +280,7 @@ def _packed_loops(job: Job, sizes: Sizes, mesh: Mesh, sharding: NamedSharding,
         found[name] = (partial(psdp_batches, loader), check)
     if grain is not None:
         documents = [token_loops.Documents(flat, offsets) for flat, offsets, _ in stores]
-        options = grain.ReadOptions(num_threads=GRAIN_THREADS)
+        options = grain.ReadOptions()  # Grain's default: 16 threads, 500 documents ahead
         found[GRAIN] = (
             partial(
                 token_loops.grain_packed_mixture,
@@ -276,14 +291,19 @@ def _packed_loops(job: Job, sizes: Sizes, mesh: Mesh, sharding: NamedSharding,
                 batch,
                 sharding,
                 options,
-            ),  # fmt: skip
+            ),
             check,
         )
     return found
 
 
-def _check_rows(store: Store, ids: Callable[[int], np.ndarray], seq_len: int,
-                leaves: tuple[str, ...], got: list[Delivered]) -> float:  # fmt: skip
+def _check_rows(
+    store: Store,
+    ids: Callable[[int], np.ndarray],
+    seq_len: int,
+    leaves: tuple[str, ...],
+    got: list[Delivered],
+) -> float:
     """Rows cut from the stream at the loop's row ids: ids, document + 1, position in it."""
     for step, batch in enumerate(got):
         expected = stream_rows(store, ids(step) * seq_len, seq_len)
