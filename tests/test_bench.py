@@ -436,11 +436,28 @@ def _a_row_repeated(batches):
     return out
 
 
+def _stores_swapped(batches, second_base):
+    """The batches with a row of the first store at step 0 and one of the second store at step 1
+    swapped, in every leaf: each row is still whole documents, each once, but neither step holds
+    its 3:1 share."""
+    first = np.asarray(batches[0]["input_ids"])[:, 0] < second_base
+    second = np.asarray(batches[1]["input_ids"])[:, 0] >= second_base
+    a, b = int(np.argmax(first)), int(np.argmax(second))
+    assert first[a] and second[b]
+    out = [dict(x) for x in batches]
+    for leaf in out[0]:
+        zero, one = np.array(out[0][leaf]), np.array(out[1][leaf])
+        zero[a], one[b] = one[b].copy(), zero[a].copy()
+        out[0][leaf] = jax.device_put(zero, out[0][leaf].sharding)
+        out[1][leaf] = jax.device_put(one, out[1][leaf].sharding)
+    return out
+
+
 @pytest.mark.parametrize("job", tokens.JOBS, ids=lambda job: job.name)
 def test_every_token_loop_passes_its_check_and_a_wrong_batch_fails_it(token_corpora, job):
     """Each loop's first batches pass the numpy oracle; the same batches with one id, one
-    segment id or one position changed (on one device shard of the last row), or two rows of two
-    steps swapped, fail it."""
+    segment id or one position changed (the last of step 1), with a row of step 0 again in step
+    1, or (packed) with rows of the two stores swapped between steps, fail it."""
     from contextlib import ExitStack
 
     from psdp.tools.benchmarks.common import cpu_mesh
@@ -462,6 +479,11 @@ def test_every_token_loop_passes_its_check_and_a_wrong_batch_fails_it(token_corp
                     check(_tampered(got, leaf, 1, _plus_one))
             with pytest.raises(AssertionError):
                 check(_a_row_repeated(got))
+            if job.packed:
+                with pytest.raises(
+                    AssertionError, match=r"step 0: rows per store \[11, 5\], not \[12, 4\]"
+                ):
+                    check(_stores_swapped(got, token_corpora[1].base))
 
 
 def test_a_token_loop_that_delivers_wrong_rows_stops_the_figure_naming_it(tmp_path, monkeypatch):
