@@ -457,7 +457,8 @@ def _stores_swapped(batches, second_base):
 def test_every_token_loop_passes_its_check_and_a_wrong_batch_fails_it(token_corpora, job):
     """Each loop's first batches pass the numpy oracle; the same batches with one id, one
     segment id or one position changed (the last of step 1), with a row of step 0 again in step
-    1, or (packed) with rows of the two stores swapped between steps, fail it."""
+    1, without one of the job's leaves, or (packed) with rows of the two stores swapped between
+    steps, fail it."""
     from contextlib import ExitStack
 
     from psdp.tools.benchmarks.common import cpu_mesh
@@ -479,6 +480,9 @@ def test_every_token_loop_passes_its_check_and_a_wrong_batch_fails_it(token_corp
                     check(_tampered(got, leaf, 1, _plus_one))
             with pytest.raises(AssertionError):
                 check(_a_row_repeated(got))
+            without = [{k: v for k, v in b.items() if k != leaves[-1]} for b in got]
+            with pytest.raises(AssertionError, match=f"step 0: no leaf '{leaves[-1]}'"):
+                check(without)
             if job.packed:
                 with pytest.raises(
                     AssertionError, match=r"step 0: rows per store \[11, 5\], not \[12, 4\]"

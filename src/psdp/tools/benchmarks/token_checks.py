@@ -47,6 +47,14 @@ def check_leaves(batch: Mapping[str, jax.Array], expected: Batch, what: str) -> 
         check_shards(batch[key], value, f"{what}, {key}")
 
 
+def stacked(batches: Sequence[Mapping[str, jax.Array]], key: str) -> np.ndarray:
+    """Leaf ``key`` of every batch, one after the other, as one host array."""
+    for step, batch in enumerate(batches):
+        if key not in batch:
+            raise AssertionError(f"step {step}: no leaf {key!r} (it has {sorted(batch)})")
+    return np.concatenate([np.asarray(batch[key]) for batch in batches])
+
+
 def stream_rows(store: Store, starts: np.ndarray, width: int) -> Batch:
     """The rows ``stream[start:start + width]``: ids, ``segment_ids`` (document + 1) and
     ``positions`` (in the document), token by token.

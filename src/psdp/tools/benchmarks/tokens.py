@@ -52,6 +52,7 @@ from psdp.tools.benchmarks.token_checks import (
     check_leaves,
     packed_rows,
     shuffled_stream,
+    stacked,
     stream_rows,
 )
 
@@ -313,7 +314,7 @@ def _check_rows(
 
 def _check_shuffled(store: Store, leaves: tuple[str, ...], got: list[Delivered]) -> float:
     """Whole shuffled documents back to back, cut into rows, in order over the steps checked."""
-    rows = np.concatenate([np.asarray(b["input_ids"]) for b in got])
+    rows = stacked(got, "input_ids")
     expected = shuffled_stream(store, rows)
     for step, batch in enumerate(got):
         cut = slice(step * len(rows) // len(got), (step + 1) * len(rows) // len(got))
@@ -324,7 +325,7 @@ def _check_shuffled(store: Store, leaves: tuple[str, ...], got: list[Delivered])
 def _check_packed(stores: list[Store], shares: list[int], got: list[Delivered]) -> float:
     """Packed rows of whole documents, each document once, the stores in their shares of every
     batch (``loss_mask`` too where the loop delivers one); returns the packing efficiency."""
-    rows = packed_rows(stores, np.concatenate([np.asarray(b["input_ids"]) for b in got]))
+    rows = packed_rows(stores, stacked(got, "input_ids"))
     for step, batch in enumerate(got):
         cut = slice(step * sum(shares), (step + 1) * sum(shares))
         counts = np.bincount(rows.store[cut], minlength=len(stores)).tolist()
