@@ -378,6 +378,7 @@ def test_the_stream_oracles_follow_the_ids_alone():
     "row",
     [
         [15, 16, 17, 18, 10, 0],  # the second document cut short
+        [15, 16, 17, 18, 10, 11],  # the second document cut at the row's end
         [13, 14, 0, 10, 11, 12],  # padding between documents
         [13, 14, 100, 0, 0, 0],  # a token of the other store
         [0, 0, 0, 0, 0, 0],  # no token at all
