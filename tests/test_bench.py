@@ -503,3 +503,37 @@ def test_a_token_loop_that_delivers_wrong_rows_stops_the_figure_naming_it(tmp_pa
     pattern = r"tight loop, concatenate-then-split: step 0, input_ids: device \d+ holds the wrong"
     with pytest.raises(AssertionError, match=pattern):
         tokens.bench_tokens(benchmarks.QUICK, tmp_path)
+
+
+class _FakeClock:
+    """``time`` for `common.settle`: each sleep advances the clock, and the process's CPU time by
+    the next of ``busy`` (cores used in that window; 0 once they run out)."""
+
+    def __init__(self, busy):
+        self.now, self.cpu, self.busy = 0.0, 0.0, list(busy)
+
+    def monotonic(self):
+        return self.now
+
+    def process_time(self):
+        return self.cpu
+
+    def sleep(self, seconds):
+        self.now += seconds
+        self.cpu += seconds * (self.busy.pop(0) if self.busy else 0.0)
+
+
+@pytest.mark.parametrize(
+    ("busy", "waited"),
+    [
+        ([], 0.05),  # idle: one window
+        ([1.0, 0.5, 0.2], 0.2),  # a loop refills its read-ahead for 3 windows
+        ([0.09], 0.05),  # under a tenth of a core is idle
+        ([1.0] * 1000, 1.0),  # never idle: the limit
+    ],
+)
+def test_a_turn_starts_once_the_other_loops_are_idle(monkeypatch, busy, waited):
+    import psdp.tools.benchmarks.common as common
+
+    monkeypatch.setattr(common, "time", _FakeClock(busy))
+    assert common.settle(window_s=0.05, limit_s=1.0) == pytest.approx(waited)

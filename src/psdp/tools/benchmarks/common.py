@@ -350,6 +350,24 @@ def check_batches(
         check_shards(next(batches), table[ids(step)], f"{what}, step {step}")
 
 
+def settle(window_s: float = 0.05, limit_s: float = 10.0) -> float:
+    """Waits until this process spends under a tenth of a core for ``window_s`` (at most
+    ``limit_s``), and returns the seconds waited: after a loop's turn, the loops that read ahead
+    refill their buffers on their own threads, and the next turn must not pay for that.
+
+    Example:
+        >>> settle() >= 0
+        True
+    """
+    start = time.monotonic()
+    while time.monotonic() - start < limit_s:
+        cpu = time.process_time()
+        time.sleep(window_s)
+        if time.process_time() - cpu < window_s / 10:
+            break
+    return time.monotonic() - start
+
+
 def timed_ms(batches: Iterator[Any], warmup: int, steps: int, train_s: float) -> float:
     """Milliseconds per batch over ``steps`` batches taken after ``warmup`` untimed ones, each
     waited for and followed by a train step of ``train_s``.

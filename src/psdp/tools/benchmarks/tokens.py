@@ -14,7 +14,8 @@ Four jobs on ``data=4 x model=2``, each step ``token_batch`` rows of ``token_seq
 
 Five loops per job (`LOOPS`), each checked on its first `CHECKED_STEPS` batches, device shard by
 device shard (`token_checks`), then timed in `ROUNDS` rounds, the loops in turn, the order
-rotating: a turn takes ``warmup_steps`` untimed batches, then times ``token_steps``. A row gives
+rotating: a turn starts once the process is idle (`common.settle`: the other loops have refilled
+what they read ahead), takes ``warmup_steps`` untimed batches, then times ``token_steps``. A row gives
 the median and range over the rounds of the delivered tokens per second (real tokens for packed
 rows, whose slots per second and packing efficiency come too) and the ratio to the tight loop.
 """
@@ -44,7 +45,7 @@ from psdp import (
 )
 from psdp.tools.benchmarks import token_loops
 from psdp.tools.benchmarks.baselines import prefetched
-from psdp.tools.benchmarks.common import BatchIds, Sizes, cpu_mesh, ratio, timed_ms
+from psdp.tools.benchmarks.common import BatchIds, Sizes, cpu_mesh, ratio, settle, timed_ms
 from psdp.tools.benchmarks.grain_loops import load_grain
 from psdp.tools.benchmarks.throughput import psdp_batches
 from psdp.tools.benchmarks.token_checks import (
@@ -122,7 +123,7 @@ def document_lengths(count: int, mean: float, longest: int, seed: int) -> np.nda
 
     Example:
         >>> lengths = document_lengths(10_000, 300, 2048, seed=0)
-        >>> int(lengths.min()) >= 1, int(lengths.max()) <= 2048, 280 < lengths.mean() < 320
+        >>> int(lengths.min()) >= 1, int(lengths.max()) <= 2048, bool(280 < lengths.mean() < 320)
         (True, True, True)
     """
     drawn = np.random.default_rng(seed).lognormal(np.log(mean) - 0.5, 1.0, count)
@@ -356,6 +357,7 @@ def _rows(job: Job, sizes: Sizes, opened: dict[str, dict[str, Any]]) -> list[dic
     times: dict[str, list[float]] = {name: [] for name in names}
     for turn in range(ROUNDS):
         for name in names[turn % len(names) :] + names[: turn % len(names)]:
+            settle()
             ms = timed_ms(opened[name]["batches"], sizes.warmup_steps, sizes.token_steps, 0)
             times[name].append(ms)
     slots = sizes.token_batch * sizes.token_seq_len / 1e3  # per ms: Mtokens/s
