@@ -17,7 +17,7 @@ import jax
 import numpy as np
 
 from psdp.tools.benchmarks.common import check_shards
-from psdp.tools.benchmarks.token_loops import Batch, ranges
+from psdp.tools.benchmarks.token_loops import Batch
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,17 @@ class Store:
                 f"not all in the store of ids {self.base}.."
             )
         return np.searchsorted(self.offsets, at, side="right") - 1
+
+
+def spans(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """``starts[i], ..., starts[i] + lengths[i] - 1`` for every ``i``, one after the other: one
+    ``np.arange`` each, plainly (the loops' vectorised `token_loops.ranges` is under test).
+
+    Example:
+        >>> spans(np.array([7, 0]), np.array([2, 3])).tolist()
+        [7, 8, 0, 1, 2]
+    """
+    return np.concatenate([np.arange(a, a + n) for a, n in zip(starts, lengths, strict=True)])
 
 
 def check_leaves(batch: Mapping[str, jax.Array], expected: Batch, what: str) -> None:
@@ -90,7 +101,7 @@ def shuffled_stream(store: Store, got: np.ndarray) -> Batch:
     if len(np.unique(order)) != len(order):
         raise AssertionError(f"a document appears twice in the stream: documents {order.tolist()}")
     lengths = np.diff(store.offsets)[order]
-    stream = ranges(store.offsets[order], lengths)[: got.size]
+    stream = spans(store.offsets[order], lengths)[: got.size]
     if stream.size < got.size:
         raise AssertionError(f"the documents {order.tolist()} hold fewer tokens than the rows")
     ids = (store.base + stream).reshape(got.shape)
@@ -143,9 +154,9 @@ def packed_rows(stores: Sequence[Store], got: np.ndarray) -> PackedRows:
         if not order.size or lengths.sum() > got.shape[1]:
             raise AssertionError(f"row {row} holds no token or does not hold whole documents")
         real = slice(0, lengths.sum())
-        expected["input_ids"][row, real] = store.base + ranges(store.offsets[order], lengths)
+        expected["input_ids"][row, real] = store.base + spans(store.offsets[order], lengths)
         expected["segment_ids"][row, real] = np.repeat(np.arange(1, len(order) + 1), lengths)
-        expected["positions"][row, real] = ranges(np.zeros_like(lengths), lengths)
+        expected["positions"][row, real] = spans(np.zeros_like(lengths), lengths)
         documents += [(int(index), int(d)) for d in order]
     expected["loss_mask"] = (expected["segment_ids"] != 0).astype(np.uint8)
     if len(set(documents)) != len(documents):

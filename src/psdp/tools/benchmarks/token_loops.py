@@ -124,6 +124,7 @@ def pack_rows(
     first, count = firsts[packs], firsts[packs + 1] - firsts[packs]
     low = offsets[first]
     real = np.arange(seq_len) < (offsets[first + count] - low)[:, None]
+    # one gather of whole rows: a padding column reads some token inside the array, then 0
     at = np.minimum(low[:, None] + np.arange(seq_len), len(flat) - 1)
     doc = ranges(first, count)
     lengths = offsets[doc + 1] - offsets[doc]
