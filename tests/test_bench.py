@@ -1,6 +1,6 @@
 """The benchmark runs end to end in its reduced form, so it cannot rot (no timing thresholds here).
 
-``--quick`` computes all six figures on tiny inputs; the test checks that every figure is present,
+``--quick`` computes every figure on tiny inputs; the test checks that every figure is present,
 every row has a finite ratio (where the baseline exists), and the markdown names each figure. The
 baselines' own correctness (every loop's shards checked before timing) is tested at the end.
 """
@@ -12,10 +12,21 @@ import math
 import runpy
 from pathlib import Path
 
+import jax
+import numpy as np
 import pytest
 
 from psdp.tools import benchmarks
-from psdp.tools.benchmarks import assembly, baselines, grain_loops, multihost, throughput
+from psdp.tools.benchmarks import (
+    assembly,
+    baselines,
+    grain_loops,
+    multihost,
+    throughput,
+    token_checks,
+    token_loops,
+    tokens,
+)
 from psdp.tools.cli import main as cli_main
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
@@ -102,7 +113,7 @@ def test_markdown_names_the_machine_the_command_and_every_figure(quick_report):
     out, report = quick_report
     text = (out / "bench.md").read_text()
     assert "bench --quick" in text and "cpu_cores" in text
-    for number in range(1, 7):
+    for number in range(1, len(benchmarks.FIGURES) + 1):
         assert f"## {number}. " in text
 
 
@@ -303,3 +314,228 @@ def test_the_own_rows_loop_reads_only_its_rows_on_one_host():
     check_batches(baselines.own_rows_loop(read.read, ids, sharding, 4), ids, table, "own rows")
     assert read.rows_read == [8, 8]
     assert np.array_equal(read.read(np.array([3])), table[[3]])
+
+
+# ------------------------------------------------------------------ figure 8: the token path
+def test_the_token_figure_has_every_job_and_loop_with_consistent_rates(quick_report):
+    _, report = quick_report
+    rows = report["figures"]["tokens"]["rows"]
+    loops = [n for n in tokens.LOOPS if n != tokens.GRAIN or grain_loops.load_grain() is not None]
+    assert [(r["job"], r["loader"]) for r in rows] == [
+        (job.name, loop) for job in tokens.JOBS for loop in loops
+    ]
+    for row in rows:
+        assert row["mtokens_min"] <= row["mtokens_per_s"] <= row["mtokens_max"], row
+        if row["loader"] == tokens.TIGHT:
+            assert row["ratio"] == 1
+        packed = row["job"] == tokens.JOBS[-1].name
+        assert (row["efficiency"] is not None) == packed == (row["slot_mtokens"] is not None)
+        if packed:  # real tokens are the slots that hold a token
+            assert 0 < row["efficiency"] <= 1
+            assert row["mtokens_per_s"] == pytest.approx(row["slot_mtokens"] * row["efficiency"])
+        leaves = set(row["leaves"].split(", "))
+        assert "input_ids" in leaves
+        if row["job"] != tokens.JOBS[0].name and row["job"] != tokens.JOBS[1].name:
+            assert {"segment_ids", "positions"} <= leaves, row
+
+
+def test_the_user_computes_segment_ids_and_positions_per_row():
+    """Documents of 3, 2, 0 and 4 tokens (one empty); rows of 4 from stream positions 0, 2, 5."""
+    offsets = np.array([0, 3, 5, 5, 9])
+    got = token_loops.row_segments(np.array([0, 2, 5]), 4, offsets)
+    assert got["segment_ids"].tolist() == [[1, 1, 1, 2], [1, 2, 2, 4], [4, 4, 4, 4]]
+    assert got["positions"].tolist() == [[0, 1, 2, 0], [2, 0, 1, 0], [0, 1, 2, 3]]
+    assert got["segment_ids"].dtype == got["positions"].dtype == np.int32
+
+
+def test_the_greedy_packer_fills_packs_with_whole_documents_in_order():
+    """Levanter's prepacking: lengths 3, 2, 4, 1, 5, 2 into packs of 5: [3, 2], [4, 1], [5], [2]."""
+    offsets = np.array([0, 3, 5, 9, 10, 15, 17])
+    firsts = token_loops.greedy_packs(offsets, 5)
+    assert firsts.tolist() == [0, 2, 4, 5, 6]
+    flat = np.arange(1, 18, dtype=np.int32)
+    got = token_loops.pack_rows(flat, offsets, firsts, np.array([3, 1]), 5)
+    assert got["input_ids"].tolist() == [[16, 17, 0, 0, 0], [6, 7, 8, 9, 10]]
+    assert got["segment_ids"].tolist() == [[1, 1, 0, 0, 0], [1, 1, 1, 1, 2]]
+    assert got["positions"].tolist() == [[0, 1, 0, 0, 0], [0, 1, 2, 3, 0]]
+    assert got["input_ids"].dtype == np.int32
+
+
+def test_the_stream_oracles_follow_the_ids_alone():
+    store = token_checks.Store(base=10, offsets=np.array([0, 3, 5, 9]))
+    rows = token_checks.stream_rows(store, np.array([2, 6]), 3)
+    assert rows["input_ids"].tolist() == [[12, 13, 14], [16, 17, 18]]
+    assert rows["segment_ids"].tolist() == [[1, 2, 2], [3, 3, 3]]
+    assert rows["positions"].tolist() == [[2, 0, 1], [1, 2, 3]]
+    shuffled = token_checks.shuffled_stream(store, np.array([[15, 16, 17], [18, 10, 11]]))
+    assert shuffled["segment_ids"].tolist() == [[1, 1, 1], [1, 2, 2]]
+    assert shuffled["positions"].tolist() == [[0, 1, 2], [0, 0, 1]]
+    with pytest.raises(AssertionError, match="appears twice"):
+        token_checks.shuffled_stream(store, np.array([[10, 11, 12, 13, 14, 10]]))
+    with pytest.raises(AssertionError, match="not all in the store"):
+        token_checks.shuffled_stream(store, np.array([[10, 11, 12, 19]]))
+
+
+@pytest.mark.parametrize(
+    "row",
+    [
+        [15, 16, 17, 18, 10, 0],  # the second document cut short
+        [15, 16, 17, 18, 10, 11],  # the second document cut at the row's end
+        [13, 14, 0, 10, 11, 12],  # padding between documents
+        [13, 14, 100, 0, 0, 0],  # a token of the other store
+        [0, 0, 0, 0, 0, 0],  # no token at all
+        [13, 14, 13, 14, 0, 0],  # a document twice
+    ],
+)
+def test_the_packed_oracle_refuses_rows_that_are_not_whole_documents(row):
+    stores = [
+        token_checks.Store(10, np.array([0, 3, 5, 9])),
+        token_checks.Store(100, np.array([0, 2])),
+    ]
+    whole = token_checks.packed_rows(stores, np.array([[15, 16, 17, 18, 13, 14]]))
+    assert whole.expected["input_ids"].tolist() == [[15, 16, 17, 18, 13, 14]]
+    assert whole.documents == [(0, 2), (0, 1)] and whole.efficiency == 1
+    try:  # refused outright, or expected to hold other ids than it does
+        refused = token_checks.packed_rows(stores, np.array([row])).expected["input_ids"]
+    except AssertionError:
+        return
+    assert refused.tolist() != [row]
+
+
+@pytest.fixture(scope="module")
+def token_corpora(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tokens")
+    sizes = benchmarks.QUICK
+    corpora = []
+    for index, count in enumerate((sizes.token_documents, sizes.token_documents // 2)):
+        lengths = tokens.document_lengths(
+            count, sizes.token_mean_length, sizes.token_seq_len, index
+        )
+        base = 1 + (int(corpora[0].offsets[-1]) if corpora else 0)
+        corpora.append(tokens.write_corpus(root / str(index), lengths, base))
+    return tuple(corpora)
+
+
+def _tampered(batches, leaf, step, change):
+    """The batches with ``leaf`` at ``step`` changed in place by ``change(its global array)``."""
+    out = [dict(b) for b in batches]
+    host = np.array(out[step][leaf])
+    change(host)
+    out[step][leaf] = jax.device_put(host, out[step][leaf].sharding)
+    return out
+
+
+def _plus_one(host):
+    host[-1, -1] += 1
+
+
+def _a_row_repeated(batches):
+    """The batches with step 1's first row replaced by step 0's, in every leaf."""
+    out = [dict(b) for b in batches]
+    for leaf in out[0]:
+        second = np.array(out[1][leaf])
+        second[0] = np.asarray(out[0][leaf])[0]
+        out[1][leaf] = jax.device_put(second, out[1][leaf].sharding)
+    return out
+
+
+def _stores_swapped(batches, second_base):
+    """The batches with a row of the first store at step 0 and one of the second store at step 1
+    swapped, in every leaf: each row is still whole documents, each once, but neither step holds
+    its 3:1 share."""
+    first = np.asarray(batches[0]["input_ids"])[:, 0] < second_base
+    second = np.asarray(batches[1]["input_ids"])[:, 0] >= second_base
+    a, b = int(np.argmax(first)), int(np.argmax(second))
+    assert first[a] and second[b]
+    out = [dict(x) for x in batches]
+    for leaf in out[0]:
+        zero, one = np.array(out[0][leaf]), np.array(out[1][leaf])
+        zero[a], one[b] = one[b].copy(), zero[a].copy()
+        out[0][leaf] = jax.device_put(zero, out[0][leaf].sharding)
+        out[1][leaf] = jax.device_put(one, out[1][leaf].sharding)
+    return out
+
+
+@pytest.mark.parametrize("job", tokens.JOBS, ids=lambda job: job.name)
+def test_every_token_loop_passes_its_check_and_a_wrong_batch_fails_it(token_corpora, job):
+    """Each loop's first batches pass the numpy oracle; the same batches with one id, one
+    segment id or one position changed (the last of step 1), with a row of step 0 again in step
+    1, without one of the job's leaves, or (packed) with rows of the two stores swapped between
+    steps, fail it."""
+    from contextlib import ExitStack
+
+    from psdp.tools.benchmarks.common import cpu_mesh
+
+    mesh = cpu_mesh((4, 2), ("data", "model"))
+    grain = grain_loops.load_grain()
+    with ExitStack() as stack:
+        loops = tokens.loops(job, benchmarks.QUICK, mesh, token_corpora, grain, stack)
+        assert list(loops) == [n for n in tokens.LOOPS if n != tokens.GRAIN or grain is not None]
+        for name, (open_loop, check) in loops.items():
+            batches = open_loop()
+            stack.callback(batches.close)
+            got = [next(batches) for _ in range(tokens.CHECKED_STEPS)]
+            efficiency = check(got)
+            assert 0 < efficiency <= 1 and (efficiency == 1) != job.packed, name
+            leaves = ["input_ids", "segment_ids", "positions"] if job.segments else ["input_ids"]
+            for leaf in leaves:
+                with pytest.raises(AssertionError):
+                    check(_tampered(got, leaf, 1, _plus_one))
+            with pytest.raises(AssertionError):
+                check(_a_row_repeated(got))
+            without = [{k: v for k, v in b.items() if k != leaves[-1]} for b in got]
+            with pytest.raises(AssertionError, match=f"step 0: no leaf '{leaves[-1]}'"):
+                check(without)
+            if job.packed:
+                with pytest.raises(
+                    AssertionError, match=r"step 0: rows per store \[11, 5\], not \[12, 4\]"
+                ):
+                    check(_stores_swapped(got, token_corpora[1].base))
+
+
+def test_a_token_loop_that_delivers_wrong_rows_stops_the_figure_naming_it(tmp_path, monkeypatch):
+    """The tight loop reading every row one token late fails the check of the first job, before
+    any timing, and the error names the loop, the job, the step and the leaf."""
+    honest = token_loops.concat_loop
+
+    def one_token_late(flat, *args):
+        return honest(flat[1:], *args)
+
+    monkeypatch.setattr(token_loops, "concat_loop", one_token_late)
+    pattern = r"tight loop, concatenate-then-split: step 0, input_ids: device \d+ holds the wrong"
+    with pytest.raises(AssertionError, match=pattern):
+        tokens.bench_tokens(benchmarks.QUICK, tmp_path)
+
+
+class _FakeClock:
+    """``time`` for `common.settle`: each sleep advances the clock, and the process's CPU time by
+    the next of ``busy`` (cores used in that window; 0 once they run out)."""
+
+    def __init__(self, busy):
+        self.now, self.cpu, self.busy = 0.0, 0.0, list(busy)
+
+    def monotonic(self):
+        return self.now
+
+    def process_time(self):
+        return self.cpu
+
+    def sleep(self, seconds):
+        self.now += seconds
+        self.cpu += seconds * (self.busy.pop(0) if self.busy else 0.0)
+
+
+@pytest.mark.parametrize(
+    ("busy", "waited"),
+    [
+        ([], 0.05),  # idle: one window
+        ([1.0, 0.5, 0.2], 0.2),  # a loop refills its read-ahead for 3 windows
+        ([0.09], 0.05),  # under a tenth of a core is idle
+        ([1.0] * 1000, 1.0),  # never idle: the limit
+    ],
+)
+def test_a_turn_starts_once_the_other_loops_are_idle(monkeypatch, busy, waited):
+    import psdp.tools.benchmarks.common as common
+
+    monkeypatch.setattr(common, "time", _FakeClock(busy))
+    assert common.settle(window_s=0.05, limit_s=1.0) == pytest.approx(waited)

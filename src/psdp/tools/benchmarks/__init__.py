@@ -1,4 +1,4 @@
-"""``psdp bench``: six figures, each psdp against baselines measured in the same run.
+"""``psdp bench``: eight figures, each psdp against baselines measured in the same run.
 
 What each figure measures, its baseline, how to read its ratio, and the results:
 ``docs/performance.md``. One module per figure; ``common`` holds the sizes and timing helpers,
@@ -41,6 +41,7 @@ from psdp.tools.benchmarks.report import machine, markdown, markdown_figure, row
 from psdp.tools.benchmarks.resume import bench_resume, rss_child
 from psdp.tools.benchmarks.stall import LatencySource, bench_stall
 from psdp.tools.benchmarks.throughput import bench_throughput
+from psdp.tools.benchmarks.tokens import bench_tokens
 
 __all__ = [
     "DEVICES",
@@ -60,6 +61,7 @@ __all__ = [
     "bench_resume",
     "bench_stall",
     "bench_throughput",
+    "bench_tokens",
     "cpu_mesh",
     "interleaved_ms",
     "load_grain",
@@ -90,6 +92,7 @@ RUNNERS: dict[str, Callable[[Sizes, Path], dict[str, Any]]] = {
     "resume": lambda s, _: bench_resume(s),
     "multihost": lambda s, _: bench_multihost(s),
     "object_store": lambda s, _: bench_object_store(s),
+    "tokens": bench_tokens,
 }
 
 

@@ -15,7 +15,16 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-FIGURES = ("assembly", "throughput", "stall", "planning", "resume", "multihost", "object_store")
+FIGURES = (
+    "assembly",
+    "throughput",
+    "stall",
+    "planning",
+    "resume",
+    "multihost",
+    "object_store",
+    "tokens",
+)
 DEVICES = 8
 
 
@@ -74,6 +83,16 @@ class Sizes:
     """Batches per timed segment of figure 6."""
     pod_read_ms: tuple[float, ...]
     """Latency injected into every read of figure 6."""
+    token_documents: int
+    """Documents of figure 8's store (its mixture's second store has half as many)."""
+    token_mean_length: int
+    """Mean tokens of figure 8's documents (log-normal lengths, at most `token_seq_len`)."""
+    token_seq_len: int
+    """Tokens per row in figure 8."""
+    token_batch: int
+    """Rows per step in figure 8 (a multiple of 4, for the 3:1 mixture)."""
+    token_steps: int
+    """Batches per timed turn of figure 8 (after `warmup_steps`)."""
 
 
 FULL = Sizes(
@@ -99,6 +118,11 @@ FULL = Sizes(
     pod_batch=128,
     pod_steps=30,
     pod_read_ms=(0, 10),
+    token_documents=200_000,
+    token_mean_length=300,
+    token_seq_len=2048,
+    token_batch=64,
+    token_steps=20,
 )
 QUICK = Sizes(
     assembly_mib=(0.0625, 0.25),
@@ -123,6 +147,11 @@ QUICK = Sizes(
     pod_batch=16,
     pod_steps=2,
     pod_read_ms=(0, 10),
+    token_documents=600,
+    token_mean_length=24,
+    token_seq_len=128,
+    token_batch=16,
+    token_steps=2,
 )
 
 
@@ -319,6 +348,24 @@ def check_batches(
     every addressable device (the second shows that the loop moves on to the next step)."""
     for step in range(2):
         check_shards(next(batches), table[ids(step)], f"{what}, step {step}")
+
+
+def settle(window_s: float = 0.05, limit_s: float = 10.0) -> float:
+    """Waits until this process spends under a tenth of a core for ``window_s`` (at most
+    ``limit_s``), and returns the seconds waited: after a loop's turn, the loops that read ahead
+    refill their buffers on their own threads, and the next turn must not pay for that.
+
+    Example:
+        >>> settle() >= 0
+        True
+    """
+    start = time.monotonic()
+    while time.monotonic() - start < limit_s:
+        cpu = time.process_time()
+        time.sleep(window_s)
+        if time.process_time() - cpu < window_s / 10:
+            break
+    return time.monotonic() - start
 
 
 def timed_ms(batches: Iterator[Any], warmup: int, steps: int, train_s: float) -> float:
