@@ -224,7 +224,7 @@ def _concat_loops(
         )
     }
     for name, store in ((PSDP_MEMMAP, corpus.memmap_store), (PSDP_ZARR, corpus.zarr_store)):
-        rows = TokenSequences(store(), seq_len)
+        rows = TokenSequences(store(), seq_len, leaves=leaves)  # the job's leaves, as the loops
         spec = {leaf: job.spec for leaf in rows.leaves}
         loader = stack.enter_context(
             DataLoader(rows, mesh=mesh, global_batch_size=batch, seed=SEED, batch_spec=spec)
@@ -250,6 +250,10 @@ def _concat_loops(
     return found
 
 
+#: the packed job's leaves, as the tight loop and Grain deliver them (no loss mask)
+PACKED_LEAVES = ("input_ids", "segment_ids", "positions")
+
+
 def _packed_loops(
     job: Job,
     sizes: Sizes,
@@ -273,7 +277,8 @@ def _packed_loops(
     }
     for name, opener in ((PSDP_MEMMAP, Corpus.memmap_store), (PSDP_ZARR, Corpus.zarr_store)):
         packed = {
-            n: PackedSequences(opener(c), seq_len) for n, c in zip(WEIGHTS, corpora, strict=True)
+            n: PackedSequences(opener(c), seq_len, leaves=PACKED_LEAVES)
+            for n, c in zip(WEIGHTS, corpora, strict=True)
         }
         mixture = Mixture(packed, weights=WEIGHTS, block_size=batch, seed=SEED)
         loader = stack.enter_context(
