@@ -36,6 +36,7 @@ from tests.scale_corpus import LazyArray, ScaleCorpus
 
 from psdp.sources import DocumentIndex, DocumentStore, TokenSequences
 from psdp.sources.document_index import STRIDE
+from psdp.tools.benchmarks.token_loops import row_segments  # the user's loop of figure 8
 
 SEQ_LEN, BATCH, STEPS, ROUNDS = 2048, 64, 20, 7
 SIZES = (10**6, 10**7, 10**9)  # documents
@@ -128,29 +129,6 @@ def scale_table() -> None:
             )
 
 
-def ranges(first: np.ndarray, count: np.ndarray) -> np.ndarray:
-    before = np.cumsum(count) - count
-    return np.arange(count.sum()) - np.repeat(before - first, count)
-
-
-def tight_segments(starts: np.ndarray, width: int, offsets: np.ndarray) -> dict[str, np.ndarray]:
-    """A user's per-row segment_ids and positions: each row's documents, then np.repeat."""
-    first = np.searchsorted(offsets, starts, side="right") - 1
-    count = np.searchsorted(offsets, starts + width, side="left") - first
-    doc = ranges(first, count)
-    row_start = np.repeat(starts, count)
-    low = np.maximum(offsets[doc], row_start)
-    lengths = np.minimum(offsets[doc + 1], row_start + width) - low
-    within = np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-    shape = (len(starts), width)
-    return {
-        "segment_ids": np.repeat(doc + 1, lengths).astype(np.int32).reshape(shape),
-        "positions": (within + np.repeat(low - offsets[doc], lengths))
-        .astype(np.int32)
-        .reshape(shape),
-    }
-
-
 def speed_table() -> None:
     rng = np.random.default_rng(0)
     drawn = rng.lognormal(np.log(300) - 0.5, 1.0, 200_000)
@@ -164,7 +142,7 @@ def speed_table() -> None:
     batches = [np.sort(rng.choice(len(every), BATCH, replace=False)) for _ in range(50)]
 
     def tight(ids: np.ndarray) -> dict[str, np.ndarray]:
-        return {"input_ids": rows[ids], **tight_segments(ids * SEQ_LEN, SEQ_LEN, offsets)}
+        return {"input_ids": rows[ids], **row_segments(ids * SEQ_LEN, SEQ_LEN, offsets)}
 
     for ids in batches[:5]:  # the same rows, every leaf, before any timing
         want, got = tight(ids), every.read(ids)
