@@ -320,7 +320,7 @@ def test_the_own_rows_loop_reads_only_its_rows_on_one_host():
 def test_the_token_figure_has_every_job_and_loop_with_consistent_rates(quick_report):
     _, report = quick_report
     rows = report["figures"]["tokens"]["rows"]
-    loops = [n for n in tokens.LOOPS if n != tokens.GRAIN or grain_loops.load_grain() is not None]
+    loops = [n for n in tokens.LOOPS if n != tokens.GRAIN or tokens.token_grain() is not None]
     assert [(r["job"], r["loader"]) for r in rows] == [
         (job.name, loop) for job in tokens.JOBS for loop in loops
     ]
@@ -467,7 +467,7 @@ def test_every_token_loop_passes_its_check_and_a_wrong_batch_fails_it(token_corp
     from psdp.tools.benchmarks.common import cpu_mesh
 
     mesh = cpu_mesh((4, 2), ("data", "model"))
-    grain = grain_loops.load_grain()
+    grain = tokens.token_grain()
     with ExitStack() as stack:
         loops = tokens.loops(job, benchmarks.QUICK, mesh, token_corpora, grain, stack)
         assert list(loops) == [n for n in tokens.LOOPS if n != tokens.GRAIN or grain is not None]

@@ -4,6 +4,7 @@ concatenated documents (the oracle), and the checks of bad stores."""
 from __future__ import annotations
 
 import itertools
+import os
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from psdp.sources import DocumentStore, PackedSequences, TokenSequences
+from psdp.sources import documents as documents_module
 from tests import token_oracle
 
 
@@ -328,33 +330,69 @@ def test_the_store_holds_an_index_not_the_offsets_and_the_pass_memory_is_bounded
     assert peak < 4 << 20, peak  # a few copies of one 128 KiB step, and a batch
 
 
-def test_an_index_saved_at_a_path_is_reused_and_never_trusted_when_stale(tmp_path):
-    """index=PATH: built and saved on first use; the next open reads only the offsets' ends and
-    64 spot checks; offsets changed in place (same size and last entry, a moved mark) make the
-    next open build it again, and the rows are exact."""
-    path = tmp_path / "offsets.index"
-    offsets = _short_documents(30_000, seed=1)
-    docs = [np.arange(a, b, dtype=np.int32) for a, b in itertools.pairwise(offsets)]
-    flat = np.concatenate(docs)
-    first = RecordedArray(offsets)
-    DocumentStore.from_arrays(first, {"input_ids": flat}, index=path)
-    assert path.is_file() and max(b - a for a, b in first.reads) > 1  # the pass
-    again = RecordedArray(offsets)
-    store = DocumentStore.from_arrays(again, {"input_ids": flat}, index=str(path))
-    assert max(b - a for a, b in again.reads) == 1 and len(again.reads) == 2 + 9  # 9 marks
-    assert store.index.marks.tolist() == [*offsets[::4096].tolist(), offsets[-1]]
-    moved = offsets.copy()
-    moved[4096] += 1  # document 4095 one token longer, 4096 one shorter: same size and end
-    docs[4095], docs[4096] = np.append(docs[4095], docs[4096][0]), docs[4096][1:]
-    changed = RecordedArray(moved)
-    store = DocumentStore.from_arrays(changed, {"input_ids": flat}, index=path)
-    assert max(b - a for a, b in changed.reads) > 1  # built again
-    assert store.index.marks[1] == moved[4096]
-    rows = TokenSequences(store, 32, eos_id=0)
-    want = token_oracle.rows(docs, 32, eos_id=0)
-    got = rows.read(np.arange(len(rows)))
+def _cached_rows(offsets, flat, index, seq_len=2):
+    """Every row of TokenSequences with EOS over ``offsets`` with ``index=`` the cache path."""
+    store = DocumentStore.from_arrays(offsets, {"input_ids": flat}, index=index)
+    rows = TokenSequences(store, seq_len, eos_id=-1)
+    return rows.read(np.arange(len(rows)))
+
+
+def _oracle_rows(offsets, flat, seq_len=2):
+    docs = [flat[a:b] for a, b in itertools.pairwise(np.asarray(offsets).tolist())]
+    return token_oracle.rows(docs, seq_len, eos_id=-1)
+
+
+def _assert_rows(got, want):
+    assert set(got) == set(want)
     for key, value in want.items():
         np.testing.assert_array_equal(got[key], value, err_msg=key)
+
+
+def test_an_index_saved_at_a_path_is_reused_for_the_same_offsets_file_only(tmp_path, monkeypatch):
+    """index=PATH: built and saved on first use, reused while the memory-mapped offsets file is
+    the same (path, size, time, inode); offsets rewritten in place with the same size, marks and
+    last entry (a document emptied, its neighbour grown: the non-empty counts change, which no
+    spot check sees) are indexed again, and every row is exact."""
+    path, file = tmp_path / "offsets.index", tmp_path / "offsets.npy"
+    flat = np.arange(1, 13, dtype=np.int32)
+    np.save(file, np.array([0, 1, 6, 9, 12]))
+    builds = []
+    real_build = documents_module.build_index
+    monkeypatch.setattr(
+        documents_module, "build_index", lambda *a, **k: builds.append(1) or real_build(*a, **k)
+    )
+    first = np.load(file, mmap_mode="r")
+    _assert_rows(_cached_rows(first, flat, path), _oracle_rows(first, flat))
+    _assert_rows(_cached_rows(np.load(file, mmap_mode="r"), flat, path), _oracle_rows(first, flat))
+    assert len(builds) == 1 and path.is_file()  # the second open read the saved index
+    changed = np.array([0, 2, 7, 7, 12])  # lengths 1 5 3 3 -> 2 5 0 5
+    np.save(file, changed)
+    os.utime(file, ns=(1, 1))  # a time of its own: the change is seen even on a coarse clock
+    _assert_rows(
+        _cached_rows(np.load(file, mmap_mode="r"), flat, path), _oracle_rows(changed, flat)
+    )
+    assert len(builds) == 2
+
+
+def test_an_index_path_for_offsets_in_no_file_is_refused(tmp_path):
+    """Offsets in memory (or any array that is not a file's) have nothing but their values to
+    tell a changed copy apart (the reviewer's case: a stale cached index gave 8 rows for 7, wrong
+    tokens and a reshape error): index=PATH is refused for them, naming the fix."""
+    with pytest.raises(ValueError, match="are not a file's, so nothing tells a changed copy"):
+        DocumentStore.from_arrays(np.array([0, 1, 6]), {"input_ids": np.arange(6)},
+                                  index=tmp_path / "offsets.index")  # fmt: skip
+    assert not (tmp_path / "offsets.index").exists()
+
+
+def test_an_index_path_holding_another_file_is_refused_and_left_as_it_was(tmp_path):
+    other = tmp_path / "tokens.npy"
+    np.save(other, np.arange(12, dtype=np.int32))
+    before = other.read_bytes()
+    np.save(tmp_path / "offsets.npy", np.array([0, 6, 12]))
+    offsets = np.load(tmp_path / "offsets.npy", mmap_mode="r")
+    with pytest.raises(ValueError, match="is not a document index psdp saved"):
+        DocumentStore.from_arrays(offsets, {"input_ids": np.arange(12)}, index=other)
+    assert other.read_bytes() == before
 
 
 @pytest.mark.parametrize("kind", ["numpy", "read by range"])

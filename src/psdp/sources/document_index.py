@@ -152,15 +152,23 @@ class DocumentIndex:
                 f"{int(values[np.argmax(wrong)])}, but the index says {int(self.marks[j])}; {fix}"
             )
 
-    def save(self, path: str | os.PathLike[str]) -> None:
-        """Writes the index to a local ``.npz`` file that `load` reads."""
+    def save(self, path: str | os.PathLike[str], *, identity: str = "") -> None:
+        """Writes the index to a local ``.npz`` file that `load` reads, with ``identity``: what
+        the offsets it indexes are (`saved_identity`; e.g. their file, size and time)."""
         with open(path, "wb") as file:  # np.savez would append ".npz" to a name without it
             np.savez(
                 file,
                 marks=self.marks,
                 nonempty=self.nonempty,
                 sizes=np.array([self.num_documents, self.stride, self.longest], np.int64),
+                identity=np.array(identity),
             )
+
+    @staticmethod
+    def saved_identity(path: str | os.PathLike[str]) -> str:
+        """The ``identity`` `save` recorded at ``path`` (``""`` if none)."""
+        with np.load(path) as saved:
+            return str(saved["identity"]) if "identity" in saved.files else ""
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> DocumentIndex:

@@ -154,6 +154,7 @@ class DocumentStore:
                 index committed with the offsets (`open` checks it against the metadata).
         """
         self.name = name
+        self._offsets_file = _file_identity(offsets)  # before `_plain` drops the memmap's file
         self._offsets = _plain(offsets)
         self._flat = {leaf: _plain(array) for leaf, array in flat.items()}
         shape, dtype = _shape_and_dtype(self._offsets)
@@ -356,13 +357,21 @@ class DocumentStore:
 
     def _index_of(self, index: Any, documents: int, tokens: int, spot_check: bool) -> DocumentIndex:
         """``index`` checked against the offsets, or built (and saved at a path given)."""
-        if index is None or isinstance(index, str | os.PathLike):
-            saved = None if index is None else _saved_index(index)
+        if index is None:
+            return build_index(self._read_offsets, documents, name=self.name)
+        if isinstance(index, str | os.PathLike):
+            if self._offsets_file is None:
+                raise ValueError(
+                    f"index={os.fspath(index)!r} caches the index of offsets in a memory-mapped "
+                    f"file (np.load(path, mmap_mode='r')), but the offsets of {self.name} are not "
+                    "a file's, so nothing tells a changed copy apart; pass index=None (one pass "
+                    "builds it), or index=DocumentIndex.load(path) for an index you know is theirs"
+                )
+            saved = _saved_index(index, self._offsets_file)
             if saved is not None and _matches(saved, documents, tokens, self._read_offsets):
                 return saved
             built = build_index(self._read_offsets, documents, name=self.name)
-            if index is not None:
-                built.save(index)
+            built.save(index, identity=self._offsets_file)
             return built
         if not isinstance(index, DocumentIndex):
             raise TypeError(
@@ -488,13 +497,32 @@ def _checked_ranges(
     return starts, stops
 
 
-def _saved_index(path: str | os.PathLike[str]) -> DocumentIndex | None:
-    """The index saved at ``path``; ``None`` if there is none or it cannot be read (it is then
-    built again and saved over it)."""
+def _saved_index(path: str | os.PathLike[str], offsets_file: str) -> DocumentIndex | None:
+    """The index saved at ``path`` for the offsets file ``offsets_file`` (`_file_identity`);
+    ``None`` (built again and saved over it) if there is none or the file changed since (its
+    path, size, modification time or inode). A file that is not an index is refused, never
+    overwritten."""
     try:
-        return DocumentIndex.load(path)
-    except (OSError, KeyError, ValueError, TypeError):  # missing, partial or another file
+        index, identity = DocumentIndex.load(path), DocumentIndex.saved_identity(path)
+    except FileNotFoundError:
         return None
+    except (OSError, KeyError, ValueError, TypeError) as error:
+        raise ValueError(
+            f"index={os.fspath(path)!r} is not a document index psdp saved ({error}); psdp "
+            "would overwrite it: give the path of a new file, or delete this one"
+        ) from error
+    return index if identity == offsets_file else None
+
+
+def _file_identity(array: Any) -> str | None:
+    """The file a memory-mapped array maps, as ``path:size:mtime_ns:inode`` (what makes a cached
+    index trustworthy), or ``None`` for an array that is not a file's."""
+    filename = array.filename if isinstance(array, np.memmap) else None
+    if filename is None:
+        return None
+    info = os.stat(filename)
+    where = f"{os.path.realpath(filename)}@{array.offset}"
+    return f"{where}:{len(array)}:{info.st_size}:{info.st_mtime_ns}:{info.st_ino}"
 
 
 def _matches(index: DocumentIndex, documents: int, tokens: int, read: Any) -> bool:
