@@ -570,3 +570,19 @@ def test_a_billion_documents_packed_in_windows_open_in_two_window_reads_and_read
     assert got["startup_reads"] == [[0, 4097], [last, 10**9 + 1]]
     assert got["index_bytes"] < 4 * 8 * (10**9 // 4096 + 2) + 4096  # O(D / W): 4 counts a window
     assert got["rss_added_bytes"] <= 2**30, got
+
+
+@pytest.mark.parametrize(
+    "box", [slice(-2, 4), slice(2, 9), np.array([-1, 0]), np.array([7, 8])], ids=str
+)
+def test_columns_outside_a_packed_row_are_refused(box):
+    """A packed row has no neighbours: a window before column 0 or past seq_len is an error (a
+    slice from -2 read nothing, and index -1 read column 7's value into column 0's place)."""
+    store = DocumentStore.from_arrays(
+        np.cumsum([0, 3, 1, 7, 2, 5]), {"input_ids": np.arange(1, 19)}
+    )
+    packed = PackedSequences(store, 8)
+    with pytest.raises(ValueError, match=r"columns of a packed sequence lie in \[0, seq_len=8\)"):
+        packed.read_window(np.array([0]), {"input_ids": box})
+    got = packed.read_window(np.array([0]), {"input_ids": np.array([0, 1])})["input_ids"]
+    assert got.tolist() == packed.read(np.array([0]))["input_ids"][:, :2].tolist()

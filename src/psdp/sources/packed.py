@@ -159,7 +159,7 @@ class PackedSequences:
                 raise KeyError(f"leaf {key!r} is not a leaf of {self.describe()}")
             if key not in self.leaves:
                 raise KeyError(f"leaf {key!r} is not delivered: leaves={tuple(self.leaves)}")
-            cols = _columns(box)
+            cols = _columns(box, self.seq_len)
             groups.setdefault(_tag(cols), (cols, []))[1].append(str(key))
         out: dict[Key, np.ndarray] = {}
         for cols, keys in groups.values():  # leaves with the same columns: one store read
@@ -262,18 +262,30 @@ def _plan_pieces(plan: PackPlan, offsets: np.ndarray, first: int, ids: np.ndarra
     return rows, token, plan.piece_len[piece], plan.piece_column[piece], segment
 
 
-def _columns(box: Box) -> slice | np.ndarray | None:
-    """A read's columns of dimension 1: ``None`` (all), a range, or an index array."""
+def _columns(box: Box, seq_len: int) -> slice | np.ndarray | None:
+    """A read's columns of dimension 1: ``None`` (all), a range, or an index array, each inside
+    ``[0, seq_len)``: a packed row has no neighbours to read a halo from."""
     cols: Any = box
     if isinstance(box, tuple):
         if len(box) > 1:
             raise ValueError(f"a packed sequence has one dimension after the batch, got box {box}")
         cols = box[0] if box else None  # (): the whole row
-    if cols is None or isinstance(cols, slice):
-        if cols is not None and cols.step not in (None, 1):
+    if cols is None:
+        return None
+    if isinstance(cols, slice):
+        if cols.step not in (None, 1):
             raise ValueError(f"column windows are ranges with step 1, got {cols}")
-        return cols
-    return np.asarray(cols, np.int64)
+        start, stop = cols.start or 0, seq_len if cols.stop is None else cols.stop
+        inside = 0 <= start <= stop <= seq_len
+    else:
+        cols = np.asarray(cols, np.int64)
+        inside = not cols.size or (cols.min() >= 0 and cols.max() < seq_len)
+    if not inside:
+        raise ValueError(
+            f"columns of a packed sequence lie in [0, seq_len={seq_len}), got {cols}; a packed row "
+            "has no neighbouring tokens (the halo boundary 'continue' is TokenSequences')"
+        )
+    return cols
 
 
 def _tag(cols: slice | np.ndarray | None) -> Any:
