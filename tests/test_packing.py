@@ -421,8 +421,9 @@ def test_the_efficiency_script_counts_sequences_and_tokens(capsys):
 class FormulaStore(DocumentStore):
     """A `FormulaCorpus` as a store that has only what `PackedSequences` reads through
     (`num_documents`, `num_tokens`, `offsets_range`, `read_ranges`): no offsets array exists.
-    Records every `offsets_range` call. (When branch seqscale's lazy arrays land,
-    `DocumentStore.from_arrays` over them replaces this class.)"""
+    Records every `offsets_range` call. A test double that skips `DocumentStore`'s own checks:
+    `from_arrays` over lazy arrays (`FlatArray`, tests/scale_corpus.py) with the formula's
+    `DocumentIndex` would test those too, and is yet to replace it."""
 
     def __init__(self, corpus: FormulaCorpus):  # no offsets to check: the formula's hold
         self.corpus, self.name = corpus, "formula"

@@ -161,19 +161,21 @@ def test_the_written_dataset_is_readable_by_others(tmp_path):
 
 
 # ------------------------------------------------------------------------- concurrent writers
+def _overtaken_at(where, winner):
+    """Chunks of a write that another write of ``winner`` to ``where`` overtakes: it commits
+    between this write's first and second chunk."""
+    yield {"x": np.arange(3)}
+    write_dataset(where, winner, overwrite=True, progress=False)
+    yield {"x": np.arange(3)}
+
+
 def test_a_write_that_lost_a_race_keeps_the_winner(tmp_path):
     """Another write commits to the same directory while this one runs: this one fails at its
     commit, naming the path, and the other's dataset stays, as on an object store."""
     path = write_dataset(tmp_path / "ds", {"x": np.arange(4)}, progress=False)
     winner = {"x": np.arange(10, 16)}
-
-    def chunks():
-        yield {"x": np.arange(3)}
-        write_dataset(path, winner, overwrite=True, progress=False)
-        yield {"x": np.arange(3)}
-
     with pytest.raises(FileExistsError, match=f"another write committed to {path} while this"):
-        write_dataset(path, chunks(), overwrite=True, progress=False)
+        write_dataset(path, _overtaken_at(path, winner), overwrite=True, progress=False)
     np.testing.assert_array_equal(_read_back(path)["x"], winner["x"])
     assert sorted(os.listdir(tmp_path)) == ["ds"]  # no staging directory, no lock file left
 
@@ -230,14 +232,8 @@ def test_a_file_kvstore_write_that_lost_a_race_keeps_the_winner(tmp_path):
     where = {"driver": "file", "path": f"{tmp_path}/kv/"}
     write_dataset(where, {"x": np.arange(4)}, progress=False)
     winner = {"x": np.arange(10, 16)}
-
-    def chunks():
-        yield {"x": np.arange(3)}
-        write_dataset(where, winner, overwrite=True, progress=False)
-        yield {"x": np.arange(3)}
-
     with pytest.raises(FileExistsError, match=f"another write committed to file://{tmp_path}/kv/"):
-        write_dataset(where, chunks(), overwrite=True, progress=False)
+        write_dataset(where, _overtaken_at(where, winner), overwrite=True, progress=False)
     np.testing.assert_array_equal(_read_back(where)["x"], winner["x"])
     prefix = read_metadata(where)["data_prefix"]
     files = [

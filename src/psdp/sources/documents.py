@@ -154,7 +154,10 @@ class DocumentStore:
                 index committed with the offsets (`open` checks it against the metadata).
         """
         self.name = name
-        self._offsets_file = _file_identity(offsets)  # before `_plain` drops the memmap's file
+        # what a cached index (index=PATH) is of; before `_plain` drops the memmap's file
+        self._offsets_file = (
+            _file_identity(offsets) if isinstance(index, str | os.PathLike) else None
+        )
         self._offsets = _plain(offsets)
         self._flat = {leaf: _plain(array) for leaf, array in flat.items()}
         shape, dtype = _shape_and_dtype(self._offsets)

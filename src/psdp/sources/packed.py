@@ -23,6 +23,7 @@ from psdp._plan.pack_windows import PackIndex, PackKey
 from psdp._plan.packing import PackPlan, check_packing_options, plan_packing
 from psdp._plan.windows import Box
 from psdp.sources.base import check_ids, fresh_rows
+from psdp.sources.document_index import ranges
 from psdp.sources.documents import (
     POSITIONS,
     SEGMENT_IDS,
@@ -239,8 +240,7 @@ class PackedSequences:
         if key == SEGMENT_IDS:
             return np.repeat(segment, count), np.int32, 0
         if key == POSITIONS:  # each piece's tokens count on from its skipped columns
-            before = np.cumsum(count) - count
-            return np.arange(count.sum()) - np.repeat(before - skipped, count), np.int32, 0
+            return ranges(skipped, count), np.int32, 0
         return tokens[key], self.store.leaves[key], self.pad_id if key == TOKENS else 0
 
     def describe(self) -> str:
