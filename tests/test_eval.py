@@ -68,18 +68,23 @@ def test_one_pass_every_shard_exact_then_stop(mesh_name, n, batch):
 
 
 def test_the_same_global_batches_on_every_mesh():
-    """Host count and layout change only who holds a row: the global batches are the oracle's
-    on 1-D, 2-D, 3-D and scrambled meshes (the pod tests vary the processes)."""
+    """Host count and layout change only who holds a row: the real rows of every batch are the
+    same on 1-D, 2-D, 3-D and scrambled meshes (the physical batch rounds up to each mesh's
+    batch shards; the pod tests vary the processes)."""
     data = _rows(45)
-    meshes = [mesh_of(names, shape) for names, shape, _ in MESHES.values()]
-    meshes.append(mesh_of(("data", "model"), (4, 2), SCRAMBLED))
-    for mesh in meshes:
+    meshes = [(mesh_of(names, shape), shards) for names, shape, shards in MESHES.values()]
+    meshes.append((mesh_of(("data", "model"), (4, 2), SCRAMBLED), 4))
+    for mesh, shards in meshes:
         with psdp.eval_loader(data, mesh=mesh, global_batch_size=12) as loader:
             got = [{k: np.asarray(v) for k, v in b.items()} for b in _one_pass(loader)]
-        for batch, expected in zip(got, eval_batches(data, 12, 4), strict=True):
+        want = eval_batches(data, 12, shards)
+        assert len(got) == len(want) == 4
+        for k, (batch, expected) in enumerate(zip(got, want, strict=True)):
             assert set(batch) == set(expected)
             for key in expected:
                 np.testing.assert_array_equal(batch[key], expected[key])
+            real = batch["id"][batch["mask"]]  # the same on every mesh
+            np.testing.assert_array_equal(real, np.arange(45)[12 * k : 12 * k + 12])
 
 
 @settings(max_examples=40, deadline=None)
