@@ -40,6 +40,7 @@ from psdp import (
     TensorStoreSource,
     TokenSequences,
     check_consistency,
+    eval_loader,
     plan_packing,
     write_dataset,
 )
@@ -281,6 +282,11 @@ _SHAPE_RULE = "every row of a source must have one shape and dtype"
 _RESUME_FIX = "resume with the saved value"
 
 # (id, action, exception, fragments the message must contain: the values, then the fix)
+
+
+def _length(loader: DataLoader) -> int:
+    with loader:
+        return len(loader)
 
 
 def _mix(sources: Any = None, **kwargs: Any) -> Mixture:
@@ -1242,6 +1248,37 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
         lambda _: _loader(_mix(), io_block=64),
         ValueError,
         ["io_block=64 with Mixture(", "drop io_block"],
+    ),
+    # ---------------------------------------------------------------- finite (eval) loaders
+    (
+        "epochs of 0",
+        lambda _: _loader(epochs=0),
+        ValueError,
+        ["OrderOptions.epochs must be >= 1, got 0 (passes over the source)", "epochs=1"],
+    ),
+    (
+        "epochs that is not an int",  # 1.5 passes would end mid-epoch at no documented step
+        lambda _: _loader(epochs=1.5),
+        TypeError,
+        ["OrderOptions.epochs must be an int, got 1.5 of type float", "epochs=1"],
+    ),
+    (
+        "epochs with a stream",
+        lambda _: _loader(StreamSource([{"tokens": row} for row in TOKENS]), epochs=1),
+        ValueError,
+        ["epochs=1 with a stream", "ends on every host where its shards end", "drop epochs"],
+    ),
+    (
+        "an eval loader over a mixture of eval sets",
+        lambda _: eval_loader(_mix(), mesh=_mesh(), global_batch_size=B),
+        ValueError,
+        ["epochs=1 with Mixture(web:", "no epochs to pass over", "mixture.sources.items()"],
+    ),
+    (
+        "len() of an endless loader",
+        lambda _: _length(_loader()),
+        TypeError,
+        ["an endless DataLoader has no length", "pass epochs=N", "psdp.eval_loader"],
     ),
     # ---------------------------------------------------------------- token documents
     (
