@@ -103,8 +103,8 @@ MUTANTS = [
     Mutant("O23", "_runtime/state.py",
            "    _check_past_offsets(order.skip_offsets, saved.skip_offsets, state[\"offset\"], state[\"step\"])\n",
            "", "a restore accepts a new skip of offsets already trained on"),
-    Mutant("O24", "_runtime/state.py", "CHANGEABLE = (\"global_batch_size\", \"skip_steps\", \"skip_offsets\", \"drop_last\")",
-           "CHANGEABLE = (\"global_batch_size\", \"skip_steps\", \"skip_offsets\", \"drop_last\", \"window_blocks\")",
+    Mutant("O24", "_runtime/state.py", "CHANGEABLE = (\"global_batch_size\", \"skip_steps\", \"skip_offsets\", \"drop_last\", \"epochs\")",
+           "CHANGEABLE = (\"global_batch_size\", \"skip_steps\", \"skip_offsets\", \"drop_last\", \"epochs\", \"window_blocks\")",
            "a restore re-permutes the current epoch with a new window_blocks"),
     Mutant("O25", "_plan/offsets.py", "at, offset = _walk(line, stages, at, offset, first, anchors.append)",
            "at, offset = _walk(line, stages, at, offset, first)",
@@ -418,6 +418,21 @@ MUTANTS = [
            "        if size and (stops - starts == size).any():", "ranges of several lengths gathered as one"),
     Mutant("DS5", "sources/documents.py", "    if unknown:\n        raise ValueError(\n            f\"leaves={names!r}",
            "    if False:\n        raise ValueError(\n            f\"leaves={names!r}", "leaves= naming a leaf it lacks"),
+    # -------------------------------------------------- finite loaders (epochs, eval_loader)
+    Mutant("EV1", "_plan/offsets.py", "if self.info(middle).offset >= target:",
+           "if self.info(middle).offset > target:", "a finite run ends a step late"),
+    Mutant("EV2", "_runtime/feeds.py", "if self.end_step is not None and step >= self.end_step:",
+           "if self.end_step is not None and step > self.end_step:", "one batch past the last epoch"),
+    Mutant("EV3", "_runtime/state.py", 'finite = {} if order.epochs is None else {"epochs": order.epochs}',
+           "finite = {}", "a restored finite loader is endless"),
+    Mutant("EV4", "_runtime/state.py", '        "epochs": order.epochs,  # hosts',
+           '        # "epochs": order.epochs,  # hosts', "hosts with other epochs not refused"),
+    Mutant("EV5", "_runtime/evaluation.py", '**{"epochs": 1, "shuffle": False, **options}',
+           '**{"epochs": 1, **options}', "an eval loader shuffled"),
+    Mutant("EV6", "_runtime/loader.py", "return max(0, end - self.start_step)", "return end",
+           "a restored loader's length counts the steps before its start"),
+    Mutant("EV7", "_runtime/feeds.py", "else self.offsets.end_step(order.epochs)",
+           "else self.offsets.end_step(1)", "epochs=2 ends after one pass"),
 ]  # fmt: skip
 
 #: Single-process tests run against every mutant (the planner, reads, assembly and order).
@@ -453,6 +468,7 @@ TESTS = [
     "tests/test_spatial_oracle.py",
     "tests/test_reads.py",
     "tests/test_object_store_retries.py",
+    "tests/test_eval.py",
     "src/psdp/_plan/order.py",
     "src/psdp/_plan/mesh.py",
     "src/psdp/_plan/layout.py",
@@ -466,6 +482,7 @@ POD_TESTS = [
     "tests/test_pod_matrix.py",
     "tests/test_loader_multiprocess.py",
     "tests/test_spatial_pod.py",
+    "tests/test_eval_pod.py",
 ]
 
 

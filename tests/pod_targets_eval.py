@@ -48,3 +48,15 @@ def eval_pass(process_index, axis_names, mesh_shape, num_rows, batch_size, batch
         "shards": shards,
         "total": total,
     }
+
+
+def per_host_epochs():
+    """Each host builds an eval loader with its own ``epochs``: the hosts would stop at different
+    steps (the others waiting forever in the last step's collectives), so every host must refuse."""
+    mesh = jax.sharding.Mesh(np.array(jax.devices()), ("data",))
+    data = {"id": np.arange(10, dtype=np.int32)}
+    try:
+        psdp.eval_loader(data, mesh=mesh, global_batch_size=4, epochs=1 + jax.process_index())
+    except ValueError as err:
+        return str(err)
+    return "built"

@@ -10,7 +10,7 @@ import pytest
 
 from psdp.tools.pod import run_pod
 from tests.batch_checks import NONCONTIGUOUS_4x2
-from tests.pod_targets_eval import eval_pass
+from tests.pod_targets_eval import eval_pass, per_host_epochs
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(400)]
 
@@ -71,3 +71,9 @@ def test_every_example_once_and_every_host_stops_at_the_same_step(name):
     assert per_step == [list(range(s * B, min(N, (s + 1) * B))) for s in range(STEPS)]
     seen = np.concatenate([np.array(ids, int) for ids in per_step])
     np.testing.assert_array_equal(np.sort(seen), np.arange(N))  # each example exactly once
+
+
+def test_hosts_with_other_epochs_are_refused_on_every_host():
+    messages = run_pod(per_host_epochs, num_processes=2, devices_per_process=1, timeout_s=120)
+    for message in messages:
+        assert "different settings" in message and "epochs" in message, message

@@ -162,7 +162,8 @@ def restored_order(state: Mapping[str, Any], kwargs: dict[str, Any]) -> OrderOpt
             f"resuming with start_at={given['start_at']!r}, but a restore resumes where the state "
             f"was saved (step {state['step']}, offset {state['offset']}); drop start_at"
         )
-    saved = OrderOptions(**{name: state[name] for name in ORDER_FIELDS}, epochs=state.get("epochs"))
+    saved = OrderOptions(**{name: state[name] for name in ORDER_FIELDS})
+    saved = dataclasses.replace(saved, epochs=state.get("epochs"))  # recorded only when set
     for name in ORDER_FIELDS:
         if name not in CHANGEABLE and name in given and given[name] != state[name]:
             raise ValueError(
