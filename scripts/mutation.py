@@ -425,8 +425,6 @@ MUTANTS = [
            "if self.end_step is not None and step > self.end_step:", "one batch past the last epoch"),
     Mutant("EV3", "_runtime/state.py", 'finite = {} if order.epochs is None else {"epochs": order.epochs}',
            "finite = {}", "a restored finite loader is endless"),
-    Mutant("EV4", "_runtime/state.py", '        "epochs": order.epochs,  # hosts',
-           '        # "epochs": order.epochs,  # hosts', "hosts with other epochs not refused"),
     Mutant("EV5", "_runtime/evaluation.py", '**{"epochs": 1, "shuffle": False, **options}',
            '**{"epochs": 1, **options}', "an eval loader shuffled"),
     Mutant("EV6", "_runtime/loader.py", "return max(0, end - self.start_step)", "return end",

@@ -51,12 +51,15 @@ def eval_pass(process_index, axis_names, mesh_shape, num_rows, batch_size, batch
 
 
 def per_host_epochs():
-    """Each host builds an eval loader with its own ``epochs``: the hosts would stop at different
-    steps (the others waiting forever in the last step's collectives), so every host must refuse."""
+    """Host 0 builds an endless loader, host 1 a finite one (``epochs=2``): the hosts would stop
+    at different steps (the other waiting forever in the next step's collectives), so both must
+    refuse, although an endless loader's settings do not name ``epochs`` at all."""
     mesh = jax.sharding.Mesh(np.array(jax.devices()), ("data",))
     data = {"id": np.arange(10, dtype=np.int32)}
     try:
-        psdp.eval_loader(data, mesh=mesh, global_batch_size=4, epochs=1 + jax.process_index())
+        psdp.eval_loader(
+            data, mesh=mesh, global_batch_size=4, epochs=(None, 2)[jax.process_index()]
+        )
     except ValueError as err:
         return str(err)
     return "built"

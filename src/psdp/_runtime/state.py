@@ -86,7 +86,8 @@ def loader_state(step: int, order: OrderOptions, feed: Any, plan: LoaderPlan) ->
 
 def order_record(order: OrderOptions, feed: Any) -> dict[str, Any]:
     """The order's fields as JSON values (the seed and shuffle the feed uses); ``epochs`` only
-    when set, so an endless loader's state is what it was before finite loaders."""
+    when set, so an endless loader's state is what it was before finite loaders (the hosts'
+    agreement compares it all the same: a host without it differs from one with it)."""
     batch = order.global_batch_size
     finite = {} if order.epochs is None else {"epochs": order.epochs}
     return {
@@ -261,7 +262,6 @@ def agreed_settings(order: OrderOptions, feed: Any, plan: LoaderPlan) -> dict[st
     """What the batches depend on, which every host of the mesh must agree on."""
     return {
         **order_record(order, feed),
-        "epochs": order.epochs,  # hosts with other ends would wait for each other at the last step
         "start step": order.start[0],
         "start offset": order.start[1],
         "source rows": feed.rows,
