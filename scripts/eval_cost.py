@@ -42,9 +42,13 @@ def end_step_us(offsets: StepOffsets, repeats: int) -> float:
 
 
 def pass_s(loader: psdp.DataLoader, steps: int) -> float:
+    """Seconds for ``steps`` batches of a new iterator (fewer if it ends), closed at the end: an
+    endless iterator left open would go on prefetching during the next measurement."""
     started = time.perf_counter()
-    for _, batch in zip(range(steps), loader, strict=False):
+    it = iter(loader)
+    for _, batch in zip(range(steps), it, strict=False):
         batch["tokens"].block_until_ready()
+    it.close()
     return time.perf_counter() - started
 
 
