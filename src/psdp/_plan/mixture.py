@@ -354,14 +354,16 @@ def stages_from(
     given = [(0, weights)] if stages is None else list(stages)
     if not given:
         raise ValueError("stages=[] has no stage; the first stage must start at offset 0")
-    out = []
+    out, known = [], frozenset(names)
     for index, stage in enumerate(given):
         if not isinstance(stage, Sequence) or len(stage) != 2:
             raise TypeError(
                 f"stage {index} must be a pair (start_offset, {{name: weight}}), got {stage!r}"
             )
         start, stage_weights = stage
-        out.append((_stage_start(index, start, block_size), _weights(index, stage_weights, names)))
+        out.append(
+            (_stage_start(index, start, block_size), _weights(index, stage_weights, names, known))
+        )
     _check_order(out, block_size)
     return tuple(out)
 
@@ -385,19 +387,26 @@ def _stage_start(index: int, start: Any, block_size: int) -> int:
     return start
 
 
-def _weights(index: int, weights: Any, names: Sequence[str]) -> tuple[float, ...]:
+def _weights(
+    index: int, weights: Any, names: Sequence[str], known: frozenset[str]
+) -> tuple[float, ...]:
     where = f"stage {index}'s weights"
     if not isinstance(weights, Mapping):
         raise TypeError(f"{where} must be a dict {{name: weight}}, got {type(weights).__name__}")
-    unknown = [name for name in weights if name not in names]
+    unknown = [name for name in weights if name not in known]
     if unknown:
         raise ValueError(
             f"{where} name {unknown}, which the mixture has no source for (its sources: "
             f"{list(names)}); give weights only to those sources"
         )
+    values = [weights.get(name, 0.0) for name in names]
+    # thousands of sources: plain floats and ints checked at once, anything else one by one
+    if set(map(type, values)) <= {float, int}:
+        array = np.array(values, np.float64)
+        if np.isfinite(array).all() and (array >= 0).all() and array.any():
+            return tuple(array.tolist())
     out = []
-    for name in names:
-        weight = weights.get(name, 0.0)
+    for name, weight in zip(names, values, strict=True):
         if isinstance(weight, bool | np.bool_) or not isinstance(weight, numbers.Real):
             raise TypeError(f"{where}: the weight of {name!r} must be a number, got {weight!r}")
         if not math.isfinite(weight) or weight < 0:
