@@ -95,8 +95,8 @@ class Mixture:
             _check_source_leaf(source_leaf, self._leaves)
         # once: every read names the mixture, and this is O(sources)
         parts = ", ".join(f"{name}: {s.describe()}" for name, s in self.sources.items())
-        stages = f"{len(self.plan.stages)} stage(s), block_size={self.plan.block_size}"
-        self._description = f"Mixture({parts}; {stages})"
+        blocks = f"{len(self.plan.stages)} stage(s), block_size={self.plan.block_size}"
+        self._description = f"Mixture({parts}; {blocks})"
 
     @property
     def names(self) -> tuple[str, ...]:
