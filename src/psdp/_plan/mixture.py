@@ -1,4 +1,4 @@
-"""The mixture map: sample offset -> (source, row of that source), pure and O(sources) a sample.
+"""The mixture map: sample offset -> (source, row of that source), pure, a bisection a sample.
 
 Offsets come in blocks of ``block_size``. A block takes exact per-source counts from the weights of
 its stage (largest-remainder rounding), places them at positions drawn by a keyed permutation of
