@@ -451,3 +451,26 @@ def test_building_a_plan_makes_no_call_per_weight():
     stages = tuple((2048 * i, tuple(w.tolist())) for i, w in enumerate(weights))
     calls = _calls(lambda: MixturePlan(names, (10**6,) * 1000, stages, block_size=2048))
     assert calls <= 10 * (100 + 1000) + 1000, calls
+
+
+class _Name(str):
+    """A source name that counts how often it is compared for equality."""
+
+    compared = 0
+
+    def __eq__(self, other):
+        type(self).compared += 1
+        return str.__eq__(self, other)
+
+    __hash__ = str.__hash__
+
+
+def test_checking_the_weights_compares_no_name_with_every_other():
+    """10 stages naming each of 1,000 sources: checking them looks each name up once (a set),
+    not along the list of names (that made 1,000 x 1,000 / 2 comparisons a stage)."""
+    names = [_Name(f"s{i}") for i in range(1000)]
+    stages = [(64 * i, dict.fromkeys(names, 1.0)) for i in range(10)]
+    _Name.compared = 0
+    got = stages_from(names, None, stages, 64)
+    assert got[9] == (9 * 64, (1.0,) * 1000)
+    assert _Name.compared <= 10 * 1000, _Name.compared
