@@ -5,7 +5,10 @@
    write_documents would record; each step reads ``BATCH`` random rows of ``SEQ_LEN`` tokens
    with ``segment_ids`` and ``positions``. The corpus formula's own time (computing the offsets
    and tokens read) is measured apart: psdp's own is the rest.
-2. ``TokenSequences.read`` against a tight numpy loop over the same in-memory corpus (200,000
+2. A `Mixture` of 100 such corpora of 10^9 documents each (tests/test_scale_mixture.py's
+   simulation, in a child process: its peak memory is the measure): open plus the first batch,
+   and the resident memory that adds, every token checked against the formula.
+3. ``TokenSequences.read`` against a tight numpy loop over the same in-memory corpus (200,000
    documents of log-normal lengths, mean ~300, int32 ids): the loop gathers whole rows of a
    reshape of the flat array and computes ``segment_ids`` and ``positions`` per row (one
    ``searchsorted`` of each row's ends, then ``np.repeat``), as docs/performance.md's tight
@@ -16,13 +19,16 @@ glibc's allocator is told not to return freed memory to the system (``mallopt``)
 every large temporary is paged in afresh, which slowed the tight loop (many such temporaries)
 about 6x on this machine and made the comparison say more about the allocator than the loops.
 
-Run: ``python scripts/scale_tokens.py`` (about a minute).
+Run: ``python scripts/scale_tokens.py`` (about a minute; ``--mixture`` for table 2 alone).
 """
 
 from __future__ import annotations
 
 import ctypes
+import json
+import os
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -129,6 +135,25 @@ def scale_table() -> None:
             )
 
 
+def mixture_row() -> None:
+    """The 100-source mixture's simulation, in a process of its own (goals: <= 5 s, <= 1 GiB)."""
+    root = Path(__file__).resolve().parents[1]
+    child = "import json; from tests.test_scale_mixture import mixture_simulation as m; print(json.dumps(m()))"
+    done = subprocess.run(
+        [sys.executable, "-c", child], capture_output=True, text=True, check=True, cwd=root,
+        env={**os.environ, "PYTHONPATH": f"{root / 'src'}{os.pathsep}{root}"},
+    )  # fmt: skip
+    got = json.loads(done.stdout.splitlines()[-1])
+    print("| view | documents | tokens | open + first batch | peak RSS added | tokens checked |")
+    print("|---|---:|---:|---:|---:|---:|")
+    print(
+        f"| Mixture of {got['sources']} TokenSequences | {got['sources']} x "
+        f"{got['documents_per_source']:.0e} | {got['sources']} x {got['tokens_per_source']:.2e} | "
+        f"{got['open_and_first_batch_s']:.2f} s | {got['rss_added_bytes'] / 2**20:.0f} MiB | "
+        f"{got['checked_tokens']} |"
+    )
+
+
 def speed_table() -> None:
     rng = np.random.default_rng(0)
     drawn = rng.lognormal(np.log(300) - 0.5, 1.0, 200_000)
@@ -172,6 +197,10 @@ def speed_table() -> None:
 if __name__ == "__main__":
     keep_freed_memory()
     print(f"seq_len {SEQ_LEN}, batch {BATCH}, {STEPS} random batches a round, {ROUNDS} rounds\n")
-    scale_table()
-    print()
-    speed_table()
+    if "--mixture" not in sys.argv:
+        scale_table()
+        print()
+    mixture_row()
+    if "--mixture" not in sys.argv:
+        print()
+        speed_table()
