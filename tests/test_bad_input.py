@@ -271,6 +271,12 @@ def _truncated_npy(tmp_path: Path) -> None:
 FIELD = np.zeros((16, 2, 8, 12), np.float32)  # (B, C, H, W) for data=2 x h=2 x w=2
 
 
+def _file(path: Path) -> Path:
+    """``path`` made as an empty file."""
+    path.write_text("")
+    return path
+
+
 def _field_loader(field: np.ndarray = FIELD, **kwargs: Any) -> DataLoader:
     kwargs.setdefault("batch_spec", {"field": PartitionSpec("data", None, "h", "w")})
     mesh = mesh_of(("data", "h", "w"), (2, 2, 2))
@@ -1682,6 +1688,25 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
         ),  # fmt: skip
         ValueError,
         ["env is a list of 1 environments for 2 processes", "one dict per process"],
+    ),
+    (
+        "a pod's echo that is not a text stream",
+        lambda _: run_pod(
+            "psdp.tools.pod:_describe_host", num_processes=2, devices_per_process=1, echo=True
+        ),
+        TypeError,
+        ["echo must be a text stream", "got bool True", "pass echo=sys.stdout"],
+    ),
+    (
+        "a pod's log_dir that is a file",
+        lambda tmp: run_pod(
+            "psdp.tools.pod:_describe_host",
+            num_processes=2,
+            devices_per_process=1,
+            log_dir=_file(tmp / "logs.txt"),
+        ),
+        ValueError,
+        ["log_dir must be a folder", "logs.txt' is a file", "name a folder"],
     ),
 ]
 
