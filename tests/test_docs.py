@@ -33,6 +33,7 @@ COVERED = [
     "tokens.md",
     "mixtures.md",
     "scale.md",
+    "cli.md",
 ]
 
 #: doc -> the reasons of its blocks that are not run, in order
@@ -139,6 +140,7 @@ def test_the_runnable_blocks_are_found():
         "tokens.md": 2,
         "mixtures.md": 3,
         "scale.md": 1,
+        "cli.md": 1,
     }
 
 
@@ -180,6 +182,7 @@ def test_the_shell_sessions_are_found():
         "tokens.md": 0,
         "mixtures.md": 0,
         "scale.md": 0,
+        "cli.md": 0,
     }
 
 
