@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import tensorstore as ts
+
 from psdp.prepare.readers import Unit
 from psdp.sources.document_parts import PARTS_DIRECTORY, PARTS_FORMAT, PARTS_VERSION, index_key
 from psdp.sources.document_writer import join_documents
@@ -111,7 +113,7 @@ class Output:
         for key in self.store.list().result():
             name = key.decode()
             if name.startswith("index-") and name != meta.get("index"):
-                self.store.delete(key).result()
+                self.store.delete_range(ts.KvStore.KeyRange(name, name + "\0")).result()
         if self.location.local is not None:
             parts = Path(os.path.abspath(self.location.local)) / PARTS_DIRECTORY
             for leftover in parts.glob(".*") if parts.is_dir() else ():
