@@ -88,7 +88,8 @@ class Output:
 
     def commit(self, meta: Manifest) -> None:
         """Replaces the manifest if it is still the one last read or written, else raises."""
-        body = (json.dumps(meta, indent=1) + "\n").encode()
+        # keys sorted: the same manifest is the same bytes, however it was reached
+        body = (json.dumps(meta, indent=1, sort_keys=True) + "\n").encode()
         written = self.store.write(METADATA_FILE.encode(), body, if_equal=self.generation)
         generation = written.result().generation
         if not generation:
@@ -101,7 +102,7 @@ class Output:
     def write_index(self, meta: Manifest) -> None:
         """Builds the whole corpus's index (one pass over the parts' offsets) and writes it
         where ``meta`` will name it."""
-        names = [name for name, part in meta["parts"].items() if part["num_documents"]]
+        names = [u["part"] for u in meta["units"] if meta["parts"][u["part"]]["num_documents"]]
         store = join_documents([self.part(n) for n in names], name=self.name)
         body = io.BytesIO()
         store.index.save(body)

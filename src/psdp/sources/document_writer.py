@@ -229,7 +229,7 @@ def _open_parted(
     else:
         got = open_kvstore(location, context).read(key.encode()).result()
         index = DocumentIndex.load(io.BytesIO(bytes(got.value)))
-    names = [name for name, part in meta["parts"].items() if part["num_documents"]]
+    names = [u["part"] for u in meta["units"] if meta["parts"][u["part"]]["num_documents"]]
     paths = [_below(location, f"{PARTS_DIRECTORY}/{name}") for name in names]
     return join_documents(paths, name=location.name, index=index)
 
@@ -397,9 +397,11 @@ def _checked_manifest(meta: dict[str, Any], where: str) -> dict[str, Any]:
             f"reads version {PARTS_VERSION}; read it with the psdp that wrote it, or prepare it "
             "again"
         )
-    parts = meta.get("parts")
-    if not isinstance(parts, dict) or (
-        meta.get("complete") and not isinstance(meta.get("index"), str)
+    parts, units = meta.get("parts"), meta.get("units")
+    if (
+        not isinstance(parts, dict)
+        or not isinstance(units, list)
+        or (meta.get("complete") and not isinstance(meta.get("index"), str))
     ):
         raise ValueError(f"{where} is a damaged parted store manifest; prepare the store again")
     return meta
