@@ -9,6 +9,7 @@ of the store. Kills are seeded (which commit each one waits for), never timed.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import random
@@ -52,7 +53,7 @@ def stored(path):
     store = DocumentStore.open(path)
     offsets = store.offsets_range(0, store.num_documents + 1)
     ids = store.read_ranges([0], [store.num_tokens])["input_ids"]
-    return store, [ids[a:b].tolist() for a, b in zip(offsets[:-1], offsets[1:], strict=True)]
+    return store, [ids[a:b].tolist() for a, b in itertools.pairwise(offsets)]
 
 
 def tree_hash(path):
@@ -222,3 +223,20 @@ def test_a_prepared_store_feeds_the_loader(tmp_path, tokenizer, mesh_2d):
     with DataLoader(source, mesh=mesh_2d, global_batch_size=8, shuffle=False) as loader:
         batch = loader.batch_at(1)
     np.testing.assert_array_equal(np.asarray(batch["input_ids"]), rows[8:16])
+
+
+def test_psdp_prepare_loads_no_tokenizer_arrow_or_ray_until_used(tmp_path, tokenizer):
+    probe = (
+        "import json, sys, psdp, psdp.prepare.tasks\n"
+        "assert callable(psdp.prepare)\n"
+        "print(json.dumps([m for m in ('tokenizers', 'pyarrow', 'ray', 'transformers') "
+        "if m in sys.modules]))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True, text=True)
+    assert json.loads(out.stdout.splitlines()[-1]) == []
+    corpus.write_jsonl(tmp_path / "a.jsonl", ["hi"])
+    import psdp
+
+    summary = psdp.prepare(tmp_path / "a.jsonl", tmp_path / "s", tokenizer=tokenizer, workers=1,
+                           progress=False)  # fmt: skip
+    assert summary.documents == 1

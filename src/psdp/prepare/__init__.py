@@ -11,7 +11,9 @@ marks the store complete. Nothing here is imported by ``import psdp`` until used
 from __future__ import annotations
 
 import os
+import sys
 import time
+import types
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -192,4 +194,13 @@ def _summary(name: str, meta: dict[str, Any], seconds: float) -> PrepareSummary:
     )
 
 
+class _CallablePackage(types.ModuleType):
+    """``psdp.prepare`` names both this package and its function, and importing any of its
+    modules binds the name to the package: so the package, called, is the function."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> PrepareSummary:
+        return prepare(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallablePackage
 __all__ = ["PrepareSummary", "Unit", "prepare"]
