@@ -240,3 +240,32 @@ def test_psdp_prepare_loads_no_tokenizer_arrow_or_ray_until_used(tmp_path, token
     summary = psdp.prepare(tmp_path / "a.jsonl", tmp_path / "s", tokenizer=tokenizer, workers=1,
                            progress=False)  # fmt: skip
     assert summary.documents == 1
+
+
+def test_s3_inputs_into_an_s3_store(tmp_path, tokenizer):
+    from psdp.tools.benchmarks.object_store import S3Server
+
+    texts = corpus.texts(200, seed=18)
+    with S3Server() as server:
+        objects = server.objects()
+        for i in range(2):
+            local = corpus.write_jsonl(tmp_path / f"s{i}.jsonl.zst", texts[i * 100 : (i + 1) * 100])
+            objects.write(f"raw/s{i}.jsonl.zst", local.read_bytes()).result()
+        out = server.kvstore("tokens/")
+        summary = prepare(server.kvstore("raw/*.jsonl.zst"), out, tokenizer=tokenizer, eos=EOS,
+                          workers=2, progress=False)  # fmt: skip
+        assert (summary.documents, summary.parts) == (200, 2)
+        assert stored(out)[1] == oracle(tokenizer, texts, bos=None)
+
+
+def test_the_cli_prepares_and_prints_the_summary(tmp_path, tokenizer, capsys):
+    from psdp.tools.cli import main
+
+    corpus.write_jsonl(tmp_path / "a.jsonl", ["one two", "", "three"])
+    code = main(["prepare", str(tmp_path / "a.jsonl"), "--output", str(tmp_path / "s"),
+                 "--tokenizer", str(tokenizer.parent), "--eos", "<|eos|>", "--workers", "1",
+                 "--no-progress"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "2 documents" in out and "(uint16)" in out and "empty records (not stored): 1" in out
+    assert stored(tmp_path / "s")[1] == oracle(tokenizer, ["one two", "three"], bos=None)
