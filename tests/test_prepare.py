@@ -13,6 +13,7 @@ import itertools
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -167,6 +168,27 @@ def test_a_run_killed_three_times_then_resumed_equals_an_uninterrupted_one(tmp_p
     assert stored(out)[1] == oracle(tokenizer, texts, bos=None)
 
 
+def test_a_resume_deletes_what_a_killed_run_left(tmp_path, tokenizer):
+    """The leftovers of a kill, made by hand: a part's staging directory, an index of another
+    size, a part written but not in the manifest; the resumed store equals an uninterrupted one."""
+    for i in range(3):
+        corpus.write_jsonl(tmp_path / f"s{i}.jsonl", corpus.texts(50, seed=20 + i))
+    inputs = str(tmp_path / "s*.jsonl")
+    prepare(inputs, tmp_path / "whole", tokenizer=tokenizer, workers=1, progress=False)
+    out = tmp_path / "killed"
+    shutil.copytree(tmp_path / "whole", out)
+    meta = json.loads((out / "psdp.json").read_text())
+    meta["parts"]["000001"] = None  # written (its directory is there), never committed
+    del meta["complete"], meta["num_documents"], meta["num_tokens"]
+    (out / meta.pop("index")).rename(out / "index-7.npz")
+    (out / "psdp.json").write_text(json.dumps(meta))
+    staging = out / "parts" / ".000002.psdp-partial-0123abcd"
+    staging.mkdir()
+    (staging / "junk").write_text("a write cut short")
+    prepare(inputs, out, tokenizer=tokenizer, workers=1, progress=False)
+    assert tree_hash(out) == tree_hash(tmp_path / "whole")
+
+
 def test_another_tokenizer_is_refused(tmp_path, tokenizer):
     corpus.write_jsonl(tmp_path / "a.jsonl", corpus.texts(20, seed=14))
     prepare(tmp_path / "a.jsonl", tmp_path / "store", tokenizer=tokenizer, workers=1,
@@ -196,20 +218,20 @@ def test_new_shards_append_parts(tmp_path, tokenizer):
 def test_skip_bad_reports_each_reason_and_stores_the_rest(tmp_path, tokenizer):
     good = corpus.texts(5, seed=16)
     lines = [json.dumps({"text": t}) for t in good]
-    lines[1:1] = ['{"text": broken', '{"other": 1}', '{"text": null}']
+    lines[1:1] = ['{"text": broken', '{"other": 1}', '{"text": null}', "[}"]
     (tmp_path / "a.jsonl").write_text("\n".join(lines) + "\n")
     with pytest.raises(ValueError, match=r"a.jsonl, line 2: not valid JSON"):
         prepare(tmp_path / "a.jsonl", tmp_path / "s1", tokenizer=tokenizer, workers=1,
                 progress=False)  # fmt: skip
     summary = prepare(tmp_path / "a.jsonl", tmp_path / "s2", tokenizer=tokenizer, workers=1,
                       skip_bad=True, progress=False)  # fmt: skip
-    assert summary.skipped == {"not valid JSON": 1, "no field 'text'": 1,
+    assert summary.skipped == {"not valid JSON": 2, "no field 'text'": 1,
                                "field 'text' is null, not a str": 1}  # fmt: skip
     assert [where.rsplit(", ", 1)[1] for where, _ in summary.examples] == [
-        "line 2", "line 3", "line 4",
+        "line 2", "line 3", "line 4", "line 5",
     ]  # fmt: skip
     assert stored(tmp_path / "s2")[1] == oracle(tokenizer, good, None, None)
-    assert "3 skipped" not in str(summary) and "skipped records: 3" in str(summary)
+    assert "skipped records: 4" in str(summary) and "2 x not valid JSON" in str(summary)
 
 
 def test_a_prepared_store_feeds_the_loader(tmp_path, tokenizer, mesh_2d):
