@@ -21,8 +21,14 @@ def texts(count: int, seed: int = 0) -> list[str]:
     ]
 
 
-def train_tokenizer(path: Path, vocab_size: int = 300, corpus: list[str] | None = None) -> Path:
-    """A byte-level BPE trained on ``corpus`` (default `texts(200)`), saved as tokenizer.json."""
+def train_tokenizer(
+    path: Path,
+    vocab_size: int = 300,
+    corpus: list[str] | None = None,
+    specials: tuple[str, ...] | list[str] = ("<|bos|>", "<|eos|>"),
+) -> Path:
+    """A byte-level BPE trained on ``corpus`` (default `texts(200)`), its first ids the
+    ``specials``, saved as tokenizer.json."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tokenizer = Tokenizer(models.BPE())
@@ -30,7 +36,7 @@ def train_tokenizer(path: Path, vocab_size: int = 300, corpus: list[str] | None 
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=["<|bos|>", "<|eos|>"],
+        special_tokens=list(specials),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
