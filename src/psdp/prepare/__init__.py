@@ -25,7 +25,7 @@ from psdp.prepare.engines import engine_named
 from psdp.prepare.parts import Output, finished, pending, planned, with_part
 from psdp.prepare.readers import Unit, plan_units
 from psdp.prepare.tasks import Task, run_task
-from psdp.prepare.tokenize import Encoder, load_tokenizer, tokenizer_digest, tokenizer_file
+from psdp.prepare.tokenize import Encoder, load_tokenizer, tokenizer_digest
 
 #: Rows of a Parquet or Arrow file per part (cut at its row groups): the unit of work and resume.
 ROWS_PER_PART = 100_000
@@ -124,7 +124,7 @@ def prepare(
     text_field = field if messages_field is None else messages_field
     if not isinstance(text_field, str) or not text_field:
         raise TypeError(f"field must be a non-empty string, got {text_field!r}")
-    tokenizer_path = str(tokenizer_file(tokenizer))
+    tokenizer_path = os.path.abspath(tokenizer)  # a directory stays one: chat needs its config
     encoder = Encoder(load_tokenizer(tokenizer_path), bos=bos, eos=eos)  # checks bos, eos
     units = plan_units(inputs, rows_per_part)
     key = {

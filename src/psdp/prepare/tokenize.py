@@ -15,11 +15,12 @@ from typing import Any
 
 import numpy as np
 
-from psdp._checks import is_int
 from psdp._imports import import_optional
 
 #: The file a model directory keeps its tokenizer in.
 TOKENIZER_FILE = "tokenizer.json"
+#: The file a model directory keeps its chat template in (read by transformers, not here).
+CONFIG_FILE = "tokenizer_config.json"
 
 
 def tokenizer_file(path: str | os.PathLike[str]) -> Path:
@@ -36,8 +37,13 @@ def tokenizer_file(path: str | os.PathLike[str]) -> Path:
 
 
 def tokenizer_digest(path: str | os.PathLike[str]) -> str:
-    """The sha256 of the tokenizer's file: what a store records of its tokenizer."""
-    return hashlib.sha256(tokenizer_file(path).read_bytes()).hexdigest()
+    """What a store records of its tokenizer: the sha256 of its ``tokenizer.json``, and of a
+    model directory's ``tokenizer_config.json`` too (it holds the chat template)."""
+    digest = hashlib.sha256(tokenizer_file(path).read_bytes())
+    config = Path(path) / CONFIG_FILE
+    if config.is_file():
+        digest.update(config.read_bytes())
+    return digest.hexdigest()
 
 
 def load_tokenizer(path: str | os.PathLike[str]) -> Any:
@@ -69,8 +75,7 @@ def special_id(tokenizer: Any, name: str, token: str | int | None) -> int | None
     if token is None:
         return None
     size = tokenizer.get_vocab_size(with_added_tokens=True)
-    if is_int(token):
-        assert not isinstance(token, str)  # for mypy: is_int said so
+    if isinstance(token, int | np.integer) and not isinstance(token, bool):
         if not 0 <= token < size:
             raise ValueError(
                 f"{name}={token} is not an id of the tokenizer's vocabulary of {size} ids; give "
