@@ -291,3 +291,17 @@ def test_the_cli_prepares_and_prints_the_summary(tmp_path, tokenizer, capsys):
     assert code == 0
     assert "2 documents" in out and "(uint16)" in out and "empty records (not stored): 1" in out
     assert stored(tmp_path / "s")[1] == oracle(tokenizer, ["one two", "three"], bos=None)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_local_worker_tokenizes_on_one_core(workers, monkeypatch):
+    from psdp.prepare.engines import LocalEngine
+
+    monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
+    engine = LocalEngine(workers)
+    try:
+        seen = list(engine.map_unordered(os.getenv, ["TOKENIZERS_PARALLELISM"] * 3))
+    finally:
+        engine.close()
+    assert seen == ["false"] * 3
+    assert "TOKENIZERS_PARALLELISM" not in os.environ  # this process's setting is restored

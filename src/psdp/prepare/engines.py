@@ -16,6 +16,8 @@ from psdp._checks import check_int
 
 #: The engines `engine_named` knows.
 ENGINES = ("local", "ray")
+#: A worker is one core: the tokenizer's own threads would compete with the other workers'.
+ONE_CORE = {"TOKENIZERS_PARALLELISM": "false"}
 
 
 class Engine(Protocol):
@@ -28,7 +30,8 @@ class Engine(Protocol):
 
 class LocalEngine:
     """``workers`` processes on this machine (``spawn``: JAX and the tokenizer's threads do not
-    survive ``fork``); one worker runs the tasks in this process.
+    survive ``fork``), each tokenizing on one core (`ONE_CORE`); one worker runs the tasks in
+    this process, on one core too while it runs.
 
     Example:
         >>> engine = LocalEngine(1)
@@ -44,11 +47,22 @@ class LocalEngine:
 
     def map_unordered(self, fn: Callable[[Any], Any], tasks: Iterable[Any]) -> Iterator[Any]:
         if self.workers == 1:
-            yield from map(fn, tasks)
+            saved = {name: os.environ.get(name) for name in ONE_CORE}
+            os.environ.update(ONE_CORE)
+            try:
+                yield from map(fn, tasks)
+            finally:
+                for name, value in saved.items():
+                    if value is None:
+                        os.environ.pop(name, None)
+                    else:
+                        os.environ[name] = value
             return
         if self._pool is None:
             context = multiprocessing.get_context("spawn")
-            self._pool = ProcessPoolExecutor(self.workers, mp_context=context)
+            self._pool = ProcessPoolExecutor(
+                self.workers, mp_context=context, initializer=_one_core
+            )
         queue = iter(tasks)
         running: set[Future[Any]] = set()
         while True:  # at most two tasks per worker in flight: their results come back in turn
@@ -66,6 +80,10 @@ class LocalEngine:
         if self._pool is not None:
             self._pool.shutdown(cancel_futures=True)
             self._pool = None
+
+
+def _one_core() -> None:
+    os.environ.update(ONE_CORE)
 
 
 def engine_named(name: str, **options: Any) -> Engine:
