@@ -23,7 +23,7 @@ from tqdm import tqdm
 from psdp._checks import check_int
 from psdp.prepare.engines import engine_named
 from psdp.prepare.parts import Output, finished, pending, planned, with_part
-from psdp.prepare.readers import Unit, plan_units
+from psdp.prepare.readers import plan_units
 from psdp.prepare.tasks import Task, run_task
 from psdp.prepare.tokenize import Encoder, load_tokenizer, tokenizer_digest
 
@@ -203,4 +203,4 @@ class _CallablePackage(types.ModuleType):
 
 
 sys.modules[__name__].__class__ = _CallablePackage
-__all__ = ["PrepareSummary", "Unit", "prepare"]
+__all__ = ["PrepareSummary", "prepare"]

@@ -329,6 +329,9 @@ def _record_batches(unit: Unit, raw: Any, pa: Any) -> Iterator[Any]:
 
 def _open_binary(unit: Unit) -> Any:
     """A seekable binary file of the unit's shard."""
+    if unit.kvstore is None and unit.kind == "arrow":
+        pa = import_optional("pyarrow", extra="prepare", needed_for="reading Arrow")
+        return pa.memory_map(unit.path)  # batches outside the unit's rows cost no read
     if unit.kvstore is None:
         return open(unit.path, "rb")  # the caller's `with` closes it
     import tensorstore as ts

@@ -6,6 +6,7 @@ the same code; what it returns (`PartResult`) is all the driver learns of the pa
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -64,17 +65,12 @@ def run_task(task: Task) -> PartResult:
     leaves: dict[str, str] = {}
     if first is not None:
         leaves = {name: values.dtype.name for name, values in first.items()}
-        write_documents(task.destination, _chained(first, stream), tokens_per_shard=
+        write_documents(task.destination, itertools.chain([first], stream), tokens_per_shard=
                         task.tokens_per_shard, overwrite=True, progress=False)  # fmt: skip
     return PartResult(
         task.part, counts["documents"], counts["tokens"], leaves, counts["empty"], skipped,
         examples,
     )  # fmt: skip
-
-
-def _chained(first: Any, rest: Iterator[Any]) -> Iterator[Any]:
-    yield first
-    yield from rest
 
 
 def _tokenized(task: Task, values: list[Any]) -> list[dict[str, np.ndarray] | None]:
