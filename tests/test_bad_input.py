@@ -44,6 +44,7 @@ from psdp import (
     write_dataset,
 )
 from psdp.prepare.chat import render_chat
+from psdp.prepare.ray_engine import RayEngine
 from psdp.sources.document_writer import write_documents
 from psdp.tools.pod import run_pod
 from psdp.tools.simulate import Simulation
@@ -1727,6 +1728,12 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
             "record 1 of the batch is [{'role': 'user', 'text': 'hi'}]",
             "skip_bad=True",
         ],
+    ),
+    (
+        "a Ray engine given both a running cluster's address and a local cluster's num_cpus",
+        lambda _: RayEngine(address="10.0.0.5:6379", num_cpus=4),
+        ValueError,
+        ["address='10.0.0.5:6379'", "num_cpus=4 given", "pass address to use a running cluster"],
     ),
 ]
 
