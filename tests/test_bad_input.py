@@ -1731,9 +1731,9 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
     ),
     (
         "a Ray engine given both a running cluster's address and a local cluster's num_cpus",
-        lambda _: RayEngine(address="10.0.0.5:6379", num_cpus=4),
+        lambda _: RayEngine(address="127.0.0.1:6379", num_cpus=4),
         ValueError,
-        ["address='10.0.0.5:6379'", "num_cpus=4 given", "pass address to use a running cluster"],
+        ["address='127.0.0.1:6379'", "num_cpus=4 given", "pass address to use a running cluster"],
     ),
 ]
 
