@@ -32,6 +32,7 @@ COVERED = [
     "packing.md",
     "tokens.md",
     "mixtures.md",
+    "prepare.md",
 ]
 
 #: doc -> the reasons of its blocks that are not run, in order
@@ -137,6 +138,7 @@ def test_the_runnable_blocks_are_found():
         "packing.md": 6,
         "tokens.md": 2,
         "mixtures.md": 3,
+        "prepare.md": 1,
     }
 
 
@@ -177,6 +179,7 @@ def test_the_shell_sessions_are_found():
         "packing.md": 0,
         "tokens.md": 0,
         "mixtures.md": 0,
+        "prepare.md": 0,
     }
 
 
