@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from psdp._imports import import_optional
+from psdp.prepare.tokenize import id_dtype
 
 # transformers' own test for the markers (it only logs a warning and returns an all-zero mask)
 _GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
@@ -27,6 +28,8 @@ def render_chat(
     tokenizer_path: str | Path, conversations: list[list[dict[str, Any]]]
 ) -> list[tuple[np.ndarray, np.ndarray]]:
     """Token ids and a loss mask (uint8, 1 on the assistant's tokens) for each conversation.
+
+    The ids are in the smallest dtype that holds the tokenizer's vocabulary, as text's are.
 
     Arguments:
         tokenizer_path: a tokenizer directory saved by transformers (``tokenizer.json`` and its
@@ -48,19 +51,21 @@ def render_chat(
         >>> _ = tokenizer.save_pretrained(tmp.name)
         >>> chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "the fox"}]
         >>> [(ids, mask)] = render_chat(tmp.name, [chat])
-        >>> ids.tolist(), mask.tolist()
-        ([0, 3, 2, 1, 4, 5, 2], [0, 0, 0, 0, 1, 1, 0])
+        >>> ids.dtype.name, ids.tolist(), mask.tolist()
+        ('uint8', [0, 3, 2, 1, 4, 5, 2], [0, 0, 0, 0, 1, 1, 0])
         >>> tmp.cleanup()
     """
     for index, conversation in enumerate(conversations):
         _check_conversation(index, conversation)
     if not conversations:
         return []
-    encoded = chat_tokenizer(tokenizer_path).apply_chat_template(
+    tokenizer = chat_tokenizer(tokenizer_path)
+    encoded = tokenizer.apply_chat_template(
         conversations, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
     )
+    dtype = id_dtype(len(tokenizer))  # len: the vocabulary with its added tokens
     return [
-        (np.asarray(ids, dtype=np.int64), np.asarray(mask, dtype=np.uint8))
+        (np.asarray(ids, dtype=dtype), np.asarray(mask, dtype=np.uint8))
         for ids, mask in zip(encoded["input_ids"], encoded["assistant_masks"], strict=True)
     ]
 
