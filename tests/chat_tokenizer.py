@@ -63,7 +63,11 @@ def save_chat_tokenizer(path: Path, template: str | None = TEMPLATE) -> Path:
     texts: Any = [" ".join(c["content"] for c in chat) for chat in conversations(200, seed=0)]
     core.train_from_iterator(texts, trainer)
     tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=core, bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+        tokenizer_object=core,
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        clean_up_tokenization_spaces=False,  # transformers 4.45 warns when it is not set
     )
     tokenizer.chat_template = template
     tokenizer.save_pretrained(str(path))
