@@ -43,7 +43,8 @@ def render_chat(
         >>> words = "<|user|> <|assistant|> <|end|> hi the fox".split()
         >>> core = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="hi"))
         >>> core.pre_tokenizer = pre_tokenizers.Whitespace()
-        >>> tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, additional_special_tokens=words[:3])
+        >>> tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, additional_special_tokens=
+        ...     words[:3], clean_up_tokenization_spaces=False)  # unset, transformers 4.45 warns
         >>> tokenizer.chat_template = (
         ...     "{% for m in messages %}<|{{ m.role }}|>{% if m.role == 'user' %}{{ m.content }}"
         ...     "{% else %}{% generation %}{{ m.content }}{% endgeneration %}{% endif %}<|end|>{% endfor %}")
