@@ -45,11 +45,13 @@ from psdp import (
     plan_packing,
     write_dataset,
 )
+from psdp.prepare.chat import render_chat
+from psdp.prepare.ray_engine import RayEngine
 from psdp.prepare.readers import BadRecordError
 from psdp.sources.document_writer import write_documents
 from psdp.tools.pod import run_pod
 from psdp.tools.simulate import Simulation, check_simulation
-from tests import scale_corpus, token_oracle
+from tests import chat_tokenizer, scale_corpus, token_oracle
 from tests.batch_checks import assert_batch_exact, expected_batch, token_table
 from tests.meshes import mesh_of
 
@@ -311,6 +313,12 @@ def _mix(sources: Any = None, **kwargs: Any) -> Mixture:
     if sources is None:
         sources = {"web": {"tokens": TOKENS}, "code": {"tokens": TOKENS[:16]}}
     return Mixture(sources, **kwargs)
+
+
+_CHATS = [[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "the fox"}]]
+_UNMARKED_TEMPLATE = chat_tokenizer.TEMPLATE.replace("{% generation %}", "").replace(
+    "{% endgeneration %}", ""
+)
 
 
 def _prepare(tmp: Path, lines: Any = ('{"text": "a b"}',), **options: Any) -> Any:
@@ -1942,6 +1950,50 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
         ),
         ValueError,
         ["log_dir must be a folder", "logs.txt' is a file", "name a folder"],
+    ),
+    # ---------------------------------------------------------------- prepare: chat records
+    (
+        "chat records with a tokenizer whose template has no generation markers",
+        lambda tmp: render_chat(
+            chat_tokenizer.save_chat_tokenizer(tmp, template=_UNMARKED_TEMPLATE), _CHATS
+        ),
+        ValueError,
+        [
+            "has no such marker",
+            'it begins "{{ bos_token }}',
+            "wrap each assistant turn",
+            "{% generation %}",
+        ],
+    ),
+    (
+        "chat records with a tokenizer that has no chat template",
+        lambda tmp: render_chat(chat_tokenizer.save_chat_tokenizer(tmp, template=None), _CHATS),
+        ValueError,
+        ["has none (chat_template is None)", "set tokenizer.chat_template"],
+    ),
+    (
+        "chat records with a tokenizer path that holds no tokenizer.json",
+        lambda tmp: render_chat(tmp, _CHATS),
+        ValueError,
+        ["has no tokenizer.json", "the directory that the tokenizer's save_pretrained() wrote"],
+    ),
+    (
+        "a chat record whose message has no content",
+        lambda tmp: render_chat(
+            chat_tokenizer.save_chat_tokenizer(tmp), [*_CHATS, [{"role": "user", "text": "hi"}]]
+        ),
+        ValueError,
+        [
+            "string 'role' and a string 'content'",
+            "record 1 of the batch is [{'role': 'user', 'text': 'hi'}]",
+            "skip_bad=True",
+        ],
+    ),
+    (
+        "a Ray engine given both a running cluster's address and a local cluster's num_cpus",
+        lambda _: RayEngine(address="127.0.0.1:6379", num_cpus=4),
+        ValueError,
+        ["address='127.0.0.1:6379'", "num_cpus=4 given", "pass address to use a running cluster"],
     ),
 ]
 
