@@ -200,12 +200,21 @@ def _remote_files(given: Any) -> list[Unit]:
             f"no object matches the input {describe_kvstore(spec)}; check the URL or pattern"
         )
     units = []
-    for name in names:  # a read of no bytes gives the object's generation (its ETag on S3)
-        stamp = store.read(name.encode(), byte_range=slice(0, 0)).result().stamp
+    for name in names:
+        stamp = _generation(store, name.encode())
         units.append(
             Unit(name, kind=_kind(name), kvstore=store_spec, version=stamp.generation.hex())
         )
     return units
+
+
+def _generation(store: Any, key: bytes) -> Any:
+    """The object's generation (its ETag on S3), from a read of no bytes; TensorStore before
+    ``byte_range`` (0.1.72, the lower bound) reads the whole object for it."""
+    try:
+        return store.read(key, byte_range=slice(0, 0)).result().stamp
+    except TypeError:
+        return store.read(key).result().stamp
 
 
 def _kind(name: str) -> str:
