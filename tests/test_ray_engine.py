@@ -53,3 +53,28 @@ def test_prepare_on_ray_writes_the_local_engines_store(ray_engine, tmp_path):  #
         on_ray = prepare(inputs, tmp_path / f"{kind}-ray", engine="ray", progress=False, **settings)
         assert on_ray.parts == local.parts > 1 and on_ray.documents == local.documents > 0
         assert tree_hash(tmp_path / f"{kind}-ray") == tree_hash(tmp_path / f"{kind}-local")
+
+
+@pytest.mark.parametrize(
+    ("have", "refused"), [("0.1.72", True), ("0.1.85", True), ("0.1.86", False)]
+)
+def test_a_local_ray_is_refused_where_tensorstore_would_abort_its_fork(monkeypatch, have, refused):
+    """tensorstore 0.1.72 aborts the whole process when `ray.init` forks after it ran (seen by
+    hand: "fork() is not allowed"); the engine says so before, naming the two ways out."""
+    import ray
+
+    from psdp.prepare import ray_engine as module
+
+    started = []
+    monkeypatch.setattr(module, "version", lambda name: have)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)  # the session fixture's is open
+    monkeypatch.setattr(ray, "init", lambda **options: started.append(options))
+    if refused:
+        with pytest.raises(RuntimeError, match=f"tensorstore {have} aborts") as info:
+            module.RayEngine(num_cpus=1)
+        assert "ray start --head" in str(info.value) and ">= 0.1.86" in str(info.value)
+        assert started == []
+    else:
+        module.RayEngine(num_cpus=1)
+        assert started == [{"address": None, "num_cpus": 1, "include_dashboard": False}]

@@ -8,7 +8,9 @@ Running on a multi-node cluster: ``docs/prepare.md``, "On a Ray cluster".
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Iterator
+from importlib.metadata import version
 from typing import TypeVar
 
 from psdp._imports import import_optional
@@ -47,6 +49,8 @@ class RayEngine:
         self._ray = import_optional("ray", extra="ray", needed_for="engine='ray'")
         self._owns_session = not self._ray.is_initialized()
         if self._owns_session:
+            if address is None and "RAY_ADDRESS" not in os.environ:
+                _check_can_fork()
             self._ray.init(address=address, num_cpus=num_cpus, include_dashboard=False)
 
     def map_unordered(self, fn: Callable[[T], R], tasks: Iterable[T]) -> Iterator[R]:
@@ -76,3 +80,19 @@ class RayEngine:
 
 def _apply(fn: Callable[[T], R], task: T) -> R:
     return fn(task)
+
+
+#: The first TensorStore that lets a process fork after using it (0.1.72 aborts; docs/prepare.md).
+FORK_SAFE_TENSORSTORE = (0, 1, 86)
+
+
+def _check_can_fork() -> None:
+    """Starting a local Ray instance forks; older TensorStore aborts the whole process then."""
+    have = version("tensorstore")
+    if tuple(int(part) for part in have.split(".")[:3] if part.isdigit()) < FORK_SAFE_TENSORSTORE:
+        raise RuntimeError(
+            f"starting a local Ray instance forks this process, and tensorstore {have} aborts a "
+            "process that forks after using it (fork-safe from 0.1.86): start Ray with "
+            "`ray start --head` and pass its address (address= / --ray-address), or upgrade "
+            "tensorstore to >= 0.1.86"
+        )
