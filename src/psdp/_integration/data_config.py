@@ -139,7 +139,8 @@ class SourceConfig:
         does not say its inputs and tokenizer)."""
         inputs = [shlex.quote(i) for i in self.inputs] if self.inputs else ["<text files>"]
         words = [*inputs, "--output", shlex.quote(str(self.store))]
-        words += ["--tokenizer", shlex.quote(self.tokenizer or "<tokenizer.json>")]
+        tokenizer = shlex.quote(self.tokenizer) if self.tokenizer else "<tokenizer.json>"
+        words += ["--tokenizer", tokenizer]
         for name in ("bos", "eos"):
             if getattr(self, name) is not None:
                 words += [f"--{name}", shlex.quote(getattr(self, name))]
