@@ -8,7 +8,6 @@ from __future__ import annotations
 import io
 import json
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 import draccus
 import numpy as np
@@ -261,8 +260,13 @@ def _saved_state(config: DataConfig, steps: int) -> dict:
             ["mixture's seed is 6", "saved run's was 5"],
         ),
         (
-            lambda c: replace(c, stages=[StageConfig(0, {"code": 1, "prose": 3}),
-                                         StageConfig(2, {"code": 1, "prose": 1})]),
+            lambda c: replace(
+                c,
+                stages=[
+                    StageConfig(0, {"code": 1, "prose": 3}),
+                    StageConfig(2, {"code": 1, "prose": 1}),
+                ],
+            ),
             ["stage at step 2 starts before step 3", "saved run had 1 stage(s) before it"],
         ),  # fmt: skip
     ],
@@ -327,9 +331,7 @@ def test_a_missing_store_names_the_prepare_command(stores, tmp_path):
     missing = str(tmp_path / "web")
     config = replace(
         _config(stores),
-        sources={
-            "web": SourceConfig(store=missing, inputs=["web/*.jsonl"], tokenizer="tok.json")
-        },
+        sources={"web": SourceConfig(store=missing, inputs=["web/*.jsonl"], tokenizer="tok.json")},
     )
     with pytest.raises(FileNotFoundError) as info:
         config.build(_mesh())

@@ -187,7 +187,9 @@ class SourceConfig:
         key = manifest.get("key", {})
         if tokenizer_digest(self.tokenizer) != key.get("tokenizer_sha256"):
             return f"it was made with another tokenizer than {self.tokenizer!r}"
-        encoder = Encoder(load_tokenizer(self.tokenizer), bos=self.bos, eos=self.eos)
+        encoder = Encoder(
+            load_tokenizer(self.tokenizer), bos=_token(self.bos), eos=_token(self.eos)
+        )
         for name in ("bos", "eos"):
             if getattr(encoder, name) != key.get(name):
                 return (
@@ -206,6 +208,11 @@ class SourceConfig:
         if left:
             return f"it holds inputs the config does not name ({json.loads(left[0])[0]})"
         return ""
+
+
+def _token(value: str | None) -> str | int | None:
+    """A BOS/EOS as ``psdp prepare`` takes it: digits are an id, anything else a token."""
+    return int(value) if value is not None and value.isdigit() else value
 
 
 def _local_manifest(store: Any) -> dict[str, Any] | None:
