@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import draccus
 import numpy as np
@@ -353,3 +354,83 @@ def test_an_unfinished_prepared_store_names_the_prepare_command(stores, tmp_path
         f"finish it with `psdp prepare <text files> --output {tmp_path / 'web'} --tokenizer "
         "<tokenizer.json>`"
     )
+
+
+# ------------------------------------------------------------------------ prepared stores
+def _prepared(tmp_path: Path, texts: dict[str, list[str]]) -> SourceConfig:
+    """A store ``psdp prepare`` made from jsonl files of ``texts`` (file name -> texts) with a
+    word-level tokenizer, and the source config that says so."""
+    prepare = pytest.importorskip("psdp.prepare", reason="psdp prepare is not in this psdp")
+    tokenizers = pytest.importorskip("tokenizers", reason="pip install 'psdp[prepare]'")
+    vocab = {"[unk]": 0, "hello": 1, "world": 2, "</s>": 3}
+    words = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, "[unk]"))
+    words.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    words.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "raw").mkdir()
+    for name, lines in texts.items():
+        (tmp_path / "raw" / name).write_text("".join(json.dumps({"text": t}) + "\n" for t in lines))
+    inputs, store = [str(tmp_path / "raw" / "*.jsonl")], str(tmp_path / "store")
+    tokenizer = str(tmp_path / "tokenizer.json")
+    prepare.prepare(inputs, store, tokenizer=tokenizer, eos="</s>", workers=1, progress=False)
+    return SourceConfig(store=store, inputs=inputs, tokenizer=tokenizer, eos="</s>")
+
+
+TEXTS = {"a.jsonl": ["hello world"] * 40, "b.jsonl": ["world hello hello"] * 30}
+
+
+def _stale(tmp_path: Path, change) -> str:
+    source = _prepared(tmp_path, TEXTS)
+    config = DataConfig(
+        sources={"web": source}, seq_len=4, order=OrderOptions(global_batch_size=BATCH)
+    )
+    with config.build(_mesh()) as loader:  # as prepared: not stale
+        assert np.asarray(loader.batch_at(0)["input_ids"]).shape == (BATCH, 4)
+    changed = change(tmp_path, source)
+    with pytest.raises(ValueError) as info:
+        replace(config, sources={"web": changed}).build(_mesh())
+    message = str(info.value)
+    assert message.startswith(f"source 'web': the store {source.store!r} is stale: ")
+    command = f"psdp prepare {tmp_path}/raw/'*.jsonl' --output {source.store} --tokenizer"
+    assert command in message.replace(f"'{tmp_path}/raw/*.jsonl'", f"{tmp_path}/raw/'*.jsonl'")
+    return message
+
+
+def _add_input(tmp_path, source):
+    (tmp_path / "raw" / "c.jsonl").write_text(json.dumps({"text": "hello"}) + "\n")
+    return source
+
+
+def _change_input(tmp_path, source):
+    with open(tmp_path / "raw" / "a.jsonl", "a") as f:
+        f.write(json.dumps({"text": "world"}) + "\n")
+    return source
+
+
+def _name_fewer_inputs(tmp_path, source):
+    return replace(source, inputs=[str(tmp_path / "raw" / "a.jsonl")])
+
+
+def _other_tokenizer(tmp_path, source):
+    text = (tmp_path / "tokenizer.json").read_text().replace('"world": 2', '"world": 4')
+    (tmp_path / "tokenizer.json").write_text(text)
+    return source
+
+
+def _other_eos(tmp_path, source):
+    return replace(source, eos="hello")
+
+
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        (_add_input, "the input {raw}/c.jsonl is not in it"),
+        (_change_input, "the input {raw}/a.jsonl changed since it was prepared"),
+        (_name_fewer_inputs, "it holds inputs the config does not name ({raw}/b.jsonl)"),
+        (_other_tokenizer, "it was made with another tokenizer than '{tmp}/tokenizer.json'"),
+        (_other_eos, "its eos id is 3, but eos='hello' is id 1"),
+    ],
+    ids=["an input added", "an input changed", "an input left out", "tokenizer", "eos"],
+)
+def test_a_stale_prepared_store_is_refused_naming_the_difference(tmp_path, change, why):
+    message = _stale(tmp_path, change)
+    assert why.format(raw=tmp_path / "raw", tmp=tmp_path) in message

@@ -181,9 +181,16 @@ class SourceConfig:
         """How the prepared store differs from what the config says it is made of ('' if not)."""
         if self.inputs is None or self.tokenizer is None:
             return ""
+        try:
+            return self._difference(manifest)
+        except FileNotFoundError:  # the text or tokenizer is gone: nothing to compare, and the
+            return ""  # store itself is still what it was
+
+    def _difference(self, manifest: Mapping[str, Any]) -> str:
         from psdp.prepare.readers import plan_units
         from psdp.prepare.tokenize import Encoder, load_tokenizer, tokenizer_digest
 
+        assert self.inputs is not None and self.tokenizer is not None
         key = manifest.get("key", {})
         if tokenizer_digest(self.tokenizer) != key.get("tokenizer_sha256"):
             return f"it was made with another tokenizer than {self.tokenizer!r}"
