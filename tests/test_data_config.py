@@ -390,8 +390,11 @@ def _stale(tmp_path: Path, change) -> str:
         replace(config, sources={"web": changed}).build(_mesh())
     message = str(info.value)
     assert message.startswith(f"source 'web': the store {source.store!r} is stale: ")
-    command = f"psdp prepare {tmp_path}/raw/'*.jsonl' --output {source.store} --tokenizer"
-    assert command in message.replace(f"'{tmp_path}/raw/*.jsonl'", f"{tmp_path}/raw/'*.jsonl'")
+    assert "delete it and make it again with `psdp prepare " in message
+    assert message.endswith(
+        f"--output {source.store} --tokenizer {tmp_path}/tokenizer.json --eos "
+        + ("'</s>'`" if changed.eos == "</s>" else f"{changed.eos}`")  # the config's eos, quoted
+    )
     return message
 
 
