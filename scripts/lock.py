@@ -29,9 +29,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 #: what every lock installs, and what the Makefile installs with it
-EXTRAS = "dev,draccus,grain,haliax"
+EXTRAS = "chat,dev,draccus,grain,haliax,prepare,ray"
 #: the extras a user installs; ``dev`` (test and lint tools) has no bounds to test
-USER_EXTRAS = ("draccus", "grain", "haliax")
+USER_EXTRAS = ("chat", "draccus", "grain", "haliax", "prepare", "ray")
 _REQUIREMENT = re.compile(r"^\s*([A-Za-z0-9._-]+)\s*(?:\[[^\]]*\])?\s*([^;]*)")
 
 

@@ -50,10 +50,13 @@ from psdp import (
     plan_packing,
     write_dataset,
 )
+from psdp.prepare.chat import render_chat
+from psdp.prepare.ray_engine import RayEngine
+from psdp.prepare.readers import BadRecordError
 from psdp.sources.document_writer import write_documents
 from psdp.tools.pod import run_pod
 from psdp.tools.simulate import Simulation, check_simulation
-from tests import scale_corpus, token_oracle
+from tests import chat_tokenizer, scale_corpus, token_oracle
 from tests.batch_checks import assert_batch_exact, expected_batch, token_table
 from tests.meshes import mesh_of
 
@@ -353,6 +356,57 @@ def _mix(sources: Any = None, **kwargs: Any) -> Mixture:
     if sources is None:
         sources = {"web": {"tokens": TOKENS}, "code": {"tokens": TOKENS[:16]}}
     return Mixture(sources, **kwargs)
+
+
+_CHATS = [[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "the fox"}]]
+_UNMARKED_TEMPLATE = chat_tokenizer.TEMPLATE.replace("{% generation %}", "").replace(
+    "{% endgeneration %}", ""
+)
+
+
+def _prepare(tmp: Path, lines: Any = ('{"text": "a b"}',), **options: Any) -> Any:
+    """`psdp.prepare` of ``lines`` (a.jsonl) into tmp/store with a 3-word tokenizer."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from psdp.prepare import prepare
+
+    words = Tokenizer(models.WordLevel({"[unk]": 0, "a": 1, "b": 2}, unk_token="[unk]"))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()
+    words.save(str(tmp / "tokenizer.json"))
+    (tmp / "a.jsonl").write_text("".join(line + "\n" for line in lines))
+    options = {"tokenizer": tmp / "tokenizer.json", "workers": 1, "progress": False, **options}
+    return prepare(options.pop("inputs", tmp / "a.jsonl"), tmp / "store", **options)
+
+
+def _prepare_twice(tmp: Path, second: dict[str, Any], before: Callable[[Path], Any] = str) -> Any:
+    """A prepare into tmp/store, ``before(tmp)``, then the same prepare with ``second`` changed."""
+    _prepare(tmp)
+    before(tmp)
+    return _prepare(tmp, **second)
+
+
+def _jsonl(path: Path) -> str:
+    """A one-record jsonl file at ``path`` (whatever its name says)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text('{"text": "a"}\n')
+    return str(path)
+
+
+def _parquet(path: Path, columns: dict[str, list[Any]]) -> str:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table(columns), path)
+    return str(path)
+
+
+def _unfinished_prepare(tmp: Path) -> Path:
+    """A store whose prepare planned its part, then stopped (as if killed) before committing it."""
+    _prepare(tmp)
+    meta = json.loads((tmp / "store" / "psdp.json").read_text())
+    meta = {**meta, "complete": False, "parts": dict.fromkeys(meta["parts"])}
+    (tmp / "store" / "psdp.json").write_text(json.dumps(meta))
+    return tmp / "store"
 
 
 CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] = [
@@ -2149,6 +2203,124 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
             "start the stage at step 3 or later",
         ],
     ),
+    # ---------------------------------------------------------------- psdp prepare
+    (
+        "prepare with a tokenizer path that does not exist",
+        lambda tmp: _prepare(tmp, tokenizer=tmp / "nope"),
+        FileNotFoundError,
+        [
+            "tokenizer=",
+            "nope",
+            "is not a tokenizer.json file or a model directory",
+            "nothing is downloaded",
+        ],
+    ),
+    (
+        "prepare of an input that does not exist",
+        lambda tmp: _prepare(tmp, inputs=[str(tmp / "missing.jsonl")]),
+        FileNotFoundError,
+        ["missing.jsonl", "does not exist", "name a file, glob or directory"],
+    ),
+    (
+        "prepare of a glob that matches nothing",
+        lambda tmp: _prepare(tmp, inputs=[str(tmp / "*.parquet")]),
+        FileNotFoundError,
+        ["no file matches the input", "*.parquet", "check the pattern"],
+    ),
+    (
+        "prepare of a file of an unknown format",
+        lambda tmp: _prepare(tmp, inputs=[_jsonl(tmp / "a.csv")]),
+        ValueError,
+        ["cannot tell the format of", "a.csv", ".jsonl.zst", ".parquet", "rename the file"],
+    ),
+    (
+        "prepare of a directory that is no datasets export",
+        lambda tmp: _prepare(tmp, inputs=[str(tmp)]),
+        ValueError,
+        ["is a directory but not a datasets save_to_disk export", "state.json", "DIR/*.jsonl"],
+    ),
+    (
+        "prepare of a malformed jsonl record",
+        lambda tmp: _prepare(tmp, lines=['{"text": "a"}', '{"text": "b"']),
+        BadRecordError,
+        ["a.jsonl, line 2", "not valid JSON", "skip_bad=True (--skip-bad)"],
+    ),
+    (
+        "prepare of records that lack the text field",
+        lambda tmp: _prepare(tmp, lines=['{"body": "a"}']),
+        BadRecordError,
+        ["a.jsonl, line 1", "no field 'text'", "(it has ['body'])", "skip_bad=True"],
+    ),
+    (
+        "prepare of a Parquet file without the text column",
+        lambda tmp: _prepare(tmp, inputs=[_parquet(tmp / "t.parquet", {"body": ["a"]})]),
+        ValueError,
+        ["t.parquet has no column 'text'", "(it has ['body'])", "field= (--field)"],
+    ),
+    (
+        "prepare with a bos token the tokenizer lacks",
+        lambda tmp: _prepare(tmp, bos="<s>"),
+        ValueError,
+        ["bos='<s>' is not a token of the tokenizer", "added_tokens", "or an id"],
+    ),
+    (
+        "prepare with an eos id outside the vocabulary",
+        lambda tmp: _prepare(tmp, eos=3),
+        ValueError,
+        ["eos=3 is not an id of the tokenizer's vocabulary of 3 ids", "[0, 3)"],
+    ),
+    (
+        "prepare of inputs whose every record is empty",
+        lambda tmp: _prepare(tmp, lines=['{"text": ""}']),
+        ValueError,
+        ["every record of the inputs was empty or skipped", "--field"],
+    ),
+    (
+        "prepare into a store made with other settings (another eos)",
+        lambda tmp: _prepare_twice(tmp, {"eos": 2}),
+        ValueError,
+        ["was prepared with other settings", "eos: None there, 2 now", "prepare into a new output"],
+    ),
+    (
+        "prepare into a store without naming one of its inputs",
+        lambda tmp: _prepare_twice(tmp, {"inputs": [_jsonl(tmp / "b.jsonl")]}),
+        ValueError,
+        ["holds the input", "a.jsonl", "which this run does not name", "new inputs are appended"],
+    ),
+    (
+        "prepare into a store after one of its inputs changed",
+        lambda tmp: _prepare_twice(tmp, {"lines": ['{"text": "a b a"}']}),
+        ValueError,
+        ["the input", "a.jsonl changed since it was prepared", "prepare into a new output"],
+    ),
+    (
+        "prepare into a directory that holds other files",
+        lambda tmp: _prepare(tmp, inputs=[_jsonl(tmp / "store" / "mine.jsonl")]),
+        FileExistsError,
+        ["store already holds 1 files and is no psdp prepare store", "choose a new output"],
+    ),
+    (
+        "prepare with an unknown engine",
+        lambda tmp: _prepare(tmp, engine="spark"),
+        ValueError,
+        ["engine='spark' is not one of ['local', 'ray']"],
+    ),
+    (
+        "prepare with 0 workers",
+        lambda tmp: _prepare(tmp, workers=0),
+        ValueError,
+        ["workers must be >= 1, got 0"],
+    ),
+    (
+        "opening the store of a prepare that did not finish",
+        lambda tmp: DocumentStore.open(_unfinished_prepare(tmp)),
+        ValueError,
+        [
+            "is an unfinished psdp prepare",
+            "0 of 1 parts are committed",
+            "run the same psdp prepare again",
+        ],
+    ),
     # ---------------------------------------------------------------- the local pod
     (
         "a pod with fewer per-process environments than processes",
@@ -2179,6 +2351,50 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
         ),
         ValueError,
         ["log_dir must be a folder", "logs.txt' is a file", "name a folder"],
+    ),
+    # ---------------------------------------------------------------- prepare: chat records
+    (
+        "chat records with a tokenizer whose template has no generation markers",
+        lambda tmp: render_chat(
+            chat_tokenizer.save_chat_tokenizer(tmp, template=_UNMARKED_TEMPLATE), _CHATS
+        ),
+        ValueError,
+        [
+            "has no such marker",
+            'it begins "{{ bos_token }}',
+            "wrap each assistant turn",
+            "{% generation %}",
+        ],
+    ),
+    (
+        "chat records with a tokenizer that has no chat template",
+        lambda tmp: render_chat(chat_tokenizer.save_chat_tokenizer(tmp, template=None), _CHATS),
+        ValueError,
+        ["has none (chat_template is None)", "set tokenizer.chat_template"],
+    ),
+    (
+        "chat records with a tokenizer path that holds no tokenizer.json",
+        lambda tmp: render_chat(tmp, _CHATS),
+        ValueError,
+        ["has no tokenizer.json", "the directory that the tokenizer's save_pretrained() wrote"],
+    ),
+    (
+        "a chat record whose message has no content",
+        lambda tmp: render_chat(
+            chat_tokenizer.save_chat_tokenizer(tmp), [*_CHATS, [{"role": "user", "text": "hi"}]]
+        ),
+        ValueError,
+        [
+            "string 'role' and a string 'content'",
+            "record 1 of the batch is [{'role': 'user', 'text': 'hi'}]",
+            "skip_bad=True",
+        ],
+    ),
+    (
+        "a Ray engine given both a running cluster's address and a local cluster's num_cpus",
+        lambda _: RayEngine(address="127.0.0.1:6379", num_cpus=4),
+        ValueError,
+        ["address='127.0.0.1:6379'", "num_cpus=4 given", "pass address to use a running cluster"],
     ),
 ]
 

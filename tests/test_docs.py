@@ -34,6 +34,7 @@ COVERED = [
     "mixtures.md",
     "scale.md",
     "cli.md",
+    "prepare.md",
 ]
 
 #: doc -> the reasons of its blocks that are not run, in order
@@ -141,6 +142,7 @@ def test_the_runnable_blocks_are_found():
         "mixtures.md": 3,
         "scale.md": 1,
         "cli.md": 1,
+        "prepare.md": 1,
     }
 
 
@@ -183,6 +185,7 @@ def test_the_shell_sessions_are_found():
         "mixtures.md": 0,
         "scale.md": 0,
         "cli.md": 0,
+        "prepare.md": 0,
     }
 
 

@@ -1,6 +1,7 @@
 """The README's code runs as written."""
 
 import re
+import shlex
 from pathlib import Path
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -13,17 +14,39 @@ def first_screen() -> str:
 
 def test_the_first_screen_shows_the_language_model_path_and_links_its_docs():
     text = " ".join(first_screen().split())
-    path = ["DocumentStore", "TokenSequences", "PackedSequences", "Mixture", "DataLoader"]
+    path = [
+        "prepare",
+        "DocumentStore",
+        "TokenSequences",
+        "PackedSequences",
+        "Mixture",
+        "DataLoader",
+    ]
     for word in [*path, "token", "packing", "stages", "schedule", "domain", "S3"]:
         assert word in text, f"the first screen never says {word!r}"
     first = [text.index(word) for word in path]  # in the order the data flows
-    assert first[0] < min(first[1:3]) and max(first[1:3]) < first[3] < first[4]
-    for doc in ["tokens.md", "packing.md", "mixtures.md", "sources.md"]:
+    assert first[0] < first[1] < min(first[2:4]) and max(first[2:4]) < first[4] < first[5]
+    for doc in ["prepare.md", "tokens.md", "packing.md", "mixtures.md", "sources.md"]:
         assert f"(docs/{doc}" in text
-    assert "prepare" not in text  # not built yet
 
 
-def test_language_model_example_runs(capsys):
+def test_language_model_example_runs(tmp_path, monkeypatch, capsys):
+    """Text -> prepare -> loader: the first screen's commands on inputs made here, then its code."""
+    from psdp.tools.cli import main
+    from tests import prepare_corpus as corpus
+
+    monkeypatch.chdir(tmp_path)
+    texts = corpus.texts(2800, seed=5)
+    corpus.train_tokenizer(tmp_path / "tokenizer.json", specials=["<|endoftext|>"])
+    (tmp_path / "web").mkdir()
+    for i in range(2):
+        corpus.write_jsonl(tmp_path / "web" / f"{i}.jsonl.zst", texts[i * 1000 : (i + 1) * 1000])
+    corpus.write_datasets_export(tmp_path / "code" / "train", texts[2000:])
+    commands = re.search(r"```shell\n(.*?)```", first_screen(), re.S)
+    assert commands is not None, "the first screen has no psdp prepare command"
+    for line in commands.group(1).splitlines():
+        assert main([*shlex.split(line)[1:], "--workers", "1", "--no-progress"]) == 0
+    capsys.readouterr()
     block = re.search(r"```python\n(.*?)```", first_screen(), re.S)
     assert block is not None, "the first screen has no example"
     exec(compile(block.group(1), str(README), "exec"), {})

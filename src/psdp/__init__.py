@@ -58,6 +58,7 @@ from psdp.sources import StreamSource as StreamSource
 from psdp.sources import TokenSequences as TokenSequences
 
 if TYPE_CHECKING:  # imported on first use below: both load tensorstore, which is slow to import
+    from psdp.prepare import prepare as prepare
     from psdp.sources import TensorStoreSource as TensorStoreSource
     from psdp.sources.document_writer import write_documents as write_documents
     from psdp.sources.writer import write_dataset as write_dataset
@@ -68,6 +69,7 @@ __getattr__, __dir__ = lazy_attributes(
         "psdp.sources": ["TensorStoreSource"],
         "psdp.sources.writer": ["write_dataset"],
         "psdp.sources.document_writer": ["write_documents"],
+        "psdp.prepare": ["prepare"],
     },
     globals(),
 )

@@ -18,7 +18,7 @@ import functools
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 from tqdm import tqdm
@@ -152,17 +152,21 @@ class DocumentIndex:
                 f"{int(values[np.argmax(wrong)])}, but the index says {int(self.marks[j])}; {fix}"
             )
 
-    def save(self, path: str | os.PathLike[str], *, identity: str = "") -> None:
-        """Writes the index to a local ``.npz`` file that `load` reads, with ``identity``: what
-        the offsets it indexes are (`saved_identity`; e.g. their file, size and time)."""
-        with open(path, "wb") as file:  # np.savez would append ".npz" to a name without it
-            np.savez(
-                file,
-                marks=self.marks,
-                nonempty=self.nonempty,
-                sizes=np.array([self.num_documents, self.stride, self.longest], np.int64),
-                identity=np.array(identity),
-            )
+    def save(self, path: str | os.PathLike[str] | BinaryIO, *, identity: str = "") -> None:
+        """Writes the index to a local ``.npz`` file (or a binary file object) that `load`
+        reads, with ``identity``: what the offsets it indexes are (`saved_identity`; e.g. their
+        file, size and time)."""
+        if isinstance(path, str | os.PathLike):
+            with open(path, "wb") as file:  # np.savez would append ".npz" to a name without it
+                self.save(file, identity=identity)
+            return
+        np.savez(
+            path,
+            marks=self.marks,
+            nonempty=self.nonempty,
+            sizes=np.array([self.num_documents, self.stride, self.longest], np.int64),
+            identity=np.array(identity),
+        )
 
     @staticmethod
     def saved_identity(path: str | os.PathLike[str]) -> str:
@@ -171,8 +175,8 @@ class DocumentIndex:
             return str(saved["identity"]) if "identity" in saved.files else ""
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> DocumentIndex:
-        """The index `save` wrote at ``path``."""
+    def load(cls, path: str | os.PathLike[str] | BinaryIO) -> DocumentIndex:
+        """The index `save` wrote at ``path`` (a file name or a binary file object)."""
         with np.load(path) as saved:
             documents, stride, longest = (int(n) for n in saved["sizes"])
             return cls(documents, stride, saved["marks"], saved["nonempty"], longest)

@@ -1,4 +1,5 @@
-"""The ``psdp`` command line: ``plan``, ``simulate``, ``write`` and ``bench`` (``docs/cli.md``).
+"""The ``psdp`` command line: ``plan``, ``simulate``, ``write``, ``prepare`` and ``bench``
+(``docs/cli.md``).
 
 Every user error, from argparse or from the library, ends as one line on stderr and exit code 2.
 """
@@ -668,4 +669,70 @@ def _run_bench(args: argparse.Namespace) -> int:
     return int(benchmarks.main(args.extra))
 
 
-SUBCOMMANDS: list[Callable[[Subparsers], None]] = [_add_plan, _add_simulate, _add_write, _add_bench]
+def _add_prepare(subparsers: Subparsers) -> None:
+    parser = subparsers.add_parser(
+        "prepare",
+        help="tokenize text (jsonl, Parquet, Arrow, a datasets export) into a document store",
+        description=(
+            "Tokenize the text of INPUTS (files, globs or datasets save_to_disk directories, "
+            "local or s3://, gs://) with a Hugging Face tokenizer into a document store that "
+            "DocumentStore.open reads, in parts committed one at a time: a killed run resumes, "
+            "new inputs are appended. docs/prepare.md."
+        ),
+    )
+    parser.add_argument("inputs", nargs="+", help="files, globs or datasets directories")
+    parser.add_argument("--output", required=True, help="the store: a directory or URL")
+    parser.add_argument(
+        "--tokenizer", required=True, help="a tokenizer.json or a directory holding one"
+    )
+    text = parser.add_mutually_exclusive_group()
+    text.add_argument("--field", default="text", help="the text field of each record")
+    text.add_argument("--messages", help="a field of chat messages, rendered by the chat template")
+    parser.add_argument("--bos", help="a token (or id) put before each document")
+    parser.add_argument("--eos", help="a token (or id) put after each document")
+    parser.add_argument("--workers", type=int, help="local worker processes (default: cores)")
+    parser.add_argument("--engine", choices=["local", "ray"], default="local")
+    parser.add_argument("--ray-address", help="the Ray cluster to run on (--engine ray)")
+    parser.add_argument(
+        "--skip-bad", action="store_true", help="skip malformed records, counted by reason"
+    )
+    parser.add_argument("--rows-per-part", type=int, help="Parquet/Arrow rows per part")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.set_defaults(run=_run_prepare)
+
+
+def _run_prepare(args: argparse.Namespace) -> int:
+    from psdp.prepare import ROWS_PER_PART, prepare
+
+    def token(value: str | None) -> str | int | None:
+        return int(value) if value is not None and value.isdigit() else value
+
+    try:
+        summary = prepare(
+            args.inputs,
+            args.output,
+            tokenizer=args.tokenizer,
+            field=args.field,
+            messages_field=args.messages,
+            bos=token(args.bos),
+            eos=token(args.eos),
+            workers=args.workers,
+            engine=args.engine,
+            ray_address=args.ray_address,
+            skip_bad=args.skip_bad,
+            rows_per_part=args.rows_per_part or ROWS_PER_PART,
+            progress=not args.no_progress,
+        )
+    except (OSError, TypeError, ImportError) as error:  # a missing input or extra: one line
+        raise UsageError(str(error), "psdp prepare") from error
+    print(summary)
+    return 0
+
+
+SUBCOMMANDS: list[Callable[[Subparsers], None]] = [
+    _add_plan,
+    _add_simulate,
+    _add_write,
+    _add_prepare,
+    _add_bench,
+]

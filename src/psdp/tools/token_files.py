@@ -212,6 +212,8 @@ def _ids_of(value: Any, where: str, key: str | None) -> list[Any]:
         hint = (
             " (lines are objects: name the key of the token ids with --key)"
             if (key is None and isinstance(value, dict))
+            else " (text is tokenized by `psdp prepare`, docs/prepare.md)"
+            if isinstance(value, str)
             else ""
         )
         raise ValueError(f"{where} must be a list of token ids, got {type(value).__name__}{hint}")

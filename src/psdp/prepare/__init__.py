@@ -1,0 +1,206 @@
+"""`prepare`: text (jsonl, Parquet, Arrow, a `datasets` export) -> tokenizer -> a document store
+that `DocumentStore.open`, `TokenSequences`, `PackedSequences` and `Mixture` read.
+``docs/prepare.md``.
+
+The driver plans units (`readers`), records them in the store's manifest (`parts`), runs one
+task per pending unit on an engine (`engines`, `tasks`: read, tokenize, write and commit a part)
+and commits each part to the manifest as it comes back; then it writes the corpus's index and
+marks the store complete. Nothing here is imported by ``import psdp`` until used.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import types
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from tqdm import tqdm
+
+from psdp._checks import check_int
+from psdp.prepare.engines import engine_named
+from psdp.prepare.parts import Output, finished, pending, planned, with_part
+from psdp.prepare.readers import plan_units
+from psdp.prepare.tasks import Task, run_task
+from psdp.prepare.tokenize import Encoder, load_tokenizer, tokenizer_digest
+
+#: Rows of a Parquet or Arrow file per part (cut at its row groups): the unit of work and resume.
+ROWS_PER_PART = 100_000
+
+
+@dataclass(frozen=True)
+class PrepareSummary:
+    """What `prepare` stored: documents and tokens, the records left out (empty texts, and with
+    ``skip_bad`` the malformed ones by reason, with a few examples), the token dtype."""
+
+    output: str
+    documents: int
+    tokens: int
+    dtype: str
+    parts: int
+    empty: int
+    skipped: dict[str, int] = field(default_factory=dict)
+    examples: list[tuple[str, str]] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def __str__(self) -> str:
+        lines = [
+            f"prepared {self.output}: {self.documents:,} documents, {self.tokens:,} tokens "
+            f"({self.dtype}) in {self.parts} parts",
+            f"empty records (not stored): {self.empty:,}",
+            f"skipped records: {sum(self.skipped.values()):,}",
+        ]
+        lines += [f"  {count:,} x {reason}" for reason, count in sorted(self.skipped.items())]
+        lines += [f"  e.g. {where}: {reason}" for where, reason in self.examples]
+        return "\n".join(lines)
+
+
+def prepare(
+    inputs: Any,
+    output: str | os.PathLike[str] | Mapping[str, Any],
+    *,
+    tokenizer: str | os.PathLike[str],
+    field: str = "text",
+    messages_field: str | None = None,
+    bos: str | int | None = None,
+    eos: str | int | None = None,
+    workers: int | None = None,
+    engine: str = "local",
+    ray_address: str | None = None,
+    skip_bad: bool = False,
+    rows_per_part: int = ROWS_PER_PART,
+    tokens_per_shard: int = 1 << 20,
+    progress: bool = True,
+) -> PrepareSummary:
+    """Tokenizes ``inputs`` into a parted document store at ``output``; resumes a killed run and
+    appends new input shards (``docs/prepare.md``).
+
+    Args:
+        inputs: files, globs or `datasets` save_to_disk directories, local or in an object store
+            (URLs, or kvstore spec dicts whose ``path`` names the file or glob).
+        output: a directory, URL or kvstore spec, as for `write_documents`.
+        tokenizer: a ``tokenizer.json`` or a directory holding one (nothing is downloaded).
+        field: the text field (column) of each record.
+        messages_field: instead of ``field``, a field of chat messages rendered with the
+            tokenizer's chat template (a ``loss_mask`` leaf covers the assistant's tokens).
+        bos, eos: a token (string or id) put before / after each document, or ``None``.
+        workers: worker processes (default: every core); engine ``"ray"``: ignored.
+        engine: ``"local"`` or ``"ray"`` (on the cluster at ``ray_address``).
+        skip_bad: skip malformed records, counted by reason, instead of raising.
+        rows_per_part: rows of a Parquet or Arrow file per part (the unit of work and resume).
+        tokens_per_shard: tokens per shard file of each part's arrays.
+        progress: show a progress bar with documents/s and tokens/s.
+
+    Example:
+        >>> import json, tempfile
+        >>> from tokenizers import Tokenizer, models, pre_tokenizers
+        >>> from psdp import DocumentStore
+        >>> tmp = tempfile.TemporaryDirectory()
+        >>> words = Tokenizer(models.WordLevel({"[unk]": 0, "hello": 1, "world": 2}, "[unk]"))
+        >>> words.pre_tokenizer = pre_tokenizers.Whitespace()
+        >>> words.save(f"{tmp.name}/tokenizer.json")
+        >>> with open(f"{tmp.name}/a.jsonl", "w") as f:
+        ...     f.write(json.dumps({"text": "hello world"}) + "\\n" + json.dumps({"text": "world"}))
+        41
+        >>> summary = prepare(f"{tmp.name}/a.jsonl", f"{tmp.name}/store",
+        ...                   tokenizer=f"{tmp.name}/tokenizer.json", workers=1, progress=False)
+        >>> summary.documents, summary.tokens, summary.dtype
+        (2, 3, 'uint8')
+        >>> DocumentStore.open(f"{tmp.name}/store").read_ranges([0], [3])["input_ids"].tolist()
+        [1, 2, 2]
+        >>> tmp.cleanup()
+    """
+    started = time.perf_counter()
+    check_int("rows_per_part", rows_per_part, minimum=1)
+    check_int("tokens_per_shard", tokens_per_shard, minimum=4096)
+    if tokens_per_shard % 4096:
+        raise ValueError(
+            f"tokens_per_shard={tokens_per_shard} must be a multiple of 4096 (the chunk), e.g. "
+            f"{tokens_per_shard // 4096 * 4096 or 4096}"
+        )
+    text_field = field if messages_field is None else messages_field
+    if not isinstance(text_field, str) or not text_field:
+        raise TypeError(f"field must be a non-empty string, got {text_field!r}")
+    tokenizer_path = os.path.abspath(tokenizer)  # a directory stays one: chat needs its config
+    encoder = Encoder(load_tokenizer(tokenizer_path), bos=bos, eos=eos)  # checks bos, eos
+    units = plan_units(inputs, rows_per_part)
+    key = {
+        "tokenizer_sha256": tokenizer_digest(tokenizer_path),
+        "field": field if messages_field is None else None,
+        "messages_field": messages_field,
+        "bos": encoder.bos,
+        "eos": encoder.eos,
+        "dtype": encoder.dtype.name,
+        "skip_bad": skip_bad,
+        "rows_per_part": rows_per_part,
+        "tokens_per_shard": tokens_per_shard,
+    }
+    out = Output(output)
+    meta = planned(out.read(), units, key, out.name)
+    out.commit(meta)
+    out.clean(meta)  # after the commit: the manifest replaced no longer names an old index
+    by_id = {(u.name, u.row_start, u.row_stop): u for u in units}
+    tasks = [
+        Task(by_id[(u["file"], *u["rows"])], u["part"], out.part(u["part"]), tokenizer_path,
+             text_field, messages_field is not None, bos, eos, skip_bad, tokens_per_shard)
+        for u in pending(meta)
+    ]  # fmt: skip
+    runner = engine_named(engine, workers=workers, address=ray_address)
+    bar = tqdm(total=len(meta["units"]), initial=len(meta["units"]) - len(tasks), unit="parts",
+               desc=f"prepare {out.name}", disable=not progress)  # fmt: skip
+    done = {"documents": 0, "tokens": 0}
+    try:
+        for result in runner.map_unordered(run_task, tasks):
+            meta = with_part(meta, result)
+            out.commit(meta)
+            done["documents"] += result.num_documents
+            done["tokens"] += result.num_tokens
+            elapsed = max(time.perf_counter() - started, 1e-9)
+            bar.set_postfix_str(
+                f"{done['documents'] / elapsed:,.0f} docs/s, {done['tokens'] / elapsed:,.0f} "
+                "tokens/s"
+            )
+            bar.update()
+    finally:
+        bar.close()
+        runner.close()
+    if not meta.get("complete"):
+        meta = finished(meta)
+        out.write_index(meta)
+        out.commit(meta)
+        out.clean(meta)
+    return _summary(out.name, meta, time.perf_counter() - started)
+
+
+def _summary(name: str, meta: dict[str, Any], seconds: float) -> PrepareSummary:
+    parts = [meta["parts"][u["part"]] for u in meta["units"]]
+    skipped: dict[str, int] = {}
+    for part in parts:
+        for reason, count in part["skipped"].items():
+            skipped[reason] = skipped.get(reason, 0) + count
+    return PrepareSummary(
+        output=name,
+        documents=meta["num_documents"],
+        tokens=meta["num_tokens"],
+        dtype=meta["leaves"]["input_ids"],
+        parts=len(parts),
+        empty=sum(p["empty"] for p in parts),
+        skipped=skipped,
+        examples=[tuple(e) for p in parts for e in p["examples"]][:10],
+        seconds=seconds,
+    )
+
+
+class _CallablePackage(types.ModuleType):
+    """``psdp.prepare`` names both this package and its function, and importing any of its
+    modules binds the name to the package: so the package, called, is the function."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> PrepareSummary:
+        return prepare(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallablePackage
+__all__ = ["PrepareSummary", "prepare"]

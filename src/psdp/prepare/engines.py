@@ -1,0 +1,98 @@
+"""Where `prepare`'s tasks run: an `Engine` maps a function over tasks and yields the results as
+they finish, in any order (the manifest puts parts in input order, so the order never shows in
+the store). `LocalEngine` runs worker processes on this machine; ``engine="ray"`` runs the same
+tasks on a Ray cluster (``psdp.prepare.ray_engine``, imported only then).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from typing import Any, Protocol
+
+from psdp._checks import check_int
+
+#: The engines `engine_named` knows.
+ENGINES = ("local", "ray")
+#: A worker is one core: the tokenizer's own threads would compete with the other workers'.
+ONE_CORE = {"TOKENIZERS_PARALLELISM": "false"}
+
+
+class Engine(Protocol):
+    """Runs ``fn`` on every task; yields each result as it finishes."""
+
+    def map_unordered(self, fn: Callable[[Any], Any], tasks: Iterable[Any]) -> Iterator[Any]: ...
+
+    def close(self) -> None: ...
+
+
+class LocalEngine:
+    """``workers`` processes on this machine (``spawn``: JAX and the tokenizer's threads do not
+    survive ``fork``), each tokenizing on one core (`ONE_CORE`); one worker runs the tasks in
+    this process, on one core too while it runs.
+
+    Example:
+        >>> engine = LocalEngine(1)
+        >>> sorted(engine.map_unordered(abs, [-2, 1]))
+        [1, 2]
+    """
+
+    def __init__(self, workers: int | None = None):
+        if workers is not None:
+            check_int("workers", workers, minimum=1)
+        self.workers = workers or os.cpu_count() or 1
+        self._pool: ProcessPoolExecutor | None = None
+
+    def map_unordered(self, fn: Callable[[Any], Any], tasks: Iterable[Any]) -> Iterator[Any]:
+        if self.workers == 1:
+            saved = {name: os.environ.get(name) for name in ONE_CORE}
+            os.environ.update(ONE_CORE)
+            try:
+                yield from map(fn, tasks)
+            finally:
+                for name, value in saved.items():
+                    if value is None:
+                        os.environ.pop(name, None)
+                    else:
+                        os.environ[name] = value
+            return
+        if self._pool is None:
+            context = multiprocessing.get_context("spawn")
+            self._pool = ProcessPoolExecutor(
+                self.workers, mp_context=context, initializer=_one_core
+            )
+        queue = iter(tasks)
+        running: set[Future[Any]] = set()
+        while True:  # at most two tasks per worker in flight: their results come back in turn
+            for task in queue:
+                running.add(self._pool.submit(fn, task))
+                if len(running) >= 2 * self.workers:
+                    break
+            if not running:
+                return
+            done, running = wait(running, return_when=FIRST_COMPLETED)
+            for future in done:
+                yield future.result()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(cancel_futures=True)
+            self._pool = None
+
+
+def _one_core() -> None:
+    os.environ.update(ONE_CORE)
+
+
+def engine_named(name: str, **options: Any) -> Engine:
+    """The engine ``name`` (`ENGINES`) with its options (``workers`` for local; ``address``,
+    ``num_cpus`` for Ray)."""
+    if name == "local":
+        return LocalEngine(options.get("workers"))
+    if name == "ray":
+        from psdp.prepare.ray_engine import RayEngine  # an extra: only when asked for
+
+        return RayEngine(**{k: v for k, v in options.items() if k != "workers"})
+    raise ValueError(f"engine={name!r} is not one of {list(ENGINES)}; the default is 'local'")

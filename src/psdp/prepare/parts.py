@@ -1,0 +1,224 @@
+"""The store `prepare` writes: parts, each an ordinary document store committed atomically, listed
+in input order by a manifest (``psdp.json``, format `PARTS_FORMAT`) that `DocumentStore.open`
+reads as one corpus (``psdp.sources.document_parts``). ``docs/prepare.md``, "Parts".
+
+The manifest is the store's only commit point, replaced by compare-and-swap (TensorStore's
+conditional write, on a local directory as on S3/GCS): it records the key of the settings and
+tokenizer, every planned unit with its part's name, and each committed part's counts. A run
+resumes by skipping committed parts, appends parts for new input shards, and refuses a key that
+differs. A part is one unit's documents, so a store is a function of its inputs and settings,
+never of the workers that wrote it.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import tensorstore as ts
+
+from psdp.prepare.readers import Unit
+from psdp.sources.document_parts import PARTS_DIRECTORY, PARTS_FORMAT, PARTS_VERSION, index_key
+from psdp.sources.document_writer import join_documents
+from psdp.sources.location import Location, locate, open_kvstore
+from psdp.sources.tensorstore import METADATA_FILE
+
+Manifest = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class PartResult:
+    """What a task reports of the part it committed (`run_task`)."""
+
+    name: str
+    num_documents: int
+    num_tokens: int
+    leaves: dict[str, str]
+    empty: int
+    skipped: dict[str, int]
+    examples: list[tuple[str, str]]
+
+
+class Output:
+    """The store's place, and its manifest read and replaced by compare-and-swap."""
+
+    def __init__(self, where: Any):
+        self.location: Location = locate(where)
+        self.name = self.location.name
+        if self.location.local is not None:
+            root = Path(os.path.abspath(self.location.local))
+            root.mkdir(parents=True, exist_ok=True)
+            self.store = open_kvstore(Location(None, {"driver": "file", "path": f"{root}/"}, ""))
+        else:
+            self.store = open_kvstore(self.location)
+        self.generation = b""
+
+    def part(self, name: str) -> Any:
+        """Where the part ``name`` is written: a local path or a kvstore spec."""
+        relative = f"{PARTS_DIRECTORY}/{name}"
+        if self.location.local is not None:
+            return str(Path(os.path.abspath(self.location.local)) / relative)
+        return self.location.below(relative + "/")
+
+    def read(self) -> Manifest | None:
+        """The manifest (``None``: no store yet); remembers its generation for `commit`."""
+        got = self.store.read(METADATA_FILE.encode()).result()
+        self.generation = bytes(got.stamp.generation)
+        if got.state != "value":
+            keys = [k for k in self.store.list().result() if not k.startswith(b".")]
+            if keys:
+                raise FileExistsError(
+                    f"{self.name} already holds {len(keys)} files and is no psdp prepare store; "
+                    "choose a new output, or empty it"
+                )
+            return None
+        meta = json.loads(bytes(got.value))
+        if not isinstance(meta, dict) or meta.get("format") != PARTS_FORMAT:
+            raise FileExistsError(
+                f"{self.name} holds another kind of store ({meta.get('format')!r}), not one "
+                "psdp prepare wrote; choose a new output"
+            )
+        return meta
+
+    def commit(self, meta: Manifest) -> None:
+        """Replaces the manifest if it is still the one last read or written, else raises."""
+        # keys sorted: the same manifest is the same bytes, however it was reached
+        body = (json.dumps(meta, indent=1, sort_keys=True) + "\n").encode()
+        written = self.store.write(METADATA_FILE.encode(), body, if_equal=self.generation)
+        generation = written.result().generation
+        if not generation:
+            raise FileExistsError(
+                f"another psdp prepare changed {self.name} while this one ran; run one prepare "
+                "per output at a time (this one stops; run it again to resume)"
+            )
+        self.generation = bytes(generation)
+
+    def write_index(self, meta: Manifest) -> None:
+        """Builds the whole corpus's index (one pass over the parts' offsets) and writes it
+        where ``meta`` will name it."""
+        names = [u["part"] for u in meta["units"] if meta["parts"][u["part"]]["num_documents"]]
+        store = join_documents([self.part(n) for n in names], name=self.name)
+        body = io.BytesIO()
+        store.index.save(body)
+        self.store.write(meta["index"].encode(), body.getvalue()).result()
+
+    def clean(self, meta: Manifest) -> None:
+        """Deletes what a killed run left and no manifest names: another size's index, and
+        (local) staging directories of parts; the parts themselves are overwritten."""
+        for key in self.store.list().result():
+            name = key.decode()
+            if name.startswith("index-") and name != meta.get("index"):
+                self.store.delete_range(ts.KvStore.KeyRange(name, name + "\0")).result()
+        if self.location.local is not None:
+            parts = Path(os.path.abspath(self.location.local)) / PARTS_DIRECTORY
+            for leftover in parts.glob(".*") if parts.is_dir() else ():
+                if leftover.is_dir():
+                    shutil.rmtree(leftover, ignore_errors=True)
+                else:
+                    leftover.unlink(missing_ok=True)
+
+
+def planned(
+    meta: Manifest | None, units: list[Unit], key: Mapping[str, Any], name: str
+) -> Manifest:
+    """The manifest for ``units`` under ``key``: a new one, or ``meta`` with the units it lacks
+    appended (new parts, after its own); refuses another key, a changed input, and a run that
+    leaves out an input of the store."""
+    if meta is None:
+        meta = {"format": PARTS_FORMAT, "version": PARTS_VERSION, "key": dict(key), "units": [],
+                "parts": {}, "complete": False}  # fmt: skip
+    elif meta.get("key") != dict(key):
+        raise ValueError(_key_mismatch(meta.get("key") or {}, key, name))
+    known = {_unit_id(u): u for u in meta["units"]}
+    given = {_unit_id(u.identity): u.identity for u in units}
+    for unit_id, unit in known.items():
+        if unit_id not in given:
+            raise ValueError(
+                f"{name} holds the input {unit['file']} (rows {unit['rows']}), which this run "
+                "does not name; name every input of the store (new inputs are appended), or "
+                "prepare into a new output"
+            )
+        if given[unit_id]["version"] != unit["version"]:
+            raise ValueError(
+                f"the input {unit['file']} changed since it was prepared into {name} (size or "
+                f"version {unit['version']} then, {given[unit_id]['version']} now); prepare "
+                "into a new output"
+            )
+    added = [u for unit_id, u in given.items() if unit_id not in known]
+    if not added:
+        return meta
+    units_now = meta["units"] + [
+        {**u, "part": f"{len(meta['units']) + i:06d}"} for i, u in enumerate(added)
+    ]
+    parts = {**meta["parts"], **{u["part"]: None for u in units_now[len(meta["units"]) :]}}
+    return {**_unfinished(meta), "units": units_now, "parts": parts}
+
+
+def with_part(meta: Manifest, result: PartResult) -> Manifest:
+    """``meta`` with the part ``result`` committed."""
+    leaves = meta.get("leaves")
+    if result.num_documents and leaves is not None and leaves != result.leaves:
+        raise ValueError(
+            f"part {result.name} has leaves {result.leaves}, the store {leaves}; this is a bug"
+        )
+    counts = {
+        "num_documents": result.num_documents,
+        "num_tokens": result.num_tokens,
+        "empty": result.empty,
+        "skipped": result.skipped,
+        "examples": [list(e) for e in result.examples],
+    }
+    new = {**meta, "parts": {**meta["parts"], result.name: counts}}
+    if result.num_documents and leaves is None:
+        new["leaves"] = result.leaves
+    return new
+
+
+def pending(meta: Manifest) -> list[dict[str, Any]]:
+    """The planned units whose part is not committed, in order."""
+    return [u for u in meta["units"] if meta["parts"][u["part"]] is None]
+
+
+def finished(meta: Manifest) -> Manifest:
+    """``meta`` complete: every part committed; the corpus's counts and index named."""
+    parts = [meta["parts"][u["part"]] for u in meta["units"]]
+    documents = sum(p["num_documents"] for p in parts)
+    if documents == 0:
+        raise ValueError(
+            "every record of the inputs was empty or skipped: no document to store; check "
+            "the field name (field=, --field) and the summary's reasons"
+        )
+    return {
+        **meta,
+        "complete": True,
+        "num_documents": documents,
+        "num_tokens": sum(p["num_tokens"] for p in parts),
+        "index": index_key(documents),
+    }
+
+
+def _unfinished(meta: Manifest) -> Manifest:
+    return {
+        k: v
+        for k, v in meta.items()
+        if k not in ("complete", "num_documents", "num_tokens", "index")
+    } | {"complete": False}
+
+
+def _unit_id(identity: Mapping[str, Any]) -> str:
+    return json.dumps([identity["file"], identity["rows"]])
+
+
+def _key_mismatch(had: Mapping[str, Any], key: Mapping[str, Any], name: str) -> str:
+    differ = sorted(k for k in {*had, *key} if had.get(k) != key.get(k))
+    shown = "; ".join(f"{k}: {had.get(k)!r} there, {key.get(k)!r} now" for k in differ)
+    return (
+        f"{name} was prepared with other settings ({shown}); a store holds one tokenizer and "
+        "one set of settings: prepare into a new output, or rerun with the store's settings"
+    )

@@ -1,0 +1,341 @@
+"""Inputs of `prepare`: which files a list of inputs names, cut into units of work, and the
+records of one unit. ``docs/prepare.md``, "Inputs".
+
+An input is a file, a glob of files or a Hugging Face `datasets` directory (``save_to_disk``),
+local or in an object store (a URL such as ``s3://bucket/shards/*.jsonl``, or a TensorStore
+kvstore spec dict whose ``path`` names the file or glob, as `write_dataset` takes). Each file is a
+*shard*; a `Unit` is a whole shard, or a range of rows of a Parquet or Arrow file (cut at its
+row groups or record batches), and is what one task of `prepare` reads. A reader yields a unit's
+records in batches, each record checked: a malformed one raises `BadRecordError` naming the file
+and line (jsonl, from 1) or row (Parquet and Arrow, from 0), or, when skipping, is counted with
+its reason.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import glob
+import gzip
+import io
+import json
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from psdp._imports import import_optional
+from psdp.sources.location import describe_kvstore, environment_credentials, list_keys
+
+#: The file kinds a reader reads, by name ending.
+JSONL_ENDINGS = {".jsonl": None, ".jsonl.gz": "gz", ".jsonl.zst": "zst"}
+COLUMNAR_ENDINGS = {".parquet": "parquet", ".arrow": "arrow", ".feather": "arrow"}
+#: Records per batch that a reader yields (and the tokenizer encodes at once).
+BATCH_RECORDS = 1024
+_SKIP_FIX = "pass skip_bad=True (--skip-bad) to skip such records and count them"
+
+
+class BadRecordError(ValueError):
+    """A malformed record: names the file, the line or row, and what is wrong with it."""
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One task's input: rows ``[row_start, row_stop)`` of the file at ``path`` (``row_stop``
+    ``None``: to its end), of ``kind`` ``"jsonl"``, ``"parquet"`` or ``"arrow"``; ``kvstore``:
+    the spec of the object store holding the key ``path``, ``None`` for a local file.
+    ``version``: the file's size (local) or generation (an object's ETag) when planned: a
+    changed file is refused on resume."""
+
+    path: str
+    row_start: int = 0
+    row_stop: int | None = None
+    kind: str = "jsonl"
+    kvstore: Mapping[str, Any] | None = None
+    version: str = ""
+
+    @property
+    def name(self) -> str:
+        """The file, for messages and the store's manifest: a local path or a URL."""
+        if self.kvstore is None:
+            return self.path
+        return describe_kvstore({**self.kvstore, "path": self.kvstore.get("path", "") + self.path})
+
+    @property
+    def identity(self) -> dict[str, Any]:
+        """What a store records of the unit, and compares on resume."""
+        return {"file": self.name, "rows": [self.row_start, self.row_stop], "version": self.version}
+
+
+@dataclass
+class Batch:
+    """Up to `BATCH_RECORDS` records of a unit: their values (text, or a list of chat messages)
+    and, when skipping, the malformed ones as (where, reason)."""
+
+    values: list[Any] = field(default_factory=list)
+    bad: list[tuple[str, str]] = field(default_factory=list)
+
+
+def plan_units(inputs: Any, rows_per_part: int) -> list[Unit]:
+    """The units of ``inputs``, in their order (a glob's files sorted by name).
+
+    Example:
+        >>> import tempfile
+        >>> tmp = tempfile.TemporaryDirectory()
+        >>> for name in ("b.jsonl", "a.jsonl"):
+        ...     _ = Path(tmp.name, name).write_text('{"text": "hi"}\\n')
+        >>> [Path(u.path).name for u in plan_units([f"{tmp.name}/*.jsonl"], 1000)]
+        ['a.jsonl', 'b.jsonl']
+        >>> tmp.cleanup()
+    """
+    if isinstance(inputs, str | os.PathLike | Mapping):
+        inputs = [inputs]
+    units: list[Unit] = []
+    for given in inputs:
+        files = _local_files(given) if _is_local(given) else _remote_files(given)
+        for unit in files:
+            units.extend(_cut(unit, rows_per_part))
+    if not units:
+        raise ValueError("prepare needs at least one input, got none; name files or globs")
+    return units
+
+
+def read_batches(unit: Unit, field_name: str, expect: type, skip_bad: bool) -> Iterator[Batch]:
+    """The records of ``unit`` in batches: each one's ``field_name`` value, which must be of type
+    ``expect`` (``str`` for text, ``list`` for chat messages). A malformed record raises
+    `BadRecordError`, or with ``skip_bad`` goes to the batch's ``bad`` list."""
+    if unit.kind == "jsonl":
+        records = _jsonl_records(unit, field_name)
+    else:
+        records = _columnar_records(unit, field_name)
+    batch = Batch()
+    for where, value, problem in records:
+        if problem is None and not isinstance(value, expect):
+            shown = "null" if value is None else type(value).__name__
+            problem = f"field {field_name!r} is {shown}, not a {expect.__name__}"
+        if problem is not None:
+            if not skip_bad:
+                raise BadRecordError(f"{where}: {problem}; fix the record, or {_SKIP_FIX}")
+            batch.bad.append((where, problem))
+        else:
+            batch.values.append(value)
+        if len(batch.values) + len(batch.bad) >= BATCH_RECORDS:
+            yield batch
+            batch = Batch()
+    if batch.values or batch.bad:
+        yield batch
+
+
+# ------------------------------------------------------------------------------ discovery
+def _is_local(given: Any) -> bool:
+    return isinstance(given, os.PathLike) or (
+        isinstance(given, str) and ("://" not in given or given.startswith("file://"))
+    )
+
+
+def _local_files(given: str | os.PathLike[str]) -> list[Unit]:
+    text = os.fspath(given).removeprefix("file://")
+    if glob.has_magic(text):
+        paths = sorted(glob.glob(text))
+        if not paths:
+            raise FileNotFoundError(f"no file matches the input {text!r}; check the pattern")
+    elif Path(text).is_dir():
+        return _datasets_export(Path(text))
+    elif not Path(text).is_file():
+        raise FileNotFoundError(
+            f"the input {text!r} does not exist; name a file, glob or directory"
+        )
+    else:
+        paths = [text]
+    return [
+        Unit(os.path.abspath(p), kind=_kind(p), version=str(os.path.getsize(p)))
+        for p in paths
+        if not Path(p).is_dir()
+    ]
+
+
+def _datasets_export(directory: Path) -> list[Unit]:
+    """The Arrow files of a `datasets` ``save_to_disk`` directory, in its own order."""
+    state = directory / "state.json"
+    if (directory / "dataset_dict.json").is_file():
+        splits = json.loads((directory / "dataset_dict.json").read_text()).get("splits", [])
+        raise ValueError(
+            f"{directory} is a DatasetDict of splits {splits}; name one split's directory, "
+            f"e.g. {directory / (splits[0] if splits else 'train')}"
+        )
+    if not state.is_file():
+        raise ValueError(
+            f"the input {directory} is a directory but not a datasets save_to_disk export (it "
+            "has no state.json); name its files or a glob, e.g. DIR/*.jsonl"
+        )
+    files = [entry["filename"] for entry in json.loads(state.read_text())["_data_files"]]
+    return [
+        Unit(
+            str((directory / f).resolve()),
+            kind="arrow",
+            version=str((directory / f).stat().st_size),
+        )
+        for f in files
+    ]
+
+
+def _remote_files(given: Any) -> list[Unit]:
+    import tensorstore as ts
+
+    try:
+        spec = ts.KvStore.Spec(given if isinstance(given, str) else dict(given)).to_json()
+    except (ValueError, TypeError, NotImplementedError) as error:
+        raise ValueError(
+            f"the input {given!r} is not a path, glob, URL (s3://, gs://) or TensorStore kvstore "
+            f"spec: {error}"
+        ) from None
+    key = spec.get("path", "")
+    directory, _, pattern = key.rpartition("/")
+    prefix = directory + "/" if directory else ""
+    store_spec = environment_credentials({**spec, "path": prefix})
+    store = ts.KvStore.open(store_spec).result()
+    names = [k for k in list_keys(store) if "/" not in k and fnmatch.fnmatchcase(k, pattern)]
+    if not names:
+        raise FileNotFoundError(
+            f"no object matches the input {describe_kvstore(spec)}; check the URL or pattern"
+        )
+    units = []
+    for name in names:  # a read of no bytes gives the object's generation (its ETag on S3)
+        stamp = store.read(name.encode(), byte_range=slice(0, 0)).result().stamp
+        units.append(
+            Unit(name, kind=_kind(name), kvstore=store_spec, version=stamp.generation.hex())
+        )
+    return units
+
+
+def _kind(name: str) -> str:
+    for ending in JSONL_ENDINGS:
+        if name.endswith(ending):
+            return "jsonl"
+    for ending, kind in COLUMNAR_ENDINGS.items():
+        if name.endswith(ending):
+            return kind
+    raise ValueError(
+        f"cannot tell the format of {name}: prepare reads {sorted(JSONL_ENDINGS)}, "
+        f"{sorted(COLUMNAR_ENDINGS)} and datasets save_to_disk directories; rename the file"
+    )
+
+
+def _cut(unit: Unit, rows_per_part: int) -> list[Unit]:
+    """A Parquet or Arrow file's row ranges of about ``rows_per_part`` rows, cut at its row
+    groups (record batches); a jsonl file or an Arrow stream is one unit."""
+    if unit.kind == "jsonl" or unit.kvstore is not None:
+        return [unit]  # an object is read whole anyway: its row groups save nothing
+    with _open_binary(unit) as raw:
+        sizes = _group_rows(unit, raw)
+    if sizes is None:
+        return [unit]
+    ranges, start, stop = [], 0, 0
+    for rows in sizes:
+        stop += rows
+        if stop - start >= rows_per_part:
+            ranges.append((start, stop))
+            start = stop
+    if stop > start or not ranges:
+        ranges.append((start, stop))
+    return [Unit(unit.path, a, b, unit.kind, unit.kvstore, unit.version) for a, b in ranges]
+
+
+def _group_rows(unit: Unit, raw: Any) -> list[int] | None:
+    """The rows of each row group (Parquet) or record batch (Arrow IPC file); ``None`` for an
+    Arrow stream, which is read whole."""
+    pa = import_optional("pyarrow", extra="prepare", needed_for="reading Parquet and Arrow")
+    if unit.kind == "parquet":
+        meta = import_optional("pyarrow.parquet", extra="prepare", needed_for="Parquet")
+        info = meta.ParquetFile(raw).metadata
+        return [info.row_group(i).num_rows for i in range(info.num_row_groups)]
+    try:
+        reader = pa.ipc.open_file(raw)
+    except pa.ArrowInvalid:
+        return None  # a stream (as `datasets` writes): no footer to find batches by
+    return [reader.get_batch(i).num_rows for i in range(reader.num_record_batches)]
+
+
+# ------------------------------------------------------------------------------ records
+def _jsonl_records(unit: Unit, field_name: str) -> Iterator[tuple[str, Any, str | None]]:
+    """(where, value, problem) for each non-blank line."""
+    compression = next(c for e, c in JSONL_ENDINGS.items() if unit.path.endswith(e))
+    with _open_binary(unit) as raw:
+        stream: Any = raw
+        if compression == "gz":
+            stream = gzip.GzipFile(fileobj=raw)
+        elif compression == "zst":
+            zstd = import_optional("zstandard", extra="prepare", needed_for="reading .jsonl.zst")
+            stream = zstd.ZstdDecompressor().stream_reader(raw)
+        text = io.TextIOWrapper(io.BufferedReader(stream), encoding="utf-8", newline="\n")
+        for number, line in enumerate(text, start=1):
+            if not line.strip():
+                continue  # a blank line holds no record
+            where = f"{unit.name}, line {number}"
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                yield where, None, f"not valid JSON ({error.msg} at column {error.colno})"
+                continue
+            if not isinstance(record, dict):
+                yield where, None, f"a JSON {type(record).__name__}, not an object"
+            elif field_name not in record:
+                yield where, None, f"no field {field_name!r} (it has {sorted(record)[:5]})"
+            else:
+                yield where, record[field_name], None
+
+
+def _columnar_records(unit: Unit, field_name: str) -> Iterator[tuple[str, Any, str | None]]:
+    pa = import_optional("pyarrow", extra="prepare", needed_for="reading Parquet and Arrow")
+    with _open_binary(unit) as raw:
+        row = unit.row_start
+        for batch in _record_batches(unit, raw, pa):
+            if field_name not in batch.schema.names:
+                raise ValueError(
+                    f"{unit.name} has no column {field_name!r} (it has {batch.schema.names}); "
+                    "name the text column with field= (--field)"
+                )
+            for value in batch.column(field_name).to_pylist():
+                yield f"{unit.name}, row {row}", value, None
+                row += 1
+
+
+def _record_batches(unit: Unit, raw: Any, pa: Any) -> Iterator[Any]:
+    """The record batches of the unit's rows (row groups or IPC batches as planned by `_cut`)."""
+    if unit.kind == "parquet":
+        parquet = import_optional("pyarrow.parquet", extra="prepare", needed_for="Parquet")
+        file = parquet.ParquetFile(raw)
+        groups, first = [], 0
+        for i in range(file.metadata.num_row_groups):
+            rows = file.metadata.row_group(i).num_rows
+            if unit.row_start <= first and (unit.row_stop is None or first < unit.row_stop):
+                groups.append(i)
+            first += rows
+        yield from file.iter_batches(batch_size=BATCH_RECORDS, row_groups=groups)
+        return
+    try:
+        reader = pa.ipc.open_file(raw)
+    except pa.ArrowInvalid:
+        raw.seek(0)
+        yield from pa.ipc.open_stream(raw)
+        return
+    first = 0
+    for i in range(reader.num_record_batches):
+        batch = reader.get_batch(i)
+        if unit.row_start <= first and (unit.row_stop is None or first < unit.row_stop):
+            yield batch
+        first += batch.num_rows
+
+
+def _open_binary(unit: Unit) -> Any:
+    """A seekable binary file of the unit's shard."""
+    if unit.kvstore is None and unit.kind == "arrow":
+        pa = import_optional("pyarrow", extra="prepare", needed_for="reading Arrow")
+        return pa.memory_map(unit.path)  # batches outside the unit's rows cost no read
+    if unit.kvstore is None:
+        return open(unit.path, "rb")  # the caller's `with` closes it
+    import tensorstore as ts
+
+    # read whole: memory is bounded by the largest shard, not by the corpus
+    store = ts.KvStore.open(dict(unit.kvstore)).result()
+    return io.BytesIO(bytes(store.read(unit.path.encode()).result().value))

@@ -1,0 +1,92 @@
+"""A Ray cluster for the tests: a head of 2 CPUs on 127.0.0.1, started once per test session.
+
+The head runs as ``ray start --head`` in a subprocess, and the tests join it by address, as a user
+joins a multi-node cluster (``docs/prepare.md``, "On a Ray cluster"). Not ``ray.init()`` here: it
+forks, and tensorstore before 0.1.86 aborts a process that forks after using it (the lower-bound
+job). `requires_ray` skips a test, with its reason, only where ray is not installed (CI has it).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+# Ray gives a cluster the machine's interface address unless clusters are "disabled", which keeps
+# every process on 127.0.0.1: the tests talk to nothing but loopback. Read when ray is imported.
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+# The newest ray authenticates by token: one made here for the head and the tests alike, from the
+# environment (nothing read from ~/.ray); older releases ignore both. Also read at import.
+os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32))
+
+requires_ray = pytest.mark.skipif(
+    importlib.util.find_spec("ray") is None,
+    reason="ray is not installed (pip install 'psdp[ray]'); CI installs it and runs these tests",
+)
+START_LIMIT_S = 120  # not a timing threshold: a head that never starts fails instead of hanging
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def ray_engine(tmp_path_factory):
+    """A `RayEngine` joined to a fresh head by its address; the head is stopped at the end."""
+    import ray
+
+    from psdp.prepare.ray_engine import RayEngine
+
+    tmp = tmp_path_factory.mktemp("ray")
+    port = _free_port()
+    ports = {  # every port of its own, so that another cluster on this machine never collides
+        f"--{name}": _free_port()
+        for name in ("dashboard-port", "dashboard-agent-listen-port",
+                     "dashboard-agent-grpc-port", "runtime-env-agent-port", "metrics-export-port")
+    }  # fmt: skip
+    command = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block",
+               f"--port={port}", "--node-ip-address=127.0.0.1", "--num-cpus=2",
+               "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={tmp}",
+               *(f"{name}={value}" for name, value in ports.items())]  # fmt: skip
+    log = tmp / "head.log"
+    with log.open("w") as out:
+        head = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    try:
+        deadline = time.monotonic() + START_LIMIT_S
+        while "Ray runtime started" not in log.read_text():
+            assert head.poll() is None, f"ray start failed:\n{log.read_text()}"
+            assert (
+                time.monotonic() < deadline
+            ), f"no head after {START_LIMIT_S} s:\n{log.read_text()}"
+            time.sleep(0.2)
+        engine = RayEngine(address=f"127.0.0.1:{port}")
+        yield engine
+        engine.close()
+        assert not ray.is_initialized(), "the engine opened the session, so it closes it"
+    finally:
+        _stop(head)
+
+
+def _stop(head: subprocess.Popen) -> None:
+    """SIGTERM to the head and every process it started (its own process group), then SIGKILL."""
+    for sig, wait_s in ((signal.SIGTERM, 30), (signal.SIGKILL, None)):
+        try:
+            os.killpg(head.pid, sig)
+        except ProcessLookupError:
+            return  # the whole group is gone
+        try:
+            head.wait(wait_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue

@@ -1,0 +1,307 @@
+"""`psdp.prepare`: text -> tokenizer -> a parted document store that the loader reads exactly.
+
+Oracle: the tokenizer called directly on each text (``encode(text, add_special_tokens=False)``,
+with the chosen BOS/EOS ids around it), and decoding each stored document back to its text; the
+loader's rows against the oracle's ids concatenated in numpy. Byte identity: a hash of every file
+of the store. Kills are seeded (which commit each one waits for), never timed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from psdp import DataLoader, DocumentStore, PackedSequences, TokenSequences
+from psdp.prepare import prepare
+from tests import prepare_corpus as corpus
+
+BOS, EOS = 0, 1  # "<|bos|>", "<|eos|>": the tokenizer's first two tokens
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    return corpus.train_tokenizer(tmp_path_factory.mktemp("tok") / "tokenizer.json")
+
+
+def oracle(tokenizer_path, texts, bos=BOS, eos=EOS):
+    """The ids of each non-empty text, from the tokenizer called directly."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(tokenizer_path))
+    out = []
+    for text in texts:
+        ids = tok.encode(text, add_special_tokens=False).ids
+        if ids:
+            out.append(
+                [*([bos] if bos is not None else []), *ids, *([eos] if eos is not None else [])]
+            )
+    return out
+
+
+def stored(path):
+    store = DocumentStore.open(path)
+    offsets = store.offsets_range(0, store.num_documents + 1)
+    ids = store.read_ranges([0], [store.num_tokens])["input_ids"]
+    return store, [ids[a:b].tolist() for a, b in itertools.pairwise(offsets)]
+
+
+def tree_hash(path):
+    digest = hashlib.sha256()
+    for file in sorted(p for p in Path(path).rglob("*") if p.is_file()):
+        digest.update(str(file.relative_to(path)).encode() + b"\0" + file.read_bytes())
+    return digest.hexdigest()
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "parquet", "datasets"])
+def test_each_input_kind_gives_a_store_the_loader_reads_exactly(tmp_path, tokenizer, kind):
+    from tokenizers import Tokenizer
+
+    texts = corpus.texts(300, seed=10)
+    texts[7] = ""  # an empty record: counted, not stored
+    if kind == "jsonl":
+        inputs = [str(corpus.write_jsonl(tmp_path / "a.jsonl", texts))]
+    elif kind == "parquet":
+        inputs = [str(corpus.write_parquet(tmp_path / "a.parquet", texts, row_group_size=50))]
+    else:
+        inputs = [str(corpus.write_datasets_export(tmp_path / "export", texts, shards=3))]
+    summary = prepare(inputs, tmp_path / "store", tokenizer=tokenizer, bos="<|bos|>", eos=EOS,
+                      workers=1, rows_per_part=100, progress=False)  # fmt: skip
+    want = oracle(tokenizer, texts)
+    store, got = stored(tmp_path / "store")
+    assert got == want
+    assert (summary.documents, summary.tokens, summary.empty, summary.dtype) == (
+        299,
+        sum(map(len, want)),
+        1,
+        "uint16",
+    )
+    assert summary.parts == {"jsonl": 1, "parquet": 3, "datasets": 3}[kind]
+    decode = Tokenizer.from_file(str(tokenizer)).decode
+    assert [decode(ids[1:-1]) for ids in got] == [t for t in texts if t]  # the round trip
+    flat = np.concatenate([np.array(ids) for ids in want])
+    rows = TokenSequences(store, 16).read(np.arange(len(flat) // 16))["input_ids"]
+    np.testing.assert_array_equal(rows, flat[: len(flat) // 16 * 16].reshape(-1, 16))
+
+
+def test_many_parts_across_index_blocks_read_exactly(tmp_path, tokenizer):
+    """10,000 documents in 7 parts: index blocks of 4096 documents cross part boundaries."""
+    texts = corpus.texts(10_000, seed=11)
+    corpus.write_parquet(tmp_path / "a.parquet", texts, row_group_size=1500)
+    prepare(tmp_path / "a.parquet", tmp_path / "store", tokenizer=tokenizer, bos=None,
+            eos="<|eos|>", workers=1, rows_per_part=1500, progress=False)  # fmt: skip
+    want = oracle(tokenizer, texts, bos=None)
+    store, got = stored(tmp_path / "store")
+    assert got == want
+    assert store.index.marks.tolist()[:3] == [0, *np.cumsum([len(d) for d in want])[[4095, 8191]]]
+    flat = np.concatenate([np.array(d) for d in want])
+    rng = np.random.default_rng(0)
+    ids = rng.permutation(len(flat) // 64)[:200]
+    rows = TokenSequences(store, 64).read(ids)["input_ids"]
+    np.testing.assert_array_equal(rows, flat[: len(flat) // 64 * 64].reshape(-1, 64)[ids])
+    packed = PackedSequences(store, 128)  # opens and packs over the parted store
+    assert len(packed) > 0
+
+
+def test_one_and_two_workers_write_byte_identical_stores(tmp_path, tokenizer):
+    texts = corpus.texts(600, seed=12)
+    for i in range(4):
+        corpus.write_jsonl(tmp_path / f"s{i}.jsonl", texts[i * 150 : (i + 1) * 150])
+    hashes = []
+    for workers in (1, 2):
+        out = tmp_path / f"store-{workers}"
+        prepare(str(tmp_path / "s*.jsonl"), out, tokenizer=tokenizer, eos=EOS, workers=workers,
+                progress=False)  # fmt: skip
+        hashes.append(tree_hash(out))
+    assert hashes[0] == hashes[1]
+    assert stored(tmp_path / "store-2")[1] == oracle(tokenizer, texts, bos=None)
+
+
+KILL_SCRIPT = """
+import sys
+from psdp.prepare import prepare
+prepare(sys.argv[1], sys.argv[2], tokenizer=sys.argv[3], eos=1, workers=2, progress=False)
+"""
+
+
+def _committed(out: Path) -> int:
+    try:
+        meta = json.loads((out / "psdp.json").read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return 0
+    return sum(part is not None for part in meta["parts"].values())
+
+
+@pytest.mark.timeout(600)
+def test_a_run_killed_three_times_then_resumed_equals_an_uninterrupted_one(tmp_path, tokenizer):
+    texts = corpus.texts(2400, seed=13)
+    for i in range(12):
+        corpus.write_jsonl(tmp_path / f"s{i:02d}.jsonl", texts[i * 200 : (i + 1) * 200])
+    inputs = str(tmp_path / "s*.jsonl")
+    prepare(inputs, tmp_path / "whole", tokenizer=tokenizer, eos=EOS, workers=1, progress=False)
+    out = tmp_path / "killed"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    points = sorted(random.Random(30).sample(range(1, 12), 3))  # seeded: after these commits
+    for point in points:
+        run = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT, inputs, str(out), str(tokenizer)],
+                               env=env, start_new_session=True)  # fmt: skip
+        while _committed(out) < point and run.poll() is None:
+            time.sleep(0.01)
+        os.killpg(run.pid, signal.SIGKILL)  # the driver and its workers, mid-run
+        run.wait()
+        assert _committed(out) >= point
+    with pytest.raises(ValueError, match="unfinished psdp prepare"):
+        DocumentStore.open(out)
+    prepare(inputs, out, tokenizer=tokenizer, eos=EOS, workers=2, progress=False)
+    assert tree_hash(out) == tree_hash(tmp_path / "whole")
+    assert stored(out)[1] == oracle(tokenizer, texts, bos=None)
+
+
+def test_a_resume_deletes_what_a_killed_run_left(tmp_path, tokenizer):
+    """The leftovers of a kill, made by hand: a part's staging directory, an index of another
+    size, a part written but not in the manifest; the resumed store equals an uninterrupted one."""
+    for i in range(3):
+        corpus.write_jsonl(tmp_path / f"s{i}.jsonl", corpus.texts(50, seed=20 + i))
+    inputs = str(tmp_path / "s*.jsonl")
+    prepare(inputs, tmp_path / "whole", tokenizer=tokenizer, workers=1, progress=False)
+    out = tmp_path / "killed"
+    shutil.copytree(tmp_path / "whole", out)
+    meta = json.loads((out / "psdp.json").read_text())
+    meta["parts"]["000001"] = None  # written (its directory is there), never committed
+    del meta["complete"], meta["num_documents"], meta["num_tokens"]
+    (out / meta.pop("index")).rename(out / "index-7.npz")
+    (out / "psdp.json").write_text(json.dumps(meta))
+    staging = out / "parts" / ".000002.psdp-partial-0123abcd"
+    staging.mkdir()
+    (staging / "junk").write_text("a write cut short")
+    prepare(inputs, out, tokenizer=tokenizer, workers=1, progress=False)
+    assert tree_hash(out) == tree_hash(tmp_path / "whole")
+
+
+def test_another_tokenizer_is_refused(tmp_path, tokenizer):
+    corpus.write_jsonl(tmp_path / "a.jsonl", corpus.texts(20, seed=14))
+    prepare(tmp_path / "a.jsonl", tmp_path / "store", tokenizer=tokenizer, workers=1,
+            progress=False)  # fmt: skip
+    other = corpus.train_tokenizer(tmp_path / "other" / "tokenizer.json", vocab_size=280)
+    before = tree_hash(tmp_path / "store")
+    with pytest.raises(ValueError, match="was prepared with other settings .*tokenizer_sha256"):
+        prepare(tmp_path / "a.jsonl", tmp_path / "store", tokenizer=other, workers=1,
+                progress=False)  # fmt: skip
+    assert tree_hash(tmp_path / "store") == before
+
+
+def test_new_shards_append_parts(tmp_path, tokenizer):
+    texts = corpus.texts(300, seed=15)
+    first = corpus.write_jsonl(tmp_path / "a.jsonl", texts[:200])
+    second = corpus.write_parquet(tmp_path / "b.parquet", texts[200:])
+    prepare(first, tmp_path / "store", tokenizer=tokenizer, workers=1, progress=False)
+    assert stored(tmp_path / "store")[1] == oracle(tokenizer, texts[:200], None, None)
+    summary = prepare([first, second], tmp_path / "store", tokenizer=tokenizer, workers=1,
+                      progress=False)  # fmt: skip
+    assert summary.documents == 300 and summary.parts == 2
+    assert stored(tmp_path / "store")[1] == oracle(tokenizer, texts, None, None)
+    prepare([first, second], tmp_path / "fresh", tokenizer=tokenizer, workers=1, progress=False)
+    assert tree_hash(tmp_path / "store") == tree_hash(tmp_path / "fresh")
+
+
+def test_skip_bad_reports_each_reason_and_stores_the_rest(tmp_path, tokenizer):
+    good = corpus.texts(5, seed=16)
+    lines = [json.dumps({"text": t}) for t in good]
+    lines[1:1] = ['{"text": broken', '{"other": 1}', '{"text": null}', "[}"]
+    (tmp_path / "a.jsonl").write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValueError, match=r"a.jsonl, line 2: not valid JSON"):
+        prepare(tmp_path / "a.jsonl", tmp_path / "s1", tokenizer=tokenizer, workers=1,
+                progress=False)  # fmt: skip
+    summary = prepare(tmp_path / "a.jsonl", tmp_path / "s2", tokenizer=tokenizer, workers=1,
+                      skip_bad=True, progress=False)  # fmt: skip
+    assert summary.skipped == {"not valid JSON": 2, "no field 'text'": 1,
+                               "field 'text' is null, not a str": 1}  # fmt: skip
+    assert [where.rsplit(", ", 1)[1] for where, _ in summary.examples] == [
+        "line 2", "line 3", "line 4", "line 5",
+    ]  # fmt: skip
+    assert stored(tmp_path / "s2")[1] == oracle(tokenizer, good, None, None)
+    assert "skipped records: 4" in str(summary) and "2 x not valid JSON" in str(summary)
+
+
+def test_a_prepared_store_feeds_the_loader(tmp_path, tokenizer, mesh_2d):
+    texts = corpus.texts(400, seed=17)
+    corpus.write_jsonl(tmp_path / "a.jsonl", texts)
+    prepare(tmp_path / "a.jsonl", tmp_path / "store", tokenizer=tokenizer, eos=EOS, workers=1,
+            progress=False)  # fmt: skip
+    flat = np.concatenate([np.array(d) for d in oracle(tokenizer, texts, bos=None)])
+    rows = flat[: len(flat) // 32 * 32].reshape(-1, 32)
+    source = TokenSequences(DocumentStore.open(tmp_path / "store"), 32)
+    with DataLoader(source, mesh=mesh_2d, global_batch_size=8, shuffle=False) as loader:
+        batch = loader.batch_at(1)
+    np.testing.assert_array_equal(np.asarray(batch["input_ids"]), rows[8:16])
+
+
+def test_psdp_prepare_loads_no_tokenizer_arrow_or_ray_until_used(tmp_path, tokenizer):
+    probe = (
+        "import json, sys, psdp, psdp.prepare.tasks\n"
+        "assert callable(psdp.prepare)\n"
+        "print(json.dumps([m for m in ('tokenizers', 'pyarrow', 'ray', 'transformers') "
+        "if m in sys.modules]))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True, text=True)
+    assert json.loads(out.stdout.splitlines()[-1]) == []
+    corpus.write_jsonl(tmp_path / "a.jsonl", ["hi"])
+    import psdp
+
+    summary = psdp.prepare(tmp_path / "a.jsonl", tmp_path / "s", tokenizer=tokenizer, workers=1,
+                           progress=False)  # fmt: skip
+    assert summary.documents == 1
+
+
+def test_s3_inputs_into_an_s3_store(tmp_path, tokenizer):
+    from psdp.tools.benchmarks.object_store import S3Server
+
+    texts = corpus.texts(200, seed=18)
+    with S3Server() as server:
+        objects = server.objects()
+        for i in range(2):
+            local = corpus.write_jsonl(tmp_path / f"s{i}.jsonl.zst", texts[i * 100 : (i + 1) * 100])
+            objects.write(f"raw/s{i}.jsonl.zst", local.read_bytes()).result()
+        out = server.kvstore("tokens/")
+        summary = prepare(server.kvstore("raw/*.jsonl.zst"), out, tokenizer=tokenizer, eos=EOS,
+                          workers=2, progress=False)  # fmt: skip
+        assert (summary.documents, summary.parts) == (200, 2)
+        assert stored(out)[1] == oracle(tokenizer, texts, bos=None)
+
+
+def test_the_cli_prepares_and_prints_the_summary(tmp_path, tokenizer, capsys):
+    from psdp.tools.cli import main
+
+    corpus.write_jsonl(tmp_path / "a.jsonl", ["one two", "", "three"])
+    code = main(["prepare", str(tmp_path / "a.jsonl"), "--output", str(tmp_path / "s"),
+                 "--tokenizer", str(tokenizer.parent), "--eos", "<|eos|>", "--workers", "1",
+                 "--no-progress"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "2 documents" in out and "(uint16)" in out and "empty records (not stored): 1" in out
+    assert stored(tmp_path / "s")[1] == oracle(tokenizer, ["one two", "three"], bos=None)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_local_worker_tokenizes_on_one_core(workers, monkeypatch):
+    from psdp.prepare.engines import LocalEngine
+
+    monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
+    engine = LocalEngine(workers)
+    try:
+        seen = list(engine.map_unordered(os.getenv, ["TOKENIZERS_PARALLELISM"] * 3))
+    finally:
+        engine.close()
+    assert seen == ["false"] * 3
+    assert "TOKENIZERS_PARALLELISM" not in os.environ  # this process's setting is restored

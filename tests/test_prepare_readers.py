@@ -1,0 +1,127 @@
+"""`psdp.prepare.readers` and `tokenize`: every input kind gives back exactly the texts the test
+wrote (in order), a malformed record is an error naming its file and line/row, or with skip_bad
+is counted with its reason; the tokenizer step equals the tokenizer called directly."""
+
+from __future__ import annotations
+
+import gzip
+
+import numpy as np
+import pytest
+
+from psdp.prepare.readers import BadRecordError, plan_units, read_batches
+from psdp.prepare.tokenize import Encoder, id_dtype, load_tokenizer
+from tests import prepare_corpus as corpus
+
+
+def read_all(units, field="text", skip_bad=False):
+    values, bad = [], []
+    for unit in units:
+        for batch in read_batches(unit, field, str, skip_bad):
+            values += batch.values
+            bad += batch.bad
+    return values, bad
+
+
+@pytest.mark.parametrize("name", ["a.jsonl", "a.jsonl.gz", "a.jsonl.zst", "a.parquet", "a.arrow"])
+def test_each_file_kind_reads_back_its_texts_in_order(tmp_path, name):
+    texts = corpus.texts(100, seed=1)
+    path = tmp_path / name
+    if name.endswith(".parquet"):
+        corpus.write_parquet(path, texts)
+    elif name.endswith(".arrow"):
+        corpus.write_arrow(path, texts)
+    else:
+        corpus.write_jsonl(path, texts)
+    units = plan_units([str(path)], rows_per_part=40)
+    assert read_all(units) == (texts, [])
+    if name.endswith((".parquet", ".arrow")):  # cut at row groups of 16: 48, 48, 4 rows
+        assert [(u.row_start, u.row_stop) for u in units] == [(0, 48), (48, 96), (96, 100)]
+
+
+def test_a_datasets_export_and_a_glob_read_in_order(tmp_path):
+    texts = corpus.texts(50, seed=2)
+    corpus.write_datasets_export(tmp_path / "export", texts[:30], shards=3)
+    for i, chunk in enumerate((texts[30:40], texts[40:])):
+        corpus.write_jsonl(tmp_path / f"shard-{i}.jsonl", chunk)
+    units = plan_units([str(tmp_path / "export"), str(tmp_path / "shard-*.jsonl")], 1000)
+    assert len(units) == 5
+    assert read_all(units) == (texts, [])
+
+
+def test_an_s3_glob_reads_like_local_files(tmp_path):
+    from psdp.tools.benchmarks.object_store import S3Server
+
+    texts = corpus.texts(40, seed=3)
+    with S3Server() as server:
+        store = server.objects()
+        for i, chunk in enumerate((texts[:25], texts[25:])):
+            local = corpus.write_jsonl(tmp_path / f"s{i}.jsonl.gz", chunk)
+            store.write(f"in/s{i}.jsonl.gz", local.read_bytes()).result()
+        corpus.write_parquet(tmp_path / "p.parquet", texts)
+        store.write("in/p.parquet", (tmp_path / "p.parquet").read_bytes()).result()
+        jsonl = plan_units([server.kvstore("in/s*.jsonl.gz")], 1000)
+        parquet = plan_units([server.kvstore("in/p.parquet")], 1000)
+        assert [u.name.split(" ")[0] for u in jsonl] == ["s3://psdp/in/s0.jsonl.gz",
+                                                         "s3://psdp/in/s1.jsonl.gz"]  # fmt: skip
+        assert read_all(jsonl) == (texts, [])
+        assert read_all(parquet) == (texts, [])
+
+
+MALFORMED = (
+    '{"text": "fine"}\n'
+    '{"text": "cut off\n'  # line 2: broken JSON
+    "\n"  # a blank line: no record
+    '["a list"]\n'  # line 4
+    '{"body": "x"}\n'  # line 5: no text field
+    '{"text": 7}\n'  # line 6: not a string
+    '{"text": "also fine"}\n'
+)
+
+
+def test_a_malformed_record_names_its_file_and_line(tmp_path):
+    path = tmp_path / "bad.jsonl.gz"
+    path.write_bytes(gzip.compress(MALFORMED.encode()))
+    with pytest.raises(BadRecordError, match=r"bad.jsonl.gz, line 2: not valid JSON .*skip_bad"):
+        read_all(plan_units([str(path)], 10))
+
+
+def test_skip_bad_counts_each_record_with_its_reason(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(MALFORMED)
+    values, bad = read_all(plan_units([str(path)], 10), skip_bad=True)
+    assert values == ["fine", "also fine"]
+    assert [(where.rsplit(", ", 1)[1], reason.split(" (")[0]) for where, reason in bad] == [
+        ("line 2", "not valid JSON"),
+        ("line 4", "a JSON list, not an object"),
+        ("line 5", "no field 'text'"),
+        ("line 6", "field 'text' is int, not a str"),
+    ]
+
+
+def test_a_null_in_a_parquet_column_names_its_row(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"text": ["a", "b", None, "d"]}), tmp_path / "n.parquet")
+    with pytest.raises(BadRecordError, match=r"n.parquet, row 2: field 'text' is null"):
+        read_all(plan_units([str(tmp_path / "n.parquet")], 10))
+
+
+def test_encoder_equals_the_tokenizer_called_directly_and_decodes_back(tmp_path):
+    texts = [*corpus.texts(64, seed=4), ""]
+    tokenizer = load_tokenizer(corpus.train_tokenizer(tmp_path / "tok" / "tokenizer.json"))
+    encoder = Encoder(tokenizer, bos="<|bos|>", eos=1)
+    got = encoder.encode(texts)
+    assert got[-1] is None  # an empty text is no document
+    for text, ids in zip(texts[:-1], got[:-1], strict=True):
+        direct = tokenizer.encode(text, add_special_tokens=False).ids
+        assert ids.dtype == np.uint16  # 300 ids
+        assert ids.tolist() == [0, *direct, 1]
+        assert tokenizer.decode(ids[1:-1].tolist()) == text
+
+
+def test_id_dtype_is_the_smallest_that_holds_the_vocabulary():
+    assert [id_dtype(n) for n in (2, 256, 257, 65_536, 65_537, 2**32 + 1)] == [
+        np.uint8, np.uint8, np.uint16, np.uint16, np.uint32, np.uint64,
+    ]  # fmt: skip

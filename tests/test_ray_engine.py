@@ -1,0 +1,55 @@
+"""The Ray engine on a local Ray cluster started by the test: every task once, errors as themselves,
+and `prepare` on Ray writes the very store that local workers write (a hash of every file)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from psdp.prepare import prepare
+from tests import chat_tokenizer
+from tests import prepare_corpus as corpus
+from tests.ray_cluster import ray_engine, requires_ray  # noqa: F401 (a fixture)
+from tests.test_prepare import tree_hash
+
+pytestmark = [requires_ray, pytest.mark.timeout(300)]
+
+
+def test_every_task_runs_once_and_its_result_comes_back(ray_engine):  # noqa: F811
+    results = list(ray_engine.map_unordered(math.factorial, range(12)))
+    assert sorted(results) == [math.factorial(n) for n in range(12)]
+    assert list(ray_engine.map_unordered(math.factorial, [])) == []
+
+
+def test_a_task_error_is_raised_as_itself_not_wrapped(ray_engine):  # noqa: F811
+    with pytest.raises(
+        ValueError, match=r"^invalid literal for int\(\) with base 10: 'x'$"
+    ) as info:
+        list(ray_engine.map_unordered(int, ["1", "x", "2"]))
+    assert type(info.value) is ValueError
+
+
+def test_prepare_on_ray_writes_the_local_engines_store(ray_engine, tmp_path):  # noqa: F811
+    """Text (jsonl shards and a Parquet file cut into row ranges) and chat records."""
+    tokenizer = corpus.train_tokenizer(tmp_path / "tok" / "tokenizer.json")
+    for kind in ("text", "chat"):
+        (tmp_path / kind).mkdir()
+    texts = corpus.texts(400, seed=21)
+    corpus.write_jsonl(tmp_path / "text" / "a.jsonl", texts[:150])
+    corpus.write_jsonl(tmp_path / "text" / "b.jsonl", texts[150:250])
+    corpus.write_parquet(tmp_path / "text" / "c.parquet", texts[250:], row_group_size=16)
+    chat_dir = chat_tokenizer.save_chat_tokenizer(tmp_path / "chat-tok")
+    chats = chat_tokenizer.conversations(60, seed=22)
+    corpus.write_jsonl(tmp_path / "chat" / "a.jsonl", chats[:30], field="messages")
+    corpus.write_jsonl(tmp_path / "chat" / "b.jsonl", chats[30:], field="messages")
+    runs = {
+        "text": dict(tokenizer=tokenizer, eos=1, rows_per_part=50),
+        "chat": dict(tokenizer=chat_dir, messages_field="messages"),
+    }
+    for kind, settings in runs.items():
+        inputs = str(tmp_path / kind / "*")
+        local = prepare(inputs, tmp_path / f"{kind}-local", workers=1, progress=False, **settings)
+        on_ray = prepare(inputs, tmp_path / f"{kind}-ray", engine="ray", progress=False, **settings)
+        assert on_ray.parts == local.parts > 1 and on_ray.documents == local.documents > 0
+        assert tree_hash(tmp_path / f"{kind}-ray") == tree_hash(tmp_path / f"{kind}-local")
