@@ -25,6 +25,7 @@ from jax.sharding import Mesh, PartitionSpec
 
 from psdp import (
     ArraySource,
+    DataConfig,
     DataLoader,
     DocumentStore,
     GrainSource,
@@ -34,12 +35,16 @@ from psdp import (
     MeshConfig,
     MeshLayout,
     Mixture,
+    MixtureConfig,
     OrderOptions,
     PackedSequences,
     ReadingOptions,
+    SourceConfig,
+    StageConfig,
     StreamSource,
     TensorStoreSource,
     TokenSequences,
+    ViewConfig,
     check_consistency,
     eval_loader,
     plan_packing,
@@ -280,6 +285,44 @@ def _npy(path: Path) -> str:
     """A small ``.npy`` of rows at ``path``, as a source string."""
     np.save(path, TOKENS)
     return str(path)
+
+
+def _data_store(tmp: Path, name: str = "code", lengths=(5, 9, 3, 12, 7, 20, 6, 11)) -> str:
+    """A small document store for the data config's rows (written once per path)."""
+    path = tmp / name
+    if not path.exists():
+        docs = [np.arange(1, n + 1, dtype=np.uint16) for n in lengths]
+        write_documents(path, docs, progress=False)
+    return str(path)
+
+
+def _data(tmp: Path, **changes: Any) -> DataConfig:
+    """A data config over one small store, 8 rows a step, with ``changes``."""
+    base: dict[str, Any] = {
+        "sources": {"code": SourceConfig(store=_data_store(tmp))},
+        "seq_len": 4,
+        "order": OrderOptions(global_batch_size=B),
+        "mixture": MixtureConfig(block_size=8),
+    }
+    return DataConfig(**{**base, **changes})
+
+
+def _data_state(tmp: Path) -> dict[str, Any]:
+    """The state of the `_data` loader with a stage at step 2, saved at step 3."""
+    stages = [StageConfig(0, {"code": 1}), StageConfig(2, {"code": 1})]
+    with _data(tmp, stages=stages).build(_mesh()) as loader:
+        it = iter(loader)
+        for _ in range(3):
+            next(it)
+        state = it.state()
+        it.close()
+    return state
+
+
+def _unfinished_store(tmp: Path) -> str:
+    (tmp / "web").mkdir()
+    (tmp / "web" / "psdp.json").write_text('{"format": "psdp.document_parts", "complete": false}')
+    return str(tmp / "web")
 
 
 def _file(path: Path) -> Path:
@@ -1801,6 +1844,364 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
         ),
         ValueError,
         ["boundary 'continue'", "does not continue its rows", "use 'pad' or 'periodic'"],
+    ),
+    # ---------------------------------------------------------------- the data config
+    (
+        "a data source without a store",
+        lambda _: SourceConfig(weight=1),
+        TypeError,
+        [
+            "SourceConfig.store must be the path or URL of a document store",
+            "got None",
+            "store: tokens/code",
+        ],
+    ),
+    (
+        "a negative source weight",
+        lambda _: SourceConfig(store="tokens/code", weight=-1),
+        ValueError,
+        [
+            "SourceConfig.weight of 'tokens/code' must be a finite number >= 0",
+            "got -1",
+            "weight: 3",
+        ],
+    ),
+    (
+        "a data source's inputs as one string",
+        lambda _: SourceConfig(store="tokens/code", inputs="code/*.jsonl", tokenizer="t.json"),  # type: ignore[arg-type]
+        TypeError,
+        [
+            "SourceConfig.inputs of 'tokens/code' must be a non-empty list",
+            "'code/*.jsonl'",
+            "inputs: [code/*.jsonl]",
+        ],
+    ),
+    (
+        "a data source's inputs without its tokenizer",
+        lambda _: SourceConfig(store="tokens/code", inputs=["code/*.jsonl"]),
+        ValueError,
+        [
+            "sets inputs but not tokenizer",
+            "the prepare command needs both",
+            "set tokenizer, or neither",
+        ],
+    ),
+    (
+        "a data source's tokenizer that is not a path",
+        lambda _: SourceConfig(store="tokens/code", inputs=["a.jsonl"], tokenizer=3),  # type: ignore[arg-type]
+        TypeError,
+        [
+            "SourceConfig.tokenizer of 'tokens/code' must be a non-empty str",
+            "got 3",
+            "tokenizer: tokenizer.json",
+        ],
+    ),
+    (
+        "a data source's eos without its inputs",
+        lambda _: SourceConfig(store="tokens/code", eos="</s>"),
+        ValueError,
+        [
+            "sets bos/eos (None, '</s>')",
+            "not inputs and tokenizer",
+            "set inputs and tokenizer too, or drop them",
+        ],
+    ),
+    (
+        "a data source's bos that is not a str",
+        lambda _: SourceConfig(store="tokens/code", inputs=["a.jsonl"], tokenizer="t.json", bos=1),  # type: ignore[arg-type]
+        TypeError,
+        ["SourceConfig.bos of 'tokens/code' must be a non-empty str", "got 1", "bos: </s>"],
+    ),
+    (
+        "a stage at a negative step",
+        lambda _: StageConfig(step=-1, weights={"code": 1}),
+        ValueError,
+        ["StageConfig.step must be an int >= 0", "got -1", "step: 1000"],
+    ),
+    (
+        "a stage with a negative weight",
+        lambda _: StageConfig(step=0, weights={"code": -1}),
+        ValueError,
+        [
+            "StageConfig.weights (step 0) must map source names to finite weights >= 0",
+            "{'code': -1}",
+            "weights: {code: 1, prose: 3}",
+        ],
+    ),
+    (
+        "an unknown packing strategy in the view",
+        lambda _: ViewConfig(packing="best"),
+        ValueError,
+        [
+            "ViewConfig.packing must be one of ['best_fit', 'first_fit', 'greedy']",
+            "'best'",
+            "packing: best_fit",
+        ],
+    ),
+    (
+        "a packing window of 0",
+        lambda _: ViewConfig(packing="best_fit", window=0),
+        ValueError,
+        ["ViewConfig.window must be an int >= 1 or unset", "got 0", "window: 4096"],
+    ),
+    (
+        "an unknown long_documents in the view",
+        lambda _: ViewConfig(packing="best_fit", long_documents="cut"),
+        ValueError,
+        [
+            "ViewConfig.long_documents must be one of ['split', 'drop']",
+            "'cut'",
+            "long_documents: split",
+        ],
+    ),
+    (
+        "a negative packing seed",
+        lambda _: ViewConfig(packing="best_fit", seed=-2),
+        ValueError,
+        ["ViewConfig.seed must be an int >= 0 or unset", "got -2", "seed: 0"],
+    ),
+    (
+        "the view's targets as a string",
+        lambda _: ViewConfig(targets="yes"),  # type: ignore[arg-type]
+        TypeError,
+        ["ViewConfig.targets must be true or false", "'yes'", "targets: true"],
+    ),
+    (
+        "the view's eos_id as a token string",
+        lambda _: ViewConfig(eos_id="</s>"),  # type: ignore[arg-type]
+        TypeError,
+        ["ViewConfig.eos_id must be a token id (an int)", "'</s>'", "eos_id: 0"],
+    ),
+    (
+        "the view's pad_id as a float",
+        lambda _: ViewConfig(pad_id=0.5),  # type: ignore[arg-type]
+        TypeError,
+        ["ViewConfig.pad_id must be a token id (an int)", "0.5", "pad_id: 0"],
+    ),
+    (
+        "a packing window without packing",
+        lambda _: ViewConfig(window=4096),
+        ValueError,
+        [
+            "ViewConfig.window=4096 applies to packing only",
+            "packing is unset",
+            "set packing (e.g. packing: best_fit) or drop window",
+        ],
+    ),
+    (
+        "packed targets before PackedSequences takes them",
+        lambda _: ViewConfig(packing="best_fit", targets=True),
+        ValueError,
+        [
+            "ViewConfig.targets=True with packing",
+            "does not take targets yet",
+            "unset targets, or use the concatenate-then-split view",
+        ],
+    ),
+    (
+        "a mixture block size of 0",
+        lambda _: MixtureConfig(block_size=0),
+        ValueError,
+        ["MixtureConfig.block_size must be an int >= 1", "got 0", "block_size: 2048"],
+    ),
+    (
+        "a negative mixture seed",
+        lambda _: MixtureConfig(seed=-1),
+        ValueError,
+        ["MixtureConfig.seed must be an int in [0, 2**64 - 1]", "got -1", "seed: 0"],
+    ),
+    (
+        "data sources as a list",
+        lambda _: DataConfig(sources=["tokens/code"]),  # type: ignore[arg-type]
+        TypeError,
+        [
+            "DataConfig.sources must be a mapping of name -> store",
+            "['tokens/code']",
+            "sources: {code: {store: tokens/code}}",
+        ],
+    ),
+    (
+        "a data config without sources, built",
+        lambda tmp: _data(tmp, sources={}).build(_mesh()),
+        ValueError,
+        [
+            "DataConfig.sources is empty",
+            "name at least one store",
+            "sources: {code: {store: tokens/code}}",
+        ],
+    ),
+    (
+        "a seq_len of 0",
+        lambda _: DataConfig(seq_len=0),
+        ValueError,
+        ["DataConfig.seq_len must be an int >= 1, got 0", "seq_len: 2048"],
+    ),
+    (
+        "a data config without seq_len, built",
+        lambda tmp: _data(tmp, seq_len=None).build(_mesh()),
+        ValueError,
+        ["DataConfig.seq_len is unset", "seq_len: 2048"],
+    ),
+    (
+        "stages that do not start at step 0",
+        lambda _: DataConfig(stages=[StageConfig(5, {"code": 1})]),
+        ValueError,
+        [
+            "DataConfig.stages start at steps [5]",
+            "the first must start at step 0",
+            "stages: [{step: 0",
+        ],
+    ),
+    (
+        "stages and source weights both",
+        lambda _: DataConfig(
+            sources={"code": SourceConfig(store="c", weight=2)},
+            stages=[StageConfig(0, {"code": 1})],
+        ),
+        ValueError,
+        ["DataConfig has stages and sources['code'].weight=2", "drop the sources' weights"],
+    ),
+    (
+        "a stage weighting a source that is not one",
+        lambda _: DataConfig(
+            sources={"code": SourceConfig(store="c")}, stages=[StageConfig(0, {"cod": 1})]
+        ),
+        ValueError,
+        ["the stage at step 0 weights 'cod'", "the sources are ['code']", "name sources only"],
+    ),
+    (
+        "a stage that starts inside a mixture block",
+        lambda tmp: _data(
+            tmp,
+            stages=[StageConfig(0, {"code": 1}), StageConfig(3, {"code": 1})],
+            mixture=MixtureConfig(block_size=16),
+        ).build(_mesh()),
+        ValueError,
+        [
+            "stage at step 3 starts at sample offset 24",
+            "not a multiple of mixture.block_size=16",
+            "use a block_size that divides 24",
+        ],
+    ),
+    (
+        "stages without a global batch size",
+        lambda tmp: _data(
+            tmp, stages=[StageConfig(0, {"code": 1})], order=OrderOptions()
+        ).train_source(),
+        ValueError,
+        [
+            "DataConfig.stages start at steps (step 0)",
+            "need order.global_batch_size",
+            "global_batch_size: 256",
+        ],
+    ),
+    (
+        "an eval set with a weight",
+        lambda _: DataConfig(eval={"held_out": SourceConfig(store="e", weight=1)}),
+        ValueError,
+        ["DataConfig.eval['held_out'] has weight 1", "read whole, once", "drop the weight"],
+    ),
+    (
+        "an eval batch size of 0",
+        lambda _: DataConfig(eval_batch_size=0),
+        ValueError,
+        ["DataConfig.eval_batch_size must be an int >= 1 or unset, got 0", "eval_batch_size: 64"],
+    ),
+    (
+        "eval loaders with neither an eval batch size nor one train batch size",
+        lambda tmp: _data(
+            tmp, order=OrderOptions(global_batch_size=[(0, 8), (10, 16)])
+        ).eval_loaders(_mesh()),
+        ValueError,
+        ["DataConfig.eval_batch_size is unset", "not one batch size", "set eval_batch_size"],
+    ),
+    (
+        "a data config that shuffles its mixture",
+        lambda _: DataConfig(order=OrderOptions(shuffle=True)),
+        ValueError,
+        [
+            "DataConfig.order.shuffle=True",
+            "read as a mixture, which shuffles",
+            "leave shuffle unset",
+        ],
+    ),
+    (
+        "a data config's view as a dict in Python",
+        lambda _: DataConfig(view={"packing": "best_fit"}),  # type: ignore[arg-type]
+        TypeError,
+        ["DataConfig.view must be a ViewConfig", "got dict", "ViewConfig()"],
+    ),
+    (
+        "a data config's order group of the wrong type",
+        lambda _: DataConfig(order={"global_batch_size": 8}),  # type: ignore[arg-type]
+        TypeError,
+        ["DataConfig.order must be a OrderOptions", "got {'global_batch_size': 8}"],
+    ),
+    (
+        "a data config dict with an unknown field",
+        lambda _: DataConfig.from_dict({"seq_length": 8}),
+        TypeError,
+        ["DataConfig has no field 'seq_length'", "its fields are ['sources'"],
+    ),
+    (
+        "a data source whose store is missing",
+        lambda tmp: _data(
+            tmp,
+            sources={
+                "web": SourceConfig(
+                    store=str(tmp / "web"), inputs=["web.jsonl"], tokenizer="t.json"
+                )
+            },
+        ).build(_mesh()),
+        FileNotFoundError,
+        [
+            "source 'web': there is no document store at",
+            "make it with `psdp prepare web.jsonl --output",
+            "--tokenizer t.json`",
+        ],
+    ),
+    (
+        "an eval set whose prepared store is unfinished",
+        lambda tmp: _data(
+            tmp, eval={"web": SourceConfig(store=_unfinished_store(tmp))}
+        ).eval_loaders(_mesh()),
+        ValueError,
+        [
+            "eval set 'web': the store",
+            "is unfinished",
+            "finish it with `psdp prepare <text files> --output",
+        ],
+    ),
+    (
+        "a data store too short for one row",
+        lambda tmp: _data(tmp, seq_len=1000).build(_mesh()),
+        ValueError,
+        ["source 'code' (", "fewer than one row of seq_len=1000", "use a shorter seq_len"],
+    ),
+    (
+        "a data config restored with another seq_len",
+        lambda tmp: _data(
+            tmp, seq_len=2, stages=[StageConfig(0, {"code": 1}), StageConfig(2, {"code": 1})]
+        ).restore(_data_state(tmp), _mesh()),
+        ValueError,
+        ["DataConfig.seq_len is 2, but the run was saved with 4", "resume with seq_len: 4"],
+    ),
+    (
+        "a data config restored with a stage added before the resume step",
+        lambda tmp: _data(
+            tmp,
+            stages=[
+                StageConfig(0, {"code": 1}),
+                StageConfig(1, {"code": 1}),
+                StageConfig(2, {"code": 1}),
+            ],
+        ).restore(_data_state(tmp), _mesh()),
+        ValueError,
+        [
+            "the stage at step 2 starts before step 3",
+            "the saved run had 2 stage(s) before it",
+            "start the stage at step 3 or later",
+        ],
     ),
     # ---------------------------------------------------------------- psdp prepare
     (

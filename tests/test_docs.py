@@ -216,3 +216,37 @@ def test_architecture_names_only_modules_that_exist():
     assert sorted(p for p in named if not (src / p).exists()) == []
     modules = {str(p.relative_to(src)) for p in src.glob("_*/*.py") if p.name != "__init__.py"}
     assert sorted(modules - named) == [], "modules docs/architecture.md does not place"
+
+
+def test_the_trainer_docs_language_model_yaml_builds_its_loaders(tmp_path, monkeypatch):
+    """docs/trainer.md's YAML for a two-source packed mixture with an eval set, parsed as a
+    trainer reads it and built over stores written where it names them."""
+    import draccus
+    import jax
+    import numpy as np
+    import yaml
+
+    from psdp import DataConfig, MeshConfig
+    from psdp.sources.document_writer import write_documents
+
+    text = (DOCS / "trainer.md").read_text()
+    block = re.search(r"```yaml\n(# train_lm.yaml\n.*?)```", text, re.S)
+    assert block is not None
+    raw = yaml.safe_load(block.group(1))
+    monkeypatch.chdir(tmp_path)
+    rng = np.random.default_rng(0)
+    for name in ("code", "prose", "held_out"):  # ~40 rows of 256 tokens each
+        docs = [rng.integers(1, 200, rng.integers(20, 400)).astype(np.uint8) for _ in range(50)]
+        write_documents(f"tokens/{name}", docs, progress=False)
+    config = draccus.decode(DataConfig, raw["data"])
+    assert config.view.packing == "best_fit" and [s.step for s in config.stages] == [0, 1024]
+    mesh = draccus.decode(MeshConfig, raw["mesh"]).build()
+    with config.build(mesh) as loader:
+        batch = loader.batch_at(1024)  # the second stage's first step
+        assert batch["input_ids"].shape == (32, 256) and bool(batch["mask"].all())
+        assert loader.step_info(1024).offset % config.mixture.block_size == 0
+    (evals,) = config.eval_loaders(mesh).values()
+    with evals:
+        rows = sum(int(np.asarray(b["mask"]).sum()) for b in evals)
+        assert rows == len(evals.source) and len(evals) == -(-rows // 32)
+    assert len(jax.devices()) == 8

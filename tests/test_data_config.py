@@ -1,0 +1,439 @@
+"""`DataConfig`: the train loader from YAML equals the same loader built by hand and an independent
+oracle (packing, token and mixture oracles), eval loaders are finite and exactly once, YAML and
+flags round trip, a restore refuses what decides past rows and accepts what may change, and a
+missing, unfinished or stale store names its ``psdp prepare`` command."""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import draccus
+import numpy as np
+import pytest
+
+from psdp import (
+    DataConfig,
+    DataLoader,
+    DocumentStore,
+    Mixture,
+    MixtureConfig,
+    OrderOptions,
+    PackedSequences,
+    SourceConfig,
+    StageConfig,
+    TokenSequences,
+    ViewConfig,
+)
+from psdp.sources.document_writer import write_documents
+from tests import token_oracle
+from tests.batch_checks import assert_batch_exact
+from tests.eval_oracle import eval_batches
+from tests.meshes import mesh_of
+from tests.mixture_oracle import OracleMixture
+from tests.packing_oracle import naive_pack, named_documents, packed_table
+
+SEQ_LEN, BATCH, BLOCK = 16, 8, 16
+#: document lengths of the two sources and the eval set (some longer than SEQ_LEN: split)
+LENGTHS = {
+    "code": [5, 3, 17, 2, 6, 4, 8, 1, 9, 12, 3, 7] * 3,
+    "prose": [11, 4, 6, 20, 2, 9, 5, 13, 7, 3] * 4,
+    "held_out": [7, 2, 9, 14, 3, 5, 6, 10, 4],
+}
+#: each store's tokens are told apart by this base (named_documents: doc * 1000 + i)
+BASE = {"code": 0, "prose": 100_000, "held_out": 200_000}
+
+
+def _docs(name: str) -> list[dict[str, np.ndarray]]:
+    docs = named_documents(LENGTHS[name])
+    return [{"input_ids": d["input_ids"] + BASE[name]} for d in docs]
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("stores")
+    return {
+        name: str(write_documents(root / name, _docs(name), progress=False)) for name in LENGTHS
+    }
+
+
+def _yaml(stores: dict[str, str], view: str, stages: bool = False) -> str:
+    weights = "" if stages else ", weight: {}"
+    text = f"""
+sources:
+  code: {{store: {stores["code"]}{weights.format(1)}}}
+  prose: {{store: {stores["prose"]}{weights.format(3)}}}
+seq_len: {SEQ_LEN}
+view: {view}
+mixture: {{block_size: {BLOCK}, seed: 5}}
+eval:
+  held_out: {{store: {stores["held_out"]}}}
+eval_batch_size: 6
+order: {{global_batch_size: {BATCH}}}
+"""
+    if stages:  # step 4 starts at offset 4 * 8 = 32, a block boundary
+        text += "stages:\n  - {step: 0, weights: {code: 1, prose: 3}}\n"
+        text += "  - {step: 4, weights: {code: 1, prose: 1}}\n"
+    return text
+
+
+def _config(stores, view="{packing: best_fit}", stages=False) -> DataConfig:
+    return draccus.load(DataConfig, io.StringIO(_yaml(stores, view, stages)))
+
+
+def _mesh():
+    return mesh_of(("data", "model"), (4, 2))
+
+
+def _oracle_rows(name: str, view: str) -> dict[str, np.ndarray]:
+    """A store's rows by the independent oracles: packed with naive best fit, or concatenated
+    (EOS 0 after each document) and split."""
+    docs = _docs(name)
+    if view == "packed":
+        bins = naive_pack(LENGTHS[name], SEQ_LEN, "best_fit")
+        return packed_table(docs, bins, SEQ_LEN)
+    return token_oracle.rows([d["input_ids"] for d in docs], SEQ_LEN, eos_id=0)
+
+
+def _oracle_step(view: str, step: int, stages) -> dict[str, np.ndarray]:
+    """The global batch of ``step`` (a constant batch of BATCH: offsets step * BATCH ...) by the
+    mixture oracle, which walks the blocks one by one, over the oracle rows."""
+    tables = {n: _oracle_rows(n, view) for n in ("code", "prose")}
+    lengths = [len(tables[n]["input_ids"]) for n in ("code", "prose")]
+    mixture = OracleMixture(["code", "prose"], lengths, stages, BLOCK, seed=5)
+    source, row = mixture.sequence((step + 1) * BATCH)
+    offsets = range(step * BATCH, (step + 1) * BATCH)
+    names = ("code", "prose")
+    batch = {
+        key: np.stack([tables[names[source[g]]][key][row[g]] for g in offsets])
+        for key in tables["code"]
+    }
+    batch["mask"] = np.ones(BATCH, bool)
+    return batch
+
+
+VIEWS = {
+    "packed": "{packing: best_fit}",
+    "concatenated": "{eos_id: 0}",
+}
+
+
+# ----------------------------------------------------------------------------- exact data
+@pytest.mark.parametrize("view", list(VIEWS))
+@pytest.mark.parametrize("stages", [False, True], ids=["weights", "stages"])
+def test_the_train_loader_from_yaml_is_the_oracle_batch_for_batch(stores, view, stages):
+    config = _config(stores, VIEWS[view], stages)
+    weights = [(0, {"code": 1, "prose": 3})]
+    if stages:
+        weights.append((4 * BATCH, {"code": 1, "prose": 1}))
+    with config.build(_mesh()) as loader:
+        for step in range(8):  # both stages
+            assert_batch_exact(loader.batch_at(step), _oracle_step(view, step, weights))
+
+
+@pytest.mark.parametrize("view", list(VIEWS))
+def test_the_train_loader_from_yaml_equals_the_loader_built_by_hand(stores, view):
+    config = _config(stores, VIEWS[view], stages=True)
+    stores_ = {n: DocumentStore.open(stores[n]) for n in ("code", "prose")}
+    if view == "packed":
+        views = {n: PackedSequences(s, SEQ_LEN, "best_fit") for n, s in stores_.items()}
+    else:
+        views = {n: TokenSequences(s, SEQ_LEN, eos_id=0) for n, s in stores_.items()}
+    stages = [(0, {"code": 1, "prose": 3}), (4 * BATCH, {"code": 1, "prose": 1})]
+    by_hand = Mixture(views, stages=stages, block_size=BLOCK, seed=5)
+    with (
+        config.build(_mesh()) as loader,
+        DataLoader(by_hand, mesh=_mesh(), global_batch_size=BATCH) as hand,
+    ):
+        for step in range(10):
+            got, want = loader.batch_at(step), hand.batch_at(step)
+            assert set(got) == set(want)
+            for key in want:
+                assert np.array_equal(np.asarray(got[key]), np.asarray(want[key])), (step, key)
+
+
+# ---------------------------------------------------------------------------------- eval
+@pytest.mark.parametrize("view", list(VIEWS))
+def test_eval_loaders_from_the_config_are_finite_and_exactly_once(stores, view):
+    config = _config(stores, VIEWS[view])
+    rows = _oracle_rows("held_out", "packed" if view == "packed" else "concatenated")
+    expected = eval_batches(rows, 6, batch_shards=4)
+    loaders = config.eval_loaders(_mesh())
+    assert list(loaders) == ["held_out"]
+    with loaders["held_out"] as loader:
+        assert len(loader) == len(expected)
+        for _ in range(2):  # each pass is a new pass, the same batches
+            it = iter(loader)
+            for want in expected:
+                assert_batch_exact(next(it), want)
+            with pytest.raises(StopIteration):
+                next(it)
+    real = sum(int(b["mask"].sum()) for b in expected)
+    assert real == len(rows["input_ids"])  # every row once
+
+
+# ------------------------------------------------------------------------ YAML and flags
+@dataclass(frozen=True)
+class TrainerConfig:
+    data: DataConfig = field(default_factory=DataConfig)
+    num_train_steps: int = 100
+
+
+FULL = DataConfig(
+    sources={
+        "code": SourceConfig(
+            store="tokens/code", inputs=["code/*.jsonl"], tokenizer="tok.json", eos="</s>"
+        ),
+        "prose": SourceConfig(store="s3://bucket/prose"),
+    },
+    stages=[
+        StageConfig(step=0, weights={"code": 1, "prose": 3}),
+        StageConfig(step=1000, weights={"code": 1, "prose": 1}),
+    ],
+    seq_len=256,
+    view=ViewConfig(packing="first_fit", window=4096, long_documents="drop", seed=3, pad_id=7),
+    mixture=MixtureConfig(block_size=64, seed=9),
+    eval={"held_out": SourceConfig(store="tokens/eval")},
+    eval_batch_size=32,
+    order=OrderOptions(global_batch_size=[(0, 32), (500, 64)], skip_steps=[(10, 12)]),
+)
+
+
+def test_dict_and_yaml_round_trip():
+    assert DataConfig.from_dict(FULL.to_dict()) == FULL
+    assert DataConfig.from_dict(json.loads(json.dumps(FULL.to_dict()))) == FULL
+    trainer = TrainerConfig(data=FULL, num_train_steps=3)
+    assert draccus.load(TrainerConfig, io.StringIO(draccus.dump(trainer))) == trainer
+
+
+def test_yaml_file_and_flags(tmp_path):
+    path = tmp_path / "train.yaml"
+    path.write_text(draccus.dump(TrainerConfig(data=FULL)))
+    flags = ["--data.seq_len", "128", "--data.view.packing", "greedy"]
+    flags += ["--data.mixture.seed", "4", "--data.order.global_batch_size", "16"]
+    flags += ["--data.eval", "{other: {store: tokens/other}}"]
+    parsed = draccus.parse(TrainerConfig, config_path=str(path), args=flags)
+    assert parsed.data == replace(
+        FULL,
+        seq_len=128,
+        view=replace(FULL.view, packing="greedy"),
+        mixture=replace(FULL.mixture, seed=4),
+        order=replace(FULL.order, global_batch_size=16),
+        eval={**FULL.eval, "other": SourceConfig(store="tokens/other")},  # a dict flag merges
+    )
+
+
+def test_help_shows_the_field_docstrings(capsys):
+    with pytest.raises(SystemExit):
+        draccus.parse(TrainerConfig, args=["--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "Tokens per row (required by build)." in out
+    assert "pack them (`PackedSequences`)" in out
+
+
+# ------------------------------------------------------------------------------- restore
+def _saved_state(config: DataConfig, steps: int) -> dict:
+    with config.build(_mesh()) as loader:
+        it = iter(loader)
+        for _ in range(steps):
+            next(it)
+        state = it.state()
+        it.close()
+    return state
+
+
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        (lambda c: replace(c, seq_len=8), ["DataConfig.seq_len is 8", "saved with 16"]),
+        (
+            lambda c: replace(c, view=replace(c.view, packing="greedy")),
+            ["DataConfig.view.packing is 'greedy'", "saved with 'best_fit'"],
+        ),
+        (
+            lambda c: replace(c, view=replace(c.view, seed=1)),
+            ["DataConfig.view.seed is 1", "saved with None"],
+        ),
+        (
+            lambda c: replace(c, mixture=replace(c.mixture, seed=6)),
+            ["mixture's seed is 6", "saved run's was 5"],
+        ),
+        (
+            lambda c: replace(
+                c,
+                stages=[
+                    StageConfig(0, {"code": 1, "prose": 3}),
+                    StageConfig(2, {"code": 1, "prose": 1}),
+                ],
+            ),
+            ["stage at step 2 starts before step 3", "saved run had 1 stage(s) before it"],
+        ),  # fmt: skip
+    ],
+    ids=["seq_len", "packing", "pack seed", "mixture seed", "a stage added to the past"],
+)
+def test_restore_refuses_what_decides_the_rows_already_trained_on(stores, change, words):
+    config = _config(stores, stages=True)
+    state = _saved_state(config, 3)
+    with pytest.raises(ValueError) as info:
+        change(config).restore(state, _mesh())
+    message = " ".join(str(info.value).split())
+    assert all(w in message for w in words), message
+
+
+def test_restore_accepts_a_new_batch_size_later_stages_and_eval_sets(stores):
+    """Saved at step 2 (offset 16), resumed with batches of 16 and the second stage moved from
+    step 4 to step 5 with other weights: step 5 starts at offset 16 + 3 * 16 = 64."""
+    config = _config(stores, stages=True)
+    state = _saved_state(config, 2)
+    later = [StageConfig(0, {"code": 1, "prose": 3}), StageConfig(5, {"code": 3, "prose": 1})]
+    resumed = replace(
+        config, order=OrderOptions(global_batch_size=16), stages=later, eval={}, eval_batch_size=2
+    )
+    stages = [(0, {"code": 1, "prose": 3}), (64, {"code": 3, "prose": 1})]
+    tables = {n: _oracle_rows(n, "packed") for n in ("code", "prose")}
+    lengths = [len(tables[n]["input_ids"]) for n in ("code", "prose")]
+    source, row = OracleMixture(["code", "prose"], lengths, stages, BLOCK, seed=5).sequence(112)
+    names = ("code", "prose")
+    with resumed.restore(state, _mesh()) as loader:
+        it = iter(loader)
+        for step in range(2, 8):
+            offsets = range(16 + (step - 2) * 16, 16 + (step - 1) * 16)
+            want = {
+                k: np.stack([tables[names[source[g]]][k][row[g]] for g in offsets])
+                for k in tables["code"]
+            }
+            assert_batch_exact(next(it), {**want, "mask": np.ones(16, bool)})
+        it.close()
+
+
+def test_a_past_stage_keeps_its_offset_across_batch_size_changes(stores):
+    """Stage 1 starts at step 4. Saved at step 2 (batch 8: offset 16), resumed with batch 16:
+    step 4 is offset 16 + 2 * 16 = 48. Saved again at step 6 (offset 80), resumed with batch 8:
+    step 4 lies in the past, at the offset the run gave it (48), not 4 * 8 = 32."""
+    config = _config(stores, stages=True)
+    first = _saved_state(config, 2)
+    sixteen = replace(config, order=OrderOptions(global_batch_size=16))
+    with sixteen.restore(first, _mesh()) as loader:
+        it = iter(loader)
+        for _ in range(4):
+            next(it)
+        second = it.state()
+        it.close()
+    assert second["source"]["definition"]["stages"][1][0] == 48
+    with config.restore(second, _mesh()) as loader:
+        assert loader.step_info(6).offset == 80
+        assert loader.source.plan.record()["stages"] == second["source"]["definition"]["stages"]
+
+
+# ------------------------------------------------------------------------------- stores
+def test_a_missing_store_names_the_prepare_command(stores, tmp_path):
+    missing = str(tmp_path / "web")
+    config = replace(
+        _config(stores),
+        sources={"web": SourceConfig(store=missing, inputs=["web/*.jsonl"], tokenizer="tok.json")},
+    )
+    with pytest.raises(FileNotFoundError) as info:
+        config.build(_mesh())
+    assert str(info.value) == (
+        f"source 'web': there is no document store at {missing!r}; make it with `psdp prepare "
+        f"'web/*.jsonl' --output {missing} --tokenizer tok.json` (or psdp.write_documents)"
+    )
+
+
+def test_an_unfinished_prepared_store_names_the_prepare_command(stores, tmp_path):
+    (tmp_path / "web").mkdir()
+    (tmp_path / "web" / "psdp.json").write_text(
+        json.dumps({"format": "psdp.document_parts", "complete": False})
+    )
+    config = replace(_config(stores), eval={"web": SourceConfig(store=str(tmp_path / "web"))})
+    with pytest.raises(ValueError, match="eval set 'web': the store .* is unfinished") as info:
+        config.eval_loaders(_mesh())
+    assert str(info.value).endswith(
+        f"finish it with `psdp prepare <text files> --output {tmp_path / 'web'} --tokenizer "
+        "<tokenizer.json>`"
+    )
+
+
+# ------------------------------------------------------------------------ prepared stores
+def _prepared(tmp_path: Path, texts: dict[str, list[str]]) -> SourceConfig:
+    """A store ``psdp prepare`` made from jsonl files of ``texts`` (file name -> texts) with a
+    word-level tokenizer, and the source config that says so."""
+    prepare = pytest.importorskip("psdp.prepare", reason="psdp prepare is not in this psdp")
+    tokenizers = pytest.importorskip("tokenizers", reason="pip install 'psdp[prepare]'")
+    vocab = {"[unk]": 0, "hello": 1, "world": 2, "</s>": 3}
+    words = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, "[unk]"))
+    words.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    words.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "raw").mkdir()
+    for name, lines in texts.items():
+        (tmp_path / "raw" / name).write_text("".join(json.dumps({"text": t}) + "\n" for t in lines))
+    inputs, store = [str(tmp_path / "raw" / "*.jsonl")], str(tmp_path / "store")
+    tokenizer = str(tmp_path / "tokenizer.json")
+    prepare.prepare(inputs, store, tokenizer=tokenizer, eos="</s>", workers=1, progress=False)
+    return SourceConfig(store=store, inputs=inputs, tokenizer=tokenizer, eos="</s>")
+
+
+TEXTS = {"a.jsonl": ["hello world"] * 40, "b.jsonl": ["world hello hello"] * 30}
+
+
+def _stale(tmp_path: Path, change) -> str:
+    source = _prepared(tmp_path, TEXTS)
+    config = DataConfig(
+        sources={"web": source}, seq_len=4, order=OrderOptions(global_batch_size=BATCH)
+    )
+    with config.build(_mesh()) as loader:  # as prepared: not stale
+        assert np.asarray(loader.batch_at(0)["input_ids"]).shape == (BATCH, 4)
+    changed = change(tmp_path, source)
+    with pytest.raises(ValueError) as info:
+        replace(config, sources={"web": changed}).build(_mesh())
+    message = str(info.value)
+    assert message.startswith(f"source 'web': the store {source.store!r} is stale: ")
+    assert "delete it and make it again with `psdp prepare " in message
+    assert message.endswith(
+        f"--output {source.store} --tokenizer {tmp_path}/tokenizer.json --eos "
+        + ("'</s>'`" if changed.eos == "</s>" else f"{changed.eos}`")  # the config's eos, quoted
+    )
+    return message
+
+
+def _add_input(tmp_path, source):
+    (tmp_path / "raw" / "c.jsonl").write_text(json.dumps({"text": "hello"}) + "\n")
+    return source
+
+
+def _change_input(tmp_path, source):
+    with open(tmp_path / "raw" / "a.jsonl", "a") as f:
+        f.write(json.dumps({"text": "world"}) + "\n")
+    return source
+
+
+def _name_fewer_inputs(tmp_path, source):
+    return replace(source, inputs=[str(tmp_path / "raw" / "a.jsonl")])
+
+
+def _other_tokenizer(tmp_path, source):
+    text = (tmp_path / "tokenizer.json").read_text().replace('"world": 2', '"world": 4')
+    (tmp_path / "tokenizer.json").write_text(text)
+    return source
+
+
+def _other_eos(tmp_path, source):
+    return replace(source, eos="hello")
+
+
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        (_add_input, "the input {raw}/c.jsonl is not in it"),
+        (_change_input, "the input {raw}/a.jsonl changed since it was prepared"),
+        (_name_fewer_inputs, "it holds inputs the config does not name ({raw}/b.jsonl)"),
+        (_other_tokenizer, "it was made with another tokenizer than '{tmp}/tokenizer.json'"),
+        (_other_eos, "its eos id is 3, but eos='hello' is id 1"),
+    ],
+    ids=["an input added", "an input changed", "an input left out", "tokenizer", "eos"],
+)
+def test_a_stale_prepared_store_is_refused_naming_the_difference(tmp_path, change, why):
+    message = _stale(tmp_path, change)
+    assert why.format(raw=tmp_path / "raw", tmp=tmp_path) in message
