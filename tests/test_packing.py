@@ -302,6 +302,31 @@ def test_a_memmap_store_is_read_without_a_memmap_object_per_piece(tmp_path, monk
     np.testing.assert_array_equal(window["input_ids"], table["input_ids"][ids][:, 2:7])
 
 
+def test_a_read_builds_no_description_of_its_source(monkeypatch):
+    """Issue 29 (packed mixture at 0.67x of the tight loop): every read of a packed source, and
+    of a mixture over it, built the source's description for a possible error message, summing
+    every piece of the plan twice (~0.3 ms of a 1.7 ms step at 200,000 documents). A read that
+    succeeds now describes nothing."""
+    from psdp import Mixture
+
+    lengths = [5, 9, 3, 7, 2, 6, 11, 4] * 4
+    whole = PackedSequences(store_of(lengths), 8)
+    windowed = PackedSequences(store_of(lengths), 8, window=8)
+    mixture = Mixture({"a": whole, "b": windowed}, weights={"a": 3, "b": 1}, block_size=4)
+    described = []
+    for kind in (PackedSequences, Mixture):
+        describe = kind.describe
+        monkeypatch.setattr(
+            kind, "describe", lambda self, d=describe: described.append(1) or d(self)
+        )
+    ids = np.array([3, 0, 2])
+    whole.read(ids), windowed.read(ids), mixture.read(np.arange(8))
+    whole.read_window(ids, {"input_ids": slice(1, 5)})
+    assert described == []
+    with pytest.raises(IndexError, match=r"PackedSequences\(best_fit packing of"):
+        whole.read(np.array([len(whole)]))
+
+
 @pytest.mark.parametrize(
     "leaves",
     [("input_ids",), ("segment_ids", "input_ids"), ("positions",), ("loss_mask", "segment_ids")],

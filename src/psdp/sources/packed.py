@@ -139,7 +139,7 @@ class PackedSequences:
 
     @fresh_rows
     def read(self, ids: np.ndarray) -> dict[str, np.ndarray]:
-        ids = check_ids(ids, len(self), self.describe())
+        ids = check_ids(ids, len(self), self.describe)
         return self._read_columns(ids, None, list(in_leaf_order(self.leaves)))
 
     @fresh_rows
@@ -153,7 +153,7 @@ class PackedSequences:
             >>> packed.read_window(np.array([0]), {"input_ids": slice(3, 7)})["input_ids"].tolist()
             [[4, 5, 6, 7]]
         """
-        ids = check_ids(ids, len(self), self.describe())
+        ids = check_ids(ids, len(self), self.describe)
         groups: dict[Any, tuple[Any, list[str]]] = {}
         for key, box in columns.items():
             if key not in self.store.leaves and key not in _DERIVED:
