@@ -133,6 +133,15 @@ class PackedSequences:
         return len(self.plan)
 
     @property
+    def io_block(self) -> int | None:
+        """The block a loader's shuffle takes unless given one: packed in windows, about a
+        window's sequences, so that a step plans a few windows, not one per row (each about
+        once an epoch, ``docs/packing.md``); ``None`` (a full shuffle) for a whole-corpus plan."""
+        if isinstance(self.plan, PackPlan):
+            return None
+        return max(1, len(self) // self.plan.key.num_windows)
+
+    @property
     def reads_storage(self) -> bool:
         """Whether its reads wait on storage: its store's `DocumentStore.reads_storage`."""
         return bool(self.store.reads_storage)
