@@ -339,6 +339,23 @@ def test_the_token_figure_has_every_job_and_loop_with_consistent_rates(quick_rep
             assert {"segment_ids", "positions"} <= leaves, row
 
 
+def test_the_token_figure_prints_the_goals_table_with_met_or_not(quick_report):
+    """Issue 29: `psdp bench --only tokens` prints the goals it measures from one run: each
+    goal, its target, the median and range of the rounds' ratios, and met / not met."""
+    out, report = quick_report
+    figure = report["figures"]["tokens"]
+    assert [g["goal"] for g in figure["goals"]] == [g.text for g in tokens.GOALS]
+    psdp = {r["job"]: r for r in figure["rows"] if r["loader"] == tokens.PSDP_MEMMAP}
+    for goal, row in zip(tokens.GOALS, figure["goals"], strict=True):
+        value = psdp[goal.job]["ratio_median" if goal.measure == "ratio" else goal.measure]
+        assert row["met"] == (value >= goal.target), row
+        assert row["reached"].startswith(f"{value:.3g}")
+    for row in figure["rows"]:
+        assert row["ratio_min"] <= row["ratio_median"] <= row["ratio_max"], row
+    text = (out / "bench.md").read_text()
+    assert "Goals (one run):\n\n| goal | target | reached | met |" in text
+
+
 def test_the_user_computes_segment_ids_and_positions_per_row():
     """Documents of 3, 2, 0 and 4 tokens (one empty); rows of 4 from stream positions 0, 2, 5."""
     offsets = np.array([0, 3, 5, 5, 9])
