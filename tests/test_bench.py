@@ -356,6 +356,28 @@ def test_the_token_figure_prints_the_goals_table_with_met_or_not(quick_report):
     assert "Goals (one run):\n\n| goal | target | reached | met |" in text
 
 
+def test_the_scale_script_prints_its_goals_met_or_not(capsys):
+    """Issue 29: scripts/scale_tokens.py ends with the goals it measures, met / not met: here
+    from given measurements (the script's own run takes minutes)."""
+    script = runpy.run_path(str(SCRIPTS / "scale_tokens.py"), run_name="scale_tokens")
+    scale = {
+        "first_batch": {10**6: (0.01, 1 << 20), 10**9: (6.0, 10 << 20)},
+        "own": {(10**6, None): [1.0, 1.0, 1.0], (10**9, None): [1.05, 1.1, 1.3]},
+    }
+    packed = {"open_and_first_batch_s": 0.03, "rss_added_bytes": 2**31}
+    rows = script["goal_rows"](scale, packed, {"log-normal": 0.9985, "chat": 0.98})
+    assert [met for *_, met in rows] == [False, True, True, False, True, True, False]
+    assert rows[4][2] == "1.1 (1.05-1.3)"  # the median and range of the rounds' ratios
+    script["print_goals"](rows)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "| goal | target | reached | met |"
+    assert (
+        lines[2]
+        == "| TokenSequences, 10^9 documents: open + first batch | <= 5 s | 6.000 s | not met |"
+    )
+    assert lines[-1].endswith("| >= 0.99 | 0.9800 | not met |") and len(lines) == 9
+
+
 def test_the_user_computes_segment_ids_and_positions_per_row():
     """Documents of 3, 2, 0 and 4 tokens (one empty); rows of 4 from stream positions 0, 2, 5."""
     offsets = np.array([0, 3, 5, 5, 9])
