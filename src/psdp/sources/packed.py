@@ -62,7 +62,8 @@ class PackedSequences:
         leaves: the leaves to deliver, e.g. ``("input_ids", "segment_ids")``; default all. A
             stored leaf left out is not read; a computed one is not computed.
         window: packs each window of this many documents alone (``plan`` is then a
-            `PackIndex`); ``None``: the whole corpus at once.
+            `PackIndex`); ``None``: the whole corpus at once, at construction (for more than
+            ~10^7 documents, give a window and ``index``: ``docs/packing.md``).
         index: with ``window``, a file for the pack index: loaded if it was built for this
             packing of this store's size, else built and saved there; ``None``: built now.
 
