@@ -198,14 +198,17 @@ class PackedSequences:
         A row's pieces lie side by side from column 0, so the part of a row inside the columns
         is one run from ``low``: the pieces' tokens, read in (row, column) order, fill the rows
         through one mask, in C order."""
-        rows, token, length, column, segment = self._pieces(ids)
-        begin = np.maximum(column, low)
-        count = np.minimum(column + length, high) - begin
-        inside = count > 0
-        rows, token, column, segment, begin, count = (
-            a[inside] for a in (rows, token, column, segment, begin, count)
-        )
-        starts = token + begin - column
+        rows, token, count, column, segment = self._pieces(ids)
+        skipped = np.zeros_like(count)  # each piece's columns before the window
+        if low > 0 or high < self.seq_len:  # clip the pieces to the window (whole rows: none)
+            begin = np.maximum(column, low)
+            count = np.minimum(column + count, high) - begin
+            inside = count > 0
+            rows, token, column, segment, begin, count = (
+                a[inside] for a in (rows, token, column, segment, begin, count)
+            )
+            skipped = begin - column
+        starts = token + skipped
         stored = [key for key in keys if key in self.store.leaves]
         tokens = self.store.read_ranges(starts, starts + count, stored) if stored else {}
         filled = np.bincount(rows, weights=count, minlength=len(ids)).astype(np.int64)
@@ -215,8 +218,8 @@ class PackedSequences:
             if key == LOSS_MASK and LOSS_MASK not in tokens:
                 out[key] = mask.astype(np.uint8)
                 continue
-            value, dtype, pad = self._token_values(key, tokens, segment, begin - column, count)
-            leaf = np.full(mask.shape, pad, dtype)
+            value, dtype, pad = self._token_values(key, tokens, segment, skipped, count)
+            leaf = np.zeros(mask.shape, dtype) if pad == 0 else np.full(mask.shape, pad, dtype)
             leaf[mask] = value
             out[key] = leaf
         return out
@@ -247,10 +250,12 @@ class PackedSequences:
 
     def _token_values(self, key, tokens, segment, skipped, count):
         """The values of leaf ``key`` at the tokens read, its dtype and its padding."""
+        # computed leaves in int32 where they fit: half the bytes written of int64
         if key == SEGMENT_IDS:
-            return np.repeat(segment, count), np.int32, 0
+            return np.repeat(segment.astype(np.int32), count), np.int32, 0
         if key == POSITIONS:  # each piece's tokens count on from its skipped columns
-            return ranges(skipped, count), np.int32, 0
+            work = np.int32 if int(count.sum()) < 2**31 else np.int64
+            return ranges(skipped, count, work), np.int32, 0
         return tokens[key], self.store.leaves[key], self.pad_id if key == TOKENS else 0
 
     def describe(self) -> str:
