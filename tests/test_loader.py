@@ -85,6 +85,26 @@ def test_the_mask_of_a_step_without_padding_is_assembled_once(monkeypatch):
     assert built.count((16,)) == 3  # the all-real mask once, step 2's twice
 
 
+def test_how_to_read_a_source_is_decided_once_not_every_step(monkeypatch):
+    """Issue 29 (a token step of 0.2 ms): every step asked again whether its source reads
+    column windows (an isinstance check against a runtime protocol, and a walk of the class's
+    MRO: ~10% of the step); the answer is a property of the source, found once per reader."""
+    from psdp._runtime import step_reader
+
+    asked = []
+    read_window_of = step_reader._read_window_of
+    monkeypatch.setattr(
+        step_reader, "_read_window_of", lambda source: asked.append(1) or read_window_of(source)
+    )
+    data = {"tokens": token_table(44, 4), "w": np.arange(44, dtype=np.float32)}
+    settings = dict(mesh=make_mesh("data=4 x model=2"), global_batch_size=8, seed=2,
+                    batch_spec={"tokens": P("data", "model"), "w": P("data")})  # fmt: skip
+    with DataLoader(data, **settings) as loader:
+        for step in range(6):
+            assert_batch_exact(loader.batch_at(step), expected_batch(data, step, **settings))
+    assert len(asked) == 1
+
+
 def test_the_mask_follows_the_first_leaf_by_name_whatever_order_the_planner_gets():
     """docs/partitioning.md: the mask is sharded like the batch dimension of the first leaf by
     name, also when the planner is handed the leaves in another order."""
