@@ -207,7 +207,7 @@ def goal_rows(
         ('TokenSequences, 10^9 documents: open + first batch', '<= 5 s', '0.020 s', True)
         ('TokenSequences, 10^9 documents: memory added', '<= 1 GiB', '30 MiB', True)
         ('PackedSequences (windows, pack index), 10^9 documents: open + first batch', '<= 5 s', '0.030 s', True)
-        ('PackedSequences (windows, pack index), 10^9 documents: peak memory added', '<= 1 GiB', '40 MiB', True)
+        ('PackedSequences (windows, pack index), 10^9 documents: peak memory added (its reads and oracle)', '<= 1 GiB', '40 MiB', True)
         ('time per step, 10^9 / 10^6 documents, eos_id=None', '<= 1.1', '1.12 (1.05-1.2)', False)
         ('packing efficiency in windows of 4096 / whole-corpus best fit, chat', '>= 0.99', '0.9975', True)
     """
@@ -220,7 +220,7 @@ def goal_rows(
         (f"TokenSequences, {big}: memory added", "<= 1 GiB", f"{added >> 20} MiB", added <= 2**30),
         (f"{packs}: open + first batch", "<= 5 s", f"{packed['open_and_first_batch_s']:.3f} s",
          packed["open_and_first_batch_s"] <= 5),
-        (f"{packs}: peak memory added", "<= 1 GiB", f"{packed['rss_added_bytes'] >> 20} MiB",
+        (f"{packs}: peak memory added (its reads and oracle)", "<= 1 GiB", f"{packed['rss_added_bytes'] >> 20} MiB",
          packed["rss_added_bytes"] <= 2**30),
     ]  # fmt: skip
     for (size, eos_id), values in scale["own"].items():

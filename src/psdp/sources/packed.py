@@ -137,7 +137,13 @@ class PackedSequences:
     def io_block(self) -> int | None:
         """The block a loader's shuffle takes unless given one: packed in windows, about a
         window's sequences, so that a step plans a few windows, not one per row (each about
-        once an epoch, ``docs/packing.md``); ``None`` (a full shuffle) for a whole-corpus plan."""
+        once an epoch, ``docs/packing.md``); ``None`` (a full shuffle) for a whole-corpus plan.
+
+        Example:
+            >>> store = DocumentStore.from_documents([np.arange(1, n + 1) for n in [3, 5, 2, 6] * 4])
+            >>> PackedSequences(store, 8, window=4).io_block, PackedSequences(store, 8).io_block
+            (2, None)
+        """
         if isinstance(self.plan, PackPlan):
             return None
         return max(1, len(self) // self.plan.key.num_windows)
