@@ -539,18 +539,14 @@ def scale_rows(corpus: FormulaCorpus, bins_full, bins_last, ids) -> dict[str, np
     return rows
 
 
-def scale_simulation(directory: str, documents: int = 10**9) -> dict:
-    """Opens `PackedSequences` in windows over a formula corpus of ``documents`` with a pack
-    index that exists (its counts the oracle's), reads the first batch, batches past 2**32 and
-    2**40 tokens, across the corpus and at its end, and checks every row against the formula
-    and the oracle. Returns what it measured. Run in a process of its own (the memory)."""
-    import resource
-    import time
-
+def formula_pack_index(directory: str, documents: int):
+    """A `FormulaCorpus` of ``documents`` (windows of `SCALE`'s) and its pack index saved in
+    ``directory``, its counts the oracle's: ``(corpus, index path, the oracle's bins of a whole
+    window, of the last window)``."""
     from psdp._plan.pack_windows import PackIndex, PackKey
     from psdp.sources.pack_index import save_pack_index
 
-    seq_len, window, batch = SCALE["seq_len"], SCALE["window"], SCALE["batch"]
+    seq_len, window = SCALE["seq_len"], SCALE["window"]
     corpus = FormulaCorpus(documents, period=window)
     bins_full = naive_pack(corpus.period_lengths.tolist(), seq_len, "best_fit")
     last_n = documents - documents // window * window
@@ -562,6 +558,20 @@ def scale_simulation(directory: str, documents: int = 10**9) -> dict:
     key = PackKey(seq_len, "best_fit", "split", None, window, documents, corpus.num_tokens)
     path = f"{directory}/pack-{documents}.npz"
     save_pack_index(PackIndex.from_counts(key, counts), path)
+    return corpus, path, bins_full, bins_last
+
+
+def scale_simulation(directory: str, documents: int = 10**9) -> dict:
+    """Opens `PackedSequences` in windows over a formula corpus of ``documents`` with a pack
+    index that exists (its counts the oracle's), reads the first batch, batches past 2**32 and
+    2**40 tokens, across the corpus and at its end, and checks every row against the formula
+    and the oracle. Returns what it measured. Run in a process of its own (the memory)."""
+    import resource
+    import time
+
+    seq_len, window, batch = SCALE["seq_len"], SCALE["window"], SCALE["batch"]
+    corpus, path, bins_full, bins_last = formula_pack_index(directory, documents)
+    windows = -(-documents // window)
     store = FormulaStore(corpus)
 
     page = os.sysconf("SC_PAGE_SIZE")
