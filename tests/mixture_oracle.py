@@ -124,3 +124,38 @@ def tag_leaf(mixture: OracleMixture) -> OracleLeaf:
     """The ``source`` tag leaf: each source's rows are its index (int32)."""
     tags = [np.full(n, i, np.int32) for i, n in enumerate(mixture.lengths)]
     return OracleLeaf(mixture, tags)
+
+
+def mixture_at(
+    names: Sequence[str],
+    lengths: Sequence[int],
+    stages: Sequence[tuple[int, Mapping[str, float]]],
+    block: int,
+    seed: int,
+    offset: int,
+) -> tuple[int, int]:
+    """(source, row) at one sample offset anywhere in a run (2**40 is as cheap as 0): the same
+    documented rule as `OracleMixture`, but a source's samples before the offset's block summed
+    stage by stage (whole blocks of each earlier stage times its counts) instead of walked."""
+    number, position = divmod(offset, block)
+    weights = [[float(w.get(n, 0)) for n in names] for _, w in stages]
+    firsts = [start // block for start, _ in stages] + [number + 1]
+    given = [0] * len(names)
+    for index, counts in enumerate(largest_remainder(w, block) for w in weights):
+        if firsts[index] > number:
+            break
+        blocks = min(firsts[index + 1], number) - firsts[index]
+        given = [g + blocks * c for g, c in zip(given, counts, strict=True)]
+        here = counts
+    key = splitmix64(splitmix64(BLOCK_TAG ^ splitmix64(seed)) ^ number)
+    slot = index_shuffle(block, key, position)
+    source = 0
+    while slot >= sum(here[: source + 1]):  # the slots are the sources' in turn
+        source += 1
+    sample = given[source] + slot - sum(here[:source])
+    epoch, within = divmod(sample, lengths[source])
+    digest = int.from_bytes(
+        hashlib.blake2b(names[source].encode(), digest_size=8).digest(), "little"
+    )
+    epoch_key = splitmix64(splitmix64(splitmix64(seed) ^ digest) ^ epoch)
+    return source, index_shuffle(lengths[source], epoch_key, within)

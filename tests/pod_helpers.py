@@ -35,3 +35,14 @@ def exit_0_on(process=None):
         os._exit(0)
     multihost_utils.sync_global_devices("never reached by the process that left")
     return "unreachable"
+
+
+def say_then_wait(flag: str) -> int:
+    """Prints a line, then waits for ``flag`` to exist: only a parent that shows the line while
+    the process still runs can create the flag (the test's echo does), so the pod ends."""
+    me = jax.process_index()
+    print(f"ready from {me}")  # no flush, as a trainer prints: the pod's children are unbuffered
+    while not os.path.exists(flag):
+        time.sleep(0.01)
+    print(f"done on {me}", end="")  # a last line without its newline is shown too
+    return me

@@ -31,6 +31,7 @@ from psdp import (
     LoaderClosedError,
     LoaderConfig,
     MemmapSource,
+    MeshConfig,
     MeshLayout,
     Mixture,
     OrderOptions,
@@ -40,12 +41,13 @@ from psdp import (
     TensorStoreSource,
     TokenSequences,
     check_consistency,
+    eval_loader,
     plan_packing,
     write_dataset,
 )
 from psdp.sources.document_writer import write_documents
 from psdp.tools.pod import run_pod
-from psdp.tools.simulate import Simulation
+from psdp.tools.simulate import Simulation, check_simulation
 from tests import scale_corpus, token_oracle
 from tests.batch_checks import assert_batch_exact, expected_batch, token_table
 from tests.meshes import mesh_of
@@ -271,6 +273,18 @@ def _truncated_npy(tmp_path: Path) -> None:
 FIELD = np.zeros((16, 2, 8, 12), np.float32)  # (B, C, H, W) for data=2 x h=2 x w=2
 
 
+def _npy(path: Path) -> str:
+    """A small ``.npy`` of rows at ``path``, as a source string."""
+    np.save(path, TOKENS)
+    return str(path)
+
+
+def _file(path: Path) -> Path:
+    """``path`` made as an empty file."""
+    path.write_text("")
+    return path
+
+
 def _field_loader(field: np.ndarray = FIELD, **kwargs: Any) -> DataLoader:
     kwargs.setdefault("batch_spec", {"field": PartitionSpec("data", None, "h", "w")})
     mesh = mesh_of(("data", "h", "w"), (2, 2, 2))
@@ -281,6 +295,11 @@ _SHAPE_RULE = "every row of a source must have one shape and dtype"
 _RESUME_FIX = "resume with the saved value"
 
 # (id, action, exception, fragments the message must contain: the values, then the fix)
+
+
+def _length(loader: DataLoader) -> int:
+    with loader:
+        return len(loader)
 
 
 def _mix(sources: Any = None, **kwargs: Any) -> Mixture:
@@ -1243,6 +1262,37 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
         ValueError,
         ["io_block=64 with Mixture(", "drop io_block"],
     ),
+    # ---------------------------------------------------------------- finite (eval) loaders
+    (
+        "epochs of 0",
+        lambda _: _loader(epochs=0),
+        ValueError,
+        ["OrderOptions.epochs must be >= 1, got 0 (passes over the source)", "epochs=1"],
+    ),
+    (
+        "epochs that is not an int",  # 1.5 passes would end mid-epoch at no documented step
+        lambda _: _loader(epochs=1.5),
+        TypeError,
+        ["OrderOptions.epochs must be an int, got 1.5 of type float", "epochs=1"],
+    ),
+    (
+        "epochs with a stream",
+        lambda _: _loader(StreamSource([{"tokens": row} for row in TOKENS]), epochs=1),
+        ValueError,
+        ["epochs=1 with a stream", "ends on every host where its shards end", "drop epochs"],
+    ),
+    (
+        "an eval loader over a mixture of eval sets",
+        lambda _: eval_loader(_mix(), mesh=_mesh(), global_batch_size=B),
+        ValueError,
+        ["epochs=1 with Mixture(web:", "no epochs to pass over", "mixture.sources.items()"],
+    ),
+    (
+        "len() of an endless loader",
+        lambda _: _length(_loader()),
+        TypeError,
+        ["an endless DataLoader has no length", "pass epochs=N", "psdp.eval_loader"],
+    ),
     # ---------------------------------------------------------------- token documents
     (
         "an empty document",
@@ -1504,13 +1554,40 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
         ],
     ),  # fmt: skip
     (
-        "psdp simulate packing synthetic documents and given a source",
-        lambda _: Simulation(
-            packing="greedy", data=LoaderConfig.create("rows.npy", global_batch_size=8)
+        "psdp simulate packing a source that is no document store",
+        lambda tmp: check_simulation(
+            Simulation(
+                packing="greedy",
+                data=LoaderConfig.create(_npy(tmp / "rows.npy"), global_batch_size=8),
+            )
         ),
         ValueError,
-        ["--packing packs synthetic documents, but a source was given ('rows.npy')"],
-    ),
+        [
+            "--packing packs documents, but the source",
+            "rows.npy' is no document store",
+            "drop --packing, or give a document store (psdp write --offsets or --eos-id",
+        ],
+    ),  # fmt: skip
+    (
+        "psdp simulate on a document store with fewer tokens than one row",
+        lambda tmp: check_simulation(
+            Simulation(
+                processes=2,
+                mesh=MeshConfig(axes={"data": 2}),
+                data=LoaderConfig.create(
+                    str(write_documents(tmp / "docs", [np.arange(5)], progress=False)),
+                    global_batch_size=8,
+                ),
+                seq_len=16,
+            )
+        ),
+        ValueError,
+        [
+            "docs' --seq-len 16: the store has 5 tokens",
+            "fewer than one row of seq_len=16",
+            "use a shorter seq_len or more documents",
+        ],
+    ),  # fmt: skip
     (
         "a packing seed that is not an int",
         lambda _: plan_packing([3, 1], 4, seed=0.5),
@@ -1682,6 +1759,25 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
         ),  # fmt: skip
         ValueError,
         ["env is a list of 1 environments for 2 processes", "one dict per process"],
+    ),
+    (
+        "a pod's echo that is not a text stream",
+        lambda _: run_pod(
+            "psdp.tools.pod:_describe_host", num_processes=2, devices_per_process=1, echo=True
+        ),
+        TypeError,
+        ["echo must be a text stream", "got bool True", "pass echo=sys.stdout"],
+    ),
+    (
+        "a pod's log_dir that is a file",
+        lambda tmp: run_pod(
+            "psdp.tools.pod:_describe_host",
+            num_processes=2,
+            devices_per_process=1,
+            log_dir=_file(tmp / "logs.txt"),
+        ),
+        ValueError,
+        ["log_dir must be a folder", "logs.txt' is a file", "name a folder"],
     ),
 ]
 

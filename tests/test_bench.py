@@ -365,9 +365,13 @@ def test_the_scale_script_prints_its_goals_met_or_not(capsys):
         "own": {(10**6, None): [1.0, 1.0, 1.0], (10**9, None): [1.05, 1.1, 1.3]},
     }
     packed = {"open_and_first_batch_s": 0.03, "rss_added_bytes": 2**31}
-    rows = script["goal_rows"](scale, packed, {"log-normal": 0.9985, "chat": 0.98})
-    assert [met for *_, met in rows] == [False, True, True, False, True, True, False]
-    assert rows[4][2] == "1.1 (1.05-1.3)"  # the median and range of the rounds' ratios
+    mixture = {"sources": 100, "open_and_first_batch_s": 1.5, "rss_added_bytes": 300 << 20}
+    efficiency = {"log-normal": 0.9985, "chat": 0.98}
+    rows = script["goal_rows"](scale, packed, efficiency, mixture)
+    assert [met for *_, met in rows] == [False, True, True, False, True, True, True, True, False]
+    assert rows[4][0] == "Mixture of 100 TokenSequences of 10^9 documents: open + first batch"
+    assert rows[6][2] == "1.1 (1.05-1.3)"  # the median and range of the rounds' ratios
+    assert len(script["goal_rows"](scale, packed, efficiency)) == len(rows) - 2  # no mixture
     script["print_goals"](rows)
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "| goal | target | reached | met |"
@@ -375,7 +379,7 @@ def test_the_scale_script_prints_its_goals_met_or_not(capsys):
         lines[2]
         == "| TokenSequences, 10^9 documents: open + first batch | <= 5 s | 6.000 s | not met |"
     )
-    assert lines[-1].endswith("| >= 0.99 | 0.9800 | not met |") and len(lines) == 9
+    assert lines[-1].endswith("| >= 0.99 | 0.9800 | not met |") and len(lines) == 11
 
 
 def test_the_user_computes_segment_ids_and_positions_per_row():

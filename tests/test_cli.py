@@ -328,6 +328,41 @@ def test_simulate_json(capsys):
     assert report["simulation"]["mesh"]["axes"] == {"data": 2, "model": 2}
 
 
+def _document_store(tmp_path: Path) -> Path:
+    """300 documents of 1 to 40 tokens in [0, 64): document ``d`` counts up from ``7 d``."""
+    from psdp import write_documents
+
+    lengths = np.random.default_rng(3).integers(1, 41, 300)
+    docs = [(7 * d + np.arange(n)) % 64 for d, n in enumerate(lengths)]
+    return write_documents(tmp_path / "docs", docs, dtype=np.int32, progress=False)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize(
+    ("packing", "view", "leaves"),
+    [
+        ([], "read as TokenSequences of 16 tokens", 4),  # input_ids, segment_ids, positions, mask
+        (["--packing", "best_fit"], "packed (best_fit) into sequences of 16 tokens", 5),  # + loss
+    ],
+)
+def test_simulate_reads_a_document_store_through_its_token_view(
+    capsys, tmp_path, packing, view, leaves
+):
+    store = _document_store(tmp_path)
+    code, out, err = run_cli(
+        capsys, *SMALL_POD, "--source", str(store), "--seq-len", "16", "--batch-size", "8",
+        "--train", *packing, "--json",
+    )  # fmt: skip
+    assert (code, err) == (0, "")
+    report = json.loads(out)
+    assert report["verdict"] == "all devices received exactly their rows"
+    assert report["source"] == f"the document store {store}, {view}"
+    assert report["shape"] == [8, 16]
+    # 6 steps x 2 devices x the view's leaves, each device's shard equal to the re-read rows
+    assert [h["shards_checked"] for h in report["hosts"]] == [6 * 2 * leaves] * 2
+    assert len(report["hosts"][0]["losses"]) == 6
+
+
 @pytest.mark.multiprocess
 def test_simulate_a_failing_host_exits_1_with_its_message(capsys):
     code, out, err = run_cli(capsys, *SMALL_POD, "--fail-at", "1:2")

@@ -46,7 +46,7 @@ FULL = TrainerConfig(
     ),
     data=LoaderConfig(
         source="data/tokens",
-        order=OrderOptions(global_batch_size=16, shuffle=False, seed=7, drop_last=True),
+        order=OrderOptions(global_batch_size=16, shuffle=False, seed=7, drop_last=True, epochs=2),
         sharding=ShardingOptions(
             batch_spec={"tokens": "(replica,data),model", "mask": "batch"},
             halo={"tokens": 2},
@@ -72,7 +72,7 @@ def test_yaml_round_trip(config):
 
 def test_yaml_nests_the_groups_and_writes_specs_as_text():
     text = draccus.dump(FULL)
-    assert "  order:\n    drop_last: true\n    global_batch_size: 16\n" in text
+    assert "  order:\n    drop_last: true\n    epochs: 2\n    global_batch_size: 16\n" in text
     assert "      tokens: (replica,data),model\n" in text  # a PartitionSpec, written as its text
     yaml = (
         "data:\n  source: data/tokens\n  order: {global_batch_size: 8}\n"
@@ -97,7 +97,7 @@ def test_flags_set_every_field():
         *["--mesh.axes", "{replica: 2, data: 2, model: 2}", "--mesh.batch_axes", "[replica, data]"],
         *["--mesh.layout", "noncontiguous", "--data.source", "data/tokens"],
         *["--data.order.global_batch_size", "16", "--data.order.shuffle", "false"],
-        *["--data.order.seed", "7", "--data.order.drop_last", "true"],
+        *["--data.order.seed", "7", "--data.order.drop_last", "true", "--data.order.epochs", "2"],
         *["--data.sharding.batch_spec", '{tokens: "(replica,data),model", mask: batch}'],
         *["--data.sharding.halo", "{tokens: 2}", "--data.sharding.feeding_processes", "[0, 1]"],
         *["--data.sharding.named_axes", "{weight: [batch]}"],

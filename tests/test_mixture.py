@@ -4,20 +4,23 @@ map itself, counts without reading, and one batched read per source."""
 
 from __future__ import annotations
 
+import sys
+import tracemalloc
 from fractions import Fraction
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from psdp import ArraySource, Mixture, OrderOptions
 from psdp._plan.index_shuffle import shuffle_each
-from psdp._plan.mixture import MixturePlan, block_counts, stages_from
+from psdp._plan.mixture import MixturePlan, block_counts, stage_counts, stages_from
 from psdp._runtime.feeds import open_feed
 from tests import shuffle_oracle
 from tests.batch_checks import CountingSource, token_table
 from tests.mixture_oracle import OracleMixture, largest_remainder
+from tests.oracle import schedule_spans
 
 NAMES = ("web", "code", "books")
 LENGTHS = (97, 40, 13)
@@ -309,3 +312,165 @@ def test_a_mixed_source_whose_reads_change_is_named_not_cast(how, fragments):
     message = str(error.value)
     assert all(f in message for f in fragments), message
     assert "Breaks(" in message and "one row per id, all of one shape and dtype" in message
+
+
+# ------------------------------------------------ many sources, many stages, many skips (#29)
+_WEIGHT = st.one_of(
+    st.integers(0, 9).map(float),  # integer quotas and exact ties
+    st.floats(0, 10, allow_nan=False, allow_infinity=False),
+    st.sampled_from([0.1, 0.2, 0.3, 0.7, 1 / 3, 2 / 3, 1e-300, 1e300, 5e-324]),
+)
+
+
+@st.composite
+def _stage_weights(draw):
+    """(stages, sources) weights; some entries one ulp from another's (near-ties)."""
+    sources = draw(st.integers(1, 12))
+    rows = draw(st.lists(st.lists(_WEIGHT, min_size=sources, max_size=sources), min_size=1))
+    rows = [row for row in rows if any(w > 0 for w in row)] or [[1.0] * sources]
+    for row in rows:
+        for i in draw(st.lists(st.integers(0, sources - 1), max_size=3)):
+            j = draw(st.integers(0, sources - 1))
+            row[i] = float(np.nextafter(row[j], np.inf))
+    return rows
+
+
+@settings(max_examples=150, deadline=None)
+@given(weights=_stage_weights(), block=st.integers(1, 5000))
+@example(weights=[[1.0, 1.0, 1.0]], block=10)  # equal remainders: the earlier source first
+@example(weights=[[1.0, float(np.nextafter(1.0, 2.0)), 1.0]], block=10)  # one ulp decides
+@example(weights=[[1.0] * 1024, [3.0, 1.0] * 512], block=2048)  # integer quotas
+@example(weights=[[0.1, 0.2, 0.7], [0.7, 0.2, 0.1]], block=10)  # sums one ulp off 1
+@example(weights=[[1e-300, 1.0, 5e-324], [1e300, 1e300, 1.0]], block=4)  # far magnitudes
+def test_all_stages_counts_equal_largest_remainder(weights, block):
+    """`stage_counts` (every stage at once, in floating point where its error bound decides)
+    equals the exact largest-remainder rule (tests/mixture_oracle.py, Fractions) row by row."""
+    got = stage_counts(np.array(weights, np.float64), block)
+    assert got.tolist() == [largest_remainder(row, block) for row in weights]
+
+
+@st.composite
+def _ranges(draw, first_max: int, length_max: int):
+    """Sorted, disjoint ranges ``(first, end)``."""
+    out, at = [], 0
+    for gap, length in draw(
+        st.lists(st.tuples(st.integers(0, first_max), st.integers(1, length_max)), max_size=12)
+    ):
+        out.append((at + gap, at + gap + length))
+        at += gap + length + 1
+    return out
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    weights=st.lists(
+        st.lists(st.integers(0, 4), min_size=3, max_size=3).filter(any), min_size=1, max_size=40
+    ),
+    batches=st.lists(st.integers(1, 9), min_size=1, max_size=40),
+    skip_steps=_ranges(6, 3),
+    skip_offsets=_ranges(30, 12),
+    seed=st.integers(0, 2**64 - 1),
+)
+def test_many_stages_and_skips_read_the_oracles_samples(
+    weights, batches, skip_steps, skip_offsets, seed
+):
+    """Up to 40 weight stages (a new one every block of 16), 40 batch-size stages (one every 2
+    steps), 12 skip_steps and 12 skip_offsets ranges: each of 80 steps covers the offsets of
+    the offset-walking oracle (tests/oracle.py) and reads the block-walking oracle's
+    (source, row) at each of them (tests/mixture_oracle.py)."""
+    block = 16  # >= 12 (the largest sum of 3 weights <= 4): every weighted source gets a sample
+    stages = [(block * i, dict(zip(NAMES, w, strict=True))) for i, w in enumerate(weights)]
+    sources = {
+        n: 1000 * i + np.arange(length)
+        for i, (n, length) in enumerate(zip(NAMES, LENGTHS, strict=True))
+    }
+    mix = Mixture(sources, stages=stages, block_size=block, seed=seed)
+    schedule = [(2 * i, b) for i, b in enumerate(batches)]
+    options = OrderOptions(
+        global_batch_size=schedule, skip_steps=skip_steps, skip_offsets=skip_offsets
+    )
+    feed = open_feed(mix, options)
+    spans = schedule_spans(None, schedule, 80, skip_steps=skip_steps, skip_offsets=skip_offsets)
+    oracle = OracleMixture(NAMES, LENGTHS, stages, block, seed)
+    source, row = oracle.sequence(spans[-1].offset + spans[-1].rows)
+    for step, span in enumerate(spans):
+        info = feed.step_info(step)
+        assert (info.offset, info.rows) == (span.offset, span.rows), step
+        at = np.arange(span.offset, span.offset + span.rows)
+        assert mix.read(at).tolist() == (1000 * source[at] + row[at]).tolist(), step
+
+
+def _calls(work) -> int:
+    """Python and C function calls ``work()`` makes: a deterministic count of its work."""
+    count = 0
+
+    def profile(frame, event, arg):
+        nonlocal count
+        count += event in ("call", "c_call")
+
+    sys.setprofile(profile)
+    try:
+        work()
+    finally:
+        sys.setprofile(None)
+    return count
+
+
+def _wide(sources: int) -> Mixture:
+    """``sources`` sources; the one stage weights the first 4 (the same in every width)."""
+    names = [f"s{i}" for i in range(sources)]
+    data = {name: 1000 * i + np.arange(50 + i) for i, name in enumerate(names)}
+    return Mixture(data, weights={"s0": 1, "s1": 2, "s2": 3, "s3": 4}, block_size=64, seed=3)
+
+
+def test_a_step_s_work_does_not_grow_with_the_sources():
+    """A batch of 256 offsets drawn from 4 sources of a mixture of 8 or of 8,000: the same rows,
+    the same function calls (no loop over the sources) and the same peak of memory allocated
+    (no table of batch x sources), counted, not timed."""
+    ids = 10**9 + np.arange(256)
+    calls, peaks, rows = [], [], []
+    for sources in (8, 8000):
+        mix = _wide(sources)
+        rows.append(mix.read(ids).tolist())  # warm: what a first call caches is not a step's
+        calls.append(_calls(lambda mix=mix: mix.read(ids)))
+        tracemalloc.start()
+        mix.read(ids)
+        peaks.append(tracemalloc.get_traced_memory()[1])
+        tracemalloc.stop()
+    assert rows[0] == rows[1]
+    assert calls[0] == calls[1], calls
+    assert peaks[1] <= peaks[0] + 4096, peaks
+
+
+def test_building_a_plan_makes_no_call_per_weight():
+    """1,000 sources x 100 stages (10^5 weights, drawn so the float bound decides): building the
+    plan makes O(stages + sources) function calls (a source's key is a few), not one per
+    weight (the Fraction arithmetic made ~18 million)."""
+    names = tuple(f"s{i}" for i in range(1000))
+    weights = np.random.default_rng(0).uniform(1, 3, (100, 1000))
+    stages = tuple((2048 * i, tuple(w.tolist())) for i, w in enumerate(weights))
+    calls = _calls(lambda: MixturePlan(names, (10**6,) * 1000, stages, block_size=2048))
+    assert calls <= 10 * (100 + 1000) + 1000, calls
+
+
+class _Name(str):
+    """A source name that counts how often it is compared for equality."""
+
+    compared = 0
+
+    def __eq__(self, other):
+        type(self).compared += 1
+        return str.__eq__(self, other)
+
+    __hash__ = str.__hash__
+
+
+def test_checking_the_weights_compares_no_name_with_every_other():
+    """10 stages naming each of 1,000 sources: checking them looks each name up once (a set),
+    not along the list of names (that made 1,000 x 1,000 / 2 comparisons a stage)."""
+    names = [_Name(f"s{i}") for i in range(1000)]
+    stages = [(64 * i, dict.fromkeys(names, 1.0)) for i in range(10)]
+    _Name.compared = 0
+    got = stages_from(names, None, stages, 64)
+    assert got[9] == (9 * 64, (1.0,) * 1000)
+    assert _Name.compared <= 10 * 1000, _Name.compared

@@ -78,7 +78,7 @@ def test_good_values_are_normalised(group, given, field, held):
 def test_every_group_has_its_defaults_and_prints_them():
     assert repr(OrderOptions()) == (
         "OrderOptions(global_batch_size=None, shuffle=None, seed=0, drop_last=False, "
-        "skip_steps=(), skip_offsets=(), start_at=None, io_block=None, window_blocks=16)"
+        "skip_steps=(), skip_offsets=(), start_at=None, io_block=None, window_blocks=16, epochs=None)"
     )
     assert repr(ReadingOptions()) == (
         "ReadingOptions(prefetch=2, read_threads=None, read_timeout_s=None, stall_warning_s=1.0, "
@@ -270,7 +270,7 @@ def test_create_routes_each_flat_keyword_to_its_group():
 
 def test_the_groups_fields_are_disjoint():
     names = [f.name for kind in GROUPS.values() for f in dataclasses.fields(kind)]
-    assert len(names) == len(set(names)) == 25
+    assert len(names) == len(set(names)) == 26
 
 
 @pytest.mark.parametrize(

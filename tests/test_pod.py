@@ -19,7 +19,7 @@ from psdp.tools.pod import (
     target_of,
 )
 from tests import pod_helpers
-from tests.pod_helpers import exit_0_on, fail_on_one, sleep_forever, whoami
+from tests.pod_helpers import exit_0_on, fail_on_one, say_then_wait, sleep_forever, whoami
 from tests.pod_targets_simulate import count_with_progress, kill_one
 
 pytestmark = pytest.mark.multiprocess
@@ -171,3 +171,67 @@ def test_a_process_that_exits_0_without_returning_fails_the_pod(process):
     if process == 1:  # process 0 waited in a collective: it is stopped with that reason
         code, output = info.value.outputs[0]
         assert code == STOPPED and f"stops: {info.value.reason}" in output
+
+
+class FlagOnLine:
+    """An ``echo`` stream that records what it receives and creates ``flag`` once ``line`` came."""
+
+    def __init__(self, line: str, flag: Path) -> None:
+        self.line, self.flag, self.text = line, flag, ""
+
+    def write(self, text: str) -> int:
+        self.text += text
+        if self.line in self.text.splitlines():
+            self.flag.touch()
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def test_output_is_shown_live_with_each_process_prefix(tmp_path, monkeypatch):
+    # the children wait for the flag, which only the echo of "[p1] ready from 1" creates: the pod
+    # ends only if process 1's line is shown while it runs (else: the time limit fails it)
+    monkeypatch.delenv("PYTHONUNBUFFERED", raising=False)  # a user's shell: children buffer
+    flag = tmp_path / "flag"
+    echo = FlagOnLine("[p1] ready from 1", flag)
+    results = run_pod(
+        say_then_wait,
+        num_processes=2,
+        devices_per_process=1,
+        args={"flag": str(flag)},
+        echo=echo,
+        timeout_s=60,
+    )
+    assert results == [0, 1]
+    lines = echo.text.splitlines()
+    for i in (0, 1):
+        mine = [line for line in lines if line.startswith(f"[p{i}] ")]
+        assert f"[p{i}] ready from {i}" in mine and f"[p{i}] done on {i}" in mine
+        assert mine.index(f"[p{i}] ready from {i}") < mine.index(f"[p{i}] done on {i}")
+    assert all(line.startswith(("[p0] ", "[p1] ")) for line in lines)
+
+
+def test_logs_are_kept_on_success_when_asked(tmp_path):
+    flag = tmp_path / "flag"
+    flag.touch()  # no waiting
+    logs = tmp_path / "logs" / "run"  # made, parents too
+    run_pod(
+        say_then_wait,
+        num_processes=2,
+        devices_per_process=1,
+        args={"flag": str(flag)},
+        log_dir=logs,
+    )
+    assert sorted(p.name for p in logs.iterdir()) == ["p0.log", "p1.log"]
+    for i in (0, 1):
+        kept = (logs / f"p{i}.log").read_text().splitlines()
+        assert f"ready from {i}" in kept and f"done on {i}" in kept
+
+
+def test_logs_are_kept_on_failure_and_the_error_says_where(tmp_path):
+    with pytest.raises(PodError) as info:
+        run_pod(fail_on_one, num_processes=2, devices_per_process=1, log_dir=tmp_path, timeout_s=60)
+    assert f"the output of every process is kept in {tmp_path}" in str(info.value)
+    assert "ZeroDivisionError: host 1 cannot divide" in (tmp_path / "p1.log").read_text()
+    assert "psdp pod: process 0 stops" in (tmp_path / "p0.log").read_text()

@@ -428,3 +428,32 @@ def test_named_arrays_are_checked_through_their_arrays(mesh):
     batch = jax.device_put(ROWS, NamedSharding(mesh, P("data")))
     named = hax.named(batch, ("batch", "feature"))
     assert check_consistency({"tokens": named}, {"tokens": ROWS}).exact
+
+
+@pytest.mark.parametrize("with_loss_mask", [False, True])
+def test_the_tiny_model_learns_only_within_documents(mesh, with_loss_mask):
+    """A batch with ``segment_ids`` (a document store's TokenSequences has no loss mask; packed
+    rows have one): the loss covers exactly the pairs of one document (and of the loss mask),
+    against a numpy bigram loss at the initial weights."""
+    from psdp.tools.simulate.model import TinyModel
+
+    sim = Simulation(processes=1, mesh=MeshConfig(axes={"data": 4, "model": 2}), vocab=16)
+    model = TinyModel(mesh, sim)
+    embed, head = (np.asarray(w, np.float64) for w in (model.params.embed, model.params.head))
+    rng = np.random.default_rng(5)
+    tokens = rng.integers(0, 16, (8, 6)).astype(np.int32)
+    segments = np.array([[1, 1, 2, 2, 2, 0]] * 4 + [[1, 1, 1, 1, 1, 1]] * 4, np.int32)
+    loss_mask = rng.integers(0, 2, (8, 6)).astype(np.uint8)
+    batch = {"input_ids": tokens, "segment_ids": segments}
+    if with_loss_mask:
+        batch["loss_mask"] = loss_mask
+    sharding = NamedSharding(mesh, P("data"))
+    loss = model.step({k: jax.device_put(v, sharding) for k, v in batch.items()})
+
+    logits = embed[tokens[:, :-1]] @ head
+    logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    picked = np.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]
+    weight = (segments[:, 1:] == segments[:, :-1]) & (segments[:, 1:] > 0)
+    if with_loss_mask:
+        weight = weight * loss_mask[:, 1:]
+    assert loss == pytest.approx(-(picked * weight).sum() / weight.sum(), rel=1e-5)

@@ -37,6 +37,7 @@ from psdp._plan.packing import plan_packing as plan_packing
 from psdp._plan.partition import STRATEGIES as STRATEGIES
 from psdp._plan.partition import default_batch_spec as default_batch_spec
 from psdp._runtime.agreement import HostFailedError as HostFailedError
+from psdp._runtime.evaluation import eval_loader as eval_loader
 from psdp._runtime.loader import DataLoader as DataLoader
 from psdp._runtime.prefetch import LoaderClosedError as LoaderClosedError
 from psdp._runtime.telemetry import LoaderStats as LoaderStats

@@ -253,7 +253,7 @@ class LoaderConfig:
 
     order: OrderOptions = field(default_factory=OrderOptions)
     """Which rows each step holds: global_batch_size (or a schedule), shuffle, seed, drop_last,
-    skip_steps, skip_offsets, start_at, io_block, window_blocks."""
+    skip_steps, skip_offsets, start_at, io_block, window_blocks, epochs."""
 
     sharding: ShardingOptions = field(default_factory=ShardingOptions)
     """How leaves are split over the mesh: batch_spec, batch_axes, named_axes, axis_mapping,

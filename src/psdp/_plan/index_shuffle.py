@@ -11,6 +11,8 @@ import numpy as np
 #: All 64 bits: the seeds and keys are hashed as 64-bit words.
 MASK64 = (1 << 64) - 1
 _ROUNDS = 6
+#: 2**0 .. 2**62: an int64 ``v >= 0`` has ``v.bit_length()`` of them at or below it
+_POWERS = 1 << np.arange(63, dtype=np.int64)
 
 
 def splitmix64(x: int) -> int:
@@ -105,12 +107,13 @@ def shuffle_each(index: np.ndarray, n: np.ndarray | int, key: np.ndarray | int) 
     index = np.asarray(index, dtype=np.int64)
     n = np.broadcast_to(np.asarray(n, dtype=np.int64), index.shape)
     key = np.broadcast_to(np.asarray(key, dtype=np.uint64), index.shape)
-    # few distinct domains and keys per call: their bit widths and round keys in plain Python
-    sizes, size_of = np.unique(n, return_inverse=True)
-    bits = np.array([max(2, (int(s) - 1).bit_length()) for s in sizes], np.uint64)[size_of]
-    keys, key_of = np.unique(key, return_inverse=True)
-    rounds = np.array([_round_keys(int(k)) for k in keys], np.uint64).reshape(-1, _ROUNDS)
-    round_keys = rounds[key_of.reshape(-1)].T  # (rounds, elements)
+    # a mixture's batch may hold as many domains and keys as elements: no Python loop over them
+    below = np.searchsorted(_POWERS, n - 1, side="right")  # (n - 1).bit_length()
+    bits = np.maximum(2, below).astype(np.uint64)
+    round_keys = np.empty((_ROUNDS, index.size), np.uint64)
+    k = key.reshape(-1)
+    for r in range(_ROUNDS):  # `_round_keys`, elementwise
+        k = round_keys[r] = splitmix64_array(k)
     out = index.astype(np.uint64).reshape(-1)
     limit, bits = n.astype(np.uint64).reshape(-1), bits.reshape(-1)
     todo = np.arange(out.size)

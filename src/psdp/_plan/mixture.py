@@ -1,4 +1,4 @@
-"""The mixture map: sample offset -> (source, row of that source), pure and O(sources) a sample.
+"""The mixture map: sample offset -> (source, row of that source), pure, a bisection a sample.
 
 Offsets come in blocks of ``block_size``. A block takes exact per-source counts from the weights of
 its stage (largest-remainder rounding), places them at positions drawn by a keyed permutation of
@@ -40,13 +40,73 @@ def block_counts(weights: Sequence[float], block_size: int) -> tuple[int, ...]:
         ((5, 3, 2), (4, 3, 3))
     """
     exact = [Fraction(w) for w in weights]
-    total = sum(exact)
-    quotas = [block_size * w / total for w in exact]
-    counts = [math.floor(q) for q in quotas]
-    by_remainder = sorted(range(len(quotas)), key=lambda i: (-(quotas[i] - counts[i]), i))
+    common = math.lcm(*(w.denominator for w in exact))
+    scaled = [w.numerator * (common // w.denominator) for w in exact]  # w * common, ints
+    total = sum(scaled)
+    # quota_i = block * scaled_i / total: its floor and remainder (times total) in exact ints
+    parts = [divmod(block_size * w, total) for w in scaled]
+    counts = [floor for floor, _ in parts]
+    by_remainder = sorted(range(len(parts)), key=lambda i: -parts[i][1])  # stable: earlier first
     for i in by_remainder[: block_size - sum(counts)]:
         counts[i] += 1
     return tuple(counts)
+
+
+#: Weights a chunk of `stage_counts` holds (its float temporaries: ~8 bytes each, a few times).
+_CHUNK = 1 << 18
+
+
+def stage_counts(weights: np.ndarray, block_size: int) -> np.ndarray:
+    """`block_counts` of every row of ``weights`` (stages x sources), as an int64 array.
+
+    Vectorised in float64 where a bound on its rounding error decides every count of a row (almost
+    always), and exact (`block_counts`) for the rows it cannot: a remainder within the bound of 0
+    or 1, or of the remainder that decides the last extra sample, with another weight.
+
+    Example:
+        >>> stage_counts(np.array([[0.5, 0.3, 0.2], [1, 1, 1]]), 10).tolist()
+        [[5, 3, 2], [4, 3, 3]]
+    """
+    weights = np.asarray(weights, np.float64)
+    out = np.empty(weights.shape, np.int64)
+    rows = max(1, _CHUNK // max(1, weights.shape[1]))
+    for first in range(0, len(weights), rows):
+        out[first : first + rows] = _float_counts(weights[first : first + rows], block_size)
+    return out
+
+
+def _float_counts(weights: np.ndarray, block: int) -> np.ndarray:
+    sources = weights.shape[1]
+    total = weights.sum(1)
+    quota = block * weights / total[:, None]
+    # Error bound: the sum of n weights >= 0 is within (n - 1) u of exact (u = 2**-53, any
+    # order), the product and the quotient within u each, so |quota - exact| <= (n + 2) u block
+    # (doubled for the second-order terms), while block < 2**53 is exact as a float and the
+    # total lies far from underflow and overflow.
+    error = 2 * (sources + 3) * 2.0**-53 * block
+    floor = np.floor(quota)
+    remainder = quota - floor  # exact
+    counts = floor.astype(np.int64)
+    extra = block - counts.sum(1)
+    order = np.argsort(-remainder, axis=1, kind="stable")  # ties: the earlier source first
+    rank = np.empty_like(order)
+    np.put_along_axis(rank, order, np.broadcast_to(np.arange(sources), order.shape), axis=1)
+    counts += rank < extra[:, None]
+    # undecided rows: a floor within the bound of an integer (a weight of 0 is exact), or the
+    # last remainder given an extra sample and the first not within twice the bound of each
+    # other with different weights (equal weights have equal remainders, taken in order)
+    unsure = ~((total >= 2.0**-900) & (total <= 2.0**900) & (block < 2**53))
+    unsure |= ((weights > 0) & ((remainder < error) | (remainder > 1 - error))).any(1)
+    unsure |= (extra < 0) | (extra >= sources)
+    ranked = np.pad(np.take_along_axis(remainder, order, 1), ((0, 0), (0, 1)))
+    at = np.clip(extra, 1, sources)[:, None]
+    last, first_out = np.take_along_axis(ranked, at - 1, 1), np.take_along_axis(ranked, at, 1)
+    band = (remainder >= first_out - 2 * error) & (remainder <= last + 2 * error)
+    mixed = np.where(band, weights, np.inf).min(1) != np.where(band, weights, -np.inf).max(1)
+    unsure |= (extra > 0) & (last[:, 0] - first_out[:, 0] <= 2 * error) & mixed
+    for row in np.flatnonzero(unsure):
+        counts[row] = block_counts(weights[row].tolist(), block)
+    return counts
 
 
 def source_key(seed: int, name: str) -> int:
@@ -84,12 +144,15 @@ class MixturePlan:
     shuffle: bool = True
     #: (stages, sources) samples per block, each stage's
     counts: np.ndarray = field(init=False, repr=False, compare=False)
-    #: (stages, sources + 1) running sums of ``counts`` along the sources: a slot's source
-    edges: np.ndarray = field(init=False, repr=False, compare=False)
+    #: where each source's slots end in a block of each stage, stage ``s``'s shifted by
+    #: ``s * (block_size + 1)``: one increasing array, so one bisection finds a slot's source
+    ends: np.ndarray = field(init=False, repr=False, compare=False)
     #: (stages, sources) samples each source gave before each stage's first block
     before: np.ndarray = field(init=False, repr=False, compare=False)
     #: each stage's first block
     first_blocks: np.ndarray = field(init=False, repr=False, compare=False)
+    #: each source's rows, as an array
+    length_array: np.ndarray = field(init=False, repr=False, compare=False)
     #: each source's key (`source_key`), and the key of the block permutations
     source_keys: np.ndarray = field(init=False, repr=False, compare=False)
     block_key: int = field(init=False, repr=False, compare=False)
@@ -99,15 +162,19 @@ class MixturePlan:
         block = check_block_size(self.block_size)
         check_seed(self.seed)
         object.__setattr__(self, "seed", operator.index(self.seed))
-        counts = np.array([block_counts(w, block) for _, w in self.stages], np.int64)
-        check_counts(self.names, self.stages, counts, block)
+        weights = np.array([w for _, w in self.stages], np.float64).reshape(len(self.stages), -1)
+        counts = stage_counts(weights, block)
+        check_counts(self.names, self.stages, weights, counts, block)
         starts = np.array([start for start, _ in self.stages], np.int64) // block
         blocks_in = np.diff(starts)[:, None] * counts[:-1]
         before = np.concatenate([np.zeros((1, len(self.names)), np.int64), np.cumsum(blocks_in, 0)])
-        edges = np.concatenate([np.zeros((len(counts), 1), np.int64), np.cumsum(counts, 1)], 1)
-        for name, value in (("counts", counts), ("edges", edges), ("before", before)):
+        shift = np.arange(len(counts), dtype=np.int64)[:, None] * (block + 1)
+        ends = (np.cumsum(counts, 1) + shift).reshape(-1)
+        lengths = np.array(self.lengths, np.int64)
+        for name, value in (("counts", counts), ("ends", ends), ("before", before)):
             object.__setattr__(self, name, value)
         object.__setattr__(self, "first_blocks", starts)
+        object.__setattr__(self, "length_array", lengths)
         keys = [source_key(self.seed, name) for name in self.names]
         object.__setattr__(self, "source_keys", np.array(keys, np.uint64))
         object.__setattr__(self, "block_key", splitmix64(_BLOCK_TAG ^ splitmix64(self.seed)))
@@ -119,10 +186,12 @@ class MixturePlan:
         stage = np.searchsorted(self.first_blocks, block, side="right") - 1
         base = np.full(block.shape, self.block_key, np.uint64)
         slot = shuffle_each(position, self.block_size, _mix(base, block))
-        edges = self.edges[stage]
-        source = (slot[:, None] >= edges[:, 1:]).sum(1)  # O(sources): the edge the slot passed
-        rank = slot - edges[np.arange(len(slot)), source]
+        # the first source whose slots end after the slot: a bisection of all stages' ends
+        key = slot + stage * (self.block_size + 1)
+        end = np.searchsorted(self.ends, key, side="right")
+        source = end - stage * len(self.names)
         counts = self.counts[stage, source]
+        rank = key - self.ends[end] + counts
         earlier = self.before[stage, source] + (block - self.first_blocks[stage]) * counts
         return stage, source, earlier + rank
 
@@ -130,7 +199,7 @@ class MixturePlan:
         """The source (a position in ``names``) and the row of that source at each offset."""
         offsets = np.asarray(offsets, np.int64).reshape(-1)
         _, source, sample = self.slots(offsets)
-        lengths = np.array(self.lengths, np.int64)[source]
+        lengths = self.length_array[source]
         epoch, within = np.divmod(sample, lengths)
         if not self.shuffle:
             return source, within
@@ -243,19 +312,25 @@ def check_block_size(block_size: Any) -> int:
 
 
 def check_counts(
-    names: Sequence[str], stages: Sequence[Any], counts: np.ndarray, block_size: int
+    names: Sequence[str],
+    stages: Sequence[Any],
+    weights: np.ndarray,
+    counts: np.ndarray,
+    block_size: int,
 ) -> None:
     """Raises where a source with weight gets no sample in its stage's blocks."""
-    for index, ((start, weights), row) in enumerate(zip(stages, counts, strict=True)):
-        for name, weight, count in zip(names, weights, row, strict=True):
-            if weight > 0 and count == 0:
-                share = weight / sum(weights)
-                raise ValueError(
-                    f"source {name!r} has weight {weight} (a share of {share:.3g}) in stage "
-                    f"{index} (from offset {start}), but a block of {block_size} samples rounds "
-                    "its share to 0 samples, so it would never be read; use block_size >= "
-                    f"{math.ceil(1 / share)} or a larger weight (or weight 0 to leave it out)"
-                )
+    missed = np.argwhere((weights > 0) & (counts == 0))
+    if not len(missed):
+        return
+    index, source = map(int, missed[0])
+    weight = stages[index][1][source]
+    share = weight / sum(stages[index][1])
+    raise ValueError(
+        f"source {names[source]!r} has weight {weight} (a share of {share:.3g}) in stage "
+        f"{index} (from offset {stages[index][0]}), but a block of {block_size} samples rounds "
+        "its share to 0 samples, so it would never be read; use block_size >= "
+        f"{math.ceil(1 / share)} or a larger weight (or weight 0 to leave it out)"
+    )
 
 
 def stages_from(
@@ -279,14 +354,16 @@ def stages_from(
     given = [(0, weights)] if stages is None else list(stages)
     if not given:
         raise ValueError("stages=[] has no stage; the first stage must start at offset 0")
-    out = []
+    out, known = [], frozenset(names)
     for index, stage in enumerate(given):
         if not isinstance(stage, Sequence) or len(stage) != 2:
             raise TypeError(
                 f"stage {index} must be a pair (start_offset, {{name: weight}}), got {stage!r}"
             )
         start, stage_weights = stage
-        out.append((_stage_start(index, start, block_size), _weights(index, stage_weights, names)))
+        out.append(
+            (_stage_start(index, start, block_size), _weights(index, stage_weights, names, known))
+        )
     _check_order(out, block_size)
     return tuple(out)
 
@@ -310,19 +387,26 @@ def _stage_start(index: int, start: Any, block_size: int) -> int:
     return start
 
 
-def _weights(index: int, weights: Any, names: Sequence[str]) -> tuple[float, ...]:
+def _weights(
+    index: int, weights: Any, names: Sequence[str], known: frozenset[str]
+) -> tuple[float, ...]:
     where = f"stage {index}'s weights"
     if not isinstance(weights, Mapping):
         raise TypeError(f"{where} must be a dict {{name: weight}}, got {type(weights).__name__}")
-    unknown = [name for name in weights if name not in names]
+    unknown = [name for name in weights if name not in known]
     if unknown:
         raise ValueError(
             f"{where} name {unknown}, which the mixture has no source for (its sources: "
             f"{list(names)}); give weights only to those sources"
         )
+    values = [weights.get(name, 0.0) for name in names]
+    # thousands of sources: plain floats and ints checked at once, anything else one by one
+    if set(map(type, values)) <= {float, int}:
+        array = np.array(values, np.float64)
+        if np.isfinite(array).all() and (array >= 0).all() and array.any():
+            return tuple(array.tolist())
     out = []
-    for name in names:
-        weight = weights.get(name, 0.0)
+    for name, weight in zip(names, values, strict=True):
         if isinstance(weight, bool | np.bool_) or not isinstance(weight, numbers.Real):
             raise TypeError(f"{where}: the weight of {name!r} must be a number, got {weight!r}")
         if not math.isfinite(weight) or weight < 0:

@@ -180,6 +180,26 @@ class StepOffsets:
         epoch = 0 if self.num_rows is None else offset // self.num_rows
         return StepInfo(step, offset, batch, rows, epoch)
 
+    def end_step(self, epochs: int) -> int:
+        """Where a run of ``epochs`` epochs ends: the first step from ``start`` whose first offset
+        lies in epoch ``epochs`` or later. A bisection over `info`: a step covers at least one
+        offset, so the end lies within ``epochs * N - start offset`` steps of the start.
+
+        Example:
+            >>> StepOffsets.create(10, 4).end_step(1), StepOffsets.create(10, 4, drop_last=True).end_step(2)
+            (3, 4)
+        """
+        assert self.num_rows is not None  # a stream has no epochs
+        target = epochs * self.num_rows
+        low, high = self.start[0], self.start[0] + max(0, target - self.start[1])
+        while low < high:
+            middle = (low + high) // 2
+            if self.info(middle).offset >= target:
+                high = middle
+            else:
+                low = middle + 1
+        return low
+
     def cuts_short(self) -> bool:
         """Whether some step from ``start`` on is cut short (so holds padding): never with
         drop_last; otherwise where a run's length is not a multiple of the batch walking it.

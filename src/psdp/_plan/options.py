@@ -30,7 +30,7 @@ class OrderOptions:
 
     Example:
         >>> OrderOptions(global_batch_size=256, seed=3)
-        OrderOptions(global_batch_size=256, shuffle=None, seed=3, drop_last=False, skip_steps=(), skip_offsets=(), start_at=None, io_block=None, window_blocks=16)
+        OrderOptions(global_batch_size=256, shuffle=None, seed=3, drop_last=False, skip_steps=(), skip_offsets=(), start_at=None, io_block=None, window_blocks=16, epochs=None)
         >>> OrderOptions(global_batch_size=[(0, 64), (1000, 128)]).global_batch_size
         ((0, 64), (1000, 128))
         >>> OrderOptions(global_batch_size=0)
@@ -73,6 +73,10 @@ class OrderOptions:
     window_blocks: int = 16
     """Blocks whose rows a block shuffle mixes together (with ``io_block``)."""
 
+    epochs: int | None = None
+    """Passes over the source, then iteration ends on every host at the same step (an eval
+    loader: 1); unset: endless."""
+
     def __post_init__(self) -> None:
         if self.global_batch_size is not None:
             checks.fix_field(self, "global_batch_size", checks.as_batch_size)
@@ -92,6 +96,8 @@ class OrderOptions:
                     "shuffle=False; drop io_block, or set shuffle=True"
                 )
         checks.fix_field(self, "window_blocks", checks.as_count, "blocks mixed together", 16)
+        if self.epochs is not None:
+            checks.fix_field(self, "epochs", checks.as_count, "passes over the source", 1)
 
     @property
     def start(self) -> tuple[int, int]:
@@ -364,7 +370,7 @@ class LoaderOptions:
         >>> LoaderOptions.create(global_batch_size=8, batch_size=8)
         Traceback (most recent call last):
             ...
-        TypeError: unknown loader option 'batch_size' (did you mean 'global_batch_size'?); the options are axis_mapping, batch_axes, batch_spec, drop_last, dtypes, feeding_processes, first_read_timeout_s, global_batch_size, halo, io_block, mask_key, named_axes, pad_value, prefetch, read_attempts, read_threads, read_timeout_s, retry_backoff_s, seed, shuffle, skip_offsets, skip_steps, stall_warning_s, start_at, window_blocks (docs/loader.md)
+        TypeError: unknown loader option 'batch_size' (did you mean 'global_batch_size'?); the options are axis_mapping, batch_axes, batch_spec, drop_last, dtypes, epochs, feeding_processes, first_read_timeout_s, global_batch_size, halo, io_block, mask_key, named_axes, pad_value, prefetch, read_attempts, read_threads, read_timeout_s, retry_backoff_s, seed, shuffle, skip_offsets, skip_steps, stall_warning_s, start_at, window_blocks (docs/loader.md)
     """
 
     order: OrderOptions = field(default_factory=OrderOptions)

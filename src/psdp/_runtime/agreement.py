@@ -49,6 +49,10 @@ FIXES = {
 }
 _GENERIC_FIX = "build the loader with the same arguments on every process of the mesh"
 _CAUSE_CHARS = 1000  # of a failed process's error, published for the others
+# Below an agreement round's key: one key per distinct settings' digest, and one per failed
+# process (``failed-<process>``, its error), read together once every process arrived.
+_OUTCOMES = "outcomes"
+_FAILED = "failed-"
 
 
 class HostFailedError(RuntimeError):
@@ -116,9 +120,10 @@ def agree(
     """Checks that every process in ``processes`` called this with equal ``settings``.
 
     Every process of the mesh must call it, in the same order relative to its other calls for
-    the same set of processes (as every host builds the same loaders in the same order). Cost: one
-    round trip to the coordination service and one barrier; the values themselves travel only
-    when they differ.
+    the same set of processes (as every host builds the same loaders in the same order). Cost per
+    process: three round trips to the coordination service and one barrier, each of a few dozen
+    bytes whatever the number of processes (``docs/scale.md``); the values themselves travel
+    only when they differ.
 
     Args:
         settings: setting name -> a JSON-able value.
@@ -155,13 +160,15 @@ def agree(
     base = f"{_group(processes)}/{_next_round(_group(processes))}"
     text = json.dumps(settings, sort_keys=True, default=repr)
     digest = hashlib.sha256(text.encode()).hexdigest()[:32]
-    client.key_value_set(f"{base}/digest/{me}", digest)
+    client.key_value_set(f"{base}/digest/{me}", digest)  # who arrived: read only on a timeout
+    # one key per distinct digest, so that what each process reads back does not grow with the
+    # processes: one key when they agree
+    client.key_value_set(f"{base}/{_OUTCOMES}/{digest}", "", True)
     _barrier(client, f"{base}/built", processes, base, what, timeout)
-    arrived = _arrivals(client, base)
-    failed = {p: cause for p, (kind, cause) in arrived.items() if kind == "failed"}
+    failed, digests = _outcomes(client, base)
     if failed:
         raise HostFailedError(describe_failures(failed, me, what), failed)
-    if {value for _, value in arrived.values()} == {digest}:
+    if digests == {digest}:
         return base
     client.key_value_set(f"{base}/settings/{me}", text)
     _barrier(client, f"{base}/told", processes, base, what, timeout)
@@ -202,7 +209,8 @@ def _publish(
     """This process's failure, in the agreement round the others wait in; waits for them there,
     so that every process leaves the round together."""
     base = f"{_group(processes)}/{_next_round(_group(processes))}"
-    client.key_value_set(f"{base}/failed/{me}", " ".join(cause.split())[:_CAUSE_CHARS])
+    cause = " ".join(cause.split())[:_CAUSE_CHARS]
+    client.key_value_set(f"{base}/{_OUTCOMES}/{_FAILED}{me}", cause)
     try:
         _barrier(client, f"{base}/built", processes, base, "failed", TIMEOUT_S)
     except TimeoutError as late:  # the others learn nothing more; this error says why it waited
@@ -341,9 +349,10 @@ def _warn_once(message: str, *args: Any) -> None:
 
 
 def _group(processes: Sequence[int]) -> str:
-    """A short key naming a set of processes (a mesh over some processes has its own rounds)."""
+    """A short key naming a set of processes (a mesh over some processes has its own rounds),
+    of the same length for any number of processes."""
     text = ",".join(map(str, processes))
-    return f"psdp/{len(processes)}-{hashlib.sha1(text.encode()).hexdigest()[:12]}"
+    return f"psdp/{hashlib.sha1(text.encode()).hexdigest()[:16]}"
 
 
 def _next_round(group: str) -> int:
@@ -358,7 +367,7 @@ def _barrier(
     client: Any, name: str, processes: Sequence[int], base: str, what: str, timeout_s: float
 ) -> None:
     try:
-        client.wait_at_barrier(name, int(timeout_s * 1000), list(processes))
+        client.wait_at_barrier(name, int(timeout_s * 1000), _members(processes))
     except jax.errors.JaxRuntimeError as error:
         if "DEADLINE_EXCEEDED" not in str(error):
             raise
@@ -372,14 +381,35 @@ def _barrier(
         ) from None
 
 
-def _arrivals(client: Any, base: str) -> dict[int, tuple[str, str]]:
-    """Process -> ``("digest", its settings' digest)`` or ``("failed", its error)``, for every
-    process that arrived in the agreement round ``base`` (one round trip)."""
-    arrived = {}
-    for key, value in client.key_value_dir_get(f"{base}/"):
-        kind, process = key.rsplit("/", 2)[-2:]
-        if kind in ("digest", "failed"):
-            arrived[int(process)] = (kind, value)
+def _members(processes: Sequence[int]) -> list[int] | None:
+    """The processes a barrier names: none when they are all of the job's (the service's
+    default), so that a barrier's request does not grow with the processes."""
+    return None if list(processes) == list(range(jax.process_count())) else list(processes)
+
+
+def _outcomes(client: Any, base: str) -> tuple[dict[int, str], set[str]]:
+    """The failed processes with their errors, and the distinct settings' digests, of the
+    agreement round ``base`` (one round trip)."""
+    failed, digests = {}, set()
+    for key, value in client.key_value_dir_get(f"{base}/{_OUTCOMES}/"):
+        name = key.rsplit("/", 1)[1]
+        if name.startswith(_FAILED):
+            failed[int(name.removeprefix(_FAILED))] = value
+        else:
+            digests.add(name)
+    return failed, digests
+
+
+def _arrivals(client: Any, base: str) -> set[int]:
+    """The processes that arrived in the agreement round ``base``, with their settings or their
+    error (one round trip, of every process's key: only when some are late)."""
+    arrived = set()
+    for key, _ in client.key_value_dir_get(f"{base}/"):
+        kind, name = key.rsplit("/", 2)[-2:]
+        if kind == "digest":
+            arrived.add(int(name))
+        elif kind == _OUTCOMES and name.startswith(_FAILED):
+            arrived.add(int(name.removeprefix(_FAILED)))
     return arrived
 
 

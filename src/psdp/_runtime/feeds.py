@@ -43,6 +43,9 @@ class Feed(Protocol):
     ends_short: bool
     #: whether reads return new arrays (not memory the source refills)
     fresh: bool
+    #: the first step past a finite loader's last (``epochs``); ``None``: endless, or a stream
+    #: (which ends where its shards end)
+    end_step: int | None
 
     def probe(self) -> dict[Key, np.ndarray]:
         """One row per leaf, ``(1, ...)``: the leaves' names, shapes and dtypes."""
@@ -63,7 +66,7 @@ class Feed(Protocol):
 
     def step(self, step: int, run: str, stop: Callable[[], bool]) -> tuple[np.ndarray, Any]:
         """The physical batch's ids (`PAD` for padding) and a source whose ``read(ids)`` serves
-        them; raises `StopIteration` where a stream ends. ``run`` names the iteration (hosts of a
+        them; raises `StopIteration` where a stream or a finite loader ends. ``run`` names the iteration (hosts of a
         stream agree per run and step), ``stop()`` says it was closed."""
         ...
 
@@ -109,6 +112,8 @@ class RandomAccessFeed:
             order.window_blocks,
         )
         self.offsets = self.order.offsets
+        self.epochs = order.epochs
+        self.end_step = None if order.epochs is None else self.offsets.end_step(order.epochs)
         # a self-ordered source is endless in practice: its length is a bound no run reaches
         self.ends_short = self.order.pads if not ordered else endless_pads(order)
         self.fresh = reads_fresh_rows(source)  # other reads may be views of memory they refill
@@ -138,6 +143,12 @@ class RandomAccessFeed:
         return ids
 
     def step(self, step: int, run: str, stop: Callable[[], bool]) -> tuple[np.ndarray, Any]:
+        if self.end_step is not None and step >= self.end_step:
+            epochs = f"{self.epochs} epoch{'s' if self.epochs != 1 else ''}"
+            raise StopIteration(
+                f"the loader's {epochs} of {self.rows} rows ended: step {step} is past its last "
+                f"step, {self.end_step - 1} (a new iterator makes another pass)"
+            )
         return self.ids(step), self.source
 
     def what_is_read(self, step: int) -> str:
@@ -171,6 +182,13 @@ def orders_itself(source: Any, order: OrderOptions) -> bool:
             "loader's shuffle would scramble its stages; leave shuffle unset (False for such a "
             "source) and drop io_block"
         )
+    if order.epochs is not None:
+        raise ValueError(
+            f"epochs={order.epochs} with {source.describe()}, which orders its own rows: its row g "
+            "is sample offset g of an endless draw, so it has no epochs to pass over; evaluate "
+            "each of a mixture's sets with a loader of its own, e.g. {name: psdp.eval_loader("
+            "source, mesh=mesh, global_batch_size=...) for name, source in mixture.sources.items()}"
+        )
     return True
 
 
@@ -196,6 +214,7 @@ class StreamFeed:
     rows = None
     order = None
     fresh = True
+    end_step = None
 
     def __init__(self, source: StreamSource, order: OrderOptions) -> None:
         if order.shuffle:
@@ -208,6 +227,11 @@ class StreamFeed:
             raise ValueError(
                 f"io_block={order.io_block} with a stream ({source.describe()}): a stream has no "
                 "random access to shuffle in blocks; drop io_block (and shuffle upstream)"
+            )
+        if order.epochs is not None:
+            raise ValueError(
+                f"epochs={order.epochs} with a stream ({source.describe()}): a stream is one pass "
+                "already, and iteration ends on every host where its shards end; drop epochs"
             )
         if order.skip_offsets:
             raise ValueError(

@@ -249,6 +249,22 @@ class DataLoader:
         """Iterates from `start_step` (0, or the step of a restored `state`)."""
         return self.iter_from(self.start_step)
 
+    def __len__(self) -> int:
+        """The batches ``iter(loader)`` yields, for a finite loader (``epochs``); known before
+        any read. An endless loader raises `TypeError`, as ``len()`` of an iterator does."""
+        end = self.feed.end_step
+        if end is None:
+            raise TypeError(
+                "an endless DataLoader has no length: it yields batches until closed; pass "
+                "epochs=N (or build it with psdp.eval_loader) for a finite one"
+            )
+        return max(0, end - self.start_step)
+
+    def __bool__(self) -> bool:
+        # a loader is always truthy: without this, `if loader:` would call `__len__`, which
+        # raises for an endless loader and is 0 for a finite one restored at its end
+        return True
+
     def state(self) -> dict[str, Any]:
         """A small JSON-able record to resume from: the next step and what the order depends on.
 

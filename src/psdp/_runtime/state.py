@@ -44,7 +44,7 @@ ORDER_FIELDS = (
     "window_blocks",
 )
 #: Of those, the ones a restore may change: they only decide the steps after the resume point.
-CHANGEABLE = ("global_batch_size", "skip_steps", "skip_offsets", "drop_last")
+CHANGEABLE = ("global_batch_size", "skip_steps", "skip_offsets", "drop_last", "epochs")
 
 
 def fingerprint(rows: int | None, plan: LoaderPlan, source: Any = None) -> dict[str, Any]:
@@ -85,8 +85,11 @@ def loader_state(step: int, order: OrderOptions, feed: Any, plan: LoaderPlan) ->
 
 
 def order_record(order: OrderOptions, feed: Any) -> dict[str, Any]:
-    """The order's fields as JSON values (the seed and shuffle the feed uses)."""
+    """The order's fields as JSON values (the seed and shuffle the feed uses); ``epochs`` only
+    when set, so an endless loader's state is what it was before finite loaders (the hosts'
+    agreement compares it all the same: a host without it differs from one with it)."""
     batch = order.global_batch_size
+    finite = {} if order.epochs is None else {"epochs": order.epochs}
     return {
         "global_batch_size": batch if isinstance(batch, int) else [list(s) for s in batch],  # type: ignore[union-attr]
         "skip_steps": [list(r) for r in order.skip_steps],
@@ -97,6 +100,7 @@ def order_record(order: OrderOptions, feed: Any) -> dict[str, Any]:
         # the block the feed shuffles in (its source's suggestion when none was given)
         "io_block": order.io_block if feed.order is None else feed.order.io_block,
         "window_blocks": order.window_blocks,
+        **finite,
     }
 
 
@@ -135,13 +139,14 @@ def _upgraded(state: Mapping[str, Any]) -> dict[str, Any]:
 
 def restored_order(state: Mapping[str, Any], kwargs: dict[str, Any]) -> OrderOptions:
     """The order of a restored loader: resumes at the state's (step, offset); the seed and
-    shuffle are the state's (a given value that differs is an error), the batch size, skips and
-    drop_last are the given ones or else the state's.
+    shuffle are the state's (a given value that differs is an error), the batch size, skips,
+    drop_last and epochs are the given ones or else the state's.
 
     Takes the order's flat keywords and ``order=`` out of ``kwargs``; a field of an ``order``
     group left at its default counts as not given.
     """
-    given = {name: kwargs.pop(name) for name in (*ORDER_FIELDS, "start_at") if name in kwargs}
+    names = (*ORDER_FIELDS, "epochs", "start_at")
+    given = {name: kwargs.pop(name) for name in names if name in kwargs}
     group = kwargs.pop("order", None)
     if group is not None:
         # a group of the wrong type: the constructor's TypeError, before its fields are read
@@ -160,6 +165,7 @@ def restored_order(state: Mapping[str, Any], kwargs: dict[str, Any]) -> OrderOpt
             f"was saved (step {state['step']}, offset {state['offset']}); drop start_at"
         )
     saved = OrderOptions(**{name: state[name] for name in ORDER_FIELDS})
+    saved = dataclasses.replace(saved, epochs=state.get("epochs"))  # recorded only when set
     for name in ORDER_FIELDS:
         if name not in CHANGEABLE and name in given and given[name] != state[name]:
             raise ValueError(

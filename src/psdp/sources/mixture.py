@@ -93,6 +93,10 @@ class Mixture:
         self._leaves = _agreed_leaves(self.sources)  # in leaf order (leaves_of)
         if source_leaf is not None:
             _check_source_leaf(source_leaf, self._leaves)
+        # once: every read names the mixture, and this is O(sources)
+        parts = ", ".join(f"{name}: {s.describe()}" for name, s in self.sources.items())
+        blocks = f"{len(self.plan.stages)} stage(s), block_size={self.plan.block_size}"
+        self._description = f"Mixture({parts}; {blocks})"
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -145,12 +149,12 @@ class Mixture:
         if not source.size:  # no ids: the leaves' empty rows, as a source returns them
             got = read(next(iter(self.sources.values())), rows)
             return {key: np.asarray(got[key]) for key in keys}
-        for index, name in enumerate(self.names):
-            positions = np.flatnonzero(source == index)
-            if not positions.size:
-                continue
-            order = np.argsort(rows[positions], kind="stable")
-            positions = positions[order]
+        # one sort by (source, row) groups each source's ids, rows sorted: no loop over sources
+        # the batch does not touch
+        by_source = np.lexsort((rows, source))
+        present, firsts = np.unique(source[by_source], return_index=True)
+        for index, positions in zip(present, np.split(by_source, firsts[1:]), strict=True):
+            name = self.names[index]
             got = read(self.sources[name], rows[positions])
             for key in keys:
                 value = np.asarray(got[key])
@@ -194,9 +198,7 @@ class Mixture:
         self.plan.check_past(saved, offset)
 
     def describe(self) -> str:
-        parts = ", ".join(f"{name}: {s.describe()}" for name, s in self.sources.items())
-        stages = len(self.plan.stages)
-        return f"Mixture({parts}; {stages} stage(s), block_size={self.plan.block_size})"
+        return self._description
 
 
 def _mixed_source(name: Any, source: Any) -> Any:

@@ -319,20 +319,28 @@ def _add_simulate(subparsers: Subparsers) -> None:
         "(default: batch)",
     )
     parser.add_argument("--batch-size", type=int, default=16, help="global batch size; default 16")
-    parser.add_argument("--seq-len", type=int, default=32, help="tokens per synthetic row")
+    parser.add_argument(
+        "--seq-len",
+        type=int,
+        default=32,
+        help="tokens per synthetic row, or per row of a document store's token view",
+    )
     parser.add_argument("--steps", type=int, default=300, help="steps to run; default 300")
     parser.add_argument("--train", action="store_true", help="train a tiny model on the batches")
     parser.add_argument(
         "--vocab", type=int, default=64, help="vocabulary of the synthetic tokens and the model"
     )
     parser.add_argument(
-        "--source", help="a psdp dataset directory or .npy file (default: synthetic)"
+        "--source",
+        help="a psdp dataset directory, .npy file, or document store (read as TokenSequences "
+        "of --seq-len, or packed with --packing) (default: synthetic)",
     )
     parser.add_argument(
         "--packing",
         choices=PACKING_STRATEGIES,
-        help="read synthetic documents packed into sequences of --seq-len with this strategy "
-        "(psdp.PackedSequences: input_ids, segment_ids, positions, loss_mask)",
+        help="pack documents (--source's document store, else synthetic ones) into sequences "
+        "of --seq-len with this strategy (psdp.PackedSequences: input_ids, segment_ids, "
+        "positions, loss_mask)",
     )
     parser.add_argument("--seed", type=int, help="shuffle seed")
     parser.add_argument(

@@ -19,7 +19,7 @@ import traceback
 import types
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 _GRACE_S = 5.0  # how long the others get to exit by themselves after one child failed
 _POLL_S = 0.05
@@ -65,6 +65,8 @@ def run_pod(
     timeout_s: float = 120.0,
     env: Mapping[str, str] | Sequence[Mapping[str, str]] | None = None,
     progress: Callable[[int, int], None] | None = None,
+    echo: IO[str] | None = None,
+    log_dir: str | os.PathLike[str] | None = None,
 ) -> list[Any]:
     """Runs ``target(**args)`` in ``num_processes`` JAX processes and returns their results.
 
@@ -81,10 +83,16 @@ def run_pod(
             dict per process (e.g. a different ``PYTHONHASHSEED`` on each host).
         progress: called as ``progress(done, total)`` whenever process 0's target reports
             progress with `report_progress` (e.g. to move a progress bar).
+        echo: a text stream (e.g. ``sys.stdout``) that shows every process's output while it
+            runs, each line prefixed by its process index: ``[p1] step 3 loss 2.1``.
+        log_dir: a folder (made if missing) that keeps each process's output as ``p0.log``,
+            ``p1.log``, ... (replacing logs of an earlier run) whether the pod succeeds or
+            fails; unset: the output lives in a temporary folder, removed at the end.
 
     Raises:
         TypeError: ``target`` is a function a child process cannot import by name (a lambda, a
-            nested function, one defined in ``__main__``).
+            nested function, one defined in ``__main__``), or ``echo`` is not a text stream.
+        ValueError: ``log_dir`` is a file.
         PodError: a child exited non-zero, exited 0 without returning (``os._exit(0)`` in the
             target), or the pod timed out; the message starts with the failing process and its
             error, then each child's exit status and the tail of its output. The other children
@@ -107,25 +115,51 @@ def run_pod(
             f"env is a list of {len(envs)} environments for {num_processes} processes; give one "
             "dict per process, or one dict for all"
         )
+    if echo is not None and not all(callable(getattr(echo, m, None)) for m in ("write", "flush")):
+        raise TypeError(
+            f"run_pod's echo must be a text stream (write and flush), such as sys.stdout, got "
+            f"{type(echo).__name__} {echo!r}; pass echo=sys.stdout to see the output live"
+        )
+    logs = _log_folder(log_dir)
     coordinator = f"127.0.0.1:{free_port()}"
     with tempfile.TemporaryDirectory(prefix="psdp-pod-") as name:
         tmp = Path(name)
         children = [
             _start_child(
-                tmp, i, coordinator, num_processes, devices_per_process, named, root, args, envs[i]
+                tmp, logs or tmp, i, coordinator, num_processes, devices_per_process, named,
+                root, args, envs[i],
             )
             for i in range(num_processes)
-        ]
-        watch = _Watch(tmp, children, time.monotonic() + timeout_s, timeout_s, progress)
+        ]  # fmt: skip
+        tails = None if echo is None else _Tails([log for _, log, _ in children], echo)
+        watch = _Watch(tmp, children, time.monotonic() + timeout_s, timeout_s, progress, tails)
         try:
             failure = watch.wait()
         except BaseException:  # Ctrl-C, or a progress callback that raised: leave no orphans
             watch.kill_all()
             raise
+        finally:
+            if tails is not None:
+                tails.show(final=True)
         outputs = [(proc.returncode, log.read_text(errors="replace")) for proc, log, _ in children]
         if failure:
-            raise PodError(_report(failure, named, outputs), failure, outputs)
+            kept = f"\nthe output of every process is kept in {logs}" if logs else ""
+            raise PodError(_report(failure, named, outputs) + kept, failure, outputs)
         return [json.loads(result.read_text()) for _, _, result in children]
+
+
+def _log_folder(log_dir: str | os.PathLike[str] | None) -> Path | None:
+    """``log_dir`` made (with its parents) when missing."""
+    if log_dir is None:
+        return None
+    path = Path(log_dir)
+    if path.exists() and not path.is_dir():
+        raise ValueError(
+            f"run_pod's log_dir must be a folder to keep each process's output in, but "
+            f"{str(path)!r} is a file; name a folder (it is made if missing)"
+        )
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def report_progress(done: int, total: int) -> None:
@@ -185,6 +219,7 @@ def _import_root(module: str, file: str | None) -> str | None:
 
 def _start_child(
     tmp: Path,
+    logs: Path,
     index: int,
     coordinator: str,
     num_processes: int,
@@ -194,8 +229,9 @@ def _start_child(
     args: dict[str, Any] | None,
     env: Mapping[str, str] | None,
 ) -> Child:
-    log, result = tmp / f"p{index}.log", tmp / f"p{index}.json"
-    child_env = {**os.environ, **(env or {}), "JAX_PLATFORMS": "cpu"}
+    log, result = logs / f"p{index}.log", tmp / f"p{index}.json"
+    # unbuffered: a line is in the log (and on the echo) when printed, not when a buffer fills
+    child_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {}), "JAX_PLATFORMS": "cpu"}
     child_env["JAX_NUM_CPU_DEVICES"] = str(devices)
     child_env[PROGRESS_ENV] = str(tmp / f"p{index}.progress")
     command = [
@@ -225,9 +261,10 @@ class _Watch:
         deadline: float,
         timeout_s: float,
         progress: Callable[[int, int], None] | None,
+        tails: _Tails | None = None,
     ) -> None:
         self.tmp, self.children, self.deadline, self.timeout_s = tmp, children, deadline, timeout_s
-        self.progress = progress
+        self.progress, self.tails = progress, tails
         self.shown = ""
         self.leader_at: float | None = None  # when process 0 is told to stop, after a failure
 
@@ -237,6 +274,8 @@ class _Watch:
         while True:
             codes = [proc.poll() for proc, _, _ in self.children]
             self._show_progress()
+            if self.tails is not None:
+                self.tails.show()
             returned = [
                 code == 0 and result.exists()
                 for code, (_, _, result) in zip(codes, self.children, strict=True)
@@ -326,6 +365,31 @@ class _Watch:
             self.shown = text
             done, total = (int(v) for v in text.split())
             self.progress(done, total)
+
+
+class _Tails:
+    """Follows the children's logs and writes each new complete line to ``echo`` with its
+    process prefix (the logs stay the record; the echo is only a view of them)."""
+
+    def __init__(self, logs: list[Path], echo: IO[str]) -> None:
+        self.logs, self.echo = logs, echo
+        self.read = [0] * len(logs)  # bytes of each log shown (or held in `partial`)
+        self.partial = [b""] * len(logs)  # each log's last line, until its newline arrives
+
+    def show(self, final: bool = False) -> None:
+        """Writes the lines completed since the last call; ``final``: unfinished lines too."""
+        for i, log in enumerate(self.logs):
+            with log.open("rb") as file:
+                file.seek(self.read[i])
+                new = file.read()
+            self.read[i] += len(new)
+            *lines, self.partial[i] = (self.partial[i] + new).split(b"\n")
+            if final and self.partial[i]:
+                lines.append(self.partial[i])
+                self.partial[i] = b""
+            for line in lines:
+                self.echo.write(f"[p{i}] {line.decode(errors='replace')}\n")
+        self.echo.flush()
 
 
 def _write_atomically(path: Path, text: str) -> None:

@@ -13,7 +13,12 @@ from pathlib import Path
 from psdp.tools.pod import run_pod
 from psdp.tools.simulate.checks import check_simulation
 from psdp.tools.simulate.config import DEFAULT_MESH, Simulation
-from psdp.tools.simulate.data import synthetic_tokens, write_synthetic
+from psdp.tools.simulate.data import (
+    describe_store,
+    is_document_store,
+    synthetic_tokens,
+    write_synthetic,
+)
 from psdp.tools.simulate.host import TARGET, run_host
 from psdp.tools.simulate.report import SimulationReport, plan_picture, report_json
 
@@ -39,8 +44,10 @@ def simulate(
 
     Args:
         simulation: the pod, loader and steps.
-        source: a dataset path (overrides ``simulation.data.source``); unset: a synthetic token
-            dataset is written to a temporary TensorStore store and removed afterwards.
+        source: a dataset path, ``.npy`` file or document store (read as `psdp.TokenSequences`
+            of ``seq_len``, or packed with ``packing``); overrides ``simulation.data.source``;
+            unset: a synthetic token dataset is written to a temporary TensorStore store and
+            removed afterwards.
         progress: ``progress(done, total)`` as process 0 advances.
 
     Returns:
@@ -63,7 +70,7 @@ def simulate(
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="psdp-simulate-") as tmp:
         path: str | None
-        if simulation.packing is not None:
+        if simulation.packing is not None and source is None:
             path, synthetic = None, False  # every host packs the same synthetic documents
             described = (
                 f"{simulation.rows} synthetic documents packed ({simulation.packing}) into "
@@ -73,6 +80,9 @@ def simulate(
             path, synthetic = str(Path(tmp) / "tokens"), True
             write_synthetic(path, simulation.rows, simulation.seq_len, simulation.vocab)
             described = f"a synthetic TensorStore dataset ({simulation.rows} rows)"
+        elif is_document_store(source):
+            path, synthetic = source, False
+            described = describe_store(source, simulation.seq_len, simulation.packing)
         else:
             path, described, synthetic = source, source, False
         hosts = run_pod(

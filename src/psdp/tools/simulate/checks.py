@@ -7,11 +7,11 @@ from typing import Any
 
 import numpy as np
 
-from psdp import LoaderConfig, MeshLayout, ShardingOptions, plan_pod
+from psdp import MeshLayout, ShardingOptions, plan_pod
 from psdp._plan.leaves import Key, leaf_label, leaves_of
 from psdp._plan.partition import batch_shards, physical_batch_size, resolve_spec
 from psdp.tools.simulate.config import Simulation
-from psdp.tools.simulate.data import main_leaf
+from psdp.tools.simulate.data import is_document_store, main_leaf, open_source
 
 
 def check_simulation(simulation: Simulation, source: str | None = None) -> MeshLayout:
@@ -34,7 +34,7 @@ def check_simulation(simulation: Simulation, source: str | None = None) -> MeshL
             with the option.
 
     Example:
-        >>> from psdp import MeshConfig
+        >>> from psdp import LoaderConfig, MeshConfig
         >>> bad = Simulation(
         ...     processes=2,
         ...     mesh=MeshConfig(axes={"data": 2, "context": 2}),
@@ -50,10 +50,11 @@ def check_simulation(simulation: Simulation, source: str | None = None) -> MeshL
         4
     """
     source = source or simulation.data.source
-    if simulation.packing is not None and source is not None:
+    if simulation.packing is not None and source is not None and not is_document_store(source):
         raise ValueError(
-            f"--packing packs synthetic documents, but a source was given ({source!r}); drop "
-            "one of them"
+            f"--packing packs documents, but the source {source!r} is no document store (a "
+            "dataset of rows, or a .npy file); drop --packing, or give a document store (psdp "
+            "write --offsets or --eos-id writes one from token files)"
         )
     layout = simulation.mesh.layout_for(
         simulation.processes, simulation.processes * simulation.devices_per_process()
@@ -63,18 +64,24 @@ def check_simulation(simulation: Simulation, source: str | None = None) -> MeshL
             simulation, layout, "tokens" if simulation.packing is None else "input_ids", None
         )
         return layout
-    leaf, sample = source_sample(source, simulation.data.output.mask_key or "mask")
+    leaf, sample = source_sample(source, simulation)
     check_plan(simulation, layout, leaf, sample.shape[1:])
     if simulation.train:
         check_tokens(simulation.vocab, leaf, sample)
     return layout
 
 
-def source_sample(path: str, mask_key: str) -> tuple[Key, np.ndarray]:
-    """The name of the source's main leaf (`main_leaf`) and its first rows (up to 256)."""
-    source = LoaderConfig(source=path).open_source()
+def source_sample(path: str, simulation: Simulation) -> tuple[Key, np.ndarray]:
+    """The name of the source's main leaf (`main_leaf`) and its first rows (up to 256); a
+    document store is read through its token view, as the hosts read it."""
+    try:
+        source = open_source(path, simulation.seq_len, simulation.packing)
+    except ValueError as err:  # a view that does not fit the store: name the options
+        if not is_document_store(path):
+            raise
+        raise ValueError(f"--source {path!r} --seq-len {simulation.seq_len}: {err}") from None
     rows = source.read(np.arange(min(len(source), 256)))
-    name, sample = main_leaf(leaves_of(rows), mask_key)
+    name, sample = main_leaf(leaves_of(rows), simulation.data.output.mask_key or "mask")
     return name, np.asarray(sample)
 
 

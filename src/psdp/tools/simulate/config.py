@@ -41,7 +41,7 @@ class Simulation:
     """Train a tiny model on the batches (jitted step, batch sharded as planned)."""
 
     seq_len: int = 32
-    """Tokens per synthetic row."""
+    """Tokens per synthetic row, or per row of a document store's token view."""
 
     vocab: int = 64
     """Vocabulary of the synthetic rows and the model (a power of two)."""
@@ -50,9 +50,10 @@ class Simulation:
     """Rows of the synthetic dataset (documents, with ``packing``)."""
 
     packing: str | None = None
-    """Read synthetic documents of 1 to ``2 * seq_len`` tokens packed into sequences of
-    ``seq_len`` with this strategy (`psdp.PACKING_STRATEGIES`), a `psdp.PackedSequences` source
-    that every host builds; ``None``: fixed rows."""
+    """Pack documents into sequences of ``seq_len`` with this strategy
+    (`psdp.PACKING_STRATEGIES`), a `psdp.PackedSequences` source that every host builds: the
+    source's documents when it is a document store, else synthetic documents of 1 to
+    ``2 * seq_len`` tokens; ``None``: fixed rows (a document store's `psdp.TokenSequences`)."""
 
     learning_rate: float = 2.0
     """SGD learning rate of the tiny model."""
@@ -86,11 +87,6 @@ class Simulation:
             raise ValueError(
                 f"Simulation.packing must be one of {list(PACKING_STRATEGIES)} or None, got "
                 f"{self.packing!r}; e.g. --packing best_fit"
-            )
-        if self.packing is not None and self.data.source is not None:
-            raise ValueError(
-                f"--packing packs synthetic documents, but a source was given "
-                f"({self.data.source!r}); drop one of them"
             )
         if self.fail_at is not None:
             parse_fail_at(self.fail_at, self.processes)

@@ -3,6 +3,8 @@ leaf (``docs/cli.md``)."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -45,6 +47,47 @@ def packed_source(count: int, seq_len: int, vocab: int, strategy: str) -> Any:
 
     store = DocumentStore.from_documents(synthetic_documents(count, seq_len, vocab))
     return PackedSequences(store, seq_len, strategy)
+
+
+def is_document_store(path: str) -> bool:
+    """Whether ``path`` holds a document store (`psdp.write_documents`), not a dataset of rows."""
+    from psdp.sources.document_writer import DOCUMENTS_FORMAT
+    from psdp.sources.tensorstore import METADATA_FILE
+
+    try:
+        meta = json.loads((Path(path) / METADATA_FILE).read_text())
+    except (OSError, ValueError):  # no metadata file, or not JSON: not a store
+        return False
+    return isinstance(meta, dict) and meta.get("format") == DOCUMENTS_FORMAT
+
+
+def open_source(path: str, seq_len: int, packing: str | None) -> Any:
+    """The source at ``path``: a document store read through its token view (`TokenSequences`
+    of ``seq_len``, or `PackedSequences` with the ``packing`` strategy), else the dataset or
+    ``.npy`` file `psdp.LoaderConfig.open_source` opens."""
+    from psdp import DocumentStore, LoaderConfig, PackedSequences, TokenSequences
+
+    if not is_document_store(path):
+        return LoaderConfig(source=path).open_source()
+    store = DocumentStore.open(path)
+    if packing is None:
+        return TokenSequences(store, seq_len)
+    return PackedSequences(store, seq_len, packing)
+
+
+def describe_store(path: str, seq_len: int, packing: str | None) -> str:
+    """How the report names a document store and its view.
+
+    Example:
+        >>> describe_store("docs", 16, None), describe_store("docs", 16, "greedy")
+        ('the document store docs, read as TokenSequences of 16 tokens', 'the document store docs, packed (greedy) into sequences of 16 tokens')
+    """
+    view = (
+        f"read as TokenSequences of {seq_len} tokens"
+        if packing is None
+        else f"packed ({packing}) into sequences of {seq_len} tokens"
+    )
+    return f"the document store {path}, {view}"
 
 
 def write_synthetic(path: str, rows: int, seq_len: int, vocab: int) -> None:

@@ -4,7 +4,6 @@ step's batch checked against its rows on every device (``docs/cli.md``)."""
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -13,7 +12,7 @@ from psdp import check_consistency
 from psdp._plan.leaves import leaves_of
 from psdp.tools.pod import report_progress
 from psdp.tools.simulate.config import Simulation, parse_fail_at
-from psdp.tools.simulate.data import main_leaf, packed_source, synthetic_tokens
+from psdp.tools.simulate.data import main_leaf, open_source, packed_source, synthetic_tokens
 
 #: The pod target `psdp.tools.simulate.simulate` starts on every process.
 TARGET = "psdp.tools.simulate.host:run_host"
@@ -23,8 +22,8 @@ def run_host(simulation: dict[str, Any], path: str | None, synthetic: bool) -> d
     """The pod target: one host's loader (and model) for every step; returns its figures.
 
     Every step it checks the batch with `psdp.check_consistency` against the expected rows
-    (recomputed from the row ids for synthetic data, re-read from the source otherwise). With
-    ``packing``, ``path`` is None: the host packs the synthetic documents itself.
+    (recomputed from the row ids for synthetic data, re-read from the source otherwise).
+    ``path`` None: the host packs the synthetic documents itself (``packing``).
     """
     import jax
 
@@ -34,17 +33,18 @@ def run_host(simulation: dict[str, Any], path: str | None, synthetic: bool) -> d
     me = jax.process_index()
     fail = parse_fail_at(sim.fail_at, sim.processes) if sim.fail_at else None
     mesh = sim.mesh.build()
-    source = None
-    if sim.packing is not None:  # every host packs the same documents into the same plan
+    if path is None:  # every host packs the same documents into the same plan
+        assert sim.packing is not None  # simulate gives no path only to pack synthetic documents
         source = packed_source(sim.rows, sim.seq_len, sim.vocab, sim.packing)
-    config = sim.data if path is None else replace(sim.data, source=path)
+    else:
+        source = open_source(path, sim.seq_len, sim.packing)
     trainer = TinyModel(mesh, sim) if sim.train else None
     losses: list[float] = []
     mask_key = sim.data.output.mask_key or "mask"
     shape: list[int] = []
     spec: list[Any] = []
     shards, report, first_done, last_note = 0, None, 0.0, 0.0
-    with config.build(mesh, source=source, batch_axes=sim.mesh.batch_axes) as loader:
+    with sim.data.build(mesh, source=source, batch_axes=sim.mesh.batch_axes) as loader:
         for step, batch in zip(range(sim.steps), loader, strict=False):
             if fail is not None and (me, step) == fail[:2]:
                 inject_failure(fail[2], me, step)

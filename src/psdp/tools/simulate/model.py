@@ -71,22 +71,22 @@ class TinyModel:
             return step(model, tokens, jnp.ones(tokens[:, 1:].shape))
 
         def packed(
-            model: Bigram, tokens: jax.Array, segments: jax.Array, loss_mask: jax.Array
+            model: Bigram, tokens: jax.Array, segments: jax.Array, loss_mask: jax.Array | None
         ) -> tuple[Bigram, jax.Array]:
             # predict a token only from the one before it in the same document
             same = (segments[:, 1:] == segments[:, :-1]) & (segments[:, 1:] > 0)
-            return step(model, tokens, same * loss_mask[:, 1:])
+            return step(model, tokens, same if loss_mask is None else same * loss_mask[:, 1:])
 
         self._plain = jax.jit(plain, donate_argnums=0)
         self._packed = jax.jit(packed, donate_argnums=0)
         self.mask_key = sim.data.output.mask_key or "mask"
 
     def step(self, batch: Any) -> float:
-        """One SGD step on the batch's main leaf (packed documents: within each document, on
-        its loss mask); returns the loss."""
-        if isinstance(batch, dict) and "segment_ids" in batch and "loss_mask" in batch:
+        """One SGD step on the batch's main leaf (documents: within each document, on its loss
+        mask if the batch has one); returns the loss."""
+        if isinstance(batch, dict) and "segment_ids" in batch:
             tokens = batch["input_ids"]
-            args = (tokens, batch["segment_ids"], batch["loss_mask"])
+            args = (tokens, batch["segment_ids"], batch.get("loss_mask"))
             self.params, loss = self._packed(self.params, *args)
         else:
             tokens = main_leaf(batch, self.mask_key)[1] if isinstance(batch, dict) else batch
