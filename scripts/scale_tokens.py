@@ -14,6 +14,13 @@
    ``searchsorted`` of each row's ends, then ``np.repeat``), as docs/performance.md's tight
    loop does. Both are checked equal first, then timed in interleaved rounds.
 
+Then the goals' table of issue 29 this script measures, each with the value reached and met /
+not met (`goal_rows`): open + first batch <= 5 s and memory added <= 1 GiB at 10^9 documents
+(`TokenSequences` here; `PackedSequences` in windows of 4096 with its pack index, in a process
+of its own: tests/test_packing.py's ``scale_simulation``), psdp's own time per step at 10^9 over
+10^6 documents <= 1.1 (median and range of the rounds' ratios), and best fit in windows of 4096
+>= 0.99 of whole-corpus best fit (scripts/packing_efficiency.py's ``measure``).
+
 Times are the process's CPU time (the machine may be shared), medians and ranges over rounds.
 glibc's allocator is told not to return freed memory to the system (``mallopt``): otherwise
 every large temporary is paged in afresh, which slowed the tight loop (many such temporaries)
@@ -27,12 +34,15 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import runpy
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -46,6 +56,8 @@ from psdp.tools.benchmarks.token_loops import row_segments  # the user's loop of
 
 SEQ_LEN, BATCH, STEPS, ROUNDS = 2048, 64, 20, 7
 SIZES = (10**6, 10**7, 10**9)  # documents
+#: Packing goal: windows of this many documents, over this many drawn lengths per distribution.
+PACK_WINDOW, PACK_DOCUMENTS = 4096, 200_000
 
 
 def keep_freed_memory() -> None:
@@ -70,48 +82,62 @@ def summary(values: list[float]) -> str:
 
 
 class Timed:
-    """A flat array that adds the CPU time of its reads (the formula's work) to ``spent``."""
+    """A flat array that adds the CPU time of its reads (the formula's work) to ``spent`` and
+    counts the values read."""
 
     def __init__(self, array: LazyArray, spent: list[float]):
         self.array, self.shape, self.dtype, self.spent = array, array.shape, array.dtype, spent
+        self.values = 0
 
     def __getitem__(self, where: slice) -> np.ndarray:
         start = time.process_time()
         values = self.array[where]
         self.spent[0] += time.process_time() - start
+        self.values += len(values)
         return values
 
 
-def scale_table() -> None:
+def rss_bytes() -> int:
+    """This process's resident memory now (Linux)."""
+    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def scale_table() -> dict[str, Any]:
     """Both sizes open side by side, then timed in interleaved rounds (a load change on a
-    shared machine then falls on both)."""
-    loops, opened = {}, {}
+    shared machine then falls on both). Returns, per size, the open + first batch time and the
+    memory it added, and per (size, eos_id) psdp's own time per step in each round."""
+    loops, opened, first = {}, {}, {}
     for documents in SIZES:
         corpus = ScaleCorpus(documents=documents)
         spent = [0.0]
+        rss = rss_bytes()
         start = time.perf_counter()
         marks, nonempty = corpus.marks(STRIDE)
         index = DocumentIndex(documents, STRIDE, marks, nonempty, 2 * corpus.length - 1)
         offsets, tokens = Timed(corpus.offsets_array(), spent), Timed(corpus.tokens_array(), spent)
         store = DocumentStore.from_arrays(offsets, {"input_ids": tokens}, index=index)
         opened[documents] = time.perf_counter() - start, store.num_tokens
+        TokenSequences(store, SEQ_LEN).read(np.arange(BATCH))
+        first[documents] = time.perf_counter() - start, rss_bytes() - rss
         for eos_id in (None, 0):
             rows = TokenSequences(store, SEQ_LEN, eos_id=eos_id)
             batches = [
                 np.random.default_rng(step).choice(len(rows), BATCH, replace=False)
                 for step in range(STEPS)
             ]
-            loops[(documents, eos_id)] = rows, batches, spent
+            loops[(documents, eos_id)] = rows, batches, spent, offsets
     totals: dict[tuple[int, int | None], list[float]] = {key: [] for key in loops}
     formula: dict[tuple[int, int | None], list[float]] = {key: [] for key in loops}
+    read: dict[tuple[int, int | None], float] = {}  # offsets read per step (the last round)
     for _ in range(ROUNDS):
-        for key, (rows, batches, spent) in loops.items():
-            spent[0] = 0.0
+        for key, (rows, batches, spent, offsets) in loops.items():
+            spent[0], offsets.values = 0.0, 0
             start = time.process_time()
             for ids in batches:
                 rows.read(ids)
             totals[key].append((time.process_time() - start) / STEPS)
             formula[key].append(spent[0] / STEPS)
+            read[key] = offsets.values / STEPS
     print(
         "| documents | tokens | open (index given) | eos_id | per step (CPU) | of which the "
         "corpus formula | psdp's own |"
@@ -120,7 +146,7 @@ def scale_table() -> None:
     own = {}
     for (documents, eos_id), values in totals.items():
         mine = [t - f for t, f in zip(values, formula[(documents, eos_id)], strict=True)]
-        own[(documents, eos_id)] = statistics.median(mine)
+        own[(documents, eos_id)] = mine
         seconds, tokens = opened[documents]
         print(
             f"| {documents:.0e} | {tokens:.2e} | {seconds * 1e3:.1f} ms | {eos_id} | "
@@ -128,15 +154,118 @@ def scale_table() -> None:
         )
     for eos_id in (None, 0):
         for small in SIZES[:-1]:
-            ratio = own[(SIZES[-1], eos_id)] / own[(small, eos_id)]
+            ratio = statistics.median(own[(SIZES[-1], eos_id)]) / statistics.median(
+                own[(small, eos_id)]
+            )
             print(
                 f"psdp's own time per step, {SIZES[-1]:.0e} / {small:.0e} documents, "
                 f"eos_id={eos_id}: {ratio:.2f}"
             )
+    # a step reads each row's block of the index (STRIDE documents); at 10^6 documents rows of a
+    # step share blocks more often, so it reads fewer offsets: what the ratio above measures
+    shown = ", ".join(f"{d:.0e}: {read[(d, None)]:,.0f}" for d in SIZES)
+    print(f"offsets read per step (eos_id=None), by documents: {shown}")
+    return {"first_batch": first, "own": own}
 
 
-def mixture_row() -> None:
-    """The 100-source mixture's simulation, in a process of its own (goals: <= 5 s, <= 1 GiB)."""
+def packed_at_scale() -> dict[str, Any]:
+    """tests/test_packing.py's 10^9-document packing simulation, in a process of its own (its
+    memory is the process's): open with the pack index + first batch, memory added."""
+    root = Path(__file__).resolve().parents[1]
+    child = (
+        "import json, sys; from tests.test_packing import scale_simulation; "
+        "print(json.dumps(scale_simulation(sys.argv[1])))"
+    )
+    with tempfile.TemporaryDirectory() as directory:
+        done = subprocess.run(
+            [sys.executable, "-c", child, directory],
+            capture_output=True, text=True, check=True, cwd=root,
+            env={**os.environ, "PYTHONPATH": f"{root / 'src'}{os.pathsep}{root}"},
+        )  # fmt: skip
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def packing_efficiency() -> dict[str, float]:
+    """Best fit in windows of `PACK_WINDOW` over whole-corpus best fit, per distribution of
+    scripts/packing_efficiency.py (`PACK_DOCUMENTS` lengths, seed 0)."""
+    script = runpy.run_path(str(Path(__file__).with_name("packing_efficiency.py")))
+    ratios = {}
+    for name, draw in script["DISTRIBUTIONS"].items():
+        lengths = draw(np.random.default_rng(0), PACK_DOCUMENTS).astype(np.int64)
+        rows = script["measure"](lengths, SEQ_LEN, [PACK_WINDOW])
+        ratios[name] = next(r["vs_best_fit"] for r in rows if r["window"] == PACK_WINDOW)
+    return ratios
+
+
+def goal_rows(
+    scale: dict[str, Any],
+    packed: dict[str, Any],
+    efficiency: dict[str, float],
+    mixture: dict[str, Any] | None = None,
+) -> list[tuple[str, str, str, bool]]:
+    """The goals' table: ``(goal, target, reached, met)`` per goal this script measures
+    (`mixture_row`'s too, when given).
+
+    Example:
+        >>> scale = {"first_batch": {10**9: (0.02, 30 << 20)},
+        ...          "own": {(10**6, None): [1.0, 1.0], (10**9, None): [1.05, 1.2]}}
+        >>> packed = {"open_and_first_batch_s": 0.03, "rss_added_bytes": 40 << 20}
+        >>> for row in goal_rows(scale, packed, {"chat": 0.9975}):
+        ...     print(row)
+        ('TokenSequences, 10^9 documents: open + first batch', '<= 5 s', '0.020 s', True)
+        ('TokenSequences, 10^9 documents: memory added', '<= 1 GiB', '30 MiB', True)
+        ('PackedSequences (windows, pack index), 10^9 documents: open + first batch', '<= 5 s', '0.030 s', True)
+        ('PackedSequences (windows, pack index), 10^9 documents: peak memory added (its reads and oracle)', '<= 1 GiB', '40 MiB', True)
+        ('time per step, 10^9 / 10^6 documents, eos_id=None', '<= 1.1', '1.12 (1.05-1.2)', False)
+        ('packing efficiency in windows of 4096 / whole-corpus best fit, chat', '>= 0.99', '0.9975', True)
+    """
+    largest, smallest = max(scale["first_batch"]), min(size for size, _ in scale["own"])
+    seconds, added = scale["first_batch"][largest]
+    big = f"10^{len(str(largest)) - 1} documents"
+    packs = "PackedSequences (windows, pack index), 10^9 documents"
+    rows = [
+        (f"TokenSequences, {big}: open + first batch", "<= 5 s", f"{seconds:.3f} s", seconds <= 5),
+        (f"TokenSequences, {big}: memory added", "<= 1 GiB", f"{added >> 20} MiB", added <= 2**30),
+        (f"{packs}: open + first batch", "<= 5 s", f"{packed['open_and_first_batch_s']:.3f} s",
+         packed["open_and_first_batch_s"] <= 5),
+        (f"{packs}: peak memory added (its reads and oracle)", "<= 1 GiB", f"{packed['rss_added_bytes'] >> 20} MiB",
+         packed["rss_added_bytes"] <= 2**30),
+    ]  # fmt: skip
+    if mixture is not None:
+        mixed = f"Mixture of {mixture['sources']} TokenSequences of 10^9 documents"
+        seconds, added = mixture["open_and_first_batch_s"], mixture["rss_added_bytes"]
+        rows += [
+            (f"{mixed}: open + first batch", "<= 5 s", f"{seconds:.3f} s", seconds <= 5),
+            (f"{mixed}: peak memory added", "<= 1 GiB", f"{added >> 20} MiB", added <= 2**30),
+        ]
+    for (size, eos_id), values in scale["own"].items():
+        if size != largest:
+            continue
+        ratios = [a / b for a, b in zip(values, scale["own"][(smallest, eos_id)], strict=True)]
+        median = statistics.median(ratios)
+        rows.append((
+            f"time per step, {big.split()[0]} / 10^{len(str(smallest)) - 1} documents, "
+            f"eos_id={eos_id}", "<= 1.1", f"{median:.3g} ({min(ratios):.3g}-{max(ratios):.3g})",
+            median <= 1.1,
+        ))  # fmt: skip
+    for name, ratio in efficiency.items():
+        rows.append((
+            f"packing efficiency in windows of {PACK_WINDOW} / whole-corpus best fit, {name}",
+            ">= 0.99", f"{ratio:.4f}", ratio >= 0.99,
+        ))  # fmt: skip
+    return rows
+
+
+def print_goals(rows: list[tuple[str, str, str, bool]]) -> None:
+    print("| goal | target | reached | met |")
+    print("|---|---|---|---|")
+    for goal, target, reached, met in rows:
+        print(f"| {goal} | {target} | {reached} | {'met' if met else 'not met'} |")
+
+
+def mixture_row() -> dict[str, Any]:
+    """The 100-source mixture's simulation, in a process of its own (goals: <= 5 s, <= 1 GiB);
+    returns what it measured."""
     root = Path(__file__).resolve().parents[1]
     child = "import json; from tests.test_scale_mixture import mixture_simulation as m; print(json.dumps(m()))"
     done = subprocess.run(
@@ -152,6 +281,7 @@ def mixture_row() -> None:
         f"{got['open_and_first_batch_s']:.2f} s | {got['rss_added_bytes'] / 2**20:.0f} MiB | "
         f"{got['checked_tokens']} |"
     )
+    return got
 
 
 def speed_table() -> None:
@@ -197,10 +327,13 @@ def speed_table() -> None:
 if __name__ == "__main__":
     keep_freed_memory()
     print(f"seq_len {SEQ_LEN}, batch {BATCH}, {STEPS} random batches a round, {ROUNDS} rounds\n")
-    if "--mixture" not in sys.argv:
-        scale_table()
+    if "--mixture" in sys.argv:
+        mixture_row()
+    else:
+        scale = scale_table()
         print()
-    mixture_row()
-    if "--mixture" not in sys.argv:
+        mixture = mixture_row()
         print()
         speed_table()
+        print("\nGoals (one run):\n")
+        print_goals(goal_rows(scale, packed_at_scale(), packing_efficiency(), mixture))

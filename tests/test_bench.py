@@ -339,6 +339,49 @@ def test_the_token_figure_has_every_job_and_loop_with_consistent_rates(quick_rep
             assert {"segment_ids", "positions"} <= leaves, row
 
 
+def test_the_token_figure_prints_the_goals_table_with_met_or_not(quick_report):
+    """Issue 29: `psdp bench --only tokens` prints the goals it measures from one run: each
+    goal, its target, the median and range of the rounds' ratios, and met / not met."""
+    out, report = quick_report
+    figure = report["figures"]["tokens"]
+    assert [g["goal"] for g in figure["goals"]] == [g.text for g in tokens.GOALS]
+    psdp = {r["job"]: r for r in figure["rows"] if r["loader"] == tokens.PSDP_MEMMAP}
+    for goal, row in zip(tokens.GOALS, figure["goals"], strict=True):
+        value = psdp[goal.job]["ratio_median" if goal.measure == "ratio" else goal.measure]
+        assert row["met"] == (value >= goal.target), row
+        assert row["reached"].startswith(f"{value:.3g}")
+    for row in figure["rows"]:
+        assert row["ratio_min"] <= row["ratio_median"] <= row["ratio_max"], row
+    text = (out / "bench.md").read_text()
+    assert "Goals (one run):\n\n| goal | target | reached | met |" in text
+
+
+def test_the_scale_script_prints_its_goals_met_or_not(capsys):
+    """Issue 29: scripts/scale_tokens.py ends with the goals it measures, met / not met: here
+    from given measurements (the script's own run takes minutes)."""
+    script = runpy.run_path(str(SCRIPTS / "scale_tokens.py"), run_name="scale_tokens")
+    scale = {
+        "first_batch": {10**6: (0.01, 1 << 20), 10**9: (6.0, 10 << 20)},
+        "own": {(10**6, None): [1.0, 1.0, 1.0], (10**9, None): [1.05, 1.1, 1.3]},
+    }
+    packed = {"open_and_first_batch_s": 0.03, "rss_added_bytes": 2**31}
+    mixture = {"sources": 100, "open_and_first_batch_s": 1.5, "rss_added_bytes": 300 << 20}
+    efficiency = {"log-normal": 0.9985, "chat": 0.98}
+    rows = script["goal_rows"](scale, packed, efficiency, mixture)
+    assert [met for *_, met in rows] == [False, True, True, False, True, True, True, True, False]
+    assert rows[4][0] == "Mixture of 100 TokenSequences of 10^9 documents: open + first batch"
+    assert rows[6][2] == "1.1 (1.05-1.3)"  # the median and range of the rounds' ratios
+    assert len(script["goal_rows"](scale, packed, efficiency)) == len(rows) - 2  # no mixture
+    script["print_goals"](rows)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "| goal | target | reached | met |"
+    assert (
+        lines[2]
+        == "| TokenSequences, 10^9 documents: open + first batch | <= 5 s | 6.000 s | not met |"
+    )
+    assert lines[-1].endswith("| >= 0.99 | 0.9800 | not met |") and len(lines) == 11
+
+
 def test_the_user_computes_segment_ids_and_positions_per_row():
     """Documents of 3, 2, 0 and 4 tokens (one empty); rows of 4 from stream positions 0, 2, 5."""
     offsets = np.array([0, 3, 5, 5, 9])

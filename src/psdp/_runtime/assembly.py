@@ -152,13 +152,15 @@ class BatchAssembler:
         return self._wrap(in_leaf_order(batch))
 
     def _mask_of(self, ids: np.ndarray) -> jax.Array:
-        """Without padding the mask is the same every step, so it is assembled once (jax.Arrays
-        are immutable, so batches may share it; two read threads racing here build it twice)."""
+        """The mask of every step without padding is the same, so it is assembled once
+        (jax.Arrays are immutable, so batches may share it; two read threads racing here build
+        it twice); a padded step's is its own."""
         assert self.mask is not None
-        if self.plan.padded:
-            return self.mask.assemble((ids != PAD)[self.mask.plan.rows])
+        real = (ids != PAD)[self.mask.plan.rows]
+        if not real.all():
+            return self.mask.assemble(real)
         if self._all_real is None:
-            self._all_real = self.mask.assemble(np.ones(len(self.mask.plan.rows), bool))
+            self._all_real = self.mask.assemble(real)
         return self._all_real
 
     def _wrap(self, batch: dict[Key, jax.Array]) -> Any:

@@ -96,16 +96,19 @@ class RandomAccessFeed:
         self.source = source
         self.rows: int | None = len(source)
         ordered = orders_itself(source, order)
+        shuffle = not ordered and order.shuffle is not False
         self.order: GlobalOrder | None = GlobalOrder(
             len(source),
             order.global_batch_size,
-            not ordered and order.shuffle is not False,
+            shuffle,
             order.seed,
             order.drop_last,
             order.skip_steps,
             order.skip_offsets,
             order.start,
-            order.io_block,
+            order.io_block
+            if order.io_block is not None or not shuffle
+            else suggested_block(source),
             order.window_blocks,
         )
         self.offsets = self.order.offsets
@@ -155,6 +158,14 @@ class RandomAccessFeed:
 
     def close(self) -> None:
         pass
+
+
+def suggested_block(source: Any) -> int | None:
+    """The block a source asks its shuffle to take when the loader is given none: its
+    ``io_block`` attribute (e.g. `PackedSequences` in windows, whose rows are planned a window at a
+    time); ``None`` (a full shuffle) for a source without one."""
+    block = getattr(source, "io_block", None)
+    return None if block is None else int(block)
 
 
 def orders_itself(source: Any, order: OrderOptions) -> bool:

@@ -97,7 +97,8 @@ def order_record(order: OrderOptions, feed: Any) -> dict[str, Any]:
         "seed": 0 if feed.order is None else feed.order.seed,
         "shuffle": False if feed.order is None else feed.order.shuffle,
         "drop_last": order.drop_last,
-        "io_block": order.io_block,
+        # the block the feed shuffles in (its source's suggestion when none was given)
+        "io_block": order.io_block if feed.order is None else feed.order.io_block,
         "window_blocks": order.window_blocks,
         **finite,
     }

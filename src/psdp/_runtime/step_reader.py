@@ -77,6 +77,8 @@ class StepReader:
         remote = getattr(feed.source, "remote", False)
         self._counts = getattr(feed.source, "request_counts", None) if remote else None
         self._counts_at_start = self._counts() if self._counts else (0, 0)
+        # (source, its read_window or None): the same every step, and slow to find out
+        self._windowed: tuple[Any, Any] | None = None
 
     def read_step(
         self, step: int, run: str, stop: Callable[[], bool]
@@ -208,7 +210,10 @@ class StepReader:
         self, source: Any, ids: np.ndarray, request: ReadRequest
     ) -> dict[Key, np.ndarray]:
         # `read` is the protocol; `read_window` (optional) serves column windows and leaf subsets
-        read_window = _read_window_of(source)
+        windowed = self._windowed  # one assignment below: safe for several read threads
+        if windowed is None or windowed[0] is not source:
+            windowed = self._windowed = (source, _read_window_of(source))
+        read_window = windowed[1]
         leaves = self.plan.leaves
         partial = len(request.columns) < len(leaves) or any(
             c is not None for c in request.columns.values()

@@ -221,17 +221,23 @@ def describe_rows(data: Rows) -> str:
     return f"{data.dtype}{list(data.shape)}"
 
 
-def check_ids(ids: Any, num_rows: int, where: str) -> np.ndarray:
-    """``ids`` as a 1-d int64 array, each in ``[0, num_rows)``; raises naming ``where``."""
+def check_ids(ids: Any, num_rows: int, where: str | Callable[[], str]) -> np.ndarray:
+    """``ids`` as a 1-d int64 array, each in ``[0, num_rows)``; raises naming ``where`` (or
+    ``where()``: a source's description is built only for an error, never on every read)."""
     ids = np.asarray(ids)
     if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
         raise TypeError(
-            f"row ids must be a 1-d integer array, got {ids.dtype}{list(ids.shape)} for {where}"
+            f"row ids must be a 1-d integer array, got {ids.dtype}{list(ids.shape)} for "
+            f"{_named(where)}"
         )
     ids = ids.astype(np.int64, copy=False)
     if ids.size and (ids.min() < 0 or ids.max() >= num_rows):
         raise IndexError(
-            f"row ids must be in [0, {num_rows - 1}] for {where} ({num_rows} rows), got ids from "
-            f"{int(ids.min())} to {int(ids.max())}"
+            f"row ids must be in [0, {num_rows - 1}] for {_named(where)} ({num_rows} rows), got "
+            f"ids from {int(ids.min())} to {int(ids.max())}"
         )
     return ids
+
+
+def _named(where: str | Callable[[], str]) -> str:
+    return where if isinstance(where, str) else where()

@@ -252,15 +252,17 @@ class TouchedDocuments:
     stream_start: np.ndarray
 
 
-def ranges(first: np.ndarray, count: np.ndarray) -> np.ndarray:
-    """``first[i], first[i] + 1, ..., first[i] + count[i] - 1`` for every ``i``, concatenated.
+def ranges(first: np.ndarray, count: np.ndarray, dtype: Any = np.int64) -> np.ndarray:
+    """``first[i], first[i] + 1, ..., first[i] + count[i] - 1`` for every ``i``, concatenated,
+    in ``dtype`` (which must hold ``count.sum()`` and every value).
 
     Example:
         >>> ranges(np.array([5, 0, 9]), np.array([2, 0, 3])).tolist()
         [5, 6, 9, 10, 11]
     """
     before = np.cumsum(count) - count
-    return np.arange(int(count.sum()), dtype=np.int64) - np.repeat(before - first, count)
+    shift = (before - first).astype(dtype, copy=False)
+    return np.arange(int(count.sum()), dtype=dtype) - np.repeat(shift, count)
 
 
 def documents_touching(

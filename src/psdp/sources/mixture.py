@@ -108,7 +108,7 @@ class Mixture:
 
     def read(self, ids: np.ndarray) -> Rows:
         """The rows at sample offsets ``ids``: one batched read per source, in the order of ids."""
-        ids = check_ids(ids, MIXTURE_ROWS, self.describe())
+        ids = check_ids(ids, MIXTURE_ROWS, self.describe)
         source, rows = self.plan.locate(ids)
         out = self._gather(source, rows, lambda s, r: leaves_of(s.read(r)), list(self._leaves))
         if self.source_leaf is not None:
@@ -130,7 +130,7 @@ class Mixture:
         return self._read_window
 
     def _read_window(self, ids: np.ndarray, columns: Mapping[Key, Box]) -> dict[Key, np.ndarray]:
-        ids = check_ids(ids, MIXTURE_ROWS, self.describe())
+        ids = check_ids(ids, MIXTURE_ROWS, self.describe)
         source, rows = self.plan.locate(ids)
         wanted = {
             k: v for k, v in columns.items() if self.source_leaf is None or k != self.source_leaf
@@ -186,7 +186,7 @@ class Mixture:
 
     def locate(self, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The source (a position in `names`) and row within it of each sample offset."""
-        return self.plan.locate(check_ids(offsets, MIXTURE_ROWS, self.describe()))
+        return self.plan.locate(check_ids(offsets, MIXTURE_ROWS, self.describe))
 
     def state_record(self) -> dict[str, Any]:
         """What the samples depend on (JSON values): a loader state records it."""

@@ -62,7 +62,8 @@ class PackedSequences:
         leaves: the leaves to deliver, e.g. ``("input_ids", "segment_ids")``; default all. A
             stored leaf left out is not read; a computed one is not computed.
         window: packs each window of this many documents alone (``plan`` is then a
-            `PackIndex`); ``None``: the whole corpus at once.
+            `PackIndex`); ``None``: the whole corpus at once, at construction (for more than
+            ~10^7 documents, give a window and ``index``: ``docs/packing.md``).
         index: with ``window``, a file for the pack index: loaded if it was built for this
             packing of this store's size, else built and saved there; ``None``: built now.
 
@@ -133,13 +134,28 @@ class PackedSequences:
         return len(self.plan)
 
     @property
+    def io_block(self) -> int | None:
+        """The block a loader's shuffle takes unless given one: packed in windows, about a
+        window's sequences, so that a step plans a few windows, not one per row (each about
+        once an epoch, ``docs/packing.md``); ``None`` (a full shuffle) for a whole-corpus plan.
+
+        Example:
+            >>> store = DocumentStore.from_documents([np.arange(1, n + 1) for n in [3, 5, 2, 6] * 4])
+            >>> PackedSequences(store, 8, window=4).io_block, PackedSequences(store, 8).io_block
+            (2, None)
+        """
+        if isinstance(self.plan, PackPlan):
+            return None
+        return max(1, len(self) // self.plan.key.num_windows)
+
+    @property
     def reads_storage(self) -> bool:
         """Whether its reads wait on storage: its store's `DocumentStore.reads_storage`."""
         return bool(self.store.reads_storage)
 
     @fresh_rows
     def read(self, ids: np.ndarray) -> dict[str, np.ndarray]:
-        ids = check_ids(ids, len(self), self.describe())
+        ids = check_ids(ids, len(self), self.describe)
         return self._read_columns(ids, None, list(in_leaf_order(self.leaves)))
 
     @fresh_rows
@@ -153,7 +169,7 @@ class PackedSequences:
             >>> packed.read_window(np.array([0]), {"input_ids": slice(3, 7)})["input_ids"].tolist()
             [[4, 5, 6, 7]]
         """
-        ids = check_ids(ids, len(self), self.describe())
+        ids = check_ids(ids, len(self), self.describe)
         groups: dict[Any, tuple[Any, list[str]]] = {}
         for key, box in columns.items():
             if key not in self.store.leaves and key not in _DERIVED:
@@ -188,14 +204,17 @@ class PackedSequences:
         A row's pieces lie side by side from column 0, so the part of a row inside the columns
         is one run from ``low``: the pieces' tokens, read in (row, column) order, fill the rows
         through one mask, in C order."""
-        rows, token, length, column, segment = self._pieces(ids)
-        begin = np.maximum(column, low)
-        count = np.minimum(column + length, high) - begin
-        inside = count > 0
-        rows, token, column, segment, begin, count = (
-            a[inside] for a in (rows, token, column, segment, begin, count)
-        )
-        starts = token + begin - column
+        rows, token, count, column, segment = self._pieces(ids)
+        skipped = np.zeros_like(count)  # each piece's columns before the window
+        if low > 0 or high < self.seq_len:  # clip the pieces to the window (whole rows: none)
+            begin = np.maximum(column, low)
+            count = np.minimum(column + count, high) - begin
+            inside = count > 0
+            rows, token, column, segment, begin, count = (
+                a[inside] for a in (rows, token, column, segment, begin, count)
+            )
+            skipped = begin - column
+        starts = token + skipped
         stored = [key for key in keys if key in self.store.leaves]
         tokens = self.store.read_ranges(starts, starts + count, stored) if stored else {}
         filled = np.bincount(rows, weights=count, minlength=len(ids)).astype(np.int64)
@@ -205,8 +224,8 @@ class PackedSequences:
             if key == LOSS_MASK and LOSS_MASK not in tokens:
                 out[key] = mask.astype(np.uint8)
                 continue
-            value, dtype, pad = self._token_values(key, tokens, segment, begin - column, count)
-            leaf = np.full(mask.shape, pad, dtype)
+            value, dtype, pad = self._token_values(key, tokens, segment, skipped, count)
+            leaf = np.zeros(mask.shape, dtype) if pad == 0 else np.full(mask.shape, pad, dtype)
             leaf[mask] = value
             out[key] = leaf
         return out
@@ -237,10 +256,12 @@ class PackedSequences:
 
     def _token_values(self, key, tokens, segment, skipped, count):
         """The values of leaf ``key`` at the tokens read, its dtype and its padding."""
+        # computed leaves in int32 where they fit: half the bytes written of int64
         if key == SEGMENT_IDS:
-            return np.repeat(segment, count), np.int32, 0
+            return np.repeat(segment.astype(np.int32), count), np.int32, 0
         if key == POSITIONS:  # each piece's tokens count on from its skipped columns
-            return ranges(skipped, count), np.int32, 0
+            work = np.int32 if int(count.sum()) < 2**31 else np.int64
+            return ranges(skipped, count, work), np.int32, 0
         return tokens[key], self.store.leaves[key], self.pad_id if key == TOKENS else 0
 
     def describe(self) -> str:

@@ -129,7 +129,7 @@ class TokenSequences:
 
     @fresh_rows
     def read(self, ids: np.ndarray) -> dict[Key, np.ndarray]:
-        ids = check_ids(ids, self._len, self.describe())
+        ids = check_ids(ids, self._len, self.describe)
         return self._read(ids, {name: slice(0, self.width) for name in self._dtypes})
 
     @fresh_rows
@@ -145,7 +145,7 @@ class TokenSequences:
             >>> rows.read_window(np.array([1]), {"input_ids": slice(1, 3)})["input_ids"].tolist()
             [[15, 16]]
         """
-        ids = check_ids(ids, self._len, self.describe())
+        ids = check_ids(ids, self._len, self.describe)
         boxes: dict[Key, Any] = {}
         for key, box in columns.items():
             if key not in self._dtypes:

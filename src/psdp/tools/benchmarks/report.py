@@ -68,7 +68,8 @@ def markdown(report: dict[str, Any]) -> str:
 
 
 def markdown_figure(key: str, figure: dict[str, Any]) -> list[str]:
-    """One figure's heading, ratio meaning, note and table, as markdown lines.
+    """One figure's heading, ratio meaning, note and table, as markdown lines, then its goals'
+    table where it has one.
 
     Every column any row has, in first-seen order; a row without it shows ``-``.
 
@@ -86,12 +87,20 @@ def markdown_figure(key: str, figure: dict[str, Any]) -> list[str]:
     lines += [f"Ratio: {figure['ratio_means']}.", ""]
     if figure.get("note"):
         lines += [f"Note: {figure['note']}.", ""]
-    columns = [c for c in figure["rows"][0] if c != "stats"]
-    for row in figure["rows"][1:]:
+    lines += _table(figure["rows"])
+    if figure.get("goals"):  # the issue's goals the figure measures, met or not
+        lines += ["Goals (one run):", "", *_table(figure["goals"])]
+    return lines
+
+
+def _table(rows: list[dict[str, Any]]) -> list[str]:
+    """Every column any row has, in first-seen order (``stats`` left out); ``-`` where a row
+    has none."""
+    columns = [c for c in rows[0] if c != "stats"]
+    for row in rows[1:]:
         columns += [c for c in row if c not in columns and c != "stats"]
-    lines.append("| " + " | ".join(columns) + " |")
-    lines.append("|" + "---|" * len(columns))
-    for row in figure["rows"]:
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for row in rows:
         lines.append("| " + " | ".join(_cell(row.get(c)) for c in columns) + " |")
     lines.append("")
     return lines

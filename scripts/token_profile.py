@@ -1,0 +1,92 @@
+"""Where a step of figure 8's token jobs goes: CPU milliseconds a step of psdp (memmap store,
+`DataLoader.batch_at` on the calling thread: no prefetch thread to hide or share work) against
+the tight loop of the same job (``docs/performance.md``, "The token path"), in interleaved rounds.
+
+CPU time (``time.process_time``), not wall time, so that other work on a shared machine moves the
+figures less; psdp's read and assembly medians come from its own telemetry (`DataLoader.stats`).
+The corpus and loops are figure 8's (`psdp.tools.benchmarks.tokens`, full sizes): 200,000
+documents (+ 100,000 for the mixture), 64 rows of 2048 a step, ``data=4 x model=2``; every loop
+is checked on its first batches before timing. The real-token ratio of the packed job counts
+each loop's packing efficiency, as figure 8 does.
+
+Run: ``python scripts/token_profile.py [--rounds 7] [--steps 40]`` (about a minute).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+from psdp.tools.benchmarks.common import DEVICES, FULL, ask_for_cpu_devices, cpu_mesh
+
+
+def cpu_ms(step: Callable[[], Any], steps: int) -> float:
+    start = time.process_time()
+    for _ in range(steps):
+        step()
+    return (time.process_time() - start) / steps * 1e3
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--steps", type=int, default=40)
+    args = parser.parse_args(argv)
+    ask_for_cpu_devices(DEVICES)
+    from psdp.tools.benchmarks import tokens  # after the device count is set
+
+    mesh = cpu_mesh((4, 2), ("data", "model"))
+    with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
+        workdir = Path(tmp)
+        lengths = tokens.document_lengths(
+            FULL.token_documents, FULL.token_mean_length, FULL.token_seq_len, seed=0
+        )
+        first = tokens.write_corpus(workdir / "a", lengths, base=1)
+        second_lengths = tokens.document_lengths(
+            FULL.token_documents // 2, FULL.token_mean_length, FULL.token_seq_len, seed=1
+        )
+        second = tokens.write_corpus(workdir / "b", second_lengths, 1 + int(first.offsets[-1]))
+        print("| job | tight loop, CPU ms a step | psdp batch_at | of which read | assemble "
+              "| psdp / tight (real tokens/s) |")  # fmt: skip
+        print("|---|---:|---:|---:|---:|---:|")
+        for job in tokens.JOBS:
+            loops = tokens.loops(job, FULL, mesh, (first, second), None, stack)
+            (open_tight, check_tight), (open_psdp, check_psdp) = (
+                loops[tokens.TIGHT],
+                loops[tokens.PSDP_MEMMAP],
+            )
+            tight: Iterator[Any] = open_tight()
+            stack.callback(tight.close)  # type: ignore[attr-defined]
+            loader = open_psdp.args[0]  # type: ignore[attr-defined]  # psdp_batches(loader)
+            checked = range(tokens.CHECKED_STEPS)  # every loop checked before timing
+            efficiency = {
+                tokens.TIGHT: check_tight([next(tight) for _ in checked]),
+                "psdp": check_psdp([loader.batch_at(step) for step in checked]),
+            }
+            times: dict[str, list[float]] = {tokens.TIGHT: [], "psdp": []}
+            steps = iter(range(10**9))
+            runs = {
+                tokens.TIGHT: lambda tight=tight: next(tight),
+                "psdp": lambda loader=loader, steps=steps: loader.batch_at(next(steps)),
+            }
+            for turn in range(args.rounds):  # interleaved, the order alternating
+                for name in list(runs)[turn % 2 :] + list(runs)[: turn % 2]:
+                    times[name].append(cpu_ms(runs[name], args.steps))
+            stats = loader.stats()
+            mine, theirs = statistics.median(times["psdp"]), statistics.median(times[tokens.TIGHT])
+            ratio = theirs / mine * efficiency["psdp"] / efficiency[tokens.TIGHT]
+            print(f"| {job.name} | {theirs:.3f} | {mine:.3f} | {stats.read_ms_p50:.3f} | "
+                  f"{stats.assemble_ms_p50:.3f} | {ratio:.2f} |")  # fmt: skip
+            sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
