@@ -59,7 +59,7 @@ class SourceConfig:
     Example:
         >>> SourceConfig(store="tokens/code", weight=1, inputs=["code/*.jsonl"],
         ...              tokenizer="tokenizer.json", eos="</s>").prepare_command()
-        'psdp prepare code/*.jsonl --output tokens/code --tokenizer tokenizer.json --eos </s>'
+        "psdp prepare 'code/*.jsonl' --output tokens/code --tokenizer tokenizer.json --eos '</s>'"
     """
 
     store: str | None = None
