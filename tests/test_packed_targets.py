@@ -10,7 +10,14 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from jax.sharding import PartitionSpec as P
 
-from psdp import PACKING_STRATEGIES, DataLoader, DocumentStore, Mixture, PackedSequences
+from psdp import (
+    PACKING_STRATEGIES,
+    DataLoader,
+    DocumentStore,
+    Mixture,
+    PackedSequences,
+    TokenSequences,
+)
 from tests.batch_checks import assert_batch_exact, expected_batch
 from tests.packing_oracle import naive_pack, named_documents, packed_table, with_eos, with_targets
 
@@ -201,3 +208,58 @@ def test_every_device_shard_is_exact_in_a_mixture_with_targets(mesh_context):
             batch = loader.batch_at(step)
             assert np.asarray(batch.pop("mask")).all()  # a mixture never runs out of rows
             assert_batch_exact(batch, want)
+
+
+# ---------------------------------------------------------------------------------- provenance
+def raw_store(lengths, seed):
+    """A store of random tokens and the raw arrays it was made from (the oracle's data)."""
+    tokens = np.random.default_rng(seed).integers(1, 50_000, int(sum(lengths))).astype(np.int32)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    return DocumentStore.from_arrays(offsets, {"input_ids": tokens}), tokens, offsets
+
+
+def assert_provenance_names_every_token(rows, table, raws, width, covered):
+    """Every segment's columns hold exactly its document's tokens [start, stop) in the raw
+    arrays (then the EOS if it says so), and the segments cover exactly the ``covered`` cells."""
+    seen = np.zeros((len(rows), width), bool)
+    for seg in table:
+        tokens, offsets = raws[str(seg["source"])]
+        first = offsets[seg["document"]]
+        want = tokens[first + seg["start"] : first + seg["stop"]].tolist()
+        want += [EOS] if seg["eos"] else []
+        cols = slice(seg["column"], seg["column"] + len(want))
+        assert rows[seg["row"], cols].tolist() == want, seg
+        assert not seen[seg["row"], cols].any(), seg  # segments never overlap
+        seen[seg["row"], cols] = True
+    np.testing.assert_array_equal(seen, covered)
+
+
+@pytest.mark.parametrize("view", ["packed", "packed_windows", "tokens", "tokens_targets"])
+def test_provenance_names_the_store_tokens_of_every_delivered_token(view, mesh_context):
+    """Through a loader over a Mixture of two sources, sequence sharded over ``context``."""
+    lengths = {"a": [5, 17, 0, 9, 30, 1, 12, 8], "b": [8, 4, 21, 2, 6, 15, 0, 11, 7, 3]}
+    raws, views = {}, {}
+    for seed, (name, lens) in enumerate(lengths.items()):
+        store, tokens, offsets = raw_store(lens, seed)
+        raws[name] = (tokens, offsets)
+        if view.startswith("packed"):
+            window = 4 if view == "packed_windows" else None
+            views[name] = PackedSequences(store, 16, targets=True, eos_id=EOS, window=window)
+        else:
+            views[name] = TokenSequences(store, 16, eos_id=EOS, targets=view == "tokens_targets")
+    mix = Mixture(views, weights={"a": 1, "b": 2}, block_size=3, seed=1)
+    leaves = ["input_ids", "segment_ids"]
+    spec = {k: P("data", "context") for k in leaves}
+    with DataLoader(mix, mesh=mesh_context, global_batch_size=8, batch_spec=spec) as loader:
+        for step in range(3):
+            batch = loader.batch_at(step)
+            ids = loader.step_info(step).offset + np.arange(8)
+            rows, segment = (np.asarray(batch[k]) for k in leaves)
+            if view.startswith("packed"):
+                covered = segment > 0
+            else:  # a row's width columns (seq_len + 1 with targets: the domain pads one more)
+                covered = np.arange(rows.shape[1]) < views["a"].width
+                covered = np.broadcast_to(covered, rows.shape)
+            table = mix.provenance(ids)
+            assert set(table["source"]) <= {"a", "b"}
+            assert_provenance_names_every_token(rows, table, raws, rows.shape[1], covered)
