@@ -8,6 +8,7 @@ Running on a multi-node cluster: ``docs/prepare.md``, "On a Ray cluster".
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Callable, Iterable, Iterator
 from importlib.metadata import version
@@ -57,20 +58,28 @@ class RayEngine:
         """``fn(task)`` for every task, run as Ray tasks, yielded in the order they finish.
 
         ``fn`` must be a module-level callable that every node can import (psdp installed there).
-        A task's exception is raised here as itself (not wrapped), and cancels the tasks left.
+        At most two tasks per CPU of the cluster are in flight. A task's exception is raised here
+        as itself (not wrapped), once the tasks in flight have ended; no task starts after it.
         """
         remote = self._ray.remote(_apply)  # a plain function: ray.remote refuses builtins as fn
-        pending = [remote.remote(fn, task) for task in tasks]
+        waiting = iter(tasks)
+        in_flight = 2 * max(1, int(self._ray.cluster_resources().get("CPU", 1)))
+        running = [remote.remote(fn, task) for task in itertools.islice(waiting, in_flight)]
         try:
-            while pending:
-                [done], pending = self._ray.wait(pending, num_returns=1)
+            while running:
+                [done], running = self._ray.wait(running, num_returns=1)
                 try:
-                    yield self._ray.get(done)
+                    result = self._ray.get(done)
                 except self._ray.exceptions.RayTaskError as error:
                     raise error.cause from None  # the task's own error, as the local engine gives
+                running += [remote.remote(fn, task) for task in itertools.islice(waiting, 1)]
+                yield result
         finally:
-            for ref in pending:  # on an error or an abandoned iteration: stop the work left
-                self._ray.cancel(ref)
+            # On an error or an abandoned iteration the tasks in flight end on their own: none is
+            # cancelled, as Ray 2.60's driver aborted the whole process when the reply of a task
+            # it had just cancelled arrived ("Tried to complete task that was not pending").
+            if running:
+                self._ray.wait(running, num_returns=len(running))
 
     def close(self) -> None:
         """Shuts down the Ray session if this engine started it."""
