@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -60,7 +61,7 @@ def raw_documents(store: Path) -> list[np.ndarray]:
     for unit in json.loads((store / "psdp.json").read_text())["units"]:  # in document order
         part = store / "parts" / unit["part"]
         offsets, tokens = read(part / "offsets"), read(part / "tokens" / "input_ids")
-        docs += [tokens[a:b] for a, b in zip(offsets[:-1], offsets[1:], strict=True)]
+        docs += [tokens[a:b] for a, b in pairwise(offsets)]
     return docs
 
 
