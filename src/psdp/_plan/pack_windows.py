@@ -39,6 +39,9 @@ class PackKey:
     window: int
     num_documents: int
     num_tokens: int
+    #: an EOS slot after every non-empty document (`PackedSequences` ``eos_id``); an index
+    #: saved before this field existed was built without
+    eos: bool = False
 
     @property
     def num_windows(self) -> int:

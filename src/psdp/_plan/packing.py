@@ -113,6 +113,18 @@ class PackPlan:
         )
 
 
+def segment_lengths(offsets: np.ndarray, eos: bool) -> np.ndarray:
+    """Each document's slots from its offsets: its tokens, plus one for the EOS that ends a
+    non-empty document when ``eos`` (an empty document gets none, as in `TokenSequences`).
+
+    Example:
+        >>> segment_lengths(np.array([0, 3, 3, 5]), eos=True).tolist()
+        [4, 0, 3]
+    """
+    lengths = np.diff(offsets)
+    return lengths + (lengths > 0) if eos else lengths
+
+
 def plan_packing(
     lengths: Any,
     seq_len: int,

@@ -22,7 +22,7 @@ import numpy as np
 from tqdm import tqdm
 
 from psdp._plan.pack_windows import PackIndex, PackKey, window_counts
-from psdp._plan.packing import PackPlan, plan_window
+from psdp._plan.packing import PackPlan, plan_window, segment_lengths
 from psdp.sources.documents import DocumentStore
 
 #: What a pack index file says it is, and its layout's version.
@@ -38,7 +38,7 @@ def plan_of_window(store: DocumentStore, key: PackKey, w: int) -> tuple[PackPlan
     """Window ``w``'s plan and its offsets (``offsets[first:stop + 1]``): one range read."""
     first, stop = key.documents(w)
     offsets = store.offsets_range(first, stop + 1)
-    return _plan(np.diff(offsets), key, w), offsets
+    return _plan(segment_lengths(offsets, key.eos), key, w), offsets
 
 
 def build_pack_index(
@@ -136,7 +136,7 @@ def _windows(store: DocumentStore, key: PackKey) -> Iterator[tuple[int, np.ndarr
         offsets = store.offsets_range(first, key.documents(last)[1] + 1)
         for w in range(chunk, last + 1):
             a, b = (d - first for d in key.documents(w))
-            yield w, np.diff(offsets[a : b + 1])
+            yield w, segment_lengths(offsets[a : b + 1], key.eos)
 
 
 def _in_pool(

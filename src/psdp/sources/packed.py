@@ -13,14 +13,14 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from psdp._checks import check_int
 from psdp._plan.leaves import Key, in_leaf_order
 from psdp._plan.pack_windows import PackIndex, PackKey
-from psdp._plan.packing import PackPlan, check_packing_options, plan_packing
+from psdp._plan.packing import PackPlan, check_packing_options, plan_packing, segment_lengths
 from psdp._plan.windows import Box
 from psdp.sources.base import check_ids, fresh_rows
 from psdp.sources.document_index import ranges
@@ -33,10 +33,14 @@ from psdp.sources.documents import (
     chosen_leaves,
 )
 from psdp.sources.pack_index import build_pack_index, open_pack_index, plan_of_window
+from psdp.sources.provenance import provenance_table
 
 #: The leaves a packed sequence adds to the store's: each token's segment (1, 2, ... within a
 #: sequence, 0 on padding), its position within its segment, and whether it counts in the loss.
 LOSS_MASK = "loss_mask"
+#: With ``targets=True``: each token's next-token target within its segment (``pad_id`` where
+#: it has none).
+TARGETS = "targets"
 #: Window plans kept for reads when packing in windows (each about 40 bytes per document).
 WINDOW_CACHE = 64
 
@@ -51,6 +55,13 @@ class PackedSequences:
     uint8 otherwise). A piece of a split document is a segment of its own: its positions restart
     at 0.
 
+    With ``targets=True`` a leaf ``targets`` holds each token's next token within its segment
+    (``pad_id`` where there is none: a segment's last token, padding), and ``loss_mask`` is 1
+    exactly where that target is real (times the store's ``loss_mask`` of the target token,
+    if it has one). With ``eos_id``, every non-empty document ends with an EOS token, packed
+    as one more token of its last piece, so that its last token has a real target: the EOS.
+    ``docs/packing.md``, "Next-token targets".
+
     Args:
         store: the documents.
         seq_len: tokens per sequence.
@@ -58,7 +69,9 @@ class PackedSequences:
         long_documents: ``"split"`` a document longer than ``seq_len`` into pieces, or
             ``"drop"`` it (`plan.dropped` lists them).
         seed: packs the documents in an order drawn from this seed; ``None``: the store's order.
-        pad_id: the ``input_ids`` of padding.
+        pad_id: the ``input_ids`` of padding (and the ``targets`` where none is real).
+        targets: add the ``targets`` leaf, and make ``loss_mask`` the mask of real targets.
+        eos_id: a token ending every non-empty document (a slot of its own); ``None``: none.
         leaves: the leaves to deliver, e.g. ``("input_ids", "segment_ids")``; default all. A
             stored leaf left out is not read; a computed one is not computed.
         window: packs each window of this many documents alone (``plan`` is then a
@@ -75,6 +88,10 @@ class PackedSequences:
         >>> rows = packed.read(np.array([1, 0]))
         >>> rows["input_ids"].tolist(), rows["segment_ids"].tolist(), rows["positions"].tolist()
         ([[4, 5, -1, -1], [1, 2, 3, -1]], [[1, 1, 0, 0], [1, 1, 1, 0]], [[0, 1, 0, 0], [0, 1, 2, 0]])
+        >>> lm = PackedSequences(store, seq_len=4, pad_id=-1, targets=True, eos_id=0)
+        >>> rows = lm.read(np.array([0, 1]))
+        >>> rows["input_ids"].tolist(), rows["targets"].tolist(), rows["loss_mask"].tolist()
+        ([[1, 2, 3, 0], [4, 5, 0, -1]], [[2, 3, 0, -1], [5, 0, -1, -1]], [[1, 1, 1, 0], [1, 1, 0, 0]])
     """
 
     def __init__(
@@ -86,14 +103,20 @@ class PackedSequences:
         *,
         seed: int | None = None,
         pad_id: int = 0,
+        targets: bool = False,
+        eos_id: int | None = None,
         leaves: Sequence[str] | None = None,
         window: int | None = None,
         index: str | os.PathLike[str] | None = None,
     ):
-        check_view_of(store, "PackedSequences", pad_id=pad_id)
+        check_view_of(store, "PackedSequences", pad_id=pad_id, eos_id=eos_id)
+        _check_targets(store, targets)
         self.store, self.seq_len, self.pad_id = store, seq_len, pad_id
+        self.targets, self.eos_id = targets, eos_id
         computed = {SEGMENT_IDS: np.dtype(np.int32), POSITIONS: np.dtype(np.int32),
                     LOSS_MASK: store.leaves.get(LOSS_MASK, np.dtype(np.uint8))}  # fmt: skip
+        if targets:
+            computed[TARGETS] = store.leaves[TOKENS]
         #: The leaves of every row and their dtypes (the store's, then the computed ones).
         self.leaves: dict[str, np.dtype] = chosen_leaves(
             {**store.leaves, **computed}, leaves, "PackedSequences"
@@ -112,7 +135,8 @@ class PackedSequences:
                 "packs the whole corpus at once; set window (e.g. window=4096), or drop index"
             )
         self._offsets = self.store.offsets_range(0, self.store.num_documents + 1)
-        return plan_packing(np.diff(self._offsets), self.seq_len, strategy, long_documents, seed)
+        lengths = segment_lengths(self._offsets, self.eos_id is not None)
+        return plan_packing(lengths, self.seq_len, strategy, long_documents, seed)
 
     def _open_index(self, window, strategy, long_documents, seed, index) -> PackIndex:
         """The pack index: loaded from ``index`` (its first and last windows checked at once),
@@ -120,7 +144,8 @@ class PackedSequences:
         check_int("window", window, minimum=1)
         check_packing_options(self.seq_len, strategy, long_documents, seed)
         key = PackKey(self.seq_len, strategy, long_documents, seed, window,
-                      self.store.num_documents, self.store.num_tokens)  # fmt: skip
+                      self.store.num_documents, self.store.num_tokens,
+                      eos=self.eos_id is not None)  # fmt: skip
         self._where = "built at start-up" if index is None else f"at {index}"
         self._window_plan = functools.lru_cache(WINDOW_CACHE)(self._plan_of_window)
         if index is None:
@@ -199,53 +224,118 @@ class PackedSequences:
     def _read_span(
         self, ids: np.ndarray, low: int, high: int, keys: list[str]
     ) -> dict[str, np.ndarray]:
-        """Leaves ``keys`` of rows ``ids`` at columns ``[low, high)``: one store read.
+        """Leaves ``keys`` of rows ``ids`` at columns ``[low, high)``: one store read."""
+        if self.targets and (TARGETS in keys or LOSS_MASK in keys):
+            return self._with_targets(ids, low, high, keys)
+        return self._laid_out(ids, low, high, keys)
+
+    def _with_targets(
+        self, ids: np.ndarray, low: int, high: int, keys: list[str]
+    ) -> dict[str, np.ndarray]:
+        """`_read_span` with ``targets`` and the loss mask of real targets: a column's target is
+        the next column's token if both are in one segment, so one more column is read."""
+        stop = min(high + 1, self.seq_len)
+        own_mask = LOSS_MASK in self.store.leaves
+        needed = [TOKENS, SEGMENT_IDS] + ([LOSS_MASK] if own_mask else [])
+        got = self._laid_out(
+            ids, low, stop, [k for k in dict.fromkeys(keys + needed) if k != TARGETS]
+        )
+        width, inner = high - low, max(0, stop - low - 1)  # inner: columns whose next was read
+        segment = got[SEGMENT_IDS]
+        real = np.zeros((len(ids), width), bool)
+        real[:, :inner] = (segment[:, 1 : inner + 1] == segment[:, :inner]) & (
+            segment[:, :inner] > 0
+        )
+
+        def following(key: str, fill: int) -> np.ndarray:
+            """Leaf ``key`` at each column's target where it is real, ``fill`` elsewhere."""
+            value = np.full(real.shape, fill, got[key].dtype)
+            value[:, :inner] = got[key][:, 1 : inner + 1]
+            return np.where(real, value, np.asarray(fill, value.dtype))
+
+        out = {}
+        for key in keys:
+            if key == TARGETS:
+                out[key] = following(TOKENS, self.pad_id)
+            elif key == LOSS_MASK:
+                mask = following(LOSS_MASK, 0) if own_mask else real
+                out[key] = mask.astype(self.leaves[LOSS_MASK], copy=False)
+            else:
+                out[key] = got[key][:, :width]
+        return out
+
+    def _laid_out(
+        self, ids: np.ndarray, low: int, high: int, keys: list[str]
+    ) -> dict[str, np.ndarray]:
+        """Leaves ``keys`` (not ``targets``) of rows ``ids`` at columns ``[low, high)``.
 
         A row's pieces lie side by side from column 0, so the part of a row inside the columns
         is one run from ``low``: the pieces' tokens, read in (row, column) order, fill the rows
-        through one mask, in C order."""
-        rows, token, count, column, segment = self._pieces(ids)
+        through one mask, in C order (an EOS column left out of it and filled after)."""
+        rows, _, _, token, count, column, segment, eos = self._pieces(ids)
         skipped = np.zeros_like(count)  # each piece's columns before the window
         if low > 0 or high < self.seq_len:  # clip the pieces to the window (whole rows: none)
             begin = np.maximum(column, low)
-            count = np.minimum(column + count, high) - begin
+            end = np.minimum(column + count, high)
+            eos = eos & (end == column + count)  # the EOS, a piece's last slot, is inside
+            count = end - begin
             inside = count > 0
-            rows, token, column, segment, begin, count = (
-                a[inside] for a in (rows, token, column, segment, begin, count)
+            rows, token, column, segment, begin, count, eos = (
+                a[inside] for a in (rows, token, column, segment, begin, count, eos)
             )
             skipped = begin - column
         starts = token + skipped
         stored = [key for key in keys if key in self.store.leaves]
-        tokens = self.store.read_ranges(starts, starts + count, stored) if stored else {}
+        read = self.store.read_ranges(starts, starts + count - eos, stored) if stored else {}
         filled = np.bincount(rows, weights=count, minlength=len(ids)).astype(np.int64)
         mask = np.arange(high - low) < filled[:, None]
+        tokens, at_eos = mask, (rows[eos], (column + skipped + count - 1 - low)[eos])
+        if self.eos_id is not None:
+            tokens = mask.copy()
+            tokens[at_eos] = False
         out = {}
         for key in keys:
-            if key == LOSS_MASK and LOSS_MASK not in tokens:
+            if key == LOSS_MASK and LOSS_MASK not in read:
                 out[key] = mask.astype(np.uint8)
                 continue
-            value, dtype, pad = self._token_values(key, tokens, segment, skipped, count)
+            value, dtype, pad = self._token_values(key, read, segment, skipped, count)
             leaf = np.zeros(mask.shape, dtype) if pad == 0 else np.full(mask.shape, pad, dtype)
-            leaf[mask] = value
+            leaf[tokens if key in read else mask] = value
+            if key == TOKENS and self.eos_id is not None:
+                leaf[at_eos] = self.eos_id
             out[key] = leaf
         return out
 
-    def _pieces(self, ids: np.ndarray) -> tuple[np.ndarray, ...]:
-        """The pieces of rows ``ids`` in (row, column) order: their row (a position in
-        ``ids``), first token in the store, length, first column and segment id."""
+    def _pieces(self, ids: np.ndarray) -> _Pieces:
+        """The pieces of rows ``ids`` in (row, column) order."""
         if isinstance(self.plan, PackPlan):
-            return _plan_pieces(self.plan, self._offsets, 0, ids)
+            return self._plan_pieces(self.plan, self._offsets, 0, ids)
         windows, local = self.plan.locate(ids)
         by_window = np.argsort(windows, kind="stable")
         parts = []
         for at in np.split(by_window, np.flatnonzero(np.diff(windows[by_window])) + 1):
             w = int(windows[at[0]])
             plan, offsets = self._window_plan(w)
-            rows, *rest = _plan_pieces(plan, offsets, self.plan.key.documents(w)[0], local[at])
+            rows, *rest = self._plan_pieces(plan, offsets, self.plan.key.documents(w)[0], local[at])
             parts.append((at[rows], *rest))
         joined = [np.concatenate(column) for column in zip(*parts, strict=True)]
         by_row = np.argsort(joined[0], kind="stable")  # each row's pieces stay in column order
-        return tuple(a[by_row] for a in joined)
+        return _Pieces(*(a[by_row] for a in joined))
+
+    def _plan_pieces(
+        self, plan: PackPlan, offsets: np.ndarray, first: int, ids: np.ndarray
+    ) -> _Pieces:
+        """`_pieces` of ``plan``'s sequences ``ids``; ``offsets[d - first]`` is document ``d``'s
+        first token."""
+        rows, piece = plan.pieces_of(ids)
+        doc, start, count = plan.piece_doc[piece], plan.piece_start[piece], plan.piece_len[piece]
+        token = offsets[doc - first] + start
+        segment = piece - plan.seq_starts[ids[rows]] + 1
+        if self.eos_id is None:
+            eos = np.zeros(len(piece), bool)
+        else:  # a document's EOS is the slot after its last token: its last piece's last slot
+            eos = start + count > offsets[doc - first + 1] - offsets[doc - first]
+        return _Pieces(rows, doc, start, token, count, plan.piece_column[piece], segment, eos)
 
     def _plan_of_window(self, w: int) -> tuple[PackPlan, np.ndarray]:
         """Window ``w``'s plan and offsets, checked against the index (cached: `WINDOW_CACHE`)."""
@@ -264,23 +354,56 @@ class PackedSequences:
             return ranges(skipped, count, work), np.int32, 0
         return tokens[key], self.store.leaves[key], self.pad_id if key == TOKENS else 0
 
+    def provenance(self, ids: np.ndarray) -> np.ndarray:
+        """Where every segment of rows ``ids`` comes from: a `provenance_table` row per
+        segment, in (row, column) order; reads no token.
+
+        Example:
+            >>> store = DocumentStore.from_documents([np.arange(1, 4), np.arange(4, 10)])
+            >>> table = PackedSequences(store, seq_len=4, eos_id=0).provenance(np.array([2]))
+            >>> table[["row", "column", "document", "start", "stop", "eos"]].tolist()
+            [(0, 0, 1, 4, 6, True)]
+        """
+        ids = check_ids(ids, len(self), self.describe)
+        p = self._pieces(ids)
+        return provenance_table(p.row, p.column, p.doc, p.start, p.start + p.slots - p.eos, p.eos)
+
     def describe(self) -> str:
-        return f"PackedSequences({self.plan.describe()}; {self.store.describe()})"
+        targets = ", targets" if self.targets else ""
+        eos = "" if self.eos_id is None else f", eos_id={self.eos_id}"
+        return f"PackedSequences({self.plan.describe()}{targets}{eos}; {self.store.describe()})"
 
     def __repr__(self) -> str:
         return self.describe()
 
 
-_DERIVED = (SEGMENT_IDS, POSITIONS, LOSS_MASK)
+_DERIVED = (SEGMENT_IDS, POSITIONS, LOSS_MASK, TARGETS)
 
 
-def _plan_pieces(plan: PackPlan, offsets: np.ndarray, first: int, ids: np.ndarray):
-    """`PackedSequences._pieces` of ``plan``'s sequences ``ids``; ``offsets[d - first]`` is
-    document ``d``'s first token."""
-    rows, piece = plan.pieces_of(ids)
-    token = offsets[plan.piece_doc[piece] - first] + plan.piece_start[piece]
-    segment = piece - plan.seq_starts[ids[rows]] + 1
-    return rows, token, plan.piece_len[piece], plan.piece_column[piece], segment
+class _Pieces(NamedTuple):
+    """The pieces of some rows, in (row, column) order: each one's row (a position in the
+    ids), document, first token within it, first token in the store, slots (its EOS
+    included), first column, segment id (1, 2, ... within its row), and whether its last slot
+    is its document's EOS."""
+
+    row: np.ndarray
+    doc: np.ndarray
+    start: np.ndarray
+    token: np.ndarray
+    slots: np.ndarray
+    column: np.ndarray
+    segment: np.ndarray
+    eos: np.ndarray
+
+
+def _check_targets(store: DocumentStore, targets: Any) -> None:
+    if not isinstance(targets, bool):
+        raise TypeError(f"targets must be a bool, got {type(targets).__name__} {targets!r}")
+    if targets and TARGETS in store.leaves:
+        raise ValueError(
+            f"the store has a leaf {TARGETS!r}, which PackedSequences(targets=True) computes "
+            "itself; rename or drop the store's leaf, or pass targets=False"
+        )
 
 
 def _columns(box: Box, seq_len: int) -> slice | np.ndarray | None:
