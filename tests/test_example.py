@@ -119,12 +119,10 @@ def test_the_example_resumes_on_half_the_hosts_as_an_uninterrupted_run(tmp_path)
     checked = 0
     for tokens, provenance in [*delivered.values(), *uninterrupted.values()]:
         row, covered = np.asarray(tokens), np.zeros(len(tokens), bool)
-        for name, doc, start, length, column in provenance:
-            document = stores[name][doc]
+        for name, doc, start, stop, column in provenance:
+            document, length = stores[name][doc], stop - start
             assert document.tolist() == [*tokenizer.encode(texts[name][doc]).ids, EOS_ID]
-            assert (
-                row[column : column + length].tolist() == document[start : start + length].tolist()
-            )
+            assert row[column : column + length].tolist() == document[start:stop].tolist()
             assert not covered[column : column + length].any()  # segments never overlap
             covered[column : column + length] = True
             checked += length

@@ -3,7 +3,8 @@
 Documents packed into one row must not see each other: a token attends to the tokens before it
 (causality) that carry its segment id (`segment_ids`, 0 on padding); its position embedding is
 read at `positions`, which restart at 0 in every segment. The loss is the mean next-token cross
-entropy over the tokens that have a real target.
+entropy over the tokens whose target is real (`targets` and `loss_mask`, from
+`PackedSequences(targets=True)`).
 """
 
 from __future__ import annotations
@@ -99,20 +100,12 @@ def rms_norm(x: jax.Array, scale: jax.Array) -> jax.Array:
     return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6) * scale
 
 
-def next_token_targets(batch):
-    """TEMPORARY, until `PackedSequences(targets=True)` delivers them: each token's target is the
-    next token of its own segment; the last token of a segment (and padding, and a padded row)
-    has none. Returns (targets, weights), both ``(batch, seq_len)``."""
-    segments = batch["segment_ids"]
-    targets = jnp.concatenate([batch["input_ids"][:, 1:], batch["input_ids"][:, -1:]], axis=1)
-    following = jnp.concatenate([segments[:, 1:], jnp.zeros_like(segments[:, :1])], axis=1)
-    real = (following == segments) & (segments != 0) & batch["mask"][:, None]
-    return targets, real.astype(jnp.float32)
-
-
 def loss_sum(model: Transformer, batch) -> tuple[jax.Array, jax.Array]:
     """The summed next-token cross entropy and the number of tokens it covers."""
     logits = model(batch["input_ids"], batch["segment_ids"], batch["positions"])
-    targets, weights = next_token_targets(batch)
+    # the packed targets: each token's next token in its segment, loss_mask 1 where it is real;
+    # mask is False on the rows that pad a batch (an eval set's last one)
+    weights = batch["loss_mask"].astype(jnp.float32) * batch["mask"][:, None]
+    targets = batch["targets"].astype(jnp.int32)
     losses = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
     return jnp.sum(losses * weights), jnp.sum(weights)

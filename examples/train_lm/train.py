@@ -178,17 +178,16 @@ class Log:
                 f.write(json.dumps(record) + "\n")
 
 
-def provenance(mixture, offsets: np.ndarray) -> list[list[list]]:
-    """TEMPORARY, until psdp delivers provenance: for each sample offset, the row's segments as
-    ``[source, document, first token, tokens, first column]``, from the mixture's map of offsets
-    to (source, row) and the packing plan of that source's view."""
+def provenance(mixture, offsets: np.ndarray) -> list[list]:
+    """Each row's segments as ``[source, document, start, stop, column]``: the document's tokens
+    ``[start, stop)`` sit from ``column`` on. The mixture maps an offset to (source, row), that
+    source's view names the row's segments (`PackedSequences.provenance`)."""
     which, rows = mixture.locate(offsets)
-    out = []
-    for source, row in zip(which.tolist(), rows.tolist(), strict=True):
-        name = mixture.names[source]
-        plan = mixture.sources[name].plan
-        span = slice(plan.seq_starts[row], plan.seq_starts[row + 1])
-        pieces = zip(plan.piece_doc[span], plan.piece_start[span], plan.piece_len[span],
-                     plan.piece_column[span], strict=True)  # fmt: skip
-        out.append([[name, *map(int, piece)] for piece in pieces])
+    out: list[list] = [[] for _ in offsets]
+    for source, name in enumerate(mixture.names):
+        at = np.flatnonzero(which == source)
+        for segment in mixture.sources[name].provenance(rows[at]):
+            out[at[segment["row"]]].append(
+                [name, *(int(segment[k]) for k in ("document", "start", "stop", "column"))]
+            )
     return out
