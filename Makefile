@@ -16,7 +16,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: setup run test lint test-lower test-newest check-install lock bench clean
+.PHONY: setup run example test lint test-lower test-newest check-install lock bench clean
 
 setup: $(STAMP)
 
@@ -36,6 +36,11 @@ $(STAMP): pyproject.toml requirements/dev-py311.lock
 # 300 steps of a tiny model, every device's rows checked every step (about a minute on 2 cores).
 run: $(STAMP)
 	$(VENV)/bin/psdp simulate --train
+
+# examples/train_lm: text -> psdp prepare -> a YAML data config -> a tiny transformer on a
+# 4-process local pod, killed, resumed on 2 processes with another batch size (about a minute).
+example: $(STAMP)
+	$(PY) examples/train_lm/run.py
 
 test: $(STAMP)
 	$(PY) -m pytest

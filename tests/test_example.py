@@ -129,3 +129,13 @@ def test_the_example_resumes_on_half_the_hosts_as_an_uninterrupted_run(tmp_path)
         assert covered.tolist() == sorted(covered.tolist(), reverse=True)  # padding at the end
         assert (row[~covered] == 0).all()  # pad_id
     assert checked > 0.9 * 128 * (len(delivered) + len(uninterrupted))  # packed ~full
+
+
+def test_the_readme_and_the_trainer_docs_give_the_one_command():
+    root = EXAMPLE.parents[1]
+    readme, makefile = (root / "README.md").read_text(), (root / "Makefile").read_text()
+    assert "make example" in readme and "examples/train_lm/run.py" in readme
+    assert "example: $(STAMP)\n\t$(PY) examples/train_lm/run.py\n" in makefile
+    trainer = (root / "docs" / "trainer.md").read_text()
+    assert "## A language model, end to end: `examples/train_lm`" in trainer
+    assert "docs/trainer.md#a-language-model-end-to-end-examplestrain_lm" in readme
