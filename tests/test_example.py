@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 from itertools import pairwise
 from pathlib import Path
 
@@ -26,9 +27,11 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_lm"
 EOS_ID = 0  # the example's tokenizer: <|endoftext|> is its first special token
 
 
-def load_run():
-    spec = importlib.util.spec_from_file_location("train_lm_run", EXAMPLE / "run.py")
+def load(name: str):
+    """The example's module ``name`` (``run``, ``model``), imported from its file."""
+    spec = importlib.util.spec_from_file_location(f"train_lm_{name}", EXAMPLE / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
@@ -67,7 +70,7 @@ def raw_documents(store: Path) -> list[np.ndarray]:
 
 @pytest.mark.timeout(600)
 def test_the_example_resumes_on_half_the_hosts_as_an_uninterrupted_run(tmp_path):
-    run = load_run()
+    run = load("run")
     run.prepare(tmp_path)
     resumed = run.killed_then_resumed(tmp_path, echo=None)
     steps, evals = records(tmp_path / "steps.jsonl")
@@ -139,3 +142,33 @@ def test_the_readme_and_the_trainer_docs_give_the_one_command():
     trainer = (root / "docs" / "trainer.md").read_text()
     assert "## A language model, end to end: `examples/train_lm`" in trainer
     assert "docs/trainer.md#a-language-model-end-to-end-examplestrain_lm" in readme
+
+
+def test_the_example_model_keeps_packed_documents_apart_and_weights_its_loss_by_the_masks():
+    """Oracles: each document run by itself (positions from 0), and the loss summed by numpy."""
+    import jax.numpy as jnp
+
+    model = load("model")
+    net = model.Transformer(model.ModelConfig(vocab_size=32, d_model=16, heads=2), seq_len=8)
+    a, b = [3, 4, 5], [7, 8, 9, 10]
+    batch = {
+        "input_ids": jnp.array([[*a, *b, 0], [*b, *a, 0]]),
+        "segment_ids": jnp.array([[1, 1, 1, 2, 2, 2, 2, 0], [1, 1, 1, 1, 2, 2, 2, 0]]),
+        "positions": jnp.array([[0, 1, 2, 0, 1, 2, 3, 0], [0, 1, 2, 3, 0, 1, 2, 0]]),
+        "targets": jnp.array([[4, 5, 0, 8, 9, 10, 0, 0], [8, 9, 10, 0, 4, 5, 0, 0]]),
+        "loss_mask": jnp.array([[1, 1, 0, 1, 1, 1, 0, 0], [1, 1, 1, 0, 1, 1, 0, 0]], jnp.uint8),
+        "mask": jnp.array([True, False]),  # the second row pads the batch
+    }
+    packed = np.asarray(net(batch["input_ids"], batch["segment_ids"], batch["positions"]))
+    for doc, columns in ((a, slice(0, 3)), (b, slice(3, 7))):
+        alone = net(
+            jnp.array([doc]), jnp.ones((1, len(doc)), jnp.int32), jnp.arange(len(doc))[None]
+        )
+        np.testing.assert_allclose(packed[0, columns], np.asarray(alone)[0], rtol=1e-5, atol=1e-6)
+    total, tokens = model.loss_sum(net, batch)
+    logits = packed[0].astype(np.float64)
+    log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    real = [0, 1, 3, 4, 5]  # row 0's tokens with a target; row 1 is padding
+    expected = -sum(log_probs[c, int(batch["targets"][0, c])] for c in real)
+    assert float(tokens) == len(real)
+    np.testing.assert_allclose(float(total), expected, rtol=1e-5)
