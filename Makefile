@@ -46,8 +46,8 @@ test: $(STAMP)
 	$(PY) -m pytest
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests scripts conftest.py
-	$(VENV)/bin/ruff format --check src tests scripts conftest.py
+	$(VENV)/bin/ruff check src tests scripts examples conftest.py
+	$(VENV)/bin/ruff format --check src tests scripts examples conftest.py
 	$(VENV)/bin/mypy
 
 # The suite on Python 3.11 with every dependency and extra at its declared lower bound.
