@@ -164,3 +164,33 @@ def _mix(x) -> np.ndarray:
     z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
     return z ^ (z >> np.uint64(31))
+
+
+def with_eos(docs, eos_id):
+    """The documents as packed with ``eos_id``: each non-empty one followed by the EOS (its other
+    leaves 0 there), and their slot counts."""
+    if eos_id is None:
+        return docs, [len(d["input_ids"]) for d in docs]
+    out = []
+    for doc in docs:
+        if not len(doc["input_ids"]):
+            out.append(doc)
+            continue
+        out.append({k: np.append(v, np.array(eos_id if k == "input_ids" else 0, v.dtype))
+                    for k, v in doc.items()})  # fmt: skip
+    return out, [len(d["input_ids"]) for d in out]
+
+
+def with_targets(table, pad_id=0, store_mask=False) -> dict[str, np.ndarray]:
+    """``table`` (a `packed_table`) with next-token ``targets`` and ``loss_mask`` as documented:
+    column c's target is column c + 1's token when both hold one segment (else ``pad_id``);
+    the mask is 1 there (the store's loss mask of the target token, with ``store_mask``), else 0.
+    Cell by cell, the obvious way."""
+    ids, seg = table["input_ids"], table["segment_ids"]
+    targets = np.full_like(ids, pad_id)
+    mask = np.zeros_like(table["loss_mask"])
+    for r, c in np.ndindex(ids.shape):
+        if c + 1 < ids.shape[1] and seg[r, c] > 0 and seg[r, c + 1] == seg[r, c]:
+            targets[r, c] = ids[r, c + 1]
+            mask[r, c] = table["loss_mask"][r, c + 1] if store_mask else 1
+    return {**table, "targets": targets, "loss_mask": mask}

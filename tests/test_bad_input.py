@@ -1989,14 +1989,31 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
         ],
     ),
     (
-        "packed targets before PackedSequences takes them",
-        lambda _: ViewConfig(packing="best_fit", targets=True),
+        "packed targets as a string",
+        lambda _: PackedSequences(DocumentStore.from_documents([np.arange(3)]), 4, targets="yes"),  # type: ignore[arg-type]
+        TypeError,
+        ["targets must be a bool, got str 'yes'", "pass targets=True or targets=False"],
+    ),
+    (
+        "packed targets over a store with its own targets leaf",
+        lambda _: PackedSequences(
+            DocumentStore.from_documents([{"input_ids": np.arange(3), "targets": np.arange(3)}]),
+            4,
+            targets=True,
+        ),
         ValueError,
         [
-            "ViewConfig.targets=True with packing",
-            "does not take targets yet",
-            "unset targets, or use the concatenate-then-split view",
+            "the store has a leaf 'targets', which PackedSequences(targets=True) computes itself",
+            "rename or drop the store's leaf, or pass targets=False",
         ],
+    ),
+    (
+        "a packed EOS id the token dtype cannot hold",
+        lambda _: PackedSequences(
+            DocumentStore.from_documents([np.arange(9, dtype=np.uint16)]), 4, eos_id=70_000
+        ),
+        ValueError,
+        ["eos_id=70000 does not fit the store's input_ids dtype uint16 ([0, 65535])", "wider ids"],
     ),
     (
         "a mixture block size of 0",

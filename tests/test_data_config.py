@@ -33,7 +33,13 @@ from tests.batch_checks import assert_batch_exact
 from tests.eval_oracle import eval_batches
 from tests.meshes import mesh_of
 from tests.mixture_oracle import OracleMixture
-from tests.packing_oracle import naive_pack, named_documents, packed_table
+from tests.packing_oracle import (
+    naive_pack,
+    named_documents,
+    packed_table,
+    with_eos,
+    with_targets,
+)
 
 SEQ_LEN, BATCH, BLOCK = 16, 8, 16
 #: document lengths of the two sources and the eval set (some longer than SEQ_LEN: split)
@@ -94,6 +100,9 @@ def _oracle_rows(name: str, view: str) -> dict[str, np.ndarray]:
     if view == "packed":
         bins = naive_pack(LENGTHS[name], SEQ_LEN, "best_fit")
         return packed_table(docs, bins, SEQ_LEN)
+    if view == "packed_lm":  # each document and its EOS 0 packed; next-token targets
+        docs, slots = with_eos(docs, 0)
+        return with_targets(packed_table(docs, naive_pack(slots, SEQ_LEN, "best_fit"), SEQ_LEN))
     return token_oracle.rows([d["input_ids"] for d in docs], SEQ_LEN, eos_id=0)
 
 
@@ -116,6 +125,7 @@ def _oracle_step(view: str, step: int, stages) -> dict[str, np.ndarray]:
 
 VIEWS = {
     "packed": "{packing: best_fit}",
+    "packed_lm": "{packing: best_fit, targets: true, eos_id: 0}",
     "concatenated": "{eos_id: 0}",
 }
 
@@ -139,6 +149,9 @@ def test_the_train_loader_from_yaml_equals_the_loader_built_by_hand(stores, view
     stores_ = {n: DocumentStore.open(stores[n]) for n in ("code", "prose")}
     if view == "packed":
         views = {n: PackedSequences(s, SEQ_LEN, "best_fit") for n, s in stores_.items()}
+    elif view == "packed_lm":
+        views = {n: PackedSequences(s, SEQ_LEN, "best_fit", targets=True, eos_id=0)
+                 for n, s in stores_.items()}  # fmt: skip
     else:
         views = {n: TokenSequences(s, SEQ_LEN, eos_id=0) for n, s in stores_.items()}
     stages = [(0, {"code": 1, "prose": 3}), (4 * BATCH, {"code": 1, "prose": 1})]
@@ -158,7 +171,7 @@ def test_the_train_loader_from_yaml_equals_the_loader_built_by_hand(stores, view
 @pytest.mark.parametrize("view", list(VIEWS))
 def test_eval_loaders_from_the_config_are_finite_and_exactly_once(stores, view):
     config = _config(stores, VIEWS[view])
-    rows = _oracle_rows("held_out", "packed" if view == "packed" else "concatenated")
+    rows = _oracle_rows("held_out", view)
     expected = eval_batches(rows, 6, batch_shards=4)
     loaders = config.eval_loaders(_mesh())
     assert list(loaders) == ["held_out"]

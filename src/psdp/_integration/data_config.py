@@ -10,7 +10,6 @@ frozen dataclasses of plain values, so it parses from YAML and flags with draccu
 
 from __future__ import annotations
 
-import inspect
 import json
 import math
 import shlex
@@ -298,12 +297,11 @@ class ViewConfig:
     """Packing only: pack the documents in an order drawn from this seed (unset: store order)."""
 
     targets: bool = False
-    """One more token per row for shifted next-token targets (concatenate-then-split; packing
-    once `PackedSequences` takes ``targets``)."""
+    """Next-token targets: one more token per row (concatenate then split), or a ``targets``
+    leaf and a loss mask of the real targets (packing)."""
 
     eos_id: int | None = None
-    """A token put after every document by the view (concatenate-then-split; packing once
-    `PackedSequences` takes ``eos_id``); unset: none."""
+    """A token put after every non-empty document by the view; unset: none."""
 
     pad_id: int = 0
     """The ``input_ids`` of padding."""
@@ -343,8 +341,7 @@ class ViewConfig:
         self._check_packing_only()
 
     def _check_packing_only(self) -> None:
-        """Packing's fields without packing, and what `PackedSequences` does not take yet, are
-        refused: they would be ignored."""
+        """Packing's fields without packing are refused: they would be ignored."""
         packing_only = {"window": None, "long_documents": "split", "seed": None}
         set_ = [n for n, unset in packing_only.items() if getattr(self, n) != unset]
         if self.packing is None and set_:
@@ -353,18 +350,6 @@ class ViewConfig:
                 "packing is unset (concatenate then split); set packing (e.g. packing: "
                 f"best_fit) or drop {set_[0]}"
             )
-        if self.packing is None:
-            return
-        from psdp.sources import PackedSequences
-
-        takes = inspect.signature(PackedSequences).parameters
-        for name, unset in (("targets", False), ("eos_id", None)):
-            if getattr(self, name) != unset and name not in takes:
-                raise ValueError(
-                    f"ViewConfig.{name}={getattr(self, name)!r} with packing: this psdp's "
-                    f"PackedSequences does not take {name} yet; unset {name}, or use the "
-                    "concatenate-then-split view (packing unset)"
-                )
 
     def view_kwargs(self) -> dict[str, Any]:
         """The keywords of the view's constructor (beyond the store and seq_len)."""

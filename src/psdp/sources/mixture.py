@@ -21,6 +21,7 @@ from psdp._plan.mixture import (
 )
 from psdp._plan.windows import Box
 from psdp.sources.base import Rows, as_source, check_ids
+from psdp.sources.provenance import provenance_dtype
 from psdp.sources.streams import StreamSource
 
 #: The dtype of the ``source_leaf`` tags.
@@ -178,6 +179,40 @@ class Mixture:
             f"mixture needs shape {(ids, *out.shape[1:])} and dtype {dtype}; every read of a "
             "mixed source must return one row per id, all of one shape and dtype"
         )
+
+    def provenance(self, ids: np.ndarray) -> np.ndarray:
+        """Where every segment of the rows at sample offsets ``ids`` comes from: each mixed
+        source's ``provenance`` table (``docs/mixtures.md``, "Provenance") with its name in
+        ``source`` and ``row`` a position in ``ids``, in (row, column) order; reads no token.
+
+        Example:
+            >>> from psdp import DocumentStore, TokenSequences
+            >>> views = {name: TokenSequences(DocumentStore.from_documents([np.arange(8)]), 4)
+            ...          for name in ("web", "code")}
+            >>> mix = Mixture(views, weights={"web": 1, "code": 1}, block_size=2)
+            >>> mix.provenance(np.array([0, 1]))[["row", "source"]].tolist()
+            [(0, 'web'), (1, 'code')]
+        """
+        ids = check_ids(ids, MIXTURE_ROWS, self.describe)
+        source, rows = self.plan.locate(ids)
+        parts = []
+        for index, name in enumerate(self.names):
+            positions = np.flatnonzero(source == index)
+            if not positions.size:
+                continue
+            if not hasattr(self.sources[name], "provenance"):
+                raise TypeError(
+                    f"source {name!r} of the mixture ({self.sources[name].describe()}) has no "
+                    "provenance; only TokenSequences and PackedSequences have one"
+                )
+            table = self.sources[name].provenance(rows[positions])
+            part = np.zeros(len(table), provenance_dtype(max(map(len, self.names))))
+            for field in table.dtype.names:
+                part[field] = table[field]
+            part["row"], part["source"] = positions[table["row"]], name
+            parts.append(part)
+        out = np.concatenate(parts) if parts else np.zeros(0, provenance_dtype())
+        return out[np.lexsort((out["column"], out["row"]))]
 
     def counts(self, offset: int, count: int) -> dict[str, int]:
         """Samples each source gives at offsets ``[offset, offset + count)``, reading nothing:

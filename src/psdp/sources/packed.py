@@ -398,7 +398,10 @@ class _Pieces(NamedTuple):
 
 def _check_targets(store: DocumentStore, targets: Any) -> None:
     if not isinstance(targets, bool):
-        raise TypeError(f"targets must be a bool, got {type(targets).__name__} {targets!r}")
+        raise TypeError(
+            f"targets must be a bool, got {type(targets).__name__} {targets!r}; pass "
+            "targets=True or targets=False"
+        )
     if targets and TARGETS in store.leaves:
         raise ValueError(
             f"the store has a leaf {TARGETS!r}, which PackedSequences(targets=True) computes "

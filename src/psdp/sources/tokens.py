@@ -31,6 +31,7 @@ from psdp.sources.documents import (
     check_view_of,
     chosen_leaves,
 )
+from psdp.sources.provenance import provenance_table
 
 
 class TokenSequences:
@@ -214,6 +215,24 @@ class TokenSequences:
                 leaf[eos_rows, eos_columns] = self.eos_id
             out[name] = leaf
         return out
+
+    def provenance(self, ids: np.ndarray) -> np.ndarray:
+        """Where every segment (the part of a document in a row, of its ``width`` columns) of
+        rows ``ids`` comes from: a `provenance_table` row per segment; reads no token.
+
+        Example:
+            >>> store = DocumentStore.from_documents([np.array([11, 12, 13]), np.array([21, 22])])
+            >>> table = TokenSequences(store, 3, eos_id=0).provenance(np.array([1]))
+            >>> table[["row", "column", "document", "start", "stop", "eos"]].tolist()
+            [(0, 0, 0, 3, 3, True), (0, 1, 1, 0, 2, False)]
+        """
+        ids = check_ids(ids, self._len, self.describe)
+        window = _Window.of(ids * self.seq_len, self.width, self.stream_tokens)
+        p = _Pieces.of(self.store, window, self._eos)
+        stop = np.minimum(p.within + p.size, p.length)
+        column = p.docs.stream_start + p.within - window.starts[p.row]
+        return provenance_table(p.row, column, p.docs.doc, np.minimum(p.within, p.length), stop,
+                                p.within + p.size > p.length)  # fmt: skip
 
     def describe(self) -> str:
         eos = "" if self.eos_id is None else f", eos_id={self.eos_id}"
