@@ -180,14 +180,9 @@ class Log:
 
 def provenance(mixture, offsets: np.ndarray) -> list[list]:
     """Each row's segments as ``[source, document, start, stop, column]``: the document's tokens
-    ``[start, stop)`` sit from ``column`` on. The mixture maps an offset to (source, row), that
-    source's view names the row's segments (`PackedSequences.provenance`)."""
-    which, rows = mixture.locate(offsets)
+    ``[start, stop)`` sit from ``column`` on (`Mixture.provenance`: reads no token)."""
     out: list[list] = [[] for _ in offsets]
-    for source, name in enumerate(mixture.names):
-        at = np.flatnonzero(which == source)
-        for segment in mixture.sources[name].provenance(rows[at]):
-            out[at[segment["row"]]].append(
-                [name, *(int(segment[k]) for k in ("document", "start", "stop", "column"))]
-            )
+    for segment in mixture.provenance(offsets):
+        fields = ("document", "start", "stop", "column")
+        out[segment["row"]].append([str(segment["source"]), *(int(segment[k]) for k in fields)])
     return out
