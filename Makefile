@@ -16,7 +16,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: setup run test lint test-lower test-newest check-install lock bench clean
+.PHONY: setup run example test lint test-lower test-newest check-install lock bench clean
 
 setup: $(STAMP)
 
@@ -37,12 +37,17 @@ $(STAMP): pyproject.toml requirements/dev-py311.lock
 run: $(STAMP)
 	$(VENV)/bin/psdp simulate --train
 
+# examples/train_lm: text -> psdp prepare -> a YAML data config -> a tiny transformer on a
+# 4-process local pod, killed, resumed on 2 processes with another batch size (about a minute).
+example: $(STAMP)
+	$(PY) examples/train_lm/run.py
+
 test: $(STAMP)
 	$(PY) -m pytest
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests scripts conftest.py
-	$(VENV)/bin/ruff format --check src tests scripts conftest.py
+	$(VENV)/bin/ruff check src tests scripts examples conftest.py
+	$(VENV)/bin/ruff format --check src tests scripts examples conftest.py
 	$(VENV)/bin/mypy
 
 # The suite on Python 3.11 with every dependency and extra at its declared lower bound.
