@@ -332,20 +332,21 @@ def _search(
     of the offsets of the documents from each of the ``n`` ranges' first query to its last.
 
     Each query's block comes from the marks; the document inside it is bisected, reading the
-    offsets where they are (a numpy array, in memory or memory-mapped: only the entries the
-    search visits), else from one read per run of the blocks the ranges span. Without EOS, or
-    in blocks with no empty document, document ``d`` of block ``j`` starts in the stream at
-    ``offsets[d] + e * (d - empty documents before block j)``; otherwise the read blocks'
-    non-empty documents are counted.
+    offsets in place where they gather (`gathers`: only the entries the search visits, about
+    log2(stride) a query, however many blocks the queries share), else from one read per run
+    of the blocks the ranges span. Without EOS, or in blocks with no empty document, document
+    ``d`` of block ``j`` starts in the stream at ``offsets[d] + e * (d - empty documents before
+    block j)``; otherwise the read blocks' non-empty documents are counted.
     """
-    blocks = _blocks(index, queries, bool(e))
     if isinstance(offsets, np.ndarray) and not e:  # the stream is the tokens: one search
-        # the queries in the offsets' dtype: numpy would otherwise convert the whole array
+        # in C, a few microseconds a batch; the queries in the offsets' dtype: numpy would
+        # otherwise convert the whole array
         docs = np.searchsorted(offsets, queries.astype(offsets.dtype), side="right") - 1
         return docs, offsets[docs].astype(np.int64), _gather(offsets)
+    blocks = _blocks(index, queries, bool(e))
     plain = not e or index.empty_free(blocks)
     low = blocks * index.stride
-    if isinstance(offsets, np.ndarray) and plain:
+    if gathers(offsets) and plain:
         take = _gather(offsets)
         index.check_marks(blocks, take(low), where, _STALE)
     else:
@@ -363,17 +364,27 @@ def _search(
         def stream_at(d: np.ndarray) -> np.ndarray:
             return take(d) + counted(d)
 
-    high = np.minimum(low + index.stride, index.num_documents)
-    # bisect: the stream start of ``low`` is <= the query, that of ``high`` above it
-    while (high - low > 1).any():
-        middle = (low + high) // 2
-        below = stream_at(middle) <= queries
-        low, high = np.where(below, middle, low), np.where(below, high, middle)
+    # the last document of its block starting at or before the query: steps of halving size
+    # from the block's first, a fixed count for every query (no test of which are done); a
+    # probe never passes the block's end, whose stream start is past the query
+    end = np.minimum(low + index.stride, index.num_documents)
+    step = 1 << (max(index.stride - 1, 1).bit_length() - 1)
+    while step:
+        probe = np.minimum(low + step, end)
+        low = np.where(stream_at(probe) <= queries, probe, low)
+        step >>= 1
     return low, stream_at(low), take
 
 
-def _gather(offsets: np.ndarray) -> Gather:
-    return lambda d: offsets[d].astype(np.int64, copy=False)
+def gathers(offsets: Any) -> bool:
+    """Whether ``offsets[d]`` for an index array ``d`` is cheap: a numpy array (in memory or
+    memory-mapped), or a `FlatArray` with a ``take(d)`` method. A search then reads only the
+    entries it visits, not whole blocks."""
+    return isinstance(offsets, np.ndarray) or callable(getattr(offsets, "take", None))
+
+
+def _gather(offsets: Any) -> Gather:
+    return lambda d: np.asarray(offsets.take(d)).astype(np.int64, copy=False)
 
 
 def _read_blocks(
