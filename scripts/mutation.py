@@ -356,7 +356,7 @@ MUTANTS = [
            "marks.append(values[first - low :: stride])", "the pass keeps every step alive (O(D) memory)"),
     Mutant("DI2", "sources/document_index.py", "return take(d) + e * (d - empty_before)",
            "return take(d) + e * d", "empty documents before a block given an EOS"),
-    Mutant("DI3", "sources/document_index.py", "    steps[run_start[1:] - 1] = 0  # from one run to the next is no step\n",
+    Mutant("DI3", "sources/document_index.py", "    falls[run_start[1:] - 1] = False  # from one run to the next is no step\n",
            "", "the step between two runs of blocks read as a document"),
     Mutant("DI4", "sources/document_index.py", "        wrong = values != self.marks[blocks]\n",
            "        wrong = values != values\n", "moved marks (a stale index) go unseen"),
