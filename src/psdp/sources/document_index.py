@@ -6,8 +6,9 @@ document gets no EOS), the number of non-empty documents before each mark. That 
 `documents_touching` turns ranges of the stream (the documents back to back, each non-empty one
 followed by an EOS when asked) into the documents they touch: the marks find each range's blocks
 of ``stride`` documents, then one read of the offsets per run of blocks gives the exact
-boundaries. Offsets in a numpy array (in memory or memory-mapped) are searched in place instead,
-which reads ~log2(D) entries per range. The index comes from `write_documents` (recorded beside
+boundaries. Offsets that gather (`gathers`: numpy, in memory or memory-mapped, or a `FlatArray`
+with ``take``) are searched in place inside each block instead: ~log2(stride) entries per range
+end, whatever the store's size and whichever blocks other ranges touch. The index comes from `write_documents` (recorded beside
 the offsets) or from `build_index`, one streaming pass that checks every offset on the way.
 ``docs/tokens.md``, "The document index".
 """
