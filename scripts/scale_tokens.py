@@ -3,8 +3,10 @@
 1. Time per step from 10^6 to 10^9 documents: corpora never written (tests/scale_corpus.py, the
    same formula at every size, offsets and tokens computed on the fly), opened with the index
    write_documents would record; each step reads ``BATCH`` random rows of ``SEQ_LEN`` tokens
-   with ``segment_ids`` and ``positions``. The corpus formula's own time (computing the offsets
-   and tokens read) is measured apart: psdp's own is the rest.
+   with ``segment_ids`` and ``positions``, the offsets served two ways (`OFFSETS`: gathered in
+   place, as a memmap's, and read by range only, as a remote store's), with the offsets a step
+   reads. The corpus formula's own time (computing the offsets and tokens read) is measured
+   apart: psdp's own is the rest.
 2. A `Mixture` of 100 such corpora of 10^9 documents each (tests/test_scale_mixture.py's
    simulation, in a child process: its peak memory is the measure): open plus the first batch,
    and the resident memory that adds, every token checked against the formula.
