@@ -5,7 +5,7 @@ Document ``d`` starts at token ``offsets(d) = d * L + g(d)``, with ``g`` a seede
 ``[0, L)`` and ``g(0) = 0``, so every document has between 1 and ``2L - 1`` tokens; token ``t``
 is ``hash(t) mod vocab``. `LazyArray` serves both as flat arrays (``shape``, ``dtype`` and
 ``a[start:stop]``: the array protocol ``DocumentStore.from_arrays`` reads), computing only the
-slice asked for.
+slice asked for; `GatheredArray` also computes ``take(d)`` (offsets searched in place).
 
 With an EOS after every document, document ``d`` starts in the stream at ``s(d) = offsets(d) +
 d``; without, at ``offsets(d)``. Since ``s(d)`` lies in ``[d (L + e), d (L + e) + L)`` (``e``: 1
@@ -46,6 +46,15 @@ class LazyArray:
 
 
 @dataclass(frozen=True)
+class GatheredArray(LazyArray):
+    """A `LazyArray` that also gathers, ``take(d)``, as a numpy array (a memory-mapped file)
+    does: a search of the offsets then reads only the entries it visits."""
+
+    def take(self, where: np.ndarray) -> np.ndarray:
+        return self.values(np.asarray(where, np.int64)).astype(self.dtype)
+
+
+@dataclass(frozen=True)
 class ScaleCorpus:
     """``documents`` documents of mean length ``length`` (``L``), ids below ``vocab``."""
 
@@ -66,8 +75,10 @@ class ScaleCorpus:
     def num_tokens(self) -> int:
         return int(self.offsets(np.array([self.documents]))[0])
 
-    def offsets_array(self) -> LazyArray:
-        return LazyArray((self.documents + 1,), np.dtype(np.int64), self.offsets)
+    def offsets_array(self, gather: bool = False) -> LazyArray:
+        """The offsets, read by slice (as a remote store's), or also gathered (as a memmap's)."""
+        kind = GatheredArray if gather else LazyArray
+        return kind((self.documents + 1,), np.dtype(np.int64), self.offsets)
 
     def tokens_array(self) -> LazyArray:
         return LazyArray((self.num_tokens,), np.dtype(np.uint32), self.tokens)

@@ -362,7 +362,10 @@ def test_the_scale_script_prints_its_goals_met_or_not(capsys):
     script = runpy.run_path(str(SCRIPTS / "scale_tokens.py"), run_name="scale_tokens")
     scale = {
         "first_batch": {10**6: (0.01, 1 << 20), 10**9: (6.0, 10 << 20)},
-        "own": {(10**6, None): [1.0, 1.0, 1.0], (10**9, None): [1.05, 1.1, 1.3]},
+        "own": {
+            (10**6, "in place", None): [1.0, 1.0, 1.0],
+            (10**9, "in place", None): [1.05, 1.1, 1.3],
+        },
     }
     packed = {"open_and_first_batch_s": 0.03, "rss_added_bytes": 2**31}
     mixture = {"sources": 100, "open_and_first_batch_s": 1.5, "rss_added_bytes": 300 << 20}

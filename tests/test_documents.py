@@ -297,6 +297,68 @@ def test_offsets_are_read_by_range_and_a_batch_reads_only_the_blocks_its_rows_to
     assert len(want) == 2 and recorded.reads == want
 
 
+class _EvenOffsets:
+    """The offsets of ``documents`` documents of ``length`` tokens each, computed on the fly,
+    read by slice or gathered in place (``take``): counts every entry read either way."""
+
+    def __init__(self, documents: int, length: int):
+        self.shape, self.dtype, self.length = (documents + 1,), np.dtype(np.int64), length
+        self.entries = 0
+
+    def __getitem__(self, where: slice) -> np.ndarray:
+        start, stop, _ = where.indices(self.shape[0])
+        self.entries += stop - start
+        return np.arange(start, stop, dtype=np.int64) * self.length
+
+    def take(self, documents: np.ndarray) -> np.ndarray:
+        self.entries += documents.size
+        return documents.astype(np.int64) * self.length
+
+
+class _Zeros:
+    """A flat leaf of ``size`` zeros (the `FlatArray` protocol), never stored."""
+
+    def __init__(self, size: int):
+        self.shape, self.dtype = (size,), np.dtype(np.uint16)
+
+    def __getitem__(self, where: slice) -> np.ndarray:
+        start, stop, _ = where.indices(self.shape[0])
+        return np.zeros(stop - start, self.dtype)
+
+
+@pytest.mark.parametrize("eos_id", [None, 0])
+def test_the_offsets_a_step_reads_do_not_depend_on_the_corpus_size(eos_id):
+    """Offsets that gather in place (``take``, as numpy's do) are searched in each row's own
+    block: a batch of 64 rows reads the same number of offsets from 10^6 documents as from
+    10^9, rows at the same place in their documents and blocks (documents of 256 tokens: ids
+    that differ by a multiple of 512 * 514 rows), however many blocks the rows share (at 10^6,
+    64 random rows fall in 245 blocks). Segment ids and positions follow the rule of equal
+    documents: stream position p is in document p // (256 + EOS)."""
+    from psdp.sources import DocumentIndex
+
+    length, stride, seq_len, period = 256, 4096, 2048, 512 * 514
+    rng = np.random.default_rng(3)
+    small = rng.choice(120_000, 64, replace=False)  # of 125,000 rows (no EOS) at 10^6
+    reads = {}
+    for documents, shift in ((10**6, 0), (10**9, period * rng.integers(1, 470, 64))):
+        offsets = _EvenOffsets(documents, length)
+        docs = np.minimum(np.arange(-(-documents // stride) + 1) * stride, documents)
+        index = DocumentIndex(documents, stride, docs * length, docs, length)
+        store = DocumentStore.from_arrays(
+            offsets, {"input_ids": _Zeros(documents * length)}, index=index
+        )
+        rows = TokenSequences(store, seq_len, eos_id=eos_id)
+        ids = small + shift
+        offsets.entries = 0
+        got = rows.read(ids)
+        reads[documents] = offsets.entries
+        stream = (ids * seq_len)[:, None] + np.arange(seq_len)
+        each = length + (eos_id is not None)
+        np.testing.assert_array_equal(got["segment_ids"], stream // each + 1)
+        np.testing.assert_array_equal(got["positions"], stream % each)
+    assert reads[10**6] == reads[10**9] < 64 * 64, reads  # a block is 4,097 offsets
+
+
 def test_the_store_holds_an_index_not_the_offsets_and_the_pass_memory_is_bounded(
     tmp_path, monkeypatch
 ):

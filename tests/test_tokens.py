@@ -344,10 +344,14 @@ def test_documents_are_found_per_row_never_per_token(monkeypatch):
     seq_len=st.integers(1, 9),
     eos_id=st.sampled_from([None, 0]),
     stride=st.sampled_from([1, 2, 3, 4096]),
-    kind=st.sampled_from(["numpy", "read by range"]),
+    kind=st.sampled_from(["numpy", "gathered", "read by range"]),
     window=st.tuples(st.integers(-12, 12), st.integers(0, 24)),
 )
 @example(lengths=[0, 0, 3, 0, 0, 2, 0], seq_len=2, eos_id=0, stride=2, kind="numpy", window=(-3, 9))
+# offsets gathered in place without EOS: searched in each query's block, not the whole array
+@example(
+    lengths=[3, 0, 2, 0, 0, 4, 1], seq_len=2, eos_id=None, stride=2, kind="gathered", window=(-1, 5)
+)
 @example(
     lengths=[5, 0, 0, 0, 1], seq_len=3, eos_id=0, stride=1, kind="read by range", window=(0, 3)
 )
@@ -366,7 +370,7 @@ def test_windows_equal_the_oracle_whatever_the_offsets_and_the_index(
     or read block by block (any other array), and index strides from 1 to 4096 (a row then
     spans many blocks, runs of blocks, or one)."""
     from psdp.sources.document_index import build_index
-    from tests.scale_corpus import LazyArray
+    from tests.scale_corpus import GatheredArray, LazyArray
 
     if sum(lengths) == 0:
         return
@@ -375,7 +379,8 @@ def test_windows_equal_the_oracle_whatever_the_offsets_and_the_index(
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     flat = {"input_ids": np.concatenate(docs)}
     index = build_index(lambda a, b: offsets[a[0] : b[0]], len(docs), stride=stride, name="t")
-    array = offsets if kind == "numpy" else LazyArray(offsets.shape, offsets.dtype, offsets.take)
+    kinds = {"gathered": GatheredArray, "read by range": LazyArray}
+    array = offsets if kind == "numpy" else kinds[kind](offsets.shape, offsets.dtype, offsets.take)
     try:
         source = TokenSequences(DocumentStore.from_arrays(array, flat, index=index), seq_len,
                                 eos_id=eos_id, pad_id=7)  # fmt: skip

@@ -6,8 +6,9 @@ document gets no EOS), the number of non-empty documents before each mark. That 
 `documents_touching` turns ranges of the stream (the documents back to back, each non-empty one
 followed by an EOS when asked) into the documents they touch: the marks find each range's blocks
 of ``stride`` documents, then one read of the offsets per run of blocks gives the exact
-boundaries. Offsets in a numpy array (in memory or memory-mapped) are searched in place instead,
-which reads ~log2(D) entries per range. The index comes from `write_documents` (recorded beside
+boundaries. Offsets that gather (`gathers`: numpy, in memory or memory-mapped, or a `FlatArray`
+with ``take``) are searched in place inside each block instead: ~log2(stride) entries per range
+end, whatever the store's size and whichever blocks other ranges touch. The index comes from `write_documents` (recorded beside
 the offsets) or from `build_index`, one streaming pass that checks every offset on the way.
 ``docs/tokens.md``, "The document index".
 """
@@ -32,6 +33,8 @@ STRIDE = 4096
 PASS_ENTRIES = 1 << 18
 #: The marks a given index is checked against when a store opens with it (evenly spaced).
 SPOT_CHECKS = 64
+#: Marks per group of `DocumentIndex.blocks_of`'s search: 8 int64, one cache line.
+GROUP = 8
 
 #: ``read(starts, stops)``: the offsets ``[starts[i], stops[i])`` for every ``i``, concatenated,
 #: as int64.
@@ -126,6 +129,34 @@ class DocumentIndex:
 
     def stream_marks(self, eos: bool) -> np.ndarray:
         return self._stream_marks if eos else self.marks
+
+    @functools.cached_property
+    def _group_marks(self) -> np.ndarray:
+        """Every `GROUP`-th mark (a copy: a strided view would step through all the marks)."""
+        return self.marks[::GROUP].copy()
+
+    @functools.cached_property
+    def _group_stream_marks(self) -> np.ndarray:
+        return self._stream_marks[::GROUP].copy()
+
+    def blocks_of(self, positions: np.ndarray, eos: bool) -> np.ndarray:
+        """The block of the document that holds each stream position (in a stream with EOS if
+        ``eos``). In two levels, so that the cost barely grows with the index: a binary search
+        of all the marks misses the cache at most of its ~log2(D / stride) steps (2 MB of marks
+        at 10^9 documents), while every `GROUP`-th mark is a small array that stays in cache,
+        and it leaves one cache line of marks to compare per position.
+
+        Example:
+            >>> index = DocumentIndex(10, 2, np.arange(0, 60, 10), np.arange(0, 12, 2), 10)
+            >>> index.blocks_of(np.array([0, 9, 10, 25, 49]), eos=False).tolist()
+            [0, 0, 1, 2, 4]
+        """
+        marks = self.stream_marks(eos)
+        groups = self._group_stream_marks if eos else self._group_marks
+        group = np.searchsorted(groups, positions, side="right") - 1
+        rows = np.minimum(group[:, None] * GROUP + np.arange(GROUP), len(marks) - 1)
+        at_or_below = (marks[rows] <= positions[:, None]).sum(axis=1)
+        return np.minimum(group * GROUP + at_or_below - 1, len(marks) - 2)
 
     def check_matches(self, num_documents: int, num_tokens: int, where: str, fix: str) -> None:
         """Raises unless the index is of ``num_documents`` documents ending at ``num_tokens``."""
@@ -332,20 +363,21 @@ def _search(
     of the offsets of the documents from each of the ``n`` ranges' first query to its last.
 
     Each query's block comes from the marks; the document inside it is bisected, reading the
-    offsets where they are (a numpy array, in memory or memory-mapped: only the entries the
-    search visits), else from one read per run of the blocks the ranges span. Without EOS, or
-    in blocks with no empty document, document ``d`` of block ``j`` starts in the stream at
-    ``offsets[d] + e * (d - empty documents before block j)``; otherwise the read blocks'
-    non-empty documents are counted.
+    offsets in place where they gather (`gathers`: only the entries the search visits, about
+    log2(stride) a query, however many blocks the queries share), else from one read per run
+    of the blocks the ranges span. Without EOS, or in blocks with no empty document, document
+    ``d`` of block ``j`` starts in the stream at ``offsets[d] + e * (d - empty documents before
+    block j)``; otherwise the read blocks' non-empty documents are counted.
     """
-    blocks = _blocks(index, queries, bool(e))
     if isinstance(offsets, np.ndarray) and not e:  # the stream is the tokens: one search
-        # the queries in the offsets' dtype: numpy would otherwise convert the whole array
+        # in C, a few microseconds a batch; the queries in the offsets' dtype: numpy would
+        # otherwise convert the whole array
         docs = np.searchsorted(offsets, queries.astype(offsets.dtype), side="right") - 1
         return docs, offsets[docs].astype(np.int64), _gather(offsets)
+    blocks = index.blocks_of(queries, bool(e))
     plain = not e or index.empty_free(blocks)
     low = blocks * index.stride
-    if isinstance(offsets, np.ndarray) and plain:
+    if gathers(offsets) and plain:
         take = _gather(offsets)
         index.check_marks(blocks, take(low), where, _STALE)
     else:
@@ -363,17 +395,27 @@ def _search(
         def stream_at(d: np.ndarray) -> np.ndarray:
             return take(d) + counted(d)
 
-    high = np.minimum(low + index.stride, index.num_documents)
-    # bisect: the stream start of ``low`` is <= the query, that of ``high`` above it
-    while (high - low > 1).any():
-        middle = (low + high) // 2
-        below = stream_at(middle) <= queries
-        low, high = np.where(below, middle, low), np.where(below, high, middle)
+    # the last document of its block starting at or before the query: steps of halving size
+    # from the block's first, a fixed count for every query (no test of which are done); a
+    # probe never passes the block's end, whose stream start is past the query
+    end = np.minimum(low + index.stride, index.num_documents)
+    step = 1 << (max(index.stride - 1, 1).bit_length() - 1)
+    while step:
+        probe = np.minimum(low + step, end)
+        low = np.where(stream_at(probe) <= queries, probe, low)
+        step >>= 1
     return low, stream_at(low), take
 
 
-def _gather(offsets: np.ndarray) -> Gather:
-    return lambda d: offsets[d].astype(np.int64, copy=False)
+def gathers(offsets: Any) -> bool:
+    """Whether ``offsets[d]`` for an index array ``d`` is cheap: a numpy array (in memory or
+    memory-mapped), or a `FlatArray` with a ``take(d)`` method. A search then reads only the
+    entries it visits, not whole blocks."""
+    return isinstance(offsets, np.ndarray) or callable(getattr(offsets, "take", None))
+
+
+def _gather(offsets: Any) -> Gather:
+    return lambda d: np.asarray(offsets.take(d)).astype(np.int64, copy=False)
 
 
 def _read_blocks(
@@ -396,10 +438,11 @@ def _read_blocks(
         run = np.searchsorted(first_doc, d, side="right") - 1
         return run_start[run] + d - first_doc[run]
 
-    steps = np.diff(values)
-    steps[run_start[1:] - 1] = 0  # from one run to the next is no step
-    if (steps < 0).any():
-        i = int(np.argmax(steps < 0))
+    # compared, not differenced: one pass, a bool per offset read (the work that grows with it)
+    falls = values[1:] < values[:-1]
+    falls[run_start[1:] - 1] = False  # from one run to the next is no step
+    if falls.any():
+        i = int(np.argmax(falls))
         run = np.searchsorted(run_start, i, side="right") - 1
         d = int(first_doc[run] + i - run_start[run])
         raise ValueError(
@@ -410,7 +453,7 @@ def _read_blocks(
     index.check_marks(needed, values[at_marks], where, _STALE)
     if not count:
         return lambda d: values[position(d)], None
-    grew = np.concatenate(([0], np.cumsum(steps > 0)))  # non-empty documents, run by run
+    grew = np.concatenate(([0], np.cumsum(values[1:] > values[:-1])))  # non-empty, run by run
     counted = grew - np.repeat(grew[run_start] - index.nonempty[run_first], size)
     wrong = counted[at_marks] != index.nonempty[needed]
     if wrong.any():
@@ -420,12 +463,6 @@ def _read_blocks(
             f"offsets'; {_STALE}"
         )
     return lambda d: values[position(d)], lambda d: counted[position(d)]
-
-
-def _blocks(index: DocumentIndex, queries: np.ndarray, eos: bool) -> np.ndarray:
-    """The block of the document that holds each stream position."""
-    marks = index.stream_marks(eos)
-    return np.minimum(np.searchsorted(marks, queries, side="right") - 1, len(marks) - 2)
 
 
 _STALE = "build the index again (index=None) or rewrite the store"

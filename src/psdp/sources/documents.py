@@ -544,7 +544,10 @@ class FlatArray(Protocol):
     with a 1-d ``shape``, a numpy ``dtype``, and ``array[start:stop]`` returning the
     ``stop - start`` values as a numpy array (or anything ``np.asarray`` takes). Only slices
     with ``0 <= start <= stop <= shape[0]`` and no step are asked for; a slice's result is
-    copied before it is handed on, so it may be a view of memory the array reuses.
+    copied before it is handed on, so it may be a view of memory the array reuses. Offsets
+    that also have ``take(d)`` (``array[d]`` for an int64 index array, cheap as memory is) are
+    searched in place, as numpy's are: a batch reads ~log2(4096) entries a row, not a block of
+    4,096 per row (``docs/tokens.md``).
 
     Example:
         >>> class Squares:  # offsets of documents of 1, 3, 5, ... tokens, never stored
