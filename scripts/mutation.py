@@ -387,8 +387,8 @@ MUTANTS = [
            "            skipped = 0 * column\n", "positions restart at a window's first column"),
     Mutant("PK7", "sources/packed.py", "return max(1, len(self) // self.plan.key.num_windows)",
            "return max(1, len(self))", "the suggested block is the whole epoch, not a window's"),
-    Mutant("PK6", "sources/packed.py", "count = np.minimum(column + count, high) - begin",
-           "count = np.minimum(column + count, high - 1) - begin",
+    Mutant("PK6", "sources/packed.py", "end = np.minimum(column + count, high)",
+           "end = np.minimum(column + count, high - 1)",
            "a window's last column never read"),
     # ------------------------------------------------------ mixtures (mixture.py, both folders)
     Mutant("MX1", "_plan/mixture.py", "earlier = self.before[stage, source] + (block - self.first_blocks[stage]) * counts",
