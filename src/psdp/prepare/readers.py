@@ -91,9 +91,17 @@ def plan_units(inputs: Any, rows_per_part: int) -> list[Unit]:
     if isinstance(inputs, str | os.PathLike | Mapping):
         inputs = [inputs]
     units: list[Unit] = []
+    named: dict[str, Any] = {}  # file -> the input that named it first
     for given in inputs:
         files = _local_files(given) if _is_local(given) else _remote_files(given)
         for unit in files:
+            if unit.name in named:
+                raise ValueError(
+                    f"the input {unit.name} is named more than once (by {named[unit.name]!r} and "
+                    f"{given!r}); name each file once (a store holds each input once: to weight "
+                    "a corpus, give it a weight in a Mixture)"
+                )
+            named[unit.name] = given
             units.extend(_cut(unit, rows_per_part))
     if not units:
         raise ValueError("prepare needs at least one input, got none; name files or globs")
