@@ -125,3 +125,38 @@ def test_parted_store_reads_like_numpy_across_parts_and_shards(tmp_path, tokeniz
     view = TokenSequences(store, 61, targets=True)
     rows = view.read(np.arange(len(view)))["input_ids"]
     assert np.array_equal(rows, np.stack([flat[i * 61 : i * 61 + 62] for i in range(len(view))]))
+
+
+def test_the_command_that_finishes_an_unfinished_store_is_accepted(
+    tmp_path, tokenizer, monkeypatch
+):
+    import shlex
+    import sys
+
+    from psdp import SourceConfig
+    from psdp.tools.cli import main
+
+    corpus.write_jsonl(tmp_path / "a.jsonl", corpus.texts(20, 1))
+    corpus.write_jsonl(tmp_path / "b.jsonl", corpus.texts(20, 2))
+    package = sys.modules["psdp.prepare"]
+    real = package.run_task
+
+    def killed_at_b(task):
+        if task.unit.path.endswith("b.jsonl"):
+            raise KeyboardInterrupt("killed")
+        return real(task)
+
+    monkeypatch.setattr(package, "run_task", killed_at_b)
+    with pytest.raises(KeyboardInterrupt):
+        run(str(tmp_path / "*.jsonl"), tmp_path / "out", tokenizer, eos="<|eos|>", skip_bad=True,
+            field="text", rows_per_part=1000)  # fmt: skip
+    monkeypatch.setattr(package, "run_task", real)
+    source = SourceConfig(store=str(tmp_path / "out"), inputs=[str(tmp_path / "*.jsonl")],
+                          tokenizer=str(tokenizer), eos="<|eos|>")  # fmt: skip
+    with pytest.raises(ValueError, match="unfinished") as error:
+        source.open("source 'web'")
+    command = shlex.split(str(error.value).split("`")[1])
+    assert command[:2] == ["psdp", "prepare"]
+    assert main([*command[1:], "--workers", "1", "--no-progress"]) == 0  # it finishes the store
+    want = ids_of(tokenizer, corpus.texts(20, 1) + corpus.texts(20, 2))
+    assert stored(tmp_path / "out") == [[*ids, 1] for ids in want if ids]
