@@ -167,7 +167,7 @@ class SourceConfig:
         if not manifest.get("complete"):
             raise ValueError(
                 f"{role}: the store {self.store!r} is unfinished (psdp prepare was stopped before "
-                f"every part was committed); finish it with `{self.prepare_command()}`"
+                f"every part was committed); finish it with `{self._finish_command(manifest)}`"
             )
         why = self._stale_reason(manifest)
         if why:
@@ -175,6 +175,23 @@ class SourceConfig:
                 f"{role}: the store {self.store!r} is stale: {why}; delete it and make it again "
                 f"with `{self.prepare_command()}`"
             )
+
+    def _finish_command(self, manifest: Mapping[str, Any]) -> str:
+        """`prepare_command` with the settings the store's key records beyond the config's
+        (field, skip_bad, rows per part): a resume with other settings is refused."""
+        from psdp.prepare import ROWS_PER_PART
+
+        key = manifest.get("key") or {}
+        words = [self.prepare_command()]
+        if key.get("messages_field"):
+            words += ["--messages", shlex.quote(str(key["messages_field"]))]
+        elif key.get("field") not in (None, "text"):
+            words += ["--field", shlex.quote(str(key["field"]))]
+        if key.get("skip_bad"):
+            words.append("--skip-bad")
+        if key.get("rows_per_part") not in (None, ROWS_PER_PART):
+            words += ["--rows-per-part", str(key["rows_per_part"])]
+        return " ".join(words)
 
     def _stale_reason(self, manifest: Mapping[str, Any]) -> str:
         """How the prepared store differs from what the config says it is made of ('' if not)."""

@@ -133,6 +133,10 @@ def planned(
     if meta is None:
         meta = {"format": PARTS_FORMAT, "version": PARTS_VERSION, "key": dict(key), "units": [],
                 "parts": {}, "complete": False}  # fmt: skip
+    elif meta.get("key") == {**dict(key), "skip_bad": False} and key["skip_bad"]:
+        # a rerun with skip_bad, as a malformed record's error advises: the parts committed
+        # without it met no malformed record, so they are the parts skip_bad writes
+        meta = {**meta, "key": dict(key)}
     elif meta.get("key") != dict(key):
         raise ValueError(_key_mismatch(meta.get("key") or {}, key, name))
     known = {_unit_id(u): u for u in meta["units"]}
@@ -190,9 +194,17 @@ def finished(meta: Manifest) -> Manifest:
     parts = [meta["parts"][u["part"]] for u in meta["units"]]
     documents = sum(p["num_documents"] for p in parts)
     if documents == 0:
+        skipped: dict[str, int] = {}
+        for part in parts:
+            for reason, count in part["skipped"].items():
+                skipped[reason] = skipped.get(reason, 0) + count
+        found = [f"{sum(p['empty'] for p in parts):,} empty"]
+        found += [f"{count:,} x {reason}" for reason, count in sorted(skipped.items())]
+        examples = [f"e.g. {where}: {why}" for p in parts for where, why in p["examples"]][:3]
         raise ValueError(
-            "every record of the inputs was empty or skipped: no document to store; check "
-            "the field name (field=, --field) and the summary's reasons"
+            f"every record of the inputs was empty or skipped ({'; '.join(found)}"
+            f"{'; ' if examples else ''}{'; '.join(examples)}): no document to store; check the "
+            "field name (field=, --field) and the records"
         )
     return {
         **meta,

@@ -91,9 +91,17 @@ def plan_units(inputs: Any, rows_per_part: int) -> list[Unit]:
     if isinstance(inputs, str | os.PathLike | Mapping):
         inputs = [inputs]
     units: list[Unit] = []
+    named: dict[str, Any] = {}  # file -> the input that named it first
     for given in inputs:
         files = _local_files(given) if _is_local(given) else _remote_files(given)
         for unit in files:
+            if unit.name in named:
+                raise ValueError(
+                    f"the input {unit.name} is named more than once (by {named[unit.name]!r} and "
+                    f"{given!r}); name each file once (a store holds each input once: to weight "
+                    "a corpus, give it a weight in a Mixture)"
+                )
+            named[unit.name] = given
             units.extend(_cut(unit, rows_per_part))
     if not units:
         raise ValueError("prepare needs at least one input, got none; name files or globs")
@@ -113,6 +121,8 @@ def read_batches(unit: Unit, field_name: str, expect: type, skip_bad: bool) -> I
         if problem is None and not isinstance(value, expect):
             shown = "null" if value is None else type(value).__name__
             problem = f"field {field_name!r} is {shown}, not a {expect.__name__}"
+        if problem is None and isinstance(value, str) and not value.isascii():
+            problem = _unencodable(value)
         if problem is not None:
             if not skip_bad:
                 raise BadRecordError(f"{where}: {problem}; fix the record, or {_SKIP_FIX}")
@@ -124,6 +134,16 @@ def read_batches(unit: Unit, field_name: str, expect: type, skip_bad: bool) -> I
             batch = Batch()
     if batch.values or batch.bad:
         yield batch
+
+
+def _unencodable(text: str) -> str | None:
+    """Why ``text`` is no text a tokenizer takes (a lone UTF-16 surrogate, which JSON's
+    ``"\\ud83d"`` escape allows), or ``None``."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        return f"not valid text (a lone surrogate {text[error.start]!r} at character {error.start})"
+    return None
 
 
 # ------------------------------------------------------------------------------ discovery
@@ -276,22 +296,34 @@ def _jsonl_records(unit: Unit, field_name: str) -> Iterator[tuple[str, Any, str 
         elif compression == "zst":
             zstd = import_optional("zstandard", extra="prepare", needed_for="reading .jsonl.zst")
             stream = zstd.ZstdDecompressor().stream_reader(raw)
-        text = io.TextIOWrapper(io.BufferedReader(stream), encoding="utf-8", newline="\n")
-        for number, line in enumerate(text, start=1):
-            if not line.strip():
-                continue  # a blank line holds no record
-            where = f"{unit.name}, line {number}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                yield where, None, f"not valid JSON ({error.msg} at column {error.colno})"
-                continue
-            if not isinstance(record, dict):
-                yield where, None, f"a JSON {type(record).__name__}, not an object"
-            elif field_name not in record:
-                yield where, None, f"no field {field_name!r} (it has {sorted(record)[:5]})"
-            else:
-                yield where, record[field_name], None
+        # lines split on b"\n" and decoded one at a time: a line that is no UTF-8 is one
+        # malformed record (named, skippable), not the end of the file's reading
+        with io.BufferedReader(stream) as lines:
+            for number, raw_line in enumerate(lines, start=1):
+                where = f"{unit.name}, line {number}"
+                try:
+                    line = raw_line.decode("utf-8")
+                except UnicodeDecodeError as error:
+                    bad = raw_line[error.start]
+                    yield (
+                        where,
+                        None,
+                        f"not valid UTF-8 (byte {bad:#04x} at byte {error.start + 1})",
+                    )
+                    continue
+                if not line.strip():
+                    continue  # a blank line holds no record
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as error:
+                    yield where, None, f"not valid JSON ({error.msg} at column {error.colno})"
+                    continue
+                if not isinstance(record, dict):
+                    yield where, None, f"a JSON {type(record).__name__}, not an object"
+                elif field_name not in record:
+                    yield where, None, f"no field {field_name!r} (it has {sorted(record)[:5]})"
+                else:
+                    yield where, record[field_name], None
 
 
 def _columnar_records(unit: Unit, field_name: str) -> Iterator[tuple[str, Any, str | None]]:
