@@ -378,6 +378,11 @@ def _prepare(tmp: Path, lines: Any = ('{"text": "a b"}',), **options: Any) -> An
     return prepare(options.pop("inputs", tmp / "a.jsonl"), tmp / "store", **options)
 
 
+def _bytes(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
 def _prepare_twice(tmp: Path, second: dict[str, Any], before: Callable[[Path], Any] = str) -> Any:
     """A prepare into tmp/store, ``before(tmp)``, then the same prepare with ``second`` changed."""
     _prepare(tmp)
@@ -2261,6 +2266,24 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
         lambda tmp: _prepare(tmp, lines=['{"text": "a"}', '{"text": "b"']),
         BadRecordError,
         ["a.jsonl, line 2", "not valid JSON", "skip_bad=True (--skip-bad)"],
+    ),
+    (
+        "prepare of a jsonl line that is not UTF-8",
+        lambda tmp: _prepare(tmp, inputs=[_bytes(tmp / "b.jsonl", b'{"text": "a \xff"}\n')]),
+        BadRecordError,
+        ["b.jsonl, line 1", "not valid UTF-8", "byte 0xff", "skip_bad=True"],
+    ),
+    (
+        "prepare of a text with a lone surrogate",
+        lambda tmp: _prepare(tmp, lines=['{"text": "a \\ud83d"}']),
+        BadRecordError,
+        ["a.jsonl, line 1", "not valid text", "lone surrogate", "skip_bad=True"],
+    ),
+    (
+        "prepare of one file named twice",
+        lambda tmp: _prepare(tmp, inputs=[tmp / "a.jsonl", str(tmp / "*.jsonl")]),
+        ValueError,
+        ["a.jsonl is named more than once", "*.jsonl", "name each file once"],
     ),
     (
         "prepare of records that lack the text field",
