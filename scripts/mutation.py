@@ -464,7 +464,7 @@ MUTANTS = [
            "skipped records miscounted"),
     Mutant("PP8", "prepare/tokenize.py", "head = [] if self.bos is None else [self.bos]", "head = []",
            "BOS dropped"),
-    Mutant("PP9", "prepare/readers.py", "enumerate(text, start=1)", "enumerate(text)",
+    Mutant("PP9", "prepare/readers.py", "enumerate(lines, start=1)", "enumerate(lines)",
            "jsonl line numbers from 0"),
     Mutant("PP10", "sources/document_writer.py",
            'names = [u["part"] for u in meta["units"] if meta["parts"][u["part"]]["num_documents"]]\n    paths',
