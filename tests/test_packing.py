@@ -575,6 +575,8 @@ def scale_simulation(directory: str, documents: int = 10**9) -> dict:
     store = FormulaStore(corpus)
 
     page = os.sysconf("SC_PAGE_SIZE")
+    peak_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    Path("/proc/self/clear_refs").write_text("5")  # the peak (VmHWM) from here on: not imports'
     rss_before = int(Path("/proc/self/statm").read_text().split()[1]) * page
     start = time.perf_counter()
     packed = PackedSequences(store, seq_len, window=window, index=path, pad_id=-1)
@@ -602,7 +604,8 @@ def scale_simulation(directory: str, documents: int = 10**9) -> dict:
         assert set(got) == set(want)
         for leaf, value in want.items():
             np.testing.assert_array_equal(got[leaf], value, err_msg=f"{name}: {leaf}")
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    status = Path("/proc/self/status").read_text().split("VmHWM:")[1]
+    peak = int(status.split()[0]) * 1024  # kB
     return {
         "documents": documents,
         "tokens": corpus.num_tokens,
@@ -613,6 +616,8 @@ def scale_simulation(directory: str, documents: int = 10**9) -> dict:
         "open_and_first_batch_s": open_s,
         "read_s": step_s,
         "rss_added_bytes": peak - rss_before,
+        "rss_before_bytes": rss_before,
+        "peak_before_bytes": peak_before,
     }
 
 
