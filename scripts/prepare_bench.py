@@ -35,16 +35,44 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 SHARDS = 8
 RUN = """
-import json, resource, sys, time
+import json, os, sys, threading, time
 from psdp.prepare import prepare
-inputs, output, tokenizer, workers, engine = sys.argv[1:6]
+
+def peak_kib(pid):  # the process's own peak RSS since its exec (VmHWM), 0 once it is gone
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
+    except (OSError, StopIteration):
+        return 0
+
+def children():
+    pids = []
+    for task in os.listdir(f"/proc/{os.getpid()}/task"):
+        try:
+            with open(f"/proc/{os.getpid()}/task/{task}/children") as listed:
+                pids += listed.read().split()
+        except OSError:
+            pass
+    return pids
+
+workers = {}
+done = threading.Event()
+
+def watch():  # every 10 ms, each worker's VmHWM (it only grows, so the last reading is its peak)
+    while not done.wait(0.01):
+        for pid in children():
+            workers[pid] = max(workers.get(pid, 0), peak_kib(pid))
+
+threading.Thread(target=watch, daemon=True).start()
+inputs, output, tokenizer, count, engine = sys.argv[1:6]
 started = time.perf_counter()
-summary = prepare(inputs, output, tokenizer=tokenizer, eos="<|eos|>", workers=int(workers),
+summary = prepare(inputs, output, tokenizer=tokenizer, eos="<|eos|>", workers=int(count),
                   engine=engine, progress=False)
 seconds = time.perf_counter() - started
+done.set()
 print(json.dumps({"tokens": summary.tokens, "documents": summary.documents, "seconds": seconds,
-                  "driver_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                  "worker_rss_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}))
+                  "driver_rss_mib": peak_kib(os.getpid()) / 1024,
+                  "worker_rss_mib": max(workers.values(), default=0) / 1024}))
 """
 
 

@@ -11,6 +11,7 @@ default.
 
 from __future__ import annotations
 
+import array
 import io
 import json
 import os
@@ -111,7 +112,7 @@ def write_documents(
         "compression": compression,
         "checksum": checksum,
     }
-    lengths: list[int] = []
+    lengths = array.array("q")  # 8 bytes a document (a list of ints: ~36)
     recorded: dict[str, int] = {}  # what the index found, for the metadata
     name = locate(path).name
 
@@ -124,6 +125,7 @@ def write_documents(
             codecs,
             None,
             on_start,
+            shards_per_block=1,  # documents arrive one by one: a shard's worth held, not 64 MB
         )
         chunks = _checked(head, stream, schema, lengths)
         with tqdm(unit="tokens", desc=f"write {name}", disable=not progress, delay=1.0) as bar:
@@ -131,7 +133,7 @@ def write_documents(
                 bar.update(tokens.add(chunk, index))
             bar.update(tokens.finish())
         offsets = np.zeros(len(lengths) + 1, np.int64)
-        np.cumsum(lengths, out=offsets[1:])
+        np.cumsum(np.frombuffer(lengths, np.int64), out=offsets[1:])
         per_shard = 1 << 20
         writer = ShardedWriter(
             leaf_kvstore,
@@ -286,10 +288,10 @@ def _open_arrays(
     arrays = {
         leaf: _open(kvstore(f"tokens/{leaf}"), context, name, options) for leaf in meta["leaves"]
     }
-    for leaf, array in arrays.items():
-        if np.dtype(array.dtype.numpy_dtype).name != meta["leaves"][leaf]:
+    for leaf, opened in arrays.items():
+        if np.dtype(opened.dtype.numpy_dtype).name != meta["leaves"][leaf]:
             raise ValueError(
-                f"leaf {leaf!r} of {name} has dtype {array.dtype.numpy_dtype}, but its "
+                f"leaf {leaf!r} of {name} has dtype {opened.dtype.numpy_dtype}, but its "
                 f"metadata says {meta['leaves'][leaf]}; the store is damaged: rewrite it"
             )
     offsets = _open(kvstore("offsets"), context, name, options)
@@ -345,7 +347,7 @@ def _checked(
     head: dict[str, np.ndarray],
     rest: Iterator[Any],
     schema: dict[str, tuple[np.dtype, tuple[int, ...]]],
-    lengths: list[int],
+    lengths: array.array[int],
 ) -> Iterator[dict[str, np.ndarray]]:
     """Each document as leaves in the store's dtypes; records its length."""
     names = list(head)

@@ -189,7 +189,8 @@ def commit_write(
 
 
 class ShardedWriter:
-    """Buffers chunks into blocks of whole shards and writes each block to every leaf array."""
+    """Buffers chunks into blocks of whole shards and writes each block to every leaf array:
+    ``shards_per_block`` shards a block, or as many as fit in `BLOCK_BYTES` (None)."""
 
     def __init__(
         self,
@@ -200,6 +201,7 @@ class ShardedWriter:
         codecs: list[dict[str, Any]],
         total: int | None,
         on_start: Callable[[ShardedWriter], None],
+        shards_per_block: int | None = None,
     ):
         on_start(self)
         self.in_flight: list[Any] = []
@@ -221,7 +223,8 @@ class ShardedWriter:
             for name, (dtype, shape) in schema.items()
         }
         row_bytes = sum(dtype.itemsize * int(np.prod(shape)) for dtype, shape in schema.values())
-        self.block_rows = rows_per_shard * max(1, BLOCK_BYTES // max(1, row_bytes * rows_per_shard))
+        fit = max(1, BLOCK_BYTES // max(1, row_bytes * rows_per_shard))
+        self.block_rows = rows_per_shard * (shards_per_block or fit)
         self.pending: deque[Chunk] = deque()
         self.pending_rows = 0
         self.written = 0
