@@ -1,0 +1,105 @@
+"""Levanter token caches read in place: a cache written in Levanter's exact layout
+(`tests.levanter_cache`) opens as a `DocumentStore` whose every document equals the numpy
+document written, only the counted part is read, and a `DataConfig` source with ``format:
+levanter`` gives the loader built by hand from the same numpy documents."""
+
+from __future__ import annotations
+
+import io
+
+import draccus
+import numpy as np
+import pytest
+
+from psdp import (
+    DataConfig,
+    DataLoader,
+    DocumentStore,
+    Mixture,
+    PackedSequences,
+    TokenSequences,
+)
+from psdp.sources import open_levanter_cache
+from psdp.sources.document_writer import write_documents
+from tests.levanter_cache import write_levanter_cache
+from tests.meshes import mesh_of
+
+
+def _documents(seed: int, count: int, base: int) -> list[dict[str, np.ndarray]]:
+    """``count`` documents of seeded lengths 0..40 (Levanter keeps empty ones), with an aligned
+    per-token ``assistant_masks`` leaf; token ``i`` of document ``d`` is ``base + d * 1000 + i``."""
+    lengths = np.random.default_rng(seed).integers(0, 41, count)
+    lengths[3] = 0
+    return [
+        {
+            "input_ids": (base + d * 1000 + np.arange(n)).astype(np.int32),
+            "assistant_masks": (np.arange(n) % 3 == 0).astype(np.int8),
+        }
+        for d, n in enumerate(lengths)
+    ]
+
+
+@pytest.mark.parametrize("torn", [False, True], ids=["clean", "torn batch after the count"])
+def test_a_levanter_cache_opens_as_the_documents_written(tmp_path, torn):
+    docs = _documents(0, 50, 0)
+    write_levanter_cache(tmp_path / "train", docs, torn_batch=torn)
+    store = open_levanter_cache(tmp_path / "train", leaves=("input_ids", "assistant_masks"))
+    lengths = [len(d["input_ids"]) for d in docs]
+    ends = np.concatenate([[0], np.cumsum(lengths)])
+    assert store.num_documents == len(docs) and store.num_tokens == ends[-1]
+    assert store.offsets_range(0, len(docs) + 1).tolist() == ends.tolist()
+    assert store.leaves == {"input_ids": np.dtype(np.int32), "assistant_masks": np.dtype(np.int8)}
+    for d, doc in enumerate(docs):
+        got = store.read_ranges([ends[d]], [ends[d + 1]])
+        for leaf, values in doc.items():
+            assert np.array_equal(got[leaf], values), (d, leaf)
+    only_tokens = open_levanter_cache(str(tmp_path / "train"))
+    assert list(only_tokens.leaves) == ["input_ids"]
+    assert np.array_equal(
+        only_tokens.read_ranges([0], [ends[-1]])["input_ids"],
+        np.concatenate([d["input_ids"] for d in docs]),
+    )
+
+
+SEQ_LEN, BATCH = 16, 8
+
+
+@pytest.mark.parametrize("packing", [None, "best_fit"])
+def test_a_data_config_with_a_levanter_source_equals_the_loader_built_by_hand(tmp_path, packing):
+    """One Levanter source and one psdp store mixed 1:3; the hand-built loader reads the same
+    numpy documents from memory (`DocumentStore.from_documents`), not the cache."""
+    lev_docs = [d for d in _documents(1, 60, 0) if len(d["input_ids"])]
+    psdp_docs = [d["input_ids"] for d in _documents(2, 40, 500_000) if len(d["input_ids"])]
+    write_levanter_cache(tmp_path / "web" / "train", lev_docs)
+    prose = write_documents(tmp_path / "prose", psdp_docs, progress=False)
+    view = "{eos_id: 0}" if packing is None else f"{{packing: {packing}, eos_id: 0}}"
+    yaml = f"""
+sources:
+  web: {{store: {tmp_path / "web" / "train"}, format: levanter, weight: 1}}
+  prose: {{store: {prose}, weight: 3}}
+seq_len: {SEQ_LEN}
+view: {view}
+mixture: {{block_size: 16, seed: 5}}
+order: {{global_batch_size: {BATCH}}}
+"""
+    config = draccus.load(DataConfig, io.StringIO(yaml))
+    assert DataConfig.from_dict(config.to_dict()) == config
+    stores = {
+        "web": DocumentStore.from_documents([d["input_ids"] for d in lev_docs]),
+        "prose": DocumentStore.from_documents(psdp_docs),
+    }
+    if packing is None:
+        views = {n: TokenSequences(s, SEQ_LEN, eos_id=0) for n, s in stores.items()}
+    else:
+        views = {n: PackedSequences(s, SEQ_LEN, packing, eos_id=0) for n, s in stores.items()}
+    by_hand = Mixture(views, stages=[(0, {"web": 1, "prose": 3})], block_size=16, seed=5)
+    mesh = mesh_of(("data", "model"), (4, 2))
+    with (
+        config.build(mesh) as loader,
+        DataLoader(by_hand, mesh=mesh, global_batch_size=BATCH) as hand,
+    ):
+        for step in range(12):
+            got, want = loader.batch_at(step), hand.batch_at(step)
+            assert set(got) == set(want)
+            for key in want:
+                assert np.array_equal(np.asarray(got[key]), np.asarray(want[key])), (step, key)
