@@ -328,8 +328,12 @@ def _unfinished_store(tmp: Path) -> str:
 
 
 def _levanter_cache(tmp: Path, finished: bool = True) -> str:
-    """A Levanter token cache of 4 documents (its exact layout) at ``tmp / "lev"``."""
-    docs = [{"input_ids": np.arange(1, n + 1, dtype=np.int32)} for n in (5, 9, 3, 12)]
+    """A Levanter token cache of 4 documents (its exact layout) at ``tmp / "lev"``, with a
+    per-document leaf ``sources_len`` (one value a document, as Levanter's supervised caches)."""
+    docs = [
+        {"input_ids": np.arange(1, n + 1, dtype=np.int32), "sources_len": np.array([2], np.int32)}
+        for n in (5, 9, 3, 12)
+    ]
     write_levanter_cache(tmp / "lev", docs, finished=finished)
     return str(tmp / "lev")
 
@@ -2248,7 +2252,20 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
         "a Levanter cache opened with a leaf it does not have",
         lambda tmp: open_levanter_cache(_levanter_cache(tmp), leaves=("input_ids", "loss_mask")),
         ValueError,
-        ["has no leaf 'loss_mask' (no loss_mask/offsets)", "its leaves are ['input_ids']"],
+        [
+            "has no leaf 'loss_mask' (no loss_mask/offsets)",
+            "its leaves are ['input_ids', 'sources_len']",
+        ],
+    ),
+    (
+        "a Levanter cache opened with a leaf that is not one value per token",
+        lambda tmp: open_levanter_cache(_levanter_cache(tmp), leaves=("input_ids", "sources_len")),
+        ValueError,
+        [
+            "leaf 'sources_len' of the Levanter cache at",
+            "holds 4 documents ending at 4, but input_ids holds 4 ending at 29",
+            "not one value per token",
+        ],
     ),
     (
         "a Levanter cache opened with leaves that do not start with input_ids",

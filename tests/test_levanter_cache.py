@@ -6,6 +6,7 @@ levanter`` gives the loader built by hand from the same numpy documents."""
 from __future__ import annotations
 
 import io
+import json
 
 import draccus
 import numpy as np
@@ -61,6 +62,19 @@ def test_a_levanter_cache_opens_as_the_documents_written(tmp_path, torn):
     )
 
 
+def test_a_cache_whose_count_differs_from_its_ledger_is_refused(tmp_path):
+    """offsets[0] (the count Levanter's reads use) against the ledger's total_num_rows."""
+    write_levanter_cache(tmp_path, _documents(0, 20, 0))
+    ledger = json.loads((tmp_path / "shard_ledger.json").read_text())
+    ledger["total_num_rows"] = 21
+    (tmp_path / "shard_ledger.json").write_text(json.dumps(ledger))
+    with pytest.raises(ValueError) as info:
+        open_levanter_cache(tmp_path)
+    message = " ".join(str(info.value).split())
+    assert "counts 20 documents in input_ids/offsets[0]" in message, message
+    assert "says total_num_rows=21" in message and "cache_dataset" in message, message
+
+
 SEQ_LEN, BATCH = 16, 8
 
 
@@ -103,3 +117,17 @@ order: {{global_batch_size: {BATCH}}}
             assert set(got) == set(want)
             for key in want:
                 assert np.array_equal(np.asarray(got[key]), np.asarray(want[key])), (step, key)
+
+
+def test_a_leaf_of_rank_above_one_is_refused(tmp_path):
+    """Levanter keeps ``<leaf>/shapes`` for items of rank > 1; psdp reads per-token leaves."""
+    import tensorstore as ts
+
+    write_levanter_cache(tmp_path, _documents(0, 5, 0))
+    spec = {
+        "driver": "zarr3",
+        "kvstore": {"driver": "file", "path": f"{tmp_path}/input_ids/shapes/"},
+    }
+    ts.open(spec, dtype="int64", shape=[2**54, 1], create=True).result()
+    with pytest.raises(ValueError, match=r"leaf 'input_ids' .* holds arrays of rank > 1"):
+        open_levanter_cache(tmp_path)
