@@ -131,3 +131,21 @@ def test_a_leaf_of_rank_above_one_is_refused(tmp_path):
     ts.open(spec, dtype="int64", shape=[2**54, 1], create=True).result()
     with pytest.raises(ValueError, match=r"leaf 'input_ids' .* holds arrays of rank > 1"):
         open_levanter_cache(tmp_path)
+
+
+def test_a_levanter_cache_on_s3_opens_as_the_documents_written():
+    """Levanter caches live in buckets: moto's S3 server on 127.0.0.1, TensorStore's s3 driver."""
+    from psdp.sources.levanter import is_levanter_cache
+    from psdp.tools.benchmarks.object_store import S3Server
+
+    docs = _documents(3, 30, 7_000)
+    with S3Server() as server:
+        where = server.kvstore("cache/train/")
+        write_levanter_cache(where, docs)
+        assert is_levanter_cache(where) and not is_levanter_cache(server.kvstore("cache/"))
+        store = open_levanter_cache(where, leaves=("input_ids", "assistant_masks"))
+        ends = np.concatenate([[0], np.cumsum([len(d["input_ids"]) for d in docs])])
+        assert store.offsets_range(0, len(docs) + 1).tolist() == ends.tolist()
+        got = store.read_ranges(ends[:-1], ends[1:])
+        for leaf in ("input_ids", "assistant_masks"):
+            assert np.array_equal(got[leaf], np.concatenate([d[leaf] for d in docs])), leaf
