@@ -53,11 +53,13 @@ from psdp import (
 from psdp.prepare.chat import render_chat
 from psdp.prepare.ray_engine import RayEngine
 from psdp.prepare.readers import BadRecordError
+from psdp.sources import open_levanter_cache
 from psdp.sources.document_writer import write_documents
 from psdp.tools.pod import run_pod
 from psdp.tools.simulate import Simulation, check_simulation
 from tests import chat_tokenizer, scale_corpus, token_oracle
 from tests.batch_checks import assert_batch_exact, expected_batch, token_table
+from tests.levanter_cache import write_levanter_cache
 from tests.meshes import mesh_of
 
 B = 8  # global batch: one row per data shard pair on data=4 x model=2
@@ -323,6 +325,21 @@ def _unfinished_store(tmp: Path) -> str:
     (tmp / "web").mkdir()
     (tmp / "web" / "psdp.json").write_text('{"format": "psdp.document_parts", "complete": false}')
     return str(tmp / "web")
+
+
+def _levanter_cache(tmp: Path, finished: bool = True) -> str:
+    """A Levanter token cache of 4 documents (its exact layout) at ``tmp / "lev"``, with a
+    per-document leaf ``sources_len`` (one value a document, as Levanter's supervised caches)."""
+    docs = [
+        {"input_ids": np.arange(1, n + 1, dtype=np.int32), "sources_len": np.array([2], np.int32)}
+        for n in (5, 9, 3, 12)
+    ]
+    write_levanter_cache(tmp / "lev", docs, finished=finished)
+    return str(tmp / "lev")
+
+
+def _levanter_data(tmp: Path, store: str) -> DataConfig:
+    return _data(tmp, sources={"web": SourceConfig(store=store, format="levanter")})
 
 
 def _file(path: Path) -> Path:
@@ -2181,6 +2198,80 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
             "make it with `psdp prepare web.jsonl --output",
             "--tokenizer t.json`",
         ],
+    ),
+    (
+        "a data source format that is neither psdp nor levanter",
+        lambda _: SourceConfig(store="cache/train", format="zarr"),
+        ValueError,
+        ["SourceConfig.format of 'cache/train' must be one of ['psdp', 'levanter']", "'zarr'"],
+    ),
+    (
+        "a Levanter data source with psdp prepare's inputs and tokenizer",
+        lambda _: SourceConfig(
+            store="cache/train", format="levanter", inputs=["a.jsonl"], tokenizer="t.json"
+        ),
+        ValueError,
+        ["'cache/train' is a Levanter cache (format: levanter)", "drop inputs, tokenizer"],
+    ),
+    (
+        "a Levanter data source at a path with no cache",
+        lambda tmp: _levanter_data(tmp, str(tmp / "nope")).build(_mesh()),
+        FileNotFoundError,
+        [
+            "source 'web': there is no Levanter cache at",
+            "it has no shard_ledger.json",
+            "python -m levanter.main.cache_dataset --config_path <config.yaml>",
+        ],
+    ),
+    (
+        "a Levanter data source whose cache is unfinished",
+        lambda tmp: _levanter_data(tmp, _levanter_cache(tmp, finished=False)).build(_mesh()),
+        ValueError,
+        [
+            "source 'web': the Levanter cache at",
+            "is unfinished: its shard_ledger.json says is_finished=False",
+            "1 of 2 shards finished, 2 documents so far",
+            "run `python -m levanter.main.cache_dataset",
+        ],
+    ),
+    (
+        "a psdp store named as a Levanter cache",
+        lambda tmp: _levanter_data(tmp, _data_store(tmp)).build(_mesh()),
+        ValueError,
+        ["code is a psdp store (psdp.json), not a Levanter cache", "format: psdp, the default"],
+    ),
+    (
+        "a Levanter cache named as a psdp store",
+        lambda tmp: _data(tmp, sources={"web": SourceConfig(store=_levanter_cache(tmp))}).build(
+            _mesh()
+        ),
+        ValueError,
+        ["source 'web':", "lev' is a Levanter token cache", "set format: levanter"],
+    ),
+    (
+        "a Levanter cache opened with a leaf it does not have",
+        lambda tmp: open_levanter_cache(_levanter_cache(tmp), leaves=("input_ids", "loss_mask")),
+        ValueError,
+        [
+            "has no leaf 'loss_mask' (no loss_mask/offsets)",
+            "its leaves are ['input_ids', 'sources_len']",
+        ],
+    ),
+    (
+        "a Levanter cache opened with a leaf that is not one value per token",
+        lambda tmp: open_levanter_cache(_levanter_cache(tmp), leaves=("input_ids", "sources_len")),
+        ValueError,
+        [
+            "leaf 'sources_len' of the Levanter cache at",
+            "holds 4 documents ending at 4, but input_ids holds 4 ending at 29",
+            "not one value per token",
+        ],
+    ),
+    (
+        "a Levanter cache opened with leaves that do not start with input_ids",
+        lambda tmp: open_levanter_cache(_levanter_cache(tmp), leaves="input_ids"),
+        ValueError,
+        ["leaves must be a tuple of distinct leaf names", "'input_ids' first", "got 'input_ids'"],
     ),
     (
         "an eval set whose prepared store is unfinished",

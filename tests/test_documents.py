@@ -136,7 +136,7 @@ def refusal(offsets, leaves):
 out["raw"] = refusal(offsets_spec, {"input_ids": data_spec})
 out["raw open"] = refusal(offsets, {"input_ids": data})
 out["long zeros"] = refusal(zeros_spec, {"input_ids": data_spec})
-n = int(offsets[0].read().result())  # the documented recipe: the used parts
+n = int(offsets[0].read().result())  # the used parts, as the error says
 ends = offsets[: n + 1].read().result().copy()
 ends[0] = 0
 out["long data"] = refusal(ends, {"input_ids": data})
@@ -148,7 +148,7 @@ print(json.dumps(out))
 
 def test_a_levanter_shaped_store_is_refused_with_a_python_error_and_read_by_its_recipe(tmp_path):
     """Offsets and data 2**54 long: from_arrays reads offsets[0] and the shapes only, and says
-    how to pass the used parts; the recipe of docs/tokens.md then reads the documents."""
+    how to pass the used parts (or open_levanter_cache); sliced so, the documents read."""
     import json
     import subprocess
     import sys

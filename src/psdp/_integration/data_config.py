@@ -43,6 +43,8 @@ __all__ = ["DataConfig", "MixtureConfig", "SourceConfig", "StageConfig", "ViewCo
 
 #: The manifest ``format`` of a store that ``psdp prepare`` writes (``docs/prepare.md``).
 PREPARED_FORMAT = "psdp.document_parts"
+#: ``SourceConfig.format`` values: a psdp store, or a Levanter token cache (``docs/tokens.md``).
+STORE_FORMATS = ("psdp", "levanter")
 #: ``ViewConfig.long_documents`` values (`PackedSequences`).
 LONG_DOCUMENTS = ("split", "drop")
 
@@ -83,12 +85,27 @@ class SourceConfig:
     eos: str | None = None
     """The EOS token ``psdp prepare`` put after each document (with ``inputs``), or unset."""
 
+    format: str = "psdp"
+    """``psdp``: a store of ``psdp prepare`` or ``write_documents``; ``levanter``: the directory
+    of one split of a finished Levanter token cache (its ``input_ids``)."""
+
     def __post_init__(self) -> None:
         example = "e.g. store: tokens/code"
         if not isinstance(self.store, str) or not self.store:
             raise TypeError(
                 f"SourceConfig.store must be the path or URL of a document store (a non-empty "
                 f"str), got {self.store!r}; {example}"
+            )
+        if self.format not in STORE_FORMATS:
+            raise ValueError(
+                f"SourceConfig.format of {self.store!r} must be one of {list(STORE_FORMATS)}, "
+                f"got {self.format!r}; e.g. format: levanter for a Levanter token cache"
+            )
+        if self.format == "levanter" and self.inputs is not None:
+            raise ValueError(
+                f"SourceConfig of {self.store!r} is a Levanter cache (format: levanter) and sets "
+                "inputs and tokenizer, which say how psdp prepare makes a psdp store; Levanter's "
+                "cache builder makes this one: drop inputs, tokenizer, bos and eos"
             )
         if self.weight is not None and (
             not isinstance(self.weight, int | float)
@@ -150,16 +167,37 @@ class SourceConfig:
         unfinished or stale (``role``, e.g. ``source 'code'``, names it)."""
         from psdp.sources import DocumentStore
 
+        if self.format == "levanter":
+            return self._open_levanter(role)
         manifest = _local_manifest(self.store)
         if manifest is not None and manifest.get("format") == PREPARED_FORMAT:
             self._check_prepared(manifest, role)
         try:
             return DocumentStore.open(self.store)
         except FileNotFoundError:
+            from psdp.sources.levanter import is_levanter_cache
+
+            assert self.store is not None  # checked in __post_init__
+            if is_levanter_cache(self.store):
+                raise ValueError(
+                    f"{role}: {self.store!r} is a Levanter token cache (shard_ledger.json), not "
+                    "a psdp store; set format: levanter to read it in place"
+                ) from None
             raise FileNotFoundError(
                 f"{role}: there is no document store at {self.store!r}; make it with "
                 f"`{self.prepare_command()}` (or psdp.write_documents)"
             ) from None
+
+    def _open_levanter(self, role: str) -> DocumentStore:
+        from psdp.sources.levanter import open_levanter_cache
+
+        assert self.store is not None  # checked in __post_init__
+        try:
+            return open_levanter_cache(self.store)
+        except FileNotFoundError as error:
+            raise FileNotFoundError(f"{role}: {error}") from None
+        except ValueError as error:
+            raise ValueError(f"{role}: {error}") from None
 
     def _check_prepared(self, manifest: Mapping[str, Any], role: str) -> None:
         """Raises unless the prepared store is complete and, when the config says how it is

@@ -28,6 +28,7 @@ from psdp.sources.tokens import TokenSequences as TokenSequences
 
 if TYPE_CHECKING:  # imported on first use below: tensorstore is slow to import
     from psdp.sources.document_writer import write_documents as write_documents
+    from psdp.sources.levanter import open_levanter_cache as open_levanter_cache
     from psdp.sources.tensorstore import DATASET_FORMAT as DATASET_FORMAT
     from psdp.sources.tensorstore import DATASET_VERSION as DATASET_VERSION
     from psdp.sources.tensorstore import INCOMPLETE_MARKER as INCOMPLETE_MARKER
@@ -50,6 +51,7 @@ __getattr__, __dir__ = lazy_attributes(
     {
         "psdp.sources.tensorstore": _TENSORSTORE_NAMES,
         "psdp.sources.document_writer": ["write_documents"],
+        "psdp.sources.levanter": ["open_levanter_cache"],
     },
     globals(),
 )
@@ -77,6 +79,7 @@ __all__ = [
     "TensorStoreSource",
     "TokenSequences",
     "as_source",
+    "open_levanter_cache",
     "read_metadata",
     "write_documents",
 ]

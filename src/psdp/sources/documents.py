@@ -265,10 +265,9 @@ class DocumentStore:
     ) -> DocumentStore:
         """A store from flat arrays written by any tool: numpy arrays (``np.load(path,
         mmap_mode="r")`` for nanoGPT/MaxText ``.npy`` files), open TensorStore arrays,
-        TensorStore spec dicts (a zarr array of another tool), or any `FlatArray`. Levanter's
-        ``JaggedArrayStore`` differs: its ``offsets[0]`` holds the document count and its arrays
-        are allocated ``2**54`` long, so pass its offsets ``[:count + 1]`` with entry 0 set to 0,
-        and its data sliced to ``[:offsets[-1]]`` (``docs/tokens.md``).
+        TensorStore spec dicts (a zarr array of another tool), or any `FlatArray`. A Levanter
+        cache differs (``offsets[0]`` holds the document count, the arrays are allocated
+        ``2**54`` long): open it with `psdp.sources.open_levanter_cache`.
 
         Args:
             offsets: the ``(D + 1,)`` integer offsets, read by range only.
@@ -463,8 +462,9 @@ def _check_ends(first: int, entries: int, name: str) -> None:
     if first != 0:
         raise ValueError(
             f"the offsets of {name} must start at 0, got {first}. Levanter's JaggedArrayStore "
-            f"keeps its document count there: pass its used part, ends = offsets[:{first} + 1] "
-            "with ends[0] = 0, and each leaf sliced to leaf[:ends[-1]] (docs/tokens.md); "
+            "keeps its document count there: open a Levanter cache with "
+            "psdp.sources.open_levanter_cache(path), or pass its used part, ends = "
+            f"offsets[:{first} + 1] with ends[0] = 0, and each leaf sliced to leaf[:ends[-1]]; "
             f"otherwise {_DAMAGED}"
         )
     if entries > MAX_DOCUMENTS + 1:
