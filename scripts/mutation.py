@@ -458,7 +458,7 @@ MUTANTS = [
            "                    pass", "a killed part's staging directory left"),
     Mutant("PP5", "prepare/parts.py", '            if name.startswith("index-") and name != meta.get("index"):',
            "            if False:", "an index of another size left"),
-    Mutant("PP6", "prepare/__init__.py", "            out.commit(meta)\n            done", "            done",
+    Mutant("PP6", "prepare/__init__.py", "            if uncommitted == every:", "            if False:",
            "parts committed only at the end"),
     Mutant("PP7", "prepare/tasks.py", "skipped[kind] = skipped.get(kind, 0) + 1", "skipped[kind] = 1",
            "skipped records miscounted"),

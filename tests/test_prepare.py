@@ -128,6 +128,27 @@ def test_one_and_two_workers_write_byte_identical_stores(tmp_path, tokenizer):
     assert stored(tmp_path / "store-2")[1] == oracle(tokenizer, texts, bos=None)
 
 
+def test_a_run_commits_its_manifest_a_bounded_number_of_times(tmp_path, tokenizer, monkeypatch):
+    """The manifest names every part: a commit per part wrote O(parts^2) bytes in all (10^4
+    parts, ~3 MB each time). About COMMITS commits a run; the store is the same."""
+    import psdp.prepare as module
+    from psdp.prepare.parts import Output
+
+    texts = corpus.texts(40, seed=14)
+    for i in range(40):
+        corpus.write_jsonl(tmp_path / f"s{i:02d}.jsonl", texts[i : i + 1])
+    commits = []
+    commit = Output.commit
+    monkeypatch.setattr(
+        Output, "commit", lambda self, meta: commits.append(1) or commit(self, meta)
+    )
+    monkeypatch.setattr(module, "COMMITS", 10)
+    prepare(str(tmp_path / "s*.jsonl"), tmp_path / "store", tokenizer=tokenizer, eos=EOS,
+            workers=1, progress=False)  # fmt: skip
+    assert len(commits) == 1 + 10 + 1  # the plan, every 4th of 40 parts, the finished store
+    assert stored(tmp_path / "store")[1] == oracle(tokenizer, texts, bos=None)
+
+
 KILL_SCRIPT = """
 import sys
 from psdp.prepare import prepare

@@ -58,6 +58,10 @@ class PrepareSummary:
         return "\n".join(lines)
 
 
+#: About how many times a run commits its manifest, whatever its number of parts.
+COMMITS = 100
+
+
 def prepare(
     inputs: Any,
     output: str | os.PathLike[str] | Mapping[str, Any],
@@ -152,10 +156,16 @@ def prepare(
     bar = tqdm(total=len(meta["units"]), initial=len(meta["units"]) - len(tasks), unit="parts",
                desc=f"prepare {out.name}", disable=not progress)  # fmt: skip
     done = {"documents": 0, "tokens": 0}
+    # The manifest names every part, so a commit per part would write O(parts^2) bytes in all:
+    # about COMMITS commits a run instead (a kill redoes at most the parts since the last one).
+    every, uncommitted = max(1, len(tasks) // COMMITS), 0
     try:
         for result in runner.map_unordered(run_task, tasks):
             meta = with_part(meta, result)
-            out.commit(meta)
+            uncommitted += 1
+            if uncommitted == every:
+                out.commit(meta)
+                uncommitted = 0
             done["documents"] += result.num_documents
             done["tokens"] += result.num_tokens
             elapsed = max(time.perf_counter() - started, 1e-9)
@@ -167,6 +177,8 @@ def prepare(
     finally:
         bar.close()
         runner.close()
+        if uncommitted:  # the parts finished before an error (or the last few) are kept
+            out.commit(meta)
     if not meta.get("complete"):
         meta = finished(meta)
         out.write_index(meta)
