@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 from psdp._checks import is_int
 from psdp._integration.config import LoaderConfig
 from psdp._plan.mixture import MIXTURE_ROWS
-from psdp._plan.offsets import StepOffsets
 from psdp._plan.options import (
     OrderOptions,
     OutputOptions,
@@ -708,18 +707,7 @@ class DataConfig:
                 "order.global_batch_size to find their sample offsets; set it, e.g. "
                 "order: {global_batch_size: 256}"
             )
-        offset = (
-            StepOffsets.create(
-                MIXTURE_ROWS,
-                order.global_batch_size,
-                drop_last=order.drop_last,
-                skip_steps=order.skip_steps,
-                skip_offsets=order.skip_offsets,
-                start=order.start,
-            )
-            .info(step)
-            .offset
-        )
+        offset = order.step_offsets(MIXTURE_ROWS).info(step).offset
         block = self.mixture.block_size
         if offset % block:
             raise ValueError(

@@ -16,6 +16,7 @@ from typing import Any
 from jax.sharding import PartitionSpec
 
 from psdp._plan import option_checks as checks
+from psdp._plan.offsets import StepOffsets
 
 # The fields' annotations are also what draccus decodes YAML and flags with: it tries a union's
 # types in order and its `str` takes anything, its `tuple` splits a string, so lists come first,
@@ -103,6 +104,24 @@ class OrderOptions:
     def start(self) -> tuple[int, int]:
         """``start_at``, or ``(0, 0)``."""
         return (0, 0) if self.start_at is None else self.start_at  # type: ignore[return-value]
+
+    def step_offsets(self, rows: int | None) -> StepOffsets:
+        """The step -> sample offset map of these options over ``rows`` rows (None: endless);
+        needs ``global_batch_size``.
+
+        Example:
+            >>> OrderOptions(global_batch_size=4).step_offsets(None).info(2).offset
+            8
+        """
+        assert self.global_batch_size is not None
+        return StepOffsets.create(
+            rows,
+            self.global_batch_size,
+            drop_last=self.drop_last,
+            skip_steps=self.skip_steps,
+            skip_offsets=self.skip_offsets,
+            start=self.start,
+        )
 
 
 @dataclass(frozen=True)

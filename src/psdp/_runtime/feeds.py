@@ -194,16 +194,7 @@ def orders_itself(source: Any, order: OrderOptions) -> bool:
 
 def endless_pads(order: OrderOptions) -> bool:
     """Whether some step is cut short by a skip, in a run with no epoch end."""
-    assert order.global_batch_size is not None
-    offsets = StepOffsets.create(
-        None,
-        order.global_batch_size,
-        drop_last=order.drop_last,
-        skip_steps=order.skip_steps,
-        skip_offsets=order.skip_offsets,
-        start=order.start,
-    )
-    return offsets.cuts_short()
+    return order.step_offsets(None).cuts_short()
 
 
 class StreamFeed:
