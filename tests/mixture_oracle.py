@@ -18,9 +18,11 @@ BLOCK_TAG = 0x6D69782D626C6F63  # documented in docs/mixtures.md
 
 def largest_remainder(weights: Sequence[float], block: int) -> list[int]:
     """Hamilton's method: floors of the exact quotas, then one more to each of the largest
-    remainders (earlier source first on ties)."""
-    total = sum(Fraction(w) for w in weights)
-    quotas = [Fraction(w) * block / total for w in weights]
+    remainders (earlier source first on ties), of the weights as written: a float is the
+    decimal number its shortest repr shows (docs/mixtures.md)."""
+    exact = [Fraction(repr(w)) if isinstance(w, float) else Fraction(w) for w in weights]
+    total = sum(exact)
+    quotas = [w * block / total for w in exact]
     floors = [q.numerator // q.denominator for q in quotas]
     remainders = [q - f for q, f in zip(quotas, floors, strict=True)]
     ranked = sorted(range(len(weights)), key=lambda i: remainders[i], reverse=True)  # stable

@@ -106,12 +106,12 @@ def _oracle_rows(name: str, view: str) -> dict[str, np.ndarray]:
     return token_oracle.rows([d["input_ids"] for d in docs], SEQ_LEN, eos_id=0)
 
 
-def _oracle_step(view: str, step: int, stages) -> dict[str, np.ndarray]:
+def _oracle_step(view: str, step: int, stages, block: int = BLOCK) -> dict[str, np.ndarray]:
     """The global batch of ``step`` (a constant batch of BATCH: offsets step * BATCH ...) by the
     mixture oracle, which walks the blocks one by one, over the oracle rows."""
     tables = {n: _oracle_rows(n, view) for n in ("code", "prose")}
     lengths = [len(tables[n]["input_ids"]) for n in ("code", "prose")]
-    mixture = OracleMixture(["code", "prose"], lengths, stages, BLOCK, seed=5)
+    mixture = OracleMixture(["code", "prose"], lengths, stages, block, seed=5)
     source, row = mixture.sequence((step + 1) * BATCH)
     offsets = range(step * BATCH, (step + 1) * BATCH)
     names = ("code", "prose")
@@ -450,3 +450,86 @@ def _other_eos(tmp_path, source):
 def test_a_stale_prepared_store_is_refused_naming_the_difference(tmp_path, change, why):
     message = _stale(tmp_path, change)
     assert why.format(raw=tmp_path / "raw", tmp=tmp_path) in message
+
+
+# ------------------------------------------------------------------ saved forms and weights
+def _listed(stores, order: tuple[str, ...], weights: dict[str, object], block=BLOCK) -> str:
+    """The YAML of `_yaml` (best-fit packing) with the sources listed in ``order``, weights as
+    written and blocks of ``block``."""
+    lines = [f"  {n}: {{store: {stores[n]}, weight: {weights[n]}}}" for n in order]
+    rest = _yaml(stores, "{packing: best_fit}").split("seq_len:", 1)[1]
+    rest = rest.replace(f"block_size: {BLOCK},", f"block_size: {block},")
+    return "sources:\n" + "\n".join(lines) + "\nseq_len:" + rest
+
+
+def _batches(config: DataConfig, steps: int = 6) -> list[dict]:
+    with config.build(_mesh()) as loader:
+        return [loader.batch_at(step) for step in range(steps)]
+
+
+def _assert_same(got: dict, want: dict) -> None:
+    assert set(got) == set(want)
+    for key in want:
+        assert np.array_equal(np.asarray(got[key]), np.asarray(want[key])), key
+
+
+def test_every_saved_form_builds_the_identical_loader(stores):
+    """Sources listed prose-first, then saved and loaded by every documented route (draccus
+    dump/load, which sorts the keys; to_dict/from_dict through JSON; YAML in either order):
+    each builds the oracle's batches, whose slots follow the sorted names (code, prose)."""
+    text = _listed(stores, ("prose", "code"), {"code": 1, "prose": 3})
+    listed = draccus.load(DataConfig, io.StringIO(text))
+    assert list(listed.sources) == ["prose", "code"]
+    trainer = TrainerConfig(data=listed)
+    routes = {
+        "yaml": listed,
+        "yaml sorted": draccus.load(
+            DataConfig, io.StringIO(_listed(stores, ("code", "prose"), {"code": 1, "prose": 3}))
+        ),
+        "draccus": draccus.load(TrainerConfig, io.StringIO(draccus.dump(trainer))).data,
+        "dict": DataConfig.from_dict(json.loads(json.dumps(listed.to_dict()))),
+    }
+    want = [_oracle_step("packed", s, [(0, {"code": 1, "prose": 3})]) for s in range(6)]
+    for route, config in routes.items():
+        for step, (got, expected) in enumerate(zip(_batches(config), want, strict=True)):
+            try:
+                assert_batch_exact(got, expected)
+            except AssertionError as error:
+                raise AssertionError(f"{route}, step {step}") from error
+
+
+def test_a_state_keeps_its_sources_order_across_a_restore(stores):
+    """A state saved while the slots followed the listed order (the previous release: prose
+    first) resumes in that order; one saved from a config listed the other way resumes too."""
+    config = draccus.load(
+        DataConfig, io.StringIO(_listed(stores, ("prose", "code"), {"code": 1, "prose": 3}))
+    )
+    old = config.train_source(names=["prose", "code"])  # as the previous release built it
+    with config._loader_config().build(_mesh(), source=old) as loader:
+        state = loader.iter_from(3).state()
+        want = [{k: np.asarray(v) for k, v in loader.batch_at(s).items()} for s in range(3, 6)]
+    assert [n for n, _ in state["source"]["definition"]["sources"]] == ["prose", "code"]
+    with config.restore(state, _mesh()) as resumed:
+        for step, expected in zip(range(3, 6), want, strict=True):
+            _assert_same(resumed.batch_at(step), expected)
+    state = _saved_state(config, 3)
+    reordered = replace(config, sources=dict(sorted(config.sources.items())))
+    with reordered.restore(state, _mesh()) as resumed:
+        _assert_same(resumed.batch_at(3), _batches(config, 4)[3])
+
+
+@pytest.mark.parametrize(
+    "weights", [{"code": 0.3, "prose": 0.1}, {"code": 0.6, "prose": 0.2}, {"code": 3, "prose": 1}]
+)
+def test_proportional_weights_build_the_same_loader(stores, weights):
+    """0.3 : 0.1 is 3 : 1 exactly (the weights as written, not their binary floats): a block of
+    10 holds 7.5 : 2.5, a tie the earlier source wins, 8 : 2, for every proportional spelling
+    (binary floats made it 7 : 3). The batches equal the oracle's for weights 3 and 1."""
+    config = draccus.load(
+        DataConfig, io.StringIO(_listed(stores, ("code", "prose"), weights, block=10))
+    )
+    with config.build(_mesh()) as loader:
+        assert loader.source.counts(0, 10) == {"code": 8, "prose": 2}
+    want = [_oracle_step("packed", s, [(0, {"code": 3, "prose": 1})], block=10) for s in range(6)]
+    for got, expected in zip(_batches(config), want, strict=True):
+        assert_batch_exact(got, expected)

@@ -135,21 +135,27 @@ def test_a_restore_that_changes_the_past_is_refused(mesh_1d, stages, changes, me
     [
         (
             lambda d: {**d, "web": {k: v[:80] for k, v in d["web"].items()}},
-            "[['web', 80], ['code', 35]]",
+            "resized 'web' 90 -> 80 rows): now [['web', 80], ['code', 35]]",
         ),
-        (lambda d: {"wiki": d["web"], "code": d["code"]}, "[['wiki', 90], ['code', 35]]"),
-        (lambda d: {"code": d["code"], "web": d["web"]}, "[['code', 35], ['web', 90]]"),
+        (
+            lambda d: {"wiki": d["web"], "code": d["code"]},
+            "added ['wiki']; removed ['web']): now [['wiki', 90], ['code', 35]]",
+        ),
+        (
+            lambda d: {"code": d["code"], "web": d["web"]},
+            "reordered from ['web', 'code'] to ['code', 'web']): now [['code', 35], ['web', 90]]",
+        ),
     ],
     ids=["a source with fewer rows", "a renamed source", "the sources in another order"],
 )
 def test_a_restore_with_other_sources_is_refused(mesh_1d, edit, now):
     """Every sample depends on the sources (their names, rows and tag order): other sources are
-    refused, naming both (before the stages, which differ here too)."""
+    refused, saying what changed and naming both (before the stages, which differ here too)."""
     with DataLoader(_mixture(), mesh=mesh_1d, global_batch_size=24) as loader:
         state = loader.iter_from(3).state()
     sources = edit(data())
     mix = Mixture(sources, weights=dict.fromkeys(sources, 1), block_size=BLOCK, seed=7)
-    message = f"the mixture's sources is {now}, but the saved run's was [['web', 90], ['code', 35]]"
+    message = f"{now}, saved [['web', 90], ['code', 35]]"
     with pytest.raises(ValueError, match=re.escape(message)):
         DataLoader.restore(state, mix, mesh=mesh_1d)
 
@@ -159,7 +165,7 @@ def test_a_mixture_state_records_its_definition_and_an_array_cannot_restore_it(m
         state = loader.iter_from(3).state()
     assert state["shuffle"] is False and state["source"]["rows"] == 1 << 62
     assert state["source"]["definition"] == {
-        "kind": "psdp.mixture/1",
+        "kind": "psdp.mixture/2",
         "sources": [["web", 90], ["code", 35]],
         "block_size": 16,
         "seed": 7,

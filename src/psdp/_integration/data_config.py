@@ -600,7 +600,10 @@ class DataConfig:
 
         state = check_state(state)
         order = restored_order(state, {"order": self.order})
-        source = self.train_source(self._resumed_stage_offsets(state, order))
+        saved = [name for name, _ in (state["source"].get("definition") or {}).get("sources", [])]
+        # a state saved before the sources were sorted keeps its listing order
+        names = saved if sorted(saved) == sorted(self.sources) else None
+        source = self.train_source(self._resumed_stage_offsets(state, order), names)
         return self._loader_config().restore(state, mesh, source=source, batch_axes=batch_axes)
 
     def _resumed_stage_offsets(
@@ -656,17 +659,23 @@ class DataConfig:
         return loaders
 
     # ------------------------------------------------------------------------- the source
-    def train_source(self, stage_offsets: Mapping[int, int] | None = None) -> Mixture:
-        """The training sources' views as one `Mixture` (one source: weight 1).
+    def train_source(
+        self,
+        stage_offsets: Mapping[int, int] | None = None,
+        names: Sequence[str] | None = None,
+    ) -> Mixture:
+        """The training sources' views as one `Mixture` (one source: weight 1), in sorted order
+        of their names: the order a YAML or ``draccus.dump`` lists them in changes nothing.
 
         ``stage_offsets``: stage step -> its sample offset (default: the offset of the step's
-        first row under ``order``)."""
+        first row under ``order``); ``names``: the sources in another order (a restore's)."""
         if not self.sources:
             raise ValueError(
                 "DataConfig.sources is empty; name at least one store, e.g. sources: {code: "
                 "{store: tokens/code}}"
             )
-        views = {name: self._view(s, f"source {name!r}") for name, s in self.sources.items()}
+        listed = sorted(self.sources) if names is None else list(names)
+        views = {name: self._view(self.sources[name], f"source {name!r}") for name in listed}
         if self.stages is None:
             weights = {n: 1.0 if s.weight is None else s.weight for n, s in self.sources.items()}
             stages = [(0, weights)]

@@ -23,8 +23,10 @@ import numpy as np
 from psdp._plan.index_shuffle import MASK64, shuffle_each, splitmix64, splitmix64_array
 from psdp._plan.order import check_seed
 
-#: The ``kind`` of a mixture's record in a loader state.
-MIXTURE_KIND = "psdp.mixture/1"
+#: The ``kind`` of a mixture's record in a loader state: ``/2`` counts the weights as written
+#: (`exact_weight`); ``/1``, the previous release's, counted their binary floats.
+MIXTURE_KIND = "psdp.mixture/2"
+_BINARY_KIND = "psdp.mixture/1"
 #: A mixture's length: its rows are sample offsets, and no run reaches this many, so the
 #: loader's order (which restarts at a source's end) never wraps back to the first stage.
 MIXTURE_ROWS = 1 << 62
@@ -33,13 +35,16 @@ _BLOCK_TAG = 0x6D69782D626C6F63  # "mix-bloc": block permutations' keys apart fr
 
 def block_counts(weights: Sequence[float], block_size: int) -> tuple[int, ...]:
     """Per-source samples in one block: ``block_size * w / sum(w)`` rounded by largest remainder
-    (exact fractions; ties go to the earlier source), so the counts sum to ``block_size``.
+    (exact fractions of the weights as written, `exact_weight`; ties go to the earlier source), so
+    the counts sum to ``block_size`` and proportional weights give the same counts.
 
     Example:
         >>> block_counts([0.5, 0.3, 0.2], 10), block_counts([1, 1, 1], 10)
         ((5, 3, 2), (4, 3, 3))
+        >>> block_counts([0.3, 0.1], 10), block_counts([3, 1], 10)
+        ((8, 2), (8, 2))
     """
-    exact = [Fraction(w) for w in weights]
+    exact = [exact_weight(w) for w in weights]
     common = math.lcm(*(w.denominator for w in exact))
     scaled = [w.numerator * (common // w.denominator) for w in exact]  # w * common, ints
     total = sum(scaled)
@@ -50,6 +55,19 @@ def block_counts(weights: Sequence[float], block_size: int) -> tuple[int, ...]:
     for i in by_remainder[: block_size - sum(counts)]:
         counts[i] += 1
     return tuple(counts)
+
+
+def exact_weight(weight: Any) -> Fraction:
+    """A weight as the number it is written as: a float is the decimal of its shortest repr
+    (``0.3`` is 3/10, not the binary float just below it), so ``0.3 : 0.1`` is exactly ``3 : 1``.
+
+    Example:
+        >>> exact_weight(0.3), exact_weight(3)
+        (Fraction(3, 10), Fraction(3, 1))
+    """
+    if isinstance(weight, float | np.floating):
+        return Fraction(repr(float(weight)))
+    return Fraction(weight)
 
 
 #: Weights a chunk of `stage_counts` holds (its float temporaries: ~8 bytes each, a few times).
@@ -82,8 +100,9 @@ def _float_counts(weights: np.ndarray, block: int) -> np.ndarray:
     # Error bound: the sum of n weights >= 0 is within (n - 1) u of exact (u = 2**-53, any
     # order), the product and the quotient within u each, so |quota - exact| <= (n + 2) u block
     # (doubled for the second-order terms), while block < 2**53 is exact as a float and the
-    # total lies far from underflow and overflow.
-    error = 2 * (sources + 3) * 2.0**-53 * block
+    # total lies far from underflow and overflow. The exact quota is of the weights' decimals
+    # (`exact_weight`), each within u of its float: 2 u block more.
+    error = 2 * (sources + 5) * 2.0**-53 * block
     floor = np.floor(quota)
     remainder = quota - floor  # exact
     counts = floor.astype(np.int64)
@@ -244,12 +263,20 @@ class MixturePlan:
         ``offset``: the same sources, block size, seed and shuffle, and the same stages starting
         before ``offset`` (later stages may differ: they decide only later samples)."""
         now = self.record()
-        if saved.get("kind") != MIXTURE_KIND:
+        if saved.get("kind") not in (MIXTURE_KIND, _BINARY_KIND):
             raise ValueError(
                 f"the state was saved from a source recorded as {dict(saved)}, not a mixture "
                 f"({MIXTURE_KIND}); resume with the source the state was saved from"
             )
-        for name in ("sources", "block_size", "seed", "shuffle"):
+        if saved.get("sources") != now["sources"]:
+            raise ValueError(
+                f"the mixture's sources differ from the saved run's "
+                f"({source_change(saved.get('sources'), now['sources'])}): now "
+                f"{now['sources']!r}, saved {saved.get('sources')!r} (name, rows; in tag order); "
+                "every sample depends on them, so resume with the saved sources in the "
+                "saved sources in the saved order"
+            )
+        for name in ("block_size", "seed", "shuffle"):
             if saved.get(name) != now[name]:
                 raise ValueError(
                     f"the mixture's {name} is {now[name]!r}, but the saved run's was "
@@ -257,12 +284,54 @@ class MixturePlan:
                     "value (only stages that start at or after the resume offset "
                     f"{offset} may change)"
                 )
+        if saved.get("kind") == _BINARY_KIND:
+            self._check_binary_counts(offset)
         past = [s for s in saved["stages"] if s[0] < offset]
         mine = [s for s in now["stages"] if s[0] < offset]
         for index in range(max(len(past), len(mine))):
             if index < len(past) and index < len(mine) and past[index] == mine[index]:
                 continue
             raise ValueError(_past_stage_message(index, past, mine, self.names, offset))
+
+    def _check_binary_counts(self, offset: int) -> None:
+        """Raises where a state of the previous release (it counted the weights' binary floats)
+        would read other samples here: a stage in effect by ``offset`` whose counts differ."""
+        for (start, weights), counts in zip(self.stages, self.counts, strict=True):
+            if start > offset:
+                break
+            binary = block_counts([Fraction(float(w)) for w in weights], self.block_size)
+            if list(binary) != counts.tolist():
+                raise ValueError(
+                    f"the state was saved by a psdp that counted the weights {list(weights)} of "
+                    f"the stage from offset {start} as binary floats, {list(binary)} samples a "
+                    f"block, but they are now counted as written, {counts.tolist()}; resume it "
+                    "with the psdp that saved it, or start the run again"
+                )
+
+
+def source_change(saved: Any, now: Sequence[Sequence[Any]]) -> str:
+    """What changed between two ``sources`` records (``[[name, rows], ...]``), in words."""
+    before = {name: rows for name, rows in saved or ()}
+    after = {name: rows for name, rows in now}
+    words = []
+    added = [n for n in after if n not in before]
+    removed = [n for n in before if n not in after]
+    resized = [
+        f"{n!r} {before[n]} -> {after[n]} rows"
+        for n in after
+        if before.get(n, after[n]) != after[n]
+    ]
+    if added:
+        words.append(f"added {added}")
+    if removed:
+        words.append(f"removed {removed}")
+    if resized:
+        words.append("resized " + ", ".join(resized))
+    kept_saved = [n for n in before if n in after]
+    kept_now = [n for n in after if n in before]
+    if kept_saved != kept_now:
+        words.append(f"reordered from {kept_saved} to {kept_now}")
+    return "; ".join(words) or "differ"
 
 
 def _past_stage_message(
