@@ -154,6 +154,29 @@ def test_weights_may_be_any_real_number():
     assert block_counts(got[0][1], 3) == (1, 2)
 
 
+@pytest.mark.parametrize("block", [2, 10, 18, 1000])
+def test_proportional_weights_give_the_same_counts(block):
+    """Weights are counted as written (a float is the decimal of its repr): 0.3 : 0.1 is 3 : 1,
+    whose quotas in a block of 10 tie at 7.5 : 2.5 (the earlier source wins), though the
+    binary float below 0.3 and the one above 0.1 would give 7 : 3."""
+    want = largest_remainder([3, 1], block)
+    for weights in ([0.3, 0.1], [0.6, 0.2], [1.5, 0.5], [3e-7, 1e-7], [30.0, 10.0]):
+        assert block_counts(weights, block) == tuple(want), weights
+        assert stage_counts(np.array([weights]), block).tolist() == [want], weights
+    assert block_counts([0.3, 0.1], 10) == (8, 2)
+
+
+def test_a_state_of_binary_counts_resumes_only_where_they_agree():
+    """A state of the previous release (psdp.mixture/1 counted binary floats) resumes where its
+    counts equal today's, and is refused where they differ (0.3 : 0.1 in blocks of 10)."""
+    agree = MixturePlan(("a", "b"), (50, 50), ((0, (3.0, 1.0)),), block_size=10)
+    agree.check_past({**agree.record(), "kind": "psdp.mixture/1"}, 20)
+    differ = MixturePlan(("a", "b"), (50, 50), ((0, (0.3, 0.1)),), block_size=10)
+    differ.check_past(differ.record(), 20)
+    with pytest.raises(ValueError, match=r"binary floats, \[7, 3\] .* as written, \[8, 2\]"):
+        differ.check_past({**differ.record(), "kind": "psdp.mixture/1"}, 20)
+
+
 def test_block_counts_sum_to_the_block_and_break_ties_by_order():
     assert block_counts([1, 1, 1], 10) == (4, 3, 3)
     assert block_counts([0, 1, 1], 3) == (0, 2, 1)
@@ -342,6 +365,7 @@ def _stage_weights(draw):
 @example(weights=[[1.0] * 1024, [3.0, 1.0] * 512], block=2048)  # integer quotas
 @example(weights=[[0.1, 0.2, 0.7], [0.7, 0.2, 0.1]], block=10)  # sums one ulp off 1
 @example(weights=[[1e-300, 1.0, 5e-324], [1e300, 1e300, 1.0]], block=4)  # far magnitudes
+@example(weights=[[0.3, 0.1], [3.0, 1.0], [0.6, 0.2]], block=10)  # ties of the decimals
 def test_all_stages_counts_equal_largest_remainder(weights, block):
     """`stage_counts` (every stage at once, in floating point where its error bound decides)
     equals the exact largest-remainder rule (tests/mixture_oracle.py, Fractions) row by row."""
