@@ -1951,6 +1951,26 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
         ],
     ),
     (
+        "a stage whose weights are all 0",  # refused when made, not at build()
+        lambda _: StageConfig(step=4, weights={"code": 0, "prose": 0}),
+        ValueError,
+        ["StageConfig.weights (step 4) are all 0 ({'code': 0, 'prose': 0})", "weight > 0"],
+    ),
+    (
+        "sources whose weights are all 0",  # refused when made, not at build()
+        lambda _: DataConfig(
+            sources={
+                "code": SourceConfig(store="c", weight=0),
+                "prose": SourceConfig(store="p", weight=0.0),
+            }
+        ),
+        ValueError,
+        [
+            "DataConfig.sources: every weight is 0 ({'code': 0, 'prose': 0.0})",
+            "weight > 0 (unset: 1)",
+        ],
+    ),
+    (
         "an unknown packing strategy in the view",
         lambda _: ViewConfig(packing="best"),
         ValueError,

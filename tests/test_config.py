@@ -92,6 +92,31 @@ def test_yaml_file_and_flags(tmp_path):
     assert parsed.mesh == FULL.mesh and parsed.data.sharding == FULL.data.sharding
 
 
+@pytest.mark.parametrize(
+    ("flag", "axes"),
+    [
+        ("model=2,data=4", {"model": 2, "data": 4}),  # the same axes in another order
+        ("data=8", {"data": 8}),  # an axis fewer
+        ("replica=2,data=2,model=2", {"replica": 2, "data": 2, "model": 2}),
+    ],
+)
+def test_a_mesh_flag_over_a_yaml_is_the_mesh(tmp_path, flag, axes):
+    """docs/trainer.md: flags win. ``--mesh.axes NAME=SIZE,...`` over a YAML's axes is the mesh,
+    its order too; a dict flag merges into the YAML's dict key by key (draccus's rule for every
+    dict field), which the docs say."""
+    path = tmp_path / "train.yaml"
+    path.write_text("mesh:\n  axes: {data: 4, model: 2}\n  layout: noncontiguous\n")
+    parsed = draccus.parse(TrainerConfig, config_path=str(path), args=["--mesh.axes", flag])
+    assert parsed.mesh == MeshConfig(axes=axes, layout="noncontiguous")
+    assert list(parsed.mesh.axes) == list(axes)
+    merged = draccus.parse(TrainerConfig, config_path=str(path), args=["--mesh.axes", "{data: 8}"])
+    assert merged.mesh.axes == {"data": 8, "model": 2}
+    assert draccus.parse(TrainerConfig, args=["--mesh.axes", "{model: 2, data: 4}"]).mesh.axes == {
+        "model": 2,
+        "data": 4,
+    }
+
+
 def test_flags_set_every_field():
     args = [
         *["--mesh.axes", "{replica: 2, data: 2, model: 2}", "--mesh.batch_axes", "[replica, data]"],
@@ -180,6 +205,8 @@ def test_a_bad_flag_names_the_field(flags, error, message):
         ({"axes": {3: 4}}, TypeError, ["MeshConfig.axes", "axis 3 has size 4", "a str"]),
         # a size that is not a positive int (zero; bool and float are wrong types)
         ({"axes": {"data": 0}}, ValueError, ["axis 'data' has size 0", "positive int"]),
+        # the text form: NAME=SIZE pairs
+        ({"axes": "data=4,model"}, ValueError, ["MeshConfig.axes 'data=4,model'", "NAME=SIZE"]),
         ({"axes": {"data": True}}, TypeError, ["axis 'data' has size True"]),
         ({"axes": {"data": 2.0}}, TypeError, ["axis 'data' has size 2.0"]),
         # batch axes: unknown, repeated, empty, unknown when axes are unset, not names
@@ -415,7 +442,7 @@ def test_trainer_doc_runs_with_flags_and_yaml(tmp_path):
     np.save(tmp_path / "tokens.npy", token_table(40, width=6))
     out = _run(
         script,
-        *["--mesh.axes", "{data: 4, model: 2}", "--data.source", "tokens.npy"],
+        *["--mesh.axes", "data=4,model=2", "--data.source", "tokens.npy"],
         *["--data.order.global_batch_size", "8", "--num_train_steps", "2"],
     )
     lines = out.splitlines()

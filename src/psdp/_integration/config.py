@@ -48,6 +48,12 @@ BUILTIN_LAYOUTS = ("contiguous", "noncontiguous")
 
 
 # ------------------------------------------------------------------------------------ mesh
+if TYPE_CHECKING:
+    _Axes = dict[str, int]
+else:  # draccus decodes the text form too; a flag over a YAML needs it, as draccus merges a
+    _Axes = dict[str, int] | str  # dict flag into the YAML's dict key by key, a text replaces it
+
+
 @dataclass(frozen=True)
 class MeshConfig:
     """The device mesh: its axes, which of them carry the batch, and which host owns which device.
@@ -66,8 +72,10 @@ class MeshConfig:
         ValueError: MeshConfig.axes: axis 'model' has size 0; every size must be a positive int, e.g. axes: {data: 4, model: 2}
     """
 
-    axes: dict[str, int] | None = None
-    """Mesh axes in order, name -> size, e.g. ``{data: 4, model: 2}``; the sizes multiply to the
+    axes: _Axes | None = None
+    """Mesh axes in order, name -> size, e.g. ``{data: 4, model: 2}`` or its text
+    ``data=4,model=2`` (on the command line over a YAML: the text replaces the YAML's axes, a
+    dict merges with them); the sizes multiply to the
     number of devices. Unset: one axis ``data`` over every device."""
 
     batch_axes: tuple[str, ...] | None = None
@@ -187,6 +195,11 @@ class MeshConfig:
 
 def _checked_axes(axes: Any) -> dict[str, int]:
     example = "e.g. axes: {data: 4, model: 2}"
+    if isinstance(axes, str):
+        try:
+            return parse_axes(axes)
+        except ValueError as error:
+            raise ValueError(f"MeshConfig.axes {axes!r}: {error}; or {example}") from None
     if not isinstance(axes, Mapping):
         raise TypeError(
             f"MeshConfig.axes must be a mapping of axis name -> size, got {axes!r} of type "

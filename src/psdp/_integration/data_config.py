@@ -67,8 +67,9 @@ class SourceConfig:
     ``psdp.write_documents`` (required)."""
 
     weight: float | None = None
-    """The source's relative weight in the mixture (unset: 1); not with ``stages``, nor for an
-    eval set."""
+    """The source's relative weight in the mixture (unset: 1), exactly as written (``0.3 : 0.1``
+    is ``3 : 1``); not with ``stages`` (their weights give every source's), nor for an eval
+    set."""
 
     inputs: list[str] | None = None
     """The text files (or globs) ``psdp prepare`` made the store from, with ``tokenizer``: a store
@@ -323,6 +324,11 @@ class StageConfig:
                 f"StageConfig.weights (step {self.step}) must map source names to finite "
                 f"weights >= 0, got {self.weights!r}; e.g. weights: {{code: 1, prose: 3}}"
             )
+        if not any(self.weights.values()):
+            raise ValueError(
+                f"StageConfig.weights (step {self.step}) are all 0 ({self.weights!r}); a stage "
+                "needs a source with a weight > 0, e.g. weights: {code: 1, prose: 3}"
+            )
         object.__setattr__(self, "weights", dict(self.weights))
 
 
@@ -537,6 +543,14 @@ class DataConfig:
             )
         if self.stages is not None:
             object.__setattr__(self, "stages", _stages(self.stages, self.sources))
+        elif self.sources and not any(
+            1 if s.weight is None else s.weight for s in self.sources.values()
+        ):
+            raise ValueError(
+                "DataConfig.sources: every weight is 0 "
+                f"({ {n: s.weight for n, s in self.sources.items()} }), so the mixture has no "
+                "source to read; give a source a weight > 0 (unset: 1)"
+            )
 
     # ------------------------------------------------------------------------- dict forms
     def to_dict(self) -> dict[str, Any]:

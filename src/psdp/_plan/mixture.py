@@ -33,7 +33,7 @@ MIXTURE_ROWS = 1 << 62
 _BLOCK_TAG = 0x6D69782D626C6F63  # "mix-bloc": block permutations' keys apart from sources'
 
 
-def block_counts(weights: Sequence[float], block_size: int) -> tuple[int, ...]:
+def block_counts(weights: Sequence[float | Fraction], block_size: int) -> tuple[int, ...]:
     """Per-source samples in one block: ``block_size * w / sum(w)`` rounded by largest remainder
     (exact fractions of the weights as written, `exact_weight`; ties go to the earlier source), so
     the counts sum to ``block_size`` and proportional weights give the same counts.
