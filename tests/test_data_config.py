@@ -533,3 +533,30 @@ def test_proportional_weights_build_the_same_loader(stores, weights):
     want = [_oracle_step("packed", s, [(0, {"code": 3, "prose": 1})], block=10) for s in range(6)]
     for got, expected in zip(_batches(config), want, strict=True):
         assert_batch_exact(got, expected)
+
+
+def test_a_source_flag_over_a_yaml_changes_one_field(tmp_path):
+    """docs/trainer.md: a source is reached by the dict's path with a dict value, merged into
+    the YAML's: ``--data.sources "{code: {store: X}}"`` changes code's store only."""
+    path = tmp_path / "train.yaml"
+    path.write_text(draccus.dump(TrainerConfig(data=FULL)))
+    flags = ["--data.sources", "{code: {store: tokens/code2}}"]
+    parsed = draccus.parse(TrainerConfig, config_path=str(path), args=flags)
+    code = replace(FULL.sources["code"], store="tokens/code2")
+    assert parsed.data == replace(FULL, sources={**FULL.sources, "code": code})
+    with pytest.raises(SystemExit):  # the spelling draccus has no flag for, as the docs say
+        draccus.parse(TrainerConfig, config_path=str(path), args=["--data.sources.code.store", "x"])
+
+
+def test_a_restore_with_added_or_removed_sources_names_them(stores):
+    """A resume with another set of sources is refused saying which were added and removed."""
+    config = _config(stores)
+    state = _saved_state(config, 3)
+    fewer = replace(config, sources={"code": config.sources["code"]})
+    with pytest.raises(ValueError, match=r"removed \['prose'\]\): now \[\['code', \d+\]\]"):
+        fewer.restore(state, _mesh())
+    more = replace(
+        config, sources={**config.sources, "more": SourceConfig(store=stores["held_out"])}
+    )
+    with pytest.raises(ValueError, match=r"added \['more'\]\): now \[\['code'"):
+        more.restore(state, _mesh())

@@ -498,3 +498,29 @@ def test_checking_the_weights_compares_no_name_with_every_other():
     got = stages_from(names, None, stages, 64)
     assert got[9] == (9 * 64, (1.0,) * 1000)
     assert _Name.compared <= 10 * 1000, _Name.compared
+
+
+def test_unshuffled_sources_give_consecutive_rows_a_block_in_permuted_order():
+    """docs/mixtures.md: ``shuffle=False`` drops the epoch permutations, so each block reads the
+    next run of consecutive rows of each source (row ``j mod n`` for sample ``j``), placed at the
+    block's permuted positions: in row order from block to block, not within a block. Exact
+    against the block-walking oracle."""
+    names, lengths, block = ("a", "b"), (13, 40), 8
+    stages = ((0, (3.0, 1.0)),)
+    plan = MixturePlan(names, lengths, stages, block_size=block, seed=4, shuffle=False)
+    source, row = plan.locate(np.arange(10 * block))
+    oracle = OracleMixture(names, lengths, [(0, {"a": 3, "b": 1})], block, 4, shuffle=False)
+    want_source, want_row = oracle.sequence(10 * block)
+    assert source.tolist() == want_source.tolist() and row.tolist() == want_row.tolist()
+    given = [0, 0]
+    permuted = 0
+    for b in range(10):
+        part = slice(b * block, (b + 1) * block)
+        for s in range(2):
+            rows = row[part][source[part] == s]
+            count = len(rows)
+            want = [(given[s] + k) % lengths[s] for k in range(count)]
+            assert sorted(rows.tolist()) == sorted(want), (b, s)  # the next consecutive run
+            permuted += rows.tolist() != want
+            given[s] += count
+    assert permuted > 0  # within a block, the rows come in permuted order
