@@ -560,3 +560,37 @@ def test_a_restore_with_added_or_removed_sources_names_them(stores):
     )
     with pytest.raises(ValueError, match=r"added \['more'\]\): now \[\['code'"):
         more.restore(state, _mesh())
+
+
+def test_a_stage_inserted_before_the_resume_step_is_refused_with_a_new_batch_size(stores):
+    """Saved at step 2 (offset 16); resumed with batches of 16 and a stage inserted at step 1,
+    which the saved run never had: under the new batch size step 1 would fall on offset 16, the
+    resume offset, where a mixture may start a stage; it lies before the resume step, so it is
+    refused, not moved there."""
+    config = _config(stores, stages=True)
+    state = _saved_state(config, 2)
+    inserted = [
+        StageConfig(0, {"code": 1, "prose": 3}),
+        StageConfig(1, {"code": 3, "prose": 1}),
+        StageConfig(4, {"code": 1, "prose": 1}),
+    ]
+    resumed = replace(config, order=OrderOptions(global_batch_size=16), stages=inserted)
+    with pytest.raises(ValueError) as info:
+        resumed.restore(state, _mesh())
+    message = " ".join(str(info.value).split())
+    assert "the stage at step 1 starts before step 2" in message, message
+
+
+def test_a_restore_may_change_the_stage_that_starts_at_the_resume_step(stores):
+    """Saved at step 4 (offset 32), where the second stage starts: its weights may change (no
+    sample of it was read), and the batches from step 4 on follow the new weights (oracle)."""
+    config = _config(stores, stages=True)
+    state = _saved_state(config, 4)
+    assert state["offset"] == 32
+    changed = [StageConfig(0, {"code": 1, "prose": 3}), StageConfig(4, {"code": 3, "prose": 1})]
+    weights = [(0, {"code": 1, "prose": 3}), (32, {"code": 3, "prose": 1})]
+    with replace(config, stages=changed).restore(state, _mesh()) as loader:
+        it = iter(loader)
+        for step in range(4, 7):
+            assert_batch_exact(next(it), _oracle_step("packed", step, weights))
+        it.close()

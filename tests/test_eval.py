@@ -217,3 +217,32 @@ def test_end_step_is_the_first_step_of_the_epoch_after_the_last(n, stages, drop_
     )
     want = next(step for step, span in enumerate(spans) if span.offset >= epochs * n)
     assert offsets.end_step(epochs) == want
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"epochs": 2, "global_batch_size": 4},
+        {"order": psdp.OrderOptions(global_batch_size=4, epochs=2)},
+    ],
+    ids=["keyword", "group"],
+)
+def test_eval_loader_takes_epochs_as_a_keyword_or_in_its_group(mesh_2d, settings):
+    """``epochs`` given to `eval_loader`, flat or in an `OrderOptions` group, is that many
+    passes in source order (unset: 1), each the oracle's, then the end."""
+    data = _rows(13)
+    with psdp.eval_loader(data, mesh=mesh_2d, **settings) as loader:
+        assert len(loader) == 8
+        _assert_pass_exact(_one_pass(loader), eval_batches(data, 4, 4) * 2)
+
+
+def test_an_eval_loader_reads_in_source_order_unless_told(mesh_2d):
+    """Unset shuffle in a group is source order: the ids of each batch are the oracle's, in
+    order, not only each row once."""
+    data = _rows(29)
+    order = psdp.OrderOptions(global_batch_size=8, seed=3)
+    with psdp.eval_loader(data, mesh=mesh_2d, order=order) as loader:
+        batches = _one_pass(loader)
+    got = np.concatenate([np.asarray(b["id"])[np.asarray(b["mask"])] for b in batches])
+    assert got.tolist() == list(range(29))
+    _assert_pass_exact(batches, eval_batches(data, 8, 4))
