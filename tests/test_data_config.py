@@ -594,3 +594,25 @@ def test_a_restore_may_change_the_stage_that_starts_at_the_resume_step(stores):
         for step in range(4, 7):
             assert_batch_exact(next(it), _oracle_step("packed", step, weights))
         it.close()
+
+
+@pytest.mark.parametrize(("eval_batch", "batch"), [(4, 8), (8, 4), (None, 4)])
+def test_eval_batches_are_eval_batch_size_else_the_train_batch(stores, eval_batch, batch):
+    """``eval_batch_size`` decides the eval batches even when ``order.global_batch_size`` is set
+    (unset: the train batch size); the rows in source order, each once, as the oracle's."""
+    config = replace(
+        _config(stores),
+        eval={"code": SourceConfig(store=stores["code"])},  # more rows than the held-out set
+        eval_batch_size=eval_batch,
+        order=OrderOptions(global_batch_size=batch),
+    )
+    rows = _oracle_rows("code", "packed")
+    size = eval_batch or batch
+    assert len(rows["input_ids"]) > 8  # several batches of either size
+    expected = eval_batches(rows, size, batch_shards=4)
+    with config.eval_loaders(_mesh())["code"] as loader:
+        assert len(loader) == -(-len(rows["input_ids"]) // size)
+        batches = list(loader)
+    assert len(batches) == len(expected)
+    for got, want in zip(batches, expected, strict=True):
+        assert_batch_exact(got, want)
