@@ -29,6 +29,7 @@ def test_from_documents_offsets_and_leaves():
     assert offsets.tolist() == [0, 3, 4, 8]
     assert store.leaves == {"input_ids": np.dtype(np.uint16)}
     assert (store.num_documents, store.num_tokens) == (3, 8)
+    assert len(store) == 3  # len() counts documents, as num_documents does
     flat = np.concatenate(docs)
     for d in range(3):
         a, b = store.offsets_range(d, d + 2)

@@ -149,3 +149,17 @@ def test_a_levanter_cache_on_s3_opens_as_the_documents_written():
         got = store.read_ranges(ends[:-1], ends[1:])
         for leaf in ("input_ids", "assistant_masks"):
             assert np.array_equal(got[leaf], np.concatenate([d[leaf] for d in docs])), leaf
+
+
+def test_document_store_open_on_a_levanter_cache_names_the_levanter_reader(tmp_path):
+    """DocumentStore.open finds no psdp.json there: the error names the cache's format and
+    open_levanter_cache, never "write one with psdp.write_documents" (that rewrites the cache)."""
+    write_levanter_cache(tmp_path / "train", _documents(0, 6, 0))
+    with pytest.raises(ValueError) as info:
+        DocumentStore.open(tmp_path / "train")
+    message = " ".join(str(info.value).split())
+    assert "is a Levanter token cache (shard_ledger.json)" in message, message
+    assert "open_levanter_cache(path)" in message and "format: levanter" in message, message
+    assert "write_documents" not in message, message
+    with pytest.raises(FileNotFoundError, match="write_documents"):  # no cache: as before
+        DocumentStore.open(tmp_path / "nothing")

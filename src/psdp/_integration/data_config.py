@@ -173,11 +173,14 @@ class SourceConfig:
             self._check_prepared(manifest, role)
         try:
             return DocumentStore.open(self.store)
-        except FileNotFoundError:
+        except (FileNotFoundError, ValueError) as error:
             from psdp.sources.levanter import is_levanter_cache
 
             assert self.store is not None  # checked in __post_init__
-            if is_levanter_cache(self.store):
+            levanter = is_levanter_cache(self.store)  # DocumentStore.open names no role
+            if isinstance(error, ValueError) and not levanter:
+                raise
+            if levanter:
                 raise ValueError(
                     f"{role}: {self.store!r} is a Levanter token cache (shard_ledger.json), not "
                     "a psdp store; set format: levanter to read it in place"

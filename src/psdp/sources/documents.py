@@ -182,6 +182,10 @@ class DocumentStore:
     def num_tokens(self) -> int:
         return self.index.num_tokens
 
+    def __len__(self) -> int:
+        """The number of documents (`num_documents`)."""
+        return self.num_documents
+
     def offsets_range(self, start: int, stop: int) -> np.ndarray:
         """``offsets[start:stop]`` as an int64 array the caller owns (one range read).
 
@@ -297,10 +301,28 @@ class DocumentStore:
         """The store `write_documents` wrote at ``path`` (a directory, URL or kvstore spec).
 
         Keyword options go to `open_documents` (``psdp.sources.document_writer``).
+
+        Raises:
+            FileNotFoundError: there is no store at ``path``.
+            ValueError: ``path`` holds a Levanter token cache (open it with
+                `psdp.sources.open_levanter_cache`), or a damaged store.
         """
         from psdp.sources.document_writer import open_documents
 
-        return open_documents(path, **options)
+        try:
+            return open_documents(path, **options)
+        except FileNotFoundError:
+            from psdp.sources.levanter import LEDGER_FILE, is_levanter_cache
+
+            if not is_levanter_cache(path):
+                raise
+            where = path if isinstance(path, str | os.PathLike) else "that kvstore spec"
+            raise ValueError(
+                f"{os.fspath(where)!r} is a Levanter token cache ({LEDGER_FILE}), not a psdp "
+                "document store (no psdp.json); read it in place, with no conversion: "
+                "psdp.sources.open_levanter_cache(path), or in a DataConfig source set "
+                "format: levanter"
+            ) from None
 
     def documents_touching(self, starts: Any, stops: Any, *, eos: bool = False) -> TouchedDocuments:
         """The documents that the stream ranges ``[starts[i], stops[i])`` touch, with their
