@@ -6,6 +6,7 @@ missing, unfinished or stale store names its ``psdp prepare`` command."""
 from __future__ import annotations
 
 import io
+import itertools
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -450,3 +451,79 @@ def _other_eos(tmp_path, source):
 def test_a_stale_prepared_store_is_refused_naming_the_difference(tmp_path, change, why):
     message = _stale(tmp_path, change)
     assert why.format(raw=tmp_path / "raw", tmp=tmp_path) in message
+
+
+def _run_advised(command: str) -> None:
+    """Runs the ``psdp prepare ...`` an error advised, as a user pastes it into a shell."""
+    import shlex
+    import subprocess
+    import sys
+
+    words = shlex.split(command)
+    assert words[:2] == ["psdp", "prepare"], command
+    done = subprocess.run(
+        [sys.executable, "-m", "psdp", *words[1:], "--workers", "1", "--no-progress"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, (command, done.stderr[-2000:])
+
+
+def test_the_command_advised_for_a_missing_chat_store_makes_the_store_the_config_opens(tmp_path):
+    """A source that says how psdp prepare makes it (messages, field, skip_bad, rows_per_part):
+    the missing store's error names a command carrying them; run as given, it makes the store,
+    which the config then opens (not stale) with the template's ids (the tokenizer's oracle)."""
+    pytest.importorskip("transformers", reason="pip install 'psdp[chat]'")
+    from tokenizers import Tokenizer
+
+    from tests import prepare_corpus
+    from tests.chat_tokenizer import conversations, rendered, save_chat_tokenizer
+
+    chat_dir = save_chat_tokenizer(tmp_path / "tok")
+    chats = conversations(30, seed=4)
+    prepare_corpus.write_jsonl(tmp_path / "chats.jsonl", chats, field="conversation")
+    with open(tmp_path / "chats.jsonl", "a") as f:
+        f.write("{not json\n")  # a malformed record: only --skip-bad gets past it
+    source = SourceConfig(
+        store=str(tmp_path / "chat store"), inputs=[str(tmp_path / "chats.jsonl")],
+        tokenizer=str(chat_dir), messages="conversation", skip_bad=True,
+        rows_per_part=7,
+    )  # fmt: skip
+    config = DataConfig(
+        sources={"chat": source}, seq_len=8, order=OrderOptions(global_batch_size=BATCH)
+    )
+    with pytest.raises(FileNotFoundError) as info:
+        config.build(_mesh())
+    command = str(info.value).split("make it with `")[1].split("`")[0]
+    assert command == source.prepare_command()
+    assert "--messages conversation" in command and "--skip-bad" in command, command
+    assert "--rows-per-part 7" in command, command
+    _run_advised(command)
+    store = source.open("source 'chat'")  # not stale: made as the config says
+    direct = Tokenizer.from_file(str(chat_dir / "tokenizer.json"))
+    want = [direct.encode(rendered(c), add_special_tokens=False).ids for c in chats]
+    offsets = store.offsets_range(0, len(store) + 1)
+    got = store.read_ranges([0], [store.num_tokens])["input_ids"].tolist()
+    assert [got[a:b] for a, b in itertools.pairwise(offsets)] == want
+    assert list(store.leaves) == ["input_ids", "loss_mask"]
+    with config.build(_mesh()) as loader:
+        assert np.asarray(loader.batch_at(0)["input_ids"]).shape == (BATCH, 8)
+    as_text = replace(source, messages=None, field="conversation")
+    with pytest.raises(ValueError, match="it was made from messages 'conversation' of each"):
+        as_text.open("source 'chat'")
+
+
+def test_a_config_eos_of_digits_is_the_id_the_cli_recorded(tmp_path):
+    """``eos: "2"`` in a config is what ``psdp prepare --eos 2`` means, id 2 (the command the
+    config advises carries it so): the store made so opens, as does ``eos: world`` (the token
+    of id 2); ``eos: "3"`` is another id, refused as stale."""
+    source = _prepared(tmp_path, TEXTS)  # a word-level vocabulary: world = 2, </s> = 3
+    made = replace(source, store=str(tmp_path / "by id"), eos="2")
+    assert made.prepare_command().endswith("--eos 2")
+    _run_advised(made.prepare_command())
+    store = made.open("source 'web'")
+    ends = store.offsets_range(0, len(store) + 1)
+    first = store.read_ranges([ends[0]], [ends[1]])["input_ids"].tolist()
+    assert first == [1, 2, 2]  # "hello world" and the EOS id 2
+    assert replace(made, eos="world").open("source 'web'").num_documents == len(store)
+    with pytest.raises(ValueError, match=r"its eos id is 2, but eos='3' is id 3"):
+        replace(made, eos="3").open("source 'web'")

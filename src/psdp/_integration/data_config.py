@@ -88,6 +88,21 @@ class SourceConfig:
     """``psdp``: a store of ``psdp prepare`` or ``write_documents``; ``levanter``: the directory
     of one split of a finished Levanter token cache (its ``input_ids``)."""
 
+    field: str | None = None
+    """The text field of each record ``psdp prepare`` tokenized (``--field``; unset: ``text``
+    for a new store, whatever an existing one was made with); not with ``messages``."""
+
+    messages: str | None = None
+    """The field of chat messages ``psdp prepare`` rendered with the tokenizer's chat template
+    (``--messages``), instead of ``field``."""
+
+    skip_bad: bool = False
+    """Whether ``psdp prepare`` skipped malformed records (``--skip-bad``)."""
+
+    rows_per_part: int | None = None
+    """Parquet/Arrow rows per part of ``psdp prepare`` (``--rows-per-part``; unset: its
+    default)."""
+
     def __post_init__(self) -> None:
         example = "e.g. store: tokens/code"
         if not isinstance(self.store, str) or not self.store:
@@ -146,12 +161,58 @@ class SourceConfig:
                 "not inputs and tokenizer: they describe how psdp prepare makes the store; set "
                 "inputs and tokenizer too, or drop them"
             )
+        self._check_prepare_settings()
         if self.inputs is not None:
             object.__setattr__(self, "inputs", list(self.inputs))
+
+    def _check_prepare_settings(self) -> None:
+        """``field``, ``messages``, ``skip_bad`` and ``rows_per_part``: how psdp prepare ran."""
+        given = {
+            name: getattr(self, name)
+            for name in ("field", "messages", "skip_bad", "rows_per_part")
+            if getattr(self, name) not in (None, False)
+        }
+        for name in ("field", "messages"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise TypeError(
+                    f"SourceConfig.{name} of {self.store!r} must be a non-empty str (a field of "
+                    f"the input records), got {value!r}; e.g. {name}: "
+                    f"{'text' if name == 'field' else 'messages'}"
+                )
+        if self.field is not None and self.messages is not None:
+            raise ValueError(
+                f"SourceConfig of {self.store!r} sets field={self.field!r} and messages="
+                f"{self.messages!r}: psdp prepare reads a text field or a field of chat "
+                "messages, not both; keep one"
+            )
+        if not isinstance(self.skip_bad, bool):
+            raise TypeError(
+                f"SourceConfig.skip_bad of {self.store!r} must be true or false, got "
+                f"{self.skip_bad!r}"
+            )
+        if self.rows_per_part is not None and (
+            not is_int(self.rows_per_part) or self.rows_per_part < 1
+        ):
+            raise ValueError(
+                f"SourceConfig.rows_per_part of {self.store!r} must be an int >= 1, got "
+                f"{self.rows_per_part!r}; e.g. rows_per_part: 100000, or leave it unset"
+            )
+        if given and self.inputs is None:
+            raise ValueError(
+                f"SourceConfig of {self.store!r} sets {sorted(given)} but not inputs and "
+                "tokenizer: they describe how psdp prepare makes the store; set inputs and "
+                "tokenizer too, or drop them"
+            )
 
     def prepare_command(self) -> str:
         """The ``psdp prepare`` command that makes this store (placeholders where the config
         does not say its inputs and tokenizer)."""
+        return self._command({})
+
+    def _command(self, recorded: Mapping[str, Any]) -> str:
+        """`prepare_command`, with the settings of a store's key (``recorded``) where the config
+        does not give them: a resume with other settings is refused."""
         inputs = [shlex.quote(i) for i in self.inputs] if self.inputs else ["<text files>"]
         words = [*inputs, "--output", shlex.quote(str(self.store))]
         tokenizer = shlex.quote(self.tokenizer) if self.tokenizer else "<tokenizer.json>"
@@ -159,6 +220,22 @@ class SourceConfig:
         for name in ("bos", "eos"):
             if getattr(self, name) is not None:
                 words += [f"--{name}", shlex.quote(getattr(self, name))]
+        messages, field = self.messages, self.field
+        if messages is None and field is None:
+            messages, field = recorded.get("messages_field"), recorded.get("field")
+        if messages:
+            words += ["--messages", shlex.quote(str(messages))]
+        elif field not in (None, "text"):
+            words += ["--field", shlex.quote(str(field))]
+        if self.skip_bad or recorded.get("skip_bad"):
+            words.append("--skip-bad")
+        rows = self.rows_per_part
+        if rows is None and recorded.get("rows_per_part") is not None:
+            from psdp.prepare import ROWS_PER_PART  # imports prepare's dependencies
+
+            rows = None if recorded["rows_per_part"] == ROWS_PER_PART else recorded["rows_per_part"]
+        if rows is not None:
+            words += ["--rows-per-part", str(rows)]
         return "psdp prepare " + " ".join(words)
 
     def open(self, role: str) -> DocumentStore:
@@ -219,19 +296,7 @@ class SourceConfig:
     def _finish_command(self, manifest: Mapping[str, Any]) -> str:
         """`prepare_command` with the settings the store's key records beyond the config's
         (field, skip_bad, rows per part): a resume with other settings is refused."""
-        from psdp.prepare import ROWS_PER_PART
-
-        key = manifest.get("key") or {}
-        words = [self.prepare_command()]
-        if key.get("messages_field"):
-            words += ["--messages", shlex.quote(str(key["messages_field"]))]
-        elif key.get("field") not in (None, "text"):
-            words += ["--field", shlex.quote(str(key["field"]))]
-        if key.get("skip_bad"):
-            words.append("--skip-bad")
-        if key.get("rows_per_part") not in (None, ROWS_PER_PART):
-            words += ["--rows-per-part", str(key["rows_per_part"])]
-        return " ".join(words)
+        return self._command(manifest.get("key") or {})
 
     def _stale_reason(self, manifest: Mapping[str, Any]) -> str:
         """How the prepared store differs from what the config says it is made of ('' if not)."""
@@ -250,6 +315,16 @@ class SourceConfig:
         key = manifest.get("key", {})
         if tokenizer_digest(self.tokenizer) != key.get("tokenizer_sha256"):
             return f"it was made with another tokenizer than {self.tokenizer!r}"
+        if self.field is not None or self.messages is not None:
+            said = ("field", self.field) if self.messages is None else ("messages", self.messages)
+            made = ("messages", key.get("messages_field"))
+            if not made[1]:
+                made = ("field", key.get("field"))
+            if said != made:
+                return (
+                    f"it was made from {made[0]} {made[1]!r} of each record, but the config says "
+                    f"{said[0]}: {said[1]}"
+                )
         encoder = Encoder(
             load_tokenizer(self.tokenizer), bos=_token(self.bos), eos=_token(self.eos)
         )
