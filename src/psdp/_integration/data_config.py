@@ -745,6 +745,7 @@ class DataConfig:
                 "{store: tokens/code}}"
             )
         views = {name: self._view(s, f"source {name!r}") for name, s in self.sources.items()}
+        views = self._common_ids(views)
         if self.stages is None:
             weights = {n: 1.0 if s.weight is None else s.weight for n, s in self.sources.items()}
             stages = [(0, weights)]
@@ -776,6 +777,27 @@ class DataConfig:
             return kind(store, self.seq_len, **self.view.view_kwargs())
         except ValueError as error:
             raise ValueError(f"{role} ({source.store!r}): {error}") from None
+
+    def _common_ids(self, views: dict[str, Any]) -> dict[str, Any]:
+        """The views with their stores' token ids read as one dtype, so that they mix: numpy's
+        common type of theirs (uint16 and int32: int32), int32 where that would be 64-bit
+        (JAX's default holds no int64); each read checked (`DocumentStore.with_dtypes`)."""
+        import numpy as np
+
+        from psdp.sources.documents import TOKENS
+
+        found = {name: view.store.leaves[TOKENS] for name, view in views.items()}
+        if len(set(found.values())) < 2:
+            return views
+        common = np.result_type(*found.values())
+        if common.itemsize == 8:
+            common = np.dtype(np.int32)
+        return {
+            name: view if found[name] == common else type(view)(
+                view.store.with_dtypes({TOKENS: common}), self.seq_len, **self.view.view_kwargs()
+            )
+            for name, view in views.items()
+        }  # fmt: skip
 
     def _stage_offset(self, step: int, order: OrderOptions) -> int:
         """The sample offset of ``step``'s first row under ``order``; a block boundary."""
