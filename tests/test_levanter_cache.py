@@ -229,3 +229,17 @@ def test_an_int64_id_beyond_int32_is_an_error_naming_it_never_wrapped(tmp_path):
         store.read_ranges([0], [5])
     wide = open_levanter_cache(tmp_path, ids_dtype=None)
     assert wide.read_ranges([4], [5])["input_ids"].tolist() == [2**31]
+
+
+def test_a_ledger_that_does_not_say_is_finished_is_an_unfinished_cache(tmp_path):
+    """Only ``is_finished: true`` opens a cache: a ledger without the key (an older or damaged
+    one) is refused like an unfinished one, never read as finished."""
+    write_levanter_cache(tmp_path, _documents(0, 10, 0))
+    ledger = json.loads((tmp_path / "shard_ledger.json").read_text())
+    assert open_levanter_cache(tmp_path).num_documents == 10  # as written: finished
+    del ledger["is_finished"]
+    (tmp_path / "shard_ledger.json").write_text(json.dumps(ledger))
+    with pytest.raises(
+        ValueError, match=r"is unfinished: its shard_ledger.json says is_finished=None"
+    ):
+        open_levanter_cache(tmp_path)
