@@ -527,3 +527,60 @@ def test_a_config_eos_of_digits_is_the_id_the_cli_recorded(tmp_path):
     assert replace(made, eos="world").open("source 'web'").num_documents == len(store)
     with pytest.raises(ValueError, match=r"its eos id is 2, but eos='3' is id 3"):
         replace(made, eos="3").open("source 'web'")
+
+
+@pytest.mark.parametrize("view", ["{eos_id: 0}", "{packing: best_fit}"])
+def test_the_source_leaf_names_each_rows_source_for_a_loss_by_source(stores, view):
+    """``mixture: {source_leaf: source}``: every real row's leaf is its source's position in
+    ``loader.source.names``; the stores' token bases tell the sources apart (the oracle)."""
+    yaml = _yaml(stores, view).replace("seed: 5}", "seed: 5, source_leaf: source}")
+    config = draccus.load(DataConfig, io.StringIO(yaml))
+    assert DataConfig.from_dict(config.to_dict()) == config
+    with config.build(_mesh()) as loader:
+        names = list(loader.source.names)
+        assert sorted(names) == ["code", "prose"]
+        seen = set()
+        for step in range(10):
+            batch = {k: np.asarray(v) for k, v in loader.batch_at(step).items()}
+            assert batch["source"].dtype == np.int32 and batch["source"].shape == (BATCH,)
+            rows = zip(batch["input_ids"], batch["source"], batch["mask"], strict=True)
+            for row, source, real in rows:
+                assert real
+                tokens = row[row > 0]  # 0: EOS or padding
+                want = "prose" if tokens.min() >= BASE["prose"] else "code"
+                assert tokens.max() < BASE["prose"] or want == "prose"
+                assert names[source] == want
+                seen.add(want)
+        assert seen == {"code", "prose"}
+
+
+@pytest.mark.parametrize(
+    ("view", "leaves", "width"),
+    [
+        (
+            "{eos_id: 0, targets: true}",
+            {"input_ids", "segment_ids", "positions", "mask"},
+            SEQ_LEN + 1,
+        ),
+        (
+            "{packing: best_fit, targets: true}",
+            {"input_ids", "targets", "loss_mask", "segment_ids", "positions", "mask"},
+            SEQ_LEN,
+        ),
+    ],  # fmt: skip
+    ids=["concatenation", "packing"],
+)
+def test_targets_true_gives_the_documented_leaves_of_each_view(stores, view, leaves, width):
+    """docs/trainer.md: concatenation gives input_ids one token wider (targets: row[:, 1:]);
+    packing gives targets and loss_mask beside seq_len-wide input_ids: each target is the next
+    token of the same segment where loss_mask is 1."""
+    config = _config(stores, view)
+    with config.build(_mesh()) as loader:
+        batch = {k: np.asarray(v) for k, v in loader.batch_at(0).items()}
+    assert set(batch) == leaves
+    assert batch["input_ids"].shape == (BATCH, width)
+    if "targets" in batch:
+        ids, seg, mask = batch["input_ids"], batch["segment_ids"], batch["loss_mask"]
+        same = (seg[:, 1:] == seg[:, :-1]) & (seg[:, :-1] > 0)
+        assert np.array_equal(mask[:, :-1].astype(bool), same) and not mask[:, -1].any()
+        assert np.array_equal(batch["targets"][:, :-1][same], ids[:, 1:][same])

@@ -513,7 +513,18 @@ class MixtureConfig:
     seed: int = 0
     """Keys the blocks' and every source's permutations."""
 
+    source_leaf: str | None = None
+    """The name of an int32 leaf added to every train row: its source's position in
+    ``loader.source.names``, for a loss or metrics per source (unset: none)."""
+
     def __post_init__(self) -> None:
+        if self.source_leaf is not None and (
+            not isinstance(self.source_leaf, str) or not self.source_leaf
+        ):
+            raise TypeError(
+                f"MixtureConfig.source_leaf must be a leaf name (a non-empty str) or unset, got "
+                f"{self.source_leaf!r}; e.g. source_leaf: source"
+            )
         if not is_int(self.block_size) or self.block_size < 1:
             raise ValueError(
                 f"MixtureConfig.block_size must be an int >= 1, got {self.block_size!r}; every "
@@ -761,6 +772,7 @@ class DataConfig:
             stages=stages,
             block_size=self.mixture.block_size,
             seed=self.mixture.seed,
+            source_leaf=self.mixture.source_leaf,
             view=self._view_record(),
         )
 
