@@ -260,6 +260,7 @@ def _plan_mask(
     mask_key = options.output.mask_key
     if padded and (None in leaves or mask_key is None):
         batch = options.order.global_batch_size
+        assert isinstance(batch, int)  # a schedule has one plan per batch size
         reasons, fixes = [], []
         if physical > batch:
             reasons.append(
