@@ -2271,6 +2271,30 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
         ["source 'web':", "lev' is a Levanter token cache", "set format: levanter"],
     ),
     (
+        "a Levanter cache opened as a psdp document store",
+        lambda tmp: DocumentStore.open(_levanter_cache(tmp)),
+        ValueError,
+        [
+            "lev' is a Levanter token cache (shard_ledger.json), not a psdp document store",
+            "psdp.sources.open_levanter_cache(path)",
+            "set format: levanter",
+        ],  # fmt: skip
+    ),
+    (
+        "a data source prepared from both a text field and chat messages",
+        lambda _: SourceConfig(
+            store="s", inputs=["a.jsonl"], tokenizer="t.json", field="text", messages="chat"
+        ),  # fmt: skip
+        ValueError,
+        ["sets field='text' and messages='chat'", "not both; keep one"],
+    ),
+    (
+        "a data source with prepare settings but no inputs",
+        lambda _: SourceConfig(store="s", messages="chat"),
+        ValueError,
+        ["SourceConfig of 's' sets ['messages'] but not inputs and tokenizer"],
+    ),
+    (
         "a Levanter cache opened with a leaf it does not have",
         lambda tmp: open_levanter_cache(_levanter_cache(tmp), leaves=("input_ids", "loss_mask")),
         ValueError,
