@@ -53,8 +53,9 @@ LONG_DOCUMENTS = ("split", "drop")
 class SourceConfig:
     """One document store: a source of the training mixture, or an eval set.
 
-    ``inputs`` and ``tokenizer`` say how ``psdp prepare`` makes the store: a missing,
-    unfinished or stale store is then an error naming that command.
+    ``inputs`` and ``tokenizer`` (with ``bos``, ``eos``, ``field`` or ``messages``,
+    ``skip_bad`` and ``rows_per_part``: its flags) say how ``psdp prepare`` makes the store: a
+    missing, unfinished or stale store is then an error naming that command.
 
     Example:
         >>> SourceConfig(store="tokens/code", weight=1, inputs=["code/*.jsonl"],
