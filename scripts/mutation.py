@@ -504,6 +504,26 @@ MUTANTS = [
            "    if False:\n        try:", "the text form of --mesh.axes not parsed"),
     Mutant("PP11", "prepare/tokenize.py", "if vocab_size <= np.iinfo(dtype).max + 1:",
            "if vocab_size <= np.iinfo(dtype).max:", "a dtype one id too wide"),
+    # ---------------------------------- Levanter caches, indexes, targets, config eos (issue 35)
+    Mutant("QX1", "sources/levanter.py", 'if ledger.get("is_finished") is not True:',
+           'if ledger.get("is_finished", True) is not True:',
+           "a Levanter ledger without is_finished read as finished"),
+    Mutant("QX2", "sources/pack_index.py", "if got == (FORMAT, VERSION) else None",
+           "if got[0] == FORMAT else None", "a pack index of another format version loaded"),
+    Mutant("QX3", "sources/document_index.py", "    wrong = counted[at_marks] != index.nonempty[needed]\n",
+           "    wrong = counted[at_marks] != counted[at_marks]\n",
+           "a stale index's count of non-empty documents trusted"),
+    Mutant("QX4", "sources/document_index.py",
+           "bad = (lengths < 0) | (stop > index.num_tokens) | (lengths > index.longest)",
+           "bad = lengths < 0", "a document longer than the index says read from a stale index"),
+    Mutant("QX5", "sources/document_index.py",
+           "        if (self.num_documents, self.num_tokens) != (num_documents, num_tokens):\n",
+           "        if False:\n", "an index of another size taken for the offsets'"),
+    Mutant("QX6", "sources/packed.py", "computed[TARGETS] = store.leaves[TOKENS]",
+           "computed[TARGETS] = np.dtype(np.int32)", "the targets leaf declared int32, not the ids' dtype"),
+    Mutant("QX7", "_integration/data_config.py",
+           "return int(value) if value is not None and value.isdigit() else value",
+           "return value", 'a config eos: "2" taken as the token "2", not the id --eos 2 recorded'),
 ]  # fmt: skip
 
 #: Single-process tests run against every mutant (the planner, reads, assembly and order).

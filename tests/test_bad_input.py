@@ -488,7 +488,11 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
         "array source needs padding",  # a dict source is padded with a mask instead
         lambda _: _loader(TOKENS, global_batch_size=6),
         ValueError,
-        ["global_batch_size=6", "physical batch is 8", "pass a dict source"],
+        [
+            "global_batch_size=6 is not a multiple of the batch shards",
+            "padded to 8 rows",
+            "an array source cannot carry one; pass a dict source",
+        ],  # fmt: skip
     ),
     (
         "halo larger than a sequence shard",
@@ -946,7 +950,25 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
         "mask_key None while padding can occur",
         lambda _: _loader(global_batch_size=6, mask_key=None),
         ValueError,
-        ["global_batch_size=6", "physical batch is 8", "mask_key=None", "pass mask_key='mask'"],
+        [
+            "padded rows need a mask leaf",
+            "mask_key=None asks for none",
+            "pass mask_key='mask'",
+            "global_batch_size=6 is not a multiple of the batch shards",
+            "padded to 8 rows",
+            "that the batch shards divide (e.g. 8)",
+        ],  # fmt: skip
+    ),
+    (
+        "mask_key None while an epoch's final batch is short",  # 64 rows, batches of 24
+        lambda _: _loader(global_batch_size=24, mask_key=None),
+        ValueError,
+        [
+            "padded rows need a mask leaf",
+            "mask_key=None asks for none",
+            "drop_last=False: a batch cut short (an epoch's final batch, or a skip)",
+            "use drop_last=True",
+        ],  # fmt: skip
     ),
     (
         "global batch of zero",
@@ -2267,6 +2289,30 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
         ),
         ValueError,
         ["source 'web':", "lev' is a Levanter token cache", "set format: levanter"],
+    ),
+    (
+        "a Levanter cache opened as a psdp document store",
+        lambda tmp: DocumentStore.open(_levanter_cache(tmp)),
+        ValueError,
+        [
+            "lev' is a Levanter token cache (shard_ledger.json), not a psdp document store",
+            "psdp.sources.open_levanter_cache(path)",
+            "set format: levanter",
+        ],  # fmt: skip
+    ),
+    (
+        "a data source prepared from both a text field and chat messages",
+        lambda _: SourceConfig(
+            store="s", inputs=["a.jsonl"], tokenizer="t.json", field="text", messages="chat"
+        ),  # fmt: skip
+        ValueError,
+        ["sets field='text' and messages='chat'", "not both; keep one"],
+    ),
+    (
+        "a data source with prepare settings but no inputs",
+        lambda _: SourceConfig(store="s", messages="chat"),
+        ValueError,
+        ["SourceConfig of 's' sets ['messages'] but not inputs and tokenizer"],
     ),
     (
         "a Levanter cache opened with a leaf it does not have",

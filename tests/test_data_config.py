@@ -6,6 +6,7 @@ missing, unfinished or stale store names its ``psdp prepare`` command."""
 from __future__ import annotations
 
 import io
+import itertools
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -616,3 +617,136 @@ def test_eval_batches_are_eval_batch_size_else_the_train_batch(stores, eval_batc
     assert len(batches) == len(expected)
     for got, want in zip(batches, expected, strict=True):
         assert_batch_exact(got, want)
+
+
+def _run_advised(command: str) -> None:
+    """Runs the ``psdp prepare ...`` an error advised, as a user pastes it into a shell."""
+    import shlex
+    import subprocess
+    import sys
+
+    words = shlex.split(command)
+    assert words[:2] == ["psdp", "prepare"], command
+    done = subprocess.run(
+        [sys.executable, "-m", "psdp", *words[1:], "--workers", "1", "--no-progress"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, (command, done.stderr[-2000:])
+
+
+def test_the_command_advised_for_a_missing_chat_store_makes_the_store_the_config_opens(tmp_path):
+    """A source that says how psdp prepare makes it (messages, field, skip_bad, rows_per_part):
+    the missing store's error names a command carrying them; run as given, it makes the store,
+    which the config then opens (not stale) with the template's ids (the tokenizer's oracle)."""
+    pytest.importorskip("transformers", reason="pip install 'psdp[chat]'")
+    from tokenizers import Tokenizer
+
+    from tests import prepare_corpus
+    from tests.chat_tokenizer import conversations, rendered, save_chat_tokenizer
+
+    chat_dir = save_chat_tokenizer(tmp_path / "tok")
+    chats = conversations(30, seed=4)
+    prepare_corpus.write_jsonl(tmp_path / "chats.jsonl", chats, field="conversation")
+    with open(tmp_path / "chats.jsonl", "a") as f:
+        f.write("{not json\n")  # a malformed record: only --skip-bad gets past it
+    source = SourceConfig(
+        store=str(tmp_path / "chat store"), inputs=[str(tmp_path / "chats.jsonl")],
+        tokenizer=str(chat_dir), messages="conversation", skip_bad=True,
+        rows_per_part=7,
+    )  # fmt: skip
+    config = DataConfig(
+        sources={"chat": source}, seq_len=8, order=OrderOptions(global_batch_size=BATCH)
+    )
+    with pytest.raises(FileNotFoundError) as info:
+        config.build(_mesh())
+    command = str(info.value).split("make it with `")[1].split("`")[0]
+    assert command == source.prepare_command()
+    assert "--messages conversation" in command and "--skip-bad" in command, command
+    assert "--rows-per-part 7" in command, command
+    _run_advised(command)
+    store = source.open("source 'chat'")  # not stale: made as the config says
+    direct = Tokenizer.from_file(str(chat_dir / "tokenizer.json"))
+    want = [direct.encode(rendered(c), add_special_tokens=False).ids for c in chats]
+    offsets = store.offsets_range(0, len(store) + 1)
+    got = store.read_ranges([0], [store.num_tokens])["input_ids"].tolist()
+    assert [got[a:b] for a, b in itertools.pairwise(offsets)] == want
+    assert list(store.leaves) == ["input_ids", "loss_mask"]
+    with config.build(_mesh()) as loader:
+        assert np.asarray(loader.batch_at(0)["input_ids"]).shape == (BATCH, 8)
+    as_text = replace(source, messages=None, field="conversation")
+    with pytest.raises(ValueError, match="it was made from messages 'conversation' of each"):
+        as_text.open("source 'chat'")
+
+
+def test_a_config_eos_of_digits_is_the_id_the_cli_recorded(tmp_path):
+    """``eos: "2"`` in a config is what ``psdp prepare --eos 2`` means, id 2 (the command the
+    config advises carries it so): the store made so opens, as does ``eos: world`` (the token
+    of id 2); ``eos: "3"`` is another id, refused as stale."""
+    source = _prepared(tmp_path, TEXTS)  # a word-level vocabulary: world = 2, </s> = 3
+    made = replace(source, store=str(tmp_path / "by id"), eos="2")
+    assert made.prepare_command().endswith("--eos 2")
+    _run_advised(made.prepare_command())
+    store = made.open("source 'web'")
+    ends = store.offsets_range(0, len(store) + 1)
+    first = store.read_ranges([ends[0]], [ends[1]])["input_ids"].tolist()
+    assert first == [1, 2, 2]  # "hello world" and the EOS id 2
+    assert replace(made, eos="world").open("source 'web'").num_documents == len(store)
+    with pytest.raises(ValueError, match=r"its eos id is 2, but eos='3' is id 3"):
+        replace(made, eos="3").open("source 'web'")
+
+
+@pytest.mark.parametrize("view", ["{eos_id: 0}", "{packing: best_fit}"])
+def test_the_source_leaf_names_each_rows_source_for_a_loss_by_source(stores, view):
+    """``mixture: {source_leaf: source}``: every real row's leaf is its source's position in
+    ``loader.source.names``; the stores' token bases tell the sources apart (the oracle)."""
+    yaml = _yaml(stores, view).replace("seed: 5}", "seed: 5, source_leaf: source}")
+    config = draccus.load(DataConfig, io.StringIO(yaml))
+    assert DataConfig.from_dict(config.to_dict()) == config
+    with config.build(_mesh()) as loader:
+        names = list(loader.source.names)
+        assert sorted(names) == ["code", "prose"]
+        seen = set()
+        for step in range(10):
+            batch = {k: np.asarray(v) for k, v in loader.batch_at(step).items()}
+            assert batch["source"].dtype == np.int32 and batch["source"].shape == (BATCH,)
+            rows = zip(batch["input_ids"], batch["source"], batch["mask"], strict=True)
+            for row, source, real in rows:
+                assert real
+                tokens = row[row > 0]  # 0: EOS or padding
+                want = "prose" if tokens.min() >= BASE["prose"] else "code"
+                assert tokens.max() < BASE["prose"] or want == "prose"
+                assert names[source] == want
+                seen.add(want)
+        assert seen == {"code", "prose"}
+
+
+@pytest.mark.parametrize(
+    ("view", "leaves", "width"),
+    [
+        (
+            "{eos_id: 0, targets: true}",
+            {"input_ids", "segment_ids", "positions", "mask"},
+            SEQ_LEN + 1,
+        ),
+        (
+            "{packing: best_fit, targets: true}",
+            {"input_ids", "targets", "loss_mask", "segment_ids", "positions", "mask"},
+            SEQ_LEN,
+        ),
+    ],  # fmt: skip
+    ids=["concatenation", "packing"],
+)
+def test_targets_true_gives_the_documented_leaves_of_each_view(stores, view, leaves, width):
+    """docs/trainer.md: concatenation gives input_ids one token wider (targets: row[:, 1:]);
+    packing gives targets and loss_mask beside seq_len-wide input_ids: each target is the next
+    token of the same segment where loss_mask is 1."""
+    config = _config(stores, view)
+    with config.build(_mesh()) as loader:
+        batch = {k: np.asarray(v) for k, v in loader.batch_at(0).items()}
+    assert set(batch) == leaves
+    assert batch["input_ids"].shape == (BATCH, width)
+    if "targets" in batch:
+        ids, seg, mask = batch["input_ids"], batch["segment_ids"], batch["loss_mask"]
+        same = (seg[:, 1:] == seg[:, :-1]) & (seg[:, :-1] > 0)
+        assert np.array_equal(mask[:, :-1].astype(bool), same) and not mask[:, -1].any()
+        assert np.array_equal(batch["targets"][:, :-1][same], ids[:, 1:][same])

@@ -29,6 +29,7 @@ def test_from_documents_offsets_and_leaves():
     assert offsets.tolist() == [0, 3, 4, 8]
     assert store.leaves == {"input_ids": np.dtype(np.uint16)}
     assert (store.num_documents, store.num_tokens) == (3, 8)
+    assert len(store) == 3  # len() counts documents, as num_documents does
     flat = np.concatenate(docs)
     for d in range(3):
         a, b = store.offsets_range(d, d + 2)
@@ -471,6 +472,46 @@ def test_offsets_changed_under_the_store_are_refused_when_a_read_touches_them(ki
     rows.read(np.array([row]))
     values[4096] += 1  # its first offset moves
     with pytest.raises(ValueError, match=r"is stale: offsets\[4096\]=.*build the index again"):
+        rows.read(np.array([row]))
+
+
+@pytest.mark.parametrize("kind", ["numpy", "read by range"])
+def test_a_stale_count_of_empty_documents_is_refused_when_a_read_counts_them(kind):
+    """With EOS, documents in blocks holding empty ones are counted: offsets rewritten under the
+    store so that an empty document of block 0 takes a token from its neighbour (same marks, same
+    ends, still non-decreasing) change the non-empty count the index holds for block 1, and a
+    read spanning both blocks raises instead of giving every later token a shifted EOS."""
+    lengths = np.random.default_rng(6).integers(1, 6, 10_000)
+    lengths[[5, 17, 5000]] = 0  # empty documents in blocks 0 and 1
+    lengths[6] = 3
+    offsets = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
+    values = offsets.copy()
+    array = values if kind == "numpy" else RecordedArray(values)
+    store = DocumentStore.from_arrays(array, {"input_ids": np.zeros(offsets[-1], np.int32)})
+    rows = TokenSequences(store, 16, eos_id=0)
+    ids = np.array([0, int((offsets[4100] + 4100) // 16)])  # rows in blocks 0 and 1
+    rows.read(ids)
+    values[6] += 1  # document 5 (empty) now holds a token of document 6: one more non-empty
+    with pytest.raises(ValueError, match=r"count of non-empty documents before document 4096"):
+        rows.read(ids)
+
+
+def test_a_document_longer_than_the_index_allows_is_refused():
+    """Offsets rewritten so that one document spans more tokens than the index's longest (the
+    marks unchanged): a read touching it raises, naming the document, instead of reading a
+    span the index says no document has."""
+    offsets = _short_documents(10_000, seed=7)
+    values = offsets.copy()
+    store = DocumentStore.from_arrays(
+        RecordedArray(values), {"input_ids": np.zeros(offsets[-1], np.int32)}
+    )
+    rows = TokenSequences(store, 16)
+    row = int(offsets[100] // 16)
+    rows.read(np.array([row]))
+    values[95:100] = values[95]  # documents 95-98 emptied: document 99 holds all their tokens
+    span = int(values[100] - values[99])
+    assert span > store.index.longest
+    with pytest.raises(ValueError, match=r"do not match its index: document 99 spans"):
         rows.read(np.array([row]))
 
 

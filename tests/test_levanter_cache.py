@@ -17,7 +17,10 @@ from psdp import (
     DataLoader,
     DocumentStore,
     Mixture,
+    MixtureConfig,
+    OrderOptions,
     PackedSequences,
+    SourceConfig,
     TokenSequences,
 )
 from psdp.sources import open_levanter_cache
@@ -149,3 +152,94 @@ def test_a_levanter_cache_on_s3_opens_as_the_documents_written():
         got = store.read_ranges(ends[:-1], ends[1:])
         for leaf in ("input_ids", "assistant_masks"):
             assert np.array_equal(got[leaf], np.concatenate([d[leaf] for d in docs])), leaf
+
+
+def test_document_store_open_on_a_levanter_cache_names_the_levanter_reader(tmp_path):
+    """DocumentStore.open finds no psdp.json there: the error names the cache's format and
+    open_levanter_cache, never "write one with psdp.write_documents" (that rewrites the cache)."""
+    write_levanter_cache(tmp_path / "train", _documents(0, 6, 0))
+    with pytest.raises(ValueError) as info:
+        DocumentStore.open(tmp_path / "train")
+    message = " ".join(str(info.value).split())
+    assert "is a Levanter token cache (shard_ledger.json)" in message, message
+    assert "open_levanter_cache(path)" in message and "format: levanter" in message, message
+    assert "write_documents" not in message, message
+    with pytest.raises(FileNotFoundError, match="write_documents"):  # no cache: as before
+        DocumentStore.open(tmp_path / "nothing")
+
+
+def test_int64_ids_read_as_int32_and_mix_with_a_uint16_store_in_a_data_config(tmp_path):
+    """Levanter's int64 ids are read as int32 by default (JAX without 64-bit mode holds them),
+    so a loader starts with no dtypes=; a DataConfig mixes the cache with a uint16 psdp store,
+    both read as int32 (their common type); the batches equal a hand-built loader over the same
+    documents as int32 numpy arrays, value for value."""
+    lev = [d["input_ids"].astype(np.int64) + 60_000 for d in _documents(3, 50, 0)]
+    lev = [d for d in lev if len(d)]
+    prose = [
+        d["input_ids"].astype(np.uint16) for d in _documents(4, 40, 100) if len(d["input_ids"])
+    ]
+    write_levanter_cache(tmp_path / "web", [{"input_ids": d} for d in lev])
+    store = open_levanter_cache(tmp_path / "web")
+    assert store.leaves == {"input_ids": np.dtype(np.int32)}
+    assert open_levanter_cache(tmp_path / "web", ids_dtype=None).leaves["input_ids"] == np.int64
+    mesh = mesh_of(("data", "model"), (4, 2))
+    in_memory = TokenSequences(
+        DocumentStore.from_documents([d.astype(np.int32) for d in lev]), SEQ_LEN
+    )
+    with (
+        DataLoader(TokenSequences(store, SEQ_LEN), mesh=mesh, global_batch_size=BATCH) as alone,
+        DataLoader(in_memory, mesh=mesh, global_batch_size=BATCH) as oracle,
+    ):
+        got = np.asarray(alone.batch_at(0)["input_ids"])
+        assert got.dtype == np.int32
+        assert np.array_equal(got, np.asarray(oracle.batch_at(0)["input_ids"]))
+    prose_path = write_documents(tmp_path / "prose", prose, dtype=np.uint16, progress=False)
+    config = DataConfig(
+        sources={
+            "web": SourceConfig(store=str(tmp_path / "web"), format="levanter", weight=1),
+            "prose": SourceConfig(store=str(prose_path), weight=3),
+        },
+        seq_len=SEQ_LEN,
+        mixture=MixtureConfig(block_size=16, seed=5),
+        order=OrderOptions(global_batch_size=BATCH),
+    )
+    stores = {
+        "web": DocumentStore.from_documents([d.astype(np.int32) for d in lev]),
+        "prose": DocumentStore.from_documents([d.astype(np.int32) for d in prose]),
+    }
+    views = {n: TokenSequences(s, SEQ_LEN) for n, s in stores.items()}
+    by_hand = Mixture(views, stages=[(0, {"web": 1, "prose": 3})], block_size=16, seed=5)
+    with (
+        config.build(mesh) as loader,
+        DataLoader(by_hand, mesh=mesh, global_batch_size=BATCH) as hand,
+    ):
+        for step in range(8):
+            got, want = loader.batch_at(step), hand.batch_at(step)
+            assert np.asarray(got["input_ids"]).dtype == np.int32
+            for key in want:
+                assert np.array_equal(np.asarray(got[key]), np.asarray(want[key])), (step, key)
+
+
+def test_an_int64_id_beyond_int32_is_an_error_naming_it_never_wrapped(tmp_path):
+    docs = [{"input_ids": np.array([1, 2, 3], np.int64)}, {"input_ids": np.array([4, 2**31])}]
+    write_levanter_cache(tmp_path, docs, batches=1)
+    store = open_levanter_cache(tmp_path)
+    assert store.read_ranges([0], [4])["input_ids"].tolist() == [1, 2, 3, 4]
+    with pytest.raises(ValueError, match=r"holds 2147483648 at token 4, which its dtype int32"):
+        store.read_ranges([0], [5])
+    wide = open_levanter_cache(tmp_path, ids_dtype=None)
+    assert wide.read_ranges([4], [5])["input_ids"].tolist() == [2**31]
+
+
+def test_a_ledger_that_does_not_say_is_finished_is_an_unfinished_cache(tmp_path):
+    """Only ``is_finished: true`` opens a cache: a ledger without the key (an older or damaged
+    one) is refused like an unfinished one, never read as finished."""
+    write_levanter_cache(tmp_path, _documents(0, 10, 0))
+    ledger = json.loads((tmp_path / "shard_ledger.json").read_text())
+    assert open_levanter_cache(tmp_path).num_documents == 10  # as written: finished
+    del ledger["is_finished"]
+    (tmp_path / "shard_ledger.json").write_text(json.dumps(ledger))
+    with pytest.raises(
+        ValueError, match=r"is unfinished: its shard_ledger.json says is_finished=None"
+    ):
+        open_levanter_cache(tmp_path)

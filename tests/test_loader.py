@@ -320,8 +320,8 @@ def test_no_thread_left_after_100_open_close_cycles():
 @pytest.mark.parametrize(
     ("kwargs", "error", "message"),
     [
-        (dict(global_batch_size=12), ValueError, "12 needs padding .* pass a dict source"),
-        (dict(drop_last=False, global_batch_size=5), ValueError, "physical batch is 8 rows"),
+        (dict(global_batch_size=12), ValueError, "pass a dict source.*=12 is not a multiple"),
+        (dict(drop_last=False, global_batch_size=5), ValueError, "is padded to 8 rows"),
         (dict(global_batch_size=0), ValueError, "global_batch_size must be >= 1, got 0"),
         (dict(global_batch_size=8.0), TypeError, "global_batch_size must be an int"),
         (dict(prefetch=0), ValueError, "prefetch must be >= 1, got 0"),

@@ -19,6 +19,7 @@ from psdp import (
     TokenSequences,
 )
 from tests.batch_checks import assert_batch_exact, expected_batch
+from tests.meshes import mesh_of
 from tests.packing_oracle import naive_pack, named_documents, packed_table, with_eos, with_targets
 
 EOS, PAD = 999_999, -1
@@ -157,6 +158,25 @@ def test_leaves_can_deliver_targets_alone():
     source = PackedSequences(store_of([3, 6]), 4, targets=True, eos_id=EOS, leaves=("targets",))
     assert list(source.read(np.array([2]))) == ["targets"]
     assert source.read(np.array([2]))["targets"].tolist() == [[1005, EOS, 0, 0]]
+
+
+@pytest.mark.parametrize("dtype", [np.uint16, np.int32])
+def test_the_targets_leaf_has_the_ids_dtype(dtype):
+    """``targets`` are token ids: the store's id dtype, declared and delivered, under both views
+    (packing: a leaf of its own; concatenation: ``input_ids`` one token wider)."""
+    docs = [np.arange(1, n + 1, dtype=dtype) for n in (5, 9, 4)]
+    store = DocumentStore.from_documents(docs)
+    packed = PackedSequences(store, 4, targets=True)
+    assert packed.leaves["targets"] == packed.leaves["input_ids"] == np.dtype(dtype)
+    rows = packed.read(np.arange(len(packed)))
+    assert rows["targets"].dtype == np.dtype(dtype)
+    mesh = mesh_of(("data",), (2,))
+    with DataLoader(packed, mesh=mesh, global_batch_size=2, shuffle=False) as loader:
+        batch = loader.batch_at(0)
+        assert batch["targets"].dtype == batch["input_ids"].dtype == np.dtype(dtype)
+        np.testing.assert_array_equal(np.asarray(batch["targets"]), rows["targets"][:2])
+    concatenated = TokenSequences(store, 4, targets=True)
+    assert concatenated.read(np.array([0]))["input_ids"].dtype == np.dtype(dtype)
 
 
 def test_a_pack_index_records_eos(tmp_path):

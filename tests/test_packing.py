@@ -228,6 +228,28 @@ def test_a_stale_pack_index_is_rebuilt_or_refused_never_used(tmp_path):
         assert other.read_bytes() == text
 
 
+def test_a_pack_index_of_another_format_version_is_refused_and_left_as_it_was(tmp_path):
+    """The same key and arrays under another version (a layout psdp does not read) is never
+    loaded, nor overwritten."""
+    import json
+
+    from psdp.sources.pack_index import VERSION
+
+    path = tmp_path / "index.npz"
+    PackedSequences(store_of(LENGTHS), 16, window=8, index=path)
+    with np.load(path) as saved:
+        arrays = {name: saved[name] for name in saved.files}
+    header = json.loads(str(arrays["header"]))
+    header["version"] = VERSION + 1
+    arrays["header"] = np.array(json.dumps(header))
+    with open(path, "wb") as file:
+        np.savez(file, **arrays)
+    before = path.read_bytes()
+    with pytest.raises(ValueError, match=rf"is not a psdp pack index of version {VERSION} "):
+        PackedSequences(store_of(LENGTHS), 16, window=8, index=path)
+    assert path.read_bytes() == before
+
+
 def test_the_pack_index_built_in_worker_processes_is_the_one_built_here(monkeypatch):
     """Built in 2 processes, or here reading the offsets 3 windows at a time: one index."""
     from psdp._plan.pack_windows import PackKey

@@ -53,8 +53,9 @@ LONG_DOCUMENTS = ("split", "drop")
 class SourceConfig:
     """One document store: a source of the training mixture, or an eval set.
 
-    ``inputs`` and ``tokenizer`` say how ``psdp prepare`` makes the store: a missing,
-    unfinished or stale store is then an error naming that command.
+    ``inputs`` and ``tokenizer`` (with ``bos``, ``eos``, ``field`` or ``messages``,
+    ``skip_bad`` and ``rows_per_part``: its flags) say how ``psdp prepare`` makes the store: a
+    missing, unfinished or stale store is then an error naming that command.
 
     Example:
         >>> SourceConfig(store="tokens/code", weight=1, inputs=["code/*.jsonl"],
@@ -88,6 +89,21 @@ class SourceConfig:
     format: str = "psdp"
     """``psdp``: a store of ``psdp prepare`` or ``write_documents``; ``levanter``: the directory
     of one split of a finished Levanter token cache (its ``input_ids``)."""
+
+    field: str | None = None
+    """The text field of each record ``psdp prepare`` tokenized (``--field``; unset: ``text``
+    for a new store, whatever an existing one was made with); not with ``messages``."""
+
+    messages: str | None = None
+    """The field of chat messages ``psdp prepare`` rendered with the tokenizer's chat template
+    (``--messages``), instead of ``field``."""
+
+    skip_bad: bool = False
+    """Whether ``psdp prepare`` skipped malformed records (``--skip-bad``)."""
+
+    rows_per_part: int | None = None
+    """Parquet/Arrow rows per part of ``psdp prepare`` (``--rows-per-part``; unset: its
+    default)."""
 
     def __post_init__(self) -> None:
         example = "e.g. store: tokens/code"
@@ -147,12 +163,58 @@ class SourceConfig:
                 "not inputs and tokenizer: they describe how psdp prepare makes the store; set "
                 "inputs and tokenizer too, or drop them"
             )
+        self._check_prepare_settings()
         if self.inputs is not None:
             object.__setattr__(self, "inputs", list(self.inputs))
+
+    def _check_prepare_settings(self) -> None:
+        """``field``, ``messages``, ``skip_bad`` and ``rows_per_part``: how psdp prepare ran."""
+        given = {
+            name: getattr(self, name)
+            for name in ("field", "messages", "skip_bad", "rows_per_part")
+            if getattr(self, name) not in (None, False)
+        }
+        for name in ("field", "messages"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise TypeError(
+                    f"SourceConfig.{name} of {self.store!r} must be a non-empty str (a field of "
+                    f"the input records), got {value!r}; e.g. {name}: "
+                    f"{'text' if name == 'field' else 'messages'}"
+                )
+        if self.field is not None and self.messages is not None:
+            raise ValueError(
+                f"SourceConfig of {self.store!r} sets field={self.field!r} and messages="
+                f"{self.messages!r}: psdp prepare reads a text field or a field of chat "
+                "messages, not both; keep one"
+            )
+        if not isinstance(self.skip_bad, bool):
+            raise TypeError(
+                f"SourceConfig.skip_bad of {self.store!r} must be true or false, got "
+                f"{self.skip_bad!r}"
+            )
+        if self.rows_per_part is not None and (
+            not is_int(self.rows_per_part) or self.rows_per_part < 1
+        ):
+            raise ValueError(
+                f"SourceConfig.rows_per_part of {self.store!r} must be an int >= 1, got "
+                f"{self.rows_per_part!r}; e.g. rows_per_part: 100000, or leave it unset"
+            )
+        if given and self.inputs is None:
+            raise ValueError(
+                f"SourceConfig of {self.store!r} sets {sorted(given)} but not inputs and "
+                "tokenizer: they describe how psdp prepare makes the store; set inputs and "
+                "tokenizer too, or drop them"
+            )
 
     def prepare_command(self) -> str:
         """The ``psdp prepare`` command that makes this store (placeholders where the config
         does not say its inputs and tokenizer)."""
+        return self._command({})
+
+    def _command(self, recorded: Mapping[str, Any]) -> str:
+        """`prepare_command`, with the settings of a store's key (``recorded``) where the config
+        does not give them: a resume with other settings is refused."""
         inputs = [shlex.quote(i) for i in self.inputs] if self.inputs else ["<text files>"]
         words = [*inputs, "--output", shlex.quote(str(self.store))]
         tokenizer = shlex.quote(self.tokenizer) if self.tokenizer else "<tokenizer.json>"
@@ -160,6 +222,22 @@ class SourceConfig:
         for name in ("bos", "eos"):
             if getattr(self, name) is not None:
                 words += [f"--{name}", shlex.quote(getattr(self, name))]
+        messages, field = self.messages, self.field
+        if messages is None and field is None:
+            messages, field = recorded.get("messages_field"), recorded.get("field")
+        if messages:
+            words += ["--messages", shlex.quote(str(messages))]
+        elif field not in (None, "text"):
+            words += ["--field", shlex.quote(str(field))]
+        if self.skip_bad or recorded.get("skip_bad"):
+            words.append("--skip-bad")
+        rows = self.rows_per_part
+        if rows is None and recorded.get("rows_per_part") is not None:
+            from psdp.prepare import ROWS_PER_PART  # imports prepare's dependencies
+
+            rows = None if recorded["rows_per_part"] == ROWS_PER_PART else recorded["rows_per_part"]
+        if rows is not None:
+            words += ["--rows-per-part", str(rows)]
         return "psdp prepare " + " ".join(words)
 
     def open(self, role: str) -> DocumentStore:
@@ -174,11 +252,14 @@ class SourceConfig:
             self._check_prepared(manifest, role)
         try:
             return DocumentStore.open(self.store)
-        except FileNotFoundError:
+        except (FileNotFoundError, ValueError) as error:
             from psdp.sources.levanter import is_levanter_cache
 
             assert self.store is not None  # checked in __post_init__
-            if is_levanter_cache(self.store):
+            levanter = is_levanter_cache(self.store)  # DocumentStore.open names no role
+            if isinstance(error, ValueError) and not levanter:
+                raise
+            if levanter:
                 raise ValueError(
                     f"{role}: {self.store!r} is a Levanter token cache (shard_ledger.json), not "
                     "a psdp store; set format: levanter to read it in place"
@@ -217,19 +298,7 @@ class SourceConfig:
     def _finish_command(self, manifest: Mapping[str, Any]) -> str:
         """`prepare_command` with the settings the store's key records beyond the config's
         (field, skip_bad, rows per part): a resume with other settings is refused."""
-        from psdp.prepare import ROWS_PER_PART
-
-        key = manifest.get("key") or {}
-        words = [self.prepare_command()]
-        if key.get("messages_field"):
-            words += ["--messages", shlex.quote(str(key["messages_field"]))]
-        elif key.get("field") not in (None, "text"):
-            words += ["--field", shlex.quote(str(key["field"]))]
-        if key.get("skip_bad"):
-            words.append("--skip-bad")
-        if key.get("rows_per_part") not in (None, ROWS_PER_PART):
-            words += ["--rows-per-part", str(key["rows_per_part"])]
-        return " ".join(words)
+        return self._command(manifest.get("key") or {})
 
     def _stale_reason(self, manifest: Mapping[str, Any]) -> str:
         """How the prepared store differs from what the config says it is made of ('' if not)."""
@@ -248,6 +317,16 @@ class SourceConfig:
         key = manifest.get("key", {})
         if tokenizer_digest(self.tokenizer) != key.get("tokenizer_sha256"):
             return f"it was made with another tokenizer than {self.tokenizer!r}"
+        if self.field is not None or self.messages is not None:
+            said = ("field", self.field) if self.messages is None else ("messages", self.messages)
+            made = ("messages", key.get("messages_field"))
+            if not made[1]:
+                made = ("field", key.get("field"))
+            if said != made:
+                return (
+                    f"it was made from {made[0]} {made[1]!r} of each record, but the config says "
+                    f"{said[0]}: {said[1]}"
+                )
         encoder = Encoder(
             load_tokenizer(self.tokenizer), bos=_token(self.bos), eos=_token(self.eos)
         )
@@ -441,7 +520,18 @@ class MixtureConfig:
     seed: int = 0
     """Keys the blocks' and every source's permutations."""
 
+    source_leaf: str | None = None
+    """The name of an int32 leaf added to every train row: its source's position in
+    ``loader.source.names``, for a loss or metrics per source (unset: none)."""
+
     def __post_init__(self) -> None:
+        if self.source_leaf is not None and (
+            not isinstance(self.source_leaf, str) or not self.source_leaf
+        ):
+            raise TypeError(
+                f"MixtureConfig.source_leaf must be a leaf name (a non-empty str) or unset, got "
+                f"{self.source_leaf!r}; e.g. source_leaf: source"
+            )
         if not is_int(self.block_size) or self.block_size < 1:
             raise ValueError(
                 f"MixtureConfig.block_size must be an int >= 1, got {self.block_size!r}; every "
@@ -690,6 +780,7 @@ class DataConfig:
             )
         listed = sorted(self.sources) if names is None else list(names)
         views = {name: self._view(self.sources[name], f"source {name!r}") for name in listed}
+        views = self._common_ids(views)
         if self.stages is None:
             weights = {n: 1.0 if s.weight is None else s.weight for n, s in self.sources.items()}
             stages = [(0, weights)]
@@ -705,6 +796,7 @@ class DataConfig:
             stages=stages,
             block_size=self.mixture.block_size,
             seed=self.mixture.seed,
+            source_leaf=self.mixture.source_leaf,
             view=self._view_record(),
         )
 
@@ -721,6 +813,27 @@ class DataConfig:
             return kind(store, self.seq_len, **self.view.view_kwargs())
         except ValueError as error:
             raise ValueError(f"{role} ({source.store!r}): {error}") from None
+
+    def _common_ids(self, views: dict[str, Any]) -> dict[str, Any]:
+        """The views with their stores' token ids read as one dtype, so that they mix: numpy's
+        common type of theirs (uint16 and int32: int32), int32 where that would be 64-bit
+        (JAX's default holds no int64); each read checked (`DocumentStore.with_dtypes`)."""
+        import numpy as np
+
+        from psdp.sources.documents import TOKENS
+
+        found = {name: view.store.leaves[TOKENS] for name, view in views.items()}
+        if len(set(found.values())) < 2:
+            return views
+        common = np.result_type(*found.values())
+        if common.itemsize == 8:
+            common = np.dtype(np.int32)
+        return {
+            name: view if found[name] == common else type(view)(
+                view.store.with_dtypes({TOKENS: common}), self.seq_len, **self.view.view_kwargs()
+            )
+            for name, view in views.items()
+        }  # fmt: skip
 
     def _stage_offset(self, step: int, order: OrderOptions) -> int:
         """The sample offset of ``step``'s first row under ``order``; a block boundary."""

@@ -259,17 +259,29 @@ def _plan_mask(
     """The mask leaf of every dict batch (unless ``mask_key=None``); padding needs one."""
     mask_key = options.output.mask_key
     if padded and (None in leaves or mask_key is None):
+        batch = options.order.global_batch_size
+        assert isinstance(batch, int)  # a schedule has one plan per batch size
+        reasons, fixes = [], []
+        if physical > batch:
+            reasons.append(
+                f"global_batch_size={batch} is not a multiple of the batch shards, so every "
+                f"batch is padded to {physical} rows"
+            )
+            fixes.append(f"a global_batch_size that the batch shards divide (e.g. {physical})")
+        else:
+            reasons.append(
+                f"drop_last={options.order.drop_last}: a batch cut short (an epoch's final "
+                "batch, or a skip) is padded to the full batch"
+            )
+            fixes.append("drop_last=True (short final batches dropped)")
         why = (
-            "which an array source cannot carry; pass a dict source, e.g. {'inputs': array}"
+            "an array source cannot carry one; pass a dict source, e.g. {'inputs': array}, or "
             if None in leaves
-            else "but mask_key=None; pass mask_key='mask' (the default)"
+            else "mask_key=None asks for none; pass mask_key='mask' (the default), or "
         )
         raise ValueError(
-            f"global_batch_size={options.order.global_batch_size} needs padding (the physical "
-            f"batch is {physical} rows for the batch shards, and drop_last="
-            f"{options.order.drop_last} for an epoch's short final batch), so batches need a mask "
-            f"leaf, {why}, or a global_batch_size that is a multiple of the batch shards "
-            "with drop_last=True"
+            f"padded rows need a mask leaf that marks them, and {why}avoid the padding: "
+            f"{'; '.join(reasons)}; use {' and '.join(fixes)}"
         )
     if None in leaves or mask_key is None:
         return None

@@ -7,6 +7,7 @@ read time and read contiguous token ranges (`DocumentStore.read_ranges`). ``docs
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol, runtime_checkable
@@ -16,6 +17,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from psdp._checks import check_int
 from psdp._deprecated import warn_deprecated
+from psdp._plan.dtypes import cast_checked
 from psdp.sources.document_index import (
     DocumentIndex,
     TouchedDocuments,
@@ -171,6 +173,8 @@ class DocumentStore:
         _check_ends(int(self._read_offsets(np.array([0]), np.array([1]))[0]), shape[0], name)
         last = int(self._read_offsets(np.array([documents]), np.array([documents + 1]))[0])
         self.leaves: dict[str, np.dtype] = _checked_leaves(self._flat, last, name)
+        #: leaf -> the dtype its reads are cast to, each checked (`with_dtypes`)
+        self._casts: dict[str, np.dtype] = {}
         #: The offsets' `DocumentIndex`: what this host keeps of them.
         self.index = self._index_of(index, documents, last, spot_check)
 
@@ -181,6 +185,10 @@ class DocumentStore:
     @property
     def num_tokens(self) -> int:
         return self.index.num_tokens
+
+    def __len__(self) -> int:
+        """The number of documents (`num_documents`)."""
+        return self.num_documents
 
     def offsets_range(self, start: int, stop: int) -> np.ndarray:
         """``offsets[start:stop]`` as an int64 array the caller owns (one range read).
@@ -297,10 +305,63 @@ class DocumentStore:
         """The store `write_documents` wrote at ``path`` (a directory, URL or kvstore spec).
 
         Keyword options go to `open_documents` (``psdp.sources.document_writer``).
+
+        Raises:
+            FileNotFoundError: there is no store at ``path``.
+            ValueError: ``path`` holds a Levanter token cache (open it with
+                `psdp.sources.open_levanter_cache`), or a damaged store.
         """
         from psdp.sources.document_writer import open_documents
 
-        return open_documents(path, **options)
+        try:
+            return open_documents(path, **options)
+        except FileNotFoundError:
+            from psdp.sources.levanter import LEDGER_FILE, is_levanter_cache
+
+            if not is_levanter_cache(path):
+                raise
+            where = path if isinstance(path, str | os.PathLike) else "that kvstore spec"
+            raise ValueError(
+                f"{os.fspath(where)!r} is a Levanter token cache ({LEDGER_FILE}), not a psdp "
+                "document store (no psdp.json); read it in place, with no conversion: "
+                "psdp.sources.open_levanter_cache(path), or in a DataConfig source set "
+                "format: levanter"
+            ) from None
+
+    def with_dtypes(self, dtypes: Mapping[str, Any]) -> DocumentStore:
+        """This store with some leaves read as other dtypes (leaf -> dtype), every read checked:
+        a value the dtype does not hold is a `ValueError` naming it, never wrapped. E.g. a
+        Levanter cache's int64 ids as int32, which JAX holds without 64-bit mode, or two stores'
+        ids as one dtype to mix them.
+
+        Example:
+            >>> store = DocumentStore.from_documents([np.array([5, 6, 7], np.int64)])
+            >>> narrow = store.with_dtypes({"input_ids": np.int32})
+            >>> narrow.leaves, narrow.read_ranges([1], [3])["input_ids"]
+            ({'input_ids': dtype('int32')}, array([6, 7], dtype=int32))
+        """
+        unknown = sorted(set(dtypes) - set(self.leaves))
+        if unknown:
+            raise ValueError(
+                f"dtypes names leaves {unknown} that the document store {self.name} does not "
+                f"have; its leaves are {list(self.leaves)}"
+            )
+        wanted = {leaf: np.dtype(dtype) for leaf, dtype in dtypes.items()}
+        for leaf, dtype in wanted.items():
+            _check_dtype(leaf, dtype, f"dtypes[{leaf!r}]")
+            if dtype.kind not in "biuf":
+                raise TypeError(f"dtypes[{leaf!r}] is {dtype}; store numbers or bools")
+        out = copy.copy(self)
+        stored = {leaf: self._flat_dtype(leaf) for leaf in self.leaves}
+        out._casts = {
+            **{k: v for k, v in self._casts.items() if k not in wanted},
+            **{k: v for k, v in wanted.items() if v != stored[k]},
+        }
+        out.leaves = {**self.leaves, **wanted}
+        return out
+
+    def _flat_dtype(self, leaf: str) -> np.dtype:
+        return _shape_and_dtype(self._flat[leaf])[1]
 
     def documents_touching(self, starts: Any, stops: Any, *, eos: bool = False) -> TouchedDocuments:
         """The documents that the stream ranges ``[starts[i], stops[i])`` touch, with their
@@ -344,9 +405,28 @@ class DocumentStore:
                 f"leaves {unknown} are not in the document store {self.name} (it has "
                 f"{list(self.leaves)})"
             )
-        return {
+        read = {
             name: self._read(self._flat[name], f"leaf {name!r}", starts, stops) for name in names
         }
+        for name in set(names) & set(self._casts):
+            read[name] = self._cast(name, read[name], starts, stops)
+        return read
+
+    def _cast(self, leaf: str, values: np.ndarray, starts: np.ndarray, stops: np.ndarray) -> Any:
+        """``values`` (of the ranges) as the leaf's `with_dtypes` dtype, or a `ValueError`."""
+        out, bad = cast_checked(values, self._casts[leaf])
+        if bad is None:
+            return out
+        at = int(np.flatnonzero(bad)[0])
+        ends = np.cumsum(stops - starts)
+        i = int(np.searchsorted(ends, at, side="right"))
+        token = int(starts[i] + at - (ends[i - 1] if i else 0))
+        raise ValueError(
+            f"leaf {leaf!r} of {self.name} holds {values[at].item()!r} at token {token}, which "
+            f"its dtype {self._casts[leaf]} (as read, from {values.dtype}) does not hold; read "
+            f"it as a wider dtype (with_dtypes, or open_levanter_cache(path, ids_dtype=None) "
+            "with 64-bit JAX), or fix the store"
+        )
 
     def _read_offsets(self, starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
         return self._read(self._offsets, "offsets", starts, stops).astype(np.int64, copy=False)

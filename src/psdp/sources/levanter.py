@@ -30,15 +30,23 @@ LEVANTER_BUILDER = "python -m levanter.main.cache_dataset --config_path <config.
 
 
 def open_levanter_cache(
-    path: str | os.PathLike[str] | Mapping[str, Any], leaves: tuple[str, ...] = (TOKENS,)
+    path: str | os.PathLike[str] | Mapping[str, Any],
+    leaves: tuple[str, ...] = (TOKENS,),
+    *,
+    ids_dtype: Any = np.int32,
 ) -> DocumentStore:
     """A finished Levanter token cache as a `DocumentStore` of its counted documents.
+
+    Levanter may store the ids as int64, which JAX holds only in 64-bit mode: such ids are read
+    as ``ids_dtype``, every read checked (an id it does not hold is an error, never wrapped).
 
     Args:
         path: the cache directory of one split (the folder holding ``shard_ledger.json``): a
             local path, a URL (``gs://``, ``s3://``) or a TensorStore kvstore spec.
         leaves: the leaves to read, ``input_ids`` first; any other must be per token (one value
             per token, as a chat cache's ``assistant_masks``).
+        ids_dtype: the dtype 64-bit ``input_ids`` are read as (int32: every vocabulary below
+            2**31 ids); ``None``: as stored.
 
     Raises:
         FileNotFoundError: no Levanter cache there (no ``shard_ledger.json``).
@@ -57,6 +65,8 @@ def open_levanter_cache(
         >>> store = open_levanter_cache(root)
         >>> store.offsets_range(0, 3).tolist(), store.read_ranges([2], [4])["input_ids"].tolist()
         ([0, 3, 5], [7, 8])
+        >>> store.leaves, open_levanter_cache(root, ids_dtype=None).leaves
+        ({'input_ids': dtype('int32')}, {'input_ids': dtype('int64')})
     """
     names = _checked_leaves(leaves)
     location = locate(path)
@@ -85,11 +95,15 @@ def open_levanter_cache(
             )
     # entry 0 is the count: the used offsets are a 0 then the ends of documents 0..D-1
     used = ts.concat([ts.array(np.zeros(1, np.int64)), offsets[names[0]][1 : count + 1]], 0)
-    return DocumentStore(
+    store = DocumentStore(
         used,
         {leaf: data[leaf][:end] for leaf in names},
         name=f"Levanter cache {location.name}",
     )
+    stored = store.leaves[TOKENS]
+    if ids_dtype is not None and stored.kind in "iu" and stored.itemsize == 8:
+        return store.with_dtypes({TOKENS: ids_dtype})
+    return store
 
 
 def is_levanter_cache(path: str | os.PathLike[str] | Mapping[str, Any]) -> bool:
