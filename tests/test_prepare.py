@@ -326,3 +326,21 @@ def test_a_local_worker_tokenizes_on_one_core(workers, monkeypatch):
         engine.close()
     assert seen == ["false"] * 3
     assert "TOKENIZERS_PARALLELISM" not in os.environ  # this process's setting is restored
+
+
+@pytest.mark.parametrize("name", ["b.jsonl.zst", "b.jsonl.gz"])
+def test_a_truncated_compressed_input_fails_the_run_even_with_skip_bad(
+    tmp_path, tokenizer, capsys, name
+):
+    from psdp.tools.cli import main
+
+    corpus.write_jsonl(tmp_path / "a.jsonl", corpus.texts(50, seed=30))
+    whole = corpus.write_jsonl(tmp_path / name, corpus.texts(5000, seed=31)).read_bytes()
+    (tmp_path / name).write_bytes(whole[: len(whole) // 2])
+    for flags in (["--workers", "1"], ["--workers", "2", "--skip-bad"]):
+        code = main(["prepare", str(tmp_path / "a.jsonl"), str(tmp_path / name), "--output",
+                     str(tmp_path / f"s{len(flags)}"), "--tokenizer", str(tokenizer),
+                     "--no-progress", *flags])  # fmt: skip
+        captured = capsys.readouterr()
+        assert code == 2 and captured.out == ""
+        assert f"{tmp_path / name}: the " in captured.err and "cut short" in captured.err
