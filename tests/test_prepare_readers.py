@@ -190,3 +190,41 @@ def test_concatenated_members_and_padding_read_whole(tmp_path, name):
         data += bytes(100)
     (tmp_path / name).write_bytes(data)
     assert read_all(plan_units([str(tmp_path / name)], 10)) == (texts, [])
+
+
+def test_a_damaged_row_group_names_the_file_and_the_first_row_not_read(tmp_path):
+    import pyarrow.parquet as pq
+
+    path = corpus.write_parquet(tmp_path / "a.parquet", corpus.texts(1500, seed=8), 500)
+    column = pq.ParquetFile(path).metadata.row_group(1).column(0)  # rows 500-999
+    data = bytearray(path.read_bytes())
+    first = column.dictionary_page_offset if column.has_dictionary_page else column.data_page_offset
+    start = first + column.total_compressed_size // 2  # the middle of rows 500-999's bytes
+    data[start : start + 64] = bytes(64)
+    path.write_bytes(data)
+    units = plan_units([str(path)], rows_per_part=500)
+    assert read_all(units[:1])[0] == corpus.texts(1500, seed=8)[:500]
+    with pytest.raises(CorruptFileError, match=r"a.parquet: cannot read on from row 500 \("):
+        read_all(units[1:], skip_bad=True)
+
+
+@pytest.mark.parametrize("name", ["A.JSONL", "b.ndjson", "c.NDJSON.GZ", "d.Jsonl.Zst", "e.PARQUET"])
+def test_ndjson_and_endings_in_any_case_are_read(tmp_path, name):
+    texts = corpus.texts(30, seed=9)
+    if name.lower().endswith(".parquet"):
+        corpus.write_parquet(tmp_path / name, texts)
+    else:  # corpus.write_jsonl compresses by the lower-case ending
+        data = corpus.write_jsonl(tmp_path / name.lower(), texts).read_bytes()
+        (tmp_path / name.lower()).unlink()
+        (tmp_path / name).write_bytes(data)
+    assert read_all(plan_units([str(tmp_path / name)], 1000)) == (texts, [])
+
+
+def test_a_byte_order_mark_opens_a_jsonl_file_and_is_no_record(tmp_path):
+    lines = [json.dumps({"text": t}) for t in ("the fox", "lazy dog")]
+    (tmp_path / "a.jsonl").write_bytes(b"\xef\xbb\xbf" + "\n".join(lines).encode() + b"\n")
+    assert read_all(plan_units([str(tmp_path / "a.jsonl")], 10)) == (["the fox", "lazy dog"], [])
+    # within the file it is no JSON: a malformed record, as any stray byte
+    (tmp_path / "b.jsonl").write_bytes(lines[0].encode() + b"\n\xef\xbb\xbf" + lines[1].encode())
+    values, bad = read_all(plan_units([str(tmp_path / "b.jsonl")], 10), skip_bad=True)
+    assert values == ["the fox"] and [w.rsplit(", ", 1)[1] for w, _ in bad] == ["line 2"]
