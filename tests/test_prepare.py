@@ -310,7 +310,8 @@ def test_the_cli_prepares_and_prints_the_summary(tmp_path, tokenizer, capsys):
                  "--no-progress"])  # fmt: skip
     out = capsys.readouterr().out
     assert code == 0
-    assert "2 documents" in out and "(uint16)" in out and "empty records (not stored): 1" in out
+    assert "2 documents" in out and "(uint16) in 1 part\n" in out
+    assert "empty records (not stored): 1" in out
     assert stored(tmp_path / "s")[1] == oracle(tokenizer, ["one two", "three"], bos=None)
 
 
@@ -401,3 +402,31 @@ def test_an_input_of_only_empty_texts_listed_first_is_counted_and_stores_nothing
     store, documents = stored(tmp_path / "s")
     assert documents == oracle(tokenizer, texts, bos=None)
     assert store.num_tokens == sum(map(len, documents))
+
+
+def test_the_cli_prints_the_summary_as_one_json_object(tmp_path, tokenizer, capsys):
+    from psdp.tools.cli import main
+
+    (tmp_path / "a.jsonl").write_text('{"text": "one two"}\n{"text": ""}\n[3]\n')
+    corpus.write_jsonl(tmp_path / "b.jsonl", ["three"])
+    code = main(["prepare", str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl"), "--output",
+                 str(tmp_path / "s"), "--tokenizer", str(tokenizer), "--eos", "<|eos|>",
+                 "--workers", "1", "--skip-bad", "--json"])  # fmt: skip
+    captured = capsys.readouterr()
+    assert code == 0 and captured.err == ""  # no progress bar either
+    summary = json.loads(captured.out)
+    seconds = summary.pop("seconds")
+    documents = oracle(tokenizer, ["one two", "three"], bos=None)
+    assert summary == {
+        "output": str(tmp_path / "s"),
+        "documents": 2,
+        "tokens": sum(map(len, documents)),
+        "dtype": "uint16",
+        "parts": 2,
+        "empty": 1,
+        "skipped": {"a JSON list, not an object": 1},
+        "examples": [{"where": f"{tmp_path / 'a.jsonl'}, line 3",
+                      "reason": "a JSON list, not an object"}],
+    }  # fmt: skip
+    assert isinstance(seconds, float) and seconds > 0
+    assert stored(tmp_path / "s")[1] == documents

@@ -58,6 +58,15 @@ class PrepareSummary:
         lines += [f"  e.g. {where}: {reason}" for where, reason in self.examples]
         return "\n".join(lines)
 
+    def to_json(self) -> dict[str, Any]:
+        """The summary as JSON values, as ``psdp prepare --json`` prints it."""
+        return {
+            **{name: getattr(self, name) for name in ("output", "documents", "tokens", "dtype",
+                                                      "parts", "empty", "skipped")},
+            "examples": [{"where": where, "reason": reason} for where, reason in self.examples],
+            "seconds": round(self.seconds, 3),
+        }  # fmt: skip
+
 
 #: About how many times a run commits its manifest, whatever its number of parts.
 COMMITS = 100
@@ -149,8 +158,8 @@ def prepare(
         where = Path(os.path.abspath(error.filename))
         file = next((p for p in (where, *where.parents) if p.is_file()), where)
         raise FileExistsError(
-            f"the output {os.fspath(output)!r} must be a directory, but {file} is a file; name a "
-            "new directory (or a URL) for the store"
+            f"the output {str(output)!r} must be a directory, but {file} is a file; name a new "
+            "directory (or a URL) for the store"
         ) from None
     meta = planned(out.read(), units, key, out.name)
     out.commit(meta)

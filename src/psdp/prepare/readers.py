@@ -273,7 +273,7 @@ def _generation(store: Any, key: bytes) -> Any:
 
 
 def _kind(name: str) -> str:
-    if _compression(name) is not False:
+    if _jsonl_ending(name) is not None:
         return "jsonl"
     for ending, kind in COLUMNAR_ENDINGS.items():
         if name.lower().endswith(ending):
@@ -284,12 +284,10 @@ def _kind(name: str) -> str:
     )
 
 
-def _compression(name: str) -> str | None | bool:
-    """A jsonl file's compression (``None``: none), by its name's ending in any case; ``False``:
-    no jsonl file."""
-    ending = next((e for e in sorted(JSONL_ENDINGS, key=len, reverse=True)
-                   if name.lower().endswith(e)), None)  # fmt: skip
-    return False if ending is None else JSONL_ENDINGS[ending]
+def _jsonl_ending(name: str) -> str | None:
+    """The ending of `JSONL_ENDINGS` that ``name`` has in any case (the longest), or ``None``."""
+    found = [e for e in JSONL_ENDINGS if name.lower().endswith(e)]
+    return max(found, key=len) if found else None
 
 
 def _cut(unit: Unit, rows_per_part: int) -> list[Unit]:
@@ -351,7 +349,7 @@ def _arrow_file(unit: Unit, raw: Any, pa: Any) -> Any:
 # ------------------------------------------------------------------------------ records
 def _jsonl_records(unit: Unit, field_name: str) -> Iterator[tuple[str, Any, str | None]]:
     """(where, value, problem) for each non-blank line."""
-    compression = _compression(unit.path)
+    compression = JSONL_ENDINGS[_jsonl_ending(unit.path) or ".jsonl"]
     number = 0
     with _open_binary(unit) as raw:
         stream = raw if compression is None else _Decompressed(raw, compression)
