@@ -2509,6 +2509,12 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
         ["export/state.json is not valid JSON", "save it again with save_to_disk"],
     ),
     (
+        "prepare into a store whose manifest was damaged",
+        lambda tmp: _prepare_twice(tmp, {}, lambda t: (t / "store/psdp.json").write_text("{")),
+        ValueError,
+        ["store/psdp.json, the manifest of the store, is not valid JSON", "restore it from a copy"],
+    ),
+    (
         "prepare into an output path that is a file",
         lambda tmp: _prepare_into_a_file(tmp),
         FileExistsError,
