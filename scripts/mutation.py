@@ -524,6 +524,20 @@ MUTANTS = [
     Mutant("QX7", "_integration/data_config.py",
            "return int(value) if value is not None and value.isdigit() else value",
            "return value", 'a config eos: "2" taken as the token "2", not the id --eos 2 recorded'),
+    Mutant("QI1", "prepare/readers.py", "        row = unit.row_start\n", "        row = 0\n",
+           "a Parquet/Arrow part's rows named from 0, not from its first row in the file"),
+    Mutant("QI2", "prepare/readers.py", "    if batch.values or batch.bad:\n        yield batch",
+           "    if batch.values:\n        yield batch", "malformed records at a file's end not counted"),
+    Mutant("QI3", "prepare/parts.py", "if result.num_documents and leaves is None:",
+           "if leaves is None:", "a part of only empty texts, first, sets the store's leaves"),
+    Mutant("QI4", "prepare/readers.py", "            if self.decoder is not None:\n                unit =",
+           "            if False:\n                unit =", "a truncated .gz/.zst read as a short file"),
+    Mutant("QI5", "prepare/readers.py", "self.left = self.decoder.unused_data", 'self.left = b""',
+           "a .gz/.zst read only to the end of its first member (frame)"),
+    Mutant("QI6", "prepare/readers.py", "if raw.read(len(_ARROW_EOS)) != _ARROW_EOS:", "if False:",
+           "an Arrow stream cut between batches read as a short one"),
+    Mutant("QI7", "prepare/readers.py", "raw_line = raw_line.removeprefix(codecs.BOM_UTF8)",
+           "pass", "a UTF-8 BOM makes a jsonl file's first record malformed"),
 ]  # fmt: skip
 
 #: Single-process tests run against every mutant (the planner, reads, assembly and order).

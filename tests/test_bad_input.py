@@ -12,6 +12,7 @@ sources (see test_loader.py); only what remains a user error is here.
 
 from __future__ import annotations
 
+import gzip
 import json
 import shutil
 import threading
@@ -52,7 +53,7 @@ from psdp import (
 )
 from psdp.prepare.chat import render_chat
 from psdp.prepare.ray_engine import RayEngine
-from psdp.prepare.readers import BadRecordError
+from psdp.prepare.readers import BadRecordError, CorruptFileError
 from psdp.sources import open_levanter_cache
 from psdp.sources.document_writer import write_documents
 from psdp.tools.pod import run_pod
@@ -420,6 +421,59 @@ def _parquet(path: Path, columns: dict[str, list[Any]]) -> str:
 
     pq.write_table(pa.table(columns), path)
     return str(path)
+
+
+def _cut_short(path: Path) -> str:
+    """``path``, 200 records ``{"text": "a b"}`` in the format its name says, with only its first
+    half left as an interrupted download leaves it (an Arrow stream: all but its end marker)."""
+    import pyarrow as pa
+    import zstandard
+
+    body = '{"text": "a b"}\n' * 200
+    if path.name.endswith(".gz"):
+        data = gzip.compress(body.encode())
+    elif path.name.endswith(".zst"):
+        data = zstandard.compress(body.encode())
+    elif path.name.endswith(".parquet"):
+        data = _parquet_bytes(["a b"] * 200)
+    else:  # .arrow: an IPC file (with its footer), or with "stream" in its name an IPC stream
+        sink = pa.BufferOutputStream()
+        table = pa.table({"text": ["a b"] * 200})
+        new = pa.ipc.new_stream if "stream" in path.name else pa.ipc.new_file
+        with new(sink, table.schema) as writer:
+            for batch in table.to_batches(max_chunksize=50):
+                writer.write_batch(batch)
+        data = sink.getvalue().to_pybytes()
+        if "stream" in path.name:  # cut after its last batch, before its end marker
+            path.write_bytes(data[:-8])
+            return str(path)
+    path.write_bytes(data[: len(data) // 2])
+    return str(path)
+
+
+def _parquet_bytes(texts: list[str]) -> bytes:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    sink = pa.BufferOutputStream()
+    pq.write_table(pa.table({"text": texts}), sink, row_group_size=50)
+    return sink.getvalue().to_pybytes()
+
+
+def _damaged_export(tmp: Path) -> str:
+    """A datasets save_to_disk directory whose state.json is not JSON."""
+    (tmp / "export").mkdir()
+    (tmp / "export" / "state.json").write_text('{"_data_files": [')
+    return str(tmp / "export")
+
+
+def _prepare_into_a_file(tmp: Path) -> Any:
+    """A prepare whose output, tmp/out.txt, is a file."""
+    from psdp.prepare import prepare
+
+    _prepare(tmp)  # writes the tokenizer and a.jsonl
+    return prepare(tmp / "a.jsonl", _file(tmp / "out.txt"), tokenizer=tmp / "tokenizer.json",
+                   workers=1, progress=False)  # fmt: skip
 
 
 def _unfinished_prepare(tmp: Path) -> Path:
@@ -2471,6 +2525,66 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
         lambda tmp: _prepare(tmp, lines=['{"text": ""}']),
         ValueError,
         ["every record of the inputs was empty or skipped", "--field"],
+    ),
+    (
+        "prepare of an input file of 0 bytes",
+        lambda tmp: _prepare(tmp, inputs=[_file(tmp / "e.jsonl")]),
+        ValueError,
+        ["the inputs hold no record at all", "e.jsonl (0 bytes)", "name inputs that hold records"],
+    ),
+    (
+        "prepare of a .jsonl.zst cut short",
+        lambda tmp: _prepare(tmp, inputs=[_cut_short(tmp / "c.jsonl.zst")], skip_bad=True),
+        CorruptFileError,
+        [
+            "c.jsonl.zst: the zstd data is cut short",
+            "inside a zstd frame",
+            "in line 1 ",
+            "download or write it again",
+            "skip_bad skips malformed records, never",
+        ],
+    ),  # fmt: skip
+    (
+        "prepare of a .jsonl.gz cut short",
+        lambda tmp: _prepare(tmp, inputs=[_cut_short(tmp / "c.jsonl.gz")]),
+        CorruptFileError,
+        ["c.jsonl.gz: the gzip data is cut short", "inside a gzip member", "download or write"],
+    ),
+    (
+        "prepare of a Parquet file cut short",
+        lambda tmp: _prepare(tmp, inputs=[_cut_short(tmp / "c.parquet")]),
+        CorruptFileError,
+        ["c.parquet cannot be opened as a Parquet file", "truncated or damaged"],
+    ),
+    (
+        "prepare of an Arrow IPC file cut short (no footer)",
+        lambda tmp: _prepare(tmp, inputs=[_cut_short(tmp / "c.arrow")]),
+        CorruptFileError,
+        ["c.arrow cannot be opened as an Arrow IPC file", "truncated or damaged"],
+    ),
+    (
+        "prepare of an Arrow IPC stream cut between its batches",
+        lambda tmp: _prepare(tmp, inputs=[_cut_short(tmp / "c-stream.arrow")]),
+        CorruptFileError,
+        ["c-stream.arrow: cannot read on from row 200", "no end-of-stream marker"],
+    ),
+    (
+        "prepare of a datasets export whose state.json is damaged",
+        lambda tmp: _prepare(tmp, inputs=[_damaged_export(tmp)]),
+        CorruptFileError,
+        ["export/state.json is not valid JSON", "save it again with save_to_disk"],
+    ),
+    (
+        "prepare into a store whose manifest was damaged",
+        lambda tmp: _prepare_twice(tmp, {}, lambda t: (t / "store/psdp.json").write_text("{")),
+        ValueError,
+        ["store/psdp.json, the manifest of the store, is not valid JSON", "restore it from a copy"],
+    ),
+    (
+        "prepare into an output path that is a file",
+        lambda tmp: _prepare_into_a_file(tmp),
+        FileExistsError,
+        ["the output", "must be a directory", "out.txt is a file", "name a new directory"],
     ),
     (
         "prepare into a store made with other settings (another eos)",

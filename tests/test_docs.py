@@ -92,8 +92,9 @@ def test_the_checkpoint_example_runs_again_in_the_same_directory(tmp_path, monke
 
 
 def run_blocks(doc: str) -> None:
-    """Runs the doc's python blocks in order in one fresh namespace, in the current directory."""
-    namespace: dict = {"__name__": f"docs.{doc}"}
+    """Runs the doc's python blocks in order in one fresh namespace, in the current directory,
+    as a script runs them (``__name__`` is ``"__main__"``)."""
+    namespace: dict = {"__name__": "__main__"}
     missing = []
     for block in python_blocks(doc):
         if block.not_run:
@@ -122,6 +123,23 @@ def absent_optional_imports(code: str) -> list[str]:
         for module, extra in OPTIONAL.items()
         if re.search(rf"^\s*(import|from) {module}\b", code, re.M) and find_spec(module) is None
     ]
+
+
+def test_the_prepare_example_runs_as_a_script_with_worker_processes(tmp_path):
+    """docs/prepare.md's example saved as a file and run by ``python``: its 2 workers are spawned
+    and import the script again (as __mp_main__), which must not run prepare again."""
+    import os
+    import subprocess
+    import sys
+
+    (block,) = python_blocks("prepare.md")
+    assert "workers=2" in block.code
+    (tmp_path / "prepare_web.py").write_text(block.code + "\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}  # this checkout's psdp
+    done = subprocess.run([sys.executable, "prepare_web.py"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (tmp_path / "web-tokens" / "psdp.json").is_file()
 
 
 def test_skipped_blocks_are_the_listed_ones():

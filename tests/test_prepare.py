@@ -310,7 +310,8 @@ def test_the_cli_prepares_and_prints_the_summary(tmp_path, tokenizer, capsys):
                  "--no-progress"])  # fmt: skip
     out = capsys.readouterr().out
     assert code == 0
-    assert "2 documents" in out and "(uint16)" in out and "empty records (not stored): 1" in out
+    assert "2 documents" in out and "(uint16) in 1 part\n" in out
+    assert "empty records (not stored): 1" in out
     assert stored(tmp_path / "s")[1] == oracle(tokenizer, ["one two", "three"], bos=None)
 
 
@@ -326,3 +327,106 @@ def test_a_local_worker_tokenizes_on_one_core(workers, monkeypatch):
         engine.close()
     assert seen == ["false"] * 3
     assert "TOKENIZERS_PARALLELISM" not in os.environ  # this process's setting is restored
+
+
+@pytest.mark.parametrize("name", ["b.jsonl.zst", "b.jsonl.gz"])
+def test_a_truncated_compressed_input_fails_the_run_even_with_skip_bad(
+    tmp_path, tokenizer, capsys, name
+):
+    from psdp.tools.cli import main
+
+    corpus.write_jsonl(tmp_path / "a.jsonl", corpus.texts(50, seed=30))
+    whole = corpus.write_jsonl(tmp_path / name, corpus.texts(5000, seed=31)).read_bytes()
+    (tmp_path / name).write_bytes(whole[: len(whole) // 2])
+    for flags in (["--workers", "1"], ["--workers", "2", "--skip-bad"]):
+        code = main(["prepare", str(tmp_path / "a.jsonl"), str(tmp_path / name), "--output",
+                     str(tmp_path / f"s{len(flags)}"), "--tokenizer", str(tokenizer),
+                     "--no-progress", *flags])  # fmt: skip
+        captured = capsys.readouterr()
+        assert code == 2 and captured.out == ""
+        assert f"{tmp_path / name}: the " in captured.err and "cut short" in captured.err
+
+
+@pytest.mark.parametrize("kind", ["parquet", "arrow"])
+def test_a_bad_record_in_a_later_part_or_batch_names_its_row_in_the_file(tmp_path, tokenizer, kind):
+    from psdp.prepare.readers import BATCH_RECORDS
+
+    rows = BATCH_RECORDS + 500
+    texts: list = corpus.texts(rows, seed=32)
+    bad = [37, 70, BATCH_RECORDS + 40]  # part 2 (rows 32-47), part 4 (64-79), a later batch
+    for row in bad:
+        texts[row] = None
+    write = corpus.write_parquet if kind == "parquet" else corpus.write_arrow
+    path = write(tmp_path / f"a.{kind}", texts)  # row groups (record batches) of 16 rows
+    for rows_per_part in (16, rows):
+        with pytest.raises(ValueError, match=rf"a\.{kind}, row 37: field 'text' is null"):
+            prepare(path, tmp_path / f"strict{rows_per_part}", tokenizer=tokenizer, workers=1,
+                    rows_per_part=rows_per_part, progress=False)  # fmt: skip
+        summary = prepare(path, tmp_path / f"s{rows_per_part}", tokenizer=tokenizer, workers=1,
+                          rows_per_part=rows_per_part, skip_bad=True, progress=False)  # fmt: skip
+        assert [where for where, _ in summary.examples] == [f"{path}, row {r}" for r in bad]
+        good = [t for t in texts if t is not None]
+        assert stored(tmp_path / f"s{rows_per_part}")[1] == oracle(tokenizer, good, None, None)
+
+
+def test_malformed_records_at_the_end_of_a_file_are_counted(tmp_path, tokenizer):
+    from psdp.prepare.readers import BATCH_RECORDS
+
+    good = corpus.texts(BATCH_RECORDS, seed=33)  # a whole batch, then only malformed records
+    lines = [json.dumps({"text": t}) for t in good] + ["[1]", '{"text": 2}', '{"text": "cut']
+    (tmp_path / "a.jsonl").write_text("\n".join(lines))  # the last line has no newline
+    summary = prepare(tmp_path / "a.jsonl", tmp_path / "s", tokenizer=tokenizer, workers=1,
+                      skip_bad=True, progress=False)  # fmt: skip
+    assert summary.skipped == {"a JSON list, not an object": 1, "not valid JSON": 1,
+                               "field 'text' is int, not a str": 1}  # fmt: skip
+    assert [where.rsplit(", ", 1)[1] for where, _ in summary.examples] == [
+        f"line {BATCH_RECORDS + i}" for i in (1, 2, 3)
+    ]
+    assert "skipped records: 3" in str(summary)
+    assert stored(tmp_path / "s")[1] == oracle(tokenizer, good, None, None)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_an_input_of_only_empty_texts_listed_first_is_counted_and_stores_nothing(
+    tmp_path, tokenizer, workers
+):
+    corpus.write_jsonl(tmp_path / "0-empty.jsonl", ["", "", ""])
+    texts = corpus.texts(40, seed=34)
+    corpus.write_jsonl(tmp_path / "1-good.jsonl", texts[:20])
+    corpus.write_jsonl(tmp_path / "2-empty.jsonl", [""])
+    corpus.write_jsonl(tmp_path / "3-good.jsonl", texts[20:])
+    summary = prepare(str(tmp_path / "*.jsonl"), tmp_path / "s", tokenizer=tokenizer, eos=EOS,
+                      workers=workers, progress=False)  # fmt: skip
+    assert (summary.documents, summary.empty, summary.parts, summary.dtype) == (
+        40, 4, 4, "uint16")  # fmt: skip
+    store, documents = stored(tmp_path / "s")
+    assert documents == oracle(tokenizer, texts, bos=None)
+    assert store.num_tokens == sum(map(len, documents))
+
+
+def test_the_cli_prints_the_summary_as_one_json_object(tmp_path, tokenizer, capsys):
+    from psdp.tools.cli import main
+
+    (tmp_path / "a.jsonl").write_text('{"text": "one two"}\n{"text": ""}\n[3]\n')
+    corpus.write_jsonl(tmp_path / "b.jsonl", ["three"])
+    code = main(["prepare", str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl"), "--output",
+                 str(tmp_path / "s"), "--tokenizer", str(tokenizer), "--eos", "<|eos|>",
+                 "--workers", "1", "--skip-bad", "--json"])  # fmt: skip
+    captured = capsys.readouterr()
+    assert code == 0 and captured.err == ""  # no progress bar either
+    summary = json.loads(captured.out)
+    seconds = summary.pop("seconds")
+    documents = oracle(tokenizer, ["one two", "three"], bos=None)
+    assert summary == {
+        "output": str(tmp_path / "s"),
+        "documents": 2,
+        "tokens": sum(map(len, documents)),
+        "dtype": "uint16",
+        "parts": 2,
+        "empty": 1,
+        "skipped": {"a JSON list, not an object": 1},
+        "examples": [{"where": f"{tmp_path / 'a.jsonl'}, line 3",
+                      "reason": "a JSON list, not an object"}],
+    }  # fmt: skip
+    assert isinstance(seconds, float) and seconds > 0
+    assert stored(tmp_path / "s")[1] == documents

@@ -16,6 +16,7 @@ import time
 import types
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
@@ -49,13 +50,22 @@ class PrepareSummary:
     def __str__(self) -> str:
         lines = [
             f"prepared {self.output}: {self.documents:,} documents, {self.tokens:,} tokens "
-            f"({self.dtype}) in {self.parts} parts",
+            f"({self.dtype}) in {self.parts} part{'' if self.parts == 1 else 's'}",
             f"empty records (not stored): {self.empty:,}",
             f"skipped records: {sum(self.skipped.values()):,}",
         ]
         lines += [f"  {count:,} x {reason}" for reason, count in sorted(self.skipped.items())]
         lines += [f"  e.g. {where}: {reason}" for where, reason in self.examples]
         return "\n".join(lines)
+
+    def to_json(self) -> dict[str, Any]:
+        """The summary as JSON values, as ``psdp prepare --json`` prints it."""
+        return {
+            **{name: getattr(self, name) for name in ("output", "documents", "tokens", "dtype",
+                                                      "parts", "empty", "skipped")},
+            "examples": [{"where": where, "reason": reason} for where, reason in self.examples],
+            "seconds": round(self.seconds, 3),
+        }  # fmt: skip
 
 
 #: About how many times a run commits its manifest, whatever its number of parts.
@@ -142,7 +152,15 @@ def prepare(
         "rows_per_part": rows_per_part,
         "tokens_per_shard": tokens_per_shard,
     }
-    out = Output(output)
+    try:
+        out = Output(output)
+    except (FileExistsError, NotADirectoryError) as error:  # mkdir over a file
+        where = Path(os.path.abspath(error.filename))
+        file = next((p for p in (where, *where.parents) if p.is_file()), where)
+        raise FileExistsError(
+            f"the output {str(output)!r} must be a directory, but {file} is a file; name a new "
+            "directory (or a URL) for the store"
+        ) from None
     meta = planned(out.read(), units, key, out.name)
     out.commit(meta)
     out.clean(meta)  # after the commit: the manifest replaced no longer names an old index
@@ -180,11 +198,26 @@ def prepare(
         if uncommitted:  # the parts finished before an error (or the last few) are kept
             out.commit(meta)
     if not meta.get("complete"):
+        _check_records(meta)
         meta = finished(meta)
         out.write_index(meta)
         out.commit(meta)
         out.clean(meta)
     return _summary(out.name, meta, time.perf_counter() - started)
+
+
+def _check_records(meta: dict[str, Any]) -> None:
+    """Raises if no input holds a single record (empty files): no field name is to blame."""
+    parts = [(u, meta["parts"][u["part"]]) for u in meta["units"]]
+    if any(p["num_documents"] or p["empty"] or p["skipped"] for _, p in parts):
+        return
+    files = sorted({u["file"] + (" (0 bytes)" if u["version"] == "0" else "") for u, _ in parts})
+    more = f" and {len(files) - 5} more" if len(files) > 5 else ""
+    raise ValueError(
+        f"the inputs hold no record at all ({', '.join(files[:5])}{more}: empty, or only blank "
+        "lines): nothing to store; name inputs that hold records (an empty file may be a failed "
+        "download or copy)"
+    )
 
 
 def _summary(name: str, meta: dict[str, Any], seconds: float) -> PrepareSummary:

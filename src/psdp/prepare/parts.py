@@ -78,10 +78,18 @@ class Output:
                     "choose a new output, or empty it"
                 )
             return None
-        meta = json.loads(bytes(got.value))
+        try:
+            meta = json.loads(bytes(got.value))
+        except ValueError as error:  # not JSON, or not UTF-8
+            raise ValueError(
+                f"{self.name}/{METADATA_FILE}, the manifest of the store, is not valid JSON "
+                f"({error}); it was damaged outside psdp (prepare replaces it whole): restore it "
+                "from a copy, or prepare into a new output"
+            ) from None
         if not isinstance(meta, dict) or meta.get("format") != PARTS_FORMAT:
+            found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
             raise FileExistsError(
-                f"{self.name} holds another kind of store ({meta.get('format')!r}), not one "
+                f"{self.name} holds another kind of store ({found!r}), not one "
                 "psdp prepare wrote; choose a new output"
             )
         return meta

@@ -8,17 +8,20 @@ kvstore spec dict whose ``path`` names the file or glob, as `write_dataset` take
 row groups or record batches), and is what one task of `prepare` reads. A reader yields a unit's
 records in batches, each record checked: a malformed one raises `BadRecordError` naming the file
 and line (jsonl, from 1) or row (Parquet and Arrow, from 0), or, when skipping, is counted with
-its reason.
+its reason. A file that cannot be read to its end (a truncated or damaged compressed stream,
+Parquet or Arrow file) raises `CorruptFileError`, skipping or not: the records it hides are no
+records that could be counted.
 """
 
 from __future__ import annotations
 
+import codecs
 import fnmatch
 import glob
-import gzip
 import io
 import json
 import os
+import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,16 +30,32 @@ from typing import Any
 from psdp._imports import import_optional
 from psdp.sources.location import describe_kvstore, environment_credentials, list_keys
 
-#: The file kinds a reader reads, by name ending.
-JSONL_ENDINGS = {".jsonl": None, ".jsonl.gz": "gz", ".jsonl.zst": "zst"}
+#: The file kinds a reader reads, by name ending (in any case): jsonl's compression, or the kind.
+JSONL_ENDINGS = {
+    ".jsonl": None, ".jsonl.gz": "gzip", ".jsonl.zst": "zstd",
+    ".ndjson": None, ".ndjson.gz": "gzip", ".ndjson.zst": "zstd",
+}  # fmt: skip
 COLUMNAR_ENDINGS = {".parquet": "parquet", ".arrow": "arrow", ".feather": "arrow"}
 #: Records per batch that a reader yields (and the tokenizer encodes at once).
 BATCH_RECORDS = 1024
+#: Compressed bytes fed to a decompressor at a time (a damaged stream is named to within this).
+CHUNK_BYTES = 1 << 16
 _SKIP_FIX = "pass skip_bad=True (--skip-bad) to skip such records and count them"
+_BROKEN_FIX = (
+    "the file is truncated or damaged: download or write it again (skip_bad skips malformed "
+    "records, never the unread rest of a file)"
+)
+#: The end-of-stream marker that closes an Arrow IPC stream (a continuation, then length 0).
+_ARROW_EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"
 
 
 class BadRecordError(ValueError):
     """A malformed record: names the file, the line or row, and what is wrong with it."""
+
+
+class CorruptFileError(ValueError):
+    """A file that cannot be read to its end (truncated or damaged): names the file and the byte,
+    line or row where it broke. Never skipped, since the records after the break are unknown."""
 
 
 @dataclass(frozen=True)
@@ -178,7 +197,7 @@ def _datasets_export(directory: Path) -> list[Unit]:
     """The Arrow files of a `datasets` ``save_to_disk`` directory, in its own order."""
     state = directory / "state.json"
     if (directory / "dataset_dict.json").is_file():
-        splits = json.loads((directory / "dataset_dict.json").read_text()).get("splits", [])
+        splits = _json_file(directory / "dataset_dict.json", "splits")["splits"]
         raise ValueError(
             f"{directory} is a DatasetDict of splits {splits}; name one split's directory, "
             f"e.g. {directory / (splits[0] if splits else 'train')}"
@@ -188,7 +207,7 @@ def _datasets_export(directory: Path) -> list[Unit]:
             f"the input {directory} is a directory but not a datasets save_to_disk export (it "
             "has no state.json); name its files or a glob, e.g. DIR/*.jsonl"
         )
-    files = [entry["filename"] for entry in json.loads(state.read_text())["_data_files"]]
+    files = [entry["filename"] for entry in _json_file(state, "_data_files")["_data_files"]]
     return [
         Unit(
             str((directory / f).resolve()),
@@ -197,6 +216,22 @@ def _datasets_export(directory: Path) -> list[Unit]:
         )
         for f in files
     ]
+
+
+def _json_file(path: Path, needed: str) -> dict[str, Any]:
+    """The JSON object of a `datasets` export's ``path``, which must hold ``needed``."""
+    try:
+        data = json.loads(path.read_bytes())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        problem = f"is not valid JSON ({error})"
+    else:
+        if isinstance(data, dict) and needed in data:
+            return data
+        problem = f"has no {needed!r} (it holds {str(data)[:80]})"
+    raise CorruptFileError(
+        f"{path} {problem}: the datasets export is damaged; save it again with save_to_disk, or "
+        "name its .arrow files as inputs"
+    )
 
 
 def _remote_files(given: Any) -> list[Unit]:
@@ -238,16 +273,21 @@ def _generation(store: Any, key: bytes) -> Any:
 
 
 def _kind(name: str) -> str:
-    for ending in JSONL_ENDINGS:
-        if name.endswith(ending):
-            return "jsonl"
+    if _jsonl_ending(name) is not None:
+        return "jsonl"
     for ending, kind in COLUMNAR_ENDINGS.items():
-        if name.endswith(ending):
+        if name.lower().endswith(ending):
             return kind
     raise ValueError(
         f"cannot tell the format of {name}: prepare reads {sorted(JSONL_ENDINGS)}, "
         f"{sorted(COLUMNAR_ENDINGS)} and datasets save_to_disk directories; rename the file"
     )
+
+
+def _jsonl_ending(name: str) -> str | None:
+    """The ending of `JSONL_ENDINGS` that ``name`` has in any case (the longest), or ``None``."""
+    found = [e for e in JSONL_ENDINGS if name.lower().endswith(e)]
+    return max(found, key=len) if found else None
 
 
 def _cut(unit: Unit, rows_per_part: int) -> list[Unit]:
@@ -276,61 +316,167 @@ def _group_rows(unit: Unit, raw: Any) -> list[int] | None:
     pa = import_optional("pyarrow", extra="prepare", needed_for="reading Parquet and Arrow")
     if unit.kind == "parquet":
         meta = import_optional("pyarrow.parquet", extra="prepare", needed_for="Parquet")
-        info = meta.ParquetFile(raw).metadata
+        info = _opened(unit, lambda: meta.ParquetFile(raw), pa).metadata
         return [info.row_group(i).num_rows for i in range(info.num_row_groups)]
-    try:
-        reader = pa.ipc.open_file(raw)
-    except pa.ArrowInvalid:
+    reader = _arrow_file(unit, raw, pa)
+    if reader is None:
         return None  # a stream (as `datasets` writes): no footer to find batches by
     return [reader.get_batch(i).num_rows for i in range(reader.num_record_batches)]
+
+
+def _opened(unit: Unit, open_: Any, pa: Any) -> Any:
+    """``open_()``, a reader of the unit's Parquet or Arrow file; one that pyarrow cannot open
+    (a truncated file has no footer) raises `CorruptFileError` naming the file."""
+    try:
+        return open_()
+    except (pa.ArrowException, OSError) as error:
+        kind = "a Parquet file" if unit.kind == "parquet" else "an Arrow IPC file"
+        raise CorruptFileError(f"{unit.name} cannot be opened as {kind} ({error}); {_BROKEN_FIX}"
+                               ) from None  # fmt: skip
+
+
+def _arrow_file(unit: Unit, raw: Any, pa: Any) -> Any:
+    """The Arrow IPC file reader of the unit's file, or ``None`` for an IPC stream (which has
+    no footer); a file that starts as an IPC file but has no footer is truncated."""
+    raw.seek(0)
+    magic = raw.read(6)
+    raw.seek(0)
+    if magic != b"ARROW1":
+        return None
+    return _opened(unit, lambda: pa.ipc.open_file(raw), pa)
 
 
 # ------------------------------------------------------------------------------ records
 def _jsonl_records(unit: Unit, field_name: str) -> Iterator[tuple[str, Any, str | None]]:
     """(where, value, problem) for each non-blank line."""
-    compression = next(c for e, c in JSONL_ENDINGS.items() if unit.path.endswith(e))
+    compression = JSONL_ENDINGS[_jsonl_ending(unit.path) or ".jsonl"]
+    number = 0
     with _open_binary(unit) as raw:
-        stream: Any = raw
-        if compression == "gz":
-            stream = gzip.GzipFile(fileobj=raw)
-        elif compression == "zst":
-            zstd = import_optional("zstandard", extra="prepare", needed_for="reading .jsonl.zst")
-            stream = zstd.ZstdDecompressor().stream_reader(raw)
+        stream = raw if compression is None else _Decompressed(raw, compression)
         # lines split on b"\n" and decoded one at a time: a line that is no UTF-8 is one
         # malformed record (named, skippable), not the end of the file's reading
         with io.BufferedReader(stream) as lines:
-            for number, raw_line in enumerate(lines, start=1):
-                where = f"{unit.name}, line {number}"
-                try:
-                    line = raw_line.decode("utf-8")
-                except UnicodeDecodeError as error:
-                    bad = raw_line[error.start]
-                    yield (
-                        where,
-                        None,
-                        f"not valid UTF-8 (byte {bad:#04x} at byte {error.start + 1})",
-                    )
-                    continue
-                if not line.strip():
-                    continue  # a blank line holds no record
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as error:
-                    yield where, None, f"not valid JSON ({error.msg} at column {error.colno})"
-                    continue
-                if not isinstance(record, dict):
-                    yield where, None, f"a JSON {type(record).__name__}, not an object"
-                elif field_name not in record:
-                    yield where, None, f"no field {field_name!r} (it has {sorted(record)[:5]})"
-                else:
-                    yield where, record[field_name], None
+            try:
+                for number, raw_line in enumerate(lines, start=1):
+                    if number == 1:  # a byte order mark opens the file, not its first record
+                        raw_line = raw_line.removeprefix(codecs.BOM_UTF8)
+                    record = _jsonl_record(f"{unit.name}, line {number}", raw_line, field_name)
+                    if record is not None:
+                        yield record
+            except _Broken as error:
+                raise CorruptFileError(
+                    f"{unit.name}: {error}, in line {number + 1:,} (the {number:,} lines before "
+                    f"it were read); {_BROKEN_FIX}"
+                ) from None
+
+
+def _jsonl_record(
+    where: str, raw_line: bytes, field_name: str
+) -> tuple[str, Any, str | None] | None:
+    """(where, value, problem) of one line; ``None`` for a blank line, which holds no record."""
+    try:
+        line = raw_line.decode("utf-8")
+    except UnicodeDecodeError as error:
+        bad = raw_line[error.start]
+        return where, None, f"not valid UTF-8 (byte {bad:#04x} at byte {error.start + 1})"
+    if not line.strip():
+        return None
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as error:
+        return where, None, f"not valid JSON ({error.msg} at column {error.colno})"
+    if not isinstance(record, dict):
+        return where, None, f"a JSON {type(record).__name__}, not an object"
+    if field_name not in record:
+        return where, None, f"no field {field_name!r} (it has {sorted(record)[:5]})"
+    return where, record[field_name], None
+
+
+class _Broken(Exception):
+    """A compressed stream that cannot be read on: why, and the compressed byte."""
+
+
+class _Decompressed(io.RawIOBase):
+    """The decompressed bytes of a gzip or zstd file, member after member (frame after frame)
+    as ``cat a.gz b.gz`` makes; raises `_Broken` where the compressed data is damaged, and at
+    the file's end if it ends inside a member: a truncated file must not read as a short one
+    (zstandard's stream reader returns what it has and stops)."""
+
+    def __init__(self, raw: Any, compression: str):
+        self.raw, self.compression = raw, compression
+        self.decoder: Any = None  # None: between members
+        self.errors: tuple[type[Exception], ...] = ()  # what the decoder raises on damaged data
+        self.consumed = 0  # compressed bytes read whole into members so far
+        self.left = b""  # compressed bytes read but not yet decoded
+        self.out, self.at = memoryview(b""), 0  # decoded bytes, and how many were returned
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while self.at == len(self.out) and self._decode():
+            pass
+        size = min(len(buffer), len(self.out) - self.at)
+        buffer[:size] = self.out[self.at : self.at + size]
+        self.at += size
+        return size
+
+    def _decode(self) -> bool:
+        """Decodes the next chunk into ``out``; ``False`` at the end of the file."""
+        chunk = self.left or self.raw.read(CHUNK_BYTES)
+        self.left = b""
+        if self.decoder is None and self.compression == "gzip":
+            stripped = chunk.lstrip(b"\0")  # gzip allows zero padding after a member
+            self.consumed += len(chunk) - len(stripped)
+            if chunk and not stripped:
+                return True  # padding only: read on
+            chunk = stripped
+        if not chunk:
+            if self.decoder is not None:
+                unit = "member" if self.compression == "gzip" else "frame"
+                raise _Broken(
+                    f"the {self.compression} data is cut short: the file ends (at byte "
+                    f"{self.consumed:,}) inside a {self.compression} {unit}"
+                )
+            return False
+        if self.decoder is None:
+            self.decoder = self._new_decoder()
+        try:
+            self.out, self.at = memoryview(self.decoder.decompress(chunk)), 0
+        except self.errors as error:
+            raise _Broken(
+                f"the {self.compression} data is damaged within bytes {self.consumed:,}-"
+                f"{self.consumed + len(chunk):,} ({error})"
+            ) from None
+        if self.decoder.eof:  # a member ends: what follows it is the next member
+            self.left = self.decoder.unused_data
+            self.decoder = None
+        self.consumed += len(chunk) - len(self.left)
+        return True
+
+    def _new_decoder(self) -> Any:
+        if self.compression == "gzip":
+            self.errors = (zlib.error,)
+            return zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)  # a gzip header and trailer
+        zstd = import_optional("zstandard", extra="prepare", needed_for="reading .jsonl.zst")
+        self.errors = (zstd.ZstdError,)
+        return zstd.ZstdDecompressor().decompressobj()
 
 
 def _columnar_records(unit: Unit, field_name: str) -> Iterator[tuple[str, Any, str | None]]:
     pa = import_optional("pyarrow", extra="prepare", needed_for="reading Parquet and Arrow")
     with _open_binary(unit) as raw:
         row = unit.row_start
-        for batch in _record_batches(unit, raw, pa):
+        batches = _record_batches(unit, raw, pa)
+        while True:
+            try:
+                batch = next(batches, None)
+            except (pa.ArrowException, OSError, _Broken) as error:
+                raise CorruptFileError(
+                    f"{unit.name}: cannot read on from row {row} ({error}); {_BROKEN_FIX}"
+                ) from None
+            if batch is None:
+                return
             if field_name not in batch.schema.names:
                 raise ValueError(
                     f"{unit.name} has no column {field_name!r} (it has {batch.schema.names}); "
@@ -345,7 +491,7 @@ def _record_batches(unit: Unit, raw: Any, pa: Any) -> Iterator[Any]:
     """The record batches of the unit's rows (row groups or IPC batches as planned by `_cut`)."""
     if unit.kind == "parquet":
         parquet = import_optional("pyarrow.parquet", extra="prepare", needed_for="Parquet")
-        file = parquet.ParquetFile(raw)
+        file = _opened(unit, lambda: parquet.ParquetFile(raw), pa)
         groups, first = [], 0
         for i in range(file.metadata.num_row_groups):
             rows = file.metadata.row_group(i).num_rows
@@ -354,11 +500,12 @@ def _record_batches(unit: Unit, raw: Any, pa: Any) -> Iterator[Any]:
             first += rows
         yield from file.iter_batches(batch_size=BATCH_RECORDS, row_groups=groups)
         return
-    try:
-        reader = pa.ipc.open_file(raw)
-    except pa.ArrowInvalid:
-        raw.seek(0)
+    reader = _arrow_file(unit, raw, pa)
+    if reader is None:
         yield from pa.ipc.open_stream(raw)
+        raw.seek(-len(_ARROW_EOS), os.SEEK_END)
+        if raw.read(len(_ARROW_EOS)) != _ARROW_EOS:  # a stream cut between its batches
+            raise _Broken("the Arrow stream has no end-of-stream marker: it is cut short")
         return
     first = 0
     for i in range(reader.num_record_batches):

@@ -698,6 +698,9 @@ def _add_prepare(subparsers: Subparsers) -> None:
     )
     parser.add_argument("--rows-per-part", type=int, help="Parquet/Arrow rows per part")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--json", action="store_true", help="print the summary as one JSON object (no bar)"
+    )
     parser.set_defaults(run=_run_prepare)
 
 
@@ -721,11 +724,11 @@ def _run_prepare(args: argparse.Namespace) -> int:
             ray_address=args.ray_address,
             skip_bad=args.skip_bad,
             rows_per_part=args.rows_per_part or ROWS_PER_PART,
-            progress=not args.no_progress,
+            progress=not (args.no_progress or args.json),
         )
     except (OSError, TypeError, ImportError) as error:  # a missing input or extra: one line
         raise UsageError(str(error), "psdp prepare") from error
-    print(summary)
+    print(json.dumps(summary.to_json(), indent=2) if args.json else summary)
     return 0
 
 
