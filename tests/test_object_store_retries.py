@@ -17,10 +17,16 @@ from psdp._plan.leaves import leaves_of
 from psdp._plan.loader_plan import LoaderPlan
 from psdp._plan.options import LoaderOptions
 from psdp._runtime.feeds import open_feed
-from psdp._runtime.step_reader import MAX_BACKOFF_S, StepReader, backoff_s
+from psdp._runtime.step_reader import StepReader
 from psdp._runtime.telemetry import LoaderStats, Telemetry
 from psdp.sources import ArraySource
-from psdp.sources.errors import TransientReadError, is_transient, is_transient_status
+from psdp.sources.errors import (
+    MAX_BACKOFF_S,
+    TransientReadError,
+    backoff_s,
+    is_transient,
+    is_transient_status,
+)
 
 
 class Flaky(ArraySource):
