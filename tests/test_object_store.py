@@ -475,6 +475,75 @@ def test_a_store_error_is_retried_by_its_status_not_by_a_word_in_its_path(server
     assert not any("(try" in note for note in caught.value.__notes__)
 
 
+@pytest.fixture
+def fast_write_retries(monkeypatch):
+    """psdp's pause before a write's next try, 10 ms (0.5 s by default, as for reads)."""
+    from psdp.sources import errors
+
+    monkeypatch.setattr(errors, "WRITE_BACKOFF_S", 0.01)
+
+
+def _objects_below(server, path):
+    return sorted(
+        k.decode() for k in server.objects().list().result() if k.startswith(path.encode())
+    )
+
+
+@pytest.mark.parametrize("kind", WRITERS)
+def test_a_write_whose_replies_are_cut_mid_way_is_retried_and_exact(
+    server, proxy, kind, fast_write_retries
+):
+    """The first try of every PUT (shards, zarr.json, the psdp.json commit) takes effect at the
+    server, but its reply is cut mid-way (curl's "Weird server reply", which TensorStore does not
+    retry): psdp tries each again, so both writers complete, exact, and each object was cut
+    exactly once (a request's tries are counted by key at the proxy)."""
+    write, check = WRITERS[kind]
+    path = f"cut-{kind}/"
+    proxy.fail("cut", tries=1, method="PUT")
+    write(spec(server, path, proxy), seed=70)
+    check(spec(server, path), seed=70)
+    objects = _objects_below(server, path)
+    assert proxy.faults["cut"] == len(objects) and proxy.faults.keys() == {"cut"}
+    meta = json.loads(bytes(server.objects()[f"{path}psdp.json".encode()]))
+    assert _prefixes(server, path) == {"psdp.json", meta["data_prefix"].rstrip("/")}
+
+
+@pytest.mark.parametrize("kind", WRITERS)
+def test_a_write_outliving_the_stores_retries_is_retried_by_psdp(
+    server, proxy, kind, fast_write_retries
+):
+    """Every metadata PUT (each leaf's zarr.json, psdp.json) answers 503 SlowDown until
+    TensorStore's own retries are spent (ABORTED), and every shard PUT's reply is cut: psdp
+    retries both, as it retries a read, and the store is exact."""
+    write, check = WRITERS[kind]
+    path = f"outlive-{kind}/"
+    tries = 1 + FAST_RETRIES["max_retries"]
+    proxy.fail("503", tries=tries, where=".json", method="PUT")
+    proxy.fail("cut", tries=1, where="/c/", method="PUT")
+    write(spec(server, path, proxy), seed=71)
+    check(spec(server, path), seed=71)
+    objects = _objects_below(server, path)
+    shards = [k for k in objects if "/c/" in k]
+    assert proxy.faults["cut"] == len(shards) > 0
+    assert proxy.faults["503"] == tries * (len(objects) - len(shards))
+
+
+def test_a_read_whose_reply_is_cut_mid_way_is_retried(server, proxy, mesh_1d):
+    """A reply cut mid-way is transient for a read too: the loader tries again and reads the
+    rows exactly."""
+    data = rows(32, seed=72)
+    write_dataset(spec(server, "cut-read/"), data, rows_per_shard=8, progress=False)
+    source = CountingReads(spec(server, "cut-read/", proxy))
+    with DataLoader(source, mesh=mesh_1d, global_batch_size=8, shuffle=False, read_attempts=2,
+                    retry_backoff_s=None) as loader:  # fmt: skip
+        proxy.fail("cut", tries=1, where="/tokens/c/1/", method="GET")  # rows 8-15
+        source.calls = 0
+        np.testing.assert_array_equal(
+            np.asarray(loader.batch_at(1)["tokens"]), data["tokens"][8:16]
+        )
+    assert proxy.faults["cut"] == 1 and source.calls == 2  # the shard is one GET, cut once
+
+
 # -------------------------------------------------------------------------------- the pod
 def pod_reads_remote(spec, expected_npz, process_index, axis_names, mesh_shape, steps):
     """Runs in every pod process: the loader over the remote dataset, every shard checked."""
