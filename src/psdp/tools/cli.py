@@ -770,7 +770,7 @@ def _name(where: Any) -> str:
     """A path, URL or kvstore spec as one name, for what the CLI prints."""
     from psdp.sources.location import locate
 
-    return locate(where).name if isinstance(where, dict) else str(where)
+    return locate(where).name
 
 
 SUBCOMMANDS: list[Callable[[Subparsers], None]] = [
