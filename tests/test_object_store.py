@@ -714,3 +714,23 @@ def test_the_loaders_block_shuffle_cuts_requests_and_resumes_exactly(server, pro
             assert_batch_exact(restored.batch_at(5), expected_batch(data, 5, **settings))
     # a step of 32 rows: ~32 GETs of 1-row chunks against 2-3 blocks (+ shard indexes)
     assert sum(gets["lrows/"]) >= 3 * sum(gets["lblocks/"]), gets
+
+
+# ------------------------------------------------------------------------------ the endpoint
+def test_an_s3_url_takes_its_endpoint_from_the_environment(server, monkeypatch):
+    """A plain ``s3://`` URL reaches moto through AWS_ENDPOINT_URL (AWS_ENDPOINT_URL_S3 first,
+    when both are set), for a dataset and a document store alike, as a DataConfig's store does."""
+    from psdp.tools.benchmarks.object_store import free_port
+
+    data = rows(20, seed=80)
+    docs = [np.arange(3 + d, dtype=np.int32) for d in range(4)]
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")  # a closed port
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", server.endpoint)  # wins
+    write_dataset("s3://psdp/env-rows/", data, rows_per_shard=8, progress=False)
+    write_documents("s3://psdp/env-docs/", docs, progress=False)
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", server.endpoint)
+    got = TensorStoreSource("s3://psdp/env-rows/").read(np.arange(20))
+    np.testing.assert_array_equal(got["tokens"], data["tokens"])
+    store = open_documents("s3://psdp/env-docs/")
+    assert store.read_ranges([0], [18])["input_ids"].tolist() == np.concatenate(docs).tolist()
