@@ -332,7 +332,8 @@ def test_an_s3_open_logs_nothing_and_real_errors_still_raise(server, tmp_path):
     """TensorStore's AWS layer logs an ERROR line for every ~/.aws file it does not find, on
     every S3 open, unless the spec says where credentials come from: with AWS_ACCESS_KEY_ID set,
     psdp names the environment, so a write, opens (of the dataset, and of one array by its
-    spec) and reads log nothing (HOME has no .aws here). A refused connection and a missing bucket still raise with the store's message."""
+    spec) and reads log nothing (HOME has no .aws here). A refused connection and a missing bucket
+    still raise with the store's message."""
     from psdp.tools.benchmarks.object_store import free_port
 
     where = spec(server, "quiet/", retries={"max_retries": 1, "initial_delay": "1ms"})
@@ -349,7 +350,7 @@ def test_an_s3_open_logs_nothing_and_real_errors_still_raise(server, tmp_path):
     assert noise == [], done.stderr
     out = dict(line.split(" ", 1) for line in done.stdout.splitlines())
     assert out["refused"].startswith(
-        f"ValueError cannot read s3://psdp/quiet/ (endpoint {refused})"
+        f"ValueError cannot reach s3://psdp/quiet/ (endpoint {refused})"
     )
     assert "Could not connect to server" in out["refused"]
     # worded by TensorStore: "NOT_FOUND: NoSuchBucket ..." (0.1.86), "Malformed List ..." (0.1.68)
