@@ -27,7 +27,7 @@ TRANSIENT_STATUS = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED", "A
 #: curl's transport failures that TensorStore reports as UNKNOWN (its own retries skip them):
 #: 8, "Weird server reply", a reply cut off or garbled mid-way (a dropped connection).
 TRANSIENT_CURL_CODES = ("8",)
-_CURL_CODE = re.compile(r"^UNKNOWN: .*\[curl_code='(\d+)'\]", re.S)
+_CURL_CODE = re.compile(r"^UNKNOWN: .*CURL error .*?\[curl_code='(\d+)'\]", re.S)
 #: The longest pause between two tries of a read or write, however many tries came before.
 MAX_BACKOFF_S = 60.0
 #: Tries of each request of a write (the first included), and the pause after the first failed
@@ -54,7 +54,8 @@ def is_transient(error: BaseException) -> bool:
 
 def is_transient_status(message: str) -> bool:
     """Whether a TensorStore error message has a status code that may pass on a retry: the code
-    at the start of the message only, never a word later on (a path may hold one).
+    at the start of the message only, never a word later on (a path may hold one); or is an
+    ``UNKNOWN`` that TensorStore gave one of curl's transport failures (`TRANSIENT_CURL_CODES`).
 
     Example:
         >>> is_transient_status("ABORTED: All 32 retry attempts failed: SlowDown")

@@ -256,8 +256,8 @@ def check_reach(spec: Mapping[str, Any], name: str, context: ts.Context | None =
         raise ValueError(
             f"cannot reach {name}{endpoint}: {error} (gave up after "
             f"{time.monotonic() - started:.1f} s). Check that the endpoint is up and reachable "
-            "from here, or name another: a kvstore spec's \"endpoint\", psdp's --endpoint URL, "
-            f"or the environment ({' or '.join(ENDPOINT_VARIABLES)})"
+            "from here, or name another: a kvstore spec's \"endpoint\", the psdp command's "
+            f"--endpoint URL, or the environment ({' or '.join(ENDPOINT_VARIABLES)})"
         ) from None
 
 
