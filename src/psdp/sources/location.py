@@ -203,6 +203,8 @@ def describe_kvstore(spec: Mapping[str, Any]) -> str:
         >>> describe_kvstore({"driver": "s3", "bucket": "b", "path": "x/",
         ...                   "endpoint": "http://127.0.0.1:9000"})
         's3://b/x/ (endpoint http://127.0.0.1:9000)'
+        >>> describe_kvstore({"driver": "s3", "bucket": "b", "endpoint": "https://me:pw@minio:9000"})
+        's3://b/ (endpoint https://me:***@minio:9000)'
     """
     bucket = spec.get("bucket")
     name = f"{spec.get('driver')}://{bucket + '/' if bucket else ''}{spec.get('path', '')}"
