@@ -268,8 +268,8 @@ MUTANTS = [
     Mutant("C3", "_integration/consistency.py", 'entry = x % n if halo.boundary == "periodic" else x + reach',
            'entry = np.clip(x, 0, n - 1) if halo.boundary == "periodic" else x + reach',
            "check_consistency expects a periodic halo clamped, not wrapped"),
-    Mutant("E1", "sources/errors.py", 'return message.split(":", 1)[0].strip() in TRANSIENT_STATUS',
-           "return any(code in message for code in TRANSIENT_STATUS)",
+    Mutant("E1", "sources/errors.py", 'if message.split(":", 1)[0].strip() in TRANSIENT_STATUS:',
+           "if any(code in message for code in TRANSIENT_STATUS):",
            "a status word anywhere in an error message (a path) read as transient"),
     # ------------- the runtime split out of the loader (issue #14): step reader, feeds, plan
     Mutant("S1", "_runtime/step_reader.py", "buffer = buffer.copy()", "buffer = buffer",
@@ -538,6 +538,21 @@ MUTANTS = [
            "an Arrow stream cut between batches read as a short one"),
     Mutant("QI7", "prepare/readers.py", "raw_line = raw_line.removeprefix(codecs.BOM_UTF8)",
            "pass", "a UTF-8 BOM makes a jsonl file's first record malformed"),
+    # ------------- object stores: endpoints, reach, write retries (issue 35, items 11, 16)
+    Mutant("QR1", "sources/errors.py", 'TRANSIENT_CURL_CODES = ("8",)', "TRANSIENT_CURL_CODES = ()",
+           "a reply cut mid-way (curl 8) read as permanent"),
+    Mutant("QR2", "sources/writer.py", "        return retried_write(attempt, what)",
+           "        return attempt()", "a write's block not retried"),
+    Mutant("QR3", "sources/writer.py", "open=tries > 1,", "open=False,",
+           "a leaf created again after a lost answer refused as existing"),
+    Mutant("QR4", "sources/location.py", "    for variable in ENDPOINT_VARIABLES:",
+           "    for variable in ENDPOINT_VARIABLES[1:]:", "AWS_ENDPOINT_URL_S3 ignored"),
+    Mutant("QR5", "sources/location.py", "probe = spec if resource in spec else {**spec, resource: REACH_RETRIES}",
+           "probe = spec", "the first request gets TensorStore's minutes of retries"),
+    Mutant("QR6", "sources/location.py", 'return where if "endpoint" in where else {**where, "endpoint": endpoint}',
+           "return where", "--endpoint ignored"),
+    Mutant("QR7", "sources/document_writer.py", "len(rows), len(rows), codecs,", "1 << 16, 1 << 16, codecs,",
+           "a 1 MiB index chunk for any store"),
 ]  # fmt: skip
 
 #: Single-process tests run against every mutant (the planner, reads, assembly and order).

@@ -56,6 +56,8 @@ from psdp.prepare.ray_engine import RayEngine
 from psdp.prepare.readers import BadRecordError, CorruptFileError
 from psdp.sources import open_levanter_cache
 from psdp.sources.document_writer import write_documents
+from psdp.sources.location import environment_endpoint
+from psdp.tools.benchmarks.object_store import free_port
 from psdp.tools.pod import run_pod
 from psdp.tools.simulate import Simulation, check_simulation
 from tests import chat_tokenizer, scale_corpus, token_oracle
@@ -66,6 +68,7 @@ from tests.meshes import mesh_of
 B = 8  # global batch: one row per data shard pair on data=4 x model=2
 TOKENS = token_table(64, width=8)  # row r is [r*1000, r*1000 + 1, ...]
 HANG_GUARD_S = 120  # not a timing threshold: only turns a hang into a failure
+_CLOSED_PORT = free_port()  # nothing listens there
 
 
 def _mesh(names=("data", "model")) -> Mesh:
@@ -2706,6 +2709,29 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
         lambda _: RayEngine(address="127.0.0.1:6379", num_cpus=4),
         ValueError,
         ["address='127.0.0.1:6379'", "num_cpus=4 given", "pass address to use a running cluster"],
+    ),
+    (
+        "an S3 endpoint in the environment without its scheme",
+        lambda _: environment_endpoint({"driver": "s3"}, {"AWS_ENDPOINT_URL": "127.0.0.1:9000"}),
+        ValueError,
+        ["AWS_ENDPOINT_URL='127.0.0.1:9000' is not an S3 endpoint URL", "http://127.0.0.1:9000"],
+    ),
+    (
+        "an S3 endpoint that does not answer (a closed port)",
+        lambda _: TensorStoreSource(
+            {
+                "driver": "s3",
+                "bucket": "psdp",
+                "path": "x/",
+                "aws_credentials": {"type": "anonymous"},
+                "endpoint": f"http://127.0.0.1:{_CLOSED_PORT}",
+            }
+        ),
+        ValueError,
+        [
+            f"cannot reach s3://psdp/x/ (endpoint http://127.0.0.1:{_CLOSED_PORT})",
+            "AWS_ENDPOINT_URL",
+        ],
     ),
 ]
 

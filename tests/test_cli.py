@@ -693,3 +693,132 @@ def test_write_token_documents_errors(capsys, tmp_path, monkeypatch, files, argv
         return
     assert code == 2 and err.count("\n") == 1 and message in err, err
     assert not (tmp_path / "out").exists()
+
+
+# ------------------------------------------------------------------------------ object stores
+#: A secret that must never reach the CLI's output (moto takes any value).
+SECRET = "psdp-secret-never-printed"
+
+
+def _psdp(*argv: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess:
+    """``python -m psdp ARGV`` in a child, with ``env`` on top of this process's environment
+    and no AWS endpoint unless ``env`` names one."""
+    import os
+
+    base = {k: v for k, v in os.environ.items() if not k.startswith("AWS_ENDPOINT_URL")}
+    return subprocess.run(
+        [sys.executable, "-m", "psdp", *argv],
+        env={**base, "AWS_SECRET_ACCESS_KEY": SECRET, **env},
+        capture_output=True,
+        text=True,
+        timeout=timeout,  # not a timing threshold: the endpoint ignored meant minutes of retries
+    )
+
+
+@pytest.fixture(scope="module")
+def s3_tokenizer(tmp_path_factory):
+    from tests import prepare_corpus as corpus
+
+    return corpus.train_tokenizer(tmp_path_factory.mktemp("tok") / "tokenizer.json")
+
+
+@pytest.fixture(scope="module")
+def s3_server():
+    from psdp.tools.benchmarks.object_store import S3Server
+
+    with S3Server() as server:
+        yield server
+
+
+@pytest.mark.parametrize("how", ["environment", "flag"])
+def test_prepare_reads_and_writes_s3_urls_at_the_endpoint_given(
+    s3_server, s3_tokenizer, tmp_path, how
+):
+    """``psdp prepare s3://.../*.jsonl --output s3://...`` against moto on 127.0.0.1, its endpoint
+    from AWS_ENDPOINT_URL or from --endpoint (which wins over a wrong AWS_ENDPOINT_URL_S3): the
+    store holds the tokenizer's ids of every text, and no credential is printed."""
+    from tokenizers import Tokenizer
+
+    from psdp import DocumentStore
+    from tests import prepare_corpus as corpus
+
+    texts = corpus.texts(40, seed=31)
+    tokenizer = s3_tokenizer
+    objects = s3_server.objects()
+    for i in range(2):
+        local = corpus.write_jsonl(tmp_path / f"s{i}.jsonl", texts[i * 20 : (i + 1) * 20])
+        objects.write(f"raw-{how}/s{i}.jsonl", local.read_bytes()).result()
+    if how == "flag":
+        from psdp.tools.benchmarks.object_store import free_port
+
+        given = ["--endpoint", s3_server.endpoint]
+        env = {"AWS_ENDPOINT_URL_S3": f"http://127.0.0.1:{free_port()}"}  # the flag wins
+    else:
+        given, env = [], {"AWS_ENDPOINT_URL": s3_server.endpoint}
+    done = _psdp("prepare", f"s3://psdp/raw-{how}/*.jsonl", "--output", f"s3://psdp/tok-{how}/",
+                 "--tokenizer", str(tokenizer), "--eos", "<|eos|>", "--workers", "1",
+                 "--no-progress", *given, env=env)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "40 documents" in done.stdout and SECRET not in done.stdout + done.stderr
+    tok = Tokenizer.from_file(str(tokenizer))
+    eos = tok.token_to_id("<|eos|>")
+    want = [i for text in texts for i in [*tok.encode(text, add_special_tokens=False).ids, eos]]
+    store = DocumentStore.open(s3_server.kvstore(f"tok-{how}/"))
+    assert store.read_ranges([0], [store.num_tokens])["input_ids"].tolist() == want
+
+
+@pytest.mark.parametrize("how", ["environment", "flag"])
+def test_write_reads_and_writes_s3_urls_at_the_endpoint_given(s3_server, tmp_path, how):
+    """``psdp write`` of a .npy to an s3:// URL, then of that dataset back to a directory."""
+    from psdp.sources import TensorStoreSource
+
+    table = np.arange(40 * 3, dtype=np.int32).reshape(40, 3)
+    np.save(tmp_path / "table.npy", table)
+    if how == "flag":
+        given, env = ["--endpoint", s3_server.endpoint], {}
+    else:
+        given, env = [], {"AWS_ENDPOINT_URL_S3": s3_server.endpoint}
+    url = f"s3://psdp/table-{how}/"
+    up = _psdp("write", str(tmp_path / "table.npy"), url, "--rows-per-shard", "16", *given, env=env)
+    assert up.returncode == 0, up.stderr
+    assert f"wrote 40 rows to {url} (endpoint {s3_server.endpoint})" in up.stdout
+    down = _psdp("write", url, str(tmp_path / "back"), *given, env=env)
+    assert down.returncode == 0, down.stderr
+    assert SECRET not in up.stdout + up.stderr + down.stdout + down.stderr
+    np.testing.assert_array_equal(TensorStoreSource(tmp_path / "back").read(np.arange(40)), table)
+
+
+@pytest.mark.parametrize("how", ["environment", "flag"])
+def test_an_unreachable_endpoint_fails_soon_naming_it(tmp_path, s3_tokenizer, how):
+    """A closed port on 127.0.0.1: each command exits 2 with one line naming the store and the
+    endpoint, after a few tries, not TensorStore's many minutes of them."""
+    from psdp.tools.benchmarks.object_store import free_port
+
+    endpoint = f"http://127.0.0.1:{free_port()}"
+    if how == "flag":
+        given, env = ["--endpoint", endpoint], {}
+    else:
+        given, env = [], {"AWS_ENDPOINT_URL": endpoint}
+    np.save(tmp_path / "table.npy", np.zeros((4, 2), np.int32))
+    commands = {
+        "s3://psdp/gone/": ["write", "s3://psdp/gone/", str(tmp_path / "out")],
+        "s3://psdp/new/": ["write", str(tmp_path / "table.npy"), "s3://psdp/new/"],
+        "s3://psdp/raw/": ["prepare", "s3://psdp/raw/*.jsonl", "--output", str(tmp_path / "s"),
+                           "--tokenizer", str(s3_tokenizer)],
+    }  # fmt: skip
+    for name, argv in commands.items():
+        done = _psdp(*argv, *given, env={"AWS_ACCESS_KEY_ID": "psdp-test", **env}, timeout=60)
+        assert done.returncode == 2, done.stderr
+        line = done.stderr.strip().splitlines()[-1]
+        assert line.startswith(f"psdp {argv[0]}: error: "), line
+        assert f"cannot reach {name} (endpoint {endpoint})" in line, line
+        assert SECRET not in done.stdout + done.stderr
+
+
+def test_a_malformed_endpoint_is_a_usage_error(capsys, tmp_path):
+    np.save(tmp_path / "table.npy", np.zeros((4, 2), np.int32))
+    code, _, err = run_cli(capsys, "write", str(tmp_path / "table.npy"), "s3://psdp/x/",
+                           "--endpoint", "127.0.0.1:9000")  # fmt: skip
+    assert code == 2
+    assert "--endpoint='127.0.0.1:9000' is not an S3 endpoint URL" in err
+    assert "http://127.0.0.1:9000" in err

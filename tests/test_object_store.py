@@ -332,7 +332,8 @@ def test_an_s3_open_logs_nothing_and_real_errors_still_raise(server, tmp_path):
     """TensorStore's AWS layer logs an ERROR line for every ~/.aws file it does not find, on
     every S3 open, unless the spec says where credentials come from: with AWS_ACCESS_KEY_ID set,
     psdp names the environment, so a write, opens (of the dataset, and of one array by its
-    spec) and reads log nothing (HOME has no .aws here). A refused connection and a missing bucket still raise with the store's message."""
+    spec) and reads log nothing (HOME has no .aws here). A refused connection and a missing bucket
+    still raise with the store's message."""
     from psdp.tools.benchmarks.object_store import free_port
 
     where = spec(server, "quiet/", retries={"max_retries": 1, "initial_delay": "1ms"})
@@ -349,7 +350,7 @@ def test_an_s3_open_logs_nothing_and_real_errors_still_raise(server, tmp_path):
     assert noise == [], done.stderr
     out = dict(line.split(" ", 1) for line in done.stdout.splitlines())
     assert out["refused"].startswith(
-        f"ValueError cannot read s3://psdp/quiet/ (endpoint {refused})"
+        f"ValueError cannot reach s3://psdp/quiet/ (endpoint {refused})"
     )
     assert "Could not connect to server" in out["refused"]
     # worded by TensorStore: "NOT_FOUND: NoSuchBucket ..." (0.1.86), "Malformed List ..." (0.1.68)
@@ -473,6 +474,75 @@ def test_a_store_error_is_retried_by_its_status_not_by_a_word_in_its_path(server
             loader.batch_at(1)
         assert source.calls == 1
     assert not any("(try" in note for note in caught.value.__notes__)
+
+
+@pytest.fixture
+def fast_write_retries(monkeypatch):
+    """psdp's pause before a write's next try, 10 ms (0.5 s by default, as for reads)."""
+    from psdp.sources import errors
+
+    monkeypatch.setattr(errors, "WRITE_BACKOFF_S", 0.01)
+
+
+def _objects_below(server, path):
+    return sorted(
+        k.decode() for k in server.objects().list().result() if k.startswith(path.encode())
+    )
+
+
+@pytest.mark.parametrize("kind", WRITERS)
+def test_a_write_whose_replies_are_cut_mid_way_is_retried_and_exact(
+    server, proxy, kind, fast_write_retries
+):
+    """The first try of every PUT (shards, zarr.json, the psdp.json commit) takes effect at the
+    server, but its reply is cut mid-way (curl's "Weird server reply", which TensorStore does not
+    retry): psdp tries each again, so both writers complete, exact, and each object was cut
+    exactly once (a request's tries are counted by key at the proxy)."""
+    write, check = WRITERS[kind]
+    path = f"cut-{kind}/"
+    proxy.fail("cut", tries=1, method="PUT")
+    write(spec(server, path, proxy), seed=70)
+    check(spec(server, path), seed=70)
+    objects = _objects_below(server, path)
+    assert proxy.faults["cut"] == len(objects) and proxy.faults.keys() == {"cut"}
+    meta = json.loads(bytes(server.objects()[f"{path}psdp.json".encode()]))
+    assert _prefixes(server, path) == {"psdp.json", meta["data_prefix"].rstrip("/")}
+
+
+@pytest.mark.parametrize("kind", WRITERS)
+def test_a_write_outliving_the_stores_retries_is_retried_by_psdp(
+    server, proxy, kind, fast_write_retries
+):
+    """Every metadata PUT (each leaf's zarr.json, psdp.json) answers 503 SlowDown until
+    TensorStore's own retries are spent (ABORTED), and every shard PUT's reply is cut: psdp
+    retries both, as it retries a read, and the store is exact."""
+    write, check = WRITERS[kind]
+    path = f"outlive-{kind}/"
+    tries = 1 + FAST_RETRIES["max_retries"]
+    proxy.fail("503", tries=tries, where=".json", method="PUT")
+    proxy.fail("cut", tries=1, where="/c/", method="PUT")
+    write(spec(server, path, proxy), seed=71)
+    check(spec(server, path), seed=71)
+    objects = _objects_below(server, path)
+    shards = [k for k in objects if "/c/" in k]
+    assert proxy.faults["cut"] == len(shards) > 0
+    assert proxy.faults["503"] == tries * (len(objects) - len(shards))
+
+
+def test_a_read_whose_reply_is_cut_mid_way_is_retried(server, proxy, mesh_1d):
+    """A reply cut mid-way is transient for a read too: the loader tries again and reads the
+    rows exactly."""
+    data = rows(32, seed=72)
+    write_dataset(spec(server, "cut-read/"), data, rows_per_shard=8, progress=False)
+    source = CountingReads(spec(server, "cut-read/", proxy))
+    with DataLoader(source, mesh=mesh_1d, global_batch_size=8, shuffle=False, read_attempts=2,
+                    retry_backoff_s=None) as loader:  # fmt: skip
+        proxy.fail("cut", tries=1, where="/tokens/c/1/", method="GET")  # rows 8-15
+        source.calls = 0
+        np.testing.assert_array_equal(
+            np.asarray(loader.batch_at(1)["tokens"]), data["tokens"][8:16]
+        )
+    assert proxy.faults["cut"] == 1 and source.calls == 2  # the shard is one GET, cut once
 
 
 # -------------------------------------------------------------------------------- the pod
@@ -645,3 +715,23 @@ def test_the_loaders_block_shuffle_cuts_requests_and_resumes_exactly(server, pro
             assert_batch_exact(restored.batch_at(5), expected_batch(data, 5, **settings))
     # a step of 32 rows: ~32 GETs of 1-row chunks against 2-3 blocks (+ shard indexes)
     assert sum(gets["lrows/"]) >= 3 * sum(gets["lblocks/"]), gets
+
+
+# ------------------------------------------------------------------------------ the endpoint
+def test_an_s3_url_takes_its_endpoint_from_the_environment(server, monkeypatch):
+    """A plain ``s3://`` URL reaches moto through AWS_ENDPOINT_URL (AWS_ENDPOINT_URL_S3 first,
+    when both are set), for a dataset and a document store alike, as a DataConfig's store does."""
+    from psdp.tools.benchmarks.object_store import free_port
+
+    data = rows(20, seed=80)
+    docs = [np.arange(3 + d, dtype=np.int32) for d in range(4)]
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")  # a closed port
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", server.endpoint)  # wins
+    write_dataset("s3://psdp/env-rows/", data, rows_per_shard=8, progress=False)
+    write_documents("s3://psdp/env-docs/", docs, progress=False)
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", server.endpoint)
+    got = TensorStoreSource("s3://psdp/env-rows/").read(np.arange(20))
+    np.testing.assert_array_equal(got["tokens"], data["tokens"])
+    store = open_documents("s3://psdp/env-docs/")
+    assert store.read_ranges([0], [18])["input_ids"].tolist() == np.concatenate(docs).tolist()

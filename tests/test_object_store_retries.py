@@ -17,10 +17,16 @@ from psdp._plan.leaves import leaves_of
 from psdp._plan.loader_plan import LoaderPlan
 from psdp._plan.options import LoaderOptions
 from psdp._runtime.feeds import open_feed
-from psdp._runtime.step_reader import MAX_BACKOFF_S, StepReader, backoff_s
+from psdp._runtime.step_reader import StepReader
 from psdp._runtime.telemetry import LoaderStats, Telemetry
 from psdp.sources import ArraySource
-from psdp.sources.errors import TransientReadError, is_transient, is_transient_status
+from psdp.sources.errors import (
+    MAX_BACKOFF_S,
+    TransientReadError,
+    backoff_s,
+    is_transient,
+    is_transient_status,
+)
 
 
 class Flaky(ArraySource):
@@ -135,6 +141,16 @@ def test_which_errors_are_transient(error, transient):
         ("Error reading: DEADLINE_EXCEEDED", False),
         ("DATA_LOSS: Checksum mismatch", False),
         ("PERMISSION_DENIED: 403", False),
+        # a reply cut or garbled mid-way: curl 8, which TensorStore calls UNKNOWN, is transient
+        ("UNKNOWN: CURL error Weird server reply: Invalid status line [curl_code='8']", True),
+        (
+            "UNKNOWN: Error writing \"ds/c/0\": CURL error Weird server reply [curl_code='8'] "
+            "[tensorstore_spec='{}']",
+            True,
+        ),  # fmt: skip
+        ("UNKNOWN: CURL error URL using bad/illegal format [curl_code='3']", False),
+        ("NOT_FOUND: \"ds/[curl_code='8']/c/0\" is missing", False),
+        ("UNKNOWN: cannot decode \"ds/[curl_code='8']/c/0\"", False),  # no curl error: a path
     ],
 )
 def test_which_tensorstore_errors_are_transient(message, transient):

@@ -240,3 +240,37 @@ def test_a_file_kvstore_write_that_lost_a_race_keeps_the_winner(tmp_path):
         str(f.relative_to(tmp_path / "kv")) for f in (tmp_path / "kv").rglob("*") if f.is_file()
     ]
     assert all(f == "psdp.json" or f.startswith(prefix) for f in files), files  # the loser's: gone
+
+
+def test_a_small_document_store_writes_files_sized_to_their_content(tmp_path):
+    """50 documents: the document index holds 2 rows (blocks 0 and the end) and the offsets 51
+    entries, each file one chunk of exactly those int64s (+ a 4-byte crc32c) and its shard index
+    (one 16-byte entry + a crc32c), not a 1 MiB chunk of 65,536 marks; and an index written in
+    the old layout (chunks of 65,536 rows) opens the same."""
+    import tensorstore as ts
+
+    from psdp.sources import DocumentStore
+    from psdp.sources.document_writer import write_documents
+
+    docs = [np.arange(1 + i % 7, dtype=np.uint16) for i in range(50)]
+    path = write_documents(tmp_path / "docs", docs, progress=False)
+    assert (path / "index" / "c" / "0" / "0").stat().st_size == 2 * 2 * 8 + 4 + 16 + 4
+    assert (path / "offsets" / "c" / "0").stat().st_size == 51 * 8 + 4 + 16 + 4
+    store = DocumentStore.open(path)
+    lengths = np.array([len(d) for d in docs])
+    assert store.offsets_range(0, 51).tolist() == [0, *np.cumsum(lengths).tolist()]
+    new_index = (store.index.marks.tolist(), store.index.nonempty.tolist())
+    assert new_index == ([0, int(lengths.sum())], [0, 50])  # the tokens and documents before
+    old = ts.open({"driver": "zarr3", "kvstore": {"driver": "file", "path": f"{path}/index/"}},
+                  open=True).result()  # fmt: skip
+    rows = old.read().result()
+    meta = old.spec().to_json()["metadata"]
+    meta["chunk_grid"]["configuration"]["chunk_shape"] = [1 << 16, 2]
+    meta["codecs"][0]["configuration"]["chunk_shape"] = [1 << 16, 2]
+    spec = {"driver": "zarr3", "kvstore": {"driver": "file", "path": f"{path}/index/"},
+            "metadata": meta, "store_data_equal_to_fill_value": True}  # fmt: skip
+    rewritten = ts.open(spec, create=True, delete_existing=True).result()
+    rewritten.write(rows).result()
+    assert (path / "index" / "c" / "0" / "0").stat().st_size == (1 << 16) * 16 + 4 + 16 + 4
+    again = DocumentStore.open(path)
+    assert (again.index.marks.tolist(), again.index.nonempty.tolist()) == new_index

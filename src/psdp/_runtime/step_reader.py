@@ -21,12 +21,9 @@ from psdp._plan.reads import ReadRequest
 from psdp._plan.windows import Box, take_box
 from psdp._runtime.telemetry import Telemetry
 from psdp.sources.base import SupportsReadWindow
-from psdp.sources.errors import is_transient
+from psdp.sources.errors import backoff_s, is_transient
 
 logger = logging.getLogger(__name__)
-
-#: The longest pause between two tries of a read, however many tries came before.
-MAX_BACKOFF_S = 60.0
 
 #: One leaf's window buffers, in window order.
 Buffers = dict[Key, list[np.ndarray]]
@@ -306,20 +303,6 @@ def read_first_row(feed: Any, reading: ReadingOptions) -> dict[Key, np.ndarray]:
         f"filesystem or object store); raise {name} if its first read is just slow",
         abandoned,
     )
-
-
-def backoff_s(attempt: int, base_s: float | None, draw: float) -> float:
-    """The pause after failed try ``attempt`` (1, 2, ...): ``base_s * 2**(attempt - 1)``, at
-    most `MAX_BACKOFF_S`, times ``draw`` (a random number in [0.5, 1]: jitter, so that hosts
-    that failed together do not retry together); 0 without a base.
-
-    Example:
-        >>> [backoff_s(a, 0.5, 1.0) for a in (1, 2, 3, 9)], backoff_s(2, 0.5, 0.5)
-        ([0.5, 1.0, 2.0, 60.0], 0.5)
-    """
-    if base_s is None:
-        return 0.0
-    return min(MAX_BACKOFF_S, base_s * 2 ** (attempt - 1)) * draw
 
 
 def stray_stop_iteration(where: str, source: Any) -> RuntimeError:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from psdp._imports import import_optional
-from psdp.sources.location import describe_kvstore, environment_credentials, list_keys
+from psdp.sources.location import check_reach, describe_kvstore, environment_credentials, list_keys
 
 #: The file kinds a reader reads, by name ending (in any case): jsonl's compression, or the kind.
 JSONL_ENDINGS = {
@@ -249,6 +249,7 @@ def _remote_files(given: Any) -> list[Unit]:
     prefix = directory + "/" if directory else ""
     store_spec = environment_credentials({**spec, "path": prefix})
     store = ts.KvStore.open(store_spec).result()
+    check_reach(store_spec, describe_kvstore(store_spec))
     names = [k for k in list_keys(store) if "/" not in k and fnmatch.fnmatchcase(k, pattern)]
     if not names:
         raise FileNotFoundError(

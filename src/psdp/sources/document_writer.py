@@ -134,12 +134,14 @@ def write_documents(
             bar.update(tokens.finish())
         offsets = np.zeros(len(lengths) + 1, np.int64)
         np.cumsum(np.frombuffer(lengths, np.int64), out=offsets[1:])
-        per_shard = 1 << 20
+        # a chunk per index block (a read of one block decodes ~one chunk), 256 to a shard; a
+        # store of fewer documents has one chunk of its offsets, not a block's padded to 32 KiB
+        per_chunk = min(STRIDE, len(offsets))
         writer = ShardedWriter(
             leaf_kvstore,
             {"offsets": (np.dtype(np.int64), ())},
-            per_shard,
-            STRIDE,  # a chunk per index block: a read of one block decodes ~one chunk
+            per_chunk * 256 if per_chunk == STRIDE else per_chunk,
+            per_chunk,
             codecs,
             len(offsets),
             on_start,
@@ -310,11 +312,12 @@ def _write_index(
     index: DocumentIndex, leaf_kvstore: Callable[[str], dict[str, Any]], codecs: Any, on_start: Any
 ) -> None:
     """The index beside the offsets: ``index/``, int64 ``(blocks + 1, 2)``: each mark and the
-    non-empty documents before it."""
+    non-empty documents before it, in one chunk of exactly its rows (it is read whole; stores
+    written before this wrote chunks of 65,536 rows, 1 MiB, which read the same)."""
     rows = np.stack([index.marks, index.nonempty], axis=1)
     writer = ShardedWriter(
-        leaf_kvstore, {"index": (np.dtype(np.int64), (2,))}, 1 << 16, 1 << 16, codecs, len(rows),
-        on_start,
+        leaf_kvstore, {"index": (np.dtype(np.int64), (2,))}, len(rows), len(rows), codecs,
+        len(rows), on_start,
     )  # fmt: skip
     writer.add({"index": rows}, 0)
     writer.finish()

@@ -1,6 +1,7 @@
 """Where a dataset lives: a local directory, or a prefix in any TensorStore kvstore (``s3://``,
 ``gs://``, ``memory://``, or a kvstore spec dict with an endpoint, region and credentials taken
-from the environment as TensorStore does). ``docs/sources.md``, "Remote stores".
+from the environment as TensorStore does; an ``s3`` endpoint also from ``AWS_ENDPOINT_URL_S3`` or
+``AWS_ENDPOINT_URL``, which TensorStore ignores). ``docs/sources.md``, "Remote stores".
 
 Local directories commit by renaming; object stores have no rename, so there a dataset commits
 by writing its metadata object last (one PUT, atomic on S3 and GCS), naming the prefix that
@@ -11,6 +12,8 @@ from __future__ import annotations
 
 import functools
 import os
+import time
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,8 +21,19 @@ from typing import Any
 
 import tensorstore as ts
 
+from psdp.sources.errors import is_transient_status
+
 #: The start of the prefix (below the dataset) that one write of a remote dataset fills.
 DATA_PREFIX = "psdp-data-"
+#: The environment variables an ``s3`` spec that names no endpoint takes one from, the first set
+#: winning, as the AWS CLI and SDKs read them.
+ENDPOINT_VARIABLES = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
+#: TensorStore's request retries of the first request to an object store (its reach), when the
+#: spec names none: about 5 s of tries in all, so that a store that cannot be reached fails in
+#: seconds, naming its endpoint, instead of after TensorStore's own budget for every request (32
+#: tries up to 32 s apart: many minutes).
+REACH_RETRIES = {"max_retries": 5, "initial_delay": "200ms", "max_delay": "2s"}
+_RETRIES_RESOURCE = {"s3": "s3_request_retries"}
 
 
 @dataclass(frozen=True)
@@ -79,6 +93,7 @@ def locate(where: str | os.PathLike[str] | Mapping[str, Any]) -> Location:
             ) from None
         path = spec.get("path", "")
         spec["path"] = path if not path or path.endswith("/") else path + "/"
+        spec = environment_endpoint(spec)
         return Location(None, spec, describe_kvstore(spec))
     raise TypeError(
         "a dataset location must be a path, a kvstore URL (s3://, gs://, file://) or a "
@@ -87,10 +102,11 @@ def locate(where: str | os.PathLike[str] | Mapping[str, Any]) -> Location:
 
 
 def environment_credentials(kvstore: Any, environ: Mapping[str, str] = os.environ) -> Any:
-    """An ``s3`` kvstore spec (a dict or a URL) that names no credentials, with TensorStore's
-    environment provider named when ``AWS_ACCESS_KEY_ID`` is set: the provider its default chain
-    picks first then, but without the chain's look for ``~/.aws`` files, which logs an ERROR line
-    per missing file on every open. Any other spec comes back as it is.
+    """An ``s3`` kvstore spec (a dict or a URL) completed from the environment: its endpoint
+    (`environment_endpoint`), and when it names no credentials, TensorStore's environment provider
+    named when ``AWS_ACCESS_KEY_ID`` is set: the provider its default chain picks first then, but
+    without the chain's look for ``~/.aws`` files, which logs an ERROR line per missing file on
+    every open. Any other spec comes back as it is.
 
     Example:
         >>> keys = {"AWS_ACCESS_KEY_ID": "AKIAEXAMPLE"}
@@ -102,6 +118,7 @@ def environment_credentials(kvstore: Any, environ: Mapping[str, str] = os.enviro
     """
     if isinstance(kvstore, str) and kvstore.startswith("s3://"):
         kvstore = ts.KvStore.Spec(kvstore).to_json()
+    kvstore = environment_endpoint(kvstore, environ)
     if (
         isinstance(kvstore, Mapping)
         and kvstore.get("driver") == "s3"
@@ -111,6 +128,59 @@ def environment_credentials(kvstore: Any, environ: Mapping[str, str] = os.enviro
     ):
         return {**kvstore, "aws_credentials": {"type": "environment"}}
     return kvstore
+
+
+def environment_endpoint(kvstore: Any, environ: Mapping[str, str] = os.environ) -> Any:
+    """An ``s3`` kvstore spec dict that names no endpoint, with the one the environment names
+    (`ENDPOINT_VARIABLES`; TensorStore reads neither); any other spec comes back as it is.
+
+    Example:
+        >>> env = {"AWS_ENDPOINT_URL": "http://127.0.0.1:9000"}
+        >>> environment_endpoint({"driver": "s3", "bucket": "b"}, env)["endpoint"]
+        'http://127.0.0.1:9000'
+        >>> environment_endpoint({"driver": "s3", "bucket": "b", "endpoint": "http://minio"}, env)
+        {'driver': 's3', 'bucket': 'b', 'endpoint': 'http://minio'}
+    """
+    if not isinstance(kvstore, Mapping) or kvstore.get("driver") != "s3" or "endpoint" in kvstore:
+        return kvstore
+    for variable in ENDPOINT_VARIABLES:
+        if environ.get(variable):
+            return {**kvstore, "endpoint": checked_endpoint(environ[variable], variable)}
+    return kvstore
+
+
+def with_endpoint(where: Any, endpoint: str | None, option: str = "endpoint") -> Any:
+    """``where`` (a path, URL or kvstore spec) with the S3 ``endpoint``: an ``s3://`` URL becomes
+    a spec naming it, an ``s3`` spec gets it unless it names its own; ``None``: ``where`` as it is.
+
+    Example:
+        >>> with_endpoint("s3://raw/shards/*.jsonl", "http://127.0.0.1:9000")["path"]
+        'shards/*.jsonl'
+        >>> with_endpoint("s3://raw/shards/*.jsonl", "http://127.0.0.1:9000")["endpoint"]
+        'http://127.0.0.1:9000'
+        >>> with_endpoint("data/corpus", "http://127.0.0.1:9000")
+        'data/corpus'
+    """
+    if endpoint is None:
+        return where
+    endpoint = checked_endpoint(endpoint, option)
+    if isinstance(where, str) and where.startswith("s3://"):
+        where = ts.KvStore.Spec(where).to_json()
+    if isinstance(where, Mapping) and where.get("driver") == "s3":
+        return where if "endpoint" in where else {**where, "endpoint": endpoint}
+    return where
+
+
+def checked_endpoint(endpoint: str, where: str) -> str:
+    """``endpoint`` if it is an http(s) URL with a host; else a `ValueError` naming ``where`` it
+    came from (an option or an environment variable)."""
+    parts = urllib.parse.urlsplit(endpoint)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(
+            f"{where}={_redacted(endpoint)!r} is not an S3 endpoint URL; give the scheme and "
+            "host, e.g. http://127.0.0.1:9000 or https://s3.example.com"
+        )
+    return endpoint
 
 
 @functools.cache
@@ -133,24 +203,64 @@ def describe_kvstore(spec: Mapping[str, Any]) -> str:
         >>> describe_kvstore({"driver": "s3", "bucket": "b", "path": "x/",
         ...                   "endpoint": "http://127.0.0.1:9000"})
         's3://b/x/ (endpoint http://127.0.0.1:9000)'
+        >>> describe_kvstore({"driver": "s3", "bucket": "b", "endpoint": "https://me:pw@minio:9000"})
+        's3://b/ (endpoint https://me:***@minio:9000)'
     """
     bucket = spec.get("bucket")
     name = f"{spec.get('driver')}://{bucket + '/' if bucket else ''}{spec.get('path', '')}"
     endpoint = spec.get("endpoint")
-    return f"{name} (endpoint {endpoint})" if endpoint else name
+    return f"{name} (endpoint {_redacted(endpoint)})" if endpoint else name
+
+
+def _redacted(url: str) -> str:
+    """``url`` without a password it may hold (``http://user:secret@host``), for messages."""
+    parts = urllib.parse.urlsplit(str(url))
+    if parts.password is None:
+        return str(url)
+    host = parts.netloc.rpartition("@")[2]
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{parts.username}:***@{host}"))
 
 
 def open_kvstore(location: Location, context: ts.Context | None = None) -> ts.KvStore:
-    """The kvstore of a remote ``location``; raises naming it if it cannot be opened."""
+    """The kvstore of a remote ``location``, once it answers (`check_reach`); raises naming it
+    if it cannot be opened or reached."""
     assert location.kvstore is not None
+    spec = location.below("")
     try:
-        return ts.KvStore.open(location.below(""), context=context).result()
+        store = ts.KvStore.open(spec, context=context).result()
     except ValueError as error:
         raise ValueError(
             f"cannot open {location.name}: {error}; check the URL or spec, the credentials in "
             "the environment (AWS_ACCESS_KEY_ID, GOOGLE_APPLICATION_CREDENTIALS, ...) and the "
             "endpoint"
         ) from error
+    check_reach(spec, location.name, context)
+    return store
+
+
+def check_reach(spec: Mapping[str, Any], name: str, context: ts.Context | None = None) -> None:
+    """One request to the object store of the kvstore ``spec`` (a read of ``psdp.json``) with
+    `REACH_RETRIES` unless the spec names its own; a `ValueError` naming the store and its
+    endpoint if it fails for want of an answer (refused, unresolved, timed out, 5xx). Any other
+    outcome, an error such as a denied access included, is left to the requests that follow.
+    Nothing for a kvstore with no network (``file``, ``memory``)."""
+    resource = _RETRIES_RESOURCE.get(str(spec.get("driver")))
+    if resource is None:
+        return
+    probe = spec if resource in spec else {**spec, resource: REACH_RETRIES}
+    started = time.monotonic()
+    try:
+        ts.KvStore.open(probe, context=context).result().read(b"psdp.json").result()
+    except ValueError as error:
+        if not is_transient_status(str(error)):
+            return
+        endpoint = "" if spec.get("endpoint") else " (no endpoint is set: this is AWS S3 itself)"
+        raise ValueError(
+            f"cannot reach {name}{endpoint}: {error} (gave up after "
+            f"{time.monotonic() - started:.1f} s). Check that the endpoint is up and reachable "
+            "from here, or name another: a kvstore spec's \"endpoint\", the psdp command's "
+            f"--endpoint URL, or the environment ({' or '.join(ENDPOINT_VARIABLES)})"
+        ) from None
 
 
 def list_keys(store: ts.KvStore, prefix: str = "") -> list[str]:

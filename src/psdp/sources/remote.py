@@ -19,6 +19,7 @@ from typing import Any
 
 import tensorstore as ts
 
+from psdp.sources.errors import retried_write
 from psdp.sources.location import DATA_PREFIX, Location, list_keys, open_kvstore
 from psdp.sources.tensorstore import METADATA_FILE
 
@@ -60,8 +61,8 @@ def _check_target(
     """Refuses a non-empty location without ``overwrite``, and one holding anything but a psdp
     dataset; returns the generation of ``psdp.json``, the commit's condition (that of a missing
     object if there is none), and the prefix it names (``None`` for none)."""
-    got = store.read(METADATA_FILE.encode()).result()  # first: the commit's condition covers
-    keys = list_keys(store)  # whatever the LIST shows after it
+    got = _read(store, location)  # first: the commit's condition covers
+    keys = retried_write(lambda: list_keys(store), f"listing {location.name}")  # the LIST after
     if not keys and got.state != "value":
         return bytes(got.stamp.generation), None
     shown = ", ".join(keys[:3]) + (", ..." if len(keys) > 3 else "")
@@ -91,12 +92,17 @@ def _commit(store: ts.KvStore, location: Location, meta: dict[str, Any], before:
     """PUTs ``psdp.json`` if it is still at generation ``before``, checked by the store itself in
     the same request; raises if another write committed there since this one began."""
     body = (json.dumps(meta, indent=1) + "\n").encode()
-    if store.write(METADATA_FILE.encode(), body, if_equal=before).result().generation:
+    written = retried_write(
+        lambda: store.write(METADATA_FILE.encode(), body, if_equal=before).result(),
+        f"writing {METADATA_FILE} of {location.name}",
+    )
+    if written.generation:
         return
     # The condition failed (an empty generation). A PUT that took effect but whose answer was
-    # lost is retried by TensorStore, and then fails its condition against itself: the body,
-    # which names this write's own unique prefix, tells the two apart.
-    got = store.read(METADATA_FILE.encode()).result()
+    # lost is retried (by TensorStore, or by psdp for an answer cut off mid-way), and then fails
+    # its condition against itself: the body, which names this write's own unique prefix, tells
+    # the two apart.
+    got = _read(store, location)
     if got.state == "value" and bytes(got.value) == body:
         return
     raise FileExistsError(
@@ -107,6 +113,17 @@ def _commit(store: ts.KvStore, location: Location, meta: dict[str, Any], before:
     )
 
 
+def _read(store: ts.KvStore, location: Location) -> Any:
+    """The ``psdp.json`` of ``location`` as read now (its value and generation)."""
+    return retried_write(
+        lambda: store.read(METADATA_FILE.encode()).result(),
+        f"reading {METADATA_FILE} of {location.name}",
+    )
+
+
 def _delete_prefix(store: ts.KvStore, prefix: str) -> None:
     end = prefix[:-1] + chr(ord(prefix[-1]) + 1)
-    store.delete_range(ts.KvStore.KeyRange(prefix, end)).result()
+    retried_write(
+        lambda: store.delete_range(ts.KvStore.KeyRange(prefix, end)).result(),
+        f"deleting {prefix}",
+    )

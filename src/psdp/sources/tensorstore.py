@@ -25,6 +25,7 @@ from psdp.sources.errors import TransientReadError, is_transient_status
 from psdp.sources.location import (
     DATA_PREFIX,
     Location,
+    check_reach,
     environment_credentials,
     is_kvstore_spec,
     list_keys,
@@ -109,6 +110,8 @@ class TensorStoreSource:
             self._where = f"the TensorStore spec with kvstore {spec.get('kvstore')!r}"
             if "kvstore" in spec:  # quiet: no ERROR lines from TensorStore's AWS layer
                 spec["kvstore"] = environment_credentials(spec["kvstore"])
+            if isinstance(spec.get("kvstore"), Mapping):
+                check_reach(spec["kvstore"], self._where, self._context)
             kvstore = spec.get("kvstore")
             driver = kvstore.get("driver") if isinstance(kvstore, Mapping) else str(kvstore)
             self.remote = str(driver).split(":")[0] not in ("file", "memory", "None")

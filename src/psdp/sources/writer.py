@@ -25,6 +25,7 @@ from tqdm import tqdm
 from psdp._checks import is_int
 from psdp._plan.leaves import SINGLE_LEAF
 from psdp.sources.base import as_rows
+from psdp.sources.errors import retried_write
 from psdp.sources.location import locate
 from psdp.sources.remote import write_remote
 from psdp.sources.tensorstore import (
@@ -271,26 +272,41 @@ class ShardedWriter:
         stop = start + len(next(iter(block.values())))
         if stop > self.size:  # an iterable of chunks: grow every leaf to the rows written so far
             resized = self._settle(
-                array.resize(exclusive_max=[stop, *[None] * (array.rank - 1)])
-                for array in self.arrays.values()
+                lambda: (
+                    array.resize(exclusive_max=[stop, *[None] * (array.rank - 1)])
+                    for array in self.arrays.values()
+                ),
+                f"growing the leaves to {stop} rows",
             )
             self.arrays = dict(zip(self.arrays, resized, strict=True))
             self.size = stop
         self._settle(
-            array[start:stop].write(np.ascontiguousarray(block[name], self.schema[name][0]))
-            for name, array in self.arrays.items()
+            lambda: (
+                array[start:stop].write(np.ascontiguousarray(block[name], self.schema[name][0]))
+                for name, array in self.arrays.items()
+            ),
+            f"writing rows {start}-{stop - 1}",
         )
         self.written = stop
 
-    def _settle(self, futures: Iterable[Any]) -> list[Any]:
-        """Starts the operations and returns their results; each stays in `in_flight` (from the
-        moment it starts) until all of them are done."""
-        self.in_flight = []
-        for future in futures:
-            self.in_flight.append(future)
-        results = [future.result() for future in self.in_flight]
-        self.in_flight = []
-        return results
+    def _settle(self, start: Callable[[], Iterable[Any]], what: str) -> list[Any]:
+        """Starts the operations and returns their results, starting them all again while one
+        fails with a transient store error (`retried_write`: they write the same bytes again);
+        each stays in `in_flight` (from the moment it starts) until all of them are done."""
+
+        def attempt() -> list[Any]:
+            self.in_flight = []
+            try:
+                for future in start():
+                    self.in_flight.append(future)
+                results = [future.result() for future in self.in_flight]
+            except Exception:
+                self.wait_for_writes()  # no write of this try may land after the next try's
+                raise
+            self.in_flight = []
+            return results
+
+        return retried_write(attempt, what)
 
     def wait_for_writes(self) -> None:
         """Waits until every TensorStore operation started is over, whatever its outcome.
@@ -348,7 +364,14 @@ def _create_leaf(
             ],
         },
     }
-    return ts.open(spec, create=True, context=context).result()
+    tries = 0
+
+    def create() -> ts.TensorStore:
+        nonlocal tries
+        tries += 1  # a try after one whose answer was lost opens what that one created
+        return ts.open(spec, create=True, open=tries > 1, context=context).result()
+
+    return retried_write(create, f"creating the array at {kvstore.get('path', kvstore)}")
 
 
 def inner_codecs(compression: str | dict[str, Any] | None, checksum: bool) -> list[dict[str, Any]]:

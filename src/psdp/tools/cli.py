@@ -461,7 +461,9 @@ def _add_write(subparsers: Subparsers) -> None:
         help="a .npy or .npz file (arrays share their first dimension), a psdp dataset "
         "directory, or token documents: a flat .npy or .bin token file, or a .jsonl file",
     )
-    parser.add_argument("output", help="the dataset or document store directory to create")
+    parser.add_argument(
+        "output", help="the dataset or document store to create: a directory, URL or kvstore spec"
+    )
     parser.add_argument("--rows-per-shard", type=int, help="rows per shard file (default 1024)")
     parser.add_argument("--rows-per-chunk", type=int, help="rows per inner chunk (default 1)")
     documents = parser.add_argument_group("token documents (a document store)")
@@ -486,6 +488,7 @@ def _add_write(subparsers: Subparsers) -> None:
     parser.add_argument("--no-checksum", action="store_true", help="no per-chunk crc32c")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing dataset")
     parser.add_argument("--json", action="store_true", help="print the dataset's metadata as JSON")
+    _add_endpoint(parser)
     parser.set_defaults(run=_run_write)
 
 
@@ -495,6 +498,7 @@ DOCUMENT_OPTIONS = ("offsets", "eos_id", "key", "dtype", "tokens_per_shard", "to
 
 
 def _run_write(args: argparse.Namespace) -> int:
+    args.output = _store("OUTPUT", args.output, args.endpoint)
     documents = args.input.endswith((".jsonl", ".bin")) or any(
         getattr(args, name) is not None for name in ("offsets", "eos_id")
     )
@@ -514,7 +518,7 @@ def _write_rows(args: argparse.Namespace) -> int:
     from psdp.sources import read_metadata
     from psdp.sources.writer import write_dataset
 
-    arrays = _load_arrays(args.input)
+    arrays = _load_arrays(args.input, args.endpoint)
     try:
         path = write_dataset(
             args.output,
@@ -532,13 +536,13 @@ def _write_rows(args: argparse.Namespace) -> int:
         raise UsageError(f"output {args.output!r}: {err}") from None
     meta = read_metadata(path)
     if args.json:
-        print(json.dumps({"path": str(path), **meta}, indent=2))
+        print(json.dumps({"path": _name(path), **meta}, indent=2))
     else:
         leaves = ", ".join(
             f"{name} {tuple(leaf['shape'])} {leaf['dtype']}"
             for name, leaf in meta["leaves"].items()
         )
-        print(f"wrote {meta['num_rows']} rows to {path} (leaves: {leaves})")
+        print(f"wrote {meta['num_rows']} rows to {_name(path)} (leaves: {leaves})")
     return 0
 
 
@@ -571,7 +575,7 @@ def _write_documents(args: argparse.Namespace) -> int:
     dtype = store.leaves["input_ids"].name
     if args.json:
         summary = {
-            "path": str(path),
+            "path": _name(path),
             "num_documents": store.num_documents,
             "num_tokens": store.num_tokens,
             "dtype": dtype,
@@ -581,7 +585,7 @@ def _write_documents(args: argparse.Namespace) -> int:
         return 0
     left_out = f"; left out {docs.empty} empty documents" if docs.empty else ""
     print(
-        f"wrote {store.num_documents} documents, {store.num_tokens} tokens to {path} "
+        f"wrote {store.num_documents} documents, {store.num_tokens} tokens to {_name(path)} "
         f"(input_ids {dtype}{left_out})"
     )
     return 0
@@ -613,14 +617,18 @@ def _token_documents(args: argparse.Namespace) -> Any:
     return token_files.split_after_eos(tokens, args.eos_id)
 
 
-def _load_arrays(path: str) -> Any:
+def _load_arrays(path: str, endpoint: str | None) -> Any:
     """The rows of a .npy (one array, memory-mapped) or .npz (a dict of arrays) file, or of a
-    psdp dataset directory (chunks read lazily, so OUTPUT may be the same directory)."""
+    psdp dataset (a directory, URL or kvstore spec; chunks read lazily, so OUTPUT may be the same
+    dataset)."""
     import numpy as np
 
-    hint = "give a file written by np.save (.npy) or np.savez (.npz), or a psdp dataset directory"
-    if os.path.isdir(path):
-        return _dataset_chunks(path, hint)
+    hint = (
+        "give a file written by np.save (.npy) or np.savez (.npz), or a psdp dataset (a "
+        "directory, URL or kvstore spec)"
+    )
+    if os.path.isdir(path) or "://" in path or path.lstrip().startswith("{"):
+        return _dataset_chunks(_store("INPUT", path, endpoint), hint)
     if not path.endswith((".npy", ".npz")):
         raise UsageError(f"input {path!r} must be a .npy or .npz file or a dataset; {hint}")
     try:
@@ -632,7 +640,7 @@ def _load_arrays(path: str) -> Any:
         raise UsageError(f"input {path!r} cannot be read ({err}); {hint}") from None
 
 
-def _dataset_chunks(path: str, hint: str) -> Iterator[Any]:
+def _dataset_chunks(path: Any, hint: str) -> Iterator[Any]:
     """The rows of a psdp dataset in blocks of about `psdp.sources.writer.BLOCK_BYTES`, read lazily."""
     import numpy as np
 
@@ -681,7 +689,9 @@ def _add_prepare(subparsers: Subparsers) -> None:
         ),
     )
     parser.add_argument("inputs", nargs="+", help="files, globs or datasets directories")
-    parser.add_argument("--output", required=True, help="the store: a directory or URL")
+    parser.add_argument(
+        "--output", required=True, help="the store: a directory, URL or kvstore spec (JSON)"
+    )
     parser.add_argument(
         "--tokenizer", required=True, help="a tokenizer.json or a directory holding one"
     )
@@ -701,6 +711,7 @@ def _add_prepare(subparsers: Subparsers) -> None:
     parser.add_argument(
         "--json", action="store_true", help="print the summary as one JSON object (no bar)"
     )
+    _add_endpoint(parser)
     parser.set_defaults(run=_run_prepare)
 
 
@@ -712,8 +723,8 @@ def _run_prepare(args: argparse.Namespace) -> int:
 
     try:
         summary = prepare(
-            args.inputs,
-            args.output,
+            [_store("INPUTS", given, args.endpoint) for given in args.inputs],
+            _store("--output", args.output, args.endpoint),
             tokenizer=args.tokenizer,
             field=args.field,
             messages_field=args.messages,
@@ -730,6 +741,39 @@ def _run_prepare(args: argparse.Namespace) -> int:
         raise UsageError(str(error), "psdp prepare") from error
     print(json.dumps(summary.to_json(), indent=2) if args.json else summary)
     return 0
+
+
+# ------------------------------------------------------------------------------ object stores
+def _add_endpoint(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--endpoint",
+        help="the S3-compatible endpoint of every s3:// URL given, e.g. http://127.0.0.1:9000 "
+        "(default: AWS_ENDPOINT_URL_S3, else AWS_ENDPOINT_URL, else AWS itself)",
+    )
+
+
+def _store(option: str, value: str, endpoint: str | None) -> Any:
+    """A store argument as the library takes it: a path or URL (an ``s3://`` URL with
+    ``endpoint``), or a TensorStore kvstore spec given as JSON (``{"driver": "s3", ...}``)."""
+    from psdp.sources.location import with_endpoint
+
+    given: Any = value
+    if value.lstrip().startswith("{"):
+        try:
+            given = json.loads(value)
+        except json.JSONDecodeError as err:
+            raise UsageError(
+                f"{option} {value!r} is not a JSON kvstore spec ({err}); give a path, a URL or "
+                'a spec such as \'{"driver": "s3", "bucket": "b", "path": "corpus/"}\''
+            ) from None
+    return with_endpoint(given, endpoint, "--endpoint")
+
+
+def _name(where: Any) -> str:
+    """A path, URL or kvstore spec as one name, for what the CLI prints."""
+    from psdp.sources.location import locate
+
+    return locate(where).name
 
 
 SUBCOMMANDS: list[Callable[[Subparsers], None]] = [

@@ -155,10 +155,12 @@ class FaultProxy:
     def fail(self, fault: str, tries: int, where: str = "", method: str = "GET") -> None:
         """The first ``tries`` tries of every distinct request (method, path, byte range) whose
         path holds ``where`` get ``fault``; later tries go through. ``fault`` is ``"drop"`` (the
-        connection reset, no answer), ``"503"`` (S3's ``SlowDown``) or ``"lost"`` (forwarded, so
-        it takes effect, then the connection reset: the client cannot know it did). A request's
-        tries are counted on their own, so the faults do not depend on the order of requests."""
-        assert fault in ("drop", "503", "lost"), fault
+        connection reset, no answer), ``"503"`` (S3's ``SlowDown``), ``"lost"`` (forwarded, so
+        it takes effect, then the connection reset: the client cannot know it did) or ``"cut"``
+        (forwarded, then the connection dropped mid-reply, after a status line and a garbled
+        header: curl's "Weird server reply", which TensorStore does not retry). A request's tries
+        are counted on their own, so the faults do not depend on the order of requests."""
+        assert fault in ("drop", "503", "lost", "cut"), fault
         with self._lock:
             self._rules.append((fault, tries, where, method))
 
@@ -259,7 +261,9 @@ def _handler_for(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
                 self._answer(503, b"<Error><Code>SlowDown</Code></Error>", {})
                 return
             status, headers, payload = _forward(pool, proxy.target, self, body)
-            if fault == "lost":
+            if fault in ("lost", "cut"):
+                if fault == "cut":
+                    self.wfile.write(b"HTTP/1.1 200 OK\r\nbad header line no colon\r\n\r\n")
                 self._reset()
                 return
             self._answer(status, payload, headers)
