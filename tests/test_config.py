@@ -257,8 +257,9 @@ def test_loader_config_errors(make, error, words):
 
 def test_build_time_errors(tmp_path):
     mesh = MeshConfig(axes={"data": 4, "model": 2}).build()
-    with pytest.raises(ValueError, match=r"needs 16 devices but the job has 8"):
+    with pytest.raises(ValueError, match=r"needs 16 devices but the job has 8") as info:
         MeshConfig(axes={"data": 4, "model": 4}).build()
+    assert "give it as text, e.g. --mesh.axes data=8, to replace them" in str(info.value)
     with pytest.raises(ValueError, match=r"batch axes \['data'\] are not the first axes"):
         MeshConfig(axes={"model": 2, "data": 4}, layout="noncontiguous").build()
     with pytest.raises(ValueError, match=r"MeshConfig.layout noncontiguous: .*tile"):

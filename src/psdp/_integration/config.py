@@ -134,7 +134,9 @@ class MeshConfig:
         if needed != num_devices:
             raise ValueError(
                 f"MeshConfig.axes {self.axes} needs {needed} devices but the job has {num_devices}; "
-                f"make the sizes multiply to {num_devices}"
+                f"make the sizes multiply to {num_devices} (a --mesh.axes flag given as a dict "
+                "merges into a YAML's axes key by key; give it as text, e.g. --mesh.axes "
+                f"data={num_devices}, to replace them)"
             )
         return dict(self.axes)
 
