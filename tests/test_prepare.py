@@ -326,3 +326,44 @@ def test_a_local_worker_tokenizes_on_one_core(workers, monkeypatch):
         engine.close()
     assert seen == ["false"] * 3
     assert "TOKENIZERS_PARALLELISM" not in os.environ  # this process's setting is restored
+
+
+def test_a_tokenizer_saved_again_at_the_same_path_is_another_tokenizer(tmp_path):
+    """A tokenizer retrained and saved over the old one's file, in the same process: the second
+    store holds the new tokenizer's ids, as its key says (a cache by path gave the old ones)."""
+    path = tmp_path / "tok" / "tokenizer.json"
+    texts = corpus.texts(60, seed=40)
+    corpus.write_jsonl(tmp_path / "a.jsonl", texts)
+    stores = {}
+    for name, vocab_size in (("first", 300), ("second", 280)):
+        corpus.train_tokenizer(
+            path, vocab_size=vocab_size, corpus=corpus.texts(200, seed=vocab_size)
+        )
+        prepare(tmp_path / "a.jsonl", tmp_path / name, tokenizer=path, eos=EOS, workers=1,
+                progress=False)  # fmt: skip
+        stores[name] = stored(tmp_path / name)[1]
+        assert stores[name] == oracle(path, texts, bos=None)
+        key = json.loads((tmp_path / name / "psdp.json").read_text())["key"]
+        assert key["tokenizer_sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert stores["first"] != stores["second"]  # the two tokenizers do differ on these texts
+
+
+def test_an_id_given_as_digits_is_an_id_in_the_api_as_on_the_command_line(tmp_path):
+    """One rule for BOS/EOS: an int or a string of digits is an id, other strings are tokens;
+    here "3" is also a token (id 1), and eos="3" is still the id 3, as `--eos 3` is."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from psdp.tools.cli import main
+
+    words = Tokenizer(models.WordLevel({"[unk]": 0, "3": 1, "a": 2, "b": 3, "<e>": 4}, "[unk]"))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()
+    words.save(str(tmp_path / "tokenizer.json"))
+    corpus.write_jsonl(tmp_path / "a.jsonl", ["a 3 b", "b"])
+    prepare(tmp_path / "a.jsonl", tmp_path / "api", tokenizer=tmp_path / "tokenizer.json",
+            bos="<e>", eos="3", workers=1, progress=False)  # fmt: skip
+    assert main(["prepare", str(tmp_path / "a.jsonl"), "--output", str(tmp_path / "cli"),
+                 "--tokenizer", str(tmp_path / "tokenizer.json"), "--bos", "<e>", "--eos", "3",
+                 "--workers", "1", "--no-progress"]) == 0  # fmt: skip
+    assert (
+        stored(tmp_path / "api")[1] == stored(tmp_path / "cli")[1] == [[4, 2, 1, 3, 3], [4, 3, 3]]
+    )

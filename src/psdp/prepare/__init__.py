@@ -25,7 +25,7 @@ from psdp.prepare.engines import engine_named
 from psdp.prepare.parts import Output, finished, pending, planned, with_part
 from psdp.prepare.readers import plan_units
 from psdp.prepare.tasks import Task, run_task
-from psdp.prepare.tokenize import Encoder, load_tokenizer, tokenizer_digest
+from psdp.prepare.tokenize import Encoder, files_digest, tokenizer_files, tokenizer_from
 
 #: Rows of a Parquet or Arrow file per part (cut at its row groups): the unit of work and resume.
 ROWS_PER_PART = 100_000
@@ -129,10 +129,11 @@ def prepare(
     if not isinstance(text_field, str) or not text_field:
         raise TypeError(f"field must be a non-empty string, got {text_field!r}")
     tokenizer_path = os.path.abspath(tokenizer)  # a directory stays one: chat needs its config
-    encoder = Encoder(load_tokenizer(tokenizer_path), bos=bos, eos=eos)  # checks bos, eos
+    files = tokenizer_files(tokenizer_path)  # read once: the key is what the encoder loads
+    encoder = Encoder(tokenizer_from(files["tokenizer.json"], tokenizer_path), bos=bos, eos=eos)
     units = plan_units(inputs, rows_per_part)
     key = {
-        "tokenizer_sha256": tokenizer_digest(tokenizer_path),
+        "tokenizer_sha256": files_digest(files),
         "field": field if messages_field is None else None,
         "messages_field": messages_field,
         "bos": encoder.bos,
@@ -149,7 +150,7 @@ def prepare(
     by_id = {(u.name, u.row_start, u.row_stop): u for u in units}
     tasks = [
         Task(by_id[(u["file"], *u["rows"])], u["part"], out.part(u["part"]), tokenizer_path,
-             text_field, messages_field is not None, bos, eos, skip_bad, tokens_per_shard)
+             key["tokenizer_sha256"], text_field, messages_field is not None, bos, eos, skip_bad, tokens_per_shard)
         for u in pending(meta)
     ]  # fmt: skip
     runner = engine_named(engine, workers=workers, address=ray_address)
