@@ -367,3 +367,112 @@ def test_an_id_given_as_digits_is_an_id_in_the_api_as_on_the_command_line(tmp_pa
     assert (
         stored(tmp_path / "api")[1] == stored(tmp_path / "cli")[1] == [[4, 2, 1, 3, 3], [4, 3, 3]]
     )
+
+
+def _start_blocked(tmp_path, tokenizer, workers):
+    """A prepare of two shards in a subprocess whose tasks wait for ``tmp_path/go``."""
+    for i in range(2):
+        corpus.write_jsonl(tmp_path / f"s{i}.jsonl", corpus.texts(30, seed=50 + i))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    command = [sys.executable, "-m", "tests.blocking_task", str(tmp_path),
+               str(tmp_path / "s*.jsonl"), str(tmp_path / "store"), str(tokenizer), str(workers)]  # fmt: skip
+    return subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for(condition, what, run=None, seconds=120):
+    """Polls ``condition`` until true; a generous deadline only against a hang."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if run is not None and run.poll() is not None:
+            raise AssertionError(
+                f"the run ended ({run.returncode}) before {what}: {run.stderr.read()}"
+            )
+        assert time.monotonic() < deadline, f"no {what} within {seconds} s"
+        time.sleep(0.02)
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has ended
+    except FileNotFoundError:
+        return False
+
+
+def test_a_second_run_into_an_output_another_run_holds_says_so_and_exits_2(
+    tmp_path, tokenizer, capsys
+):
+    """Run B starts while run A holds the output (A's task waits for the test): B names the
+    other run and exits 2, touching nothing; A then completes; B after A finds it complete."""
+    from psdp.tools.cli import main
+    from tests.blocking_task import started
+
+    run = _start_blocked(tmp_path, tokenizer, workers=1)
+    try:
+        _wait_for(lambda: started(tmp_path), "task started", run)
+        before = tree_hash(tmp_path / "store")
+        command = ["prepare", str(tmp_path / "s*.jsonl"), "--output", str(tmp_path / "store"),
+                   "--tokenizer", str(tokenizer), "--eos", "1", "--workers", "1", "--no-progress"]  # fmt: skip
+        assert main(command) == 2
+        error = capsys.readouterr().err
+        assert "another psdp prepare" in error and f"pid {run.pid}" in error, error
+        assert "empty it" not in error
+        assert tree_hash(tmp_path / "store") == before
+    finally:
+        (tmp_path / "go").touch()
+        run.wait(timeout=300)
+        err = run.stderr.read()
+        run.stderr.close()
+    assert run.returncode == 0, err
+    texts = corpus.texts(30, seed=50) + corpus.texts(30, seed=51)
+    assert stored(tmp_path / "store")[1] == oracle(tokenizer, texts, bos=None)
+    assert main(command) == 0  # the other run finished it: nothing to do
+
+
+def test_a_manifest_changed_by_another_run_stops_this_one_at_its_next_commit(
+    tmp_path, tokenizer, monkeypatch
+):
+    """The compare-and-swap (what keeps two runs on an object store, where no lock is held,
+    from mixing): a manifest rewritten under a run stops the run at its next commit."""
+    package = sys.modules["psdp.prepare"]
+    real = package.run_task
+    corpus.write_jsonl(tmp_path / "a.jsonl", corpus.texts(20, seed=55))
+
+    def another_run_commits(task):  # as a run on another machine would: it holds no lock
+        manifest = tmp_path / "store" / "psdp.json"
+        meta = json.loads(manifest.read_text())
+        (tmp_path / "next.json").write_text(json.dumps({**meta, "by": "another"}))
+        (tmp_path / "next.json").replace(manifest)
+        return real(task)
+
+    monkeypatch.setattr(package, "run_task", another_run_commits)
+    with pytest.raises(FileExistsError, match="another psdp prepare wrote .* while this one ran"):
+        prepare(tmp_path / "a.jsonl", tmp_path / "store", tokenizer=tokenizer, workers=1,
+                progress=False)  # fmt: skip
+    assert json.loads((tmp_path / "store" / "psdp.json").read_text())["by"] == "another"
+
+
+def test_the_workers_of_a_killed_driver_end_with_it(tmp_path, tokenizer):
+    """SIGKILL to the driver alone (no cleanup runs) while both workers are in a task: the
+    workers end too, instead of waiting forever holding its stdout."""
+    from tests.blocking_task import started
+
+    run = _start_blocked(tmp_path, tokenizer, workers=2)
+    workers = []
+    try:
+        _wait_for(lambda: len(started(tmp_path)) == 2, "two tasks started", run)
+        workers = started(tmp_path)
+        assert run.pid not in workers
+        os.kill(run.pid, signal.SIGKILL)
+        run.wait()
+        run.stderr.close()
+        _wait_for(lambda: not any(map(_alive, workers)), "end of the workers", seconds=60)
+    finally:
+        for pid in workers:  # on a failure, no worker is left behind
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+        if not run.stderr.closed:
+            run.stderr.close()

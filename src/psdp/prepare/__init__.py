@@ -143,17 +143,33 @@ def prepare(
         "rows_per_part": rows_per_part,
         "tokens_per_shard": tokens_per_shard,
     }
-    out = Output(output)
+    settings = {  # every task's, beside its unit and part
+        "tokenizer": tokenizer_path, "tokenizer_sha256": key["tokenizer_sha256"],
+        "field": text_field, "messages": messages_field is not None, "bos": bos, "eos": eos,
+        "skip_bad": skip_bad, "tokens_per_shard": tokens_per_shard,
+    }  # fmt: skip
+    out = Output(output)  # held by this run until it returns
+    try:
+        engine_options = {"workers": workers, "address": ray_address}
+        meta = _run(out, units, key, settings, engine, engine_options, progress, started)
+    finally:
+        out.release()
+    return _summary(out.name, meta, time.perf_counter() - started)
+
+
+def _run(out: Output, units: list[Any], key: dict[str, Any], settings: dict[str, Any],
+         engine: str, engine_options: dict[str, Any], progress: bool,
+         started: float) -> dict[str, Any]:  # fmt: skip
+    """Plans, runs the pending tasks and commits the store at ``out``; returns its manifest."""
     meta = planned(out.read(), units, key, out.name)
     out.commit(meta)
     out.clean(meta)  # after the commit: the manifest replaced no longer names an old index
     by_id = {(u.name, u.row_start, u.row_stop): u for u in units}
     tasks = [
-        Task(by_id[(u["file"], *u["rows"])], u["part"], out.part(u["part"]), tokenizer_path,
-             key["tokenizer_sha256"], text_field, messages_field is not None, bos, eos, skip_bad, tokens_per_shard)
+        Task(by_id[(u["file"], *u["rows"])], u["part"], out.part(u["part"]), **settings)
         for u in pending(meta)
-    ]  # fmt: skip
-    runner = engine_named(engine, workers=workers, address=ray_address)
+    ]
+    runner = engine_named(engine, **engine_options)
     bar = tqdm(total=len(meta["units"]), initial=len(meta["units"]) - len(tasks), unit="parts",
                desc=f"prepare {out.name}", disable=not progress)  # fmt: skip
     done = {"documents": 0, "tokens": 0}
@@ -185,7 +201,7 @@ def prepare(
         out.write_index(meta)
         out.commit(meta)
         out.clean(meta)
-    return _summary(out.name, meta, time.perf_counter() - started)
+    return meta
 
 
 def _summary(name: str, meta: dict[str, Any], seconds: float) -> PrepareSummary:

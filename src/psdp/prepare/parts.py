@@ -16,6 +16,7 @@ import io
 import json
 import os
 import shutil
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,19 +46,64 @@ class PartResult:
     examples: list[tuple[str, str]]
 
 
+#: The file a run holds locked while it writes a local store (one run per output at a time).
+LOCK_FILE = ".psdp-prepare.lock"
+
+
 class Output:
-    """The store's place, and its manifest read and replaced by compare-and-swap."""
+    """The store's place, and its manifest read and replaced by compare-and-swap.
+
+    A local output is also held, from here to `release`, by an exclusive lock on `LOCK_FILE`
+    (the kernel drops it when the run ends, killed too): a second run stops before it reads or
+    writes anything. On an object store, the compare-and-swap alone stops the run that commits
+    second.
+    """
 
     def __init__(self, where: Any):
         self.location: Location = locate(where)
         self.name = self.location.name
+        self._lock: Any = None
         if self.location.local is not None:
             root = Path(os.path.abspath(self.location.local))
+            if root.exists() and not root.is_dir():
+                raise FileExistsError(
+                    f"the output {self.name} is a file; a store is a directory: choose a new "
+                    "output"
+                )
             root.mkdir(parents=True, exist_ok=True)
+            self._hold(root / LOCK_FILE)
             self.store = open_kvstore(Location(None, {"driver": "file", "path": f"{root}/"}, ""))
         else:
             self.store = open_kvstore(self.location)
         self.generation = b""
+
+    def _hold(self, path: Path) -> None:
+        try:
+            import fcntl
+        except ImportError:  # not POSIX: the compare-and-swap alone
+            return
+        lock = open(path, "a+")  # noqa: SIM115 (held open until release)
+        try:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            lock.seek(0)
+            holder = lock.read().strip() or "unknown"
+            lock.close()
+            raise FileExistsError(
+                f"another psdp prepare ({holder}) is writing {self.name} now; run one prepare "
+                "per output at a time: wait for it to end (the store is then complete; run "
+                "this command again to append or check it), or stop that run"
+            ) from None
+        lock.truncate(0)
+        lock.write(f"pid {os.getpid()} on {socket.gethostname()}")
+        lock.flush()
+        self._lock = lock
+
+    def release(self) -> None:
+        """Lets another run write the output (a local lock; a killed run's is dropped too)."""
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
 
     def part(self, name: str) -> Any:
         """Where the part ``name`` is written: a local path or a kvstore spec."""
@@ -71,7 +117,10 @@ class Output:
         got = self.store.read(METADATA_FILE.encode()).result()
         self.generation = bytes(got.stamp.generation)
         if got.state != "value":
-            keys = [k for k in self.store.list().result() if not k.startswith(b".")]
+            keys = [  # a TensorStore lock file is no content: a write was cut short there
+                k for k in self.store.list().result()
+                if not k.startswith(b".") and not k.endswith(b".__lock")
+            ]  # fmt: skip
             if keys:
                 raise FileExistsError(
                     f"{self.name} already holds {len(keys)} files and is no psdp prepare store; "
@@ -94,8 +143,9 @@ class Output:
         generation = written.result().generation
         if not generation:
             raise FileExistsError(
-                f"another psdp prepare changed {self.name} while this one ran; run one prepare "
-                "per output at a time (this one stops; run it again to resume)"
+                f"another psdp prepare wrote {self.name} while this one ran (its manifest "
+                f"{METADATA_FILE} changed since this run read it); run one prepare per output "
+                "at a time: this one stops; once the other ends, run it again to resume"
             )
         self.generation = bytes(generation)
 
