@@ -476,3 +476,38 @@ def test_the_workers_of_a_killed_driver_end_with_it(tmp_path, tokenizer):
             run.wait()
         if not run.stderr.closed:
             run.stderr.close()
+
+
+def test_a_failed_append_leaves_the_store_as_it_was_and_completes_once_the_input_is_fixed(
+    tmp_path, tokenizer
+):
+    """An append stopped by a malformed record: the store still reads as before; naming only
+    its old inputs is accepted (the append given up); after the record is fixed, as the error
+    says, the append completes into the store a fresh run writes."""
+    a, c, b = (corpus.texts(40, seed=60 + i) for i in range(3))
+    corpus.write_jsonl(tmp_path / "a.jsonl", a)
+    corpus.write_jsonl(tmp_path / "c.jsonl", c)  # appended before b: committed before b fails
+    lines = [json.dumps({"text": t}) for t in b]
+    lines[5] = '{"text": broken'
+    (tmp_path / "b.jsonl").write_text("\n".join(lines) + "\n")
+    out, inputs = tmp_path / "store", [tmp_path / n for n in ("a.jsonl", "c.jsonl", "b.jsonl")]
+
+    def run(names, output=out):
+        return prepare(names, output, tokenizer=tokenizer, eos=EOS, workers=1, progress=False)
+
+    run(inputs[:1])
+    before = tree_hash(out)
+    for _ in range(2):  # the failed append, then once more as a user would before fixing it
+        with pytest.raises(ValueError, match=r"b\.jsonl, line 6: not valid JSON"):
+            run(inputs)
+        assert stored(out)[1] == oracle(tokenizer, a, bos=None)
+    assert run(inputs[:1]).documents == 40  # back to the old inputs: the store as it was
+    assert tree_hash(out) == before
+    with pytest.raises(ValueError, match=r"b\.jsonl, line 6"):
+        run(inputs)
+    lines[5] = json.dumps({"text": b[5]})  # the record fixed, as the error advises
+    (tmp_path / "b.jsonl").write_text("\n".join(lines) + "\n")
+    assert run(inputs).documents == 120
+    assert stored(out)[1] == oracle(tokenizer, a + c + b, bos=None)
+    run(inputs, tmp_path / "fresh")
+    assert tree_hash(out) == tree_hash(tmp_path / "fresh")

@@ -170,7 +170,8 @@ def _run(out: Output, units: list[Any], key: dict[str, Any], settings: dict[str,
         for u in pending(meta)
     ]
     runner = engine_named(engine, **engine_options)
-    bar = tqdm(total=len(meta["units"]), initial=len(meta["units"]) - len(tasks), unit="parts",
+    planned_parts = len(meta["units"]) + len(meta.get("append", {}).get("units", []))
+    bar = tqdm(total=planned_parts, initial=planned_parts - len(tasks), unit="parts",
                desc=f"prepare {out.name}", disable=not progress)  # fmt: skip
     done = {"documents": 0, "tokens": 0}
     # The manifest names every part, so a commit per part would write O(parts^2) bytes in all:
@@ -196,7 +197,7 @@ def _run(out: Output, units: list[Any], key: dict[str, Any], settings: dict[str,
         runner.close()
         if uncommitted:  # the parts finished before an error (or the last few) are kept
             out.commit(meta)
-    if not meta.get("complete"):
+    if not meta.get("complete") or "append" in meta:
         meta = finished(meta)
         out.write_index(meta)
         out.commit(meta)

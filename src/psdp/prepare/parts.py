@@ -102,6 +102,7 @@ class Output:
     def release(self) -> None:
         """Lets another run write the output (a local lock; a killed run's is dropped too)."""
         if self._lock is not None:
+            self._lock.truncate(0)  # a finished store's files are the same, whoever wrote them
             self._lock.close()
             self._lock = None
 
@@ -160,14 +161,18 @@ class Output:
 
     def clean(self, meta: Manifest) -> None:
         """Deletes what a killed run left and no manifest names: another size's index, and
-        (local) staging directories of parts; the parts themselves are overwritten."""
+        (local) staging directories of parts and parts of an append given up; the parts a
+        manifest names are overwritten."""
         for key in self.store.list().result():
             name = key.decode()
             if name.startswith("index-") and name != meta.get("index"):
                 self.store.delete_range(ts.KvStore.KeyRange(name, name + "\0")).result()
         if self.location.local is not None:
             parts = Path(os.path.abspath(self.location.local)) / PARTS_DIRECTORY
-            for leftover in parts.glob(".*") if parts.is_dir() else ():
+            named = {u["part"] for u in [*meta["units"], *meta.get("append", {}).get("units", [])]}
+            for leftover in parts.iterdir() if parts.is_dir() else ():
+                if leftover.name in named:
+                    continue
                 if leftover.is_dir():
                     shutil.rmtree(leftover, ignore_errors=True)
                 else:
@@ -178,8 +183,15 @@ def planned(
     meta: Manifest | None, units: list[Unit], key: Mapping[str, Any], name: str
 ) -> Manifest:
     """The manifest for ``units`` under ``key``: a new one, or ``meta`` with the units it lacks
-    appended (new parts, after its own); refuses another key, a changed input, and a run that
-    leaves out an input of the store."""
+    planned after its own; refuses another key, and a changed or left out input of a complete
+    store.
+
+    Work not committed as a complete store is planned again from this run's inputs: a part is
+    kept when its unit (file, rows and version) and its name are the same. A complete store's
+    new units go to an ``append`` section of the manifest, which readers ignore: until the
+    append completes, the store reads as it was (and a failed append can be run again with the
+    input fixed, or given up by naming only the store's own inputs).
+    """
     if meta is None:
         meta = {"format": PARTS_FORMAT, "version": PARTS_VERSION, "key": dict(key), "units": [],
                 "parts": {}, "complete": False}  # fmt: skip
@@ -189,7 +201,10 @@ def planned(
         meta = {**meta, "key": dict(key)}
     elif meta.get("key") != dict(key):
         raise ValueError(_key_mismatch(meta.get("key") or {}, key, name))
-    known = {_unit_id(u): u for u in meta["units"]}
+    complete = bool(meta.get("complete"))
+    base = meta["units"] if complete else []
+    work = meta.get("append", {"units": [], "parts": {}}) if complete else meta
+    known = {_unit_id(u): u for u in base}
     given = {_unit_id(u.identity): u.identity for u in units}
     for unit_id, unit in known.items():
         if unit_id not in given:
@@ -204,14 +219,18 @@ def planned(
                 f"version {unit['version']} then, {given[unit_id]['version']} now); prepare "
                 "into a new output"
             )
-    added = [u for unit_id, u in given.items() if unit_id not in known]
-    if not added:
-        return meta
-    units_now = meta["units"] + [
-        {**u, "part": f"{len(meta['units']) + i:06d}"} for i, u in enumerate(added)
-    ]
-    parts = {**meta["parts"], **{u["part"]: None for u in units_now[len(meta["units"]) :]}}
-    return {**_unfinished(meta), "units": units_now, "parts": parts}
+    before = {_unit_id(u): u for u in work["units"]}
+    planned_units, parts = [], {}
+    for i, unit in enumerate(u for unit_id, u in given.items() if unit_id not in known):
+        part = f"{len(base) + i:06d}"
+        old = before.get(_unit_id(unit))
+        same = old is not None and old["version"] == unit["version"] and old["part"] == part
+        planned_units.append({**unit, "part": part})
+        parts[part] = work["parts"][part] if same else None
+    if complete:
+        rest = {k: v for k, v in meta.items() if k != "append"}
+        return {**rest, "append": {"units": planned_units, "parts": parts}} if parts else rest
+    return {**meta, "units": planned_units, "parts": parts}
 
 
 def with_part(meta: Manifest, result: PartResult) -> Manifest:
@@ -228,7 +247,11 @@ def with_part(meta: Manifest, result: PartResult) -> Manifest:
         "skipped": result.skipped,
         "examples": [list(e) for e in result.examples],
     }
-    new = {**meta, "parts": {**meta["parts"], result.name: counts}}
+    if meta.get("complete"):  # an append's part
+        work = meta["append"]
+        new = {**meta, "append": {**work, "parts": {**work["parts"], result.name: counts}}}
+    else:
+        new = {**meta, "parts": {**meta["parts"], result.name: counts}}
     if result.num_documents and leaves is None:
         new["leaves"] = result.leaves
     return new
@@ -236,11 +259,17 @@ def with_part(meta: Manifest, result: PartResult) -> Manifest:
 
 def pending(meta: Manifest) -> list[dict[str, Any]]:
     """The planned units whose part is not committed, in order."""
-    return [u for u in meta["units"] if meta["parts"][u["part"]] is None]
+    work = meta.get("append", {"units": [], "parts": {}}) if meta.get("complete") else meta
+    return [u for u in work["units"] if work["parts"][u["part"]] is None]
 
 
 def finished(meta: Manifest) -> Manifest:
-    """``meta`` complete: every part committed; the corpus's counts and index named."""
+    """``meta`` complete: every part committed (an append's joined to the store's); the
+    corpus's counts and index named."""
+    append = meta.get("append", {"units": [], "parts": {}})
+    meta = {k: v for k, v in meta.items() if k != "append"}
+    meta["units"] = meta["units"] + append["units"]
+    meta["parts"] = {**meta["parts"], **append["parts"]}
     parts = [meta["parts"][u["part"]] for u in meta["units"]]
     documents = sum(p["num_documents"] for p in parts)
     if documents == 0:
@@ -263,14 +292,6 @@ def finished(meta: Manifest) -> Manifest:
         "num_tokens": sum(p["num_tokens"] for p in parts),
         "index": index_key(documents),
     }
-
-
-def _unfinished(meta: Manifest) -> Manifest:
-    return {
-        k: v
-        for k, v in meta.items()
-        if k not in ("complete", "num_documents", "num_tokens", "index")
-    } | {"complete": False}
 
 
 def _unit_id(identity: Mapping[str, Any]) -> str:
