@@ -511,3 +511,50 @@ def test_a_failed_append_leaves_the_store_as_it_was_and_completes_once_the_input
     assert stored(out)[1] == oracle(tokenizer, a + c + b, bos=None)
     run(inputs, tmp_path / "fresh")
     assert tree_hash(out) == tree_hash(tmp_path / "fresh")
+
+
+def test_a_store_stays_valid_when_its_folder_is_moved_linked_or_copied(
+    tmp_path, tokenizer, monkeypatch
+):
+    """Inputs are recorded relative to the store and are the same inputs when their bytes are:
+    a project folder moved, linked or copied keeps its store (resume, append and the data
+    config accept it), and a store moved apart from its inputs follows them by content."""
+    from psdp import SourceConfig
+
+    texts = corpus.texts(80, seed=70)
+    first = tmp_path / "first"
+    (first / "raw").mkdir(parents=True)
+    for i in range(2):
+        corpus.write_jsonl(first / "raw" / f"s{i}.jsonl", texts[i * 40 : (i + 1) * 40])
+    prepare(str(first / "raw" / "*.jsonl"), first / "store", tokenizer=tokenizer, eos=EOS,
+            workers=1, progress=False)  # fmt: skip
+    whole = tree_hash(first / "store")
+    project = tmp_path / "moved"
+    first.rename(project)
+    (tmp_path / "linked").symlink_to(project)
+    shutil.copytree(project, tmp_path / "copied")
+    for folder in ("moved", "linked", "copied"):
+        root = tmp_path / folder
+        summary = prepare(str(root / "raw" / "*.jsonl"), root / "store", tokenizer=tokenizer,
+                          eos=EOS, workers=1, progress=False)  # fmt: skip
+        assert (summary.documents, tree_hash(root / "store")) == (80, whole)
+        monkeypatch.chdir(root)  # a config's relative paths, as a YAML holds them
+        source = SourceConfig(store="store", inputs=["raw/*.jsonl"], tokenizer=str(tokenizer),
+                              eos=str(EOS))  # fmt: skip
+        assert source.open("source 'web'").num_documents == 80
+    apart = tmp_path / "elsewhere" / "store"  # the store alone moved: inputs found by content
+    shutil.copytree(tmp_path / "copied" / "store", apart)
+    corpus.write_jsonl(tmp_path / "copied" / "raw" / "s2.jsonl", ["one more document"])
+    summary = prepare(str(tmp_path / "copied" / "raw" / "*.jsonl"), apart, tokenizer=tokenizer,
+                      eos=EOS, workers=1, progress=False)  # fmt: skip
+    assert summary.documents == 81
+    assert stored(apart)[1] == oracle(tokenizer, [*texts, "one more document"], bos=None)
+    raw = tmp_path / "moved" / "raw" / "s0.jsonl"  # same size, other bytes: another input
+    raw.write_bytes(raw.read_bytes().replace(b"a", b"b"))
+    (tmp_path / "elsewhere" / "raw").mkdir()
+    shutil.copy(raw, tmp_path / "elsewhere" / "raw" / "s0.jsonl")
+    shutil.copy(project / "raw" / "s1.jsonl", tmp_path / "elsewhere" / "raw" / "s1.jsonl")
+    shutil.copytree(project / "store", tmp_path / "other" / "store")
+    with pytest.raises(ValueError, match=r"holds the input .*s0\.jsonl .*does not name"):
+        prepare(str(tmp_path / "elsewhere" / "raw" / "*.jsonl"), tmp_path / "other" / "store",
+                tokenizer=tokenizer, eos=EOS, workers=1, progress=False)  # fmt: skip

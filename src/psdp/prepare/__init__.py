@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from psdp._checks import check_int
 from psdp.prepare.engines import engine_named
-from psdp.prepare.parts import Output, finished, pending, planned, with_part
+from psdp.prepare.parts import Output, finished, pending, planned, recorded, unit_id, with_part
 from psdp.prepare.readers import plan_units
 from psdp.prepare.tasks import Task, run_task
 from psdp.prepare.tokenize import Encoder, files_digest, tokenizer_files, tokenizer_from
@@ -161,13 +161,12 @@ def _run(out: Output, units: list[Any], key: dict[str, Any], settings: dict[str,
          engine: str, engine_options: dict[str, Any], progress: bool,
          started: float) -> dict[str, Any]:  # fmt: skip
     """Plans, runs the pending tasks and commits the store at ``out``; returns its manifest."""
-    meta = planned(out.read(), units, key, out.name)
+    meta = planned(out.read(), units, key, out.name, out.root)
     out.commit(meta)
     out.clean(meta)  # after the commit: the manifest replaced no longer names an old index
-    by_id = {(u.name, u.row_start, u.row_stop): u for u in units}
+    by_id = {unit_id(recorded(u, out.root)): u for u in units}
     tasks = [
-        Task(by_id[(u["file"], *u["rows"])], u["part"], out.part(u["part"]), **settings)
-        for u in pending(meta)
+        Task(by_id[unit_id(u)], u["part"], out.part(u["part"]), **settings) for u in pending(meta)
     ]
     runner = engine_named(engine, **engine_options)
     planned_parts = len(meta["units"]) + len(meta.get("append", {}).get("units", []))

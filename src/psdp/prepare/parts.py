@@ -12,6 +12,8 @@ never of the workers that wrote it.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import io
 import json
 import os
@@ -44,6 +46,7 @@ class PartResult:
     empty: int
     skipped: dict[str, int]
     examples: list[tuple[str, str]]
+    input_sha256: str | None = None  # a local input's, by the task of its first rows
 
 
 #: The file a run holds locked while it writes a local store (one run per output at a time).
@@ -76,6 +79,13 @@ class Output:
         else:
             self.store = open_kvstore(self.location)
         self.generation = b""
+
+    @property
+    def root(self) -> str | None:
+        """The local store's directory, symlinks resolved (``None``: an object store)."""
+        if self.location.local is None:
+            return None
+        return os.path.realpath(self.location.local)
 
     def _hold(self, path: Path) -> None:
         try:
@@ -179,8 +189,97 @@ class Output:
                     leftover.unlink(missing_ok=True)
 
 
+def recorded(unit: Unit, root: str | None) -> dict[str, Any]:
+    """What a store at ``root`` (`Output.root`) records of ``unit``: its file, rows and version,
+    a local file by its path relative to a local store (both with symlinks resolved), so that
+    moving, copying or linking a folder that holds both keeps every input the same."""
+    identity = dict(unit.identity)
+    if root is not None and unit.kvstore is None:
+        identity["file"] = os.path.relpath(os.path.realpath(unit.path), root)
+    return identity
+
+
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    """The sha256 of a local file's bytes, read 8 MiB at a time."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 23):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def paired(
+    meta: Manifest, units: list[Unit], root: str | None
+) -> tuple[list[dict[str, Any] | None], list[dict[str, Any]]]:
+    """Each committed unit of the store (``meta["units"]``, in order) paired with the unit of
+    ``units`` that is the same input, or ``None``; and the units of ``units`` paired with none.
+
+    The same input: the same recorded file and rows; or, for a file moved apart from the store
+    (its relative path changed), the same rows and size and the same bytes (the sha256 its part
+    recorded). An absolute path recorded by an older psdp counts as its relative path.
+    """
+    free = {unit_id(i): (i, u) for u in units for i in [recorded(u, root)]}
+    pairs: list[dict[str, Any] | None] = []
+    for unit in meta["units"]:
+        file = unit["file"]
+        if root is not None and os.path.isabs(file):
+            file = os.path.relpath(file, root)
+        found = free.pop(unit_id({**unit, "file": file}), None)
+        pairs.append(None if found is None else found[0])
+    hashes = {u["file"]: meta["parts"][u["part"]].get("input_sha256") for u in meta["units"]
+              if meta["parts"].get(u["part"]) and meta["parts"][u["part"]].get("input_sha256")}  # fmt: skip
+    for i, unit in enumerate(meta["units"]):
+        if pairs[i] is not None or unit["file"] not in hashes:
+            continue
+        for key, (identity, candidate) in list(free.items()):
+            if (
+                identity["rows"] == unit["rows"]
+                and identity["version"] == unit["version"]
+                and candidate.kvstore is None
+                and _sha256_of(candidate.path) == hashes[unit["file"]]
+            ):
+                pairs[i] = identity
+                del free[key]
+                break
+    return pairs, [identity for identity, _ in free.values()]
+
+
+def _sha256_of(path: str) -> str:
+    stat = os.stat(path)  # a file rewritten in place is hashed again
+    return _cached_sha256(os.path.realpath(path), stat.st_size, stat.st_mtime_ns, stat.st_ino)
+
+
+@functools.lru_cache(maxsize=256)
+def _cached_sha256(path: str, *stamp: int) -> str:
+    return file_sha256(path)
+
+
+def stale_inputs(meta: Manifest, units: list[Unit], root: str | None) -> str:
+    """How ``units`` differ from the complete store's inputs ('' if they are its inputs)."""
+    pairs, added = paired(meta, units, root)
+    for unit, pair in zip(meta["units"], pairs, strict=True):
+        if pair is None:
+            return f"it holds inputs the config does not name ({shown(unit['file'], root)})"
+        if pair["version"] != unit["version"]:
+            return f"the input {shown(pair['file'], root)} changed since it was prepared"
+    if added:
+        return f"the input {shown(added[0]['file'], root)} is not in it"
+    return ""
+
+
+def shown(file: str, root: str | None) -> str:
+    """A recorded file as messages name it: a local one by its path, not relative to the store."""
+    if root is None or "://" in file or os.path.isabs(file):
+        return file
+    return os.path.normpath(os.path.join(root, file))
+
+
 def planned(
-    meta: Manifest | None, units: list[Unit], key: Mapping[str, Any], name: str
+    meta: Manifest | None,
+    units: list[Unit],
+    key: Mapping[str, Any],
+    name: str,
+    root: str | None = None,
 ) -> Manifest:
     """The manifest for ``units`` under ``key``: a new one, or ``meta`` with the units it lacks
     planned after its own; refuses another key, and a changed or left out input of a complete
@@ -202,28 +301,34 @@ def planned(
     elif meta.get("key") != dict(key):
         raise ValueError(_key_mismatch(meta.get("key") or {}, key, name))
     complete = bool(meta.get("complete"))
-    base = meta["units"] if complete else []
     work = meta.get("append", {"units": [], "parts": {}}) if complete else meta
-    known = {_unit_id(u): u for u in base}
-    given = {_unit_id(u.identity): u.identity for u in units}
-    for unit_id, unit in known.items():
-        if unit_id not in given:
+    base: list[dict[str, Any]] = []
+    pairs, added = (
+        paired(meta, units, root) if complete else ([], [recorded(u, root) for u in units])
+    )
+    for unit, pair in zip(meta["units"] if complete else [], pairs, strict=True):
+        if pair is None:
             raise ValueError(
-                f"{name} holds the input {unit['file']} (rows {unit['rows']}), which this run "
+                f"{name} holds the input {shown(unit['file'], root)} (rows {unit['rows']}), "
+                "which this run "
                 "does not name; name every input of the store (new inputs are appended), or "
                 "prepare into a new output"
             )
-        if given[unit_id]["version"] != unit["version"]:
+        if pair["version"] != unit["version"]:
             raise ValueError(
-                f"the input {unit['file']} changed since it was prepared into {name} (size or "
-                f"version {unit['version']} then, {given[unit_id]['version']} now); prepare "
-                "into a new output"
+                f"the input {shown(pair['file'], root)} changed since it was prepared into "
+                f"{name} (size or "
+                f"version {unit['version']} then, {pair['version']} now); prepare into a new "
+                "output"
             )
-    before = {_unit_id(u): u for u in work["units"]}
+        base.append({**unit, "file": pair["file"]})  # recorded as now named: moved, it follows
+    if complete:
+        meta = {**meta, "units": base}
+    before = {unit_id(u): u for u in work["units"]}
     planned_units, parts = [], {}
-    for i, unit in enumerate(u for unit_id, u in given.items() if unit_id not in known):
+    for i, unit in enumerate(added):
         part = f"{len(base) + i:06d}"
-        old = before.get(_unit_id(unit))
+        old = before.get(unit_id(unit))
         same = old is not None and old["version"] == unit["version"] and old["part"] == part
         planned_units.append({**unit, "part": part})
         parts[part] = work["parts"][part] if same else None
@@ -247,6 +352,8 @@ def with_part(meta: Manifest, result: PartResult) -> Manifest:
         "skipped": result.skipped,
         "examples": [list(e) for e in result.examples],
     }
+    if result.input_sha256 is not None:
+        counts["input_sha256"] = result.input_sha256
     if meta.get("complete"):  # an append's part
         work = meta["append"]
         new = {**meta, "append": {**work, "parts": {**work["parts"], result.name: counts}}}
@@ -294,7 +401,8 @@ def finished(meta: Manifest) -> Manifest:
     }
 
 
-def _unit_id(identity: Mapping[str, Any]) -> str:
+def unit_id(identity: Mapping[str, Any]) -> str:
+    """A unit's key in a manifest: its recorded file and rows."""
     return json.dumps([identity["file"], identity["rows"]])
 
 

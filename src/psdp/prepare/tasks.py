@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from psdp.prepare.parts import PartResult
+from psdp.prepare.parts import PartResult, file_sha256
 from psdp.prepare.readers import Unit, read_batches
 from psdp.prepare.tokenize import Encoder, files_digest, tokenizer_files, tokenizer_from
 from psdp.sources.document_writer import write_documents
@@ -68,9 +68,11 @@ def run_task(task: Task) -> PartResult:
         leaves = {name: values.dtype.name for name, values in first.items()}
         write_documents(task.destination, itertools.chain([first], stream), tokens_per_shard=
                         task.tokens_per_shard, overwrite=True, progress=False)  # fmt: skip
+    unit = task.unit  # a local input's bytes, once per file: it is the same input moved too
+    digest = file_sha256(unit.path) if unit.kvstore is None and unit.row_start == 0 else None
     return PartResult(
         task.part, counts["documents"], counts["tokens"], leaves, counts["empty"], skipped,
-        examples,
+        examples, digest,
     )  # fmt: skip
 
 
