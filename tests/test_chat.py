@@ -147,3 +147,39 @@ def test_an_edited_chat_template_file_is_another_key_and_its_append_is_refused(t
     with pytest.raises(ValueError, match="was prepared with other settings .*tokenizer_sha256"):
         _prepare_chats(chat_dir, [tmp_path / "a.jsonl", tmp_path / "b.jsonl"], tmp_path / "store")
     assert _stored_ids(tmp_path / "store") == before
+
+
+def test_chat_template_tokens_above_a_256_id_vocabulary_are_stored_exactly(tmp_path):
+    """256 words (ids 0-255) and the template's three tokens added above them (256-258): the ids
+    need uint16, and each template token is stored as its own id, not cut to 8 bits."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from tests import prepare_corpus
+
+    words = ["hi", "the", "fox", *(f"w{i}" for i in range(253))]
+    core = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="hi"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        additional_special_tokens=["<|user|>", "<|assistant|>", "<|end|>"],
+        clean_up_tokenization_spaces=False,
+    )
+    tokenizer.chat_template = NO_BOS
+    tokenizer.save_pretrained(str(tmp_path / "tok"))
+    chats = [
+        [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "the fox w252"}],
+        [{"role": "user", "content": "w7 fox"}, {"role": "assistant", "content": "hi"}],
+    ]
+    prepare_corpus.write_jsonl(tmp_path / "a.jsonl", chats, field="messages")
+    _prepare_chats(tmp_path / "tok", tmp_path / "a.jsonl", tmp_path / "store")
+    direct = Tokenizer.from_file(str(tmp_path / "tok" / "tokenizer.json"))
+    want = [direct.encode(rendered(c).removeprefix("<s>"), add_special_tokens=False).ids
+            for c in chats]  # fmt: skip
+    assert want[0] == [256, 0, 258, 257, 1, 2, 255, 258]  # the template's tokens: 256, 257, 258
+    assert _stored_ids(tmp_path / "store") == want
+    from psdp import DocumentStore
+
+    assert (
+        DocumentStore.open(tmp_path / "store").read_ranges([0], [1])["input_ids"].dtype == np.uint16
+    )

@@ -558,3 +558,66 @@ def test_a_store_stays_valid_when_its_folder_is_moved_linked_or_copied(
     with pytest.raises(ValueError, match=r"holds the input .*s0\.jsonl .*does not name"):
         prepare(str(tmp_path / "elsewhere" / "raw" / "*.jsonl"), tmp_path / "other" / "store",
                 tokenizer=tokenizer, eos=EOS, workers=1, progress=False)  # fmt: skip
+
+
+def test_a_tokenizer_whose_post_processor_adds_special_tokens(tmp_path):
+    """The post-processor's own [CLS] ... [SEP] is never added: the ids are the text's alone, and
+    BOS/EOS are what the user asks for, once each; asked for as [CLS] and [SEP], the store holds
+    exactly what the tokenizer itself gives with its special tokens."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    words = ["[unk]", "[CLS]", "[SEP]", "the", "quick", "fox", "jumps"]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, "[unk]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.add_special_tokens(["[CLS]", "[SEP]"])
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 1), ("[SEP]", 2)]
+    )
+    tok.save(str(tmp_path / "tokenizer.json"))
+    texts = ["the quick fox", "fox jumps", "jumps"]
+    corpus.write_jsonl(tmp_path / "a.jsonl", texts)
+    direct = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    assert direct.encode("fox").ids == [1, 5, 2]  # the post-processor does add them
+    for name, bos, eos in (("plain", None, None), ("cls", "[CLS]", "[SEP]")):
+        prepare(tmp_path / "a.jsonl", tmp_path / name, tokenizer=tmp_path / "tokenizer.json",
+                bos=bos, eos=eos, workers=1, progress=False)  # fmt: skip
+    assert stored(tmp_path / "plain")[1] == [
+        direct.encode(t, add_special_tokens=False).ids for t in texts
+    ]
+    assert stored(tmp_path / "plain")[1] == [[3, 4, 5], [5, 6], [6]]
+    assert stored(tmp_path / "cls")[1] == [direct.encode(t).ids for t in texts]
+
+
+def test_the_parts_finished_since_the_last_commit_are_committed_when_a_task_fails(
+    tmp_path, tokenizer, monkeypatch
+):
+    """Six parts, one commit planned after all six: the fourth fails, and the three finished
+    before it are in the manifest all the same (a resume runs only the other three)."""
+    package = sys.modules["psdp.prepare"]
+    real = package.run_task
+    texts = corpus.texts(60, seed=80)
+    for i in range(6):
+        corpus.write_jsonl(tmp_path / f"s{i}.jsonl", texts[i * 10 : (i + 1) * 10])
+    ran = []
+
+    def fails_at_s3(task):
+        if task.unit.path.endswith("s3.jsonl"):
+            raise RuntimeError("a worker died")
+        ran.append(task.part)
+        return real(task)
+
+    monkeypatch.setattr(package, "COMMITS", 1)  # a periodic commit every 6 parts: never here
+    monkeypatch.setattr(package, "run_task", fails_at_s3)
+    with pytest.raises(RuntimeError, match="a worker died"):
+        prepare(str(tmp_path / "s*.jsonl"), tmp_path / "store", tokenizer=tokenizer, workers=1,
+                progress=False)  # fmt: skip
+    meta = json.loads((tmp_path / "store" / "psdp.json").read_text())
+    assert [name for name, part in sorted(meta["parts"].items()) if part] == ran == [
+        "000000", "000001", "000002",
+    ]  # fmt: skip
+    ran.clear()
+    monkeypatch.setattr(package, "run_task", lambda task: ran.append(task.part) or real(task))
+    prepare(str(tmp_path / "s*.jsonl"), tmp_path / "store", tokenizer=tokenizer, workers=1,
+            progress=False)  # fmt: skip
+    assert ran == ["000003", "000004", "000005"]
+    assert stored(tmp_path / "store")[1] == oracle(tokenizer, texts, bos=None, eos=None)

@@ -209,7 +209,7 @@ def file_sha256(path: str | os.PathLike[str]) -> str:
 
 
 def paired(
-    meta: Manifest, units: list[Unit], root: str | None
+    meta: Mapping[str, Any], units: list[Unit], root: str | None
 ) -> tuple[list[dict[str, Any] | None], list[dict[str, Any]]]:
     """Each committed unit of the store (``meta["units"]``, in order) paired with the unit of
     ``units`` that is the same input, or ``None``; and the units of ``units`` paired with none.
@@ -254,7 +254,7 @@ def _cached_sha256(path: str, *stamp: int) -> str:
     return file_sha256(path)
 
 
-def stale_inputs(meta: Manifest, units: list[Unit], root: str | None) -> str:
+def stale_inputs(meta: Mapping[str, Any], units: list[Unit], root: str | None) -> str:
     """How ``units`` differ from the complete store's inputs ('' if they are its inputs)."""
     pairs, added = paired(meta, units, root)
     for unit, pair in zip(meta["units"], pairs, strict=True):
