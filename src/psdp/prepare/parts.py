@@ -226,8 +226,11 @@ def paired(
             file = os.path.relpath(file, root)
         found = free.pop(unit_id({**unit, "file": file}), None)
         pairs.append(None if found is None else found[0])
-    hashes = {u["file"]: meta["parts"][u["part"]].get("input_sha256") for u in meta["units"]
-              if meta["parts"].get(u["part"]) and meta["parts"][u["part"]].get("input_sha256")}  # fmt: skip
+    hashes = {}  # by recorded file: the sha256 the part of its first rows recorded
+    for unit in meta["units"]:
+        part = meta["parts"].get(unit["part"]) or {}
+        if part.get("input_sha256"):
+            hashes[unit["file"]] = part["input_sha256"]
     for i, unit in enumerate(meta["units"]):
         if pairs[i] is not None or unit["file"] not in hashes:
             continue
@@ -310,16 +313,14 @@ def planned(
         if pair is None:
             raise ValueError(
                 f"{name} holds the input {shown(unit['file'], root)} (rows {unit['rows']}), "
-                "which this run "
-                "does not name; name every input of the store (new inputs are appended), or "
-                "prepare into a new output"
+                "which this run does not name; name every input of the store (new inputs are "
+                "appended), or prepare into a new output"
             )
         if pair["version"] != unit["version"]:
             raise ValueError(
                 f"the input {shown(pair['file'], root)} changed since it was prepared into "
-                f"{name} (size or "
-                f"version {unit['version']} then, {pair['version']} now); prepare into a new "
-                "output"
+                f"{name} (size or version {unit['version']} then, {pair['version']} now); "
+                "prepare into a new output"
             )
         base.append({**unit, "file": pair["file"]})  # recorded as now named: moved, it follows
     if complete:
