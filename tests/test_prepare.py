@@ -621,3 +621,31 @@ def test_the_parts_finished_since_the_last_commit_are_committed_when_a_task_fail
             progress=False)  # fmt: skip
     assert ran == ["000003", "000004", "000005"]
     assert stored(tmp_path / "store")[1] == oracle(tokenizer, texts, bos=None, eos=None)
+
+
+def test_a_data_config_naming_an_unfinished_append_says_how_to_finish_it(tmp_path, tokenizer):
+    """A config that names the inputs of an append that stopped: the error gives the command
+    that finishes it (not "delete it"), and that command does."""
+    import shlex
+
+    from psdp import SourceConfig
+    from psdp.tools.cli import main
+
+    a, b = corpus.texts(20, seed=90), corpus.texts(20, seed=91)
+    corpus.write_jsonl(tmp_path / "a.jsonl", a)
+    prepare(tmp_path / "a.jsonl", tmp_path / "store", tokenizer=tokenizer, workers=1,
+            progress=False)  # fmt: skip
+    (tmp_path / "b.jsonl").write_text("not json\n")
+    with pytest.raises(ValueError, match=r"b\.jsonl, line 1"):
+        prepare([tmp_path / "a.jsonl", tmp_path / "b.jsonl"], tmp_path / "store",
+                tokenizer=tokenizer, workers=1, progress=False)  # fmt: skip
+    corpus.write_jsonl(tmp_path / "b.jsonl", b)  # fixed
+    source = SourceConfig(store=str(tmp_path / "store"), tokenizer=str(tokenizer),
+                          inputs=[str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")])  # fmt: skip
+    with pytest.raises(ValueError, match="unfinished append") as error:
+        source.open("source 'web'")
+    assert "delete it" not in str(error.value)
+    command = shlex.split(str(error.value).split("`")[1])
+    assert main([*command[1:], "--workers", "1", "--no-progress"]) == 0
+    assert source.open("source 'web'").num_documents == 40
+    assert stored(tmp_path / "store")[1] == oracle(tokenizer, a + b, bos=None, eos=None)

@@ -207,6 +207,12 @@ class SourceConfig:
                 f"every part was committed); finish it with `{self._finish_command(manifest)}`"
             )
         why = self._stale_reason(manifest)
+        if why and manifest.get("append"):  # an append that stopped: rerunning it finishes it
+            raise ValueError(
+                f"{role}: the store {self.store!r} has an unfinished append ({why}; psdp prepare "
+                f"was stopped before the append completed); finish it with "
+                f"`{self._finish_command(manifest)}`"
+            )
         if why:
             raise ValueError(
                 f"{role}: the store {self.store!r} is stale: {why}; delete it and make it again "
