@@ -649,3 +649,46 @@ def test_a_data_config_naming_an_unfinished_append_says_how_to_finish_it(tmp_pat
     assert main([*command[1:], "--workers", "1", "--no-progress"]) == 0
     assert source.open("source 'web'").num_documents == 40
     assert stored(tmp_path / "store")[1] == oracle(tokenizer, a + b, bos=None, eos=None)
+
+
+WATCHED = """
+import multiprocessing, os, sys, time
+from psdp.prepare import engines
+
+def worker(driver, where):
+    sys.platform = "elsewhere"  # no prctl: the thread that watches the driver
+    engines._die_with(driver)
+    open(os.path.join(where, f"started-{os.getpid()}"), "w").close()
+    time.sleep(600)
+
+if __name__ == "__main__":
+    process = multiprocessing.get_context("spawn").Process(
+        target=worker, args=(os.getpid(), sys.argv[1]))
+    process.start()
+    process.join()
+"""
+
+
+def test_a_worker_without_prctl_ends_with_its_killed_driver_too(tmp_path):
+    """The portable way (off Linux): a worker's thread sees its parent change, and ends it."""
+    from tests.blocking_task import started
+
+    (tmp_path / "watched.py").write_text(WATCHED)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    run = subprocess.Popen([sys.executable, str(tmp_path / "watched.py"), str(tmp_path)], env=env,
+                           stderr=subprocess.PIPE, text=True)  # fmt: skip
+    workers = []
+    try:
+        _wait_for(lambda: started(tmp_path), "the worker started", run)
+        workers = started(tmp_path)
+        os.kill(run.pid, signal.SIGKILL)
+        run.wait()
+        _wait_for(lambda: not any(map(_alive, workers)), "end of the worker", seconds=60)
+    finally:
+        for pid in workers:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+        run.stderr.close()
