@@ -553,12 +553,29 @@ MUTANTS = [
            "return where", "--endpoint ignored"),
     Mutant("QR7", "sources/document_writer.py", "len(rows), len(rows), codecs,", "1 << 16, 1 << 16, codecs,",
            "a 1 MiB index chunk for any store"),
+    # ------------------------------------------------------------- prepare/ (issue 35, store)
+    Mutant("QS1", "prepare/tokenize.py", "encode_batch_fast(texts, add_special_tokens=False)",
+           "encode_batch_fast(texts, add_special_tokens=True)",
+           "the post-processor's special tokens added to every document"),
+    Mutant("QS2", "prepare/__init__.py",
+           "        if uncommitted:  # the parts finished before an error (or the last few) are kept",
+           "        if False:", "the parts finished since the last commit lost on an error"),
+    Mutant("QS3", "prepare/parts.py", "body, if_equal=self.generation)", "body)",
+           "the manifest written without compare-and-swap"),
+    Mutant("QS4", "prepare/chat.py", "dtype = id_dtype(len(tokenizer))",
+           "dtype = id_dtype(tokenizer.vocab_size)",
+           "chat ids in a dtype without the added tokens (template tokens above 255 cut)"),
+    Mutant("QS5", "prepare/tasks.py", "key = (digest, task.bos, task.eos)",
+           "key = (task.tokenizer, task.bos, task.eos)", "the tokenizer cached by its path"),
+    Mutant("QS6", "prepare/tokenize.py", 'MORE_FILES = ("chat_template.jinja", ', "MORE_FILES = (",
+           "chat_template.jinja not in the store's key"),
 ]  # fmt: skip
 
 #: Single-process tests run against every mutant (the planner, reads, assembly and order).
 TESTS = [
     "tests/test_tokens.py",
     "tests/test_prepare.py",
+    "tests/test_chat.py",
     "tests/test_prepare_readers.py",
     "tests/test_documents.py",
     "tests/test_packing.py",

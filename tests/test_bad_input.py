@@ -399,6 +399,17 @@ def _prepare(tmp: Path, lines: Any = ('{"text": "a b"}',), **options: Any) -> An
     return prepare(options.pop("inputs", tmp / "a.jsonl"), tmp / "store", **options)
 
 
+def _prepare_while_held(tmp: Path) -> Any:
+    """`_prepare` while tmp/store is held, as another run holds it."""
+    from psdp.prepare.parts import Output
+
+    held = Output(tmp / "store")
+    try:
+        return _prepare(tmp)
+    finally:
+        held.release()
+
+
 def _bytes(path: Path, data: bytes) -> Path:
     path.write_bytes(data)
     return path
@@ -2612,6 +2623,12 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
         lambda tmp: _prepare(tmp, inputs=[_jsonl(tmp / "store" / "mine.jsonl")]),
         FileExistsError,
         ["store already holds 1 files and is no psdp prepare store", "choose a new output"],
+    ),
+    (
+        "prepare into an output that another run is writing",
+        lambda tmp: _prepare_while_held(tmp),
+        FileExistsError,
+        ["another psdp prepare (pid", "is writing", "run one prepare per output at a time"],
     ),
     (
         "prepare with an unknown engine",

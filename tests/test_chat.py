@@ -7,13 +7,15 @@ each assistant message (and its closing ``<|end|>``, which the template marks), 
 
 from __future__ import annotations
 
+import itertools
+import json
 import sys
 
 import numpy as np
 import pytest
 
 from psdp.prepare.chat import render_chat
-from tests.chat_tokenizer import conversations, rendered, save_chat_tokenizer
+from tests.chat_tokenizer import TEMPLATE, conversations, rendered, save_chat_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -84,3 +86,100 @@ def test_prepare_stores_chat_records_with_their_loss_mask(chat_dir, tmp_path):
             for s, e in masked_runs(mask)
         ]
         assert spans == [f"{m['content']}<|end|>" for m in chat if m["role"] == "assistant"]
+
+
+def _prepare_chats(chat_dir, inputs, output):
+    from psdp.prepare import prepare
+
+    return prepare(inputs, output, tokenizer=chat_dir, messages_field="messages", workers=1,
+                   progress=False)  # fmt: skip
+
+
+def _stored_ids(path):
+    from psdp import DocumentStore
+
+    store = DocumentStore.open(path)
+    offsets = store.offsets_range(0, store.num_documents + 1)
+    ids = store.read_ranges([0], [store.num_tokens])["input_ids"].tolist()
+    return [ids[a:b] for a, b in itertools.pairwise(offsets)]
+
+
+#: The test template without its leading BOS: another rendering of the same conversations.
+NO_BOS = TEMPLATE.replace("{{ bos_token }}", "")
+
+
+def test_a_chat_template_saved_again_at_the_same_path_renders_with_the_new_one(tmp_path):
+    """Two templates saved in turn to one directory, in one process: each store holds its own
+    template's rendering (a tokenizer cached by its path rendered the first one twice)."""
+    from tokenizers import Tokenizer
+
+    from tests import prepare_corpus
+
+    chats = conversations(20, seed=5)
+    prepare_corpus.write_jsonl(tmp_path / "a.jsonl", chats, field="messages")
+    chat_dir = tmp_path / "tok"
+    for name, template, text in (("first", TEMPLATE, rendered), ("second", NO_BOS, None)):
+        save_chat_tokenizer(chat_dir, template=template)
+        _prepare_chats(chat_dir, tmp_path / "a.jsonl", tmp_path / name)
+        direct = Tokenizer.from_file(str(chat_dir / "tokenizer.json"))
+        texts = [rendered(c) if text else rendered(c).removeprefix("<s>") for c in chats]
+        assert _stored_ids(tmp_path / name) == [
+            direct.encode(t, add_special_tokens=False).ids for t in texts
+        ]
+
+
+def test_an_edited_chat_template_file_is_another_key_and_its_append_is_refused(tmp_path):
+    """transformers 5 keeps the template in chat_template.jinja beside the tokenizer (written
+    here by hand, whatever transformers is installed): editing it changes the store's key."""
+    from tests import prepare_corpus
+
+    chats = conversations(40, seed=6)
+    prepare_corpus.write_jsonl(tmp_path / "a.jsonl", chats[:20], field="messages")
+    prepare_corpus.write_jsonl(tmp_path / "b.jsonl", chats[20:], field="messages")
+    chat_dir = save_chat_tokenizer(tmp_path / "tok")
+    (chat_dir / "chat_template.jinja").write_text(TEMPLATE)
+    config = json.loads((chat_dir / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)  # the file beside the tokenizer is the template
+    (chat_dir / "tokenizer_config.json").write_text(json.dumps(config))
+    _prepare_chats(chat_dir, tmp_path / "a.jsonl", tmp_path / "store")
+    before = _stored_ids(tmp_path / "store")
+    (chat_dir / "chat_template.jinja").write_text(NO_BOS)
+    with pytest.raises(ValueError, match="was prepared with other settings .*tokenizer_sha256"):
+        _prepare_chats(chat_dir, [tmp_path / "a.jsonl", tmp_path / "b.jsonl"], tmp_path / "store")
+    assert _stored_ids(tmp_path / "store") == before
+
+
+def test_chat_template_tokens_above_a_256_id_vocabulary_are_stored_exactly(tmp_path):
+    """256 words (ids 0-255) and the template's three tokens added above them (256-258): the ids
+    need uint16, and each template token is stored as its own id, not cut to 8 bits."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from tests import prepare_corpus
+
+    words = ["hi", "the", "fox", *(f"w{i}" for i in range(253))]
+    core = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="hi"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        additional_special_tokens=["<|user|>", "<|assistant|>", "<|end|>"],
+        clean_up_tokenization_spaces=False,
+    )
+    tokenizer.chat_template = NO_BOS
+    tokenizer.save_pretrained(str(tmp_path / "tok"))
+    chats = [
+        [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "the fox w252"}],
+        [{"role": "user", "content": "w7 fox"}, {"role": "assistant", "content": "hi"}],
+    ]
+    prepare_corpus.write_jsonl(tmp_path / "a.jsonl", chats, field="messages")
+    _prepare_chats(tmp_path / "tok", tmp_path / "a.jsonl", tmp_path / "store")
+    direct = Tokenizer.from_file(str(tmp_path / "tok" / "tokenizer.json"))
+    want = [direct.encode(rendered(c).removeprefix("<s>"), add_special_tokens=False).ids
+            for c in chats]  # fmt: skip
+    assert want[0] == [256, 0, 258, 257, 1, 2, 255, 258]  # the template's tokens: 256, 257, 258
+    assert _stored_ids(tmp_path / "store") == want
+    from psdp import DocumentStore
+
+    assert (
+        DocumentStore.open(tmp_path / "store").read_ranges([0], [1])["input_ids"].dtype == np.uint16
+    )

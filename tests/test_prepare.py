@@ -430,3 +430,369 @@ def test_the_cli_prints_the_summary_as_one_json_object(tmp_path, tokenizer, caps
     }  # fmt: skip
     assert isinstance(seconds, float) and seconds > 0
     assert stored(tmp_path / "s")[1] == documents
+
+
+def test_a_tokenizer_saved_again_at_the_same_path_is_another_tokenizer(tmp_path):
+    """A tokenizer retrained and saved over the old one's file, in the same process: the second
+    store holds the new tokenizer's ids, as its key says (a cache by path gave the old ones)."""
+    path = tmp_path / "tok" / "tokenizer.json"
+    texts = corpus.texts(60, seed=40)
+    corpus.write_jsonl(tmp_path / "a.jsonl", texts)
+    stores = {}
+    for name, vocab_size in (("first", 300), ("second", 280)):
+        corpus.train_tokenizer(
+            path, vocab_size=vocab_size, corpus=corpus.texts(200, seed=vocab_size)
+        )
+        prepare(tmp_path / "a.jsonl", tmp_path / name, tokenizer=path, eos=EOS, workers=1,
+                progress=False)  # fmt: skip
+        stores[name] = stored(tmp_path / name)[1]
+        assert stores[name] == oracle(path, texts, bos=None)
+        key = json.loads((tmp_path / name / "psdp.json").read_text())["key"]
+        assert key["tokenizer_sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert stores["first"] != stores["second"]  # the two tokenizers do differ on these texts
+
+
+def test_an_id_given_as_digits_is_an_id_in_the_api_as_on_the_command_line(tmp_path):
+    """One rule for BOS/EOS: an int or a string of digits is an id, other strings are tokens;
+    here "3" is also a token (id 1), and eos="3" is still the id 3, as `--eos 3` is."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from psdp.tools.cli import main
+
+    words = Tokenizer(models.WordLevel({"[unk]": 0, "3": 1, "a": 2, "b": 3, "<e>": 4}, "[unk]"))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()
+    words.save(str(tmp_path / "tokenizer.json"))
+    corpus.write_jsonl(tmp_path / "a.jsonl", ["a 3 b", "b"])
+    prepare(tmp_path / "a.jsonl", tmp_path / "api", tokenizer=tmp_path / "tokenizer.json",
+            bos="<e>", eos="3", workers=1, progress=False)  # fmt: skip
+    assert main(["prepare", str(tmp_path / "a.jsonl"), "--output", str(tmp_path / "cli"),
+                 "--tokenizer", str(tmp_path / "tokenizer.json"), "--bos", "<e>", "--eos", "3",
+                 "--workers", "1", "--no-progress"]) == 0  # fmt: skip
+    assert (
+        stored(tmp_path / "api")[1] == stored(tmp_path / "cli")[1] == [[4, 2, 1, 3, 3], [4, 3, 3]]
+    )
+
+
+def _start_blocked(tmp_path, tokenizer, workers):
+    """A prepare of two shards in a subprocess whose tasks wait for ``tmp_path/go``."""
+    for i in range(2):
+        corpus.write_jsonl(tmp_path / f"s{i}.jsonl", corpus.texts(30, seed=50 + i))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    command = [sys.executable, "-m", "tests.blocking_task", str(tmp_path),
+               str(tmp_path / "s*.jsonl"), str(tmp_path / "store"), str(tokenizer), str(workers)]  # fmt: skip
+    return subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for(condition, what, run=None, seconds=120):
+    """Polls ``condition`` until true; a generous deadline only against a hang."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if run is not None and run.poll() is not None:
+            raise AssertionError(
+                f"the run ended ({run.returncode}) before {what}: {run.stderr.read()}"
+            )
+        assert time.monotonic() < deadline, f"no {what} within {seconds} s"
+        time.sleep(0.02)
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has ended
+    except FileNotFoundError:
+        return False
+
+
+def test_a_second_run_into_an_output_another_run_holds_says_so_and_exits_2(
+    tmp_path, tokenizer, capsys
+):
+    """Run B starts while run A holds the output (A's task waits for the test): B names the
+    other run and exits 2, touching nothing; A then completes; B after A finds it complete."""
+    from psdp.tools.cli import main
+    from tests.blocking_task import started
+
+    run = _start_blocked(tmp_path, tokenizer, workers=1)
+    try:
+        _wait_for(lambda: started(tmp_path), "task started", run)
+        before = tree_hash(tmp_path / "store")
+        command = ["prepare", str(tmp_path / "s*.jsonl"), "--output", str(tmp_path / "store"),
+                   "--tokenizer", str(tokenizer), "--eos", "1", "--workers", "1", "--no-progress"]  # fmt: skip
+        assert main(command) == 2
+        error = capsys.readouterr().err
+        assert "another psdp prepare" in error and f"pid {run.pid}" in error, error
+        assert "empty it" not in error
+        assert tree_hash(tmp_path / "store") == before
+    finally:
+        (tmp_path / "go").touch()
+        run.wait(timeout=300)
+        err = run.stderr.read()
+        run.stderr.close()
+    assert run.returncode == 0, err
+    texts = corpus.texts(30, seed=50) + corpus.texts(30, seed=51)
+    assert stored(tmp_path / "store")[1] == oracle(tokenizer, texts, bos=None)
+    assert main(command) == 0  # the other run finished it: nothing to do
+
+
+def test_a_manifest_changed_by_another_run_stops_this_one_at_its_next_commit(
+    tmp_path, tokenizer, monkeypatch
+):
+    """The compare-and-swap (what keeps two runs on an object store, where no lock is held,
+    from mixing): a manifest rewritten under a run stops the run at its next commit."""
+    package = sys.modules["psdp.prepare"]
+    real = package.run_task
+    corpus.write_jsonl(tmp_path / "a.jsonl", corpus.texts(20, seed=55))
+
+    def another_run_commits(task):  # as a run on another machine would: it holds no lock
+        manifest = tmp_path / "store" / "psdp.json"
+        meta = json.loads(manifest.read_text())
+        (tmp_path / "next.json").write_text(json.dumps({**meta, "by": "another"}))
+        (tmp_path / "next.json").replace(manifest)
+        return real(task)
+
+    monkeypatch.setattr(package, "run_task", another_run_commits)
+    with pytest.raises(FileExistsError, match="another psdp prepare wrote .* while this one ran"):
+        prepare(tmp_path / "a.jsonl", tmp_path / "store", tokenizer=tokenizer, workers=1,
+                progress=False)  # fmt: skip
+    assert json.loads((tmp_path / "store" / "psdp.json").read_text())["by"] == "another"
+
+
+def test_the_workers_of_a_killed_driver_end_with_it(tmp_path, tokenizer):
+    """SIGKILL to the driver alone (no cleanup runs) while both workers are in a task: the
+    workers end too, instead of waiting forever holding its stdout."""
+    from tests.blocking_task import started
+
+    run = _start_blocked(tmp_path, tokenizer, workers=2)
+    workers = []
+    try:
+        _wait_for(lambda: len(started(tmp_path)) == 2, "two tasks started", run)
+        workers = started(tmp_path)
+        assert run.pid not in workers
+        os.kill(run.pid, signal.SIGKILL)
+        run.wait()
+        run.stderr.close()
+        _wait_for(lambda: not any(map(_alive, workers)), "end of the workers", seconds=60)
+    finally:
+        for pid in workers:  # on a failure, no worker is left behind
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+        if not run.stderr.closed:
+            run.stderr.close()
+
+
+def test_a_failed_append_leaves_the_store_as_it_was_and_completes_once_the_input_is_fixed(
+    tmp_path, tokenizer
+):
+    """An append stopped by a malformed record: the store still reads as before; naming only
+    its old inputs is accepted (the append given up); after the record is fixed, as the error
+    says, the append completes into the store a fresh run writes."""
+    a, c, b = (corpus.texts(40, seed=60 + i) for i in range(3))
+    corpus.write_jsonl(tmp_path / "a.jsonl", a)
+    corpus.write_jsonl(tmp_path / "c.jsonl", c)  # appended before b: committed before b fails
+    lines = [json.dumps({"text": t}) for t in b]
+    lines[5] = '{"text": broken'
+    (tmp_path / "b.jsonl").write_text("\n".join(lines) + "\n")
+    out, inputs = tmp_path / "store", [tmp_path / n for n in ("a.jsonl", "c.jsonl", "b.jsonl")]
+
+    def run(names, output=out):
+        return prepare(names, output, tokenizer=tokenizer, eos=EOS, workers=1, progress=False)
+
+    run(inputs[:1])
+    before = tree_hash(out)
+    for _ in range(2):  # the failed append, then once more as a user would before fixing it
+        with pytest.raises(ValueError, match=r"b\.jsonl, line 6: not valid JSON"):
+            run(inputs)
+        assert stored(out)[1] == oracle(tokenizer, a, bos=None)
+    assert run(inputs[:1]).documents == 40  # back to the old inputs: the store as it was
+    assert tree_hash(out) == before
+    with pytest.raises(ValueError, match=r"b\.jsonl, line 6"):
+        run(inputs)
+    lines[5] = json.dumps({"text": b[5]})  # the record fixed, as the error advises
+    (tmp_path / "b.jsonl").write_text("\n".join(lines) + "\n")
+    assert run(inputs).documents == 120
+    assert stored(out)[1] == oracle(tokenizer, a + c + b, bos=None)
+    run(inputs, tmp_path / "fresh")
+    assert tree_hash(out) == tree_hash(tmp_path / "fresh")
+
+
+def test_a_store_stays_valid_when_its_folder_is_moved_linked_or_copied(
+    tmp_path, tokenizer, monkeypatch
+):
+    """Inputs are recorded relative to the store and are the same inputs when their bytes are:
+    a project folder moved, linked or copied keeps its store (resume, append and the data
+    config accept it), and a store moved apart from its inputs follows them by content."""
+    from psdp import SourceConfig
+
+    texts = corpus.texts(80, seed=70)
+    first = tmp_path / "first"
+    (first / "raw").mkdir(parents=True)
+    for i in range(2):
+        corpus.write_jsonl(first / "raw" / f"s{i}.jsonl", texts[i * 40 : (i + 1) * 40])
+    prepare(str(first / "raw" / "*.jsonl"), first / "store", tokenizer=tokenizer, eos=EOS,
+            workers=1, progress=False)  # fmt: skip
+    whole = tree_hash(first / "store")
+    project = tmp_path / "moved"
+    first.rename(project)
+    (tmp_path / "linked").symlink_to(project)
+    shutil.copytree(project, tmp_path / "copied")
+    for folder in ("moved", "linked", "copied"):
+        root = tmp_path / folder
+        summary = prepare(str(root / "raw" / "*.jsonl"), root / "store", tokenizer=tokenizer,
+                          eos=EOS, workers=1, progress=False)  # fmt: skip
+        assert (summary.documents, tree_hash(root / "store")) == (80, whole)
+        monkeypatch.chdir(root)  # a config's relative paths, as a YAML holds them
+        source = SourceConfig(store="store", inputs=["raw/*.jsonl"], tokenizer=str(tokenizer),
+                              eos=str(EOS))  # fmt: skip
+        assert source.open("source 'web'").num_documents == 80
+    apart = tmp_path / "elsewhere" / "store"  # the store alone moved: inputs found by content
+    shutil.copytree(tmp_path / "copied" / "store", apart)
+    corpus.write_jsonl(tmp_path / "copied" / "raw" / "s2.jsonl", ["one more document"])
+    summary = prepare(str(tmp_path / "copied" / "raw" / "*.jsonl"), apart, tokenizer=tokenizer,
+                      eos=EOS, workers=1, progress=False)  # fmt: skip
+    assert summary.documents == 81
+    assert stored(apart)[1] == oracle(tokenizer, [*texts, "one more document"], bos=None)
+    raw = tmp_path / "moved" / "raw" / "s0.jsonl"  # same size, other bytes: another input
+    raw.write_bytes(raw.read_bytes().replace(b"a", b"b"))
+    (tmp_path / "elsewhere" / "raw").mkdir()
+    shutil.copy(raw, tmp_path / "elsewhere" / "raw" / "s0.jsonl")
+    shutil.copy(project / "raw" / "s1.jsonl", tmp_path / "elsewhere" / "raw" / "s1.jsonl")
+    shutil.copytree(project / "store", tmp_path / "other" / "store")
+    with pytest.raises(ValueError, match=r"holds the input .*s0\.jsonl .*does not name"):
+        prepare(str(tmp_path / "elsewhere" / "raw" / "*.jsonl"), tmp_path / "other" / "store",
+                tokenizer=tokenizer, eos=EOS, workers=1, progress=False)  # fmt: skip
+
+
+def test_a_tokenizer_whose_post_processor_adds_special_tokens(tmp_path):
+    """The post-processor's own [CLS] ... [SEP] is never added: the ids are the text's alone, and
+    BOS/EOS are what the user asks for, once each; asked for as [CLS] and [SEP], the store holds
+    exactly what the tokenizer itself gives with its special tokens."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    words = ["[unk]", "[CLS]", "[SEP]", "the", "quick", "fox", "jumps"]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, "[unk]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.add_special_tokens(["[CLS]", "[SEP]"])
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 1), ("[SEP]", 2)]
+    )
+    tok.save(str(tmp_path / "tokenizer.json"))
+    texts = ["the quick fox", "fox jumps", "jumps"]
+    corpus.write_jsonl(tmp_path / "a.jsonl", texts)
+    direct = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    assert direct.encode("fox").ids == [1, 5, 2]  # the post-processor does add them
+    for name, bos, eos in (("plain", None, None), ("cls", "[CLS]", "[SEP]")):
+        prepare(tmp_path / "a.jsonl", tmp_path / name, tokenizer=tmp_path / "tokenizer.json",
+                bos=bos, eos=eos, workers=1, progress=False)  # fmt: skip
+    assert stored(tmp_path / "plain")[1] == [
+        direct.encode(t, add_special_tokens=False).ids for t in texts
+    ]
+    assert stored(tmp_path / "plain")[1] == [[3, 4, 5], [5, 6], [6]]
+    assert stored(tmp_path / "cls")[1] == [direct.encode(t).ids for t in texts]
+
+
+def test_the_parts_finished_since_the_last_commit_are_committed_when_a_task_fails(
+    tmp_path, tokenizer, monkeypatch
+):
+    """Six parts, one commit planned after all six: the fourth fails, and the three finished
+    before it are in the manifest all the same (a resume runs only the other three)."""
+    package = sys.modules["psdp.prepare"]
+    real = package.run_task
+    texts = corpus.texts(60, seed=80)
+    for i in range(6):
+        corpus.write_jsonl(tmp_path / f"s{i}.jsonl", texts[i * 10 : (i + 1) * 10])
+    ran = []
+
+    def fails_at_s3(task):
+        if task.unit.path.endswith("s3.jsonl"):
+            raise RuntimeError("a worker died")
+        ran.append(task.part)
+        return real(task)
+
+    monkeypatch.setattr(package, "COMMITS", 1)  # a periodic commit every 6 parts: never here
+    monkeypatch.setattr(package, "run_task", fails_at_s3)
+    with pytest.raises(RuntimeError, match="a worker died"):
+        prepare(str(tmp_path / "s*.jsonl"), tmp_path / "store", tokenizer=tokenizer, workers=1,
+                progress=False)  # fmt: skip
+    meta = json.loads((tmp_path / "store" / "psdp.json").read_text())
+    assert [name for name, part in sorted(meta["parts"].items()) if part] == ran == [
+        "000000", "000001", "000002",
+    ]  # fmt: skip
+    ran.clear()
+    monkeypatch.setattr(package, "run_task", lambda task: ran.append(task.part) or real(task))
+    prepare(str(tmp_path / "s*.jsonl"), tmp_path / "store", tokenizer=tokenizer, workers=1,
+            progress=False)  # fmt: skip
+    assert ran == ["000003", "000004", "000005"]
+    assert stored(tmp_path / "store")[1] == oracle(tokenizer, texts, bos=None, eos=None)
+
+
+def test_a_data_config_naming_an_unfinished_append_says_how_to_finish_it(tmp_path, tokenizer):
+    """A config that names the inputs of an append that stopped: the error gives the command
+    that finishes it (not "delete it"), and that command does."""
+    import shlex
+
+    from psdp import SourceConfig
+    from psdp.tools.cli import main
+
+    a, b = corpus.texts(20, seed=90), corpus.texts(20, seed=91)
+    corpus.write_jsonl(tmp_path / "a.jsonl", a)
+    prepare(tmp_path / "a.jsonl", tmp_path / "store", tokenizer=tokenizer, workers=1,
+            progress=False)  # fmt: skip
+    (tmp_path / "b.jsonl").write_text("not json\n")
+    with pytest.raises(ValueError, match=r"b\.jsonl, line 1"):
+        prepare([tmp_path / "a.jsonl", tmp_path / "b.jsonl"], tmp_path / "store",
+                tokenizer=tokenizer, workers=1, progress=False)  # fmt: skip
+    corpus.write_jsonl(tmp_path / "b.jsonl", b)  # fixed
+    source = SourceConfig(store=str(tmp_path / "store"), tokenizer=str(tokenizer),
+                          inputs=[str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")])  # fmt: skip
+    with pytest.raises(ValueError, match="unfinished append") as error:
+        source.open("source 'web'")
+    assert "delete it" not in str(error.value)
+    command = shlex.split(str(error.value).split("`")[1])
+    assert main([*command[1:], "--workers", "1", "--no-progress"]) == 0
+    assert source.open("source 'web'").num_documents == 40
+    assert stored(tmp_path / "store")[1] == oracle(tokenizer, a + b, bos=None, eos=None)
+
+
+WATCHED = """
+import multiprocessing, os, sys, time
+from psdp.prepare import engines
+
+def worker(driver, where):
+    sys.platform = "elsewhere"  # no prctl: the thread that watches the driver
+    engines._die_with(driver)
+    open(os.path.join(where, f"started-{os.getpid()}"), "w").close()
+    time.sleep(600)
+
+if __name__ == "__main__":
+    process = multiprocessing.get_context("spawn").Process(
+        target=worker, args=(os.getpid(), sys.argv[1]))
+    process.start()
+    process.join()
+"""
+
+
+def test_a_worker_without_prctl_ends_with_its_killed_driver_too(tmp_path):
+    """The portable way (off Linux): a worker's thread sees its parent change, and ends it."""
+    from tests.blocking_task import started
+
+    (tmp_path / "watched.py").write_text(WATCHED)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    run = subprocess.Popen([sys.executable, str(tmp_path / "watched.py"), str(tmp_path)], env=env,
+                           stderr=subprocess.PIPE, text=True)  # fmt: skip
+    workers = []
+    try:
+        _wait_for(lambda: started(tmp_path), "the worker started", run)
+        workers = started(tmp_path)
+        os.kill(run.pid, signal.SIGKILL)
+        run.wait()
+        _wait_for(lambda: not any(map(_alive, workers)), "end of the worker", seconds=60)
+    finally:
+        for pid in workers:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+        run.stderr.close()

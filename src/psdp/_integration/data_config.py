@@ -289,6 +289,12 @@ class SourceConfig:
                 f"every part was committed); finish it with `{self._finish_command(manifest)}`"
             )
         why = self._stale_reason(manifest)
+        if why and manifest.get("append"):  # an append that stopped: rerunning it finishes it
+            raise ValueError(
+                f"{role}: the store {self.store!r} has an unfinished append ({why}; psdp prepare "
+                f"was stopped before the append completed); finish it with "
+                f"`{self._finish_command(manifest)}`"
+            )
         if why:
             raise ValueError(
                 f"{role}: the store {self.store!r} is stale: {why}; delete it and make it again "
@@ -310,6 +316,7 @@ class SourceConfig:
             return ""  # store itself is still what it was
 
     def _difference(self, manifest: Mapping[str, Any]) -> str:
+        from psdp.prepare.parts import stale_inputs
         from psdp.prepare.readers import plan_units
         from psdp.prepare.tokenize import Encoder, load_tokenizer, tokenizer_digest
 
@@ -336,18 +343,10 @@ class SourceConfig:
                     f"its {name} id is {key.get(name)!r}, but {name}={getattr(self, name)!r} "
                     f"is id {getattr(encoder, name)!r}"
                 )
-        planned = {json.dumps([u["file"], u["rows"]]): u["version"] for u in manifest["units"]}
         units = plan_units(self.inputs, key.get("rows_per_part", 1))
-        found = {json.dumps([u.identity["file"], u.identity["rows"]]): u for u in units}
-        for unit_id, unit in found.items():
-            if unit_id not in planned:
-                return f"the input {unit.name} is not in it"
-            if planned[unit_id] != unit.identity["version"]:
-                return f"the input {unit.name} changed since it was prepared"
-        left = sorted(set(planned) - set(found))
-        if left:
-            return f"it holds inputs the config does not name ({json.loads(left[0])[0]})"
-        return ""
+        local = _local_manifest(self.store) is not None  # a local store: its own directory
+        root = str(Path(str(self.store)).resolve()) if local else None
+        return stale_inputs(manifest, units, root)  # inputs by content: a moved folder is fine
 
 
 def _token(value: str | None) -> str | int | None:

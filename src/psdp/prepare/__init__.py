@@ -23,10 +23,10 @@ from tqdm import tqdm
 
 from psdp._checks import check_int
 from psdp.prepare.engines import engine_named
-from psdp.prepare.parts import Output, finished, pending, planned, with_part
+from psdp.prepare.parts import Output, finished, pending, planned, recorded, unit_id, with_part
 from psdp.prepare.readers import plan_units
 from psdp.prepare.tasks import Task, run_task
-from psdp.prepare.tokenize import Encoder, load_tokenizer, tokenizer_digest
+from psdp.prepare.tokenize import Encoder, files_digest, tokenizer_files, tokenizer_from
 
 #: Rows of a Parquet or Arrow file per part (cut at its row groups): the unit of work and resume.
 ROWS_PER_PART = 100_000
@@ -139,10 +139,11 @@ def prepare(
     if not isinstance(text_field, str) or not text_field:
         raise TypeError(f"field must be a non-empty string, got {text_field!r}")
     tokenizer_path = os.path.abspath(tokenizer)  # a directory stays one: chat needs its config
-    encoder = Encoder(load_tokenizer(tokenizer_path), bos=bos, eos=eos)  # checks bos, eos
+    files = tokenizer_files(tokenizer_path)  # read once: the key is what the encoder loads
+    encoder = Encoder(tokenizer_from(files["tokenizer.json"], tokenizer_path), bos=bos, eos=eos)
     units = plan_units(inputs, rows_per_part)
     key = {
-        "tokenizer_sha256": tokenizer_digest(tokenizer_path),
+        "tokenizer_sha256": files_digest(files),
         "field": field if messages_field is None else None,
         "messages_field": messages_field,
         "bos": encoder.bos,
@@ -152,8 +153,13 @@ def prepare(
         "rows_per_part": rows_per_part,
         "tokens_per_shard": tokens_per_shard,
     }
+    settings = {  # every task's, beside its unit and part
+        "tokenizer": tokenizer_path, "tokenizer_sha256": key["tokenizer_sha256"],
+        "field": text_field, "messages": messages_field is not None, "bos": bos, "eos": eos,
+        "skip_bad": skip_bad, "tokens_per_shard": tokens_per_shard,
+    }  # fmt: skip
     try:
-        out = Output(output)
+        out = Output(output)  # held by this run until it returns
     except (FileExistsError, NotADirectoryError) as error:  # mkdir over a file
         where = Path(os.path.abspath(error.filename))
         file = next((p for p in (where, *where.parents) if p.is_file()), where)
@@ -161,17 +167,28 @@ def prepare(
             f"the output {str(output)!r} must be a directory, but {file} is a file; name a new "
             "directory (or a URL) for the store"
         ) from None
-    meta = planned(out.read(), units, key, out.name)
+    try:
+        engine_options = {"workers": workers, "address": ray_address}
+        meta = _run(out, units, key, settings, engine, engine_options, progress, started)
+    finally:
+        out.release()
+    return _summary(out.name, meta, time.perf_counter() - started)
+
+
+def _run(out: Output, units: list[Any], key: dict[str, Any], settings: dict[str, Any],
+         engine: str, engine_options: dict[str, Any], progress: bool,
+         started: float) -> dict[str, Any]:  # fmt: skip
+    """Plans, runs the pending tasks and commits the store at ``out``; returns its manifest."""
+    meta = planned(out.read(), units, key, out.name, out.root)
     out.commit(meta)
     out.clean(meta)  # after the commit: the manifest replaced no longer names an old index
-    by_id = {(u.name, u.row_start, u.row_stop): u for u in units}
+    by_id = {unit_id(recorded(u, out.root)): u for u in units}
     tasks = [
-        Task(by_id[(u["file"], *u["rows"])], u["part"], out.part(u["part"]), tokenizer_path,
-             text_field, messages_field is not None, bos, eos, skip_bad, tokens_per_shard)
-        for u in pending(meta)
-    ]  # fmt: skip
-    runner = engine_named(engine, workers=workers, address=ray_address)
-    bar = tqdm(total=len(meta["units"]), initial=len(meta["units"]) - len(tasks), unit="parts",
+        Task(by_id[unit_id(u)], u["part"], out.part(u["part"]), **settings) for u in pending(meta)
+    ]
+    runner = engine_named(engine, **engine_options)
+    planned_parts = len(meta["units"]) + len(meta.get("append", {}).get("units", []))
+    bar = tqdm(total=planned_parts, initial=planned_parts - len(tasks), unit="parts",
                desc=f"prepare {out.name}", disable=not progress)  # fmt: skip
     done = {"documents": 0, "tokens": 0}
     # The manifest names every part, so a commit per part would write O(parts^2) bytes in all:
@@ -197,13 +214,13 @@ def prepare(
         runner.close()
         if uncommitted:  # the parts finished before an error (or the last few) are kept
             out.commit(meta)
-    if not meta.get("complete"):
+    if not meta.get("complete") or "append" in meta:
         _check_records(meta)
         meta = finished(meta)
         out.write_index(meta)
         out.commit(meta)
         out.clean(meta)
-    return _summary(out.name, meta, time.perf_counter() - started)
+    return meta
 
 
 def _check_records(meta: dict[str, Any]) -> None:

@@ -18,14 +18,16 @@ from typing import Any
 import numpy as np
 
 from psdp._imports import import_optional
-from psdp.prepare.tokenize import id_dtype
+from psdp.prepare.tokenize import id_dtype, tokenizer_digest
 
 # transformers' own test for the markers (it only logs a warning and returns an all-zero mask)
 _GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
 
 
 def render_chat(
-    tokenizer_path: str | Path, conversations: list[list[dict[str, Any]]]
+    tokenizer_path: str | Path,
+    conversations: list[list[dict[str, Any]]],
+    digest: str | None = None,
 ) -> list[tuple[np.ndarray, np.ndarray]]:
     """Token ids and a loss mask (uint8, 1 on the assistant's tokens) for each conversation.
 
@@ -35,6 +37,7 @@ def render_chat(
         tokenizer_path: a tokenizer directory saved by transformers (``tokenizer.json`` and its
             chat template), whose template marks the assistant's turns with ``{% generation %}``.
         conversations: one list of ``{"role": str, "content": str}`` messages per record.
+        digest: the directory's `tokenizer_digest`, if known (a task computes it once).
 
     Example (a word-level tokenizer; the template marks the assistant's words, not its <|end|>):
         >>> import tempfile
@@ -60,7 +63,9 @@ def render_chat(
         _check_conversation(index, conversation)
     if not conversations:
         return []
-    tokenizer = chat_tokenizer(tokenizer_path)
+    if digest is None and (Path(tokenizer_path) / "tokenizer.json").is_file():
+        digest = tokenizer_digest(tokenizer_path)
+    tokenizer = chat_tokenizer(tokenizer_path, digest or "")  # "": refused there, never cached
     encoded = tokenizer.apply_chat_template(
         conversations, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
     )
@@ -72,10 +77,12 @@ def render_chat(
 
 
 @functools.lru_cache(maxsize=4)
-def chat_tokenizer(tokenizer_path: str | Path) -> Any:
+def chat_tokenizer(tokenizer_path: str | Path, digest: str) -> Any:
     """The fast tokenizer saved in ``tokenizer_path``, checked to have a usable chat template.
 
-    Cached: a prepare task renders many batches with one tokenizer.
+    Cached by ``digest`` (the directory's `tokenizer_digest`), not the path alone: a prepare
+    task renders many batches with one tokenizer, and one saved again at the same path (another
+    template, say) is another tokenizer.
     """
     transformers = import_optional(
         "transformers", extra="chat", needed_for="chat records (messages_field=)"

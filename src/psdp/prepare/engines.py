@@ -6,8 +6,13 @@ tasks on a Ray cluster (``psdp.prepare.ray_engine``, imported only then).
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
 import os
+import signal
+import sys
+import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from typing import Any, Protocol
@@ -61,7 +66,7 @@ class LocalEngine:
         if self._pool is None:
             context = multiprocessing.get_context("spawn")
             self._pool = ProcessPoolExecutor(
-                self.workers, mp_context=context, initializer=_one_core
+                self.workers, mp_context=context, initializer=_start_worker, initargs=(os.getpid(),)
             )
         queue = iter(tasks)
         running: set[Future[Any]] = set()
@@ -82,8 +87,39 @@ class LocalEngine:
             self._pool = None
 
 
-def _one_core() -> None:
+#: Linux's prctl option that sends a process a signal when its parent ends.
+PR_SET_PDEATHSIG = 1
+#: How often a worker without prctl looks for its driver, in seconds.
+WATCH_SECONDS = 0.5
+
+
+def _start_worker(driver: int) -> None:
     os.environ.update(ONE_CORE)
+    _die_with(driver)
+
+
+def _die_with(driver: int) -> None:
+    """Ends this worker when its driver ends, killed too (SIGKILL runs no cleanup, and a worker
+    left alive holds the driver's stdout: a ``| tee`` never ends). Linux: the kernel sends
+    SIGKILL (``PR_SET_PDEATHSIG``); elsewhere a daemon thread watches the parent pid."""
+    armed = False
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            armed = libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) == 0
+        except (OSError, AttributeError):  # no libc prctl: the thread below
+            armed = False
+    if os.getppid() != driver:  # the driver ended before the signal was armed
+        os._exit(1)
+    if not armed:
+        threading.Thread(target=_watch, args=(driver,), name="psdp-watch-driver",
+                         daemon=True).start()  # fmt: skip
+
+
+def _watch(driver: int) -> None:
+    while os.getppid() == driver:  # an orphan is adopted by another process
+        time.sleep(WATCH_SECONDS)
+    os._exit(1)
 
 
 def engine_named(name: str, **options: Any) -> Engine:

@@ -12,10 +12,13 @@ never of the workers that wrote it.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import io
 import json
 import os
 import shutil
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,21 +46,70 @@ class PartResult:
     empty: int
     skipped: dict[str, int]
     examples: list[tuple[str, str]]
+    input_sha256: str | None = None  # a local input's, by the task of its first rows
+
+
+#: The file a run holds locked while it writes a local store (one run per output at a time).
+LOCK_FILE = ".psdp-prepare.lock"
 
 
 class Output:
-    """The store's place, and its manifest read and replaced by compare-and-swap."""
+    """The store's place, and its manifest read and replaced by compare-and-swap.
+
+    A local output is also held, from here to `release`, by an exclusive lock on `LOCK_FILE`
+    (the kernel drops it when the run ends, killed too): a second run stops before it reads or
+    writes anything. On an object store, the compare-and-swap alone stops the run that commits
+    second.
+    """
 
     def __init__(self, where: Any):
         self.location: Location = locate(where)
         self.name = self.location.name
+        self._lock: Any = None
         if self.location.local is not None:
             root = Path(os.path.abspath(self.location.local))
-            root.mkdir(parents=True, exist_ok=True)
+            root.mkdir(parents=True, exist_ok=True)  # over a file: raises, named by prepare()
+            self._hold(root / LOCK_FILE)
             self.store = open_kvstore(Location(None, {"driver": "file", "path": f"{root}/"}, ""))
         else:
             self.store = open_kvstore(self.location)
         self.generation = b""
+
+    @property
+    def root(self) -> str | None:
+        """The local store's directory, symlinks resolved (``None``: an object store)."""
+        if self.location.local is None:
+            return None
+        return os.path.realpath(self.location.local)
+
+    def _hold(self, path: Path) -> None:
+        try:
+            import fcntl
+        except ImportError:  # not POSIX: the compare-and-swap alone
+            return
+        lock = open(path, "a+")  # noqa: SIM115 (held open until release)
+        try:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            lock.seek(0)
+            holder = lock.read().strip() or "unknown"
+            lock.close()
+            raise FileExistsError(
+                f"another psdp prepare ({holder}) is writing {self.name} now; run one prepare "
+                "per output at a time: wait for it to end (the store is then complete; run "
+                "this command again to append or check it), or stop that run"
+            ) from None
+        lock.truncate(0)
+        lock.write(f"pid {os.getpid()} on {socket.gethostname()}")
+        lock.flush()
+        self._lock = lock
+
+    def release(self) -> None:
+        """Lets another run write the output (a local lock; a killed run's is dropped too)."""
+        if self._lock is not None:
+            self._lock.truncate(0)  # a finished store's files are the same, whoever wrote them
+            self._lock.close()
+            self._lock = None
 
     def part(self, name: str) -> Any:
         """Where the part ``name`` is written: a local path or a kvstore spec."""
@@ -71,7 +123,10 @@ class Output:
         got = self.store.read(METADATA_FILE.encode()).result()
         self.generation = bytes(got.stamp.generation)
         if got.state != "value":
-            keys = [k for k in self.store.list().result() if not k.startswith(b".")]
+            keys = [  # a TensorStore lock file is no content: a write was cut short there
+                k for k in self.store.list().result()
+                if not k.startswith(b".") and not k.endswith(b".__lock")
+            ]  # fmt: skip
             if keys:
                 raise FileExistsError(
                     f"{self.name} already holds {len(keys)} files and is no psdp prepare store; "
@@ -102,8 +157,9 @@ class Output:
         generation = written.result().generation
         if not generation:
             raise FileExistsError(
-                f"another psdp prepare changed {self.name} while this one ran; run one prepare "
-                "per output at a time (this one stops; run it again to resume)"
+                f"another psdp prepare wrote {self.name} while this one ran (its manifest "
+                f"{METADATA_FILE} changed since this run read it); run one prepare per output "
+                "at a time: this one stops; once the other ends, run it again to resume"
             )
         self.generation = bytes(generation)
 
@@ -118,26 +174,129 @@ class Output:
 
     def clean(self, meta: Manifest) -> None:
         """Deletes what a killed run left and no manifest names: another size's index, and
-        (local) staging directories of parts; the parts themselves are overwritten."""
+        (local) staging directories of parts and parts of an append given up; the parts a
+        manifest names are overwritten."""
         for key in self.store.list().result():
             name = key.decode()
             if name.startswith("index-") and name != meta.get("index"):
                 self.store.delete_range(ts.KvStore.KeyRange(name, name + "\0")).result()
         if self.location.local is not None:
             parts = Path(os.path.abspath(self.location.local)) / PARTS_DIRECTORY
-            for leftover in parts.glob(".*") if parts.is_dir() else ():
+            named = {u["part"] for u in [*meta["units"], *meta.get("append", {}).get("units", [])]}
+            for leftover in parts.iterdir() if parts.is_dir() else ():
+                if leftover.name in named:
+                    continue
                 if leftover.is_dir():
                     shutil.rmtree(leftover, ignore_errors=True)
                 else:
                     leftover.unlink(missing_ok=True)
 
 
+def recorded(unit: Unit, root: str | None) -> dict[str, Any]:
+    """What a store at ``root`` (`Output.root`) records of ``unit``: its file, rows and version,
+    a local file by its path relative to a local store (both with symlinks resolved), so that
+    moving, copying or linking a folder that holds both keeps every input the same."""
+    identity = dict(unit.identity)
+    if root is not None and unit.kvstore is None:
+        identity["file"] = os.path.relpath(os.path.realpath(unit.path), root)
+    return identity
+
+
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    """The sha256 of a local file's bytes, read 8 MiB at a time."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 23):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def paired(
+    meta: Mapping[str, Any], units: list[Unit], root: str | None
+) -> tuple[list[dict[str, Any] | None], list[dict[str, Any]]]:
+    """Each committed unit of the store (``meta["units"]``, in order) paired with the unit of
+    ``units`` that is the same input, or ``None``; and the units of ``units`` paired with none.
+
+    The same input: the same recorded file and rows; or, for a file moved apart from the store
+    (its relative path changed), the same rows and size and the same bytes (the sha256 its part
+    recorded). An absolute path recorded by an older psdp counts as its relative path.
+    """
+    free = {unit_id(i): (i, u) for u in units for i in [recorded(u, root)]}
+    pairs: list[dict[str, Any] | None] = []
+    for unit in meta["units"]:
+        file = unit["file"]
+        if root is not None and os.path.isabs(file):
+            file = os.path.relpath(file, root)
+        found = free.pop(unit_id({**unit, "file": file}), None)
+        pairs.append(None if found is None else found[0])
+    hashes = {}  # by recorded file: the sha256 the part of its first rows recorded
+    for unit in meta["units"]:
+        part = meta["parts"].get(unit["part"]) or {}
+        if part.get("input_sha256"):
+            hashes[unit["file"]] = part["input_sha256"]
+    for i, unit in enumerate(meta["units"]):
+        if pairs[i] is not None or unit["file"] not in hashes:
+            continue
+        for key, (identity, candidate) in list(free.items()):
+            if (
+                identity["rows"] == unit["rows"]
+                and identity["version"] == unit["version"]
+                and candidate.kvstore is None
+                and _sha256_of(candidate.path) == hashes[unit["file"]]
+            ):
+                pairs[i] = identity
+                del free[key]
+                break
+    return pairs, [identity for identity, _ in free.values()]
+
+
+def _sha256_of(path: str) -> str:
+    stat = os.stat(path)  # a file rewritten in place is hashed again
+    return _cached_sha256(os.path.realpath(path), stat.st_size, stat.st_mtime_ns, stat.st_ino)
+
+
+@functools.lru_cache(maxsize=256)
+def _cached_sha256(path: str, *stamp: int) -> str:
+    return file_sha256(path)
+
+
+def stale_inputs(meta: Mapping[str, Any], units: list[Unit], root: str | None) -> str:
+    """How ``units`` differ from the complete store's inputs ('' if they are its inputs)."""
+    pairs, added = paired(meta, units, root)
+    for unit, pair in zip(meta["units"], pairs, strict=True):
+        if pair is None:
+            return f"it holds inputs the config does not name ({shown(unit['file'], root)})"
+        if pair["version"] != unit["version"]:
+            return f"the input {shown(pair['file'], root)} changed since it was prepared"
+    if added:
+        return f"the input {shown(added[0]['file'], root)} is not in it"
+    return ""
+
+
+def shown(file: str, root: str | None) -> str:
+    """A recorded file as messages name it: a local one by its path, not relative to the store."""
+    if root is None or "://" in file or os.path.isabs(file):
+        return file
+    return os.path.normpath(os.path.join(root, file))
+
+
 def planned(
-    meta: Manifest | None, units: list[Unit], key: Mapping[str, Any], name: str
+    meta: Manifest | None,
+    units: list[Unit],
+    key: Mapping[str, Any],
+    name: str,
+    root: str | None = None,
 ) -> Manifest:
     """The manifest for ``units`` under ``key``: a new one, or ``meta`` with the units it lacks
-    appended (new parts, after its own); refuses another key, a changed input, and a run that
-    leaves out an input of the store."""
+    planned after its own; refuses another key, and a changed or left out input of a complete
+    store.
+
+    Work not committed as a complete store is planned again from this run's inputs: a part is
+    kept when its unit (file, rows and version) and its name are the same. A complete store's
+    new units go to an ``append`` section of the manifest, which readers ignore: until the
+    append completes, the store reads as it was (and a failed append can be run again with the
+    input fixed, or given up by naming only the store's own inputs).
+    """
     if meta is None:
         meta = {"format": PARTS_FORMAT, "version": PARTS_VERSION, "key": dict(key), "units": [],
                 "parts": {}, "complete": False}  # fmt: skip
@@ -147,29 +306,40 @@ def planned(
         meta = {**meta, "key": dict(key)}
     elif meta.get("key") != dict(key):
         raise ValueError(_key_mismatch(meta.get("key") or {}, key, name))
-    known = {_unit_id(u): u for u in meta["units"]}
-    given = {_unit_id(u.identity): u.identity for u in units}
-    for unit_id, unit in known.items():
-        if unit_id not in given:
+    complete = bool(meta.get("complete"))
+    work = meta.get("append", {"units": [], "parts": {}}) if complete else meta
+    base: list[dict[str, Any]] = []
+    pairs, added = (
+        paired(meta, units, root) if complete else ([], [recorded(u, root) for u in units])
+    )
+    for unit, pair in zip(meta["units"] if complete else [], pairs, strict=True):
+        if pair is None:
             raise ValueError(
-                f"{name} holds the input {unit['file']} (rows {unit['rows']}), which this run "
-                "does not name; name every input of the store (new inputs are appended), or "
+                f"{name} holds the input {shown(unit['file'], root)} (rows {unit['rows']}), "
+                "which this run does not name; name every input of the store (new inputs are "
+                "appended), or prepare into a new output"
+            )
+        if pair["version"] != unit["version"]:
+            raise ValueError(
+                f"the input {shown(pair['file'], root)} changed since it was prepared into "
+                f"{name} (size or version {unit['version']} then, {pair['version']} now); "
                 "prepare into a new output"
             )
-        if given[unit_id]["version"] != unit["version"]:
-            raise ValueError(
-                f"the input {unit['file']} changed since it was prepared into {name} (size or "
-                f"version {unit['version']} then, {given[unit_id]['version']} now); prepare "
-                "into a new output"
-            )
-    added = [u for unit_id, u in given.items() if unit_id not in known]
-    if not added:
-        return meta
-    units_now = meta["units"] + [
-        {**u, "part": f"{len(meta['units']) + i:06d}"} for i, u in enumerate(added)
-    ]
-    parts = {**meta["parts"], **{u["part"]: None for u in units_now[len(meta["units"]) :]}}
-    return {**_unfinished(meta), "units": units_now, "parts": parts}
+        base.append({**unit, "file": pair["file"]})  # recorded as now named: moved, it follows
+    if complete:
+        meta = {**meta, "units": base}
+    before = {unit_id(u): u for u in work["units"]}
+    planned_units, parts = [], {}
+    for i, unit in enumerate(added):
+        part = f"{len(base) + i:06d}"
+        old = before.get(unit_id(unit))
+        same = old is not None and old["version"] == unit["version"] and old["part"] == part
+        planned_units.append({**unit, "part": part})
+        parts[part] = work["parts"][part] if same else None
+    if complete:
+        rest = {k: v for k, v in meta.items() if k != "append"}
+        return {**rest, "append": {"units": planned_units, "parts": parts}} if parts else rest
+    return {**meta, "units": planned_units, "parts": parts}
 
 
 def with_part(meta: Manifest, result: PartResult) -> Manifest:
@@ -186,7 +356,13 @@ def with_part(meta: Manifest, result: PartResult) -> Manifest:
         "skipped": result.skipped,
         "examples": [list(e) for e in result.examples],
     }
-    new = {**meta, "parts": {**meta["parts"], result.name: counts}}
+    if result.input_sha256 is not None:
+        counts["input_sha256"] = result.input_sha256
+    if meta.get("complete"):  # an append's part
+        work = meta["append"]
+        new = {**meta, "append": {**work, "parts": {**work["parts"], result.name: counts}}}
+    else:
+        new = {**meta, "parts": {**meta["parts"], result.name: counts}}
     if result.num_documents and leaves is None:
         new["leaves"] = result.leaves
     return new
@@ -194,11 +370,17 @@ def with_part(meta: Manifest, result: PartResult) -> Manifest:
 
 def pending(meta: Manifest) -> list[dict[str, Any]]:
     """The planned units whose part is not committed, in order."""
-    return [u for u in meta["units"] if meta["parts"][u["part"]] is None]
+    work = meta.get("append", {"units": [], "parts": {}}) if meta.get("complete") else meta
+    return [u for u in work["units"] if work["parts"][u["part"]] is None]
 
 
 def finished(meta: Manifest) -> Manifest:
-    """``meta`` complete: every part committed; the corpus's counts and index named."""
+    """``meta`` complete: every part committed (an append's joined to the store's); the
+    corpus's counts and index named."""
+    append = meta.get("append", {"units": [], "parts": {}})
+    meta = {k: v for k, v in meta.items() if k != "append"}
+    meta["units"] = meta["units"] + append["units"]
+    meta["parts"] = {**meta["parts"], **append["parts"]}
     parts = [meta["parts"][u["part"]] for u in meta["units"]]
     documents = sum(p["num_documents"] for p in parts)
     if documents == 0:
@@ -223,15 +405,8 @@ def finished(meta: Manifest) -> Manifest:
     }
 
 
-def _unfinished(meta: Manifest) -> Manifest:
-    return {
-        k: v
-        for k, v in meta.items()
-        if k not in ("complete", "num_documents", "num_tokens", "index")
-    } | {"complete": False}
-
-
-def _unit_id(identity: Mapping[str, Any]) -> str:
+def unit_id(identity: Mapping[str, Any]) -> str:
+    """A unit's key in a manifest: its recorded file and rows."""
     return json.dumps([identity["file"], identity["rows"]])
 
 

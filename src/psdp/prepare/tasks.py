@@ -5,7 +5,6 @@ the same code; what it returns (`PartResult`) is all the driver learns of the pa
 
 from __future__ import annotations
 
-import functools
 import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -13,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from psdp.prepare.parts import PartResult
+from psdp.prepare.parts import PartResult, file_sha256
 from psdp.prepare.readers import Unit, read_batches
-from psdp.prepare.tokenize import Encoder, load_tokenizer
+from psdp.prepare.tokenize import Encoder, files_digest, tokenizer_files, tokenizer_from
 from psdp.sources.document_writer import write_documents
 
 #: The skipped records a part keeps as examples (their count is always exact).
@@ -30,6 +29,7 @@ class Task:
     part: str
     destination: Any  # a local path or a kvstore spec
     tokenizer: str
+    tokenizer_sha256: str  # the store's key: the task checks that it reads this tokenizer
     field: str
     messages: bool
     bos: str | int | None
@@ -40,6 +40,7 @@ class Task:
 
 def run_task(task: Task) -> PartResult:
     """Writes the part of ``task`` (replacing one a killed run may have left) and reports it."""
+    tokenizer = _tokenizer(task)
     counts = {"empty": 0, "documents": 0, "tokens": 0}
     skipped: dict[str, int] = {}
     examples: list[tuple[str, str]] = []
@@ -52,7 +53,7 @@ def run_task(task: Task) -> PartResult:
                 skipped[kind] = skipped.get(kind, 0) + 1
                 if len(examples) < EXAMPLES:
                     examples.append((where, reason))
-            for doc in _tokenized(task, batch.values):
+            for doc in _tokenized(task, tokenizer, batch.values):
                 if doc is None:
                     counts["empty"] += 1
                     continue
@@ -67,25 +68,47 @@ def run_task(task: Task) -> PartResult:
         leaves = {name: values.dtype.name for name, values in first.items()}
         write_documents(task.destination, itertools.chain([first], stream), tokens_per_shard=
                         task.tokens_per_shard, overwrite=True, progress=False)  # fmt: skip
+    unit = task.unit  # a local input's bytes, once per file: it is the same input moved too
+    digest = file_sha256(unit.path) if unit.kvstore is None and unit.row_start == 0 else None
     return PartResult(
         task.part, counts["documents"], counts["tokens"], leaves, counts["empty"], skipped,
-        examples,
+        examples, digest,
     )  # fmt: skip
 
 
-def _tokenized(task: Task, values: list[Any]) -> list[dict[str, np.ndarray] | None]:
+def _tokenized(task: Task, tokenizer: Any, values: list[Any]) -> list[dict[str, np.ndarray] | None]:
     if task.messages:
         from psdp.prepare.chat import render_chat  # R's module: transformers' chat templates
 
-        rendered = render_chat(task.tokenizer, values)
+        rendered = render_chat(task.tokenizer, values, digest=task.tokenizer_sha256)
         return [
             {"input_ids": ids, "loss_mask": mask} if len(ids) else None for ids, mask in rendered
         ]
-    encoder = _encoder(task.tokenizer, task.bos, task.eos)
-    return [None if ids is None else {"input_ids": ids} for ids in encoder.encode(values)]
+    return [None if ids is None else {"input_ids": ids} for ids in tokenizer.encode(values)]
 
 
-@functools.cache
-def _encoder(tokenizer: str, bos: str | int | None, eos: str | int | None) -> Encoder:
-    """One per process and settings: loading a tokenizer takes longer than a small part."""
-    return Encoder(load_tokenizer(tokenizer), bos=bos, eos=eos)
+#: Encoders by tokenizer content and BOS/EOS: loading one takes longer than a small part. Keyed by
+#: the files' sha256, never their path: a tokenizer saved again at the same path is another one.
+_ENCODERS: dict[tuple[str, str | int | None, str | int | None], Encoder] = {}
+
+
+def _tokenizer(task: Task) -> Encoder | None:
+    """The encoder of the tokenizer that the store's key names (``None`` for chat records, which
+    `render_chat` tokenizes); refuses a tokenizer changed since the run planned."""
+    files = tokenizer_files(task.tokenizer)
+    digest = files_digest(files)
+    if digest != task.tokenizer_sha256:
+        raise ValueError(
+            f"the tokenizer {task.tokenizer} changed while psdp prepare ran (sha256 "
+            f"{task.tokenizer_sha256} planned, {digest} now): a store holds one tokenizer; "
+            "keep it unchanged until the run ends, then run the same command again to resume"
+        )
+    if task.messages:
+        return None
+    key = (digest, task.bos, task.eos)
+    if key not in _ENCODERS:
+        if len(_ENCODERS) >= 4:
+            _ENCODERS.clear()
+        tokenizer = tokenizer_from(files["tokenizer.json"], task.tokenizer)
+        _ENCODERS[key] = Encoder(tokenizer, bos=task.bos, eos=task.eos)
+    return _ENCODERS[key]

@@ -19,8 +19,15 @@ from psdp._imports import import_optional
 
 #: The file a model directory keeps its tokenizer in.
 TOKENIZER_FILE = "tokenizer.json"
-#: The file a model directory keeps its chat template in (read by transformers, not here).
+#: The file a model directory keeps its special tokens (and, before transformers 4.43, its chat
+#: template) in.
 CONFIG_FILE = "tokenizer_config.json"
+#: The other files of a model directory that transformers reads into a tokenizer and that can
+#: change a chat record's ids (transformers 5 saves the chat template to ``chat_template.jinja``),
+#: and the folder of its named templates: all part of a store's key.
+MORE_FILES = ("chat_template.jinja", "chat_template.json", "special_tokens_map.json",
+              "added_tokens.json")  # fmt: skip
+TEMPLATES_DIRECTORY = "additional_chat_templates"
 
 
 def tokenizer_file(path: str | os.PathLike[str]) -> Path:
@@ -36,22 +43,48 @@ def tokenizer_file(path: str | os.PathLike[str]) -> Path:
     return found
 
 
-def tokenizer_digest(path: str | os.PathLike[str]) -> str:
-    """What a store records of its tokenizer: the sha256 of its ``tokenizer.json``, and of a
-    model directory's ``tokenizer_config.json`` too (it holds the chat template)."""
-    digest = hashlib.sha256(tokenizer_file(path).read_bytes())
-    config = Path(path) / CONFIG_FILE
-    if config.is_file():
-        digest.update(config.read_bytes())
+def tokenizer_files(path: str | os.PathLike[str]) -> dict[str, bytes]:
+    """The bytes of every file of the tokenizer at ``path`` that can change its ids, by name
+    (``tokenizer.json`` first): the file itself, or those of a model directory."""
+    files = {TOKENIZER_FILE: tokenizer_file(path).read_bytes()}
+    given = Path(path)
+    if given.is_dir():
+        names = [CONFIG_FILE, *MORE_FILES]
+        names += sorted(
+            f"{TEMPLATES_DIRECTORY}/{p.name}" for p in (given / TEMPLATES_DIRECTORY).glob("*")
+        )
+        files |= {name: (given / name).read_bytes() for name in names if (given / name).is_file()}
+    return files
+
+
+def files_digest(files: dict[str, bytes]) -> str:
+    """The sha256 a store records of its tokenizer's `tokenizer_files` (a lone tokenizer.json:
+    its own sha256, as ``sha256sum`` gives)."""
+    digest = hashlib.sha256(files[TOKENIZER_FILE])
+    if CONFIG_FILE in files:  # as stores written before MORE_FILES were keyed: still the same
+        digest.update(files[CONFIG_FILE])
+    for name, body in files.items():
+        if name not in (TOKENIZER_FILE, CONFIG_FILE):  # named and sized: no two sets collide
+            digest.update(f"\0{name}\0{len(body)}\0".encode() + body)
     return digest.hexdigest()
+
+
+def tokenizer_digest(path: str | os.PathLike[str]) -> str:
+    """What a store records of its tokenizer: the sha256 of its ``tokenizer.json`` and, in a
+    model directory, of every other file that can change its ids (`files_digest`)."""
+    return files_digest(tokenizer_files(path))
 
 
 def load_tokenizer(path: str | os.PathLike[str]) -> Any:
     """The ``tokenizers.Tokenizer`` of a ``tokenizer.json`` or a model directory."""
+    return tokenizer_from(tokenizer_file(path).read_bytes(), tokenizer_file(path))
+
+
+def tokenizer_from(body: bytes, file: str | os.PathLike[str]) -> Any:
+    """The ``tokenizers.Tokenizer`` whose ``tokenizer.json`` is ``body`` (read from ``file``)."""
     tokenizers = import_optional("tokenizers", extra="prepare", needed_for="psdp prepare")
-    file = tokenizer_file(path)
     try:
-        return tokenizers.Tokenizer.from_file(str(file))
+        return tokenizers.Tokenizer.from_str(body.decode())
     except Exception as error:  # tokenizers raises its own Exception subclass
         raise ValueError(f"cannot load the tokenizer {file}: {error}") from error
 
@@ -70,10 +103,16 @@ def id_dtype(vocab_size: int) -> np.dtype:
 
 
 def special_id(tokenizer: Any, name: str, token: str | int | None) -> int | None:
-    """The id of ``token`` (a token string such as ``"<|endoftext|>"``, or an id) for the
-    option ``name`` (``bos`` or ``eos``); ``None`` for none."""
+    """The id of ``token`` for the option ``name`` (``bos`` or ``eos``); ``None`` for none.
+
+    One rule for the API, the command line and a data config: an int, or a string of digits
+    (``3``, ``"3"``, ``--eos 3``), is an id; any other string is a token (``"<|endoftext|>"``).
+    A token made of digits is given by its id.
+    """
     if token is None:
         return None
+    if isinstance(token, str) and token.isascii() and token.isdigit():
+        token = int(token)
     size = tokenizer.get_vocab_size(with_added_tokens=True)
     if isinstance(token, int | np.integer) and not isinstance(token, bool):
         if not 0 <= token < size:
