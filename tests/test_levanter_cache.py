@@ -109,6 +109,7 @@ order: {{global_batch_size: {BATCH}}}
         views = {n: TokenSequences(s, SEQ_LEN, eos_id=0) for n, s in stores.items()}
     else:
         views = {n: PackedSequences(s, SEQ_LEN, packing, eos_id=0) for n, s in stores.items()}
+    views = dict(sorted(views.items()))  # a DataConfig's mixture takes its sources sorted
     by_hand = Mixture(views, stages=[(0, {"web": 1, "prose": 3})], block_size=16, seed=5)
     mesh = mesh_of(("data", "model"), (4, 2))
     with (
@@ -208,6 +209,7 @@ def test_int64_ids_read_as_int32_and_mix_with_a_uint16_store_in_a_data_config(tm
         "prose": DocumentStore.from_documents([d.astype(np.int32) for d in prose]),
     }
     views = {n: TokenSequences(s, SEQ_LEN) for n, s in stores.items()}
+    views = dict(sorted(views.items()))  # a DataConfig's mixture takes its sources sorted
     by_hand = Mixture(views, stages=[(0, {"web": 1, "prose": 3})], block_size=16, seed=5)
     with (
         config.build(mesh) as loader,
