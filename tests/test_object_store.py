@@ -735,3 +735,31 @@ def test_an_s3_url_takes_its_endpoint_from_the_environment(server, monkeypatch):
     np.testing.assert_array_equal(got["tokens"], data["tokens"])
     store = open_documents("s3://psdp/env-docs/")
     assert store.read_ranges([0], [18])["input_ids"].tolist() == np.concatenate(docs).tolist()
+
+
+def test_a_prepare_whose_replies_are_cut_mid_way_is_retried_and_exact(
+    server, proxy, tmp_path, fast_write_retries
+):
+    """``psdp prepare`` into S3 when the first try of every PUT (each part's shards and
+    metadata, the index, every commit of the manifest, a compare-and-swap) lands at the server
+    but its reply is cut: each is tried again (the manifest's by reading back what landed), and
+    the store holds exactly the tokenizer's ids."""
+    from tokenizers import Tokenizer
+
+    from psdp.prepare import prepare
+    from tests import prepare_corpus as corpus
+
+    tokenizer = corpus.train_tokenizer(tmp_path / "tokenizer.json")
+    texts = corpus.texts(40, seed=72)
+    corpus.write_jsonl(tmp_path / "a.jsonl", texts[:25])
+    corpus.write_jsonl(tmp_path / "b.jsonl", texts[25:])
+    path = "cut-prepare/"
+    proxy.fail("cut", tries=1, method="PUT")
+    prepare(str(tmp_path / "*.jsonl"), spec(server, path, proxy), tokenizer=tokenizer, eos=1,
+            workers=1, progress=False)  # fmt: skip
+    assert proxy.faults["cut"] >= len(_objects_below(server, path)) > 0
+    encoded = Tokenizer.from_file(str(tokenizer)).encode_batch(texts, add_special_tokens=False)
+    want = [[*e.ids, 1] for e in encoded if e.ids]
+    store = open_documents(spec(server, path))
+    ids = store.read_ranges([0], [store.num_tokens])["input_ids"].tolist()
+    assert store.num_documents == len(want) and ids == [i for doc in want for i in doc]

@@ -160,7 +160,9 @@ def prepare(
     }  # fmt: skip
     try:
         out = Output(output)  # held by this run until it returns
-    except (FileExistsError, NotADirectoryError) as error:  # mkdir over a file
+    except (FileExistsError, NotADirectoryError) as error:
+        if error.filename is None:  # not mkdir over a file: another run holds the output
+            raise
         where = Path(os.path.abspath(error.filename))
         file = next((p for p in (where, *where.parents) if p.is_file()), where)
         raise FileExistsError(

@@ -29,6 +29,7 @@ import tensorstore as ts
 from psdp.prepare.readers import Unit
 from psdp.sources.document_parts import PARTS_DIRECTORY, PARTS_FORMAT, PARTS_VERSION, index_key
 from psdp.sources.document_writer import join_documents
+from psdp.sources.errors import is_transient_store_error, retried_write
 from psdp.sources.location import Location, locate, open_kvstore
 from psdp.sources.tensorstore import METADATA_FILE
 
@@ -120,11 +121,13 @@ class Output:
 
     def read(self) -> Manifest | None:
         """The manifest (``None``: no store yet); remembers its generation for `commit`."""
-        got = self.store.read(METADATA_FILE.encode()).result()
+        got = retried_write(
+            lambda: self.store.read(METADATA_FILE.encode()).result(), f"reading {self._manifest}"
+        )
         self.generation = bytes(got.stamp.generation)
         if got.state != "value":
             keys = [  # a TensorStore lock file is no content: a write was cut short there
-                k for k in self.store.list().result()
+                k for k in retried_write(lambda: self.store.list().result(), f"listing {self.name}")
                 if not k.startswith(b".") and not k.endswith(b".__lock")
             ]  # fmt: skip
             if keys:
@@ -153,8 +156,7 @@ class Output:
         """Replaces the manifest if it is still the one last read or written, else raises."""
         # keys sorted: the same manifest is the same bytes, however it was reached
         body = (json.dumps(meta, indent=1, sort_keys=True) + "\n").encode()
-        written = self.store.write(METADATA_FILE.encode(), body, if_equal=self.generation)
-        generation = written.result().generation
+        generation = retried_write(lambda: self._swap(body), f"committing {self._manifest}")
         if not generation:
             raise FileExistsError(
                 f"another psdp prepare wrote {self.name} while this one ran (its manifest "
@@ -163,6 +165,25 @@ class Output:
             )
         self.generation = bytes(generation)
 
+    @property
+    def _manifest(self) -> str:
+        return f"{self.name}/{METADATA_FILE}"
+
+    def _swap(self, body: bytes) -> bytes:
+        """The manifest replaced by ``body`` if still at `generation`: the new generation, or
+        ``b""`` if another writer changed it. A reply lost in transit is no answer: the write
+        may have landed, so the manifest is read back; ``body`` found there is this write's."""
+        key = METADATA_FILE.encode()
+        try:
+            return bytes(self.store.write(key, body, if_equal=self.generation).result().generation)
+        except Exception as error:
+            if not is_transient_store_error(error):
+                raise
+            got = self.store.read(key).result()
+            if got.state == "value" and bytes(got.value) == body:
+                return bytes(got.stamp.generation)
+            raise
+
     def write_index(self, meta: Manifest) -> None:
         """Builds the whole corpus's index (one pass over the parts' offsets) and writes it
         where ``meta`` will name it."""
@@ -170,16 +191,23 @@ class Output:
         store = join_documents([self.part(n) for n in names], name=self.name)
         body = io.BytesIO()
         store.index.save(body)
-        self.store.write(meta["index"].encode(), body.getvalue()).result()
+        retried_write(
+            lambda: self.store.write(meta["index"].encode(), body.getvalue()).result(),
+            f"writing {self.name}/{meta['index']}",
+        )
 
     def clean(self, meta: Manifest) -> None:
         """Deletes what a killed run left and no manifest names: another size's index, and
         (local) staging directories of parts and parts of an append given up; the parts a
         manifest names are overwritten."""
-        for key in self.store.list().result():
+        for key in retried_write(lambda: self.store.list().result(), f"listing {self.name}"):
             name = key.decode()
             if name.startswith("index-") and name != meta.get("index"):
-                self.store.delete_range(ts.KvStore.KeyRange(name, name + "\0")).result()
+                doomed = ts.KvStore.KeyRange(name, name + "\0")
+                retried_write(
+                    lambda doomed=doomed: self.store.delete_range(doomed).result(),  # type: ignore[misc]
+                    f"deleting {name}",
+                )  # fmt: skip
         if self.location.local is not None:
             parts = Path(os.path.abspath(self.location.local)) / PARTS_DIRECTORY
             named = {u["part"] for u in [*meta["units"], *meta.get("append", {}).get("units", [])]}
