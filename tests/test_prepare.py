@@ -796,3 +796,19 @@ def test_a_worker_without_prctl_ends_with_its_killed_driver_too(tmp_path):
             run.kill()
             run.wait()
         run.stderr.close()
+
+
+def test_psdp_prepare_is_the_package_whatever_was_imported_first():
+    """``import psdp.prepare as m`` gives the package (callable as its function), also after
+    ``psdp.prepare`` was reached through the lazy re-export (which stored the function)."""
+    code = (
+        "import types, psdp; first = psdp.prepare\n"
+        "import psdp.prepare as m\n"
+        "from psdp.prepare import prepare\n"
+        "assert isinstance(m, types.ModuleType) and m is first and m is psdp.prepare, type(m)\n"
+        "assert callable(m) and m.readers.CorruptFileError and prepare is not m\n"
+        "assert 'prepare' in dir(psdp)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr

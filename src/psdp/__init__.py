@@ -5,7 +5,8 @@ hosts that hold the same rows share a data-shard uid (`process_mesh_mapping`), a
 one global `jax.Array` per batch leaf from host-local reads.
 """
 
-from typing import TYPE_CHECKING
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from psdp import _deprecated
 from psdp._imports import lazy_attributes
@@ -63,16 +64,26 @@ if TYPE_CHECKING:  # imported on first use below: both load tensorstore, which i
     from psdp.sources.document_writer import write_documents as write_documents
     from psdp.sources.writer import write_dataset as write_dataset
 
-__getattr__, __dir__ = lazy_attributes(
+_lazy_getattr, _lazy_dir = lazy_attributes(
     __name__,
     {
         "psdp.sources": ["TensorStoreSource"],
         "psdp.sources.writer": ["write_dataset"],
         "psdp.sources.document_writer": ["write_documents"],
-        "psdp.prepare": ["prepare"],
     },
     globals(),
 )
+
+
+def __getattr__(name: str) -> Any:
+    if name == "prepare":  # the package, callable as its function: one object for both spellings
+        return importlib.import_module("psdp.prepare")
+    return _lazy_getattr(name)
+
+
+def __dir__() -> list[str]:
+    return sorted({*_lazy_dir(), "prepare"})
+
 
 __version__ = "0.1.0"
 
