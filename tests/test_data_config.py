@@ -8,7 +8,7 @@ from __future__ import annotations
 import io
 import itertools
 import json
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import draccus
@@ -693,6 +693,10 @@ def test_a_config_eos_of_digits_is_the_id_the_cli_recorded(tmp_path):
     assert replace(made, eos="world").open("source 'web'").num_documents == len(store)
     with pytest.raises(ValueError, match=r"its eos id is 2, but eos='3' is id 3"):
         replace(made, eos="3").open("source 'web'")
+    as_int = DataConfig.from_dict(  # an int in Python is the id too (docs/prepare.md)
+        {"sources": {"web": {**asdict(made), "eos": 2}}, "seq_len": 4}
+    ).sources["web"]
+    assert as_int == made and as_int.open("source 'web'").num_documents == len(store)
 
 
 @pytest.mark.parametrize("view", ["{eos_id: 0}", "{packing: best_fit}"])

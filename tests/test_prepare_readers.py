@@ -228,3 +228,12 @@ def test_a_byte_order_mark_opens_a_jsonl_file_and_is_no_record(tmp_path):
     (tmp_path / "b.jsonl").write_bytes(lines[0].encode() + b"\n\xef\xbb\xbf" + lines[1].encode())
     values, bad = read_all(plan_units([str(tmp_path / "b.jsonl")], 10), skip_bad=True)
     assert values == ["the fox"] and [w.rsplit(", ", 1)[1] for w, _ in bad] == ["line 2"]
+
+
+def test_a_json_error_reads_as_one_phrase(tmp_path):
+    """json's own message ends in "at" ("Invalid control character at"): said once."""
+    path = tmp_path / "c.jsonl"
+    path.write_bytes(b'{"text": "a\tb"}\n')  # a raw tab inside a JSON string
+    with pytest.raises(BadRecordError) as info:
+        read_all(plan_units([str(path)], 10))
+    assert "(Invalid control character at column 12)" in str(info.value), str(info.value)

@@ -150,6 +150,10 @@ class SourceConfig:
                 f"SourceConfig of {self.store!r} sets {given} but not {missing}: the prepare "
                 f"command needs both; set {missing}, or neither"
             )
+        for name in ("bos", "eos"):  # an int is an id, as its digits are (docs/prepare.md)
+            value = getattr(self, name)
+            if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+                object.__setattr__(self, name, str(value))
         for name in ("tokenizer", "bos", "eos"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):

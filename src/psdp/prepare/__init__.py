@@ -24,7 +24,7 @@ from tqdm import tqdm
 from psdp._checks import check_int
 from psdp.prepare.engines import engine_named
 from psdp.prepare.parts import Output, finished, pending, planned, recorded, unit_id, with_part
-from psdp.prepare.readers import plan_units
+from psdp.prepare.readers import BadRecordError, CorruptFileError, plan_units
 from psdp.prepare.tasks import Task, run_task
 from psdp.prepare.tokenize import Encoder, files_digest, tokenizer_files, tokenizer_from
 
@@ -267,4 +267,4 @@ class _CallablePackage(types.ModuleType):
 
 
 sys.modules[__name__].__class__ = _CallablePackage
-__all__ = ["PrepareSummary", "prepare"]
+__all__ = ["BadRecordError", "CorruptFileError", "PrepareSummary", "prepare"]

@@ -385,7 +385,11 @@ def _jsonl_record(
     try:
         record = json.loads(line)
     except json.JSONDecodeError as error:
-        return where, None, f"not valid JSON ({error.msg} at column {error.colno})"
+        return (
+            where,
+            None,
+            f"not valid JSON ({error.msg.removesuffix(' at')} at column {error.colno})",
+        )
     if not isinstance(record, dict):
         return where, None, f"a JSON {type(record).__name__}, not an object"
     if field_name not in record:

@@ -225,7 +225,8 @@ def _open_parted(
         done = sum(1 for part in meta["parts"].values() if part is not None)
         raise ValueError(
             f"{location.name} is an unfinished psdp prepare: {done} of {len(meta['parts'])} "
-            "parts are committed; run the same psdp prepare again to finish it (it resumes)"
+            "parts are committed; run the same psdp prepare again to finish it (it resumes; "
+            "first fix or replace an input that stopped it)"
         )
     key = meta["index"]
     if location.local is not None:
