@@ -539,6 +539,8 @@ MUTANTS = [
     Mutant("QI7", "prepare/readers.py", "raw_line = raw_line.removeprefix(codecs.BOM_UTF8)",
            "pass", "a UTF-8 BOM makes a jsonl file's first record malformed"),
     # ------------- object stores: endpoints, reach, write retries (issue 35, items 11, 16)
+    Mutant("QC12", "_plan/mixture.py", "and _same_stage(past[index], mine[index]):",
+           "and past[index] == mine[index]:", "a restore refuses proportional stage weights"),
     Mutant("QR8", "prepare/parts.py", "            if got.state == \"value\" and bytes(got.value) == body:",
            "            if False:", "a manifest commit whose reply was cut retried as if it had not landed"),
     Mutant("QR1", "sources/errors.py", 'TRANSIENT_CURL_CODES = ("8",)', "TRANSIENT_CURL_CODES = ()",

@@ -754,3 +754,16 @@ def test_targets_true_gives_the_documented_leaves_of_each_view(stores, view, lea
         same = (seg[:, 1:] == seg[:, :-1]) & (seg[:, :-1] > 0)
         assert np.array_equal(mask[:, :-1].astype(bool), same) and not mask[:, -1].any()
         assert np.array_equal(batch["targets"][:, :-1][same], ids[:, 1:][same])
+
+
+def test_a_state_restores_under_proportional_stage_weights(stores):
+    """Stage weights written as other proportional numbers (0.1 : 0.3 for 1 : 3) mix alike, so a
+    restore takes them; a stage that really changed before the resume offset is still refused."""
+    config = _config(stores, stages=True)
+    state = _saved_state(config, 5)
+    scaled = [replace(s, weights={n: w / 10 for n, w in s.weights.items()}) for s in config.stages]
+    with replace(config, stages=scaled).restore(state, _mesh()) as loader:
+        _assert_same(loader.batch_at(5), _batches(config, 6)[5])
+    other = [replace(scaled[0], weights={"code": 0.1, "prose": 0.4}), *scaled[1:]]
+    with pytest.raises(ValueError, match="mixture stage 0 differs"):
+        replace(config, stages=other).restore(state, _mesh())

@@ -274,7 +274,7 @@ class MixturePlan:
                 f"({source_change(saved.get('sources'), now['sources'])}): now "
                 f"{now['sources']!r}, saved {saved.get('sources')!r} (name, rows; in tag order); "
                 "every sample depends on them, so resume with the saved sources in the "
-                "saved sources in the saved order"
+                "saved order"
             )
         for name in ("block_size", "seed", "shuffle"):
             if saved.get(name) != now[name]:
@@ -289,7 +289,7 @@ class MixturePlan:
         past = [s for s in saved["stages"] if s[0] < offset]
         mine = [s for s in now["stages"] if s[0] < offset]
         for index in range(max(len(past), len(mine))):
-            if index < len(past) and index < len(mine) and past[index] == mine[index]:
+            if index < len(past) and index < len(mine) and _same_stage(past[index], mine[index]):
                 continue
             raise ValueError(_past_stage_message(index, past, mine, self.names, offset))
 
@@ -307,6 +307,15 @@ class MixturePlan:
                     f"block, but they are now counted as written, {counts.tolist()}; resume it "
                     "with the psdp that saved it, or start the run again"
                 )
+
+
+def _same_stage(saved: Sequence[Any], now: Sequence[Any]) -> bool:
+    """Two stage records ``[start, weights]`` that mix alike: one start, weights proportional as
+    written (``0.3 : 0.1`` is ``3 : 1``), so their block counts are equal."""
+    if saved[0] != now[0] or len(saved[1]) != len(now[1]):
+        return False
+    before, after = [exact_weight(w) for w in saved[1]], [exact_weight(w) for w in now[1]]
+    return [w * sum(after) for w in before] == [w * sum(before) for w in after]
 
 
 def source_change(saved: Any, now: Sequence[Sequence[Any]]) -> str:
