@@ -2019,10 +2019,10 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
         ],
     ),
     (
-        "a data source's bos that is not a str",
-        lambda _: SourceConfig(store="tokens/code", inputs=["a.jsonl"], tokenizer="t.json", bos=1),  # type: ignore[arg-type]
+        "a data source's bos that is neither a token nor an id",
+        lambda _: SourceConfig(store="tokens/code", inputs=["a.jsonl"], tokenizer="t.json", bos=-1),  # type: ignore[arg-type]
         TypeError,
-        ["SourceConfig.bos of 'tokens/code' must be a non-empty str", "got 1", "bos: </s>"],
+        ["SourceConfig.bos of 'tokens/code' must be a token or an id >= 0", "got -1", "bos: </s>"],
     ),
     (
         "a stage at a negative step",

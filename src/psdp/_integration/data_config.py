@@ -157,9 +157,10 @@ class SourceConfig:
         for name in ("tokenizer", "bos", "eos"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
+                what = "a non-empty str" if name == "tokenizer" else "a token or an id >= 0"
                 raise TypeError(
-                    f"SourceConfig.{name} of {self.store!r} must be a non-empty str, got "
-                    f"{value!r}; e.g. {name}: {'tokenizer.json' if name == 'tokenizer' else '</s>'}"
+                    f"SourceConfig.{name} of {self.store!r} must be {what}, got {value!r}; e.g. "
+                    f"{name}: {'tokenizer.json' if name == 'tokenizer' else '</s>'}"
                 )
         if self.inputs is None and (self.bos is not None or self.eos is not None):
             raise ValueError(
