@@ -65,7 +65,7 @@ test-newest: .venv-newest/.installed-stamp
 	.venv-newest/bin/python -m pytest
 
 # `pip install psdp` into an environment that already holds other allowed releases (the lower
-# bounds: jax 0.6.2, tensorstore 0.1.72, ...) installs psdp and changes no other package.
+# bounds: jax 0.6.2, tensorstore 0.1.76, ...) installs psdp and changes no other package.
 check-install: .venv-lower/.installed-stamp
 	.venv-lower/bin/python scripts/lock.py check-install
 

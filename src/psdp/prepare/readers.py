@@ -266,7 +266,7 @@ def _remote_files(given: Any) -> list[Unit]:
 
 def _generation(store: Any, key: bytes) -> Any:
     """The object's generation (its ETag on S3), from a read of no bytes; TensorStore before
-    ``byte_range`` (0.1.72, the lower bound) reads the whole object for it."""
+    ``byte_range`` (0.1.72) reads the whole object for it."""
     try:
         return store.read(key, byte_range=slice(0, 0)).result().stamp
     except TypeError:
