@@ -139,8 +139,13 @@ def test_an_edited_chat_template_file_is_another_key_and_its_append_is_refused(t
     chat_dir = save_chat_tokenizer(tmp_path / "tok")
     (chat_dir / "chat_template.jinja").write_text(TEMPLATE)
     config = json.loads((chat_dir / "tokenizer_config.json").read_text())
-    config.pop("chat_template", None)  # the file beside the tokenizer is the template
+    kept = config.pop("chat_template", None)  # the file beside the tokenizer is the template
     (chat_dir / "tokenizer_config.json").write_text(json.dumps(config))
+    from transformers import PreTrainedTokenizerFast
+
+    if PreTrainedTokenizerFast.from_pretrained(str(chat_dir)).chat_template is None:
+        config["chat_template"] = kept  # transformers 4 reads no .jinja: the file is in the key
+        (chat_dir / "tokenizer_config.json").write_text(json.dumps(config))  # all the same
     _prepare_chats(chat_dir, tmp_path / "a.jsonl", tmp_path / "store")
     before = _stored_ids(tmp_path / "store")
     (chat_dir / "chat_template.jinja").write_text(NO_BOS)
