@@ -339,9 +339,7 @@ class SourceConfig:
                     f"it was made from {made[0]} {made[1]!r} of each record, but the config says "
                     f"{said[0]}: {said[1]}"
                 )
-        encoder = Encoder(
-            load_tokenizer(self.tokenizer), bos=_token(self.bos), eos=_token(self.eos)
-        )
+        encoder = Encoder(load_tokenizer(self.tokenizer), bos=self.bos, eos=self.eos)
         for name in ("bos", "eos"):
             if getattr(encoder, name) != key.get(name):
                 return (
@@ -352,11 +350,6 @@ class SourceConfig:
         local = _local_manifest(self.store) is not None  # a local store: its own directory
         root = str(Path(str(self.store)).resolve()) if local else None
         return stale_inputs(manifest, units, root)  # inputs by content: a moved folder is fine
-
-
-def _token(value: str | None) -> str | int | None:
-    """A BOS/EOS as ``psdp prepare`` takes it: digits are an id, anything else a token."""
-    return int(value) if value is not None and value.isdigit() else value
 
 
 def _local_manifest(store: Any) -> dict[str, Any] | None:
