@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from psdp.sources import MemmapSource, Source, TensorStoreSource
-from psdp.sources.writer import write_dataset
+from psdp.sources.stores.writer import write_dataset
 
 MEMMAP = "numpy memmap"
 

@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     from tests.test_packing import SCALE, FormulaStore, formula_pack_index, scale_rows
 
     from psdp import DataLoader, PackedSequences
-    from psdp.sources import packed as packed_module
+    from psdp.sources.views import packed as packed_module
 
     planned: list[int] = []
     plan_of_window = packed_module.plan_of_window

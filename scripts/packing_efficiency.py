@@ -34,7 +34,7 @@ import numpy as np
 from psdp import PACKING_STRATEGIES, DocumentStore, PackedSequences, PackPlan, plan_packing
 from psdp._plan.pack_windows import PackKey
 from psdp._plan.packing import plan_window
-from psdp.sources.pack_index import build_pack_index
+from psdp.sources.views.pack_index import build_pack_index
 
 MAX_LENGTH = 4096
 

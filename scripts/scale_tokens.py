@@ -53,7 +53,7 @@ sys.path.insert(0, str(Path(__file__).parents[1]))  # tests.scale_corpus
 from tests.scale_corpus import LazyArray, ScaleCorpus
 
 from psdp.sources import DocumentIndex, DocumentStore, TokenSequences
-from psdp.sources.document_index import STRIDE
+from psdp.sources.documents.index import STRIDE
 from psdp.tools.benchmarks.token_loops import row_segments  # the user's loop of figure 8
 
 SEQ_LEN, BATCH, STEPS, ROUNDS = 2048, 64, 20, 7

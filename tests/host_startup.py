@@ -43,8 +43,8 @@ from jax.sharding import Mesh
 from psdp import DataLoader
 from psdp._plan.loader_plan import LoaderPlan
 from psdp.sources import DocumentStore, TensorStoreSource, TokenSequences
-from psdp.sources.document_writer import write_documents
-from psdp.sources.writer import write_dataset
+from psdp.sources.documents.writer import write_documents
+from psdp.sources.stores.writer import write_dataset
 from psdp.tools.benchmarks.object_store import FaultProxy, S3Server, free_port
 from tests.fake_hosts import fake_pod, host_batch
 

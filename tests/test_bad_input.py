@@ -55,8 +55,8 @@ from psdp.prepare.chat import render_chat
 from psdp.prepare.ray_engine import RayEngine
 from psdp.prepare.readers import BadRecordError, CorruptFileError
 from psdp.sources import open_levanter_cache
-from psdp.sources.document_writer import write_documents
-from psdp.sources.location import environment_endpoint
+from psdp.sources.documents.writer import write_documents
+from psdp.sources.stores.location import environment_endpoint
 from psdp.tools.benchmarks.object_store import free_port
 from psdp.tools.pod import run_pod
 from psdp.tools.simulate import Simulation, check_simulation

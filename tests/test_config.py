@@ -22,7 +22,7 @@ from psdp import LoaderOptions, OrderOptions, OutputOptions, ReadingOptions, Sha
 from psdp._integration.config import LoaderConfig, MeshConfig
 from psdp._integration.consistency import check_consistency
 from psdp._plan.layout import MeshLayout
-from psdp.sources.writer import write_dataset
+from psdp.sources.stores.writer import write_dataset
 from tests import oracle
 from tests.batch_checks import assert_batch_exact, assert_shards_exact, token_table
 

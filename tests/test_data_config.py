@@ -28,7 +28,7 @@ from psdp import (
     TokenSequences,
     ViewConfig,
 )
-from psdp.sources.document_writer import write_documents
+from psdp.sources.documents.writer import write_documents
 from tests import token_oracle
 from tests.batch_checks import assert_batch_exact
 from tests.eval_oracle import eval_batches

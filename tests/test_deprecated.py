@@ -52,7 +52,7 @@ OLD_MODULES = {
     "psdp.sharding": "psdp._integration.filter_shard",
     "psdp.simulate": "psdp.tools.simulate",
     "psdp.telemetry": "psdp._runtime.telemetry",
-    "psdp.writer": "psdp.sources.writer",
+    "psdp.writer": "psdp.sources.stores.writer",
 }
 
 #: what the previous release's docs imported from a module, and the public name it is now

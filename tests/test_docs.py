@@ -245,7 +245,7 @@ def test_the_trainer_docs_language_model_yaml_builds_its_loaders(tmp_path, monke
     import yaml
 
     from psdp import DataConfig, MeshConfig
-    from psdp.sources.document_writer import write_documents
+    from psdp.sources.documents.writer import write_documents
 
     text = (DOCS / "trainer.md").read_text()
     block = re.search(r"```yaml\n(# train_lm.yaml\n.*?)```", text, re.S)

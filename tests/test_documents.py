@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from psdp.sources import DocumentStore, PackedSequences, TokenSequences
-from psdp.sources import documents as documents_module
+from psdp.sources.documents import store as documents_module
 from tests import token_oracle
 
 
@@ -197,7 +197,7 @@ def _assert_store_equal(store, docs):
 
 
 def test_write_documents_round_trips_locally(tmp_path):
-    from psdp.sources.document_writer import write_documents
+    from psdp.sources.documents.writer import write_documents
 
     docs = _chat_docs()
     path = write_documents(
@@ -220,7 +220,7 @@ def test_write_documents_round_trips_locally(tmp_path):
 
 
 def test_write_documents_round_trips_through_s3():
-    from psdp.sources.document_writer import write_documents
+    from psdp.sources.documents.writer import write_documents
     from psdp.tools.benchmarks.object_store import S3Server
 
     docs = _chat_docs(seed=1)
@@ -263,7 +263,7 @@ def test_offsets_are_read_by_range_and_a_batch_reads_only_the_blocks_its_rows_to
     """Opening reads the offsets in bounded steps (one pass that builds the index), offsets_range
     is one read of exactly its range, and a TokenSequences batch reads, per run of index blocks
     its rows touch, one range of whole blocks: never the whole array."""
-    from psdp.sources import document_index
+    from psdp.sources.documents import index as document_index
 
     monkeypatch.setattr(document_index, "PASS_ENTRIES", 4096)  # the pass's step: one block
     offsets = _short_documents(20_000)
@@ -368,7 +368,7 @@ def test_the_store_holds_an_index_not_the_offsets_and_the_pass_memory_is_bounded
     them in steps of PASS_ENTRIES, so its peak stays near one step whatever the store's size."""
     import tracemalloc
 
-    from psdp.sources import document_index
+    from psdp.sources.documents import index as document_index
 
     monkeypatch.setattr(document_index, "PASS_ENTRIES", 1 << 14)  # 128 KiB a step
     offsets = np.arange(2_000_001, dtype=np.int64) * 2  # documents of 2 tokens
@@ -539,8 +539,8 @@ def test_a_written_store_records_its_index_and_opening_it_reads_no_offsets_but_i
     import json
     import shutil
 
-    from psdp.sources import documents
-    from psdp.sources.document_writer import write_documents
+    from psdp.sources.documents import store as documents
+    from psdp.sources.documents.writer import write_documents
 
     docs = _chat_docs(seed=3)
     path = write_documents(tmp_path / "store", docs, progress=False)

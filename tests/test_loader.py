@@ -458,7 +458,7 @@ def test_state_after_the_with_block_keeps_the_progress():
 )
 def test_unset_read_threads_follow_the_source(tmp_path, mesh_2d, storage, requested, threads):
     from psdp.sources import TensorStoreSource
-    from psdp.sources.writer import write_dataset
+    from psdp.sources.stores.writer import write_dataset
 
     table = token_table(32)
     source = TensorStoreSource(write_dataset(tmp_path / "d", table, progress=False))

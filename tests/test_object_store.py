@@ -15,9 +15,9 @@ import pytest
 
 from psdp import DataLoader
 from psdp.sources import TensorStoreSource, read_metadata
-from psdp.sources.document_writer import open_documents, write_documents
-from psdp.sources.errors import TransientReadError
-from psdp.sources.writer import write_dataset
+from psdp.sources.documents.writer import open_documents, write_documents
+from psdp.sources.stores.errors import TransientReadError
+from psdp.sources.stores.writer import write_dataset
 from psdp.tools.benchmarks.object_store import FaultProxy, S3Server
 from tests.batch_checks import assert_batch_exact, expected_batch, run_on_noncontiguous_pod
 
@@ -272,7 +272,7 @@ def test_an_open_that_meets_an_overwrite_opens_the_new_dataset(server, proxy, re
 def test_an_open_overwritten_every_time_says_so(server, proxy):
     """Each of the open's tries meets another overwrite: it gives up saying what happened (the
     dataset is not damaged), after `OPEN_ATTEMPTS` tries."""
-    from psdp.sources.tensorstore import OPEN_ATTEMPTS
+    from psdp.sources.stores.tensorstore import OPEN_ATTEMPTS
 
     path = "reopen-always/"
     write_dataset(spec(server, path), rows(16, seed=60), rows_per_shard=8, progress=False)
@@ -313,7 +313,7 @@ _OPEN_AND_FAIL = """
 import json, sys
 import numpy as np
 from psdp.sources import TensorStoreSource, read_metadata
-from psdp.sources.writer import write_dataset
+from psdp.sources.stores.writer import write_dataset
 
 spec = json.loads(sys.argv[1])
 write_dataset(spec, np.arange(8, dtype=np.int32), progress=False)
@@ -479,7 +479,7 @@ def test_a_store_error_is_retried_by_its_status_not_by_a_word_in_its_path(server
 @pytest.fixture
 def fast_write_retries(monkeypatch):
     """psdp's pause before a write's next try, 10 ms (0.5 s by default, as for reads)."""
-    from psdp.sources import errors
+    from psdp.sources.stores import errors
 
     monkeypatch.setattr(errors, "WRITE_BACKOFF_S", 0.01)
 

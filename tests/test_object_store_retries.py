@@ -20,7 +20,7 @@ from psdp._runtime.feeds import open_feed
 from psdp._runtime.step_reader import StepReader
 from psdp._runtime.telemetry import LoaderStats, Telemetry
 from psdp.sources import ArraySource
-from psdp.sources.errors import (
+from psdp.sources.stores.errors import (
     MAX_BACKOFF_S,
     TransientReadError,
     backoff_s,
@@ -164,7 +164,7 @@ def test_a_permanent_store_error_naming_a_transient_status_in_its_path_is_tried_
     its NOT_FOUND message holds the word in the path, and the read is tried once, not
     read_attempts times."""
     from psdp.sources import TensorStoreSource
-    from psdp.sources.writer import write_dataset
+    from psdp.sources.stores.writer import write_dataset
 
     class Counting(TensorStoreSource):
         calls = 0

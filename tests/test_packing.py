@@ -233,7 +233,7 @@ def test_a_pack_index_of_another_format_version_is_refused_and_left_as_it_was(tm
     loaded, nor overwritten."""
     import json
 
-    from psdp.sources.pack_index import VERSION
+    from psdp.sources.views.pack_index import VERSION
 
     path = tmp_path / "index.npz"
     PackedSequences(store_of(LENGTHS), 16, window=8, index=path)
@@ -253,7 +253,7 @@ def test_a_pack_index_of_another_format_version_is_refused_and_left_as_it_was(tm
 def test_the_pack_index_built_in_worker_processes_is_the_one_built_here(monkeypatch):
     """Built in 2 processes, or here reading the offsets 3 windows at a time: one index."""
     from psdp._plan.pack_windows import PackKey
-    from psdp.sources import pack_index
+    from psdp.sources.views import pack_index
 
     lengths = np.random.default_rng(0).integers(0, 40, 500)
     store = store_of(lengths, kind=CountingStore)
@@ -438,7 +438,7 @@ def test_a_shuffled_loader_plans_each_window_about_once_an_epoch(mesh_2d, monkey
     otherwise, so over an epoch each window is planned once, or twice where a block straddles
     two windows (counted, not timed); the rows are the oracle's block shuffle, and the state
     records the block."""
-    from psdp.sources import packed
+    from psdp.sources.views import packed
 
     lengths = LENGTHS * 20  # 150 windows of 8 documents: more than packed.WINDOW_CACHE
     source = PackedSequences(store_of(lengths), 16, window=8)
@@ -566,7 +566,7 @@ def formula_pack_index(directory: str, documents: int):
     ``directory``, its counts the oracle's: ``(corpus, index path, the oracle's bins of a whole
     window, of the last window)``."""
     from psdp._plan.pack_windows import PackIndex, PackKey
-    from psdp.sources.pack_index import save_pack_index
+    from psdp.sources.views.pack_index import save_pack_index
 
     seq_len, window = SCALE["seq_len"], SCALE["window"]
     corpus = FormulaCorpus(documents, period=window)

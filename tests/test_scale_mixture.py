@@ -35,7 +35,7 @@ def mixture_simulation(documents: int = 10**9, sources: int = SOURCES) -> dict:
     import time
 
     from psdp import DocumentStore, Mixture, TokenSequences
-    from psdp.sources.document_index import STRIDE, DocumentIndex
+    from psdp.sources.documents.index import STRIDE, DocumentIndex
     from tests.mixture_oracle import mixture_at
     from tests.scale_corpus import ScaleCorpus
 

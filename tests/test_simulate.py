@@ -254,7 +254,7 @@ def test_a_user_source_is_checked_against_itself(tmp_path):
 
 @pytest.mark.multiprocess
 def test_a_padded_final_batch_and_its_mask_are_exact(tmp_path):
-    from psdp.sources.writer import write_dataset
+    from psdp.sources.stores.writer import write_dataset
 
     rows = {"tokens": synthetic_tokens(np.arange(70), 5, 64), "w": np.arange(70, dtype=np.float32)}
     path = write_dataset(tmp_path / "ds", rows, rows_per_shard=16, progress=False)
@@ -273,7 +273,7 @@ def test_a_padded_final_batch_and_its_mask_are_exact(tmp_path):
 
 @pytest.mark.multiprocess
 def test_train_on_a_source_whose_leaf_is_not_named_tokens(tmp_path):
-    from psdp.sources.writer import write_dataset
+    from psdp.sources.stores.writer import write_dataset
 
     rows = {"ids": synthetic_tokens(np.arange(64), 6, 64), "w": np.ones(64, np.float32)}
     path = write_dataset(tmp_path / "ds", rows, rows_per_shard=16, progress=False)

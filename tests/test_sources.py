@@ -21,7 +21,7 @@ import tensorstore as ts
 
 from psdp import DataLoader
 from psdp.sources import GrainSource, MemmapSource, TensorStoreSource, read_metadata
-from psdp.sources.writer import write_dataset
+from psdp.sources.stores.writer import write_dataset
 from psdp.tools.pod import run_pod
 from tests.batch_checks import assert_batch_exact, expected_batch, expected_global, token_table
 from tests.meshes import SCRAMBLED, mesh_of

@@ -22,7 +22,7 @@ from jax.sharding import PartitionSpec as P
 from psdp import DataLoader, LoaderConfig, MeshLayout, ShardingOptions
 from psdp._plan.windows import AxisHalo
 from psdp._runtime.assembly import domain_mask, halo_mask
-from psdp.sources.writer import write_dataset
+from psdp.sources.stores.writer import write_dataset
 from tests import oracle
 from tests.batch_checks import assert_shards_exact, expected_batch, expected_step, physical_ids
 from tests.fake_hosts import fake_pod, host_batch

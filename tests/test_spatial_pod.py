@@ -15,7 +15,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from psdp import DataLoader, MeshLayout
-from psdp.sources.writer import write_dataset
+from psdp.sources.stores.writer import write_dataset
 from psdp.tools.pod import run_pod
 from tests.batch_checks import assert_shards_exact, expected_batch, physical_ids
 from tests.test_spatial_oracle import (

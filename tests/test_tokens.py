@@ -369,7 +369,7 @@ def test_windows_equal_the_oracle_whatever_the_offsets_and_the_index(
     ends: padding) equal the numpy oracle's stream, with empty documents anywhere, for offsets searched in place (numpy)
     or read block by block (any other array), and index strides from 1 to 4096 (a row then
     spans many blocks, runs of blocks, or one)."""
-    from psdp.sources.document_index import build_index
+    from psdp.sources.documents.index import build_index
     from tests.scale_corpus import GatheredArray, LazyArray
 
     if sum(lengths) == 0:
@@ -409,7 +409,7 @@ _SCALE_CHILD = """
 import json, resource, sys, time
 import numpy as np
 from psdp import DocumentStore, TokenSequences
-from psdp.sources.document_index import STRIDE, DocumentIndex
+from psdp.sources.documents.index import STRIDE, DocumentIndex
 from tests.scale_corpus import ScaleCorpus
 
 def peak():

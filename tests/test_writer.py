@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from psdp.sources import TensorStoreSource, read_metadata
-from psdp.sources.writer import write_dataset
+from psdp.sources.stores.writer import write_dataset
 
 # A write of 4 leaves in blocks of 64 MiB, stopped by SIGINT (Ctrl-C) while its first block is in
 # flight: TensorStore writes each leaf on its own threads, so writes are still running when the
@@ -28,7 +28,7 @@ import signal, sys
 # interrupted by hand has Python's handler, which this test is about
 signal.signal(signal.SIGINT, signal.default_int_handler)
 import numpy as np
-from psdp.sources.writer import write_dataset
+from psdp.sources.stores.writer import write_dataset
 
 def chunks():
     for i in range(100):
@@ -184,7 +184,7 @@ def test_of_two_writers_committing_at_once_exactly_one_commits(tmp_path, monkeyp
     """Writer A has checked that the dataset is still the one it began with, and is stopped
     just before its renames; writer B commits meanwhile (or, holding no lock, would): B must
     wait for A's commit and then fail, since the dataset changed; A's dataset stays."""
-    from psdp.sources import writer
+    from psdp.sources.stores import writer
 
     path = write_dataset(tmp_path / "ds", {"x": np.arange(4)}, progress=False)
     a_checked, b_done = threading.Event(), threading.Event()
@@ -250,7 +250,7 @@ def test_a_small_document_store_writes_files_sized_to_their_content(tmp_path):
     import tensorstore as ts
 
     from psdp.sources import DocumentStore
-    from psdp.sources.document_writer import write_documents
+    from psdp.sources.documents.writer import write_documents
 
     docs = [np.arange(1 + i % 7, dtype=np.uint16) for i in range(50)]
     path = write_documents(tmp_path / "docs", docs, progress=False)

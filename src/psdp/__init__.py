@@ -61,15 +61,15 @@ from psdp.sources import TokenSequences as TokenSequences
 if TYPE_CHECKING:  # imported on first use below: both load tensorstore, which is slow to import
     from psdp.prepare import prepare as prepare
     from psdp.sources import TensorStoreSource as TensorStoreSource
-    from psdp.sources.document_writer import write_documents as write_documents
-    from psdp.sources.writer import write_dataset as write_dataset
+    from psdp.sources.documents.writer import write_documents as write_documents
+    from psdp.sources.stores.writer import write_dataset as write_dataset
 
 _lazy_getattr, _lazy_dir = lazy_attributes(
     __name__,
     {
         "psdp.sources": ["TensorStoreSource"],
-        "psdp.sources.writer": ["write_dataset"],
-        "psdp.sources.document_writer": ["write_documents"],
+        "psdp.sources.stores.writer": ["write_dataset"],
+        "psdp.sources.documents.writer": ["write_documents"],
     },
     globals(),
 )

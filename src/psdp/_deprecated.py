@@ -31,7 +31,7 @@ MOVED_MODULES = {
     "psdp.config": ("psdp._integration.config", "from psdp import LoaderConfig, MeshConfig"),
     "psdp.consistency": ("psdp._integration.consistency", "from psdp import check_consistency"),
     "psdp.sharding": ("psdp._integration.filter_shard", "from psdp import filter_shard"),
-    "psdp.writer": ("psdp.sources.writer", "from psdp import write_dataset"),
+    "psdp.writer": ("psdp.sources.stores.writer", "from psdp import write_dataset"),
     "psdp.layout": ("psdp._plan.layout", "from psdp import MeshLayout"),
     "psdp.mesh": ("psdp._plan.mesh", "from psdp import plan_batch, process_mesh_mapping"),
     "psdp.order": ("psdp._plan.order", "from psdp import GlobalOrder"),

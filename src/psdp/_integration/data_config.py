@@ -30,7 +30,7 @@ from psdp._plan.options import (
     check_groups,
 )
 from psdp._plan.packing import PACKING_STRATEGIES
-from psdp.sources.mixture import Mixture
+from psdp.sources.views.mixture import Mixture
 
 if TYPE_CHECKING:
     from jax.sharding import Mesh
@@ -258,7 +258,7 @@ class SourceConfig:
         try:
             return DocumentStore.open(self.store)
         except (FileNotFoundError, ValueError) as error:
-            from psdp.sources.levanter import is_levanter_cache
+            from psdp.sources.documents.levanter import is_levanter_cache
 
             assert self.store is not None  # checked in __post_init__
             levanter = is_levanter_cache(self.store)  # DocumentStore.open names no role
@@ -275,7 +275,7 @@ class SourceConfig:
             ) from None
 
     def _open_levanter(self, role: str) -> DocumentStore:
-        from psdp.sources.levanter import open_levanter_cache
+        from psdp.sources.documents.levanter import open_levanter_cache
 
         assert self.store is not None  # checked in __post_init__
         try:
@@ -817,7 +817,7 @@ class DataConfig:
         (JAX's default holds no int64); each read checked (`DocumentStore.with_dtypes`)."""
         import numpy as np
 
-        from psdp.sources.documents import TOKENS
+        from psdp.sources.documents.store import TOKENS
 
         found = {name: view.store.leaves[TOKENS] for name, view in views.items()}
         if len(set(found.values())) < 2:

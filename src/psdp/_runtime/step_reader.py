@@ -21,7 +21,7 @@ from psdp._plan.reads import ReadRequest
 from psdp._plan.windows import Box, take_box
 from psdp._runtime.telemetry import Telemetry
 from psdp.sources.base import SupportsReadWindow
-from psdp.sources.errors import backoff_s, is_transient
+from psdp.sources.stores.errors import backoff_s, is_transient
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ class StepReader:
     """Reads a step's requests (`LoaderPlan.requests`) from a source into each leaf's windows.
 
     Positions whose id is `PAD` are never read: they hold ``pad_value``. A read that fails with
-    a transient error (`psdp.sources.errors.is_transient`) is tried again after a pause, up to
+    a transient error (`psdp.sources.stores.errors.is_transient`) is tried again after a pause, up to
     ``read_attempts`` tries; any other error fails at once, with a note naming the step. Until
     the first step is read, reads get ``first_read_timeout_s`` instead of ``timeout_s``.
 
@@ -325,11 +325,11 @@ def retried(
     on_retry: Callable[[], None] | None = None,
 ) -> Any:
     """``read()``, tried again after ``backoff(attempt)`` seconds while it fails with a transient
-    error (`psdp.sources.errors.is_transient`), up to ``attempts`` tries; any other error, the
+    error (`psdp.sources.stores.errors.is_transient`), up to ``attempts`` tries; any other error, the
     last try's, or one after ``stopped()`` is raised with a note naming ``where``.
 
     Example:
-        >>> from psdp.sources.errors import TransientReadError
+        >>> from psdp.sources.stores.errors import TransientReadError
         >>> from psdp.sources import ArraySource
         >>> failures = [TransientReadError("503 SlowDown")]
         >>> def read():

@@ -1,6 +1,6 @@
 """The store `prepare` writes: parts, each an ordinary document store committed atomically, listed
 in input order by a manifest (``psdp.json``, format `PARTS_FORMAT`) that `DocumentStore.open`
-reads as one corpus (``psdp.sources.document_parts``). ``docs/prepare.md``, "Parts".
+reads as one corpus (``psdp.sources.documents.parts``). ``docs/prepare.md``, "Parts".
 
 The manifest is the store's only commit point, replaced by compare-and-swap (TensorStore's
 conditional write, on a local directory as on S3/GCS): it records the key of the settings and
@@ -27,11 +27,11 @@ from typing import Any
 import tensorstore as ts
 
 from psdp.prepare.readers import Unit
-from psdp.sources.document_parts import PARTS_DIRECTORY, PARTS_FORMAT, PARTS_VERSION, index_key
-from psdp.sources.document_writer import join_documents
-from psdp.sources.errors import is_transient_store_error, retried_write
-from psdp.sources.location import Location, locate, open_kvstore
-from psdp.sources.tensorstore import METADATA_FILE
+from psdp.sources.documents.parts import PARTS_DIRECTORY, PARTS_FORMAT, PARTS_VERSION, index_key
+from psdp.sources.documents.writer import join_documents
+from psdp.sources.stores.errors import is_transient_store_error, retried_write
+from psdp.sources.stores.location import Location, locate, open_kvstore
+from psdp.sources.stores.tensorstore import METADATA_FILE
 
 Manifest = dict[str, Any]
 

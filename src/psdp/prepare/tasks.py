@@ -15,7 +15,7 @@ import numpy as np
 from psdp.prepare.parts import PartResult, file_sha256
 from psdp.prepare.readers import Unit, read_batches
 from psdp.prepare.tokenize import Encoder, files_digest, tokenizer_files, tokenizer_from
-from psdp.sources.document_writer import write_documents
+from psdp.sources.documents.writer import write_documents
 
 #: The skipped records a part keeps as examples (their count is always exact).
 EXAMPLES = 5

@@ -15,26 +15,26 @@ from psdp.sources.base import Rows as Rows
 from psdp.sources.base import Source as Source
 from psdp.sources.base import SupportsReadWindow as SupportsReadWindow
 from psdp.sources.base import as_source as as_source
-from psdp.sources.document_index import DocumentIndex as DocumentIndex
-from psdp.sources.documents import DocumentStore as DocumentStore
-from psdp.sources.documents import FlatArray as FlatArray
-from psdp.sources.grain import GrainSource as GrainSource
-from psdp.sources.memmap import MemmapSource as MemmapSource
-from psdp.sources.mixture import Mixture as Mixture
-from psdp.sources.packed import PackedSequences as PackedSequences
-from psdp.sources.streams import StreamReader as StreamReader
-from psdp.sources.streams import StreamSource as StreamSource
-from psdp.sources.tokens import TokenSequences as TokenSequences
+from psdp.sources.documents.index import DocumentIndex as DocumentIndex
+from psdp.sources.documents.store import DocumentStore as DocumentStore
+from psdp.sources.documents.store import FlatArray as FlatArray
+from psdp.sources.stores.grain import GrainSource as GrainSource
+from psdp.sources.stores.memmap import MemmapSource as MemmapSource
+from psdp.sources.views.mixture import Mixture as Mixture
+from psdp.sources.views.packed import PackedSequences as PackedSequences
+from psdp.sources.stores.streams import StreamReader as StreamReader
+from psdp.sources.stores.streams import StreamSource as StreamSource
+from psdp.sources.views.tokens import TokenSequences as TokenSequences
 
 if TYPE_CHECKING:  # imported on first use below: tensorstore is slow to import
-    from psdp.sources.document_writer import write_documents as write_documents
-    from psdp.sources.levanter import open_levanter_cache as open_levanter_cache
-    from psdp.sources.tensorstore import DATASET_FORMAT as DATASET_FORMAT
-    from psdp.sources.tensorstore import DATASET_VERSION as DATASET_VERSION
-    from psdp.sources.tensorstore import INCOMPLETE_MARKER as INCOMPLETE_MARKER
-    from psdp.sources.tensorstore import METADATA_FILE as METADATA_FILE
-    from psdp.sources.tensorstore import TensorStoreSource as TensorStoreSource
-    from psdp.sources.tensorstore import read_metadata as read_metadata
+    from psdp.sources.documents.writer import write_documents as write_documents
+    from psdp.sources.documents.levanter import open_levanter_cache as open_levanter_cache
+    from psdp.sources.stores.tensorstore import DATASET_FORMAT as DATASET_FORMAT
+    from psdp.sources.stores.tensorstore import DATASET_VERSION as DATASET_VERSION
+    from psdp.sources.stores.tensorstore import INCOMPLETE_MARKER as INCOMPLETE_MARKER
+    from psdp.sources.stores.tensorstore import METADATA_FILE as METADATA_FILE
+    from psdp.sources.stores.tensorstore import TensorStoreSource as TensorStoreSource
+    from psdp.sources.stores.tensorstore import read_metadata as read_metadata
 
 _TENSORSTORE_NAMES = [
     "DATASET_FORMAT",
@@ -49,9 +49,9 @@ _TENSORSTORE_NAMES = [
 __getattr__, __dir__ = lazy_attributes(
     __name__,
     {
-        "psdp.sources.tensorstore": _TENSORSTORE_NAMES,
-        "psdp.sources.document_writer": ["write_documents"],
-        "psdp.sources.levanter": ["open_levanter_cache"],
+        "psdp.sources.stores.tensorstore": _TENSORSTORE_NAMES,
+        "psdp.sources.documents.writer": ["write_documents"],
+        "psdp.sources.documents.levanter": ["open_levanter_cache"],
     },
     globals(),
 )

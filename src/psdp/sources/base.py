@@ -186,7 +186,7 @@ def as_source(data: Any) -> Source:
     if isinstance(data, np.ndarray | Mapping):
         return ArraySource(data)
     if isinstance(data, list | tuple):  # records: read one by one (slow), stacked per leaf
-        from psdp.sources.grain import GrainSource  # grain imports this module
+        from psdp.sources.stores.grain import GrainSource  # grain imports this module
 
         return GrainSource(data, read_threads=1)
     if hasattr(data, "__len__") and hasattr(data, "__getitem__"):

@@ -516,7 +516,7 @@ def _run_write(args: argparse.Namespace) -> int:
 
 def _write_rows(args: argparse.Namespace) -> int:
     from psdp.sources import read_metadata
-    from psdp.sources.writer import write_dataset
+    from psdp.sources.stores.writer import write_dataset
 
     arrays = _load_arrays(args.input, args.endpoint)
     try:
@@ -548,7 +548,7 @@ def _write_rows(args: argparse.Namespace) -> int:
 
 def _write_documents(args: argparse.Namespace) -> int:
     from psdp.sources import DocumentStore
-    from psdp.sources.document_writer import write_documents
+    from psdp.sources.documents.writer import write_documents
 
     docs = _token_documents(args)
     sizes = {
@@ -641,11 +641,11 @@ def _load_arrays(path: str, endpoint: str | None) -> Any:
 
 
 def _dataset_chunks(path: Any, hint: str) -> Iterator[Any]:
-    """The rows of a psdp dataset in blocks of about `psdp.sources.writer.BLOCK_BYTES`, read lazily."""
+    """The rows of a psdp dataset in blocks of about `psdp.sources.stores.writer.BLOCK_BYTES`, read lazily."""
     import numpy as np
 
     from psdp.sources import TensorStoreSource
-    from psdp.sources.writer import BLOCK_BYTES
+    from psdp.sources.stores.writer import BLOCK_BYTES
 
     try:
         source = TensorStoreSource(path)
@@ -755,7 +755,7 @@ def _add_endpoint(parser: argparse.ArgumentParser) -> None:
 def _store(option: str, value: str, endpoint: str | None) -> Any:
     """A store argument as the library takes it: a path or URL (an ``s3://`` URL with
     ``endpoint``), or a TensorStore kvstore spec given as JSON (``{"driver": "s3", ...}``)."""
-    from psdp.sources.location import with_endpoint
+    from psdp.sources.stores.location import with_endpoint
 
     given: Any = value
     if value.lstrip().startswith("{"):
@@ -771,7 +771,7 @@ def _store(option: str, value: str, endpoint: str | None) -> Any:
 
 def _name(where: Any) -> str:
     """A path, URL or kvstore spec as one name, for what the CLI prints."""
-    from psdp.sources.location import locate
+    from psdp.sources.stores.location import locate
 
     return locate(where).name
 

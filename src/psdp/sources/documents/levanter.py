@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 import tensorstore as ts
 
-from psdp.sources.documents import TOKENS, DocumentStore
-from psdp.sources.location import Location, list_keys, locate, open_kvstore
-from psdp.sources.tensorstore import METADATA_FILE
+from psdp.sources.documents.store import TOKENS, DocumentStore
+from psdp.sources.stores.location import Location, list_keys, locate, open_kvstore
+from psdp.sources.stores.tensorstore import METADATA_FILE
 
 #: The file Levanter's ``CacheLedger`` is saved in, at the cache directory's root.
 LEDGER_FILE = "shard_ledger.json"

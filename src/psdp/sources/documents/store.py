@@ -18,13 +18,13 @@ from numpy.lib.stride_tricks import as_strided
 from psdp._checks import check_int
 from psdp._deprecated import warn_deprecated
 from psdp._plan.dtypes import cast_checked
-from psdp.sources.document_index import (
+from psdp.sources.documents.index import (
     DocumentIndex,
     TouchedDocuments,
     build_index,
     documents_touching,
 )
-from psdp.sources.errors import TransientReadError, is_transient_status
+from psdp.sources.stores.errors import TransientReadError, is_transient_status
 
 #: The leaf every document store has: the token ids (integers). A document given as one array
 #: is this leaf.
@@ -304,19 +304,19 @@ class DocumentStore:
     def open(cls, path: Any, **options: Any) -> DocumentStore:
         """The store `write_documents` wrote at ``path`` (a directory, URL or kvstore spec).
 
-        Keyword options go to `open_documents` (``psdp.sources.document_writer``).
+        Keyword options go to `open_documents` (``psdp.sources.documents.writer``).
 
         Raises:
             FileNotFoundError: there is no store at ``path``.
             ValueError: ``path`` holds a Levanter token cache (open it with
                 `psdp.sources.open_levanter_cache`), or a damaged store.
         """
-        from psdp.sources.document_writer import open_documents
+        from psdp.sources.documents.writer import open_documents
 
         try:
             return open_documents(path, **options)
         except FileNotFoundError:
-            from psdp.sources.levanter import LEDGER_FILE, is_levanter_cache
+            from psdp.sources.documents.levanter import LEDGER_FILE, is_levanter_cache
 
             if not is_levanter_cache(path):
                 raise

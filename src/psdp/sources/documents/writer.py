@@ -23,17 +23,17 @@ import tensorstore as ts
 from tqdm import tqdm
 
 from psdp._checks import check_int
-from psdp.sources.document_index import STRIDE, DocumentIndex, build_index
-from psdp.sources.document_parts import (
+from psdp.sources.documents.index import STRIDE, DocumentIndex, build_index
+from psdp.sources.documents.parts import (
     PARTS_DIRECTORY,
     PARTS_FORMAT,
     PARTS_VERSION,
     PartedOffsets,
 )
-from psdp.sources.documents import TOKENS, DocumentStore, document_leaves
-from psdp.sources.location import DATA_PREFIX, Location, locate, open_kvstore
-from psdp.sources.tensorstore import COMMITTED, METADATA_FILE
-from psdp.sources.writer import ShardedWriter, commit_write, inner_codecs
+from psdp.sources.documents.store import TOKENS, DocumentStore, document_leaves
+from psdp.sources.stores.location import DATA_PREFIX, Location, locate, open_kvstore
+from psdp.sources.stores.tensorstore import COMMITTED, METADATA_FILE
+from psdp.sources.stores.writer import ShardedWriter, commit_write, inner_codecs
 
 #: The ``format`` and ``version`` of a document store's ``psdp.json``.
 DOCUMENTS_FORMAT = "psdp.documents"

@@ -21,7 +21,7 @@ from typing import Any
 
 import tensorstore as ts
 
-from psdp.sources.errors import is_transient_status
+from psdp.sources.stores.errors import is_transient_status
 
 #: The start of the prefix (below the dataset) that one write of a remote dataset fills.
 DATA_PREFIX = "psdp-data-"

@@ -19,9 +19,9 @@ from typing import Any
 
 import tensorstore as ts
 
-from psdp.sources.errors import retried_write
-from psdp.sources.location import DATA_PREFIX, Location, list_keys, open_kvstore
-from psdp.sources.tensorstore import METADATA_FILE
+from psdp.sources.stores.errors import retried_write
+from psdp.sources.stores.location import DATA_PREFIX, Location, list_keys, open_kvstore
+from psdp.sources.stores.tensorstore import METADATA_FILE
 
 
 def write_remote(

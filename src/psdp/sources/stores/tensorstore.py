@@ -21,8 +21,8 @@ from psdp._checks import check_int, preview_ids
 from psdp._plan.leaves import SINGLE_LEAF, Key, in_leaf_order
 from psdp._plan.windows import Box
 from psdp.sources.base import Rows, check_ids, fresh_rows
-from psdp.sources.errors import TransientReadError, is_transient_status
-from psdp.sources.location import (
+from psdp.sources.stores.errors import TransientReadError, is_transient_status
+from psdp.sources.stores.location import (
     DATA_PREFIX,
     Location,
     check_reach,
@@ -69,7 +69,7 @@ class TensorStoreSource:
 
     Example:
         >>> import tempfile
-        >>> from psdp.sources.writer import write_dataset
+        >>> from psdp.sources.stores.writer import write_dataset
         >>> tmp = tempfile.TemporaryDirectory()
         >>> rows = {"tokens": np.arange(12, dtype=np.int32).reshape(6, 2)}
         >>> path = write_dataset(f"{tmp.name}/ds", rows, rows_per_shard=4, progress=False)
@@ -339,7 +339,7 @@ def read_metadata(path: str | os.PathLike[str] | Mapping[str, Any]) -> dict[str,
 
     Example:
         >>> import tempfile
-        >>> from psdp.sources.writer import write_dataset
+        >>> from psdp.sources.stores.writer import write_dataset
         >>> tmp = tempfile.TemporaryDirectory()
         >>> path = write_dataset(f"{tmp.name}/ds", np.zeros((5, 3), np.int16), progress=False)
         >>> meta = read_metadata(path)

@@ -25,10 +25,10 @@ from tqdm import tqdm
 from psdp._checks import is_int
 from psdp._plan.leaves import SINGLE_LEAF
 from psdp.sources.base import as_rows
-from psdp.sources.errors import retried_write
-from psdp.sources.location import locate
-from psdp.sources.remote import write_remote
-from psdp.sources.tensorstore import (
+from psdp.sources.stores.errors import retried_write
+from psdp.sources.stores.location import locate
+from psdp.sources.stores.remote import write_remote
+from psdp.sources.stores.tensorstore import (
     DATASET_FORMAT,
     DATASET_VERSION,
     INCOMPLETE_MARKER,

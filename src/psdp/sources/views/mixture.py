@@ -21,8 +21,8 @@ from psdp._plan.mixture import (
 )
 from psdp._plan.windows import Box
 from psdp.sources.base import Rows, as_source, check_ids
-from psdp.sources.provenance import provenance_dtype
-from psdp.sources.streams import StreamSource
+from psdp.sources.views.provenance import provenance_dtype
+from psdp.sources.stores.streams import StreamSource
 
 #: The dtype of the ``source_leaf`` tags.
 TAG_DTYPE = np.dtype(np.int32)

@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from psdp._plan.pack_windows import PackIndex, PackKey, window_counts
 from psdp._plan.packing import PackPlan, plan_window, segment_lengths
-from psdp.sources.documents import DocumentStore
+from psdp.sources.documents.store import DocumentStore
 
 #: What a pack index file says it is, and its layout's version.
 FORMAT, VERSION = "psdp.pack_index", 1

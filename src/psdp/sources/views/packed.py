@@ -23,8 +23,8 @@ from psdp._plan.pack_windows import PackIndex, PackKey
 from psdp._plan.packing import PackPlan, check_packing_options, plan_packing, segment_lengths
 from psdp._plan.windows import Box
 from psdp.sources.base import check_ids, fresh_rows
-from psdp.sources.document_index import ranges
-from psdp.sources.documents import (
+from psdp.sources.documents.index import ranges
+from psdp.sources.documents.store import (
     POSITIONS,
     SEGMENT_IDS,
     TOKENS,
@@ -32,8 +32,8 @@ from psdp.sources.documents import (
     check_view_of,
     chosen_leaves,
 )
-from psdp.sources.pack_index import build_pack_index, open_pack_index, plan_of_window
-from psdp.sources.provenance import provenance_table
+from psdp.sources.views.pack_index import build_pack_index, open_pack_index, plan_of_window
+from psdp.sources.views.provenance import provenance_table
 
 #: The leaves a packed sequence adds to the store's: each token's segment (1, 2, ... within a
 #: sequence, 0 on padding), its position within its segment, and whether it counts in the loss.

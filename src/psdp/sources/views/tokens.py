@@ -22,8 +22,8 @@ from psdp._checks import check_int
 from psdp._plan.leaves import Key, in_leaf_order
 from psdp._plan.windows import Box, box_parts
 from psdp.sources.base import check_ids, fresh_rows
-from psdp.sources.document_index import TouchedDocuments
-from psdp.sources.documents import (
+from psdp.sources.documents.index import TouchedDocuments
+from psdp.sources.documents.store import (
     POSITIONS,
     SEGMENT_IDS,
     TOKENS,
@@ -31,7 +31,7 @@ from psdp.sources.documents import (
     check_view_of,
     chosen_leaves,
 )
-from psdp.sources.provenance import provenance_table
+from psdp.sources.views.provenance import provenance_table
 
 
 class TokenSequences:

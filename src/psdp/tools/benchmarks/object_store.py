@@ -95,7 +95,7 @@ class S3Server:
         write or delete objects with ``store[key]``, e.g. to damage a dataset on purpose."""
         import tensorstore as ts  # slow to import: only when used
 
-        from psdp.sources.location import environment_credentials
+        from psdp.sources.stores.location import environment_credentials
 
         return ts.KvStore.open(environment_credentials(self.kvstore(""))).result()
 
@@ -324,7 +324,7 @@ STALL_STEP_MS = 100.0
 def bench_object_store(sizes: Any) -> dict[str, Any]:
     """Requests per step, batches per second and the stall behind a 100 ms step, for a full
     row shuffle and a block shuffle, reading from moto's S3 server through a latency proxy."""
-    from psdp.sources.writer import write_dataset
+    from psdp.sources.stores.writer import write_dataset
     from psdp.tools.benchmarks.common import cpu_mesh, int32_table
 
     table = int32_table(sizes.rows, sizes.width)

@@ -13,7 +13,7 @@ import numpy as np
 from psdp import DataLoader
 from psdp.sources import ArraySource, TensorStoreSource
 from psdp.sources.base import fresh_rows
-from psdp.sources.writer import write_dataset
+from psdp.sources.stores.writer import write_dataset
 from psdp.tools.benchmarks.common import Sizes, cpu_mesh, int32_table, train_step
 
 

@@ -22,7 +22,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from psdp import DataLoader
 from psdp.sources import TensorStoreSource
-from psdp.sources.writer import write_dataset
+from psdp.sources.stores.writer import write_dataset
 from psdp.tools.benchmarks import grain_loops
 from psdp.tools.benchmarks.baselines import (
     Ids,

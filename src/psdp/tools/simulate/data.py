@@ -51,8 +51,8 @@ def packed_source(count: int, seq_len: int, vocab: int, strategy: str) -> Any:
 
 def is_document_store(path: str) -> bool:
     """Whether ``path`` holds a document store (`psdp.write_documents`), not a dataset of rows."""
-    from psdp.sources.document_writer import DOCUMENTS_FORMAT
-    from psdp.sources.tensorstore import METADATA_FILE
+    from psdp.sources.documents.writer import DOCUMENTS_FORMAT
+    from psdp.sources.stores.tensorstore import METADATA_FILE
 
     try:
         meta = json.loads((Path(path) / METADATA_FILE).read_text())
@@ -92,7 +92,7 @@ def describe_store(path: str, seq_len: int, packing: str | None) -> str:
 
 def write_synthetic(path: str, rows: int, seq_len: int, vocab: int) -> None:
     """Writes ``rows`` synthetic rows as a dataset with one leaf, ``tokens``."""
-    from psdp.sources.writer import write_dataset
+    from psdp.sources.stores.writer import write_dataset
 
     tokens = synthetic_tokens(np.arange(rows), seq_len, vocab)
     write_dataset(path, {"tokens": tokens}, rows_per_shard=256, progress=False)
