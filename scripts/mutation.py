@@ -466,7 +466,7 @@ MUTANTS = [
            "BOS dropped"),
     Mutant("PP9", "prepare/readers.py", "enumerate(lines, start=1)", "enumerate(lines)",
            "jsonl line numbers from 0"),
-    Mutant("PP10", "sources/documents/writer.py",
+    Mutant("PP10", "sources/documents/format.py",
            'names = [u["part"] for u in meta["units"] if meta["parts"][u["part"]]["num_documents"]]\n    paths',
            'names = [u["part"] for u in meta["units"][::-1] if meta["parts"][u["part"]]["num_documents"]]\n    paths',
            "parts read in another order"),
@@ -505,7 +505,7 @@ MUTANTS = [
     Mutant("PP11", "prepare/tokenize.py", "if vocab_size <= np.iinfo(dtype).max + 1:",
            "if vocab_size <= np.iinfo(dtype).max:", "a dtype one id too wide"),
     # ---------------------------------- Levanter caches, indexes, targets, config eos (issue 35)
-    Mutant("QX1", "sources/documents/levanter.py", 'if ledger.get("is_finished") is not True:',
+    Mutant("QX1", "sources/stores/levanter_cache.py", 'if ledger.get("is_finished") is not True:',
            'if ledger.get("is_finished", True) is not True:',
            "a Levanter ledger without is_finished read as finished"),
     Mutant("QX2", "sources/views/pack_index.py", "if got == (FORMAT, VERSION) else None",

@@ -116,6 +116,95 @@ def test_a_module_inside_an_old_package_is_the_new_one(monkeypatch):
     assert module is importlib.import_module("psdp.tools.benchmarks.throughput")
 
 
+# ------------------------------------------------------------- psdp.sources' flat module paths
+#: every module of psdp.sources before it was split into stores/, documents/ and views/ -> its
+#: module now (psdp.sources.documents, a module then, is the package of the document modules)
+OLD_SOURCES_MODULES = {
+    "psdp.sources.errors": "psdp.sources.stores.errors",
+    "psdp.sources.location": "psdp.sources.stores.location",
+    "psdp.sources.remote": "psdp.sources.stores.remote",
+    "psdp.sources.tensorstore": "psdp.sources.stores.tensorstore",
+    "psdp.sources.memmap": "psdp.sources.stores.memmap",
+    "psdp.sources.grain": "psdp.sources.stores.grain",
+    "psdp.sources.streams": "psdp.sources.stores.streams",
+    "psdp.sources.writer": "psdp.sources.stores.writer",
+    "psdp.sources.levanter": "psdp.sources.documents.levanter",
+    "psdp.sources.document_index": "psdp.sources.documents.index",
+    "psdp.sources.document_parts": "psdp.sources.documents.parts",
+    "psdp.sources.document_writer": "psdp.sources.documents.writer",
+    "psdp.sources.tokens": "psdp.sources.views.tokens",
+    "psdp.sources.packed": "psdp.sources.views.packed",
+    "psdp.sources.pack_index": "psdp.sources.views.pack_index",
+    "psdp.sources.mixture": "psdp.sources.views.mixture",
+    "psdp.sources.provenance": "psdp.sources.views.provenance",
+}
+
+
+@pytest.mark.parametrize(("old", "new"), OLD_SOURCES_MODULES.items())
+def test_an_old_sources_module_path_is_the_new_module_with_a_warning(monkeypatch, old, new):
+    _forget(monkeypatch, old)
+    with pytest.warns(FutureWarning) as record:
+        module = importlib.import_module(old)
+    assert module is importlib.import_module(new)
+    (message,) = _messages(record)
+    assert message.startswith(f"{old} is deprecated and goes away in psdp ")
+    assert f"the module is {new} now" in message
+
+
+@pytest.mark.parametrize(
+    ("old", "name", "public"),
+    [
+        ("psdp.sources.tensorstore", "TensorStoreSource", "psdp.sources"),
+        ("psdp.sources.memmap", "MemmapSource", "psdp.sources"),
+        ("psdp.sources.grain", "GrainSource", "psdp.sources"),
+        ("psdp.sources.streams", "StreamSource", "psdp.sources"),
+        ("psdp.sources.writer", "write_dataset", "psdp"),
+        ("psdp.sources.levanter", "open_levanter_cache", "psdp.sources"),
+        ("psdp.sources.document_index", "DocumentIndex", "psdp.sources"),
+        ("psdp.sources.document_writer", "write_documents", "psdp"),
+        ("psdp.sources.tokens", "TokenSequences", "psdp"),
+        ("psdp.sources.packed", "PackedSequences", "psdp"),
+        ("psdp.sources.mixture", "Mixture", "psdp"),
+    ],
+)
+def test_an_old_sources_import_gives_the_public_object_and_names_it(monkeypatch, old, name, public):
+    _forget(monkeypatch, old)
+    with pytest.warns(FutureWarning) as record:
+        value = getattr(importlib.import_module(old), name)
+    assert value is getattr(importlib.import_module(public), name)
+    assert f"write `from {public} import {name}" in _messages(record)[0]
+
+
+@pytest.mark.parametrize(
+    ("name", "spelling"),
+    [
+        ("DocumentStore", "from psdp.sources import DocumentStore"),
+        ("FlatArray", "from psdp.sources import FlatArray"),
+        ("TOKENS", "from psdp.sources.documents.store import TOKENS"),
+        ("document_leaves", "from psdp.sources.documents.store import document_leaves"),
+    ],
+)
+def test_a_name_of_the_old_documents_module_is_served_by_its_package_with_a_warning(name, spelling):
+    """``psdp.sources.documents`` was DocumentStore's module; it is the package of the document
+    modules now, and hands out the old module's names, each with a warning."""
+    import psdp.sources.documents as documents  # the package: importing it warns of nothing
+
+    with pytest.warns(FutureWarning) as record:
+        value = getattr(documents, name)
+    assert value is getattr(importlib.import_module("psdp.sources.documents.store"), name)
+    (message,) = _messages(record)
+    assert message.startswith(f"psdp.sources.documents.{name} is deprecated and goes away")
+    assert f"write `{spelling}` (it is psdp.sources.documents.store.{name} now)" in message
+    with pytest.warns(FutureWarning):
+        from psdp.sources.documents import DocumentStore
+    assert DocumentStore is psdp.DocumentStore
+    with pytest.raises(AttributeError, match="has no attribute 'nothing'"):
+        _ = documents.nothing
+    from psdp.sources.documents import index  # its own modules: no warning (filterwarnings=error)
+
+    assert index is importlib.import_module("psdp.sources.documents.index")
+
+
 # ------------------------------------------------------------------ LoaderConfig's flat fields
 #: the previous release's flat LoaderConfig fields (one example each) -> the same in the groups
 FLAT_FIELDS = [

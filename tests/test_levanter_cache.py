@@ -139,7 +139,7 @@ def test_a_leaf_of_rank_above_one_is_refused(tmp_path):
 
 def test_a_levanter_cache_on_s3_opens_as_the_documents_written():
     """Levanter caches live in buckets: moto's S3 server on 127.0.0.1, TensorStore's s3 driver."""
-    from psdp.sources.documents.levanter import is_levanter_cache
+    from psdp.sources.stores.levanter_cache import is_levanter_cache
     from psdp.tools.benchmarks.object_store import S3Server
 
     docs = _documents(3, 30, 7_000)

@@ -15,7 +15,8 @@ import pytest
 
 from psdp import DataLoader
 from psdp.sources import TensorStoreSource, read_metadata
-from psdp.sources.documents.writer import open_documents, write_documents
+from psdp.sources.documents.store import open_documents
+from psdp.sources.documents.writer import write_documents
 from psdp.sources.stores.errors import TransientReadError
 from psdp.sources.stores.writer import write_dataset
 from psdp.tools.benchmarks.object_store import FaultProxy, S3Server

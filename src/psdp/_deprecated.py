@@ -22,6 +22,7 @@ import warnings
 from collections.abc import Sequence
 from importlib.machinery import ModuleSpec
 from types import CodeType, FrameType, ModuleType
+from typing import Any
 
 #: The release that no longer has the deprecated names.
 REMOVED_IN = "0.2.0"
@@ -49,6 +50,55 @@ MOVED_MODULES = {
     "psdp.reads": ("psdp._plan.reads", None),
     "psdp.picture": ("psdp._plan.picture", None),
     "psdp.dtypes": ("psdp._plan.dtypes", None),
+    # psdp.sources' flat modules, in folders by what they are (stores/, documents/, views/); the
+    # module psdp.sources.documents is a package now, its names served by its __getattr__
+    "psdp.sources.errors": (
+        "psdp.sources.stores.errors",
+        "from psdp.sources.stores.errors import TransientReadError",
+    ),
+    "psdp.sources.location": (
+        "psdp.sources.stores.location",
+        "from psdp.sources.stores import location",
+    ),
+    "psdp.sources.remote": ("psdp.sources.stores.remote", "from psdp.sources.stores import remote"),
+    "psdp.sources.tensorstore": (
+        "psdp.sources.stores.tensorstore",
+        "from psdp.sources import TensorStoreSource",
+    ),
+    "psdp.sources.memmap": ("psdp.sources.stores.memmap", "from psdp.sources import MemmapSource"),
+    "psdp.sources.grain": ("psdp.sources.stores.grain", "from psdp.sources import GrainSource"),
+    "psdp.sources.streams": (
+        "psdp.sources.stores.streams",
+        "from psdp.sources import StreamSource",
+    ),
+    "psdp.sources.writer": ("psdp.sources.stores.writer", "from psdp import write_dataset"),
+    "psdp.sources.levanter": (
+        "psdp.sources.documents.levanter",
+        "from psdp.sources import open_levanter_cache",
+    ),
+    "psdp.sources.document_index": (
+        "psdp.sources.documents.index",
+        "from psdp.sources import DocumentIndex",
+    ),
+    "psdp.sources.document_parts": (
+        "psdp.sources.documents.parts",
+        "from psdp.sources.documents import parts",
+    ),
+    "psdp.sources.document_writer": (
+        "psdp.sources.documents.writer",
+        "from psdp import write_documents",
+    ),
+    "psdp.sources.tokens": ("psdp.sources.views.tokens", "from psdp import TokenSequences"),
+    "psdp.sources.packed": ("psdp.sources.views.packed", "from psdp import PackedSequences"),
+    "psdp.sources.pack_index": (
+        "psdp.sources.views.pack_index",
+        "from psdp.sources.views import pack_index",
+    ),
+    "psdp.sources.mixture": ("psdp.sources.views.mixture", "from psdp import Mixture"),
+    "psdp.sources.provenance": (
+        "psdp.sources.views.provenance",
+        "from psdp.sources.views import provenance",
+    ),
 }
 
 
@@ -70,6 +120,25 @@ def warn_deprecated(old: str, new: str) -> None:
         FutureWarning,
         stacklevel=_user_level(),
     )
+
+
+def warn_moved_name(old_module: str, name: str, new_module: str, public_module: str) -> Any:
+    """``name`` of ``new_module``, warning that ``old_module.name`` goes: for an old module path
+    that is a package now, whose ``__getattr__`` serves the old module's names.
+
+    Example:
+        >>> import json
+        >>> with warnings.catch_warnings(record=True) as caught:
+        ...     warnings.simplefilter("always")
+        ...     value = warn_moved_name("psdp.old", "dumps", "json", "json")
+        >>> value is json.dumps, str(caught[0].message)
+        (True, 'psdp.old.dumps is deprecated and goes away in psdp 0.2.0; write `from json import dumps` (it is json.dumps now)')
+    """
+    warn_deprecated(
+        f"{old_module}.{name}",
+        f"write `from {public_module} import {name}` (it is {new_module}.{name} now)",
+    )
+    return getattr(importlib.import_module(new_module), name)
 
 
 def _user_level() -> int:

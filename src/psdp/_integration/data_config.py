@@ -258,7 +258,7 @@ class SourceConfig:
         try:
             return DocumentStore.open(self.store)
         except (FileNotFoundError, ValueError) as error:
-            from psdp.sources.documents.levanter import is_levanter_cache
+            from psdp.sources.stores.levanter_cache import is_levanter_cache
 
             assert self.store is not None  # checked in __post_init__
             levanter = is_levanter_cache(self.store)  # DocumentStore.open names no role
@@ -817,7 +817,7 @@ class DataConfig:
         (JAX's default holds no int64); each read checked (`DocumentStore.with_dtypes`)."""
         import numpy as np
 
-        from psdp.sources.documents.store import TOKENS
+        from psdp._plan.leaves import TOKENS
 
         found = {name: view.store.leaves[TOKENS] for name, view in views.items()}
         if len(set(found.values())) < 2:

@@ -16,6 +16,14 @@ V = TypeVar("V")
 Key = str | None
 #: The name a dataset written from a single array stores its one leaf under.
 SINGLE_LEAF = "array"
+#: The leaf every document store has: the token ids (integers). A document given as one array
+#: is this leaf.
+TOKENS = "input_ids"
+#: The leaf a view of a store (`TokenSequences`, `PackedSequences`) numbers each token's document
+#: or segment with (0: padding).
+SEGMENT_IDS = "segment_ids"
+#: The leaf a view gives each token's position in its document or segment (0 at its first token).
+POSITIONS = "positions"
 
 
 def in_leaf_order(leaves: Mapping[K, V]) -> dict[K, V]:

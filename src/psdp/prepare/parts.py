@@ -28,7 +28,7 @@ import tensorstore as ts
 
 from psdp.prepare.readers import Unit
 from psdp.sources.documents.parts import PARTS_DIRECTORY, PARTS_FORMAT, PARTS_VERSION, index_key
-from psdp.sources.documents.writer import join_documents
+from psdp.sources.documents.store import join_documents
 from psdp.sources.stores.errors import is_transient_store_error, retried_write
 from psdp.sources.stores.location import Location, locate, open_kvstore
 from psdp.sources.stores.tensorstore import METADATA_FILE

@@ -28,7 +28,12 @@ from pathlib import Path
 from typing import Any
 
 from psdp._imports import import_optional
-from psdp.sources.stores.location import check_reach, describe_kvstore, environment_credentials, list_keys
+from psdp.sources.stores.location import (
+    check_reach,
+    describe_kvstore,
+    environment_credentials,
+    list_keys,
+)
 
 #: The file kinds a reader reads, by name ending (in any case): jsonl's compression, or the kind.
 JSONL_ENDINGS = {

@@ -14,21 +14,21 @@ from psdp.sources.base import IndexableSource as IndexableSource
 from psdp.sources.base import Rows as Rows
 from psdp.sources.base import Source as Source
 from psdp.sources.base import SupportsReadWindow as SupportsReadWindow
-from psdp.sources.base import as_source as as_source
 from psdp.sources.documents.index import DocumentIndex as DocumentIndex
 from psdp.sources.documents.store import DocumentStore as DocumentStore
 from psdp.sources.documents.store import FlatArray as FlatArray
+from psdp.sources.stores.adapt import as_source as as_source
 from psdp.sources.stores.grain import GrainSource as GrainSource
 from psdp.sources.stores.memmap import MemmapSource as MemmapSource
-from psdp.sources.views.mixture import Mixture as Mixture
-from psdp.sources.views.packed import PackedSequences as PackedSequences
 from psdp.sources.stores.streams import StreamReader as StreamReader
 from psdp.sources.stores.streams import StreamSource as StreamSource
+from psdp.sources.views.mixture import Mixture as Mixture
+from psdp.sources.views.packed import PackedSequences as PackedSequences
 from psdp.sources.views.tokens import TokenSequences as TokenSequences
 
 if TYPE_CHECKING:  # imported on first use below: tensorstore is slow to import
-    from psdp.sources.documents.writer import write_documents as write_documents
     from psdp.sources.documents.levanter import open_levanter_cache as open_levanter_cache
+    from psdp.sources.documents.writer import write_documents as write_documents
     from psdp.sources.stores.tensorstore import DATASET_FORMAT as DATASET_FORMAT
     from psdp.sources.stores.tensorstore import DATASET_VERSION as DATASET_VERSION
     from psdp.sources.stores.tensorstore import INCOMPLETE_MARKER as INCOMPLETE_MARKER

@@ -1,6 +1,6 @@
-"""The random-access source protocol, the in-memory sources, `as_source`, and the helpers every
-source shares. What a read must return (any order, repeats, thread-safe): ``docs/sources.md``,
-"The protocol".
+"""The random-access source protocol, the in-memory sources, and the helpers every source shares.
+What a read must return (any order, repeats, thread-safe): ``docs/sources.md``, "The protocol".
+`as_source`, which picks a source for any object, is in ``stores/adapt.py``: it needs the stores.
 """
 
 from __future__ import annotations
@@ -165,41 +165,6 @@ class IndexableSource:
 
     def describe(self) -> str:
         return f"IndexableSource({type(self._obj).__name__}, {len(self)} rows)"
-
-
-def as_source(data: Any) -> Source:
-    """Returns ``data`` as a `Source`: sources pass through; arrays and dicts become `ArraySource`.
-
-    A list (or tuple) of records, each an array or a dict of arrays, becomes a `GrainSource` that
-    reads record by record on the calling thread: simple, but slow for big batches; stack the
-    records into arrays (a dict of arrays) for speed.
-
-    Example:
-        >>> as_source(np.zeros((4, 2))).describe()
-        'ArraySource(float64[4, 2])'
-        >>> records = [{"x": np.array([i, i])} for i in range(3)]
-        >>> as_source(records).read(np.array([2, 0]))["x"].tolist()
-        [[2, 2], [0, 0]]
-    """
-    if isinstance(data, Source):
-        return data
-    if isinstance(data, np.ndarray | Mapping):
-        return ArraySource(data)
-    if isinstance(data, list | tuple):  # records: read one by one (slow), stacked per leaf
-        from psdp.sources.stores.grain import GrainSource  # grain imports this module
-
-        return GrainSource(data, read_threads=1)
-    if hasattr(data, "__len__") and hasattr(data, "__getitem__"):
-        return IndexableSource(data)
-    hint = (
-        "; an iterable without random access is a stream: wrap it in psdp.sources.StreamSource"
-        if hasattr(data, "__iter__")
-        else ""
-    )
-    raise TypeError(
-        f"cannot read rows from a {type(data).__name__}; pass a numpy array, a dict of arrays, a "
-        f"psdp source, or an object with __len__ and a batched __getitem__(ids){hint}"
-    )
 
 
 # ------------------------------------------------------------------------------ shared helpers

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import copy
 import os
-from collections.abc import Iterable, Mapping
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
@@ -18,6 +18,7 @@ from numpy.lib.stride_tricks import as_strided
 from psdp._checks import check_int
 from psdp._deprecated import warn_deprecated
 from psdp._plan.dtypes import cast_checked
+from psdp._plan.leaves import POSITIONS, SEGMENT_IDS, TOKENS
 from psdp.sources.documents.index import (
     DocumentIndex,
     TouchedDocuments,
@@ -26,14 +27,11 @@ from psdp.sources.documents.index import (
 )
 from psdp.sources.stores.errors import TransientReadError, is_transient_status
 
-#: The leaf every document store has: the token ids (integers). A document given as one array
-#: is this leaf.
-TOKENS = "input_ids"
-#: The leaf a view of a store (`TokenSequences`, `PackedSequences`) numbers each token's document
-#: or segment with (0: padding).
-SEGMENT_IDS = "segment_ids"
-#: The leaf a view gives each token's position in its document or segment (0 at its first token).
-POSITIONS = "positions"
+if TYPE_CHECKING:  # both load tensorstore, imported on first use (`open_documents`)
+    import tensorstore as ts
+
+    from psdp.sources.documents.format import StoredDocuments
+
 #: More documents than any store holds (10^13 tokens are ~2**43 documents): offsets this long
 #: are allocated longer than their documents, and a pass over them would never end.
 MAX_DOCUMENTS = 2**48
@@ -304,19 +302,18 @@ class DocumentStore:
     def open(cls, path: Any, **options: Any) -> DocumentStore:
         """The store `write_documents` wrote at ``path`` (a directory, URL or kvstore spec).
 
-        Keyword options go to `open_documents` (``psdp.sources.documents.writer``).
+        Keyword options go to `open_documents`.
 
         Raises:
             FileNotFoundError: there is no store at ``path``.
             ValueError: ``path`` holds a Levanter token cache (open it with
                 `psdp.sources.open_levanter_cache`), or a damaged store.
         """
-        from psdp.sources.documents.writer import open_documents
-
         try:
             return open_documents(path, **options)
         except FileNotFoundError:
-            from psdp.sources.documents.levanter import LEDGER_FILE, is_levanter_cache
+            # loads tensorstore: imported on first use, as the format below
+            from psdp.sources.stores.levanter_cache import LEDGER_FILE, is_levanter_cache
 
             if not is_levanter_cache(path):
                 raise
@@ -475,6 +472,35 @@ class DocumentStore:
 
     def __repr__(self) -> str:
         return self.describe()
+
+
+def open_documents(path: Any, *, context: ts.Context | None = None) -> DocumentStore:
+    """The `DocumentStore` `write_documents` (or `psdp prepare`, a parted store) wrote at
+    ``path`` (a directory, URL or kvstore spec), read with the TensorStore ``context`` (default:
+    a new one); its metadata, offsets and leaf shapes are checked on open (``format.py``)."""
+    # the format loads tensorstore, slow to import: on first use, not with this module
+    from psdp.sources.documents.format import read_documents
+
+    return _from_stored(read_documents(path, context=context))
+
+
+def join_documents(
+    paths: Sequence[Any], *, name: str, index: DocumentIndex | None = None
+) -> DocumentStore:
+    """The stores `write_documents` wrote at ``paths``, back to back as one store (its leaves
+    and dtypes those of the first). ``index``: the whole corpus's, committed with the list of
+    parts; ``None``: built by one pass over every offset."""
+    from psdp.sources.documents.format import join_stored
+
+    return _from_stored(join_stored(paths, name=name, index=index))
+
+
+def _from_stored(stored: StoredDocuments) -> DocumentStore:
+    """The store of a written store's arrays (a `StoredDocuments`)."""
+    return DocumentStore(
+        stored.offsets, stored.leaves, name=stored.name, index=stored.index,
+        spot_check=stored.spot_check,
+    )  # fmt: skip
 
 
 def document_leaves(doc: Any, index: int, names: list[str] | None) -> dict[str, np.ndarray]:

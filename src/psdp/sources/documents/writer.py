@@ -1,5 +1,5 @@
-"""`write_documents` and `open_documents`: a `DocumentStore` on disk or in an object store, written
-atomically like `write_dataset` (the same staging and commit), read by token ranges.
+"""`write_documents`: a `DocumentStore` on disk or in an object store, written atomically like
+`write_dataset` (the same staging and commit), read by token ranges (``format.py`` reads it back).
 
 Layout below the store (``docs/tokens.md``): ``psdp.json`` (format `DOCUMENTS_FORMAT`, written
 last), ``offsets/`` (int64, ``D + 1``, in chunks of one index block), ``index/`` (the offsets'
@@ -12,32 +12,20 @@ default.
 from __future__ import annotations
 
 import array
-import io
-import json
 import os
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
-import tensorstore as ts
 from tqdm import tqdm
 
 from psdp._checks import check_int
+from psdp._plan.leaves import TOKENS
+from psdp.sources.documents.format import DOCUMENTS_FORMAT, DOCUMENTS_VERSION
 from psdp.sources.documents.index import STRIDE, DocumentIndex, build_index
-from psdp.sources.documents.parts import (
-    PARTS_DIRECTORY,
-    PARTS_FORMAT,
-    PARTS_VERSION,
-    PartedOffsets,
-)
-from psdp.sources.documents.store import TOKENS, DocumentStore, document_leaves
-from psdp.sources.stores.location import DATA_PREFIX, Location, locate, open_kvstore
-from psdp.sources.stores.tensorstore import COMMITTED, METADATA_FILE
+from psdp.sources.documents.store import document_leaves
+from psdp.sources.stores.location import locate
 from psdp.sources.stores.writer import ShardedWriter, commit_write, inner_codecs
-
-#: The ``format`` and ``version`` of a document store's ``psdp.json``.
-DOCUMENTS_FORMAT = "psdp.documents"
-DOCUMENTS_VERSION = 1
 
 
 def write_documents(
@@ -78,6 +66,7 @@ def write_documents(
         >>> path = write_documents(f"{tmp.name}/docs", docs, dtype=np.uint16, progress=False)
         >>> sorted(p.name for p in path.iterdir())
         ['index', 'offsets', 'psdp.json', 'tokens']
+        >>> from psdp import DocumentStore
         >>> store = DocumentStore.open(path)
         >>> store.offsets_range(0, 3).tolist(), store.read_ranges([2], [4])["input_ids"].tolist()
         ([0, 3, 5], [7, 8])
@@ -169,146 +158,6 @@ def write_documents(
     return commit_write(path, overwrite, fill, metadata_of)
 
 
-def open_documents(path: Any, *, context: ts.Context | None = None) -> DocumentStore:
-    """The `DocumentStore` `write_documents` (or `psdp prepare`, a parted store) wrote at
-    ``path`` (a directory, URL or kvstore spec); its metadata, offsets and leaf shapes are
-    checked on open."""
-    location = locate(path)
-    context = ts.Context() if context is None else context
-    text, where, kvstore, options = _read_metadata(location, context)
-    meta = _json(text, where)
-    if isinstance(meta, dict) and meta.get("format") == PARTS_FORMAT:
-        return _open_parted(location, _checked_manifest(meta, where), kvstore, context)
-    meta = _checked_metadata(meta, where)
-    offsets, arrays = _open_arrays(location.name, meta, kvstore, context, options)
-    index = None  # a store written before the index was recorded: built by a pass on open
-    if "index_stride" in meta:
-        index = _read_index(_open(kvstore("index"), context, location.name, options, rank=2), meta)
-    # the index was committed with the offsets, and its ends match the metadata's counts
-    return DocumentStore(offsets, arrays, name=location.name, index=index, spot_check=False)
-
-
-def join_documents(
-    paths: Sequence[Any], *, name: str, index: DocumentIndex | None = None
-) -> DocumentStore:
-    """The stores `write_documents` wrote at ``paths``, back to back as one store (its leaves
-    and dtypes those of the first). ``index``: the whole corpus's, committed with the list of
-    parts; ``None``: built by one pass over every offset."""
-    context = ts.Context()
-    offsets: list[ts.TensorStore] = []
-    leaves: list[dict[str, ts.TensorStore]] = []
-    for path in paths:
-        location = locate(path)
-        text, where, kvstore, options = _read_metadata(location, context)
-        meta = _checked_metadata(_json(text, where), where)
-        part_offsets, arrays = _open_arrays(location.name, meta, kvstore, context, options)
-        if leaves and {k: a.dtype for k, a in arrays.items()} != {
-            k: a.dtype for k, a in leaves[0].items()
-        }:
-            raise ValueError(
-                f"the part {location.name} has leaves {meta['leaves']}, unlike the parts before "
-                f"it; the store {name} is damaged: prepare it again"
-            )
-        offsets.append(part_offsets)
-        leaves.append(arrays)
-    flat = {leaf: ts.concat([part[leaf] for part in leaves], axis=0) for leaf in leaves[0]}
-    return DocumentStore(
-        PartedOffsets(offsets), flat, name=name, index=index, spot_check=index is None
-    )
-
-
-def _open_parted(
-    location: Location, meta: dict[str, Any], kvstore: Callable[[str], Any], context: ts.Context
-) -> DocumentStore:
-    """A parted store: its parts joined, with the index its manifest names."""
-    if not meta.get("complete"):
-        done = sum(1 for part in meta["parts"].values() if part is not None)
-        raise ValueError(
-            f"{location.name} is an unfinished psdp prepare: {done} of {len(meta['parts'])} "
-            "parts are committed; run the same psdp prepare again to finish it (it resumes; "
-            "first fix or replace an input that stopped it)"
-        )
-    key = meta["index"]
-    if location.local is not None:
-        index = DocumentIndex.load(location.local / key)
-    else:
-        got = open_kvstore(location, context).read(key.encode()).result()
-        index = DocumentIndex.load(io.BytesIO(bytes(got.value)))
-    names = [u["part"] for u in meta["units"] if meta["parts"][u["part"]]["num_documents"]]
-    paths = [_below(location, f"{PARTS_DIRECTORY}/{name}") for name in names]
-    return join_documents(paths, name=location.name, index=index)
-
-
-def _below(location: Location, relative: str) -> Any:
-    """The path or kvstore spec of ``relative`` below ``location``."""
-    if location.local is not None:
-        return location.local / relative
-    return location.below(relative + "/")
-
-
-def _read_metadata(
-    location: Location, context: ts.Context
-) -> tuple[bytes, str, Callable[[str], dict[str, Any]], dict[str, Any]]:
-    """A store's ``psdp.json``, where it is (for messages), the kvstore of each array by name, and
-    the open options of its arrays."""
-    if location.local is not None:
-        meta_file = location.local / METADATA_FILE
-        if not meta_file.is_file():
-            raise FileNotFoundError(
-                f"no document store at {location.local}: it has no {METADATA_FILE}; write one "
-                "with psdp.write_documents(path, docs)"
-            )
-        root = os.path.abspath(location.local)
-        text = meta_file.read_bytes()
-
-        def local(name: str) -> dict[str, Any]:
-            return {"driver": "file", "path": f"{root}/{name}/"}
-
-        return text, str(meta_file), local, {}
-    got = open_kvstore(location, context).read(METADATA_FILE.encode()).result()
-    if got.state != "value":
-        raise FileNotFoundError(f"no document store at {location.name}: no {METADATA_FILE}")
-    text = bytes(got.value)
-    try:
-        prefix = json.loads(text).get("data_prefix", "")
-    except (ValueError, AttributeError):
-        prefix = ""  # refused by the checks of the metadata
-
-    def remote(name: str) -> dict[str, Any]:
-        return location.below(f"{prefix}{name}/")
-
-    return text, f"{location.name}{METADATA_FILE}", remote, COMMITTED
-
-
-def _open_arrays(
-    name: str,
-    meta: dict[str, Any],
-    kvstore: Callable[[str], dict[str, Any]],
-    context: ts.Context,
-    options: dict[str, Any],
-) -> tuple[ts.TensorStore, dict[str, ts.TensorStore]]:
-    """A document store's offsets and leaves, checked against its metadata."""
-    arrays = {
-        leaf: _open(kvstore(f"tokens/{leaf}"), context, name, options) for leaf in meta["leaves"]
-    }
-    for leaf, opened in arrays.items():
-        if np.dtype(opened.dtype.numpy_dtype).name != meta["leaves"][leaf]:
-            raise ValueError(
-                f"leaf {leaf!r} of {name} has dtype {opened.dtype.numpy_dtype}, but its "
-                f"metadata says {meta['leaves'][leaf]}; the store is damaged: rewrite it"
-            )
-    offsets = _open(kvstore("offsets"), context, name, options)
-    entries = int(offsets.shape[0])
-    last = int(offsets[entries - 1].read().result()) if entries else 0
-    if entries != meta["num_documents"] + 1 or last != meta["num_tokens"]:
-        raise ValueError(
-            f"the offsets of {name} hold {entries - 1} documents and {last} tokens, but "
-            f"its metadata says {meta['num_documents']} and {meta['num_tokens']}; the store is "
-            "damaged: rewrite it"
-        )
-    return offsets, arrays
-
-
 def _write_index(
     index: DocumentIndex, leaf_kvstore: Callable[[str], dict[str, Any]], codecs: Any, on_start: Any
 ) -> None:
@@ -322,19 +171,6 @@ def _write_index(
     )  # fmt: skip
     writer.add({"index": rows}, 0)
     writer.finish()
-
-
-def _read_index(array: ts.TensorStore, meta: dict[str, Any]) -> DocumentIndex:
-    rows = np.asarray(array.read().result())
-    try:
-        return DocumentIndex(
-            meta["num_documents"], meta["index_stride"], rows[:, 0], rows[:, 1],
-            meta["longest_document"],
-        )  # fmt: skip
-    except (ValueError, TypeError, KeyError, IndexError) as error:
-        raise ValueError(
-            f"the document index of the store is damaged: {error}; rewrite the store"
-        ) from error
 
 
 def _token_dtype(dtype: Any) -> np.dtype:
@@ -387,78 +223,3 @@ def _cast(values: np.ndarray, dtype: np.dtype, where: str) -> np.ndarray:
             f"{dtype} (it would be written as {cast[bad].item()!r}); {fix}"
         )
     return cast
-
-
-def _json(text: bytes, where: str) -> Any:
-    try:
-        return json.loads(text)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ValueError(f"cannot read the document store metadata {where}: {error}") from error
-
-
-def _checked_manifest(meta: dict[str, Any], where: str) -> dict[str, Any]:
-    if meta.get("version") != PARTS_VERSION:
-        raise ValueError(
-            f"{where} is a psdp parted store of version {meta.get('version')!r}, but this psdp "
-            f"reads version {PARTS_VERSION}; read it with the psdp that wrote it, or prepare it "
-            "again"
-        )
-    parts, units = meta.get("parts"), meta.get("units")
-    if (
-        not isinstance(parts, dict)
-        or not isinstance(units, list)
-        or (meta.get("complete") and not isinstance(meta.get("index"), str))
-    ):
-        raise ValueError(f"{where} is a damaged parted store manifest; prepare the store again")
-    return meta
-
-
-def _checked_metadata(meta: Any, where: str) -> dict[str, Any]:
-    if (
-        isinstance(meta, dict)
-        and meta.get("format") == DOCUMENTS_FORMAT
-        and (meta.get("version") != DOCUMENTS_VERSION)
-    ):
-        raise ValueError(
-            f"{where} is a psdp document store of format version {meta.get('version')!r}, but "
-            f"this psdp reads version {DOCUMENTS_VERSION}; read it with the psdp that wrote it "
-            "(a newer one: upgrade psdp), or rewrite the store with write_documents"
-        )
-    if not isinstance(meta, dict) or meta.get("format") != DOCUMENTS_FORMAT:
-        got = (meta.get("format"), meta.get("version")) if isinstance(meta, dict) else meta
-        raise ValueError(
-            f"{where} is not a psdp document store: format/version {got!r}, but this psdp reads "
-            f"{DOCUMENTS_FORMAT!r} version {DOCUMENTS_VERSION} (a dataset of rows opens with "
-            "TensorStoreSource)"
-        )
-    leaves = meta.get("leaves")
-    counts = [meta.get("num_documents"), meta.get("num_tokens")]
-    prefix = meta.get("data_prefix", "")
-    if (
-        not isinstance(leaves, dict)
-        or TOKENS not in leaves
-        or not all(isinstance(c, int) and c >= 0 for c in counts)
-        or not (prefix == "" or (isinstance(prefix, str) and prefix.startswith(DATA_PREFIX)))
-    ):
-        raise ValueError(f"{where} is damaged document store metadata; rewrite the store")
-    return meta
-
-
-def _open(
-    kvstore: dict[str, Any],
-    context: ts.Context,
-    where: str,
-    options: dict[str, Any],
-    rank: int = 1,
-) -> ts.TensorStore:
-    spec = {"driver": "zarr3", "kvstore": kvstore, "fill_missing_data_reads": False, **options}
-    try:
-        array = ts.open(spec, read=True, open=True, context=context).result()
-    except ValueError as error:
-        raise ValueError(
-            f"cannot open {kvstore.get('path')} of the document store {where}: {error}; the "
-            "store is damaged or incomplete: rewrite it"
-        ) from error
-    if array.rank != rank:
-        raise ValueError(f"{kvstore.get('path')} of {where} is not a {rank}-D array")
-    return array

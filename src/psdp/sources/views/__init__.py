@@ -1,0 +1,12 @@
+"""Views: rows made from the documents of a `DocumentStore` (``docs/tokens.md``,
+``docs/packing.md``, ``docs/mixtures.md``).
+
+`TokenSequences` (`tokens`) cuts fixed-length rows from the documents back to back;
+`PackedSequences` (`packed`) packs whole documents into rows, its `PackIndex` built and saved by
+`pack_index` (what they read is planned, pure, in `psdp._plan.packing` and
+`psdp._plan.pack_windows`); `Mixture` (`mixture`) reads weighted sources as one (its pure map:
+`psdp._plan.mixture`); `provenance` says where each delivered segment came from.
+
+May import: `psdp._plan`, psdp's helper modules, `psdp.sources.base`, `stores`, `documents` and
+this folder; never a layer above `sources` (``tests/test_layers.py`` checks it).
+"""

@@ -20,9 +20,10 @@ from psdp._plan.mixture import (
     stages_from,
 )
 from psdp._plan.windows import Box
-from psdp.sources.base import Rows, as_source, check_ids
-from psdp.sources.views.provenance import provenance_dtype
+from psdp.sources.base import Rows, check_ids
+from psdp.sources.stores.adapt import as_source
 from psdp.sources.stores.streams import StreamSource
+from psdp.sources.views.provenance import provenance_dtype
 
 #: The dtype of the ``source_leaf`` tags.
 TAG_DTYPE = np.dtype(np.int32)

@@ -18,16 +18,13 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from psdp._checks import check_int
-from psdp._plan.leaves import Key, in_leaf_order
+from psdp._plan.leaves import POSITIONS, SEGMENT_IDS, TOKENS, Key, in_leaf_order
 from psdp._plan.pack_windows import PackIndex, PackKey
 from psdp._plan.packing import PackPlan, check_packing_options, plan_packing, segment_lengths
 from psdp._plan.windows import Box
 from psdp.sources.base import check_ids, fresh_rows
 from psdp.sources.documents.index import ranges
 from psdp.sources.documents.store import (
-    POSITIONS,
-    SEGMENT_IDS,
-    TOKENS,
     DocumentStore,
     check_view_of,
     chosen_leaves,

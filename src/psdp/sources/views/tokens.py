@@ -19,14 +19,11 @@ from typing import Any
 import numpy as np
 
 from psdp._checks import check_int
-from psdp._plan.leaves import Key, in_leaf_order
+from psdp._plan.leaves import POSITIONS, SEGMENT_IDS, TOKENS, Key, in_leaf_order
 from psdp._plan.windows import Box, box_parts
 from psdp.sources.base import check_ids, fresh_rows
 from psdp.sources.documents.index import TouchedDocuments
 from psdp.sources.documents.store import (
-    POSITIONS,
-    SEGMENT_IDS,
-    TOKENS,
     DocumentStore,
     check_view_of,
     chosen_leaves,

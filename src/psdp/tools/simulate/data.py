@@ -51,7 +51,7 @@ def packed_source(count: int, seq_len: int, vocab: int, strategy: str) -> Any:
 
 def is_document_store(path: str) -> bool:
     """Whether ``path`` holds a document store (`psdp.write_documents`), not a dataset of rows."""
-    from psdp.sources.documents.writer import DOCUMENTS_FORMAT
+    from psdp.sources.documents.format import DOCUMENTS_FORMAT
     from psdp.sources.stores.tensorstore import METADATA_FILE
 
     try:
