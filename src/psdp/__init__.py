@@ -16,11 +16,11 @@ from psdp._integration.consistency import ConsistencyError as ConsistencyError
 from psdp._integration.consistency import ConsistencyReport as ConsistencyReport
 from psdp._integration.consistency import check_consistency as check_consistency
 from psdp._integration.data_config import DataConfig as DataConfig
-from psdp._integration.data_config import MixtureConfig as MixtureConfig
-from psdp._integration.data_config import SourceConfig as SourceConfig
-from psdp._integration.data_config import StageConfig as StageConfig
-from psdp._integration.data_config import ViewConfig as ViewConfig
 from psdp._integration.filter_shard import filter_shard as filter_shard
+from psdp._integration.mixture_config import MixtureConfig as MixtureConfig
+from psdp._integration.mixture_config import StageConfig as StageConfig
+from psdp._integration.source_config import SourceConfig as SourceConfig
+from psdp._integration.view_config import ViewConfig as ViewConfig
 from psdp._plan.layout import MeshLayout as MeshLayout
 from psdp._plan.mesh import DataPlan as DataPlan
 from psdp._plan.mesh import PodPlan as PodPlan

@@ -1,0 +1,130 @@
+"""The mixture's sections of a `DataConfig`: `StageConfig` (weights from a step on),
+`MixtureConfig` (blocks and seed), and `ConfiguredMixture`, the `Mixture` a config builds, which
+records the config's view so that a restore refuses a changed one.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from psdp._checks import is_int
+from psdp.sources.views.mixture import Mixture
+
+
+@dataclass(frozen=True)
+class StageConfig:
+    """From ``step`` on, the mixture's weights are ``weights`` (a source left out: 0).
+
+    Example:
+        >>> StageConfig(step=1000, weights={"code": 1, "prose": 1}).step
+        1000
+    """
+
+    step: int = 0
+    """The first step of the stage (the first stage starts at 0)."""
+
+    weights: dict[str, float] = field(default_factory=dict)
+    """Source name -> relative weight, e.g. ``{code: 1, prose: 3}``."""
+
+    def __post_init__(self) -> None:
+        if not is_int(self.step) or self.step < 0:
+            raise ValueError(
+                f"StageConfig.step must be an int >= 0, got {self.step!r}; e.g. step: 1000"
+            )
+        bad = (
+            not isinstance(self.weights, Mapping)
+            or not self.weights
+            or not all(
+                isinstance(k, str)
+                and isinstance(v, int | float)
+                and not isinstance(v, bool)
+                and math.isfinite(v)
+                and v >= 0
+                for k, v in self.weights.items()
+            )
+        )
+        if bad:
+            raise ValueError(
+                f"StageConfig.weights (step {self.step}) must map source names to finite "
+                f"weights >= 0, got {self.weights!r}; e.g. weights: {{code: 1, prose: 3}}"
+            )
+        if not any(self.weights.values()):
+            raise ValueError(
+                f"StageConfig.weights (step {self.step}) are all 0 ({self.weights!r}); a stage "
+                "needs a source with a weight > 0, e.g. weights: {code: 1, prose: 3}"
+            )
+        object.__setattr__(self, "weights", dict(self.weights))
+
+
+@dataclass(frozen=True)
+class MixtureConfig:
+    """The mixture's blocks and permutations (``docs/mixtures.md``).
+
+    Example:
+        >>> MixtureConfig(block_size=0)
+        Traceback (most recent call last):
+            ...
+        ValueError: MixtureConfig.block_size must be an int >= 1, got 0; every block of this many samples holds the weights exactly, e.g. block_size: 2048
+    """
+
+    block_size: int = 2048
+    """Samples per block; every block holds exactly its stage's per-source counts."""
+
+    seed: int = 0
+    """Keys the blocks' and every source's permutations."""
+
+    source_leaf: str | None = None
+    """The name of an int32 leaf added to every train row: its source's position in
+    ``loader.source.names``, for a loss or metrics per source (unset: none)."""
+
+    def __post_init__(self) -> None:
+        if self.source_leaf is not None and (
+            not isinstance(self.source_leaf, str) or not self.source_leaf
+        ):
+            raise TypeError(
+                f"MixtureConfig.source_leaf must be a leaf name (a non-empty str) or unset, got "
+                f"{self.source_leaf!r}; e.g. source_leaf: source"
+            )
+        if not is_int(self.block_size) or self.block_size < 1:
+            raise ValueError(
+                f"MixtureConfig.block_size must be an int >= 1, got {self.block_size!r}; every "
+                "block of this many samples holds the weights exactly, e.g. block_size: 2048"
+            )
+        if not is_int(self.seed) or not 0 <= self.seed < 2**64:
+            raise ValueError(
+                f"MixtureConfig.seed must be an int in [0, 2**64 - 1], got {self.seed!r}; e.g. "
+                "seed: 0"
+            )
+
+
+class ConfiguredMixture(Mixture):
+    """A `Mixture` whose state record holds the config's view too, so a restore refuses a
+    changed ``seq_len`` or view even where the sources' lengths happen to stay the same."""
+
+    def __init__(self, sources: Mapping[str, Any], *, view: dict[str, Any], **kwargs: Any):
+        super().__init__(sources, **kwargs)
+        self.view = view
+
+    def state_record(self) -> dict[str, Any]:
+        return {**super().state_record(), "view": self.view}
+
+    def check_resume(self, saved: Mapping[str, Any], offset: int) -> None:
+        had = saved.get("view")
+        if had is None:
+            raise ValueError(
+                f"the state was saved from a source without a data config's view ({dict(saved)}); "
+                "resume it with the source it was saved from (DataLoader.restore)"
+            )
+        for name, now in self.view.items():
+            then = had.get(name)
+            if then != now:
+                where = "DataConfig.seq_len" if name == "seq_len" else f"DataConfig.view.{name}"
+                raise ValueError(
+                    f"{where} is {now!r}, but the run was saved with {then!r}; every row depends "
+                    f"on it, so resume with {name}: {then!r} (a restore may change the batch "
+                    "size, skips, later stages, eval sets, sharding, output and reading)"
+                )
+        super().check_resume(saved, offset)
