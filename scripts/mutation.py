@@ -500,7 +500,7 @@ MUTANTS = [
            "names = None", "a state saved in the listed order resumed in sorted order"),
     Mutant("QC10", "_plan/mixture.py", 'if saved.get("kind") == _BINARY_KIND:', "if False:",
            "a state of binary counts resumed where today's counts differ"),
-    Mutant("QC11", "_integration/config.py", "    if isinstance(axes, str):\n        try:",
+    Mutant("QC11", "_integration/loader_config.py", "    if isinstance(axes, str):\n        try:",
            "    if False:\n        try:", "the text form of --mesh.axes not parsed"),
     Mutant("PP11", "prepare/tokenize.py", "if vocab_size <= np.iinfo(dtype).max + 1:",
            "if vocab_size <= np.iinfo(dtype).max:", "a dtype one id too wide"),

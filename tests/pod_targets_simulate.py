@@ -11,8 +11,8 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from psdp._integration.config import MeshConfig
 from psdp._integration.consistency import ConsistencyError, check_consistency
+from psdp._integration.loader_config import MeshConfig
 
 
 def global_rows(

@@ -567,7 +567,7 @@ def test_readme_quick_start_commands_run(capsys, tmp_path, monkeypatch):
 
 
 def test_plan_and_simulate_build_the_same_noncontiguous_layout(capsys):
-    from psdp._integration.config import MeshConfig
+    from psdp._integration.loader_config import MeshConfig
 
     args = ["--axes", "replica=2,data=2,model=2", "--layout", "noncontiguous"]
     assert main(["plan", *args, "--processes", "4", "--batch-axes", "replica,data",

@@ -19,8 +19,8 @@ import yaml
 from jax.sharding import PartitionSpec as P
 
 from psdp import LoaderOptions, OrderOptions, OutputOptions, ReadingOptions, ShardingOptions
-from psdp._integration.config import LoaderConfig, MeshConfig
 from psdp._integration.consistency import check_consistency
+from psdp._integration.loader_config import LoaderConfig, MeshConfig
 from psdp._plan.layout import MeshLayout
 from psdp.sources.stores.writer import write_dataset
 from tests import oracle

@@ -37,7 +37,7 @@ OLD_MODULES = {
     "psdp.assembly": "psdp._runtime.assembly",
     "psdp.benchmarks": "psdp.tools.benchmarks",
     "psdp.cli": "psdp.tools.cli",
-    "psdp.config": "psdp._integration.config",
+    "psdp.config": "psdp._integration.loader_config",
     "psdp.consistency": "psdp._integration.consistency",
     "psdp.dtypes": "psdp._plan.dtypes",
     "psdp.layout": "psdp._plan.layout",

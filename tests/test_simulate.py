@@ -12,8 +12,8 @@ import pytest
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from psdp._integration.config import LoaderConfig, MeshConfig
 from psdp._integration.consistency import ConsistencyError, check_consistency
+from psdp._integration.loader_config import LoaderConfig, MeshConfig
 from psdp.tools.pod import STOPPED, PodError, run_pod
 from psdp.tools.simulate import Simulation, simulate, synthetic_tokens
 from tests.pod_targets_simulate import global_rows

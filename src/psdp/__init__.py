@@ -10,13 +10,13 @@ from typing import TYPE_CHECKING, Any
 
 from psdp import _deprecated
 from psdp._imports import lazy_attributes
-from psdp._integration.config import LoaderConfig as LoaderConfig
-from psdp._integration.config import MeshConfig as MeshConfig
 from psdp._integration.consistency import ConsistencyError as ConsistencyError
 from psdp._integration.consistency import ConsistencyReport as ConsistencyReport
 from psdp._integration.consistency import check_consistency as check_consistency
 from psdp._integration.data_config import DataConfig as DataConfig
 from psdp._integration.filter_shard import filter_shard as filter_shard
+from psdp._integration.loader_config import LoaderConfig as LoaderConfig
+from psdp._integration.loader_config import MeshConfig as MeshConfig
 from psdp._integration.mixture_config import MixtureConfig as MixtureConfig
 from psdp._integration.mixture_config import StageConfig as StageConfig
 from psdp._integration.source_config import SourceConfig as SourceConfig

@@ -3,7 +3,7 @@
 A name that moved still works until psdp `REMOVED_IN`, and warns once with the new spelling: the
 module paths of the flat layout (``psdp.config``, ``psdp.pod``, ...), served by an import hook that
 hands back the module now at the new path, and `LoaderConfig`'s flat fields and ``loader_kwargs``
-(``_integration/config.py`` maps them onto the option groups and calls `warn_deprecated`).
+(``_integration/loader_config.py`` maps them onto the option groups and calls `warn_deprecated`).
 
 The warning is a `FutureWarning`, not a `DeprecationWarning`: Python shows a DeprecationWarning only
 when it is attributed to ``__main__``, and these are raised inside the import system or draccus's
@@ -29,7 +29,7 @@ REMOVED_IN = "0.2.0"
 
 #: module of the previous release -> (the module at its place now, what to write instead)
 MOVED_MODULES = {
-    "psdp.config": ("psdp._integration.config", "from psdp import LoaderConfig, MeshConfig"),
+    "psdp.config": ("psdp._integration.loader_config", "from psdp import LoaderConfig, MeshConfig"),
     "psdp.consistency": ("psdp._integration.consistency", "from psdp import check_consistency"),
     "psdp.sharding": ("psdp._integration.filter_shard", "from psdp import filter_shard"),
     "psdp.writer": ("psdp.sources.stores.writer", "from psdp import write_dataset"),
@@ -163,9 +163,10 @@ def _internal(code: CodeType) -> bool:
 
 
 class MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """The import hook: ``import psdp.config`` gives the module now at ``psdp._integration.config``
-    (the same object, so every name is the new one), with a warning; a submodule of a moved
-    package (``psdp.benchmarks.throughput``) is the new package's."""
+    """The import hook: ``import psdp.config`` gives the module now at
+    ``psdp._integration.loader_config`` (the same object, so every name is the new one), with a
+    warning; a submodule of a moved package (``psdp.benchmarks.throughput``) is the new
+    package's."""
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None

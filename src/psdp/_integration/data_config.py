@@ -21,7 +21,7 @@ from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
 from psdp._checks import is_int
-from psdp._integration.config import LoaderConfig
+from psdp._integration.loader_config import LoaderConfig
 from psdp._integration.mixture_config import ConfiguredMixture, MixtureConfig, StageConfig
 from psdp._integration.source_config import SourceConfig
 from psdp._integration.view_config import ViewConfig

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn, TypeVar
 
 from psdp import PACKING_STRATEGIES, MeshConfig, MeshLayout, plan_pod
-from psdp._integration.config import BUILTIN_LAYOUTS, parse_axes, parse_names, parse_spec
+from psdp._integration.loader_config import BUILTIN_LAYOUTS, parse_axes, parse_names, parse_spec
 from psdp._plan.mesh import dp_index, spec_axes
 from psdp._plan.picture import plan_summary, render_plan
 from psdp.tools.pod import PodError
