@@ -5,7 +5,8 @@ Window ``w`` packs documents ``[w * W, (w + 1) * W)`` alone (`plan_window`), and
 sequences are the windows' sequences one window after another. The index holds, per window, its
 sequence count (cumulative), the tokens it packs and the documents it leaves out: O(D / W)
 numbers, computed once from the lengths, keyed by everything they depend on (`PackKey`), and
-checked against each window's plan whenever a window is planned again to be read.
+checked against each window's plan whenever a window is planned again to be read. Built over a
+store, saved and loaded by ``psdp/sources/views/pack_index.py``.
 """
 
 from __future__ import annotations

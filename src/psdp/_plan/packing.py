@@ -7,6 +7,8 @@ Documents (optionally in a seeded order) become *items*: a document up to ``seq_
 item; a longer one is split into pieces of ``seq_len`` and a remainder, or dropped. A strategy puts
 each item, in order, into a sequence (a bin of ``seq_len`` slots); the plan is then flat arrays,
 so sequence ``q``'s pieces are ``seq_starts[q]:seq_starts[q + 1]``, found in O(1).
+Its I/O: ``psdp/sources/views/packed.py`` reads by a plan, ``pack_index.py`` beside it builds the
+index of windows (``pack_windows.py``) over a store.
 """
 
 from __future__ import annotations

@@ -4,6 +4,8 @@ of processes, saved to a file, and loaded only when its key matches (``docs/pack
 
 Building reads the offsets in chunks of whole windows (`DocumentStore.offsets_range`), so its
 memory stays bounded whatever the corpus; each window's plan is reduced to its counts at once.
+The index itself and the plans, pure: ``psdp/_plan/pack_windows.py``, ``psdp/_plan/packing.py``;
+the source that reads by them: ``packed.py``.
 """
 
 from __future__ import annotations

@@ -6,6 +6,10 @@ plan of the window that holds ``q`` (found by the `PackIndex`, planned again whe
 kept in a small cache). A read fetches exactly the pieces of the rows asked for with one batched
 `DocumentStore.read_ranges`, and a column window only the pieces' tokens that fall in it.
 ``docs/packing.md``.
+
+Packing is four modules: the plans, pure, in ``psdp/_plan/packing.py`` (a plan) and
+``psdp/_plan/pack_windows.py`` (the index of windows); their I/O here (the reads) and in
+``pack_index.py`` (the index built over a store, saved and loaded).
 """
 
 from __future__ import annotations
