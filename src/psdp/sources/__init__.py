@@ -1,10 +1,17 @@
-"""Sources: where rows come from, one module per kind (``docs/sources.md``).
+"""Sources: where rows come from (``docs/sources.md``), in three folders by what they are.
 
-A random-access source is a sized table read in batches (`base`); `tensorstore`, `memmap` and
-`grain` read from disk or per-record sources, and the writer next to them writes datasets; a
-stream (`streams`) is an iterable without random access, read shard by shard.
+- `base`: the `Source` protocol, `Rows`, and the in-memory sources (`ArraySource`, ...).
+- `stores/`: where bytes live and how they are written: `TensorStoreSource` and `write_dataset`,
+  `MemmapSource`, `GrainSource`, streams (`StreamSource`: no random access, read shard by shard),
+  `as_source`, object-store locations and retries, a Levanter cache's arrays.
+- `documents/`: token documents stored flat and their indexes: `DocumentStore`,
+  `DocumentIndex`, `write_documents`, `open_levanter_cache`.
+- `views/`: rows made from documents: `TokenSequences`, `PackedSequences`, `Mixture`,
+  provenance.
+
+Each folder imports only those before it in this list (and ``psdp._plan``, pure), nothing above
+``sources``; ``tests/test_layers.py`` checks it. This package's names are the public ones.
 """
-
 from typing import TYPE_CHECKING
 
 from psdp._imports import lazy_attributes
