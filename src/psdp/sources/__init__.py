@@ -12,6 +12,7 @@
 Each folder imports only those before it in this list (and ``psdp._plan``, pure), nothing above
 ``sources``; ``tests/test_layers.py`` checks it. This package's names are the public ones.
 """
+
 from typing import TYPE_CHECKING
 
 from psdp._imports import lazy_attributes
