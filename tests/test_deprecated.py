@@ -151,6 +151,15 @@ def test_an_old_sources_module_path_is_the_new_module_with_a_warning(monkeypatch
     assert f"the module is {new} now" in message
 
 
+def test_an_old_sources_module_is_an_attribute_of_the_package_with_a_warning(monkeypatch):
+    """``psdp.sources.tokens`` worked as an attribute once psdp.sources was imported."""
+    _forget(monkeypatch, "psdp.sources.tokens")
+    monkeypatch.delattr(psdp.sources, "tokens", raising=False)  # set by an import before
+    with pytest.warns(FutureWarning, match="psdp.sources.tokens is deprecated"):
+        module = psdp.sources.tokens
+    assert module is importlib.import_module("psdp.sources.views.tokens")
+
+
 @pytest.mark.parametrize(
     ("old", "name", "public"),
     [

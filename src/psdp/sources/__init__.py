@@ -13,8 +13,10 @@ Each folder imports only those before it in this list (and ``psdp._plan``, pure)
 ``sources``; ``tests/test_layers.py`` checks it. This package's names are the public ones.
 """
 
-from typing import TYPE_CHECKING
+import importlib
+from typing import TYPE_CHECKING, Any
 
+from psdp._deprecated import MOVED_MODULES
 from psdp._imports import lazy_attributes
 from psdp._plan.leaves import SINGLE_LEAF as SINGLE_LEAF
 from psdp.sources.base import ArraySource as ArraySource
@@ -54,7 +56,7 @@ _TENSORSTORE_NAMES = [
     "read_metadata",
     "write_documents",
 ]
-__getattr__, __dir__ = lazy_attributes(
+_lazy_getattr, __dir__ = lazy_attributes(
     __name__,
     {
         "psdp.sources.stores.tensorstore": _TENSORSTORE_NAMES,
@@ -63,6 +65,13 @@ __getattr__, __dir__ = lazy_attributes(
     },
     globals(),
 )
+
+
+def __getattr__(name: str) -> Any:
+    if f"{__name__}.{name}" in MOVED_MODULES:  # a flat module of the previous release, warning
+        return importlib.import_module(f"{__name__}.{name}")
+    return _lazy_getattr(name)
+
 
 __all__ = [
     "DATASET_FORMAT",
