@@ -1,4 +1,4 @@
-"""The previous release's spellings, kept for one more release (``docs/trainer.md``, "Deprecated names").
+"""The previous release's spellings, kept for one more release (``docs/guides/trainer.md``, "Deprecated names").
 
 A name that moved still works until psdp `REMOVED_IN`, and warns once with the new spelling: the
 module paths of the flat layout (``psdp.config``, ``psdp.pod``, ...), served by an import hook that

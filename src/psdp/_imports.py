@@ -1,4 +1,4 @@
-"""Imports on first use: optional dependencies (extras) and slow ones (``docs/install.md``).
+"""Imports on first use: optional dependencies (extras) and slow ones (``docs/guides/install.md``).
 
 `import_optional` gives an optional dependency or an `ImportError` naming the extra that installs
 it; `lazy_attributes` exports names whose module loads on first access (PEP 562).

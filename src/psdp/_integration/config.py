@@ -1,7 +1,7 @@
 """Trainer configs: `MeshConfig` (the device mesh) and `LoaderConfig` (the `DataLoader`).
 
 Both are frozen dataclasses of plain values that drop into a Levanter-style ``TrainerConfig`` and
-parse from YAML and flags with draccus (``docs/trainer.md``). `LoaderConfig` is the loader's four
+parse from YAML and flags with draccus (``docs/guides/trainer.md``). `LoaderConfig` is the loader's four
 option groups (`psdp._plan.options`) plus a source path, so the same checks guard the API and the
 config. Checks that need devices run in `MeshConfig.build` and `LoaderConfig.build`.
 """
@@ -281,7 +281,7 @@ class LoaderConfig:
     """How rows are read: prefetch, read_threads, read_timeout_s, stall_warning_s,
     read_attempts, retry_backoff_s, first_read_timeout_s."""
 
-    # The previous release's flat fields, deprecated (docs/trainer.md, "Deprecated names"): a set
+    # The previous release's flat fields, deprecated (docs/guides/trainer.md, "Deprecated names"): a set
     # one moves into its group when the config is made and reads None after, so it takes no part
     # in comparisons or dumps. Their types are the previous release's, for draccus to parse.
     global_batch_size: int | None = field(default=None, repr=False, compare=False)

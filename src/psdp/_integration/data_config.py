@@ -1,4 +1,4 @@
-"""`DataConfig`: the whole language-model data path in one config (``docs/trainer.md``).
+"""`DataConfig`: the whole language-model data path in one config (``docs/guides/trainer.md``).
 
 Named document stores (written by ``psdp prepare`` or `write_documents`), each cut into rows of
 ``seq_len`` tokens by one view (`TokenSequences`, or `PackedSequences` with a strategy), mixed by
@@ -40,9 +40,9 @@ if TYPE_CHECKING:
 
 __all__ = ["DataConfig", "MixtureConfig", "SourceConfig", "StageConfig", "ViewConfig"]
 
-#: The manifest ``format`` of a store that ``psdp prepare`` writes (``docs/prepare.md``).
+#: The manifest ``format`` of a store that ``psdp prepare`` writes (``docs/guides/prepare.md``).
 PREPARED_FORMAT = "psdp.document_parts"
-#: ``SourceConfig.format`` values: a psdp store, or a Levanter token cache (``docs/tokens.md``).
+#: ``SourceConfig.format`` values: a psdp store, or a Levanter token cache (``docs/guides/tokens.md``).
 STORE_FORMATS = ("psdp", "levanter")
 #: ``ViewConfig.long_documents`` values (`PackedSequences`).
 LONG_DOCUMENTS = ("split", "drop")
@@ -150,7 +150,7 @@ class SourceConfig:
                 f"SourceConfig of {self.store!r} sets {given} but not {missing}: the prepare "
                 f"command needs both; set {missing}, or neither"
             )
-        for name in ("bos", "eos"):  # an int is an id, as its digits are (docs/prepare.md)
+        for name in ("bos", "eos"):  # an int is an id, as its digits are (docs/guides/prepare.md)
             value = getattr(self, name)
             if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
                 object.__setattr__(self, name, str(value))
@@ -502,7 +502,7 @@ class ViewConfig:
 
 @dataclass(frozen=True)
 class MixtureConfig:
-    """The mixture's blocks and permutations (``docs/mixtures.md``).
+    """The mixture's blocks and permutations (``docs/guides/mixtures.md``).
 
     Example:
         >>> MixtureConfig(block_size=0)

@@ -10,7 +10,7 @@ packets shuffled, then every ``window_blocks`` packets riffled together.
 
 A short last block (``n % io_block`` rows) takes a keyed slot among the blocks, so its rows are
 not always last; a short last window (fewer than ``window_blocks`` blocks) is shuffled alike.
-The rule in full: ``docs/loader.md``, "The permutations, bit for bit".
+The rule in full: ``docs/concepts/order-and-resume.md``, "The permutations, bit for bit".
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Leaf dtypes: which ones a batch can hold, and the checked casts the loader makes on a read.
 
 A leaf's *source* dtype (learned from one row) and *delivered* dtype differ only for a byte swap
-or a ``dtypes=`` cast; what JAX would change silently is refused at construction: ``docs/loader.md``,
+or a ``dtypes=`` cast; what JAX would change silently is refused at construction: ``docs/concepts/loader.md``,
 "What the loader makes of a read".
 """
 
@@ -71,7 +71,7 @@ def plan_dtypes(sources: Mapping[Key, np.dtype], declared: Any) -> dict[Key, Lea
     """Every leaf's `LeafDtype`, from the source dtypes and the user's ``dtypes=``.
 
     ``declared`` is ``None``, one dtype (an array source), or a dict leaf -> dtype (some leaves of
-    a dict source). The rules are in ``docs/loader.md``; the current ``jax_enable_x64``
+    a dict source). The rules are in ``docs/concepts/loader.md``; the current ``jax_enable_x64``
     setting decides whether 64-bit dtypes can be delivered.
 
     Raises:

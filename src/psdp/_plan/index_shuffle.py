@@ -1,5 +1,5 @@
 """`IndexShuffle`: a keyed permutation of ``range(n)`` evaluated pointwise (the order's full
-shuffle; `BlockShuffle` builds on it); the rule in full: ``docs/loader.md``, "The permutations,
+shuffle; `BlockShuffle` builds on it); the rule in full: ``docs/concepts/order-and-resume.md``, "The permutations,
 bit for bit"."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Mesh layouts: which process owns each position of a device mesh (``docs/concepts.md``).
+"""Mesh layouts: which process owns each position of a device mesh (``docs/concepts/mesh.md``).
 
 A layout is all the planner needs to know of a mesh, so a 65,536-device pod is planned in one
 process without devices. Build one from a live mesh, by hand, from a JSON file, or with
@@ -36,7 +36,7 @@ class MeshLayout:
         device_ids: optional array of device ids shaped like the mesh (for pictures only).
 
     Example:
-        The 4-host non-contiguous example pod of ``docs/concepts.md``: 4 hosts with 4 devices
+        The 4-host non-contiguous example pod of ``docs/concepts/mesh.md``: 4 hosts with 4 devices
         each on a ``data=4 x model=4`` mesh, each host's devices in two data rows that are not
         adjacent.
 
@@ -223,7 +223,7 @@ class MeshLayout:
     def noncontiguous(
         cls, axis_sizes: Mapping[str, int], num_processes: int, batch_axes: int = 1
     ) -> MeshLayout:
-        """Hosts folded across data rows, as on a torus: the example pod of ``docs/concepts.md``.
+        """Hosts folded across data rows, as on a torus: the example pod of ``docs/concepts/mesh.md``.
 
         The mesh is viewed as a grid of ``DP`` data rows (the first ``batch_axes`` axes) by ``M``
         model columns (the rest). Each host owns a tile of 2 data rows by ``k/2`` model columns of a

@@ -1,6 +1,6 @@
 """The leaf-key convention, in one place: a batch is a dict of leaves, in sorted key order on
 every host (`in_leaf_order`); an array source's single leaf is keyed ``None`` in memory and
-stored as `SINGLE_LEAF` on disk (``docs/sources.md``)."""
+stored as `SINGLE_LEAF` on disk (``docs/guides/stores.md``)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 Everything is numpy over a `MeshLayout`, for all devices at once. Why reading the union of a
 host's device boxes is necessary and sufficient, and why equal sets of box ids mean equal data:
-``docs/concepts.md``, "Why the plan is right".
+``docs/concepts/mesh.md``, "Why the plan is right".
 """
 
 from __future__ import annotations
@@ -190,7 +190,7 @@ def local_device_mapping(
         process_index: the process to plan for; defaults to ``jax.process_index()``.
 
     Example:
-        The example pod of ``docs/concepts.md`` (4 hosts x 4 devices on ``data=4 x model=4``,
+        The example pod of ``docs/concepts/mesh.md`` (4 hosts x 4 devices on ``data=4 x model=4``,
         each host folded across two data rows): host 0 holds data rows 0 and 3.
 
         >>> layout = MeshLayout.noncontiguous({"data": 4, "model": 4}, num_processes=4)

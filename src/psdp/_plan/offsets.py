@@ -7,7 +7,7 @@ the start of a skipped range. A short step is padded (or, with ``drop_last``, dr
 step starts at the next run). One walk from the start, run by run (whole epochs jumped by
 arithmetic), turns step skips into offsets and records where each run starts; a step is then
 found from the last run start before it, in O(log(stages + skips)) wherever it lies:
-``docs/loader.md``, "Offsets, schedules and skips".
+``docs/concepts/order-and-resume.md``, "Offsets, schedules and skips".
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The `DataLoader`'s options in four frozen groups, each validated once when made (``docs/loader.md``).
+"""The `DataLoader`'s options in four frozen groups, each validated once when made (``docs/reference/config.md``).
 
 A group checks what its values alone decide (types, ranges, combinations) and normalises them
 (spec texts to `PartitionSpec`, sequences to tuples, mappings to dicts); what needs the mesh or
@@ -27,7 +27,7 @@ from psdp._plan.offsets import StepOffsets
 @dataclass(frozen=True)
 class OrderOptions:
     """Which rows each step holds: the batch size (or its schedule), the shuffle, the epoch's
-    end, skipped ranges and the resume point (``docs/loader.md``, "Offsets, schedules and skips").
+    end, skipped ranges and the resume point (``docs/concepts/order-and-resume.md``, "Offsets, schedules and skips").
 
     Example:
         >>> OrderOptions(global_batch_size=256, seed=3)
@@ -126,7 +126,7 @@ class OrderOptions:
 
 @dataclass(frozen=True)
 class ShardingOptions:
-    """How each leaf is split over the mesh, and which processes are fed (``docs/partitioning.md``).
+    """How each leaf is split over the mesh, and which processes are fed (``docs/concepts/partitioning.md``).
 
     Example:
         A spec text is parsed; a dict is per leaf, and its missing leaves take ``"batch"``:
@@ -268,7 +268,7 @@ class OutputOptions:
 
 
 #: The read threads of a source that waits on storage when `ReadingOptions.read_threads` is unset:
-#: its reads release the GIL, so several overlap (``docs/performance.md``, "Read threads").
+#: its reads release the GIL, so several overlap (``docs/guides/tuning.md``, "Read threads").
 STORAGE_READ_THREADS = 4
 
 
@@ -389,7 +389,7 @@ class LoaderOptions:
         >>> LoaderOptions.create(global_batch_size=8, batch_size=8)
         Traceback (most recent call last):
             ...
-        TypeError: unknown loader option 'batch_size' (did you mean 'global_batch_size'?); the options are axis_mapping, batch_axes, batch_spec, drop_last, dtypes, epochs, feeding_processes, first_read_timeout_s, global_batch_size, halo, io_block, mask_key, named_axes, pad_value, prefetch, read_attempts, read_threads, read_timeout_s, retry_backoff_s, seed, shuffle, skip_offsets, skip_steps, stall_warning_s, start_at, window_blocks (docs/loader.md)
+        TypeError: unknown loader option 'batch_size' (did you mean 'global_batch_size'?); the options are axis_mapping, batch_axes, batch_spec, drop_last, dtypes, epochs, feeding_processes, first_read_timeout_s, global_batch_size, halo, io_block, mask_key, named_axes, pad_value, prefetch, read_attempts, read_threads, read_timeout_s, retry_backoff_s, seed, shuffle, skip_offsets, skip_steps, stall_warning_s, start_at, window_blocks (docs/reference/config.md)
     """
 
     order: OrderOptions = field(default_factory=OrderOptions)
@@ -438,7 +438,7 @@ def route(**given: Any) -> dict[str, Any]:
         hint = f" (did you mean {close!r}?)" if close else ""
         raise TypeError(
             f"unknown loader option {', '.join(map(repr, unknown))}{hint}; the options are "
-            f"{', '.join(sorted(GROUP_OF))} (docs/loader.md)"
+            f"{', '.join(sorted(GROUP_OF))} (docs/reference/config.md)"
         )
     check_groups("", {k: v for k, v in groups.items() if v is not None})
     out = {}

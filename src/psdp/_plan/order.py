@@ -1,7 +1,7 @@
 """The global order: the source rows of every step's batch, a pure function of the step.
 
 Endless epochs of sample offsets, each a keyed permutation evaluated only where a step needs it,
-so any step costs the same to look up: ``docs/loader.md``, "The order and the resume rule".
+so any step costs the same to look up: ``docs/concepts/order-and-resume.md``, "The order and the resume rule".
 """
 
 from __future__ import annotations

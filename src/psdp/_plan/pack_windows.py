@@ -1,5 +1,5 @@
 """The pack index: where each window's sequences start, so that sequence ``q`` of a corpus packed
-in windows is found without packing the corpus (``docs/packing.md``, "Packing in windows").
+in windows is found without packing the corpus (``docs/guides/packing.md``, "Packing in windows").
 
 Window ``w`` packs documents ``[w * W, (w + 1) * W)`` alone (`plan_window`), and the corpus's
 sequences are the windows' sequences one window after another. The index holds, per window, its

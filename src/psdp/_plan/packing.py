@@ -1,4 +1,4 @@
-"""The pack plan: which pieces of which documents fill each fixed-length sequence (``docs/packing.md``).
+"""The pack plan: which pieces of which documents fill each fixed-length sequence (``docs/guides/packing.md``).
 
 The plan is computed from the documents' lengths alone (``np.diff`` of the offsets), never from
 their tokens, so every host computes the same plan in bounded time. A large corpus is packed in

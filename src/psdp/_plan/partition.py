@@ -1,7 +1,7 @@
 """Partition strategies: from ``batch_spec`` (and ``named_axes``) to one `PartitionSpec` per leaf.
 
 Also the physical batch: the global batch rounded up so every leaf's shards divide it. The
-strategies, what each host reads and when to pick which: ``docs/partitioning.md``.
+strategies, what each host reads and when to pick which: ``docs/concepts/partitioning.md``.
 """
 
 from __future__ import annotations

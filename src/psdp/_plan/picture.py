@@ -1,7 +1,7 @@
 """Text pictures of a plan (``psdp plan``): who owns each device, who shares data, who reads what.
 
 `plan_summary` is the data, computed by the planner on a `MeshLayout` (no devices needed), and
-`render_plan` only formats it; how to read the picture: ``docs/concepts.md``.
+`render_plan` only formats it; how to read the picture: ``docs/concepts/mesh.md``.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def plan_summary(
         dimension 1) and ``processes`` (one entry per process).
 
     Example:
-        The example pod of ``docs/concepts.md``: process 0 reads rows 0-3 and 12-15 of 16.
+        The example pod of ``docs/concepts/mesh.md``: process 0 reads rows 0-3 and 12-15 of 16.
 
         >>> layout = MeshLayout.noncontiguous({"data": 4, "model": 4}, num_processes=4)
         >>> summary = plan_summary(layout, "data", ("data",), (16,))

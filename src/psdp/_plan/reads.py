@@ -1,6 +1,6 @@
 """Read planning: which source reads serve one step (`plan_reads`), where the real rows sit when
 only some hosts are fed (`feeding_positions`), and which stream shard a host reads
-(`stream_shard`). Pure: no I/O (``docs/loader.md``, "One step")."""
+(`stream_shard`). Pure: no I/O (``docs/concepts/loader.md``, "One step")."""
 
 from __future__ import annotations
 

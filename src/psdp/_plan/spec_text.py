@@ -1,5 +1,5 @@
 """The text forms of axis names and partition specs shared by configs and the command line:
-``replica,data`` and ``(replica,data),context`` (``docs/trainer.md``)."""
+``replica,data`` and ``(replica,data),context`` (``docs/guides/trainer.md``)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A leaf's windows: the host buffers its devices' boxes are views of (``docs/partitioning.md``).
+"""A leaf's windows: the host buffers its devices' boxes are views of (``docs/concepts/partitioning.md``).
 
 A leaf is read in *windows* when a dimension after the batch is sharded or has a halo: one window
 per distinct box of those dimensions that the host holds, widened by each dimension's halo, whose

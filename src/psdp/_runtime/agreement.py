@@ -1,7 +1,7 @@
 """Agreement across the processes of a mesh: the settings batches depend on (`agree`), a failure
 to build a loader on some of them (`failures_published`), and the step where a callable stream's
 shards end (`StreamEnds`), through the coordination service's key-value store, not device
-collectives. Why and how: ``docs/loader.md``, "Hosts that must agree", and ``docs/sources.md``,
+collectives. Why and how: ``docs/concepts/loader.md``, "Hosts that must agree", and ``docs/guides/streams.md``,
 "Shards of unequal length".
 """
 
@@ -59,7 +59,7 @@ class HostFailedError(RuntimeError):
     """Other processes of the mesh failed to build or restore the loader this one built.
 
     Raised at once on every process that reached the agreement, naming each failed process and
-    its error; the failed processes raise their own errors (``docs/loader.md``, "Hosts that must
+    its error; the failed processes raise their own errors (``docs/concepts/loader.md``, "Hosts that must
     agree").
 
     Attributes:
@@ -122,7 +122,7 @@ def agree(
     Every process of the mesh must call it, in the same order relative to its other calls for
     the same set of processes (as every host builds the same loaders in the same order). Cost per
     process: three round trips to the coordination service and one barrier, each of a few dozen
-    bytes whatever the number of processes (``docs/scale.md``); the values themselves travel
+    bytes whatever the number of processes (``docs/measurements/scale.md``); the values themselves travel
     only when they differ.
 
     Args:

@@ -1,4 +1,4 @@
-"""Assembly: a host's window buffers -> one global `jax.Array` per leaf (``docs/performance.md``,
+"""Assembly: a host's window buffers -> one global `jax.Array` per leaf (``docs/measurements/performance.md``,
 figure 1, measures the two paths)."""
 
 from __future__ import annotations

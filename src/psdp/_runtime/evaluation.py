@@ -1,5 +1,5 @@
 """`eval_loader`: a `DataLoader` for evaluation, one pass over its source in order, then the end
-(``docs/loader.md``, "Finite loaders: evaluation")."""
+(``docs/guides/evaluate.md``, "Finite loaders: evaluation")."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """`LoaderIterator`: a loader's batches prefetched from a step, with its own checkpoint state;
-`Iterators`: the iterators a loader has open (``docs/loader.md``, ``docs/reliability.md``)."""
+`Iterators`: the iterators a loader has open (``docs/concepts/loader.md``, ``docs/reference/reliability.md``)."""
 
 from __future__ import annotations
 

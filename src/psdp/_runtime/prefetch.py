@@ -1,5 +1,5 @@
 """`Prefetcher`: background threads that keep the next few steps' items ready, delivered strictly
-in step order; errors at their step; a bounded, prompt `close` (``docs/loader.md``, "Threads, errors
+in step order; errors at their step; a bounded, prompt `close` (``docs/concepts/loader.md``, "Threads, errors
 and shutdown"). Nothing here knows about JAX or meshes.
 
 Every wait is on a condition, without a timeout, and every change that could end one notifies it

@@ -1,4 +1,4 @@
-"""A loader's checkpoint state: what it holds, and the checks of a restore (``docs/reliability.md``)."""
+"""A loader's checkpoint state: what it holds, and the checks of a restore (``docs/reference/reliability.md``)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """`StepReader`: one step's source reads -> window buffers: read, retry, pad, check, cast, cut,
-time out (``docs/loader.md``; the errors and retries: ``docs/reliability.md``, ``docs/sources.md``)."""
+time out (``docs/concepts/loader.md``; the errors and retries: ``docs/reference/reliability.md``, ``docs/guides/stores.md``)."""
 
 from __future__ import annotations
 
@@ -216,7 +216,7 @@ class StepReader:
             c is not None for c in request.columns.values()
         )
         if partial and read_window is not None:
-            # a whole-row leaf is the empty box, as docs/sources.md defines boxes
+            # a whole-row leaf is the empty box, as docs/guides/stores.md defines boxes
             boxes = {key: () if box is None else box for key, box in request.columns.items()}
             return leaves_of(read_window(ids, boxes))
         # a source without column reads: read whole rows, keep this request's leaves and columns

@@ -1,4 +1,4 @@
-"""Stall telemetry: is the loader the bottleneck? (``docs/loader.md``).
+"""Stall telemetry: is the loader the bottleneck? (``docs/guides/tuning.md``).
 
 Reader threads call ``record_read``, the trainer ``record_next``; one lock guards every append and
 every snapshot. The verdict rests on the trainer's wait, never on read times alone: with ``N``

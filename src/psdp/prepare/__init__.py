@@ -1,6 +1,6 @@
 """`prepare`: text (jsonl, Parquet, Arrow, a `datasets` export) -> tokenizer -> a document store
 that `DocumentStore.open`, `TokenSequences`, `PackedSequences` and `Mixture` read.
-``docs/prepare.md``.
+``docs/guides/prepare.md``.
 
 The driver plans units (`readers`), records them in the store's manifest (`parts`), runs one
 task per pending unit on an engine (`engines`, `tasks`: read, tokenize, write and commit a part)
@@ -90,7 +90,7 @@ def prepare(
     progress: bool = True,
 ) -> PrepareSummary:
     """Tokenizes ``inputs`` into a parted document store at ``output``; resumes a killed run and
-    appends new input shards (``docs/prepare.md``).
+    appends new input shards (``docs/guides/prepare.md``).
 
     Args:
         inputs: files, globs or `datasets` save_to_disk directories, local or in an object store

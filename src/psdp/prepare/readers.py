@@ -1,5 +1,5 @@
 """Inputs of `prepare`: which files a list of inputs names, cut into units of work, and the
-records of one unit. ``docs/prepare.md``, "Inputs".
+records of one unit. ``docs/guides/prepare.md``, "Inputs".
 
 An input is a file, a glob of files or a Hugging Face `datasets` directory (``save_to_disk``),
 local or in an object store (a URL such as ``s3://bucket/shards/*.jsonl``, or a TensorStore

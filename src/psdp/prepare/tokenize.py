@@ -1,6 +1,6 @@
 """Tokenization for `prepare`: a Hugging Face ``tokenizers`` tokenizer, texts encoded a batch at a
 time, the BOS/EOS ids the user chose around each document, in the smallest unsigned dtype that
-holds every id of the vocabulary. ``docs/prepare.md``, "Tokenizer".
+holds every id of the vocabulary. ``docs/guides/prepare.md``, "Tokenizer".
 
 The tokenizer's own special tokens (its post-processor) are not added: BOS and EOS are what the
 user asks for, nothing else, so the ids are exactly ``encode(text, add_special_tokens=False)``.

@@ -1,4 +1,4 @@
-"""Sources: where rows come from, one module per kind (``docs/sources.md``).
+"""Sources: where rows come from, one module per kind (``docs/guides/stores.md``).
 
 A random-access source is a sized table read in batches (`base`); `tensorstore`, `memmap` and
 `grain` read from disk or per-record sources, and the writer next to them writes datasets; a

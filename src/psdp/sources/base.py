@@ -1,5 +1,5 @@
 """The random-access source protocol, the in-memory sources, `as_source`, and the helpers every
-source shares. What a read must return (any order, repeats, thread-safe): ``docs/sources.md``,
+source shares. What a read must return (any order, repeats, thread-safe): ``docs/guides/custom-sources.md``,
 "The protocol".
 """
 
@@ -70,7 +70,7 @@ class Source(Protocol):
 
 @runtime_checkable
 class SupportsReadWindow(Protocol):
-    """A source that reads some leaves cut to a box: ``docs/sources.md``, "Column windows and
+    """A source that reads some leaves cut to a box: ``docs/guides/custom-sources.md``, "Column windows and
     boxes".
 
     ``columns`` maps each leaf to read (``None`` for a single array) to its box: a slice of
@@ -126,7 +126,7 @@ class ArraySource:
     @fresh_rows
     def read_window(self, ids: np.ndarray, columns: Mapping[Key, Box]) -> dict[Key, np.ndarray]:
         """Only some leaves (``None``: the single array), each cut to a range of dimension 1, or
-        to a box of several dimensions (``docs/sources.md``, "Spatial reads").
+        to a box of several dimensions (``docs/guides/spatial.md``, "Spatial reads").
 
         The loader uses this for windowed leaves, so a host copies only its columns or box.
 

@@ -10,7 +10,7 @@ boundaries. Offsets that gather (`gathers`: numpy, in memory or memory-mapped, o
 with ``take``) are searched in place inside each block instead: ~log2(stride) entries per range
 end, whatever the store's size and whichever blocks other ranges touch. The index comes from `write_documents` (recorded beside
 the offsets) or from `build_index`, one streaming pass that checks every offset on the way.
-``docs/tokens.md``, "The document index".
+``docs/guides/tokens.md``, "The document index".
 """
 
 from __future__ import annotations

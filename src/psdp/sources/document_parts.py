@@ -1,7 +1,7 @@
 """A parted document store (what `psdp prepare` writes) read as one corpus: its parts, each an
 ordinary document store (`write_documents`), back to back in the manifest's order.
 
-Layout below the store (``docs/prepare.md``, "Parts"): ``psdp.json`` (the manifest, format
+Layout below the store (``docs/guides/prepare.md``, "Parts"): ``psdp.json`` (the manifest, format
 `PARTS_FORMAT`: the parts in order with their counts, and once complete the file of the whole
 corpus's `DocumentIndex`), ``parts/<name>/`` (one document store each) and ``index-<D>.npz``.
 A host keeps, per part, its open arrays and two numbers (its first document and first token), and

@@ -1,7 +1,7 @@
 """`write_documents` and `open_documents`: a `DocumentStore` on disk or in an object store, written
 atomically like `write_dataset` (the same staging and commit), read by token ranges.
 
-Layout below the store (``docs/tokens.md``): ``psdp.json`` (format `DOCUMENTS_FORMAT`, written
+Layout below the store (``docs/guides/tokens.md``): ``psdp.json`` (format `DOCUMENTS_FORMAT`, written
 last), ``offsets/`` (int64, ``D + 1``, in chunks of one index block), ``index/`` (the offsets'
 `DocumentIndex`, so that opening the store reads no offsets but its ends) and ``tokens/<leaf>/``
 (one flat zarr3 array per leaf, in shard files of ``tokens_per_shard`` tokens and chunks of

@@ -2,7 +2,7 @@
 nanoGPT's token files do: one 1-D array per leaf (``input_ids``, and any per-token leaf such as a
 ``loss_mask``, all aligned token by token) plus ``offsets``, so that document ``d`` is
 ``flat[offsets[d]:offsets[d + 1]]``. Views such as `TokenSequences` choose the sequence length at
-read time and read contiguous token ranges (`DocumentStore.read_ranges`). ``docs/tokens.md``.
+read time and read contiguous token ranges (`DocumentStore.read_ranges`). ``docs/guides/tokens.md``.
 """
 
 from __future__ import annotations
@@ -627,7 +627,7 @@ class FlatArray(Protocol):
     copied before it is handed on, so it may be a view of memory the array reuses. Offsets
     that also have ``take(d)`` (``array[d]`` for an int64 index array, cheap as memory is) are
     searched in place, as numpy's are: a batch reads ~log2(4096) entries a row, not a block of
-    4,096 per row (``docs/tokens.md``).
+    4,096 per row (``docs/guides/tokens.md``).
 
     Example:
         >>> class Squares:  # offsets of documents of 1, 3, 5, ... tokens, never stored

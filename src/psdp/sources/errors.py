@@ -1,5 +1,5 @@
 """Which store errors may pass if the read or write is tried again, and the pause before each
-new try (``docs/reliability.md``, retries).
+new try (``docs/reference/reliability.md``, retries).
 
 A *transient* error (a reset connection, a reply cut off mid-way, a 5xx or throttling answer, a
 socket timeout) is worth retrying after a pause; anything else (a missing object, a checksum

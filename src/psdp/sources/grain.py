@@ -1,5 +1,5 @@
 """`GrainSource`: a Grain-style per-record source (``__len__``, ``__getitem__(int)``) read in
-batches on a small thread pool (``docs/sources.md``). Grain itself is never imported.
+batches on a small thread pool (``docs/guides/stores.md``). Grain itself is never imported.
 """
 
 from __future__ import annotations

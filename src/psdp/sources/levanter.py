@@ -1,4 +1,4 @@
-"""Levanter's token caches read in place as a `DocumentStore` (``docs/tokens.md``).
+"""Levanter's token caches read in place as a `DocumentStore` (``docs/guides/tokens.md``).
 
 A Levanter cache directory (one split of a ``TreeCache``, e.g. ``<cache_dir>/train``) holds a
 ``JaggedArrayStore`` per leaf: ``<leaf>/data``, the leaf's values back to back, and

@@ -1,7 +1,7 @@
 """Where a dataset lives: a local directory, or a prefix in any TensorStore kvstore (``s3://``,
 ``gs://``, ``memory://``, or a kvstore spec dict with an endpoint, region and credentials taken
 from the environment as TensorStore does; an ``s3`` endpoint also from ``AWS_ENDPOINT_URL_S3`` or
-``AWS_ENDPOINT_URL``, which TensorStore ignores). ``docs/sources.md``, "Remote stores".
+``AWS_ENDPOINT_URL``, which TensorStore ignores). ``docs/guides/s3.md``, "Remote stores".
 
 Local directories commit by renaming; object stores have no rename, so there a dataset commits
 by writing its metadata object last (one PUT, atomic on S3 and GCS), naming the prefix that

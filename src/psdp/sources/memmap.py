@@ -1,5 +1,5 @@
 """`MemmapSource`: rows of ``.npy`` files, memory-mapped: an `ArraySource` over ``np.load`` views
-(``docs/sources.md``).
+(``docs/guides/stores.md``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`Mixture`: weighted sources read as one, row id = sample offset (``docs/mixtures.md``).
+"""`Mixture`: weighted sources read as one, row id = sample offset (``docs/guides/mixtures.md``).
 
 The map from an offset to (source, row) is `psdp._plan.mixture`'s; this module reads: one batched
 read per mixed source, rows scattered back in the order of the ids.
@@ -182,7 +182,7 @@ class Mixture:
 
     def provenance(self, ids: np.ndarray) -> np.ndarray:
         """Where every segment of the rows at sample offsets ``ids`` comes from: each mixed
-        source's ``provenance`` table (``docs/mixtures.md``, "Provenance") with its name in
+        source's ``provenance`` table (``docs/guides/mixtures.md``, "Provenance") with its name in
         ``source`` and ``row`` a position in ``ids``, in (row, column) order; reads no token.
 
         Example:

@@ -5,7 +5,7 @@ is the whole corpus's (`plan_packing`, computed at construction), or, packed in 
 plan of the window that holds ``q`` (found by the `PackIndex`, planned again when first read and
 kept in a small cache). A read fetches exactly the pieces of the rows asked for with one batched
 `DocumentStore.read_ranges`, and a column window only the pieces' tokens that fall in it.
-``docs/packing.md``.
+``docs/guides/packing.md``.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ class PackedSequences:
     exactly where that target is real (times the store's ``loss_mask`` of the target token,
     if it has one). With ``eos_id``, every non-empty document ends with an EOS token, packed
     as one more token of its last piece, so that its last token has a real target: the EOS.
-    ``docs/packing.md``, "Next-token targets".
+    ``docs/guides/packing.md``, "Next-token targets".
 
     Args:
         store: the documents.
@@ -76,7 +76,7 @@ class PackedSequences:
             stored leaf left out is not read; a computed one is not computed.
         window: packs each window of this many documents alone (``plan`` is then a
             `PackIndex`); ``None``: the whole corpus at once, at construction (for more than
-            ~10^7 documents, give a window and ``index``: ``docs/packing.md``).
+            ~10^7 documents, give a window and ``index``: ``docs/guides/packing.md``).
         index: with ``window``, a file for the pack index: loaded if it was built for this
             packing of this store's size, else built and saved there; ``None``: built now.
 
@@ -162,7 +162,7 @@ class PackedSequences:
     def io_block(self) -> int | None:
         """The block a loader's shuffle takes unless given one: packed in windows, about a
         window's sequences, so that a step plans a few windows, not one per row (each about
-        once an epoch, ``docs/packing.md``); ``None`` (a full shuffle) for a whole-corpus plan.
+        once an epoch, ``docs/guides/packing.md``); ``None`` (a full shuffle) for a whole-corpus plan.
 
         Example:
             >>> store = DocumentStore.from_documents([np.arange(1, n + 1) for n in [3, 5, 2, 6] * 4])

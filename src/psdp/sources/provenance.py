@@ -1,4 +1,4 @@
-"""Provenance: where every segment of a delivered row comes from (``docs/mixtures.md``,
+"""Provenance: where every segment of a delivered row comes from (``docs/guides/mixtures.md``,
 "Provenance").
 
 A token view (`TokenSequences`, `PackedSequences`) and a `Mixture` of them answer

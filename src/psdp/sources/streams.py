@@ -1,7 +1,7 @@
 """Streams: iterables without random access, sharded by data-shard uid, resumed by skipping.
 
 How elements are dealt to shards (round-robin over a re-iterable, or a callable per shard), what an
-element is, and why resume is O(step): ``docs/sources.md``, "Streams".
+element is, and why resume is O(step): ``docs/guides/streams.md``, "Streams".
 """
 
 from __future__ import annotations

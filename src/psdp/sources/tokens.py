@@ -7,7 +7,7 @@ Python: the store finds the few documents each row touches (`DocumentStore.docum
 from its index and a range of its offsets), each row's tokens are one range of the store
 (`DocumentStore.read_ranges`), and ``segment_ids`` and ``positions`` are filled from the
 documents' boundaries with a handful of numpy calls for the whole batch. A window of columns
-``[a, b)`` of a row reads only ``stream[r * seq_len + a : r * seq_len + b]``. ``docs/tokens.md``.
+``[a, b)`` of a row reads only ``stream[r * seq_len + a : r * seq_len + b]``. ``docs/guides/tokens.md``.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ class TokenSequences:
     """
 
     #: the halo boundary ``"continue"`` is served: columns before 0 and past the row's width are
-    #: the stream's neighbouring tokens (``docs/partitioning.md``)
+    #: the stream's neighbouring tokens (``docs/concepts/partitioning.md``)
     continues_rows = True
 
     def __init__(

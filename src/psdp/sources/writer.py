@@ -1,6 +1,6 @@
 """`write_dataset`: the zarr3 datasets `TensorStoreSource` reads, written atomically in shard
 files of many rows, one row per chunk. The layout on disk, the input kinds, atomicity and
-overwriting: ``docs/sources.md``, "write_dataset and TensorStoreSource".
+overwriting: ``docs/guides/stores.md``, "write_dataset and TensorStoreSource".
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """A local pod: N real JAX processes on 127.0.0.1, each with k fake CPU devices, running one function;
-a failing process stops the others within seconds (``docs/cli.md``, "The local pod")."""
+a failing process stops the others within seconds (``docs/guides/local-pod.md``, "The local pod")."""
 
 from __future__ import annotations
 

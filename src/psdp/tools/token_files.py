@@ -1,6 +1,6 @@
 """Token files of other tools read as documents for `psdp.write_documents` (``psdp write``).
 
-Three forms (``docs/tokens.md``, "Converting token files"):
+Three forms (``docs/guides/tokens.md``, "Converting token files"):
 
 - a flat ``.npy`` token array with an offsets ``.npy`` of ``D + 1`` entries (nanoGPT/MaxText);
 - a flat ``.npy`` or a raw nanoGPT ``.bin`` (no header, ``uint16`` by default) split after each
@@ -212,7 +212,7 @@ def _ids_of(value: Any, where: str, key: str | None) -> list[Any]:
         hint = (
             " (lines are objects: name the key of the token ids with --key)"
             if (key is None and isinstance(value, dict))
-            else " (text is tokenized by `psdp prepare`, docs/prepare.md)"
+            else " (text is tokenized by `psdp prepare`, docs/guides/prepare.md)"
             if isinstance(value, str)
             else ""
         )

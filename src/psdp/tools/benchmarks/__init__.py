@@ -1,7 +1,7 @@
 """``psdp bench``: eight figures, each psdp against baselines measured in the same run.
 
 What each figure measures, its baseline, how to read its ratio, and the results:
-``docs/performance.md``. One module per figure; ``common`` holds the sizes and timing helpers,
+``docs/measurements/performance.md``. One module per figure; ``common`` holds the sizes and timing helpers,
 ``report`` the markdown.
 """
 

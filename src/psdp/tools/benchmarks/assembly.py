@@ -1,5 +1,5 @@
 """Figure 1, assembly: host buffer -> one global `jax.Array`, every JAX path against the memcpy
-floor (``docs/performance.md``)."""
+floor (``docs/measurements/performance.md``)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The loops a user writes without psdp, at their best, as iterators of global `jax.Array` batches
-(``docs/performance.md``): the tight loop, the same with a one-thread prefetch, and the multi-host
+(``docs/measurements/performance.md``): the tight loop, the same with a one-thread prefetch, and the multi-host
 loops of figure 6. Each reads through ``read(ids)``, so every loop of a figure reads the same
 source with the same cost per read."""
 

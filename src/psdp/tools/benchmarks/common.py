@@ -1,5 +1,5 @@
 """What every figure shares: the sizes, the fake-CPU mesh, interleaved timing, and the shard
-check run before any timing (``docs/performance.md``)."""
+check run before any timing (``docs/measurements/performance.md``)."""
 
 from __future__ import annotations
 

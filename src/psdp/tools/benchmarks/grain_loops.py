@@ -1,4 +1,4 @@
-"""Grain in its best configurations for figure 2 (``docs/performance.md``), as iterators of global
+"""Grain in its best configurations for figure 2 (``docs/measurements/performance.md``), as iterators of global
 `jax.Array` batches.
 
 Grain's ``MapDataset.batch`` reads record by record in the open-source build (its batched

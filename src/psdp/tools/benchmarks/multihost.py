@@ -1,6 +1,6 @@
 """Figure 6, the multi-host figure: on a 4-host non-contiguous pod, the bytes each host reads per
 batch and the pod's batches per second, psdp against the loops users write there
-(``docs/performance.md``).
+(``docs/measurements/performance.md``).
 
 The pod is 4 real JAX processes on 127.0.0.1 (`psdp.tools.pod.run_pod`), 2 fake CPU devices each,
 ``data=4 x model=2`` laid out as ``tests/batch_checks.NONCONTIGUOUS_4x2``: every data row spans

@@ -1,5 +1,5 @@
 """Figure 4, planning: psdp plans a 65,536-device pod against a naive per-device loop
-(``docs/performance.md``)."""
+(``docs/measurements/performance.md``)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The benchmark's report: one JSON-able dict, and its markdown (``docs/performance.md``)."""
+"""The benchmark's report: one JSON-able dict, and its markdown (``docs/measurements/performance.md``)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Figure 5, resume and memory: resume at step 10**7 against step 0; peak RSS per ``prefetch``
-(``docs/performance.md``)."""
+(``docs/measurements/performance.md``)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Figure 3, stall: the share of a trainer's time spent waiting in ``next()`` under slow reads
-(``docs/performance.md``)."""
+(``docs/measurements/performance.md``)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The checks of figure 8, run on every loop's first batches before any timing: numpy oracles that
-need no loop's order (``docs/performance.md``, "The token path").
+need no loop's order (``docs/measurements/token-path.md``, "The token path").
 
 The benchmark's token ids say where each token lies: the id of the token at position ``p`` of a
 store is ``base + p`` (ids >= 1, so 0 is padding), and each store has its own ``base``. So the

@@ -1,4 +1,4 @@
-"""The token loops of figure 8 that are not psdp (``docs/performance.md``, "The token path"): the
+"""The token loops of figure 8 that are not psdp (``docs/measurements/token-path.md``, "The token path"): the
 tight loops a demanding user writes over a flat token array and its offsets, and Grain's own
 operators, each an iterator of dict batches of global `jax.Array` leaves.
 

@@ -1,5 +1,5 @@
 """Figure 8, the token path: Mtokens/s that psdp's token views deliver to the mesh, against the
-tight loops a demanding user writes and Grain's own operators (``docs/performance.md``, "The
+tight loops a demanding user writes and Grain's own operators (``docs/measurements/token-path.md``, "The
 token path").
 
 The corpus: documents of log-normal lengths (mean ~`Sizes.token_mean_length`, at most

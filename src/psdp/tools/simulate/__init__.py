@@ -1,6 +1,6 @@
 """``psdp simulate``: a whole pod on one machine, checking that every device got exactly its rows.
 
-How it runs (the parent, the hosts, the synthetic rows and the checks): ``docs/cli.md``.
+How it runs (the parent, the hosts, the synthetic rows and the checks): ``docs/reference/cli.md``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`Simulation`: what ``psdp simulate`` runs, checked when made (``docs/cli.md``)."""
+"""`Simulation`: what ``psdp simulate`` runs, checked when made (``docs/reference/cli.md``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 from psdp import PACKING_STRATEGIES, LoaderConfig, MeshConfig
 from psdp._plan.spec_text import spec_text
 
-#: The mesh of ``make run``: the pod of docs/concepts.md (4 hosts x 4 devices, folded).
+#: The mesh of ``make run``: the pod of docs/concepts/mesh.md (4 hosts x 4 devices, folded).
 DEFAULT_MESH = MeshConfig(axes={"data": 4, "model": 4}, layout="noncontiguous")
 #: What ``--fail-at`` makes a process do at its step.
 FAIL_MODES = ("raise", "die", "hang")

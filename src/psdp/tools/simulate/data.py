@@ -1,5 +1,5 @@
 """The rows of ``psdp simulate``: synthetic tokens a bigram model can learn, and a source's main
-leaf (``docs/cli.md``)."""
+leaf (``docs/reference/cli.md``)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """What ``psdp simulate`` prints: the plan picture, the loss curve, speed, and the verdict
-(``docs/cli.md``)."""
+(``docs/reference/cli.md``)."""
 
 from __future__ import annotations
 
