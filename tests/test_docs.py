@@ -414,3 +414,27 @@ def test_relative_links_and_anchors_resolve(page):
         elif anchor and linked.suffix == ".md" and anchor not in slugs(linked):
             broken.append(f"{target} (no such heading)")
     assert broken == [], f"{page}: broken links"
+
+
+def test_the_api_reference_documents_every_public_name():
+    """docs/reference/api/ names each public name of `psdp`, `psdp.sources` and `psdp.prepare`
+    (``::: path``, the path a user imports it from), so mkdocstrings renders its docstring; a
+    name `psdp` re-exports from `psdp.sources` is documented once, under `psdp.sources`."""
+    import psdp.prepare
+    import psdp.sources
+
+    documented = set()
+    for page in API.glob("*.md"):
+        documented |= set(re.findall(r"^::: ([\w.]+)$", page.read_text(), re.M))
+    init = (DOCS.parent / "src" / "psdp" / "__init__.py").read_text()
+    top = set(re.findall(r"\bimport (\w+) as \1\b", init))  # the explicit re-exports
+    assert {"DataLoader", "prepare", "write_dataset", "TensorStoreSource"} <= top
+    wanted = {f"psdp.sources.{name}" for name in psdp.sources.__all__}
+    wanted |= {f"psdp.prepare.{name}" for name in psdp.prepare.__all__}
+    wanted |= {
+        f"psdp.{name}"
+        for name in top
+        if name not in psdp.sources.__all__ and name != "prepare"  # the package: its __all__
+    }
+    assert sorted(wanted - documented) == []
+    assert sorted(documented - wanted) == [], "API entries that are not public names"

@@ -58,7 +58,7 @@ _PSDP = os.path.dirname(__file__) + os.sep  # psdp's own frames: the user is fur
 def warn_deprecated(old: str, new: str) -> None:
     """Warns that ``old`` goes away in `REMOVED_IN`, naming ``new``, blaming the user's line.
 
-    Example:
+    Examples:
         >>> with warnings.catch_warnings(record=True) as caught:
         ...     warnings.simplefilter("always")
         ...     warn_deprecated("psdp.old", "use psdp.new")

@@ -106,7 +106,7 @@ def check_consistency(
         ValueError: ``expected`` does not fit the batch (e.g. a haloed batch checked without
             its ``halo``), or ``source`` came without ``ids``.
 
-    Example:
+    Examples:
         >>> import jax, numpy as np
         >>> from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
         >>> mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "model"))

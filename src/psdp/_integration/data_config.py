@@ -57,7 +57,7 @@ class SourceConfig:
     ``skip_bad`` and ``rows_per_part``: its flags) say how ``psdp prepare`` makes the store: a
     missing, unfinished or stale store is then an error naming that command.
 
-    Example:
+    Examples:
         >>> SourceConfig(store="tokens/code", weight=1, inputs=["code/*.jsonl"],
         ...              tokenizer="tokenizer.json", eos="</s>").prepare_command()
         "psdp prepare 'code/*.jsonl' --output tokens/code --tokenizer tokenizer.json --eos '</s>'"
@@ -367,7 +367,7 @@ def _local_manifest(store: Any) -> dict[str, Any] | None:
 class StageConfig:
     """From ``step`` on, the mixture's weights are ``weights`` (a source left out: 0).
 
-    Example:
+    Examples:
         >>> StageConfig(step=1000, weights={"code": 1, "prose": 1}).step
         1000
     """
@@ -414,7 +414,7 @@ class ViewConfig:
     """How documents become rows of ``seq_len`` tokens: concatenated then split
     (`TokenSequences`), or packed (`PackedSequences`) with a strategy.
 
-    Example:
+    Examples:
         >>> ViewConfig(packing="best_fit", window=4096).view_kwargs()
         {'strategy': 'best_fit', 'long_documents': 'split', 'seed': None, 'pad_id': 0, 'window': 4096}
     """
@@ -504,7 +504,7 @@ class ViewConfig:
 class MixtureConfig:
     """The mixture's blocks and permutations (``docs/guides/mixtures.md``).
 
-    Example:
+    Examples:
         >>> MixtureConfig(block_size=0)
         Traceback (most recent call last):
             ...
@@ -548,7 +548,7 @@ class DataConfig:
     mixture, eval sets and the loader's option groups. `build` gives the train loader,
     `eval_loaders` one finite loader per eval set, `restore` resumes the train loader.
 
-    Example:
+    Examples:
         >>> config = DataConfig(sources={"code": SourceConfig(store="tokens/code")}, seq_len=256)
         >>> DataConfig.from_dict(config.to_dict()) == config
         True

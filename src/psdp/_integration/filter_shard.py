@@ -54,7 +54,7 @@ def filter_shard(
         TypeError: ``host_local=True`` with a sharding that is not a `NamedSharding`, or a target
             that is neither a device nor a sharding.
 
-    Example:
+    Examples:
         One host, ``data=4 x model=2``: a global batch and an untouched non-array leaf.
 
         >>> import jax, numpy as np

@@ -39,7 +39,7 @@ class BlockShuffle:
             ``io_block * window_blocks`` positions reads at most this many blocks.
         key: the permutation's key (an epoch's key), in ``[0, 2**64 - 1]``.
 
-    Example:
+    Examples:
         Ten rows in blocks of 2, windows of 2 blocks: positions 0-3 hold the rows of two blocks.
 
         >>> perm = BlockShuffle(10, io_block=2, window_blocks=2, key=7)

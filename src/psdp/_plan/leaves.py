@@ -23,7 +23,7 @@ def in_leaf_order(leaves: Mapping[K, V]) -> dict[K, V]:
     otherwise depend on how it was built (a set's order changes with ``PYTHONHASHSEED``, so from
     host to host), and code that pairs leaves by position across hosts would pair different ones.
 
-    Example:
+    Examples:
         >>> list(in_leaf_order({"weight": 1, "mask": 2, "tokens": 3}))
         ['mask', 'tokens', 'weight']
     """
@@ -35,7 +35,7 @@ def leaves_of(rows: Any) -> dict[Key, np.ndarray]:
     """A read's leaves by name, `in_leaf_order`: a dict's keys as strings, or ``{None: rows}``
     for one array.
 
-    Example:
+    Examples:
         >>> leaves_of({"weight": [1.0], "tokens": [1, 2]}), leaves_of([1, 2])
         ({'tokens': [1, 2], 'weight': [1.0]}, {None: [1, 2]})
     """
@@ -47,7 +47,7 @@ def leaves_of(rows: Any) -> dict[Key, np.ndarray]:
 def leaf_label(key: Key) -> str:
     """How messages name a leaf.
 
-    Example:
+    Examples:
         >>> leaf_label("tokens"), leaf_label(None)
         ("leaf 'tokens'", 'the array source')
     """
@@ -57,7 +57,7 @@ def leaf_label(key: Key) -> str:
 def unwrap(values: dict[Key, Any]) -> Any:
     """An array source's single value, or the dict of a dict source's leaves.
 
-    Example:
+    Examples:
         >>> unwrap({None: 1}), unwrap({"tokens": 1})
         (1, {'tokens': 1})
     """

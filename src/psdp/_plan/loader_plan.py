@@ -35,7 +35,7 @@ class LoaderPlan:
 
     Built by `LoaderPlan.create`; the same every step, so a step's work is only reading.
 
-    Example:
+    Examples:
         >>> import jax, numpy as np
         >>> from jax.sharding import Mesh
         >>> from psdp._plan.options import LoaderOptions

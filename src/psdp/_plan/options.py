@@ -29,7 +29,7 @@ class OrderOptions:
     """Which rows each step holds: the batch size (or its schedule), the shuffle, the epoch's
     end, skipped ranges and the resume point (``docs/concepts/order-and-resume.md``, "Offsets, schedules and skips").
 
-    Example:
+    Examples:
         >>> OrderOptions(global_batch_size=256, seed=3)
         OrderOptions(global_batch_size=256, shuffle=None, seed=3, drop_last=False, skip_steps=(), skip_offsets=(), start_at=None, io_block=None, window_blocks=16, epochs=None)
         >>> OrderOptions(global_batch_size=[(0, 64), (1000, 128)]).global_batch_size
@@ -109,7 +109,7 @@ class OrderOptions:
         """The step -> sample offset map of these options over ``rows`` rows (None: endless);
         needs ``global_batch_size``.
 
-        Example:
+        Examples:
             >>> OrderOptions(global_batch_size=4).step_offsets(None).info(2).offset
             8
         """
@@ -128,7 +128,7 @@ class OrderOptions:
 class ShardingOptions:
     """How each leaf is split over the mesh, and which processes are fed (``docs/concepts/partitioning.md``).
 
-    Example:
+    Examples:
         A spec text is parsed; a dict is per leaf, and its missing leaves take ``"batch"``:
 
         >>> ShardingOptions(batch_spec={"tokens": "data,context", "mask": "batch"}).batch_spec
@@ -193,7 +193,7 @@ class ShardingOptions:
         """Whether ``batch_axes`` can reach a leaf: ``batch_spec`` is unset, ``"batch"``, or a
         dict (whose missing leaves take ``"batch"``).
 
-        Example:
+        Examples:
             >>> ShardingOptions().uses_batch_axes(), ShardingOptions(batch_spec="full").uses_batch_axes()
             (True, False)
         """
@@ -237,7 +237,7 @@ class ShardingOptions:
 class OutputOptions:
     """What the delivered leaves hold beyond the rows: the padding's fill, the mask leaf, dtypes.
 
-    Example:
+    Examples:
         >>> OutputOptions(pad_value=-1, dtypes={"tokens": "int32"})
         OutputOptions(pad_value=-1, mask_key='mask', dtypes={'tokens': 'int32'})
         >>> OutputOptions(mask_key="")
@@ -276,7 +276,7 @@ def read_threads_for(requested: int | None, reads_storage: bool) -> int:
     """The read threads of a loader: ``requested``, or when unset, `STORAGE_READ_THREADS` for a
     source that waits on storage and 1 for one in memory (more threads do not help it).
 
-    Example:
+    Examples:
         >>> read_threads_for(None, reads_storage=True), read_threads_for(None, False)
         (4, 1)
         >>> read_threads_for(2, reads_storage=True)
@@ -291,7 +291,7 @@ def read_threads_for(requested: int | None, reads_storage: bool) -> int:
 class ReadingOptions:
     """How the background threads read: prefetch depth, threads, time limit, stall warning.
 
-    Example:
+    Examples:
         >>> ReadingOptions(prefetch=4, read_timeout_s=60)  # doctest: +ELLIPSIS
         ReadingOptions(prefetch=4, read_threads=None, read_timeout_s=60.0, stall_warning_s=1.0, ...)
         >>> ReadingOptions(read_threads=0)
@@ -379,7 +379,7 @@ GROUP_OF = {f.name: group for group, kind in GROUPS.items() for f in fields(kind
 class LoaderOptions:
     """The four groups together: every option of a `DataLoader` but its source, mesh and name.
 
-    Example:
+    Examples:
         Flat keywords are the front door to the same groups:
 
         >>> options = LoaderOptions.create(global_batch_size=8, seed=3, prefetch=4)
@@ -427,7 +427,7 @@ class LoaderOptions:
 def route(**given: Any) -> dict[str, Any]:
     """``{"order": OrderOptions, ...}`` from group objects (``order=...``) and flat keywords.
 
-    Example:
+    Examples:
         >>> route(seed=3, reading=ReadingOptions(prefetch=4))["order"].seed
         3
     """

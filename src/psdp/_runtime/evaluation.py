@@ -21,7 +21,7 @@ def eval_loader(source: Any, *, mesh: Mesh, **options: Any) -> DataLoader:
     of eval sets gets one loader per set: ``{name: eval_loader(source, ...) for name, source in
     mixture.sources.items()}``.
 
-    Example:
+    Examples:
         >>> import jax, numpy as np
         >>> from jax.sharding import Mesh
         >>> mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "model"))

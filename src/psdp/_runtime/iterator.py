@@ -14,7 +14,7 @@ class LoaderIterator(Prefetcher[Any]):
     """What ``iter(loader)`` and `DataLoader.iter_from` return: batches prefetched on background
     threads, and the iterator's own `state`.
 
-    Example:
+    Examples:
         >>> import jax, numpy as np
         >>> from jax.sharding import Mesh
         >>> from psdp import DataLoader

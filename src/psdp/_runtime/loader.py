@@ -54,13 +54,17 @@ class DataLoader:
             any object with ``__len__`` and a batched ``__getitem__(ids)``, a list of records
             (each an array or a dict of arrays), or a `StreamSource`.
         mesh: the `jax.sharding.Mesh` the batch lives on.
-        order, sharding, output, reading: the option groups (`OrderOptions`, `ShardingOptions`,
-            `OutputOptions`, `ReadingOptions`); or pass their fields as flat keywords, e.g.
-            ``global_batch_size=8, batch_spec="batch"``. Each option: ``docs/reference/config.md``.
+        order: the order option group (`OrderOptions`); like each group below, or pass its
+            fields as flat keywords, e.g. ``global_batch_size=8, batch_spec="batch"``. Each
+            option: ``docs/reference/config.md``.
+        sharding: the sharding option group (`ShardingOptions`).
+        output: the output option group (`OutputOptions`).
+        reading: the reading option group (`ReadingOptions`).
+        **options: the option groups' fields as flat keywords (instead of the groups).
         process_index: this host; defaults to ``jax.process_index()``.
         name: the prefetch threads' name.
 
-    Example:
+    Examples:
         >>> import jax, numpy as np
         >>> from jax.sharding import Mesh
         >>> mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "model"))
@@ -152,7 +156,7 @@ class DataLoader:
         """Where ``step`` lies, without reading data: its first sample offset, batch size, real
         rows and epoch (what a trainer logs; ``docs/concepts/order-and-resume.md``, "Offsets, schedules and skips").
 
-        Example:
+        Examples:
             >>> import jax, numpy as np
             >>> from jax.sharding import Mesh
             >>> mesh = Mesh(np.array(jax.devices()), ("data",))

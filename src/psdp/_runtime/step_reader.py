@@ -37,7 +37,7 @@ class StepReader:
     ``read_attempts`` tries; any other error fails at once, with a note naming the step. Until
     the first step is read, reads get ``first_read_timeout_s`` instead of ``timeout_s``.
 
-    Example:
+    Examples:
         >>> import jax, numpy as np
         >>> from jax.sharding import Mesh
         >>> from psdp._plan.options import LoaderOptions
@@ -275,7 +275,7 @@ def read_first_row(feed: Any, reading: ReadingOptions) -> dict[Key, np.ndarray]:
     like a step's reads, and bounded like the first step's (``first_read_timeout_s``, else
     ``read_timeout_s``; unset: no limit).
 
-    Example:
+    Examples:
         >>> from psdp._plan.options import OrderOptions
         >>> from psdp._runtime.feeds import open_feed
         >>> feed = open_feed(np.arange(6, dtype=np.int32), OrderOptions(global_batch_size=2))
@@ -328,7 +328,7 @@ def retried(
     error (`psdp.sources.errors.is_transient`), up to ``attempts`` tries; any other error, the
     last try's, or one after ``stopped()`` is raised with a note naming ``where``.
 
-    Example:
+    Examples:
         >>> from psdp.sources.errors import TransientReadError
         >>> from psdp.sources import ArraySource
         >>> failures = [TransientReadError("503 SlowDown")]

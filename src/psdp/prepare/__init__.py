@@ -100,7 +100,8 @@ def prepare(
         field: the text field (column) of each record.
         messages_field: instead of ``field``, a field of chat messages rendered with the
             tokenizer's chat template (a ``loss_mask`` leaf covers the assistant's tokens).
-        bos, eos: a token (string or id) put before / after each document, or ``None``.
+        bos: a token (string or id) put before each document, or ``None``.
+        eos: a token (string or id) put after each document, or ``None``.
         workers: worker processes (default: every core); engine ``"ray"``: ignored.
         engine: ``"local"`` or ``"ray"`` (on the cluster at ``ray_address``).
         skip_bad: skip malformed records, counted by reason, instead of raising.
@@ -108,7 +109,7 @@ def prepare(
         tokens_per_shard: tokens per shard file of each part's arrays.
         progress: show a progress bar with documents/s and tokens/s.
 
-    Example:
+    Examples:
         >>> import json, tempfile
         >>> from tokenizers import Tokenizer, models, pre_tokenizers
         >>> from psdp import DocumentStore

@@ -32,7 +32,7 @@ class RayEngine:
     A Ray session that is already open in this process is used as it is, and left open by
     `close`; one that the engine opened, it shuts down.
 
-    Example:
+    Examples:
         >>> import operator
         >>> engine = RayEngine(num_cpus=1)  # doctest: +SKIP
         >>> sorted(engine.map_unordered(operator.neg, [1, 2, 3]))  # doctest: +SKIP

@@ -98,7 +98,7 @@ class Batch:
 def plan_units(inputs: Any, rows_per_part: int) -> list[Unit]:
     """The units of ``inputs``, in their order (a glob's files sorted by name).
 
-    Example:
+    Examples:
         >>> import tempfile
         >>> tmp = tempfile.TemporaryDirectory()
         >>> for name in ("b.jsonl", "a.jsonl"):

@@ -92,7 +92,7 @@ def tokenizer_from(body: bytes, file: str | os.PathLike[str]) -> Any:
 def id_dtype(vocab_size: int) -> np.dtype:
     """The smallest unsigned dtype that holds ids ``0 .. vocab_size - 1``.
 
-    Example:
+    Examples:
         >>> [id_dtype(n).name for n in (256, 257, 65_536, 65_537)]
         ['uint8', 'uint16', 'uint16', 'uint32']
     """
@@ -135,7 +135,7 @@ def special_id(tokenizer: Any, name: str, token: str | int | None) -> int | None
 class Encoder:
     """Texts -> one id array per document (``bos`` first, ``eos`` last when given), in `dtype`.
 
-    Example:
+    Examples:
         >>> from tokenizers import Tokenizer, models, pre_tokenizers
         >>> tokenizer = Tokenizer(models.WordLevel({"a": 0, "b": 1, "<eos>": 2}, unk_token="a"))
         >>> tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()

@@ -35,7 +35,7 @@ class PartedOffsets:
     """The offsets of documents stored in parts, as one `FlatArray` of ``D + 1`` entries: entry 0
     is 0, then each part's offsets but its first, plus the tokens of the parts before it.
 
-    Example:
+    Examples:
         >>> first, second = np.array([0, 2, 5]), np.array([0, 4])  # parts of 2 and 1 documents
         >>> offsets = PartedOffsets([ts.array(first), ts.array(second)])
         >>> offsets.shape, offsets[0:4].tolist(), offsets[2:4].tolist()

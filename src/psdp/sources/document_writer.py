@@ -66,12 +66,15 @@ def write_documents(
         tokens_per_shard: tokens per shard file.
         tokens_per_chunk: tokens per chunk, the unit a range read decodes (a read of a few
             thousand tokens touches one or two chunks).
-        compression, checksum, overwrite, progress: as for `write_dataset`.
+        compression: as for `write_dataset`.
+        checksum: as for `write_dataset`.
+        overwrite: as for `write_dataset`.
+        progress: as for `write_dataset`.
 
     Returns:
         ``path`` as a `Path` for a local directory, else ``path`` as given.
 
-    Example:
+    Examples:
         >>> import tempfile
         >>> tmp = tempfile.TemporaryDirectory()
         >>> docs = [np.array([5, 6, 7]), np.array([8, 9])]

@@ -49,7 +49,7 @@ class Mixture:
         source_leaf: the name of an int32 leaf added to each row: its source's position in
             ``sources`` (for a per-source loss); ``None``: no such leaf. Needs dict sources.
 
-    Example:
+    Examples:
         >>> web = {"tokens": np.zeros((100, 4), np.int32)}
         >>> code = {"tokens": np.ones((50, 4), np.int32)}
         >>> mix = Mixture({"web": web, "code": code}, weights={"web": 3, "code": 1},
@@ -185,7 +185,7 @@ class Mixture:
         source's ``provenance`` table (``docs/guides/mixtures.md``, "Provenance") with its name in
         ``source`` and ``row`` a position in ``ids``, in (row, column) order; reads no token.
 
-        Example:
+        Examples:
             >>> from psdp import DocumentStore, TokenSequences
             >>> views = {name: TokenSequences(DocumentStore.from_documents([np.arange(8)]), 4)
             ...          for name in ("web", "code")}

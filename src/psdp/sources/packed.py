@@ -80,7 +80,7 @@ class PackedSequences:
         index: with ``window``, a file for the pack index: loaded if it was built for this
             packing of this store's size, else built and saved there; ``None``: built now.
 
-    Example:
+    Examples:
         >>> store = DocumentStore.from_documents([np.array([1, 2, 3]), np.array([4, 5])])
         >>> packed = PackedSequences(store, seq_len=4, pad_id=-1)
         >>> len(packed), packed.plan.efficiency
@@ -164,7 +164,7 @@ class PackedSequences:
         window's sequences, so that a step plans a few windows, not one per row (each about
         once an epoch, ``docs/guides/packing.md``); ``None`` (a full shuffle) for a whole-corpus plan.
 
-        Example:
+        Examples:
             >>> store = DocumentStore.from_documents([np.arange(1, n + 1) for n in [3, 5, 2, 6] * 4])
             >>> PackedSequences(store, 8, window=4).io_block, PackedSequences(store, 8).io_block
             (2, None)
@@ -188,7 +188,7 @@ class PackedSequences:
         """Some leaves, each cut to a range of columns (or an index array of them): only the
         pieces' tokens inside the range are read from the store.
 
-        Example:
+        Examples:
             >>> store = DocumentStore.from_documents([np.arange(1, 6), np.arange(6, 9)])
             >>> packed = PackedSequences(store, seq_len=8)
             >>> packed.read_window(np.array([0]), {"input_ids": slice(3, 7)})["input_ids"].tolist()
@@ -358,7 +358,7 @@ class PackedSequences:
         """Where every segment of rows ``ids`` comes from: a `provenance_table` row per
         segment, in (row, column) order; reads no token.
 
-        Example:
+        Examples:
             >>> store = DocumentStore.from_documents([np.arange(1, 4), np.arange(4, 10)])
             >>> table = PackedSequences(store, seq_len=4, eos_id=0).provenance(np.array([2]))
             >>> table[["row", "column", "document", "start", "stop", "eos"]].tolist()

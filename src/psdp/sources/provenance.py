@@ -37,7 +37,7 @@ def provenance_table(
 ) -> np.ndarray:
     """A provenance table of a view read alone (``source`` empty), from its columns.
 
-    Example:
+    Examples:
         >>> t = provenance_table(*(np.array([v]) for v in (0, 5, 7, 0, 3, True)))
         >>> t.tolist()
         [(0, 5, '', 7, 0, 3, True)]

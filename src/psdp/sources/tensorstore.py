@@ -67,7 +67,7 @@ class TensorStoreSource:
         check_shards: on open, check that every shard file of a dataset exists and is non-empty
             (one ``stat`` per shard file).
 
-    Example:
+    Examples:
         >>> import tempfile
         >>> from psdp.sources.writer import write_dataset
         >>> tmp = tempfile.TemporaryDirectory()
@@ -306,7 +306,7 @@ class TensorStoreSource:
         """``(HTTP requests started, request retries)`` of every TensorStore kvstore in this
         process so far (its own counters: one process-wide count, not this source's alone).
 
-        Example:
+        Examples:
             >>> requests, retries = TensorStoreSource.request_counts()
             >>> requests >= 0 and retries >= 0
             True
@@ -337,7 +337,7 @@ def read_metadata(path: str | os.PathLike[str] | Mapping[str, Any]) -> dict[str,
         "compression", "checksum", "leaves": {name: {"dtype": str, "shape": [trailing]}}}``, and
         for a dataset on an object store ``"data_prefix"``, the prefix holding its arrays.
 
-    Example:
+    Examples:
         >>> import tempfile
         >>> from psdp.sources.writer import write_dataset
         >>> tmp = tempfile.TemporaryDirectory()

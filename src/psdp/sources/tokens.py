@@ -65,7 +65,7 @@ class TokenSequences:
         leaves: the leaves to deliver, e.g. ``("input_ids", "segment_ids")`` to leave out
             ``positions``; default every leaf. A computed leaf left out costs nothing.
 
-    Example:
+    Examples:
         >>> store = DocumentStore.from_documents([np.array([11, 12, 13]), np.array([21, 22])])
         >>> rows = TokenSequences(store, 3, eos_id=0)  # stream: 11 12 13 0 21 22 0
         >>> len(rows), rows.read(np.array([1, 0]))["input_ids"].tolist()
@@ -140,7 +140,7 @@ class TokenSequences:
         Columns may lie before 0 or past the row's width (the halo boundary ``"continue"``):
         they are the stream's neighbouring tokens.
 
-        Example:
+        Examples:
             >>> store = DocumentStore.from_documents([np.arange(10, 18)])
             >>> rows = TokenSequences(store, 4)
             >>> rows.read_window(np.array([1]), {"input_ids": slice(1, 3)})["input_ids"].tolist()
@@ -220,7 +220,7 @@ class TokenSequences:
         """Where every segment (the part of a document in a row, of its ``width`` columns) of
         rows ``ids`` comes from: a `provenance_table` row per segment; reads no token.
 
-        Example:
+        Examples:
             >>> store = DocumentStore.from_documents([np.array([11, 12, 13]), np.array([21, 22])])
             >>> table = TokenSequences(store, 3, eos_id=0).provenance(np.array([1]))
             >>> table[["row", "column", "document", "start", "stop", "eos"]].tolist()

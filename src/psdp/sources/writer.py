@@ -88,7 +88,7 @@ def write_dataset(
     Returns:
         ``path`` as a `Path` for a local directory, else ``path`` as given.
 
-    Example:
+    Examples:
         >>> import tempfile
         >>> from psdp.sources import TensorStoreSource
         >>> tmp = tempfile.TemporaryDirectory()

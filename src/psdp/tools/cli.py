@@ -55,7 +55,7 @@ class _Parser(argparse.ArgumentParser):
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs ``psdp`` with ``argv`` (default ``sys.argv[1:]``) and returns the exit code.
 
-    Example:
+    Examples:
         >>> main(["plan", "--example", "--json"])  # doctest: +ELLIPSIS
         {
           "mesh": {

@@ -103,7 +103,7 @@ def run(
 
     ``sizes`` default to `QUICK` or `FULL`, as ``quick`` says.
 
-    Example:
+    Examples:
         >>> report = run(["planning"], quick=True, command="psdp bench --quick")
         >>> list(report["figures"]), report["quick"], report["sizes"]["pod"]
         (['planning'], True, [256, 64, 8])

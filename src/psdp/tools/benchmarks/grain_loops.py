@@ -36,7 +36,7 @@ def load_grain() -> Any | None:
 class StepReads:
     """A Grain data source whose record ``s`` is step ``s``'s batch: one read of its sorted ids.
 
-    Example:
+    Examples:
         >>> from psdp.tools.benchmarks.baselines import TableRows
         >>> from psdp.tools.benchmarks.common import BatchIds
         >>> table = np.arange(16).reshape(8, 2)

@@ -54,7 +54,7 @@ Opener = Callable[[], Iterator[jax.Array]]
 def threads_text(count: int, one: str = "read thread", many: str = "read threads") -> str:
     """``"1 read thread"``, ``"4 read threads"``.
 
-    Example:
+    Examples:
         >>> threads_text(1), threads_text(2, "worker process", "worker processes")
         ('1 read thread', '2 worker processes')
     """

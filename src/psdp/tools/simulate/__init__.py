@@ -59,7 +59,7 @@ def simulate(
             pod ran past ``timeout_s``; the other hosts are stopped within seconds.
         ValueError: the configuration does not fit (mesh, processes, batch, spec, source).
 
-    Example:
+    Examples:
         >>> from psdp import MeshConfig
         >>> sim = Simulation(processes=2, mesh=MeshConfig(axes={"data": 2, "model": 2}), steps=3)
         >>> print(str(simulate(sim)).splitlines()[-1])

@@ -33,7 +33,7 @@ def check_simulation(simulation: Simulation, source: str | None = None) -> MeshL
         ValueError: the spec, the sequence length or the source does not fit; the message starts
             with the option.
 
-    Example:
+    Examples:
         >>> from psdp import LoaderConfig, MeshConfig
         >>> bad = Simulation(
         ...     processes=2,

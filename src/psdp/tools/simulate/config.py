@@ -19,7 +19,7 @@ FAIL_MODES = ("raise", "die", "hang")
 class Simulation:
     """What ``psdp simulate`` runs: the pod, the loader, and how long.
 
-    Example:
+    Examples:
         >>> sim = Simulation(processes=4, steps=20)
         >>> sim.devices_per_process(), sim.token_shape()
         (4, (16, 32))
@@ -116,7 +116,7 @@ class Simulation:
     def batch_spec_text(self, leaf: str | None) -> str:
         """The batch spec (a strategy name or spec text) the loader gives ``leaf``.
 
-        Example:
+        Examples:
             >>> data = LoaderConfig.create(global_batch_size=8, batch_spec={"tokens": "data,model"})
             >>> sim = Simulation(data=data)
             >>> sim.batch_spec_text("tokens"), sim.batch_spec_text("mask")
@@ -142,7 +142,7 @@ class Simulation:
 def parse_fail_at(text: str, processes: int) -> tuple[int, int, str]:
     """``--fail-at PROCESS:STEP[:MODE]`` as (process, step, mode).
 
-    Example:
+    Examples:
         >>> parse_fail_at("1:5", processes=4), parse_fail_at("0:2:hang", processes=4)
         ((1, 5, 'raise'), (0, 2, 'hang'))
     """

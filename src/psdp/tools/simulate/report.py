@@ -75,7 +75,7 @@ def report_json(report: SimulationReport) -> str:
 def loss_lines(losses: list[float], model: str) -> list[str]:
     """The loss every 50 steps, first and last, and whether it went down.
 
-    Example:
+    Examples:
         >>> print("\\n".join(loss_lines([4.0, 2.0, 1.0], "a model")))
         train: a model
           step    1  loss 4.0000
