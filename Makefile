@@ -12,11 +12,13 @@ PYTHON ?= $(or $(call python_of,3.11),python3)
 PYTHON_LOWER ?= $(or $(call python_of,3.11),python3.11)
 PYTHON_NEWEST ?= $(or $(call python_of,3.13),python3.13)
 EXTRAS := chat,dev,draccus,grain,haliax,prepare,ray
+# The dev venv (.venv) also builds the documentation site; the test venvs need no docs tools.
+DEV_EXTRAS := $(EXTRAS),docs
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: setup run example test lint test-lower test-newest check-install lock bench clean
+.PHONY: setup run example test lint docs test-lower test-newest check-install lock bench clean
 
 setup: $(STAMP)
 
@@ -25,12 +27,12 @@ define make_venv
 rm -rf $(1)
 $(2) -m venv $(1)
 $(1)/bin/python -m pip install --quiet --upgrade pip
-$(1)/bin/python -m pip install --quiet -c $(3) -e '.[$(EXTRAS)]'
+$(1)/bin/python -m pip install --quiet -c $(3) -e '.[$(or $(4),$(EXTRAS))]'
 touch $(1)/.installed-stamp
 endef
 
 $(STAMP): pyproject.toml requirements/dev-py311.lock
-	$(call make_venv,$(VENV),$(PYTHON),requirements/dev-py311.lock)
+	$(call make_venv,$(VENV),$(PYTHON),requirements/dev-py311.lock,$(DEV_EXTRAS))
 
 # A 4-host non-contiguous pod on this machine: synthetic tokens in a temporary TensorStore store,
 # 300 steps of a tiny model, every device's rows checked every step (about a minute on 2 cores).
@@ -49,6 +51,13 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests scripts examples conftest.py
 	$(VENV)/bin/ruff format --check src tests scripts examples conftest.py
 	$(VENV)/bin/mypy
+	$(MAKE) docs
+
+# The documentation site (docs/, mkdocs.yml) with its API reference generated from the docstrings,
+# into site/; --strict: a warning (a broken link or anchor, a docstring mkdocstrings cannot read)
+# fails the build. `make lint` runs it, so CI does.
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict --quiet
 
 # The suite on Python 3.11 with every dependency and extra at its declared lower bound.
 .venv-lower/.installed-stamp: pyproject.toml requirements/lower-py311.lock
@@ -71,9 +80,9 @@ check-install: .venv-lower/.installed-stamp
 
 # Re-resolve the three locks from pyproject.toml (needs the package registry; about a minute each).
 lock:
-	$(PYTHON) scripts/lock.py lock requirements/dev-py311.lock $(PYTHON)
+	$(PYTHON) scripts/lock.py lock requirements/dev-py311.lock $(PYTHON) --extras $(DEV_EXTRAS)
 	$(PYTHON) scripts/lock.py lock requirements/lower-py311.lock $(PYTHON_LOWER) --lower-bounds
 	$(PYTHON) scripts/lock.py lock requirements/newest-py313.lock $(PYTHON_NEWEST)
 
 clean:
-	rm -rf $(VENV) .venv-lower .venv-newest .pytest_cache .ruff_cache .mypy_cache .hypothesis
+	rm -rf $(VENV) .venv-lower .venv-newest .pytest_cache .ruff_cache .mypy_cache .hypothesis site

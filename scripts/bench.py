@@ -1,4 +1,4 @@
-"""The psdp benchmark in one command (also ``psdp bench``); see ``docs/performance.md``.
+"""The psdp benchmark in one command (also ``psdp bench``); see ``docs/measurements/performance.md``.
 
 python scripts/bench.py                    # full run: writes bench-results/bench.{md,json}
 python scripts/bench.py --quick --out DIR  # the reduced form CI runs

@@ -1,5 +1,5 @@
 """The object-store figure alone (``psdp bench --only object_store``): moto's S3 server on
-127.0.0.1, 0 and 50 ms injected per request, full vs block shuffle; see ``docs/sources.md``.
+127.0.0.1, 0 and 50 ms injected per request, full vs block shuffle; see ``docs/guides/stores.md``.
 
 python scripts/bench_object_store.py                   # full sizes: bench-results/bench.{md,json}
 python scripts/bench_object_store.py --quick --out DIR # tiny sizes, seconds

@@ -1,4 +1,4 @@
-"""What a finite (eval) loader costs beyond an endless one (``docs/loader.md``, "Finite loaders").
+"""What a finite (eval) loader costs beyond an endless one (``docs/guides/evaluate.md``, "Finite loaders").
 
     .venv/bin/python scripts/eval_cost.py [--rows 20000] [--width 512] [--batch 256] [--repeats 5]
 

@@ -1,5 +1,5 @@
 """Start-up on 1 to 1,024 simulated hosts, on moto's S3 server on 127.0.0.1: the table of
-docs/scale.md, "Hosts".
+docs/measurements/scale.md, "Hosts".
 
 Every host of an N-host pod (``data=N x model=2``, a host per data row, 4 rows a host per step)
 opens one dataset through a counting proxy (a plain dataset of rows, or a document store read as

@@ -7,7 +7,7 @@ layout (`tests.levanter_cache`: zarr3 shards of 2**27 entries, inner chunks of 2
 with `write_documents`; then prints, for each, the median time (of 3) to open the store (Levanter:
 `open_levanter_cache`, which builds the document index by one pass over the offsets; psdp: its
 committed index) and the median time of a `TokenSequences` batch of 64 rows of 2048 tokens at
-``--steps`` seeded random steps (``docs/tokens.md``, "Levanter caches").
+``--steps`` seeded random steps (``docs/guides/tokens.md``, "Levanter caches").
 """
 
 from __future__ import annotations

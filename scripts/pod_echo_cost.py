@@ -1,6 +1,6 @@
 """The cost of `run_pod`'s live output: a 2-process pod whose processes each print ``--lines``
 lines, run alternately without and with ``echo=`` (to a stream that drops the text), ``--repeats``
-times each; prints the median wall time of each (``docs/cli.md``, "Your own trainer on a local pod").
+times each; prints the median wall time of each (``docs/guides/local-pod.md``, "Your own trainer on a local pod").
 
     .venv/bin/python scripts/pod_echo_cost.py [--lines 20000] [--repeats 3]
 """

@@ -1,4 +1,4 @@
-"""TokenSequences at real size and memory speed: two tables for docs/tokens.md.
+"""TokenSequences at real size and memory speed: two tables for docs/guides/tokens.md.
 
 1. Time per step from 10^6 to 10^9 documents: corpora never written (tests/scale_corpus.py, the
    same formula at every size, offsets and tokens computed on the fly), opened with the index
@@ -13,7 +13,7 @@
 3. ``TokenSequences.read`` against a tight numpy loop over the same in-memory corpus (200,000
    documents of log-normal lengths, mean ~300, int32 ids): the loop gathers whole rows of a
    reshape of the flat array and computes ``segment_ids`` and ``positions`` per row (one
-   ``searchsorted`` of each row's ends, then ``np.repeat``), as docs/performance.md's tight
+   ``searchsorted`` of each row's ends, then ``np.repeat``), as docs/measurements/performance.md's tight
    loop does. Both are checked equal first, then timed in interleaved rounds.
 
 Then the goals' table of issue 29 this script measures, each with the value reached and met /

@@ -1,6 +1,6 @@
 """Soak: thousands of loader steps with restarts; memory, threads and file descriptors must stay flat.
 
-    python scripts/soak.py --steps 10000   # the full soak (docs/reliability.md quotes it)
+    python scripts/soak.py --steps 10000   # the full soak (docs/reference/reliability.md quotes it)
     # what tests/test_soak.py runs in CI:
     python scripts/soak.py --steps 2000 --restart-every 500 --sample-every 50 --json out
 

@@ -1,4 +1,4 @@
-"""How a zarr3 array's chunk shape decides the cost of a spatial read (``docs/sources.md``,
+"""How a zarr3 array's chunk shape decides the cost of a spatial read (``docs/guides/spatial.md``,
 "Spatial reads: boxes and chunk layout").
 
 Writes a ``(N, C, H, W)`` float32 field (random values) once per chunk shape and codec, then times

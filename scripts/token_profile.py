@@ -1,6 +1,6 @@
 """Where a step of figure 8's token jobs goes: CPU milliseconds a step of psdp (memmap store,
 `DataLoader.batch_at` on the calling thread: no prefetch thread to hide or share work) against
-the tight loop of the same job (``docs/performance.md``, "The token path"), in interleaved rounds.
+the tight loop of the same job (``docs/measurements/token-path.md``, "The token path"), in interleaved rounds.
 
 CPU time (``time.process_time``), not wall time, so that other work on a shared machine moves the
 figures less; psdp's read and assembly medians come from its own telemetry (`DataLoader.stats`).

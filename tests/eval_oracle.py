@@ -1,4 +1,4 @@
-"""The eval oracle: one pass over a source's rows in order, written from docs/loader.md ("Finite
+"""The eval oracle: one pass over a source's rows in order, written from docs/guides/evaluate.md ("Finite
 loaders: evaluation") with plain numpy, never psdp's order, offsets or padding code."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Many hosts' start-up in one process, on the local S3 server: what each host of an N-host pod asks
 of the object store and of the coordination service when it opens a dataset, builds its loader
-and reads its first batch (``docs/scale.md``, "Hosts").
+and reads its first batch (``docs/measurements/scale.md``, "Hosts").
 
 Two phases, each exact:
 

@@ -1,4 +1,4 @@
-"""An independent oracle of a mixture (docs/mixtures.md, "The map"): it walks the blocks one by one
+"""An independent oracle of a mixture (docs/guides/mixtures.md, "The map"): it walks the blocks one by one
 in plain Python, counting what each source gave so far, instead of the plan's prefix sums and
 vectorised lookups. Its keyed permutations and `splitmix64` are tests/shuffle_oracle.py's (the
 documented rule written again, nothing from psdp), with the documented keys."""
@@ -13,13 +13,13 @@ import numpy as np
 
 from tests.shuffle_oracle import index_shuffle, splitmix64
 
-BLOCK_TAG = 0x6D69782D626C6F63  # documented in docs/mixtures.md
+BLOCK_TAG = 0x6D69782D626C6F63  # documented in docs/guides/mixtures.md
 
 
 def largest_remainder(weights: Sequence[float], block: int) -> list[int]:
     """Hamilton's method: floors of the exact quotas, then one more to each of the largest
     remainders (earlier source first on ties), of the weights as written: a float is the
-    decimal number its shortest repr shows (docs/mixtures.md)."""
+    decimal number its shortest repr shows (docs/guides/mixtures.md)."""
     exact = [Fraction(repr(w)) if isinstance(w, float) else Fraction(w) for w in weights]
     total = sum(exact)
     quotas = [w * block / total for w in exact]

@@ -105,7 +105,7 @@ def schedule_spans(
     start: tuple[int, int] = (0, 0),
 ) -> list[Span]:
     """The spans of steps ``start[0] .. steps - 1``, by walking the offsets one at a time with
-    the documented rules (``docs/loader.md``, "Offsets, schedules and skips"): a step takes
+    the documented rules (``docs/concepts/order-and-resume.md``, "Offsets, schedules and skips"): a step takes
     consecutive offsets that are not skipped, within one epoch, up to its batch size; a short
     one is padded, or with ``drop_last`` dropped (its offsets are never read); step skip
     ``(a, b)`` skips the offsets steps ``a .. b - 1`` would have taken. ``num_rows=None``: one
@@ -275,7 +275,7 @@ def expected_step(
 
     ``data`` is the source as numpy (an array: leaf ``None``; or a dict). ``specs`` has one
     `PartitionSpec` per leaf; the first leaf (whose batch dimension the mask follows) is the
-    first by name (docs/sources.md, "Leaf order"). ``process_of`` maps each device to its
+    first by name (docs/guides/custom-sources.md, "Leaf order"). ``process_of`` maps each device to its
     process (default: JAX's), for feeding. ``span``: the step's span under a schedule or skips
     (`schedule_spans`); then ``batch_size`` is ignored.
     """
@@ -385,7 +385,7 @@ def check_shards(
 
 def windowed_dims(spec: PartitionSpec, mesh: Mesh, ndim: int, halo: int = 0) -> list[int]:
     """The dimensions after the batch a leaf is read in windows along: each one its spec splits
-    into shards, and dimension 1 when it has a halo (``docs/partitioning.md``)."""
+    into shards, and dimension 1 when it has a halo (``docs/concepts/partitioning.md``)."""
     return [
         d
         for d in range(1, ndim)

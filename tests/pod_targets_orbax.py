@@ -1,4 +1,4 @@
-"""Pod target for tests/test_orbax_pod.py: docs/reliability.md's Orbax recipe on every host."""
+"""Pod target for tests/test_orbax_pod.py: docs/reference/reliability.md's Orbax recipe on every host."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from tests.test_docs import python_blocks
 
 def orbax_recipe() -> str:
     """The doc's Orbax block, as written."""
-    (block,) = [b for b in python_blocks("reliability.md") if "import orbax" in b.code]
+    (block,) = [b for b in python_blocks("reference/reliability.md") if "import orbax" in b.code]
     return block.code
 
 
@@ -29,7 +29,7 @@ def run_orbax_recipe(run_dir: str) -> dict:
             next(batches)
         state = batches.state()
     namespace = {
-        "__name__": "docs.reliability.md",
+        "__name__": "docs.reference.reliability.md",
         "jax": jax,
         "np": np,
         "DataLoader": DataLoader,
@@ -39,7 +39,7 @@ def run_orbax_recipe(run_dir: str) -> dict:
         "state": state,
         "loader": loader,
     }
-    exec(compile(orbax_recipe(), "docs/reliability.md (Orbax block)", "exec"), namespace)
+    exec(compile(orbax_recipe(), "docs/reference/reliability.md (Orbax block)", "exec"), namespace)
     resumed = namespace["resumed"]
     return {
         "process": jax.process_index(),

@@ -1,7 +1,7 @@
 """A Ray cluster for the tests: a head of 2 CPUs on 127.0.0.1, started once per test session.
 
 The head runs as ``ray start --head`` in a subprocess, and the tests join it by address, as a user
-joins a multi-node cluster (``docs/prepare.md``, "On a Ray cluster"). Not ``ray.init()`` here: it
+joins a multi-node cluster (``docs/guides/prepare.md``, "On a Ray cluster"). Not ``ray.init()`` here: it
 forks, and tensorstore before 0.1.86 aborts a process that forks after using it (the lower-bound
 job). `requires_ray` skips a test, with its reason, only where ray is not installed (CI has it).
 """

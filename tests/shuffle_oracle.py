@@ -1,4 +1,4 @@
-"""The epoch permutations written again from their documented rule alone (``docs/loader.md``,
+"""The epoch permutations written again from their documented rule alone (``docs/concepts/order-and-resume.md``,
 "The permutations, bit for bit"), in plain Python integers: nothing here comes from psdp.
 
 Deliberately simple and slow: a full shuffle one position at a time, a block shuffle as a deck

@@ -2786,5 +2786,5 @@ def test_bad_input_is_a_clear_error(tmp_path, action, exception, fragments):
 
 
 def test_the_reliability_doc_counts_this_table():
-    text = (Path(__file__).parents[1] / "docs" / "reliability.md").read_text()
+    text = (Path(__file__).parents[1] / "docs" / "reference" / "reliability.md").read_text()
     assert f"| {len(CASES)} user mistakes each raise" in text

@@ -38,7 +38,7 @@ def test_example_text_shows_uids_mapping_and_rows(capsys):
     assert "uids (process_mesh_mapping): {0: 0, 1: 0, 2: 1, 3: 1}" in out
     assert "p0  uid 0  devices d0 d1 d2 d3  local_device_mapping {0: 0, 3: 1}\n" in out
     assert "    rows 0-3, 12-15\n" in out
-    assert "DP0 | d0 p0   d1 p0   d4 p1   d5 p1" in out  # the device ids of docs/concepts.md
+    assert "DP0 | d0 p0   d1 p0   d4 p1   d5 p1" in out  # the device ids of docs/concepts/mesh.md
     assert "DP3 | d2 p0   d3 p0   d6 p1   d7 p1" in out
 
 

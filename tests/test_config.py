@@ -1,5 +1,5 @@
 """`MeshConfig` and `LoaderConfig`: draccus round trips (YAML and flags), every validation error,
-the mesh and loader they build (checked shard by shard), and the trainer of docs/trainer.md."""
+the mesh and loader they build (checked shard by shard), and the trainer of docs/guides/trainer.md."""
 
 from __future__ import annotations
 
@@ -101,7 +101,7 @@ def test_yaml_file_and_flags(tmp_path):
     ],
 )
 def test_a_mesh_flag_over_a_yaml_is_the_mesh(tmp_path, flag, axes):
-    """docs/trainer.md: flags win. ``--mesh.axes NAME=SIZE,...`` over a YAML's axes is the mesh,
+    """docs/guides/trainer.md: flags win. ``--mesh.axes NAME=SIZE,...`` over a YAML's axes is the mesh,
     its order too; a dict flag merges into the YAML's dict key by key (draccus's rule for every
     dict field), which the docs say."""
     path = tmp_path / "train.yaml"
@@ -397,9 +397,9 @@ def test_dtypes_let_a_64_bit_npy_file_load_without_x64(tmp_path):
         assert_batch_exact(loader.batch_at(1), rows[8:16].astype(np.int32))
 
 
-# ------------------------------------------------------------------------ docs/trainer.md
+# ------------------------------------------------------------------------ docs/guides/trainer.md
 def _trainer_script(tmp_path: Path) -> Path:
-    text = (ROOT / "docs" / "trainer.md").read_text()
+    text = (ROOT / "docs" / "guides" / "trainer.md").read_text()
     block = re.search(r"## A trainer in under 30 lines\n\n```python\n(.*?)```", text, re.S)
     assert block is not None
     assert len(block.group(1).splitlines()) < 30
@@ -426,7 +426,7 @@ def _run(script: Path, *args: str, ok: bool = True) -> str:
 
 def test_trainer_doc_shows_the_error_users_see(tmp_path):
     """The doc's error is what the trainer prints, draccus's ParsingError around psdp's error."""
-    text = (ROOT / "docs" / "trainer.md").read_text()
+    text = (ROOT / "docs" / "guides" / "trainer.md").read_text()
     shown = re.search(r"```\n(Traceback.*?ParsingError.*?)\n```", text, re.S)
     assert shown is not None and "--data.order.global_batch_size 0" in text[: shown.start()]
     err = _run(_trainer_script(tmp_path), "--data.order.global_batch_size", "0", ok=False)

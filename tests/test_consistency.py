@@ -125,7 +125,7 @@ def _continue_loader(mesh_context):
 
 @pytest.mark.parametrize("case", ["pad", "periodic", "continue"])
 def test_a_haloed_batch_is_checked_against_its_windows(mesh_context, case):
-    """The delivered halo follows docs/partitioning.md's rule: a correct batch passes (and equals
+    """The delivered halo follows docs/concepts/partitioning.md's rule: a correct batch passes (and equals
     the numpy oracle), one wrong halo entry on one device fails naming that device's box."""
     make = {"pad": lambda: _tokens_loader(mesh_context), "periodic": _field_loader,
             "continue": lambda: _continue_loader(mesh_context)}[case]  # fmt: skip

@@ -537,7 +537,7 @@ def test_proportional_weights_build_the_same_loader(stores, weights):
 
 
 def test_a_source_flag_over_a_yaml_changes_one_field(tmp_path):
-    """docs/trainer.md: a source is reached by the dict's path with a dict value, merged into
+    """docs/guides/trainer.md: a source is reached by the dict's path with a dict value, merged into
     the YAML's: ``--data.sources "{code: {store: X}}"`` changes code's store only."""
     path = tmp_path / "train.yaml"
     path.write_text(draccus.dump(TrainerConfig(data=FULL)))
@@ -693,7 +693,7 @@ def test_a_config_eos_of_digits_is_the_id_the_cli_recorded(tmp_path):
     assert replace(made, eos="world").open("source 'web'").num_documents == len(store)
     with pytest.raises(ValueError, match=r"its eos id is 2, but eos='3' is id 3"):
         replace(made, eos="3").open("source 'web'")
-    as_int = DataConfig.from_dict(  # an int in Python is the id too (docs/prepare.md)
+    as_int = DataConfig.from_dict(  # an int in Python is the id too (docs/guides/prepare.md)
         {"sources": {"web": {**asdict(made), "eos": 2}}, "seq_len": 4}
     ).sources["web"]
     assert as_int == made and as_int.open("source 'web'").num_documents == len(store)
@@ -741,7 +741,7 @@ def test_the_source_leaf_names_each_rows_source_for_a_loss_by_source(stores, vie
     ids=["concatenation", "packing"],
 )
 def test_targets_true_gives_the_documented_leaves_of_each_view(stores, view, leaves, width):
-    """docs/trainer.md: concatenation gives input_ids one token wider (targets: row[:, 1:]);
+    """docs/guides/trainer.md: concatenation gives input_ids one token wider (targets: row[:, 1:]);
     packing gives targets and loss_mask beside seq_len-wide input_ids: each target is the next
     token of the same segment where loss_mask is 1."""
     config = _config(stores, view)

@@ -2,7 +2,7 @@
 
 The oracle is the previous release itself, read from git history: its top-level modules (before
 "layout: folders show the architecture"), its `LoaderConfig` fields and YAML (before "options: the
-four groups validated once"), and its docs/trainer.md trainer, copied here as it was. Each old
+four groups validated once"), and its docs/guides/trainer.md trainer, copied here as it was. Each old
 spelling must give what the new one gives, and warn (a `FutureWarning`, shown by default) naming
 the new one.
 """
@@ -252,7 +252,7 @@ def test_a_flat_field_is_its_group_field_with_a_warning(old, group, new):
     ]
 
 
-#: the previous release's docs/trainer.md YAML, and the same settings in the groups
+#: the previous release's docs/guides/trainer.md YAML, and the same settings in the groups
 OLD_YAML = """\
 mesh:
   axes: {data: 4, model: 2}
@@ -336,7 +336,7 @@ def test_loader_kwargs_gives_the_set_options_as_flat_keywords():
 
 
 # ------------------------------------------------------------------- the old trainer, whole
-#: docs/trainer.md's trainer as the previous release wrote it (commit 88903a5^)
+#: docs/guides/trainer.md's trainer as the previous release wrote it (commit 88903a5^)
 OLD_TRAINER = """\
 from dataclasses import dataclass, field
 
@@ -410,7 +410,7 @@ def test_the_deprecated_names_are_gone_by_the_release_the_docs_name():
     from psdp._deprecated import REMOVED_IN
 
     assert Version(psdp.__version__) < Version(REMOVED_IN)
-    section = (ROOT / "docs" / "trainer.md").read_text().split("## Deprecated names")[1]
+    section = (ROOT / "docs" / "guides" / "trainer.md").read_text().split("## Deprecated names")[1]
     assert f"psdp {REMOVED_IN}" in section
     for old in OLD_MODULES:
         assert f"`{old}`" in section

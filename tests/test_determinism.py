@@ -23,7 +23,7 @@ from tests.pod_targets_reliability import batch_digest, dataset, layout_digests,
 
 ROWS = 27  # with a batch of 6, every epoch (5 steps) ends in a short batch, padded and masked
 STEPS = 15  # three epochs: three different shuffles
-DOCS = Path(__file__).resolve().parents[1] / "docs" / "reliability.md"
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "reference" / "reliability.md"
 
 
 class JitterSource:
@@ -122,9 +122,9 @@ def test_state_is_small_json(mesh_2d):
 
 
 def test_docs_checkpoint_example_runs(tmp_path, monkeypatch, capsys):
-    """The runnable plain-JSON example of docs/reliability.md saves, restores and resumes."""
+    """The runnable plain-JSON example of docs/reference/reliability.md saves, restores and resumes."""
     block = re.search(r"<!-- runnable -->\n```python\n(.*?)```", DOCS.read_text(), re.S)
-    assert block is not None, "docs/reliability.md lost its runnable example"
+    assert block is not None, "docs/reference/reliability.md lost its runnable example"
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the example's run directory
     exec(compile(block.group(1), str(DOCS), "exec"), {})
@@ -132,8 +132,8 @@ def test_docs_checkpoint_example_runs(tmp_path, monkeypatch, capsys):
 
 
 def test_the_docs_state_is_a_real_state_and_its_sizes_are_measured(tmp_path, monkeypatch, mesh_2d):
-    """docs/reliability.md's state is the checkpoint example's own, and the sizes it gives are
-    those of that state and of a loader over docs/mixtures.md's first mixture."""
+    """docs/reference/reliability.md's state is the checkpoint example's own, and the sizes it gives are
+    those of that state and of a loader over docs/guides/mixtures.md's first mixture."""
     text = DOCS.read_text()
     block = re.search(r"<!-- runnable -->\n```python\n(.*?)```", text, re.S)
     assert block is not None

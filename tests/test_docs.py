@@ -22,23 +22,55 @@ import pytest
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 
-#: the docs this test covers (README.md has tests/test_readme.py; trainer.md has test_config.py)
+#: the docs this test covers, by their path under docs/ (README.md has tests/test_readme.py;
+#: guides/trainer.md has tests/test_config.py; the API reference is generated: no examples)
 COVERED = [
-    "concepts.md",
-    "loader.md",
-    "sources.md",
-    "partitioning.md",
-    "reliability.md",
-    "packing.md",
-    "tokens.md",
-    "mixtures.md",
-    "scale.md",
-    "cli.md",
-    "prepare.md",
+    "index.md",
+    "getting-started.md",
+    "concepts/mesh.md",
+    "concepts/loader.md",
+    "concepts/order-and-resume.md",
+    "concepts/partitioning.md",
+    "concepts/architecture.md",
+    "guides/install.md",
+    "guides/prepare.md",
+    "guides/tokens.md",
+    "guides/packing.md",
+    "guides/mixtures.md",
+    "guides/stores.md",
+    "guides/custom-sources.md",
+    "guides/streams.md",
+    "guides/s3.md",
+    "guides/spatial.md",
+    "guides/evaluate.md",
+    "guides/checkpoint-and-resume.md",
+    "guides/local-pod.md",
+    "guides/tuning.md",
+    "reference/cli.md",
+    "reference/config.md",
+    "reference/reliability.md",
+    "measurements/performance.md",
+    "measurements/token-path.md",
+    "measurements/prepare.md",
+    "measurements/scale.md",
+    "measurements/storage.md",
+    "measurements/tokens.md",
+    "measurements/packing.md",
+    "measurements/mixtures.md",
 ]
+GETTING_STARTED = "getting-started.md"
+#: its python blocks: text, a batch, the killed pod, the resumed pod
+GETTING_STARTED_BLOCKS = 4
+EXAMPLES = DOCS.parent / "examples"
+
+
+#: pages whose examples other tests run
+ELSEWHERE = {"guides/trainer.md": "tests/test_config.py"}
+#: the generated API reference: ``::: name`` directives, no examples of its own
+API = DOCS / "reference" / "api"
 
 #: doc -> the reasons of its blocks that are not run, in order
-NOT_RUN = {"sources.md": ["an outline of the stream API, not Python"]}
+NOT_RUN = {"guides/streams.md": ["an outline of the stream API, not Python"]}
 
 NOT_RUN_MARK = re.compile(r"<!-- not run: (.+?) -->")
 
@@ -76,7 +108,7 @@ def python_blocks(doc: str) -> list[Block]:
     return blocks
 
 
-@pytest.mark.parametrize("doc", COVERED)
+@pytest.mark.parametrize("doc", [doc for doc in COVERED if doc != GETTING_STARTED])
 def test_python_examples_run(doc, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the examples' temporary files
@@ -84,11 +116,11 @@ def test_python_examples_run(doc, tmp_path, monkeypatch):
 
 
 def test_the_checkpoint_example_runs_again_in_the_same_directory(tmp_path, monkeypatch):
-    """A user who runs reliability.md's examples twice must not meet their first run's files."""
+    """A user who runs reference/reliability.md's examples twice must not meet their first run's files."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    run_blocks("reliability.md")
-    run_blocks("reliability.md")
+    run_blocks("reference/reliability.md")
+    run_blocks("reference/reliability.md")
 
 
 def run_blocks(doc: str) -> None:
@@ -125,14 +157,70 @@ def absent_optional_imports(code: str) -> list[str]:
     ]
 
 
+def getting_started_steps() -> list[tuple[str, int, str]]:
+    """The page's ```python, ```shell and ```yaml blocks in order: (language, line, code)."""
+    text = (DOCS / GETTING_STARTED).read_text()
+    return [
+        (m.group(1), text[: m.start()].count("\n") + 1, m.group(2))
+        for m in re.finditer(r"^```(python|shell|yaml)\n(.*?)^```", text, re.S | re.M)
+    ]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(700)
+def test_the_getting_started_page_runs_as_written(tmp_path, monkeypatch, capsys):
+    """A new user's path, from a clone's root (here: a folder with the clone's examples/): every
+    block in order in one namespace, the shell's commands through the CLI, the YAML shown is the
+    example's file, and the pod is killed, then resumed on half the processes."""
+    from psdp.tools.cli import main
+
+    (tmp_path / "examples").symlink_to(EXAMPLES, target_is_directory=True)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    namespace: dict = {"__name__": "__main__"}
+    steps = getting_started_steps()
+    assert [lang for lang, _, _ in steps] == ["python", "shell", "yaml", *["python"] * 3]
+    for lang, line, code in steps:
+        where = f"docs/{GETTING_STARTED}:{line}"
+        if lang == "yaml":
+            assert code == (EXAMPLES / "train_lm" / "train_lm.yaml").read_text(), where
+        elif lang == "shell":
+            for command in code.splitlines():
+                words = shlex.split(command)
+                if words[0] == "cd":
+                    monkeypatch.chdir(words[1])
+                    continue
+                assert words[0] == "psdp", f"{where}: cannot run {command!r}"
+                assert main([*words[1:], "--workers", "1", "--no-progress"]) == 0, command
+        else:
+            exec(compile("\n" * line + code, str(DOCS / GETTING_STARTED), "exec"), namespace)
+    out = capsys.readouterr().out
+    assert "the pod was killed as planned" in out and "resumed step 15: loss" in out
+
+
+def test_the_getting_started_commands_are_the_configs_own():
+    """The page's `psdp prepare` commands are those the example's data config prints for its
+    stores (what a missing store's error tells the user to run)."""
+    import draccus
+    import yaml
+
+    from psdp import DataConfig
+
+    raw = yaml.safe_load((EXAMPLES / "train_lm" / "train_lm.yaml").read_text())
+    data = draccus.decode(DataConfig, raw["data"])
+    (shell,) = [code for lang, _, code in getting_started_steps() if lang == "shell"]
+    wanted = [s.prepare_command() for s in [*data.sources.values(), *data.eval.values()]]
+    assert shell.splitlines() == ["cd my-run", *wanted]
+
+
 def test_the_prepare_example_runs_as_a_script_with_worker_processes(tmp_path):
-    """docs/prepare.md's example saved as a file and run by ``python``: its 2 workers are spawned
+    """docs/guides/prepare.md's example saved as a file and run by ``python``: its 2 workers are spawned
     and import the script again (as __mp_main__), which must not run prepare again."""
     import os
     import subprocess
     import sys
 
-    (block,) = python_blocks("prepare.md")
+    (block,) = python_blocks("guides/prepare.md")
     assert "workers=2" in block.code
     (tmp_path / "prepare_web.py").write_text(block.code + "\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}  # this checkout's psdp
@@ -150,18 +238,45 @@ def test_skipped_blocks_are_the_listed_ones():
 def test_the_runnable_blocks_are_found():
     run = {doc: sum(not b.not_run for b in python_blocks(doc)) for doc in COVERED}
     assert run == {
-        "concepts.md": 0,
-        "loader.md": 6,
-        "sources.md": 6,
-        "partitioning.md": 10,
-        "reliability.md": 2,
-        "packing.md": 7,
-        "tokens.md": 3,
-        "mixtures.md": 4,
-        "scale.md": 1,
-        "cli.md": 1,
-        "prepare.md": 1,
+        "index.md": 0,
+        "getting-started.md": GETTING_STARTED_BLOCKS,
+        "concepts/mesh.md": 0,
+        "concepts/loader.md": 2,
+        "concepts/order-and-resume.md": 1,
+        "concepts/partitioning.md": 10,
+        "concepts/architecture.md": 0,
+        "guides/install.md": 0,
+        "guides/prepare.md": 1,
+        "guides/tokens.md": 3,
+        "guides/packing.md": 7,
+        "guides/mixtures.md": 4,
+        "guides/stores.md": 2,
+        "guides/custom-sources.md": 2,
+        "guides/streams.md": 0,
+        "guides/s3.md": 1,
+        "guides/spatial.md": 2,  # a setup block, then the example
+        "guides/evaluate.md": 2,  # a setup block, then the example
+        "guides/checkpoint-and-resume.md": 1,
+        "guides/local-pod.md": 1,
+        "guides/tuning.md": 0,
+        "reference/cli.md": 0,
+        "reference/config.md": 2,  # a setup block, then the example
+        "reference/reliability.md": 2,
+        "measurements/performance.md": 0,
+        "measurements/token-path.md": 0,
+        "measurements/prepare.md": 0,
+        "measurements/scale.md": 1,
+        "measurements/storage.md": 0,
+        "measurements/tokens.md": 0,
+        "measurements/packing.md": 0,
+        "measurements/mixtures.md": 0,
     }
+
+
+def test_every_page_is_covered():
+    """A new page is run here (or names the test that runs it), so no example escapes."""
+    pages = {str(p.relative_to(DOCS)) for p in DOCS.rglob("*.md") if API not in p.parents}
+    assert sorted(pages) == sorted([*COVERED, *ELSEWHERE])
 
 
 def shell_sessions(doc: str) -> list[tuple[int, list[str]]]:
@@ -192,19 +307,8 @@ def test_psdp_shell_sessions_print_what_the_doc_shows(doc, tmp_path, monkeypatch
 
 
 def test_the_shell_sessions_are_found():
-    assert {doc: len(shell_sessions(doc)) for doc in COVERED} == {
-        "concepts.md": 2,
-        "loader.md": 0,
-        "sources.md": 0,
-        "partitioning.md": 0,
-        "reliability.md": 0,
-        "packing.md": 0,
-        "tokens.md": 0,
-        "mixtures.md": 0,
-        "scale.md": 0,
-        "cli.md": 0,
-        "prepare.md": 0,
-    }
+    found = {doc: len(shell_sessions(doc)) for doc in COVERED}
+    assert {doc: n for doc, n in found.items() if n} == {"concepts/mesh.md": 2}
 
 
 #: what in a doc needs 8 devices: a python block's mesh, or a trainer command's mesh flag
@@ -212,7 +316,7 @@ NEEDS_DEVICES = re.compile(r"jax\.devices\(\)|--mesh\.axes")
 FAKE_DEVICES = "JAX_NUM_CPU_DEVICES=8"
 
 
-@pytest.mark.parametrize("doc", sorted(p.name for p in DOCS.glob("*.md")))
+@pytest.mark.parametrize("doc", sorted(str(p.relative_to(DOCS)) for p in DOCS.rglob("*.md")))
 def test_docs_that_need_8_devices_say_how_to_fake_them(doc):
     """Once, before the first example that needs them (the README says it for its own)."""
     text = (DOCS / doc).read_text()
@@ -225,19 +329,19 @@ def test_docs_that_need_8_devices_say_how_to_fake_them(doc):
 
 
 def test_architecture_names_only_modules_that_exist():
-    """docs/architecture.md's map of the package: every module it names is where it says."""
-    text = (DOCS / "architecture.md").read_text()
+    """docs/concepts/architecture.md's map of the package: every module it names is where it says."""
+    text = (DOCS / "concepts" / "architecture.md").read_text()
     named = set(re.findall(r"\b((?:_plan|_runtime|_integration|sources|tools)/\w+\.py)", text))
     named |= set(re.findall(r"`(_\w+\.py)`", text))
     assert len(named) >= 20
     src = DOCS.parent / "src" / "psdp"
     assert sorted(p for p in named if not (src / p).exists()) == []
     modules = {str(p.relative_to(src)) for p in src.glob("_*/*.py") if p.name != "__init__.py"}
-    assert sorted(modules - named) == [], "modules docs/architecture.md does not place"
+    assert sorted(modules - named) == [], "modules docs/concepts/architecture.md does not place"
 
 
 def test_the_trainer_docs_language_model_yaml_builds_its_loaders(tmp_path, monkeypatch):
-    """docs/trainer.md's YAML for a two-source packed mixture with an eval set, parsed as a
+    """docs/guides/trainer.md's YAML for a two-source packed mixture with an eval set, parsed as a
     trainer reads it and built over stores written where it names them."""
     import draccus
     import jax
@@ -247,7 +351,7 @@ def test_the_trainer_docs_language_model_yaml_builds_its_loaders(tmp_path, monke
     from psdp import DataConfig, MeshConfig
     from psdp.sources.documents.writer import write_documents
 
-    text = (DOCS / "trainer.md").read_text()
+    text = (DOCS / "guides" / "trainer.md").read_text()
     block = re.search(r"```yaml\n(# train_lm.yaml\n.*?)```", text, re.S)
     assert block is not None
     raw = yaml.safe_load(block.group(1))
@@ -268,3 +372,69 @@ def test_the_trainer_docs_language_model_yaml_builds_its_loaders(tmp_path, monke
         rows = sum(int(np.asarray(b["mask"]).sum()) for b in evals)
         assert rows == len(evals.source) and len(evals) == -(-rows // 32)
     assert len(jax.devices()) == 8
+
+
+#: a markdown link: [text](target), the target without a title; images alike
+LINK = re.compile(r"\]\(([^()\s]+)\)")
+
+
+def slugs(page: Path) -> set[str]:
+    """The anchors of ``page``'s headings, as GitHub and the docs site make them, and its
+    explicit ``<a id="...">`` anchors."""
+    text = re.sub(r"^```.*?^```", "", page.read_text(), flags=re.S | re.M)
+    found: set[str] = set()
+    for heading in re.findall(r"^#{1,6} (.+)$", text, re.M):
+        base = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        slug, n = base, 0
+        while slug in found:  # a repeated heading gets -1, -2, ...
+            n += 1
+            slug = f"{base}-{n}"
+        found.add(slug)
+    return found | set(re.findall(r'<a id="([^"]+)"></a>', text))
+
+
+@pytest.mark.parametrize(
+    "page",
+    ["README.md", *sorted(str(p.relative_to(DOCS.parent)) for p in DOCS.rglob("*.md"))],
+)
+def test_relative_links_and_anchors_resolve(page):
+    """Every relative link of the docs and the README names a file that exists, and its
+    ``#anchor`` a heading of that file (links to web addresses are not followed)."""
+    path = DOCS.parent / page
+    text = re.sub(r"^```.*?^```", "", path.read_text(), flags=re.S | re.M)
+    text = re.sub(r"`[^`\n]*`", "", text)  # code spans: not links
+    broken = []
+    for target in LINK.findall(text):
+        if re.match(r"[a-z]+:", target):
+            continue
+        file, _, anchor = target.partition("#")
+        linked = (path.parent / file).resolve() if file else path
+        if not linked.exists():
+            broken.append(f"{target} (no such file)")
+        elif anchor and linked.suffix == ".md" and anchor not in slugs(linked):
+            broken.append(f"{target} (no such heading)")
+    assert broken == [], f"{page}: broken links"
+
+
+def test_the_api_reference_documents_every_public_name():
+    """docs/reference/api/ names each public name of `psdp`, `psdp.sources` and `psdp.prepare`
+    (``::: path``, the path a user imports it from), so mkdocstrings renders its docstring; a
+    name `psdp` re-exports from `psdp.sources` is documented once, under `psdp.sources`."""
+    import psdp.prepare
+    import psdp.sources
+
+    documented = set()
+    for page in API.glob("*.md"):
+        documented |= set(re.findall(r"^::: ([\w.]+)$", page.read_text(), re.M))
+    init = (DOCS.parent / "src" / "psdp" / "__init__.py").read_text()
+    top = set(re.findall(r"\bimport (\w+) as \1\b", init))  # the explicit re-exports
+    assert {"DataLoader", "prepare", "write_dataset", "TensorStoreSource"} <= top
+    wanted = {f"psdp.sources.{name}" for name in psdp.sources.__all__}
+    wanted |= {f"psdp.prepare.{name}" for name in psdp.prepare.__all__}
+    wanted |= {
+        f"psdp.{name}"
+        for name in top
+        if name not in psdp.sources.__all__ and name != "prepare"  # the package: its __all__
+    }
+    assert sorted(wanted - documented) == []
+    assert sorted(documented - wanted) == [], "API entries that are not public names"

@@ -563,7 +563,7 @@ def test_a_written_store_records_its_index_and_opening_it_reads_no_offsets_but_i
 
 
 def test_any_object_with_shape_dtype_and_slices_is_a_flat_array():
-    """The FlatArray protocol (docs/tokens.md): offsets and a leaf computed on the fly read
+    """The FlatArray protocol (docs/guides/tokens.md): offsets and a leaf computed on the fly read
     exactly as numpy arrays of the same values."""
     from tests.scale_corpus import ScaleCorpus
 

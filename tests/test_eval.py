@@ -1,6 +1,6 @@
 """Finite loaders for evaluation: one pass over the source, every example exactly once (the last
 batch padded and masked), then `StopIteration`; the same global batches on any mesh; a length
-known up front (docs/loader.md, "Finite loaders: evaluation"). Oracle: tests/eval_oracle.py."""
+known up front (docs/guides/evaluate.md, "Finite loaders: evaluation"). Oracle: tests/eval_oracle.py."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Eval loaders on real pods (jax.distributed on 127.0.0.1, fake CPU devices): 2 and 4 processes,
 contiguous and non-contiguous, each host's shards exact against the numpy oracle, every example
 exactly once over all hosts, and every host stopping at the same step, with the same batches
-whatever the host count (docs/loader.md, "Finite loaders: evaluation")."""
+whatever the host count (docs/guides/evaluate.md, "Finite loaders: evaluation")."""
 
 from __future__ import annotations
 

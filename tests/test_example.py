@@ -139,9 +139,9 @@ def test_the_readme_and_the_trainer_docs_give_the_one_command():
     readme, makefile = (root / "README.md").read_text(), (root / "Makefile").read_text()
     assert "make example" in readme and "examples/train_lm/run.py" in readme
     assert "example: $(STAMP)\n\t$(PY) examples/train_lm/run.py\n" in makefile
-    trainer = (root / "docs" / "trainer.md").read_text()
+    trainer = (root / "docs" / "guides" / "trainer.md").read_text()
     assert "## A language model, end to end: `examples/train_lm`" in trainer
-    assert "docs/trainer.md#a-language-model-end-to-end-examplestrain_lm" in readme
+    assert "docs/guides/trainer.md#a-language-model-end-to-end-examplestrain_lm" in readme
 
 
 def test_the_example_model_keeps_packed_documents_apart_and_weights_its_loss_by_the_masks():

@@ -1,5 +1,5 @@
 """Start-up on many simulated hosts (`tests.host_startup`): a host's requests to the object store
-and its share of the host agreement must not grow with the number of hosts (``docs/scale.md``,
+and its share of the host agreement must not grow with the number of hosts (``docs/measurements/scale.md``,
 "Hosts"). The pods run in a subprocess, which has the devices a 64-host mesh needs."""
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 psdp's layers, bottom to top: ``_plan`` (pure) -> ``sources`` -> ``_runtime`` and ``prepare``
 -> ``_integration`` -> the API (``psdp/__init__.py``) -> ``tools``; inside ``sources``:
-``base`` <- ``stores`` <- ``documents`` <- ``views`` (``docs/architecture.md``). Every import is
+``base`` <- ``stores`` <- ``documents`` <- ``views`` (``docs/concepts/architecture.md``). Every import is
 read from the source with `ast`, those inside functions and under ``TYPE_CHECKING`` too, so a
 lazy import that runs back up fails here as a top-level one would.
 """

@@ -50,7 +50,7 @@ def test_every_device_gets_exactly_its_rows(mesh_name, shuffle):
 
 
 def test_a_batch_lists_its_leaves_in_sorted_order_the_mask_included():
-    """One rule for leaf order (docs/sources.md, "Leaf order"): a batch's keys are sorted, the
+    """One rule for leaf order (docs/guides/custom-sources.md, "Leaf order"): a batch's keys are sorted, the
     mask's among them, whatever order the source gave."""
     data = {
         "weight": np.ones(44, np.float32),
@@ -106,7 +106,7 @@ def test_how_to_read_a_source_is_decided_once_not_every_step(monkeypatch):
 
 
 def test_the_mask_follows_the_first_leaf_by_name_whatever_order_the_planner_gets():
-    """docs/partitioning.md: the mask is sharded like the batch dimension of the first leaf by
+    """docs/concepts/partitioning.md: the mask is sharded like the batch dimension of the first leaf by
     name, also when the planner is handed the leaves in another order."""
     from psdp._plan.loader_plan import LoaderPlan
     from psdp._plan.options import LoaderOptions

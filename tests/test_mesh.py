@@ -26,7 +26,7 @@ from tests.meshes import SCRAMBLED, mesh_of
 
 
 def seed_layout() -> MeshLayout:
-    """The 4-host example pod (docs/concepts.md), written out by hand (process = device // 4)."""
+    """The 4-host example pod (docs/concepts/mesh.md), written out by hand (process = device // 4)."""
     rows = [[0, 1, 4, 5], [8, 9, 12, 13], [10, 11, 14, 15], [2, 3, 6, 7]]
     ids = np.array(rows)
     return MeshLayout(ids // 4, ("data", "model"), ids)

@@ -501,7 +501,7 @@ def test_checking_the_weights_compares_no_name_with_every_other():
 
 
 def test_unshuffled_sources_give_consecutive_rows_a_block_in_permuted_order():
-    """docs/mixtures.md: ``shuffle=False`` drops the epoch permutations, so each block reads the
+    """docs/guides/mixtures.md: ``shuffle=False`` drops the epoch permutations, so each block reads the
     next run of consecutive rows of each source (row ``j mod n`` for sample ``j``), placed at the
     block's permuted positions: in row order from block to block, not within a block. Exact
     against the block-walking oracle."""

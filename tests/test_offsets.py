@@ -208,7 +208,7 @@ def _ramp_with_skips(stages: int, skips: int) -> dict:
 
 
 def test_building_costs_linear_work_and_a_step_constant_work():
-    """docs/loader.md: building is O((stages + skips) log skips), a step O(log(stages + skips))
+    """docs/concepts/order-and-resume.md: building is O((stages + skips) log skips), a step O(log(stages + skips))
     (bisections, in C). 4x the stages and skips is about 4x the calls to build (not 16x), and a
     step's lookup makes a few calls at either size (the old walk made thousands)."""
     small, large = _ramp_with_skips(100, 50), _ramp_with_skips(400, 200)

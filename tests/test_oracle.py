@@ -174,7 +174,7 @@ def test_physical_batch_sizes(shape, specs, batch, physical):
 
 
 def test_feeding_rule_on_the_documented_example(mesh_2d):
-    """docs/partitioning.md: host 0 of the 4-host pod holds data rows 0 and 2; B=6 -> 3 and 3."""
+    """docs/concepts/partitioning.md: host 0 of the 4-host pod holds data rows 0 and 2; B=6 -> 3 and 3."""
     procs = [[0, 1], [2, 3], [0, 1], [2, 3]]
     process_of = dict(zip(mesh_2d.devices.flat, np.ravel(procs).tolist(), strict=True))
     size, positions = oracle.fed_positions(6, mesh_2d, "data", process_of, [0])

@@ -1,4 +1,4 @@
-"""docs/reliability.md's Orbax recipe on a real 2-process pod: an optax state saved, restored, and
+"""docs/reference/reliability.md's Orbax recipe on a real 2-process pod: an optax state saved, restored, and
 trained on by a jitted step (its scalar ``count`` must not sit on one device)."""
 
 import pytest

@@ -104,7 +104,7 @@ def test_sequence_sharded_leaf_is_read_in_column_windows():
 
 
 class DocsWindowSource:
-    """A source written from docs/sources.md alone ("The protocol", "Column windows and boxes"):
+    """A source written from docs/guides/stores.md alone ("The protocol", "Column windows and boxes"):
     a box is a slice of dimension 1 or a tuple with a slice or an index array per dimension from
     1 on, the dimensions past it whole, read with outer indexing (np.ix_)."""
 

@@ -26,7 +26,14 @@ def test_the_first_screen_shows_the_language_model_path_and_links_its_docs():
         assert word in text, f"the first screen never says {word!r}"
     first = [text.index(word) for word in path]  # in the order the data flows
     assert first[0] < first[1] < min(first[2:4]) and max(first[2:4]) < first[4] < first[5]
-    for doc in ["prepare.md", "tokens.md", "packing.md", "mixtures.md", "sources.md"]:
+    for doc in [
+        "getting-started.md",
+        "guides/prepare.md",
+        "guides/tokens.md",
+        "guides/packing.md",
+        "guides/mixtures.md",
+        "guides/stores.md",
+    ]:
         assert f"(docs/{doc}" in text
 
 

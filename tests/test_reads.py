@@ -1,6 +1,6 @@
 """The read plan of a windowed leaf (`psdp._plan.reads.plan_reads`) on layouts alone: a host's
 reads never overlap and cover exactly the union of its devices' windows, halos included
-(``docs/partitioning.md``: "Each entry is read once per host").
+(``docs/concepts/partitioning.md``: "Each entry is read once per host").
 
 The oracle is a numpy boolean mask of source entries per host, built from each device's mesh
 position (JAX's rule: a dimension split over axes ``(a, b)`` is in ``size(a) * size(b)`` shards,
@@ -36,7 +36,7 @@ def shard_of(position: tuple[int, ...], names, sizes, axes) -> tuple[int, int]:
 
 def axis_entries(shard: int, count: int, n: int, halo: AxisHalo) -> np.ndarray:
     """The source entries a device's window holds along one dimension of ``n`` entries
-    (docs/partitioning.md, "Uneven domains": position ``p`` of shard ``k`` is entry
+    (docs/concepts/partitioning.md, "Uneven domains": position ``p`` of shard ``k`` is entry
     ``k * ceil(n / C) - h + p``); ``continue`` entries may lie ``h`` beyond either end."""
     w, h = -(-n // count), halo.width
     x = np.arange(shard * w - h, (shard + 1) * w + h)

@@ -226,7 +226,7 @@ def test_four_hosts_noncontiguous_training_lowers_the_loss():
     text = str(report)
     assert (
         "DP3 | d2 p0   d3 p0   d6 p1   d7 p1" in text
-    )  # the non-contiguous pod of docs/concepts.md
+    )  # the non-contiguous pod of docs/concepts/mesh.md
     assert "loss went down" in text and "steps/s" in text and "loader wait per step" in text
     assert "all 16 devices received exactly their rows" in text
 

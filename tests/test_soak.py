@@ -1,6 +1,6 @@
 """The soak in CI: a reduced `scripts/soak.py` run stays flat, and a leak would be caught.
 
-The full run (``python scripts/soak.py --steps 10000``) is quoted in docs/reliability.md.
+The full run (``python scripts/soak.py --steps 10000``) is quoted in docs/reference/reliability.md.
 """
 
 from __future__ import annotations

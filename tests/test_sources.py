@@ -708,7 +708,7 @@ def _leaf_order_sources(tmp: Path) -> dict[str, object]:
 
 
 def test_every_source_reads_its_leaves_in_sorted_order(tmp_path):
-    """One rule for leaf order (docs/sources.md, "Leaf order"): whatever order a source's
+    """One rule for leaf order (docs/guides/custom-sources.md, "Leaf order"): whatever order a source's
     leaves were given or computed in, its reads list them sorted by name."""
     from psdp.sources import as_source
 

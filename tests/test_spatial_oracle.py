@@ -1,7 +1,7 @@
 """The spatial oracle, and literal answers that pin it.
 
 What every device must hold of a leaf windowed in several dimensions, from the documented rule
-alone (``docs/partitioning.md``, "Spatial (domain) sharding"), with numpy and nothing of psdp's
+alone (``docs/concepts/partitioning.md``, "Spatial (domain) sharding"), with numpy and nothing of psdp's
 planner: along each windowed dimension of ``n`` entries in ``C`` shards of ``w = ceil(n / C)``,
 the rows are widened by the halo ``h`` on both sides with ``np.pad`` (``mode="wrap"`` for
 ``periodic``, ``constant`` with ``pad_value`` for ``pad``), padded at the end with ``pad_value``

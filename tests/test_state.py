@@ -69,16 +69,16 @@ def test_loader_config_restore_continues_a_saved_run(mesh_2d):
 
 
 def test_the_trainer_doc_resumes_from_its_checkpoint(tmp_path, monkeypatch):
-    """docs/trainer.md's resume example: a run of 100 steps saves; a restart continues at 100."""
+    """docs/guides/trainer.md's resume example: a run of 100 steps saves; a restart continues at 100."""
     import re
     from pathlib import Path
 
     from psdp import MeshConfig
 
-    text = (Path(__file__).parents[1] / "docs" / "trainer.md").read_text()
+    text = (Path(__file__).parents[1] / "docs" / "guides" / "trainer.md").read_text()
     trainer = re.search(r"## A trainer in under 30 lines\n\n```python\n(.*?)```", text, re.S)
     resume = re.search(r"## Resuming from a checkpoint\n.*?```python\n(.*?)```", text, re.S)
-    assert trainer and resume, "docs/trainer.md lost its examples"
+    assert trainer and resume, "docs/guides/trainer.md lost its examples"
     namespace: dict = {}
     exec(trainer.group(1).replace('if __name__ == "__main__":', "if False:"), namespace)
     exec(resume.group(1), namespace)

@@ -237,7 +237,7 @@ def _store_of(docs: list[np.ndarray]) -> DocumentStore:
 
 
 def test_an_empty_document_contributes_no_token_not_even_an_eos():
-    """docs/tokens.md: empty documents contribute no token. Documents [], [11 12 13], [], [21 22]
+    """docs/guides/tokens.md: empty documents contribute no token. Documents [], [11 12 13], [], [21 22]
     with EOS 0: the stream is 11 12 13 0 21 22 0, numbered by the documents' places in the store."""
     docs = [np.array([], np.int32), np.array([11, 12, 13]), np.array([]), np.array([21, 22])]
     rows = TokenSequences(_store_of(docs), 7, eos_id=0)
@@ -404,7 +404,7 @@ def test_windows_equal_the_oracle_whatever_the_offsets_and_the_index(
 # Run in a child process: its peak resident memory is the store's and the view's, not pytest's.
 # The corpus is tests/scale_corpus.py (plain numpy, the oracle too); its index is what
 # write_documents would record, computed from the formula (a pass over 10^9 offsets is
-# write-time work: docs/tokens.md gives its cost).
+# write-time work: docs/guides/tokens.md gives its cost).
 _SCALE_CHILD = """
 import json, resource, sys, time
 import numpy as np

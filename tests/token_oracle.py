@@ -16,7 +16,7 @@ def documents(seed: int, count: int, mean: int, high: int = 60_000) -> list[np.n
 def stream(docs, eos_id=None) -> dict[str, np.ndarray]:
     """Every leaf of the documents back to back (EOS after each), plus segment ids (document
     number + 1) and positions, built one document at a time. An empty document contributes no
-    token, no EOS either (docs/tokens.md), but keeps its number."""
+    token, no EOS either (docs/guides/tokens.md), but keeps its number."""
     leaves: dict[str, list[np.ndarray]] = {"segment_ids": [], "positions": []}
     for d, doc in enumerate(docs):
         doc = doc if isinstance(doc, dict) else {"input_ids": doc}

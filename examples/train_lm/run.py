@@ -12,7 +12,7 @@
    4-6 are trained again: the loader continues at sample offset 64) to step 16.
 
 Each process's output is shown live, prefixed by its process index, and kept in the run
-folder's logs/; process 0's steps.jsonl holds every step (docs/trainer.md).
+folder's logs/; process 0's steps.jsonl holds every step (docs/guides/trainer.md).
 """
 
 from __future__ import annotations

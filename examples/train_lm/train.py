@@ -67,7 +67,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
     optimizer = optax.adam(config.model.learning_rate)
 
     def on_mesh(tree):
-        """docs/reliability.md's recipe: a leaf on one device (optax's scalar `count`) replicated
+        """docs/reference/reliability.md's recipe: a leaf on one device (optax's scalar `count`) replicated
         over the mesh, so Orbax saves it on a pod and a jitted step accepts it restored."""
 
         def place(leaf):

@@ -32,7 +32,7 @@ def check_fields(what: str, record: Mapping[str, Any], kinds: Mapping[str, str],
 
     `ValueError` names the missing keys, `TypeError` a key of the wrong kind; both end in ``fix``.
 
-    Example:
+    Examples:
         >>> check_fields("the state", {"step": "3"}, {"step": "int", "seed": "int"}, "save it again")
         Traceback (most recent call last):
             ...

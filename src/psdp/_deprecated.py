@@ -1,4 +1,4 @@
-"""The previous release's spellings, kept for one more release (``docs/trainer.md``, "Deprecated names").
+"""The previous release's spellings, kept for one more release (``docs/guides/trainer.md``, "Deprecated names").
 
 A name that moved still works until psdp `REMOVED_IN`, and warns once with the new spelling: the
 module paths of the flat layout (``psdp.config``, ``psdp.pod``, ...), served by an import hook that
@@ -108,7 +108,7 @@ _PSDP = os.path.dirname(__file__) + os.sep  # psdp's own frames: the user is fur
 def warn_deprecated(old: str, new: str) -> None:
     """Warns that ``old`` goes away in `REMOVED_IN`, naming ``new``, blaming the user's line.
 
-    Example:
+    Examples:
         >>> with warnings.catch_warnings(record=True) as caught:
         ...     warnings.simplefilter("always")
         ...     warn_deprecated("psdp.old", "use psdp.new")
@@ -126,7 +126,7 @@ def warn_moved_name(old_module: str, name: str, new_module: str, public_module: 
     """``name`` of ``new_module``, warning that ``old_module.name`` goes: for an old module path
     that is a package now, whose ``__getattr__`` serves the old module's names.
 
-    Example:
+    Examples:
         >>> import json
         >>> with warnings.catch_warnings(record=True) as caught:
         ...     warnings.simplefilter("always")

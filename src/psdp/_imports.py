@@ -1,4 +1,4 @@
-"""Imports on first use: optional dependencies (extras) and slow ones (``docs/install.md``).
+"""Imports on first use: optional dependencies (extras) and slow ones (``docs/guides/install.md``).
 
 `import_optional` gives an optional dependency or an `ImportError` naming the extra that installs
 it; `lazy_attributes` exports names whose module loads on first access (PEP 562).
@@ -16,7 +16,7 @@ from typing import Any
 def import_optional(module: str, *, extra: str, needed_for: str) -> ModuleType:
     """The module ``module``, or an `ImportError` saying which psdp extra installs it.
 
-    Example:
+    Examples:
         >>> import_optional("json", extra="none", needed_for="this example").dumps([1])
         '[1]'
         >>> import_optional("no_such_module", extra="demo", needed_for="the demo")
@@ -46,7 +46,7 @@ def lazy_attributes(
     Each attribute's module is imported on the first access, and the value then stored in
     ``namespace`` (the package's ``globals()``), so later accesses are plain lookups.
 
-    Example:
+    Examples:
         >>> namespace = {}
         >>> getattr_, dir_ = lazy_attributes("demo", {"json": ["dumps"]}, namespace)
         >>> getattr_("dumps")([1]), "dumps" in namespace, dir_()

@@ -1,4 +1,4 @@
 """What a trainer plugs in: configs, `filter_shard` and the cross-host consistency check.
 
-See ``docs/architecture.md``.
+See ``docs/concepts/architecture.md``.
 """

@@ -1,7 +1,7 @@
 """Did every device get exactly its rows? `check_consistency`, a collective check of a batch.
 
 Every host gathers one small record per shard of every host and checks the same table, so every
-host reaches the same verdict; the checks: ``docs/reliability.md``, "Checking a batch on every host".
+host reaches the same verdict; the checks: ``docs/reference/reliability.md``, "Checking a batch on every host".
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def check_consistency(
         ids: the global row ids of the batch, with ``source``.
         halo: the loader's ``halo=`` (any of its forms), for a batch delivered with halos: the
             expected rows are then cut into each shard's window, halo included, by the rule of
-            ``docs/partitioning.md`` (a dimension its shards do not divide is padded likewise);
+            ``docs/concepts/partitioning.md`` (a dimension its shards do not divide is padded likewise);
             a ``"continue"`` halo needs ``source``, which serves the entries beyond a row's ends.
         pad_value: the loader's ``pad_value``: what ``pad`` halos beyond a domain's edges and an
             uneven domain's padding hold.
@@ -106,7 +106,7 @@ def check_consistency(
         ValueError: ``expected`` does not fit the batch (e.g. a haloed batch checked without
             its ``halo``), or ``source`` came without ``ids``.
 
-    Example:
+    Examples:
         >>> import jax, numpy as np
         >>> from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
         >>> mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "model"))
@@ -263,7 +263,7 @@ def _windows(
     """``rows`` cut into each shard's window along every dimension with a halo or that its
     shards do not divide: position ``p`` of shard ``k`` is entry ``x = k * ceil(n / C) - h + p``,
     which holds entry ``x`` inside the domain, the boundary rule's entry within ``h`` of an
-    edge, and ``pad_value`` beyond (``docs/partitioning.md``, "Uneven domains")."""
+    edge, and ``pad_value`` beyond (``docs/concepts/partitioning.md``, "Uneven domains")."""
     per_device = leaf.sharding.shard_shape(leaf.shape)
     for d in range(1, leaf.ndim):
         halo = halos.get(d, AxisHalo(0))

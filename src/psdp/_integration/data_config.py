@@ -1,4 +1,4 @@
-"""`DataConfig`: the whole language-model data path in one config (``docs/trainer.md``).
+"""`DataConfig`: the whole language-model data path in one config (``docs/guides/trainer.md``).
 
 Named document stores (written by ``psdp prepare`` or `write_documents`), each cut into rows of
 ``seq_len`` tokens by one view (`TokenSequences`, or `PackedSequences` with a strategy), mixed by
@@ -49,7 +49,7 @@ class DataConfig:
     mixture, eval sets and the loader's option groups. `build` gives the train loader,
     `eval_loaders` one finite loader per eval set, `restore` resumes the train loader.
 
-    Example:
+    Examples:
         >>> config = DataConfig(sources={"code": SourceConfig(store="tokens/code")}, seq_len=256)
         >>> DataConfig.from_dict(config.to_dict()) == config
         True

@@ -2,7 +2,7 @@
 
 With ``host_local=True`` each numpy leaf holds this host's rows of a global batch, in the planner's
 order, and the loader's own `LeafAssembler` builds the global array. Where each kind of leaf goes,
-and why the global batch size is given, never inferred: ``docs/partitioning.md``.
+and why the global batch size is given, never inferred: ``docs/concepts/partitioning.md``.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def filter_shard(
         TypeError: ``host_local=True`` with a sharding that is not a `NamedSharding`, or a target
             that is neither a device nor a sharding.
 
-    Example:
+    Examples:
         One host, ``data=4 x model=2``: a global batch and an untouched non-array leaf.
 
         >>> import jax, numpy as np

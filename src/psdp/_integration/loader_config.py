@@ -1,7 +1,7 @@
 """Trainer configs: `MeshConfig` (the device mesh) and `LoaderConfig` (the `DataLoader`).
 
 Both are frozen dataclasses of plain values that drop into a Levanter-style ``TrainerConfig`` and
-parse from YAML and flags with draccus (``docs/trainer.md``). `LoaderConfig` is the loader's four
+parse from YAML and flags with draccus (``docs/guides/trainer.md``). `LoaderConfig` is the loader's four
 option groups (`psdp._plan.options`) plus a source path, so the same checks guard the API and the
 config. Checks that need devices run in `MeshConfig.build` and `LoaderConfig.build`.
 """
@@ -58,7 +58,7 @@ else:  # draccus decodes the text form too; a flag over a YAML needs it, as drac
 class MeshConfig:
     """The device mesh: its axes, which of them carry the batch, and which host owns which device.
 
-    Example:
+    Examples:
         The example pod: 4 hosts x 4 devices, each host folded across two data rows.
 
         >>> config = MeshConfig(axes={"data": 4, "model": 4}, layout="noncontiguous")
@@ -182,7 +182,7 @@ class MeshConfig:
     def build(self, devices: Sequence[jax.Device] | None = None) -> Mesh:
         """The `jax.sharding.Mesh` over ``devices`` (default: every device of the job).
 
-        Example:
+        Examples:
             >>> import jax
             >>> mesh = MeshConfig(axes={"data": 4, "model": 2}).build()
             >>> dict(mesh.shape), len(jax.devices())
@@ -252,7 +252,7 @@ class LoaderConfig:
 
     `create` takes the groups' fields as flat keywords, as `DataLoader` does.
 
-    Example:
+    Examples:
         >>> config = LoaderConfig.create(source="data/tokens", global_batch_size=256, seed=3)
         >>> config.order.global_batch_size, config.order.seed
         (256, 3)
@@ -281,7 +281,7 @@ class LoaderConfig:
     """How rows are read: prefetch, read_threads, read_timeout_s, stall_warning_s,
     read_attempts, retry_backoff_s, first_read_timeout_s."""
 
-    # The previous release's flat fields, deprecated (docs/trainer.md, "Deprecated names"): a set
+    # The previous release's flat fields, deprecated (docs/guides/trainer.md, "Deprecated names"): a set
     # one moves into its group when the config is made and reads None after, so it takes no part
     # in comparisons or dumps. Their types are the previous release's, for draccus to parse.
     global_batch_size: int | None = field(default=None, repr=False, compare=False)
@@ -364,7 +364,7 @@ class LoaderConfig:
     def to_dict(self) -> dict[str, Any]:
         """The config as YAML/JSON values (specs as text); `from_dict` reads it back.
 
-        Example:
+        Examples:
             >>> config = LoaderConfig.create(global_batch_size=8, batch_spec="data,model")
             >>> config.to_dict()["sharding"]["batch_spec"]
             'data,model'
@@ -450,7 +450,7 @@ class LoaderConfig:
         splits over, unless ``sharding.batch_axes`` says; default: the mesh axes named like
         batch axes.
 
-        Example:
+        Examples:
             >>> import numpy as np
             >>> mesh = MeshConfig(axes={"data": 4, "model": 2}).build()
             >>> config = LoaderConfig.create(global_batch_size=8, shuffle=False)
@@ -484,7 +484,7 @@ class LoaderConfig:
         config's batch size (or schedule), skips and ``drop_last`` apply from the resume step
         on; an unset ``global_batch_size`` or ``shuffle`` takes the state's.
 
-        Example:
+        Examples:
             >>> import numpy as np
             >>> mesh = MeshConfig(axes={"data": 4, "model": 2}).build()
             >>> config = LoaderConfig.create(global_batch_size=8, shuffle=False)
@@ -561,7 +561,7 @@ _register_draccus_codecs()
 def parse_axes(text: str) -> dict[str, int]:
     """Parses ``--axes``: ``"data=4,model=4"`` -> ``{"data": 4, "model": 4}``.
 
-    Example:
+    Examples:
         >>> parse_axes("replica=2,data=2,model=2")
         {'replica': 2, 'data': 2, 'model': 2}
     """

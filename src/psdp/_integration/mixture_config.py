@@ -18,7 +18,7 @@ from psdp.sources.views.mixture import Mixture
 class StageConfig:
     """From ``step`` on, the mixture's weights are ``weights`` (a source left out: 0).
 
-    Example:
+    Examples:
         >>> StageConfig(step=1000, weights={"code": 1, "prose": 1}).step
         1000
     """
@@ -61,9 +61,9 @@ class StageConfig:
 
 @dataclass(frozen=True)
 class MixtureConfig:
-    """The mixture's blocks and permutations (``docs/mixtures.md``).
+    """The mixture's blocks and permutations (``docs/guides/mixtures.md``).
 
-    Example:
+    Examples:
         >>> MixtureConfig(block_size=0)
         Traceback (most recent call last):
             ...

@@ -18,9 +18,9 @@ from psdp._checks import is_int
 if TYPE_CHECKING:
     from psdp.sources import DocumentStore
 
-#: The manifest ``format`` of a store that ``psdp prepare`` writes (``docs/prepare.md``).
+#: The manifest ``format`` of a store that ``psdp prepare`` writes (``docs/guides/prepare.md``).
 PREPARED_FORMAT = "psdp.document_parts"
-#: ``SourceConfig.format`` values: a psdp store, or a Levanter token cache (``docs/tokens.md``).
+#: ``SourceConfig.format`` values: a psdp store, or a Levanter token cache (``docs/guides/tokens.md``).
 STORE_FORMATS = ("psdp", "levanter")
 
 
@@ -32,7 +32,7 @@ class SourceConfig:
     ``skip_bad`` and ``rows_per_part``: its flags) say how ``psdp prepare`` makes the store: a
     missing, unfinished or stale store is then an error naming that command.
 
-    Example:
+    Examples:
         >>> SourceConfig(store="tokens/code", weight=1, inputs=["code/*.jsonl"],
         ...              tokenizer="tokenizer.json", eos="</s>").prepare_command()
         "psdp prepare 'code/*.jsonl' --output tokens/code --tokenizer tokenizer.json --eos '</s>'"
@@ -125,7 +125,7 @@ class SourceConfig:
                 f"SourceConfig of {self.store!r} sets {given} but not {missing}: the prepare "
                 f"command needs both; set {missing}, or neither"
             )
-        for name in ("bos", "eos"):  # an int is an id, as its digits are (docs/prepare.md)
+        for name in ("bos", "eos"):  # an int is an id, as its digits are (docs/guides/prepare.md)
             value = getattr(self, name)
             if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
                 object.__setattr__(self, name, str(value))

@@ -19,7 +19,7 @@ class ViewConfig:
     """How documents become rows of ``seq_len`` tokens: concatenated then split
     (`TokenSequences`), or packed (`PackedSequences`) with a strategy.
 
-    Example:
+    Examples:
         >>> ViewConfig(packing="best_fit", window=4096).view_kwargs()
         {'strategy': 'best_fit', 'long_documents': 'split', 'seed': None, 'pad_id': 0, 'window': 4096}
     """

@@ -1,4 +1,4 @@
 """The planner: pure functions of a mesh, its layout and the loader's options (no threads, no I/O).
 
-See ``docs/architecture.md``.
+See ``docs/concepts/architecture.md``.
 """

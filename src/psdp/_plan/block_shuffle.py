@@ -10,7 +10,7 @@ packets shuffled, then every ``window_blocks`` packets riffled together.
 
 A short last block (``n % io_block`` rows) takes a keyed slot among the blocks, so its rows are
 not always last; a short last window (fewer than ``window_blocks`` blocks) is shuffled alike.
-The rule in full: ``docs/loader.md``, "The permutations, bit for bit".
+The rule in full: ``docs/concepts/order-and-resume.md``, "The permutations, bit for bit".
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ class BlockShuffle:
             ``io_block * window_blocks`` positions reads at most this many blocks.
         key: the permutation's key (an epoch's key), in ``[0, 2**64 - 1]``.
 
-    Example:
+    Examples:
         Ten rows in blocks of 2, windows of 2 blocks: positions 0-3 hold the rows of two blocks.
 
         >>> perm = BlockShuffle(10, io_block=2, window_blocks=2, key=7)

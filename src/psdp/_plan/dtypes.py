@@ -1,7 +1,7 @@
 """Leaf dtypes: which ones a batch can hold, and the checked casts the loader makes on a read.
 
 A leaf's *source* dtype (learned from one row) and *delivered* dtype differ only for a byte swap
-or a ``dtypes=`` cast; what JAX would change silently is refused at construction: ``docs/loader.md``,
+or a ``dtypes=`` cast; what JAX would change silently is refused at construction: ``docs/concepts/loader.md``,
 "What the loader makes of a read".
 """
 
@@ -28,7 +28,7 @@ ENCODE = (
 class LeafDtype:
     """One leaf's dtypes: what its source rows hold, and what its batches hold.
 
-    Example:
+    Examples:
         >>> leaf = LeafDtype(np.dtype(np.int64), np.dtype(np.int32))
         >>> leaf.convert(np.array([[5, -6]]), step=0, key="x", ids=np.array([9])).dtype
         dtype('int32')
@@ -71,7 +71,7 @@ def plan_dtypes(sources: Mapping[Key, np.dtype], declared: Any) -> dict[Key, Lea
     """Every leaf's `LeafDtype`, from the source dtypes and the user's ``dtypes=``.
 
     ``declared`` is ``None``, one dtype (an array source), or a dict leaf -> dtype (some leaves of
-    a dict source). The rules are in ``docs/loader.md``; the current ``jax_enable_x64``
+    a dict source). The rules are in ``docs/concepts/loader.md``; the current ``jax_enable_x64``
     setting decides whether 64-bit dtypes can be delivered.
 
     Raises:
@@ -79,7 +79,7 @@ def plan_dtypes(sources: Mapping[Key, np.dtype], declared: Any) -> dict[Key, Lea
             not dtypes.
         ValueError: ``declared`` names a leaf the source does not have.
 
-    Example:
+    Examples:
         >>> plan = plan_dtypes({"x": np.dtype(">i4"), "y": np.dtype(np.int64)}, {"y": "int32"})
         >>> {k: (str(v.source), str(v.delivered)) for k, v in plan.items()}
         {'x': ('>i4', 'int32'), 'y': ('int64', 'int32')}
@@ -101,7 +101,7 @@ def check_pad_value(pad_value: int | float, dtype: np.dtype, key: Key, reason: s
 
     ``reason`` says why the leaf is ever filled with it (padding rows, halo columns).
 
-    Example:
+    Examples:
         >>> check_pad_value(-1, np.dtype(np.uint16), "x", "padding rows can occur")
         Traceback (most recent call last):
             ...
@@ -129,7 +129,7 @@ def cast_checked(values: np.ndarray, dtype: np.dtype) -> tuple[np.ndarray, np.nd
     A value fits when the cast keeps it exactly; casting floats (or complex numbers) to a
     narrower float may round them, as narrowing means, but not overflow to infinity.
 
-    Example:
+    Examples:
         >>> out, bad = cast_checked(np.array([1.0, 2.5, np.nan]), np.dtype(np.int8))
         >>> bad.tolist()
         [False, True, True]

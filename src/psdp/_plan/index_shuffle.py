@@ -1,5 +1,5 @@
 """`IndexShuffle`: a keyed permutation of ``range(n)`` evaluated pointwise (the order's full
-shuffle; `BlockShuffle` builds on it); the rule in full: ``docs/loader.md``, "The permutations,
+shuffle; `BlockShuffle` builds on it); the rule in full: ``docs/concepts/order-and-resume.md``, "The permutations,
 bit for bit"."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def splitmix64(x: int) -> int:
 def splitmix64_array(x: np.ndarray) -> np.ndarray:
     """`splitmix64` on every element of a uint64 array (wrapping arithmetic, as on ints).
 
-    Example:
+    Examples:
         >>> x = np.array([0, 7, 2**64 - 1], np.uint64)
         >>> splitmix64_array(x).tolist() == [splitmix64(int(v)) for v in x]
         True
@@ -55,7 +55,7 @@ class IndexShuffle:
     restricts it to ``[0, n)`` while staying a bijection. The domain is at most ``2n``, so each
     value needs fewer than 2 walks on average. ``F`` is a keyed multiplicative hash (top bits).
 
-    Example:
+    Examples:
         >>> perm = IndexShuffle(10, key=7)
         >>> out = perm(np.arange(10))
         >>> sorted(out.tolist()) == list(range(10))
@@ -99,7 +99,7 @@ def shuffle_each(index: np.ndarray, n: np.ndarray | int, key: np.ndarray | int) 
     Many small permutations at once (a mixture's blocks and its sources' epochs): each element
     has its own domain and key, and the result equals `IndexShuffle`'s element by element.
 
-    Example:
+    Examples:
         >>> shuffle_each(np.array([3, 3]), np.array([10, 7]), np.array([5, 9])).tolist() == [
         ...     int(IndexShuffle(10, 5)(np.array([3]))[0]), int(IndexShuffle(7, 9)(np.array([3]))[0])]
         True

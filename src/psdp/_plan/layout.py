@@ -1,4 +1,4 @@
-"""Mesh layouts: which process owns each position of a device mesh (``docs/concepts.md``).
+"""Mesh layouts: which process owns each position of a device mesh (``docs/concepts/mesh.md``).
 
 A layout is all the planner needs to know of a mesh, so a 65,536-device pod is planned in one
 process without devices. Build one from a live mesh, by hand, from a JSON file, or with
@@ -35,8 +35,8 @@ class MeshLayout:
         axis_names: one name per mesh dimension.
         device_ids: optional array of device ids shaped like the mesh (for pictures only).
 
-    Example:
-        The 4-host non-contiguous example pod of ``docs/concepts.md``: 4 hosts with 4 devices
+    Examples:
+        The 4-host non-contiguous example pod of ``docs/concepts/mesh.md``: 4 hosts with 4 devices
         each on a ``data=4 x model=4`` mesh, each host's devices in two data rows that are not
         adjacent.
 
@@ -206,7 +206,7 @@ class MeshLayout:
     def contiguous(cls, axis_sizes: Mapping[str, int], num_processes: int) -> MeshLayout:
         """Each process owns one contiguous block of the mesh in row-major order.
 
-        Example:
+        Examples:
             >>> MeshLayout.contiguous({"data": 4, "model": 2}, num_processes=2).process_index
             array([[0, 0],
                    [0, 0],
@@ -223,7 +223,7 @@ class MeshLayout:
     def noncontiguous(
         cls, axis_sizes: Mapping[str, int], num_processes: int, batch_axes: int = 1
     ) -> MeshLayout:
-        """Hosts folded across data rows, as on a torus: the example pod of ``docs/concepts.md``.
+        """Hosts folded across data rows, as on a torus: the example pod of ``docs/concepts/mesh.md``.
 
         The mesh is viewed as a grid of ``DP`` data rows (the first ``batch_axes`` axes) by ``M``
         model columns (the rest). Each host owns a tile of 2 data rows by ``k/2`` model columns of a
@@ -232,7 +232,7 @@ class MeshLayout:
         sits in two data rows (non-adjacent for the outer tiles) and every data row spans several
         hosts. Device ids are the physical, host-major ids (host ``p`` owns ids ``p*k .. p*k+k-1``).
 
-        Example:
+        Examples:
             Two hosts of 2 devices each on ``data=2 x model=2``: each data row spans both hosts.
 
             >>> MeshLayout.noncontiguous({"data": 2, "model": 2}, num_processes=2).process_index

@@ -1,6 +1,6 @@
 """The leaf-key convention, in one place: a batch is a dict of leaves, in sorted key order on
 every host (`in_leaf_order`); an array source's single leaf is keyed ``None`` in memory and
-stored as `SINGLE_LEAF` on disk (``docs/sources.md``)."""
+stored as `SINGLE_LEAF` on disk (``docs/guides/stores.md``)."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def in_leaf_order(leaves: Mapping[K, V]) -> dict[K, V]:
     otherwise depend on how it was built (a set's order changes with ``PYTHONHASHSEED``, so from
     host to host), and code that pairs leaves by position across hosts would pair different ones.
 
-    Example:
+    Examples:
         >>> list(in_leaf_order({"weight": 1, "mask": 2, "tokens": 3}))
         ['mask', 'tokens', 'weight']
     """
@@ -43,7 +43,7 @@ def leaves_of(rows: Any) -> dict[Key, np.ndarray]:
     """A read's leaves by name, `in_leaf_order`: a dict's keys as strings, or ``{None: rows}``
     for one array.
 
-    Example:
+    Examples:
         >>> leaves_of({"weight": [1.0], "tokens": [1, 2]}), leaves_of([1, 2])
         ({'tokens': [1, 2], 'weight': [1.0]}, {None: [1, 2]})
     """
@@ -55,7 +55,7 @@ def leaves_of(rows: Any) -> dict[Key, np.ndarray]:
 def leaf_label(key: Key) -> str:
     """How messages name a leaf.
 
-    Example:
+    Examples:
         >>> leaf_label("tokens"), leaf_label(None)
         ("leaf 'tokens'", 'the array source')
     """
@@ -65,7 +65,7 @@ def leaf_label(key: Key) -> str:
 def unwrap(values: dict[Key, Any]) -> Any:
     """An array source's single value, or the dict of a dict source's leaves.
 
-    Example:
+    Examples:
         >>> unwrap({None: 1}), unwrap({"tokens": 1})
         (1, {'tokens': 1})
     """

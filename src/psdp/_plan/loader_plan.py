@@ -1,6 +1,6 @@
 """`LoaderPlan`: everything a loader fixes once, from its options, mesh and first row (pure).
 
-What each part means: ``docs/loader.md``; where it lives: ``docs/architecture.md``.
+What each part means: ``docs/concepts/loader.md``; where it lives: ``docs/concepts/architecture.md``.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ class LoaderPlan:
 
     Built by `LoaderPlan.create`; the same every step, so a step's work is only reading.
 
-    Example:
+    Examples:
         >>> import jax, numpy as np
         >>> from jax.sharding import Mesh
         >>> from psdp._plan.options import LoaderOptions

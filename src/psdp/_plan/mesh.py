@@ -2,7 +2,7 @@
 
 Everything is numpy over a `MeshLayout`, for all devices at once. Why reading the union of a
 host's device boxes is necessary and sufficient, and why equal sets of box ids mean equal data:
-``docs/concepts.md``, "Why the plan is right".
+``docs/concepts/mesh.md``, "Why the plan is right".
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def _names(value: Any) -> tuple[str, ...] | None:
 def axes_of(entry: Any) -> tuple[str, ...]:
     """The mesh axes one spec entry names: the one normaliser of axis names.
 
-    Example:
+    Examples:
         >>> axes_of(None), axes_of("data"), axes_of(("replica", "data"))
         ((), ('data',), ('replica', 'data'))
     """
@@ -73,7 +73,7 @@ def axes_of(entry: Any) -> tuple[str, ...]:
 def spec_entry(axes: Sequence[str]) -> str | tuple[str, ...] | None:
     """The spec entry that splits one dimension over ``axes``, major to minor: `axes_of` reversed.
 
-    Example:
+    Examples:
         >>> spec_entry(()), spec_entry(["data"]), spec_entry(["replica", "data"])
         (None, 'data', ('replica', 'data'))
     """
@@ -84,7 +84,7 @@ def spec_entry(axes: Sequence[str]) -> str | tuple[str, ...] | None:
 def batch_axes_of(batch_axes: AxisNames) -> tuple[str, ...]:
     """``batch_axes`` (a name or a sequence of names) as a tuple of distinct names.
 
-    Example:
+    Examples:
         >>> batch_axes_of("data"), batch_axes_of(["replica", "data"])
         (('data',), ('replica', 'data'))
     """
@@ -102,7 +102,7 @@ def batch_axes_of(batch_axes: AxisNames) -> tuple[str, ...]:
 def spec_axes(layout: MeshLayout, spec: Any, ndim: int) -> tuple[tuple[str, ...], ...]:
     """Normalises a spec to one tuple of axis names per leaf dimension, checking it on the mesh.
 
-    Example:
+    Examples:
         >>> layout = MeshLayout.contiguous({"data": 2, "context": 2}, num_processes=1)
         >>> spec_axes(layout, ("data",), 2), spec_axes(layout, "data", 1)
         ((('data',), ()), (('data',),))
@@ -146,7 +146,7 @@ def _describe_axes(layout: MeshLayout, axes: tuple[str, ...]) -> str:
 def dp_index(layout: MeshLayout, batch_axes: AxisNames) -> tuple[np.ndarray, int]:
     """The DP index of every mesh position (flattened row-major) and the number of DP shards.
 
-    Example:
+    Examples:
         >>> layout = MeshLayout.contiguous({"data": 2, "model": 2}, num_processes=2)
         >>> dp, count = dp_index(layout, "data")
         >>> dp.tolist(), count
@@ -189,8 +189,8 @@ def local_device_mapping(
         batch_axes: the batch axes, in the order the batch spec names them.
         process_index: the process to plan for; defaults to ``jax.process_index()``.
 
-    Example:
-        The example pod of ``docs/concepts.md`` (4 hosts x 4 devices on ``data=4 x model=4``,
+    Examples:
+        The example pod of ``docs/concepts/mesh.md`` (4 hosts x 4 devices on ``data=4 x model=4``,
         each host folded across two data rows): host 0 holds data rows 0 and 3.
 
         >>> layout = MeshLayout.noncontiguous({"data": 4, "model": 4}, num_processes=4)
@@ -210,7 +210,7 @@ def process_mesh_mapping(mesh_or_layout: MeshLike, batch_axes: AxisNames) -> dic
     Uids are numbered ``0..U-1`` in order of first appearance by process index. Processes with the
     same uid must be fed identical data; different uids disjoint data.
 
-    Example:
+    Examples:
         >>> layout = MeshLayout.noncontiguous({"data": 4, "model": 4}, num_processes=4)
         >>> process_mesh_mapping(layout, "data")
         {0: 0, 1: 0, 2: 1, 3: 1}
@@ -356,7 +356,7 @@ def plan_pod(
         spec: the leaf's `PartitionSpec` (or any sequence of spec entries).
         global_shape: the leaf's global shape; every sharded dimension must divide evenly.
 
-    Example:
+    Examples:
         >>> from jax.sharding import PartitionSpec as P
         >>> layout = MeshLayout.noncontiguous({"data": 4, "model": 4}, num_processes=4)
         >>> pod = plan_pod(layout, P("data"), (16, 8))
@@ -396,7 +396,7 @@ def plan_batch(
         global_shape: the leaf's global shape.
         process_index: the process to plan for; defaults to ``jax.process_index()``.
 
-    Example:
+    Examples:
         A ``data=4 x model=2`` mesh on 4 hosts, batch of 16 rows: host 2 holds data row 2 (rows
         8..11) on both of its devices, and shares it with no other host.
 

@@ -4,7 +4,7 @@ Offsets come in blocks of ``block_size``. A block takes exact per-source counts 
 its stage (largest-remainder rounding), places them at positions drawn by a keyed permutation of
 the block, and each source hands out its samples in turn: sample ``j`` of a source is row
 ``permutation_e(j - e n)`` of its epoch ``e = j // n``. How many samples a source gave before a
-block is a sum over the stages before it, so no table grows with the run: ``docs/mixtures.md``.
+block is a sum over the stages before it, so no table grows with the run: ``docs/guides/mixtures.md``.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def block_counts(weights: Sequence[float | Fraction], block_size: int) -> tuple[
     (exact fractions of the weights as written, `exact_weight`; ties go to the earlier source), so
     the counts sum to ``block_size`` and proportional weights give the same counts.
 
-    Example:
+    Examples:
         >>> block_counts([0.5, 0.3, 0.2], 10), block_counts([1, 1, 1], 10)
         ((5, 3, 2), (4, 3, 3))
         >>> block_counts([0.3, 0.1], 10), block_counts([3, 1], 10)
@@ -61,7 +61,7 @@ def exact_weight(weight: Any) -> Fraction:
     """A weight as the number it is written as: a float is the decimal of its shortest repr
     (``0.3`` is 3/10, not the binary float just below it), so ``0.3 : 0.1`` is exactly ``3 : 1``.
 
-    Example:
+    Examples:
         >>> exact_weight(0.3), exact_weight(3)
         (Fraction(3, 10), Fraction(3, 1))
     """
@@ -81,7 +81,7 @@ def stage_counts(weights: np.ndarray, block_size: int) -> np.ndarray:
     always), and exact (`block_counts`) for the rows it cannot: a remainder within the bound of 0
     or 1, or of the remainder that decides the last extra sample, with another weight.
 
-    Example:
+    Examples:
         >>> stage_counts(np.array([[0.5, 0.3, 0.2], [1, 1, 1]]), 10).tolist()
         [[5, 3, 2], [4, 3, 3]]
     """
@@ -148,7 +148,7 @@ class MixturePlan:
         seed: keys the block permutations and the sources' epoch permutations.
         shuffle: permute each source's epochs (else a source is read in row order).
 
-    Example:
+    Examples:
         >>> plan = MixturePlan(("a", "b"), (5, 100), ((0, (3.0, 1.0)),), block_size=4, seed=0)
         >>> source, row = plan.locate(np.arange(8))
         >>> np.bincount(source[:4]).tolist(), np.bincount(source[4:]).tolist()
@@ -420,7 +420,7 @@ def stages_from(
     """The stages as ``(start, weights in names order)``, from ``weights=`` or ``stages=``,
     checked: known names, finite weights >= 0 not all 0, starts from 0, increasing, on blocks.
 
-    Example:
+    Examples:
         >>> stages_from(["a", "b"], None, [(0, {"a": 1}), (8, {"a": 1, "b": 3})], 4)
         ((0, (1.0, 0.0)), (8, (1.0, 3.0)))
     """

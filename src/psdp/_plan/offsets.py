@@ -7,7 +7,7 @@ the start of a skipped range. A short step is padded (or, with ``drop_last``, dr
 step starts at the next run). One walk from the start, run by run (whole epochs jumped by
 arithmetic), turns step skips into offsets and records where each run starts; a step is then
 found from the last run start before it, in O(log(stages + skips)) wherever it lies:
-``docs/loader.md``, "Offsets, schedules and skips".
+``docs/concepts/order-and-resume.md``, "Offsets, schedules and skips".
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ class Stage(NamedTuple):
 class StepInfo:
     """What a step covers, known without reading data.
 
-    Example:
+    Examples:
         >>> StepInfo(step=3, offset=24, batch_size=8, rows=8, epoch=0)
         StepInfo(step=3, offset=24, batch_size=8, rows=8, epoch=0)
     """
@@ -54,7 +54,7 @@ class StepInfo:
 def stages_of(batch_size: int | Sequence[tuple[int, int]]) -> tuple[Stage, ...]:
     """The stages of a batch size: an int is one stage from step 0.
 
-    Example:
+    Examples:
         >>> stages_of(256)
         (Stage(start=0, batch_size=256),)
         >>> stages_of([(0, 64), (100, 128)])[1]
@@ -73,7 +73,7 @@ class StepOffsets:
     already turned into offsets); ``start`` is the (step, offset) the walk begins at: ``(0, 0)``,
     or where a restored run resumed.
 
-    Example:
+    Examples:
         >>> offsets = StepOffsets.create(10, [(0, 4), (3, 2)])
         >>> [(i.offset, i.rows, i.epoch) for i in map(offsets.info, range(6))]
         [(0, 4, 0), (4, 4, 0), (8, 2, 0), (10, 2, 1), (12, 2, 1), (14, 2, 1)]
@@ -185,7 +185,7 @@ class StepOffsets:
         lies in epoch ``epochs`` or later. A bisection over `info`: a step covers at least one
         offset, so the end lies within ``epochs * N - start offset`` steps of the start.
 
-        Example:
+        Examples:
             >>> StepOffsets.create(10, 4).end_step(1), StepOffsets.create(10, 4, drop_last=True).end_step(2)
             (3, 4)
         """
@@ -204,7 +204,7 @@ class StepOffsets:
         """Whether some step from ``start`` on is cut short (so holds padding): never with
         drop_last; otherwise where a run's length is not a multiple of the batch walking it.
 
-        Example:
+        Examples:
             >>> StepOffsets.create(64, [(0, 8), (2, 16)]).cuts_short()  # 16 + 16k reaches 64
             False
             >>> StepOffsets.create(64, [(0, 8), (1, 16)]).cuts_short()  # 8 + 16k misses it

@@ -274,7 +274,7 @@ def as_halo(value: Any) -> int | dict[str, LeafHalo] | dict[int, AxisHalo]:
     source's single leaf, a dict dimension -> width or ``(width, boundary)``. Normalised to
     `AxisHalo`; dimension keys may be digit strings, as JSON writes them.
 
-    Example:
+    Examples:
         >>> as_halo({"tokens": 4, "field": {2: 1, "3": [2, "periodic"]}})
         {'tokens': 4, 'field': {2: AxisHalo(width=1, boundary='pad'), 3: AxisHalo(width=2, boundary='periodic')}}
         >>> as_halo({3: (1, "periodic")})  # an array source

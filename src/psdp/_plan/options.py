@@ -1,4 +1,4 @@
-"""The `DataLoader`'s options in four frozen groups, each validated once when made (``docs/loader.md``).
+"""The `DataLoader`'s options in four frozen groups, each validated once when made (``docs/reference/config.md``).
 
 A group checks what its values alone decide (types, ranges, combinations) and normalises them
 (spec texts to `PartitionSpec`, sequences to tuples, mappings to dicts); what needs the mesh or
@@ -27,9 +27,9 @@ from psdp._plan.offsets import StepOffsets
 @dataclass(frozen=True)
 class OrderOptions:
     """Which rows each step holds: the batch size (or its schedule), the shuffle, the epoch's
-    end, skipped ranges and the resume point (``docs/loader.md``, "Offsets, schedules and skips").
+    end, skipped ranges and the resume point (``docs/concepts/order-and-resume.md``, "Offsets, schedules and skips").
 
-    Example:
+    Examples:
         >>> OrderOptions(global_batch_size=256, seed=3)
         OrderOptions(global_batch_size=256, shuffle=None, seed=3, drop_last=False, skip_steps=(), skip_offsets=(), start_at=None, io_block=None, window_blocks=16, epochs=None)
         >>> OrderOptions(global_batch_size=[(0, 64), (1000, 128)]).global_batch_size
@@ -109,7 +109,7 @@ class OrderOptions:
         """The step -> sample offset map of these options over ``rows`` rows (None: endless);
         needs ``global_batch_size``.
 
-        Example:
+        Examples:
             >>> OrderOptions(global_batch_size=4).step_offsets(None).info(2).offset
             8
         """
@@ -126,9 +126,9 @@ class OrderOptions:
 
 @dataclass(frozen=True)
 class ShardingOptions:
-    """How each leaf is split over the mesh, and which processes are fed (``docs/partitioning.md``).
+    """How each leaf is split over the mesh, and which processes are fed (``docs/concepts/partitioning.md``).
 
-    Example:
+    Examples:
         A spec text is parsed; a dict is per leaf, and its missing leaves take ``"batch"``:
 
         >>> ShardingOptions(batch_spec={"tokens": "data,context", "mask": "batch"}).batch_spec
@@ -193,7 +193,7 @@ class ShardingOptions:
         """Whether ``batch_axes`` can reach a leaf: ``batch_spec`` is unset, ``"batch"``, or a
         dict (whose missing leaves take ``"batch"``).
 
-        Example:
+        Examples:
             >>> ShardingOptions().uses_batch_axes(), ShardingOptions(batch_spec="full").uses_batch_axes()
             (True, False)
         """
@@ -237,7 +237,7 @@ class ShardingOptions:
 class OutputOptions:
     """What the delivered leaves hold beyond the rows: the padding's fill, the mask leaf, dtypes.
 
-    Example:
+    Examples:
         >>> OutputOptions(pad_value=-1, dtypes={"tokens": "int32"})
         OutputOptions(pad_value=-1, mask_key='mask', dtypes={'tokens': 'int32'})
         >>> OutputOptions(mask_key="")
@@ -268,7 +268,7 @@ class OutputOptions:
 
 
 #: The read threads of a source that waits on storage when `ReadingOptions.read_threads` is unset:
-#: its reads release the GIL, so several overlap (``docs/performance.md``, "Read threads").
+#: its reads release the GIL, so several overlap (``docs/guides/tuning.md``, "Read threads").
 STORAGE_READ_THREADS = 4
 
 
@@ -276,7 +276,7 @@ def read_threads_for(requested: int | None, reads_storage: bool) -> int:
     """The read threads of a loader: ``requested``, or when unset, `STORAGE_READ_THREADS` for a
     source that waits on storage and 1 for one in memory (more threads do not help it).
 
-    Example:
+    Examples:
         >>> read_threads_for(None, reads_storage=True), read_threads_for(None, False)
         (4, 1)
         >>> read_threads_for(2, reads_storage=True)
@@ -291,7 +291,7 @@ def read_threads_for(requested: int | None, reads_storage: bool) -> int:
 class ReadingOptions:
     """How the background threads read: prefetch depth, threads, time limit, stall warning.
 
-    Example:
+    Examples:
         >>> ReadingOptions(prefetch=4, read_timeout_s=60)  # doctest: +ELLIPSIS
         ReadingOptions(prefetch=4, read_threads=None, read_timeout_s=60.0, stall_warning_s=1.0, ...)
         >>> ReadingOptions(read_threads=0)
@@ -379,7 +379,7 @@ GROUP_OF = {f.name: group for group, kind in GROUPS.items() for f in fields(kind
 class LoaderOptions:
     """The four groups together: every option of a `DataLoader` but its source, mesh and name.
 
-    Example:
+    Examples:
         Flat keywords are the front door to the same groups:
 
         >>> options = LoaderOptions.create(global_batch_size=8, seed=3, prefetch=4)
@@ -389,7 +389,7 @@ class LoaderOptions:
         >>> LoaderOptions.create(global_batch_size=8, batch_size=8)
         Traceback (most recent call last):
             ...
-        TypeError: unknown loader option 'batch_size' (did you mean 'global_batch_size'?); the options are axis_mapping, batch_axes, batch_spec, drop_last, dtypes, epochs, feeding_processes, first_read_timeout_s, global_batch_size, halo, io_block, mask_key, named_axes, pad_value, prefetch, read_attempts, read_threads, read_timeout_s, retry_backoff_s, seed, shuffle, skip_offsets, skip_steps, stall_warning_s, start_at, window_blocks (docs/loader.md)
+        TypeError: unknown loader option 'batch_size' (did you mean 'global_batch_size'?); the options are axis_mapping, batch_axes, batch_spec, drop_last, dtypes, epochs, feeding_processes, first_read_timeout_s, global_batch_size, halo, io_block, mask_key, named_axes, pad_value, prefetch, read_attempts, read_threads, read_timeout_s, retry_backoff_s, seed, shuffle, skip_offsets, skip_steps, stall_warning_s, start_at, window_blocks (docs/reference/config.md)
     """
 
     order: OrderOptions = field(default_factory=OrderOptions)
@@ -427,7 +427,7 @@ class LoaderOptions:
 def route(**given: Any) -> dict[str, Any]:
     """``{"order": OrderOptions, ...}`` from group objects (``order=...``) and flat keywords.
 
-    Example:
+    Examples:
         >>> route(seed=3, reading=ReadingOptions(prefetch=4))["order"].seed
         3
     """
@@ -438,7 +438,7 @@ def route(**given: Any) -> dict[str, Any]:
         hint = f" (did you mean {close!r}?)" if close else ""
         raise TypeError(
             f"unknown loader option {', '.join(map(repr, unknown))}{hint}; the options are "
-            f"{', '.join(sorted(GROUP_OF))} (docs/loader.md)"
+            f"{', '.join(sorted(GROUP_OF))} (docs/reference/config.md)"
         )
     check_groups("", {k: v for k, v in groups.items() if v is not None})
     out = {}

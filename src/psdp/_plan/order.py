@@ -1,7 +1,7 @@
 """The global order: the source rows of every step's batch, a pure function of the step.
 
 Endless epochs of sample offsets, each a keyed permutation evaluated only where a step needs it,
-so any step costs the same to look up: ``docs/loader.md``, "The order and the resume rule".
+so any step costs the same to look up: ``docs/concepts/order-and-resume.md``, "The order and the resume rule".
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ CACHED_PERMUTATION_ROWS = 1 << 20
 def epoch_permutation(shuffle: IndexShuffle | BlockShuffle) -> np.ndarray:
     """``shuffle`` at every position, read-only.
 
-    Example:
+    Examples:
         >>> epoch_permutation(IndexShuffle(10, 7)).tolist() == IndexShuffle(10, 7)(np.arange(10)).tolist()
         True
     """
@@ -46,7 +46,7 @@ def check_seed(seed: object) -> None:
     The order hashes the seed as 64 bits, so a seed outside that range would silently repeat
     the order of another (``2**64`` that of ``0``, ``-1`` that of ``2**64 - 1``).
 
-    Example:
+    Examples:
         >>> check_seed(2**64)
         Traceback (most recent call last):
             ...
@@ -86,7 +86,7 @@ class GlobalOrder:
             ``None``: a full shuffle (`IndexShuffle`).
         window_blocks: the blocks whose rows a block shuffle mixes.
 
-    Example:
+    Examples:
         >>> GlobalOrder(10, 4, shuffle=False).batch_ids(2).tolist()  # the short final batch
         [8, 9, -1, -1]
         >>> GlobalOrder(10, 4, shuffle=False).batch_ids(3).tolist()  # epoch 1 starts afresh

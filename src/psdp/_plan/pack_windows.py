@@ -1,5 +1,5 @@
 """The pack index: where each window's sequences start, so that sequence ``q`` of a corpus packed
-in windows is found without packing the corpus (``docs/packing.md``, "Packing in windows").
+in windows is found without packing the corpus (``docs/guides/packing.md``, "Packing in windows").
 
 Window ``w`` packs documents ``[w * W, (w + 1) * W)`` alone (`plan_window`), and the corpus's
 sequences are the windows' sequences one window after another. The index holds, per window, its
@@ -26,7 +26,7 @@ COUNTS = ("sequences", "tokens", "dropped", "empty")
 class PackKey:
     """What a pack index depends on: the packing options and the corpus's size.
 
-    Example:
+    Examples:
         >>> key = PackKey(2048, "best_fit", "split", None, window=4096, num_documents=10_000,
         ...               num_tokens=3_000_000)
         >>> key.num_windows, key.documents(2)
@@ -73,7 +73,7 @@ class PackIndex:
         tokens, dropped, empty: int64 ``(num_windows,)``: per window, the tokens it packs and
             the documents it leaves out (longer than ``seq_len`` with ``"drop"``, or empty).
 
-    Example:
+    Examples:
         >>> key = PackKey(8, "best_fit", "split", None, window=2, num_documents=3, num_tokens=14)
         >>> index = PackIndex.from_counts(key, [(2, 12, 0, 0), (1, 2, 0, 0)])
         >>> len(index), [a.tolist() for a in index.locate(np.array([2, 0, 1]))]

@@ -1,4 +1,4 @@
-"""The pack plan: which pieces of which documents fill each fixed-length sequence (``docs/packing.md``).
+"""The pack plan: which pieces of which documents fill each fixed-length sequence (``docs/guides/packing.md``).
 
 The plan is computed from the documents' lengths alone (``np.diff`` of the offsets), never from
 their tokens, so every host computes the same plan in bounded time. A large corpus is packed in
@@ -53,7 +53,7 @@ class PackPlan:
         dropped: int64, ascending: the documents left out for being longer than ``seq_len``.
         empty: int64, ascending: the documents with no tokens (nothing to pack).
 
-    Example:
+    Examples:
         >>> plan = plan_packing([3, 5, 2, 6], seq_len=8, strategy="best_fit")
         >>> [plan.pieces(q)[0].tolist() for q in range(len(plan))]
         [[0, 1], [2, 3]]
@@ -94,7 +94,7 @@ class PackPlan:
     def pieces_of(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The pieces of sequences ``ids``: ``(row, piece)``, ``row`` the position in ``ids``.
 
-        Example:
+        Examples:
             >>> plan = plan_packing([3, 5, 2, 6], seq_len=8, strategy="best_fit")
             >>> [a.tolist() for a in plan.pieces_of(np.array([1, 1, 0]))]
             [[0, 0, 1, 1, 2, 2], [2, 3, 2, 3, 0, 1]]
@@ -119,7 +119,7 @@ def segment_lengths(offsets: np.ndarray, eos: bool) -> np.ndarray:
     """Each document's slots from its offsets: its tokens, plus one for the EOS that ends a
     non-empty document when ``eos`` (an empty document gets none, as in `TokenSequences`).
 
-    Example:
+    Examples:
         >>> segment_lengths(np.array([0, 3, 3, 5]), eos=True).tolist()
         [4, 0, 3]
     """
@@ -144,7 +144,7 @@ def plan_packing(
         seed: packs the documents in a random order drawn from this seed; ``None`` packs them in
             their own order. Either way the plan is the same on every host.
 
-    Example:
+    Examples:
         >>> plan = plan_packing([4, 10, 2], seq_len=6, strategy="first_fit")
         >>> plan.piece_doc.tolist(), plan.piece_start.tolist(), plan.piece_len.tolist()
         ([0, 2, 1, 1], [0, 0, 0, 6], [4, 2, 6, 4])
@@ -179,7 +179,7 @@ def plan_window(
     the order ``np.random.default_rng([seed, index]).permutation(len(lengths))`` (each window
     its own order). A window may hold no sequence (every document empty, or long and dropped).
 
-    Example:
+    Examples:
         >>> plan = plan_window([3, 5, 2], 8, "best_fit", "split", None, window=3, index=2)
         >>> plan.piece_doc.tolist(), plan.seq_starts.tolist()
         ([6, 7, 8], [0, 2, 3])

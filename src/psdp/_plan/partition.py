@@ -1,7 +1,7 @@
 """Partition strategies: from ``batch_spec`` (and ``named_axes``) to one `PartitionSpec` per leaf.
 
 Also the physical batch: the global batch rounded up so every leaf's shards divide it. The
-strategies, what each host reads and when to pick which: ``docs/partitioning.md``.
+strategies, what each host reads and when to pick which: ``docs/concepts/partitioning.md``.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ Strategy = PartitionSpec | str
 def default_batch_spec(mesh: Mesh) -> PartitionSpec:
     """``P(batch axes)``: the mesh axes named like batch axes (`DEFAULT_BATCH_AXES`), in mesh order.
 
-    Example:
+    Examples:
         >>> import jax, numpy as np
         >>> from jax.sharding import Mesh
         >>> mesh = Mesh(np.array(jax.devices()).reshape(2, 2, 2), ("replica", "data", "model"))
@@ -55,7 +55,7 @@ def resolve_spec(
 
     ``batch_axes`` are the axes ``"batch"`` splits over (default: `default_batch_spec`'s).
 
-    Example:
+    Examples:
         >>> import jax, numpy as np
         >>> from jax.sharding import Mesh
         >>> mesh = Mesh(np.array(jax.devices()).reshape(2, 2, 2), ("replica", "data", "model"))
@@ -90,7 +90,7 @@ def resolve_specs(
     ``batch_spec`` is one strategy for every leaf, or a dict leaf -> strategy where missing leaves
     take ``"batch"``. ``named`` holds the specs of leaves that have haliax axes.
 
-    Example:
+    Examples:
         >>> import jax, numpy as np
         >>> from jax.sharding import Mesh, PartitionSpec as P
         >>> mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "model"))
@@ -127,7 +127,7 @@ def resolve_specs(
 def batch_shards(mesh: Mesh, spec: PartitionSpec) -> int:
     """How many shards split dimension 0 under ``spec`` (1 when it is replicated).
 
-    Example:
+    Examples:
         >>> import jax, numpy as np
         >>> from jax.sharding import Mesh, PartitionSpec as P
         >>> mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "model"))
@@ -141,7 +141,7 @@ def batch_shards(mesh: Mesh, spec: PartitionSpec) -> int:
 def physical_batch_size(global_batch_size: int, shards: Sequence[int]) -> int:
     """The smallest batch ``>= global_batch_size`` that every leaf's shards divide.
 
-    Example:
+    Examples:
         >>> physical_batch_size(10, [4]), physical_batch_size(3, [4, 8]), physical_batch_size(16, [4])
         (12, 8, 16)
     """
@@ -154,7 +154,7 @@ def named_spec(
 ) -> PartitionSpec:
     """The spec of a leaf whose dimensions are named (haliax axes or strings) via an axis mapping.
 
-    Example:
+    Examples:
         >>> import jax, numpy as np
         >>> from jax.sharding import Mesh
         >>> mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "context"))
@@ -223,7 +223,7 @@ def resolve_halos(
     dimension 1; a dict gives its leaves an int (dimension 1) or halos per dimension, and a dict
     of dimensions gives an array source's single leaf its halos.
 
-    Example:
+    Examples:
         >>> from jax.sharding import PartitionSpec as P
         >>> resolve_halos(2, {"tokens": P("data", "context"), "w": P("data")}, {"tokens": 2, "w": 1})
         {'tokens': {1: AxisHalo(width=2, boundary='pad')}, 'w': {}}

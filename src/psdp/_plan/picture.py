@@ -1,7 +1,7 @@
 """Text pictures of a plan (``psdp plan``): who owns each device, who shares data, who reads what.
 
 `plan_summary` is the data, computed by the planner on a `MeshLayout` (no devices needed), and
-`render_plan` only formats it; how to read the picture: ``docs/concepts.md``.
+`render_plan` only formats it; how to read the picture: ``docs/concepts/mesh.md``.
 """
 
 from __future__ import annotations
@@ -49,8 +49,8 @@ def plan_summary(
         -> uid of the whole read plan, which differs from ``uids`` when the spec also shards
         dimension 1) and ``processes`` (one entry per process).
 
-    Example:
-        The example pod of ``docs/concepts.md``: process 0 reads rows 0-3 and 12-15 of 16.
+    Examples:
+        The example pod of ``docs/concepts/mesh.md``: process 0 reads rows 0-3 and 12-15 of 16.
 
         >>> layout = MeshLayout.noncontiguous({"data": 4, "model": 4}, num_processes=4)
         >>> summary = plan_summary(layout, "data", ("data",), (16,))
@@ -163,7 +163,7 @@ def render_plan(
     Returns:
         Several lines of text. Ranges in the text are inclusive (``rows 0-3`` is rows 0, 1, 2, 3).
 
-    Example:
+    Examples:
         Two hosts of 2 devices on ``data=2 x model=2``, each data row spanning both hosts: both
         hosts hold both DP indices, so they share one uid and both read all 8 rows.
 

@@ -1,6 +1,6 @@
 """Read planning: which source reads serve one step (`plan_reads`), where the real rows sit when
 only some hosts are fed (`feeding_positions`), and which stream shard a host reads
-(`stream_shard`). Pure: no I/O (``docs/loader.md``, "One step")."""
+(`stream_shard`). Pure: no I/O (``docs/concepts/loader.md``, "One step")."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def plan_reads(leaves: Mapping[Key, LeafWindows]) -> list[ReadRequest]:
     included; around the ends of a periodic dimension too) merge into one range, so no entry is
     read twice; windows of different leaves on the same rows share a read.
 
-    Example:
+    Examples:
         A ``(B, 8)`` token leaf split over ``context`` with a halo of 1, and a whole-row weight,
         on one process holding every device: one read for the weight, and one for both token
         windows (columns ``[0, 5)`` and ``[3, 8)`` merge into ``[0, 8)``).
@@ -109,7 +109,7 @@ def feeding_positions(
     A batch shard is fed when a feeding process holds it; each fed shard gets
     ``ceil(B / fed shards)`` positions, the first ``B`` of which (in shard order) are real.
 
-    Example:
+    Examples:
         Host 0 of a non-contiguous 4-host pod holds data rows 0 and 2: 6 rows go 3 and 3 there.
 
         >>> from jax.sharding import PartitionSpec as P
@@ -147,7 +147,7 @@ def stream_shard(
     batch shards; and every host reads the same number of real rows per step (a global batch
     divisible by the batch shards, no ``feeding_processes``).
 
-    Example:
+    Examples:
         >>> from jax.sharding import PartitionSpec as P
         >>> from psdp._plan.layout import MeshLayout
         >>> layout = MeshLayout(np.array([[0, 1], [2, 3], [0, 1], [2, 3]]), ("data", "model"))
@@ -242,7 +242,7 @@ def row_classes(held: list[np.ndarray]) -> list[tuple[np.ndarray, list[int]]]:
     classes of rows held by the same windows: ``(rows, windows)``, in order of their first window,
     then of their first row.
 
-    Example:
+    Examples:
         Two windows on rows 0-3 and on rows 0, 1, 4, 5: rows 0-1 are both windows', rows 2-3 the
         first's only, rows 4-5 the second's only.
 
@@ -339,7 +339,7 @@ def shard_grids(shards: set[tuple[int, ...]]) -> list[set[tuple[int, ...]]]:
     """``shards`` split into disjoint grids: sets that hold every combination of their shard
     indices (a product), so each grid's windows are one box.
 
-    Example:
+    Examples:
         >>> [sorted(g) for g in shard_grids({(0, 0), (0, 1), (1, 0), (1, 1)})]  # a whole grid
         [[(0, 0), (0, 1), (1, 0), (1, 1)]]
         >>> sorted(map(sorted, shard_grids({(0, 0), (1, 1)})))  # a diagonal: two grids
@@ -379,7 +379,7 @@ def merged_ranges(
     Returns:
         ``(ranges, range of each window, positions of each window's entries in its range)``.
 
-    Example:
+    Examples:
         Shards 0 and 3 of 4 of 8 entries with a periodic halo of 1: one range, wrapping.
 
         >>> ranges, which, within = merged_ranges([np.array([7, 0, 1, 2]), np.array([5, 6, 7, 0])], 8, True)

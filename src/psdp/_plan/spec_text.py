@@ -1,5 +1,5 @@
 """The text forms of axis names and partition specs shared by configs and the command line:
-``replica,data`` and ``(replica,data),context`` (``docs/trainer.md``)."""
+``replica,data`` and ``(replica,data),context`` (``docs/guides/trainer.md``)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from jax.sharding import PartitionSpec
 def parse_names(text: str) -> tuple[str, ...]:
     """Parses a comma-separated list of axis names: ``"replica,data"`` -> ``("replica", "data")``.
 
-    Example:
+    Examples:
         >>> parse_names("replica, data")
         ('replica', 'data')
     """
@@ -30,7 +30,7 @@ def parse_spec(text: str) -> tuple[Any, ...]:
     Each entry is an axis name, several axis names as ``(a,b)`` or ``a+b``, or ``None``/``-`` for
     a replicated dimension. `spec_text` writes a spec back.
 
-    Example:
+    Examples:
         >>> parse_spec("(replica,data),context")
         (('replica', 'data'), 'context')
         >>> parse_spec("data+fsdp,-")
@@ -42,7 +42,7 @@ def parse_spec(text: str) -> tuple[Any, ...]:
 def spec_text(spec: PartitionSpec) -> str:
     """The text of ``spec`` that `parse_spec` reads back (for YAML and JSON).
 
-    Example:
+    Examples:
         >>> spec_text(PartitionSpec(("replica", "data"), None, "context"))
         '(replica,data),-,context'
     """

@@ -1,4 +1,4 @@
-"""A leaf's windows: the host buffers its devices' boxes are views of (``docs/partitioning.md``).
+"""A leaf's windows: the host buffers its devices' boxes are views of (``docs/concepts/partitioning.md``).
 
 A leaf is read in *windows* when a dimension after the batch is sharded or has a halo: one window
 per distinct box of those dimensions that the host holds, widened by each dimension's halo, whose
@@ -39,7 +39,7 @@ class AxisHalo(NamedTuple):
     """One dimension's halo: ``width`` entries of each neighbouring shard on each side, and the
     ``boundary`` rule beyond the domain's edges (`BOUNDARIES`).
 
-    Example:
+    Examples:
         >>> AxisHalo(2, "periodic")
         AxisHalo(width=2, boundary='periodic')
     """
@@ -88,7 +88,7 @@ class Window:
 class LeafWindows:
     """Everything fixed about one batch leaf on one host: shapes, sharding, plan, windows.
 
-    Example:
+    Examples:
         A sequence sharded over ``model`` with one halo column: each window holds a column shard
         and one column of each neighbour (padded outside the sequence).
 
@@ -279,7 +279,7 @@ class LeafWindows:
 def as_indexer(indices: np.ndarray) -> slice | np.ndarray:
     """Source entries as a read takes them: a slice when they are one ascending range.
 
-    Example:
+    Examples:
         >>> as_indexer(np.array([3, 4, 5])), as_indexer(np.array([7, 0, 1])).tolist()
         (slice(3, 6, None), [7, 0, 1])
     """
@@ -299,7 +299,7 @@ def box_parts(box: Box) -> tuple[slice | np.ndarray, ...]:
 def take_box(rows: np.ndarray, box: Box) -> np.ndarray:
     """``rows`` cut to ``box`` from dimension 1 on: slices are views, index arrays copy.
 
-    Example:
+    Examples:
         >>> rows = np.arange(12).reshape(1, 3, 4)
         >>> take_box(rows, (slice(1, 3), np.array([3, 0]))).tolist()
         [[[7, 4], [11, 8]]]
@@ -316,7 +316,7 @@ def read_box(array: Any, ids: np.ndarray, box: Box) -> np.ndarray:
     """``array[ids]`` cut to ``box``, gathering only the box: what an in-memory source's
     ``read_window`` returns for one leaf.
 
-    Example:
+    Examples:
         >>> grid = np.arange(2 * 4 * 4).reshape(2, 4, 4)
         >>> read_box(grid, np.array([1]), (slice(0, 2), np.array([3, 0]))).tolist()
         [[[19, 16], [23, 20]]]
@@ -381,7 +381,7 @@ def axis_window(shard: int, width: int, size: int, halo: AxisHalo) -> AxisWindow
     ``x mod size`` (``periodic``) or entry ``x`` itself, outside ``[0, size)`` (``continue``: the
     source serves it); past ``size + h`` (an uneven domain's padding), ``pad_value``.
 
-    Example:
+    Examples:
         >>> w = axis_window(0, 3, 5, AxisHalo(1, "periodic"))  # entries 0-2 of 5, one each side
         >>> w.indices.tolist(), w.before, w.after
         ([4, 0, 1, 2, 3], 0, 0)

@@ -1,4 +1,4 @@
 """The runtime: the `DataLoader`, its feeds, step reads, assembly, prefetch threads and telemetry.
 
-See ``docs/architecture.md``.
+See ``docs/concepts/architecture.md``.
 """

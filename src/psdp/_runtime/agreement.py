@@ -1,7 +1,7 @@
 """Agreement across the processes of a mesh: the settings batches depend on (`agree`), a failure
 to build a loader on some of them (`failures_published`), and the step where a callable stream's
 shards end (`StreamEnds`), through the coordination service's key-value store, not device
-collectives. Why and how: ``docs/loader.md``, "Hosts that must agree", and ``docs/sources.md``,
+collectives. Why and how: ``docs/concepts/loader.md``, "Hosts that must agree", and ``docs/guides/streams.md``,
 "Shards of unequal length".
 """
 
@@ -59,7 +59,7 @@ class HostFailedError(RuntimeError):
     """Other processes of the mesh failed to build or restore the loader this one built.
 
     Raised at once on every process that reached the agreement, naming each failed process and
-    its error; the failed processes raise their own errors (``docs/loader.md``, "Hosts that must
+    its error; the failed processes raise their own errors (``docs/concepts/loader.md``, "Hosts that must
     agree").
 
     Attributes:
@@ -83,7 +83,7 @@ def check_own_process(layout: MeshLayout, process_index: int | None) -> int:
     A loader places rows on its own process's devices, so ``process_index`` (when given) must be
     ``jax.process_index()``, and this process must own devices of the mesh.
 
-    Example:
+    Examples:
         >>> import numpy as np
         >>> layout = MeshLayout(np.array([[0, 0]]), ("data", "model"))
         >>> check_own_process(layout, None)
@@ -122,7 +122,7 @@ def agree(
     Every process of the mesh must call it, in the same order relative to its other calls for
     the same set of processes (as every host builds the same loaders in the same order). Cost per
     process: three round trips to the coordination service and one barrier, each of a few dozen
-    bytes whatever the number of processes (``docs/scale.md``); the values themselves travel
+    bytes whatever the number of processes (``docs/measurements/scale.md``); the values themselves travel
     only when they differ.
 
     Args:
@@ -140,7 +140,7 @@ def agree(
             which processes have which value, and the fix.
         TimeoutError: some processes did not arrive within ``timeout_s``: names them.
 
-    Example:
+    Examples:
         >>> agree({"seed": 3}, [0], "built a loader") is None  # one process agrees with itself
         True
     """
@@ -189,7 +189,7 @@ def failures_published(processes: Sequence[int], doing: str) -> Iterator[None]:
     arrived, instead of waiting `TIMEOUT_S` for it. Nothing is published by a process outside
     ``processes``, or without ``jax.distributed``.
 
-    Example:
+    Examples:
         >>> with failures_published([0], "building a loader"):  # one process: nobody to tell
         ...     pass
     """
@@ -220,7 +220,7 @@ def _publish(
 def describe_failures(failed: Mapping[int, str], me: int, what: str) -> str:
     """The error of a process that reached the agreement while others failed before it.
 
-    Example:
+    Examples:
         >>> failed = {2: "(building DataLoader 'train'): OSError: EIO reading shard 7"}
         >>> print(describe_failures(failed, 0, "built DataLoader 'train'"))
         process 2 of the mesh failed, while process 0 built DataLoader 'train' and waited for it: process 2 (building DataLoader 'train'): OSError: EIO reading shard 7; every process of the mesh must build the loader: fix the error on process 2 (raised there, with its traceback)
@@ -237,7 +237,7 @@ def describe_failures(failed: Mapping[int, str], me: int, what: str) -> str:
 def describe_difference(values: Mapping[int, Mapping[str, Any]], what: str) -> str:
     """The error for settings that differ: each setting, who has which value, and the fix.
 
-    Example:
+    Examples:
         >>> values = {0: {"seed": 1}, 1: {"seed": 2}, 2: {"seed": 1}}
         >>> print(describe_difference(values, "built a loader"))
         the 3 processes of the mesh built a loader with different settings, so devices that must hold the same rows would get different ones. seed (processes 0, 2 have 1, process 1 has 2): pass the same seed on every host, from the config, never from time.time() or the process index
@@ -324,7 +324,7 @@ def describe_end(
 ) -> str:
     """The `StopIteration` message at a stream's end, saying whether shards were unequal.
 
-    Example:
+    Examples:
         >>> describe_end(4, [1], {1: 0}, 2, "StreamSource(files, sharded by a callable)")
         'step 4: shard 1 of 2 of StreamSource(files, sharded by a callable) ended; the other shards still had elements (the shards of a callable stream have unequal lengths), and every host stops at the first end'
     """

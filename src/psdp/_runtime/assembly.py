@@ -1,4 +1,4 @@
-"""Assembly: a host's window buffers -> one global `jax.Array` per leaf (``docs/performance.md``,
+"""Assembly: a host's window buffers -> one global `jax.Array` per leaf (``docs/measurements/performance.md``,
 figure 1, measures the two paths)."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ BATCHED_PUT_MIN_BYTES = 4 << 20
 class LeafAssembler(LeafWindows):
     """A leaf's windows (`LeafWindows`) and the per-step work: `assemble`.
 
-    Example:
+    Examples:
         >>> import jax, numpy as np
         >>> from jax.sharding import Mesh, PartitionSpec as P
         >>> mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "model"))
@@ -120,7 +120,7 @@ class BatchAssembler:
     """A step's window buffers -> the batch: every leaf's global array, the mask leaf, haliax
     NamedArrays where asked, and the single leaf of an array source unwrapped.
 
-    Example:
+    Examples:
         >>> import jax, numpy as np
         >>> from jax.sharding import Mesh
         >>> from psdp._plan.loader_plan import LoaderPlan
@@ -184,7 +184,7 @@ def halo_mask(leaf: LeafWindows, key: Key, dim: int | None = None) -> jax.Array:
     global array sharded like that dimension (`DataLoader.halo_mask`); ``dim`` may be left out
     when the leaf has one windowed dimension.
 
-    Example:
+    Examples:
         >>> import jax, numpy as np
         >>> from jax.sharding import Mesh, PartitionSpec as P
         >>> mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "model"))
@@ -211,7 +211,7 @@ def domain_mask(leaf: LeafWindows, key: Key, dim: int | None = None) -> jax.Arra
     for halo positions beyond the domain's edges, whatever their boundary rule filled in. A
     device's own entries are ``domain_mask & ~halo_mask``.
 
-    Example:
+    Examples:
         7 columns over 2 shards: 4 per device, the last one padding.
 
         >>> import jax, numpy as np

@@ -1,5 +1,5 @@
 """`eval_loader`: a `DataLoader` for evaluation, one pass over its source in order, then the end
-(``docs/loader.md``, "Finite loaders: evaluation")."""
+(``docs/guides/evaluate.md``, "Finite loaders: evaluation")."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def eval_loader(source: Any, *, mesh: Mesh, **options: Any) -> DataLoader:
     of eval sets gets one loader per set: ``{name: eval_loader(source, ...) for name, source in
     mixture.sources.items()}``.
 
-    Example:
+    Examples:
         >>> import jax, numpy as np
         >>> from jax.sharding import Mesh
         >>> mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "model"))

@@ -1,5 +1,5 @@
 """Feeds: where a step's rows come from, for random-access sources and for streams
-(``docs/loader.md``, ``docs/sources.md``). The loader sees only the `Feed` protocol."""
+(``docs/concepts/loader.md``, ``docs/guides/stores.md``). The loader sees only the `Feed` protocol."""
 
 from __future__ import annotations
 

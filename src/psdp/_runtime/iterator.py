@@ -1,5 +1,5 @@
 """`LoaderIterator`: a loader's batches prefetched from a step, with its own checkpoint state;
-`Iterators`: the iterators a loader has open (``docs/loader.md``, ``docs/reliability.md``)."""
+`Iterators`: the iterators a loader has open (``docs/concepts/loader.md``, ``docs/reference/reliability.md``)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ class LoaderIterator(Prefetcher[Any]):
     """What ``iter(loader)`` and `DataLoader.iter_from` return: batches prefetched on background
     threads, and the iterator's own `state`.
 
-    Example:
+    Examples:
         >>> import jax, numpy as np
         >>> from jax.sharding import Mesh
         >>> from psdp import DataLoader

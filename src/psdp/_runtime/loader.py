@@ -1,5 +1,5 @@
 """The `DataLoader`: a thin iterator over a frozen `LoaderPlan`, a feed and a `StepReader`
-(``docs/loader.md``; the parts: ``docs/architecture.md``)."""
+(``docs/concepts/loader.md``; the parts: ``docs/concepts/architecture.md``)."""
 
 from __future__ import annotations
 
@@ -54,13 +54,17 @@ class DataLoader:
             any object with ``__len__`` and a batched ``__getitem__(ids)``, a list of records
             (each an array or a dict of arrays), or a `StreamSource`.
         mesh: the `jax.sharding.Mesh` the batch lives on.
-        order, sharding, output, reading: the option groups (`OrderOptions`, `ShardingOptions`,
-            `OutputOptions`, `ReadingOptions`); or pass their fields as flat keywords, e.g.
-            ``global_batch_size=8, batch_spec="batch"``. Each option: ``docs/loader.md``.
+        order: the order option group (`OrderOptions`); like each group below, or pass its
+            fields as flat keywords, e.g. ``global_batch_size=8, batch_spec="batch"``. Each
+            option: ``docs/reference/config.md``.
+        sharding: the sharding option group (`ShardingOptions`).
+        output: the output option group (`OutputOptions`).
+        reading: the reading option group (`ReadingOptions`).
+        **options: the option groups' fields as flat keywords (instead of the groups).
         process_index: this host; defaults to ``jax.process_index()``.
         name: the prefetch threads' name.
 
-    Example:
+    Examples:
         >>> import jax, numpy as np
         >>> from jax.sharding import Mesh
         >>> mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "model"))
@@ -150,9 +154,9 @@ class DataLoader:
 
     def step_info(self, step: int) -> StepInfo:
         """Where ``step`` lies, without reading data: its first sample offset, batch size, real
-        rows and epoch (what a trainer logs; ``docs/loader.md``, "Offsets, schedules and skips").
+        rows and epoch (what a trainer logs; ``docs/concepts/order-and-resume.md``, "Offsets, schedules and skips").
 
-        Example:
+        Examples:
             >>> import jax, numpy as np
             >>> from jax.sharding import Mesh
             >>> mesh = Mesh(np.array(jax.devices()), ("data",))
@@ -183,13 +187,13 @@ class DataLoader:
     def halo_mask(self, key: str | None = None, dim: int | None = None) -> jax.Array:
         """Which positions of a windowed leaf's dimension ``dim`` are halo positions (``True``),
         as a global array sharded like that dimension, the same every step (``dim`` may be left
-        out when the leaf has one windowed dimension; ``docs/partitioning.md``)."""
+        out when the leaf has one windowed dimension; ``docs/concepts/partitioning.md``)."""
         return halo_mask(self.plan.leaves[key], key, dim)
 
     def domain_mask(self, key: str | None = None, dim: int | None = None) -> jax.Array:
         """Which positions of a windowed leaf's dimension ``dim`` lie inside the domain
         (``True``): ``False`` for an uneven domain's padding and for halo positions beyond its
-        edges (``docs/partitioning.md``)."""
+        edges (``docs/concepts/partitioning.md``)."""
         return domain_mask(self.plan.leaves[key], key, dim)
 
     def batch_at(self, step: int) -> Batch:
@@ -270,7 +274,7 @@ class DataLoader:
 
         The step is the one the open iterator hands out next (`start_step` before any; the last
         one's once all are closed). With two open iterators it is ambiguous, so this raises: save
-        ``it.state()`` of the iterator you train from (``docs/reliability.md``).
+        ``it.state()`` of the iterator you train from (``docs/reference/reliability.md``).
         """
         return self._state_at(self._iterators.next_step(self.start_step))
 
@@ -286,7 +290,7 @@ class DataLoader:
         ``kwargs`` are other `DataLoader` arguments. The mesh, host count and batch size (or its
         schedule), skips and ``drop_last`` may differ from the saved run's: they apply from the
         resume step on, and no sample is repeated or lost. The seed and shuffle come from the
-        state; giving a different value is an error (``docs/reliability.md``).
+        state; giving a different value is an error (``docs/reference/reliability.md``).
         """
         name = kwargs.get("name", DEFAULT_NAME)
         with failures_published(_layout_of(mesh).processes, f"restoring DataLoader {name!r}"):

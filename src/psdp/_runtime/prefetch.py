@@ -1,5 +1,5 @@
 """`Prefetcher`: background threads that keep the next few steps' items ready, delivered strictly
-in step order; errors at their step; a bounded, prompt `close` (``docs/loader.md``, "Threads, errors
+in step order; errors at their step; a bounded, prompt `close` (``docs/concepts/loader.md``, "Threads, errors
 and shutdown"). Nothing here knows about JAX or meshes.
 
 Every wait is on a condition, without a timeout, and every change that could end one notifies it
@@ -42,7 +42,7 @@ class Prefetcher(Generic[T]):
         read_threads: threads producing consecutive steps concurrently (>= 1); items are still
             delivered in step order, and at most ``depth + read_threads`` exist at once.
 
-    Example:
+    Examples:
         >>> with Prefetcher(lambda step: step * step, start=3, depth=2, name="demo") as items:
         ...     [next(items) for _ in range(3)]
         [9, 16, 25]
@@ -171,7 +171,7 @@ class Prefetcher(Generic[T]):
     def ready(self) -> int:
         """Finished items ``next()`` can take now without waiting (consecutive from `next_step`).
 
-        Example:
+        Examples:
             >>> items = Prefetcher(lambda step: step, start=0, depth=2, name="demo")
             >>> items.close()
             >>> items.ready  # close() dropped whatever was finished

@@ -1,4 +1,4 @@
-"""A loader's checkpoint state: what it holds, and the checks of a restore (``docs/reliability.md``)."""
+"""A loader's checkpoint state: what it holds, and the checks of a restore (``docs/reference/reliability.md``)."""
 
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ def fingerprint(rows: int | None, plan: LoaderPlan, source: Any = None) -> dict[
 def loader_state(step: int, order: OrderOptions, feed: Any, plan: LoaderPlan) -> dict[str, Any]:
     """The state of a loader whose next batch is that of ``step``.
 
-    Example:
+    Examples:
         >>> import jax, numpy as np
         >>> from jax.sharding import Mesh
         >>> from psdp._plan.options import LoaderOptions

@@ -1,5 +1,5 @@
 """`StepReader`: one step's source reads -> window buffers: read, retry, pad, check, cast, cut,
-time out (``docs/loader.md``; the errors and retries: ``docs/reliability.md``, ``docs/sources.md``)."""
+time out (``docs/concepts/loader.md``; the errors and retries: ``docs/reference/reliability.md``, ``docs/guides/s3.md``)."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ class StepReader:
     ``read_attempts`` tries; any other error fails at once, with a note naming the step. Until
     the first step is read, reads get ``first_read_timeout_s`` instead of ``timeout_s``.
 
-    Example:
+    Examples:
         >>> import jax, numpy as np
         >>> from jax.sharding import Mesh
         >>> from psdp._plan.options import LoaderOptions
@@ -216,7 +216,7 @@ class StepReader:
             c is not None for c in request.columns.values()
         )
         if partial and read_window is not None:
-            # a whole-row leaf is the empty box, as docs/sources.md defines boxes
+            # a whole-row leaf is the empty box, as docs/guides/custom-sources.md defines boxes
             boxes = {key: () if box is None else box for key, box in request.columns.items()}
             return leaves_of(read_window(ids, boxes))
         # a source without column reads: read whole rows, keep this request's leaves and columns
@@ -275,7 +275,7 @@ def read_first_row(feed: Any, reading: ReadingOptions) -> dict[Key, np.ndarray]:
     like a step's reads, and bounded like the first step's (``first_read_timeout_s``, else
     ``read_timeout_s``; unset: no limit).
 
-    Example:
+    Examples:
         >>> from psdp._plan.options import OrderOptions
         >>> from psdp._runtime.feeds import open_feed
         >>> feed = open_feed(np.arange(6, dtype=np.int32), OrderOptions(global_batch_size=2))
@@ -328,7 +328,7 @@ def retried(
     error (`psdp.sources.stores.errors.is_transient`), up to ``attempts`` tries; any other error, the
     last try's, or one after ``stopped()`` is raised with a note naming ``where``.
 
-    Example:
+    Examples:
         >>> from psdp.sources.stores.errors import TransientReadError
         >>> from psdp.sources import ArraySource
         >>> failures = [TransientReadError("503 SlowDown")]

@@ -1,4 +1,4 @@
-"""Stall telemetry: is the loader the bottleneck? (``docs/loader.md``).
+"""Stall telemetry: is the loader the bottleneck? (``docs/guides/tuning.md``).
 
 Reader threads call ``record_read``, the trainer ``record_next``; one lock guards every append and
 every snapshot. The verdict rests on the trainer's wait, never on read times alone: with ``N``
@@ -83,7 +83,7 @@ class LoaderStats:
     def advice(self) -> str:
         """Which half of the loader to speed up, from the read and assembly times.
 
-        Example:
+        Examples:
             >>> LoaderStats(10, 10, 9.0, 12.0, 12.0, 0.4, 20.0, 25.0, 30.0, 1.0, 1.5, 0.0, True).advice()
             'reads dominate (25.00 ms vs 1.00 ms assembly): raise read_threads, or use a faster layout'
         """
@@ -106,7 +106,7 @@ class Telemetry:
         stall_warning_s: log a warning (with the figures) when one ``next()`` waits longer than
             this; ``None`` disables it.
 
-    Example:
+    Examples:
         >>> t = Telemetry(stall_warning_s=None)
         >>> t.record_read(0.004, 0.001)
         >>> t.record_next(step=0, wait_s=0.0, depth=2)

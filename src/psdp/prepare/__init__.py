@@ -1,6 +1,6 @@
 """`prepare`: text (jsonl, Parquet, Arrow, a `datasets` export) -> tokenizer -> a document store
 that `DocumentStore.open`, `TokenSequences`, `PackedSequences` and `Mixture` read.
-``docs/prepare.md``.
+``docs/guides/prepare.md``.
 
 The driver plans units (`readers`), records them in the store's manifest (`parts`), runs one
 task per pending unit on an engine (`engines`, `tasks`: read, tokenize, write and commit a part)
@@ -90,7 +90,7 @@ def prepare(
     progress: bool = True,
 ) -> PrepareSummary:
     """Tokenizes ``inputs`` into a parted document store at ``output``; resumes a killed run and
-    appends new input shards (``docs/prepare.md``).
+    appends new input shards (``docs/guides/prepare.md``).
 
     Args:
         inputs: files, globs or `datasets` save_to_disk directories, local or in an object store
@@ -100,7 +100,8 @@ def prepare(
         field: the text field (column) of each record.
         messages_field: instead of ``field``, a field of chat messages rendered with the
             tokenizer's chat template (a ``loss_mask`` leaf covers the assistant's tokens).
-        bos, eos: a token (string or id) put before / after each document, or ``None``.
+        bos: a token (string or id) put before each document, or ``None``.
+        eos: a token (string or id) put after each document, or ``None``.
         workers: worker processes (default: every core); engine ``"ray"``: ignored.
         engine: ``"local"`` or ``"ray"`` (on the cluster at ``ray_address``).
         skip_bad: skip malformed records, counted by reason, instead of raising.
@@ -108,7 +109,7 @@ def prepare(
         tokens_per_shard: tokens per shard file of each part's arrays.
         progress: show a progress bar with documents/s and tokens/s.
 
-    Example:
+    Examples:
         >>> import json, tempfile
         >>> from tokenizers import Tokenizer, models, pre_tokenizers
         >>> from psdp import DocumentStore

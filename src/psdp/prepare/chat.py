@@ -5,7 +5,7 @@ template renders it, and transformers' own template machinery (``apply_chat_temp
 ``return_assistant_tokens_mask``) marks the tokens that the template wraps in
 ``{% generation %}...{% endgeneration %}``: those, and only those, count in the loss. psdp writes
 no template engine of its own. The tokenizer comes from a local directory (``save_pretrained``);
-nothing is downloaded. ``docs/prepare.md``, "Chat data".
+nothing is downloaded. ``docs/guides/prepare.md``, "Chat data".
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ class LocalEngine:
     survive ``fork``), each tokenizing on one core (`ONE_CORE`); one worker runs the tasks in
     this process, on one core too while it runs.
 
-    Example:
+    Examples:
         >>> engine = LocalEngine(1)
         >>> sorted(engine.map_unordered(abs, [-2, 1]))
         [1, 2]

@@ -1,6 +1,6 @@
 """The store `prepare` writes: parts, each an ordinary document store committed atomically, listed
 in input order by a manifest (``psdp.json``, format `PARTS_FORMAT`) that `DocumentStore.open`
-reads as one corpus (``psdp.sources.documents.parts``). ``docs/prepare.md``, "Parts".
+reads as one corpus (``psdp.sources.documents.parts``). ``docs/guides/prepare.md``, "Parts".
 
 The manifest is the store's only commit point, replaced by compare-and-swap (TensorStore's
 conditional write, on a local directory as on S3/GCS): it records the key of the settings and

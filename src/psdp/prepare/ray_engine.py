@@ -3,7 +3,7 @@
 It has the local engine's protocol (``map_unordered(fn, tasks)``, ``close()``), and runs the same
 module-level task function, so a store does not depend on the engine (the work is cut by input,
 never by worker). Each task becomes one ``ray.remote`` call; results come back as they finish.
-Running on a multi-node cluster: ``docs/prepare.md``, "On a Ray cluster".
+Running on a multi-node cluster: ``docs/guides/prepare.md``, "On a Ray cluster".
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ class RayEngine:
     A Ray session that is already open in this process is used as it is, and left open by
     `close`; one that the engine opened, it shuts down.
 
-    Example:
+    Examples:
         >>> import operator
         >>> engine = RayEngine(num_cpus=1)  # doctest: +SKIP
         >>> sorted(engine.map_unordered(operator.neg, [1, 2, 3]))  # doctest: +SKIP
@@ -91,7 +91,7 @@ def _apply(fn: Callable[[T], R], task: T) -> R:
     return fn(task)
 
 
-#: The first TensorStore that lets a process fork after using it (0.1.72 aborts; docs/prepare.md).
+#: The first TensorStore that lets a process fork after using it (0.1.72 aborts; docs/guides/prepare.md).
 FORK_SAFE_TENSORSTORE = (0, 1, 86)
 
 

@@ -1,5 +1,5 @@
 """Inputs of `prepare`: which files a list of inputs names, cut into units of work, and the
-records of one unit. ``docs/prepare.md``, "Inputs".
+records of one unit. ``docs/guides/prepare.md``, "Inputs".
 
 An input is a file, a glob of files or a Hugging Face `datasets` directory (``save_to_disk``),
 local or in an object store (a URL such as ``s3://bucket/shards/*.jsonl``, or a TensorStore
@@ -103,7 +103,7 @@ class Batch:
 def plan_units(inputs: Any, rows_per_part: int) -> list[Unit]:
     """The units of ``inputs``, in their order (a glob's files sorted by name).
 
-    Example:
+    Examples:
         >>> import tempfile
         >>> tmp = tempfile.TemporaryDirectory()
         >>> for name in ("b.jsonl", "a.jsonl"):

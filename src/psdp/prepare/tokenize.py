@@ -1,6 +1,6 @@
 """Tokenization for `prepare`: a Hugging Face ``tokenizers`` tokenizer, texts encoded a batch at a
 time, the BOS/EOS ids the user chose around each document, in the smallest unsigned dtype that
-holds every id of the vocabulary. ``docs/prepare.md``, "Tokenizer".
+holds every id of the vocabulary. ``docs/guides/prepare.md``, "Tokenizer".
 
 The tokenizer's own special tokens (its post-processor) are not added: BOS and EOS are what the
 user asks for, nothing else, so the ids are exactly ``encode(text, add_special_tokens=False)``.
@@ -92,7 +92,7 @@ def tokenizer_from(body: bytes, file: str | os.PathLike[str]) -> Any:
 def id_dtype(vocab_size: int) -> np.dtype:
     """The smallest unsigned dtype that holds ids ``0 .. vocab_size - 1``.
 
-    Example:
+    Examples:
         >>> [id_dtype(n).name for n in (256, 257, 65_536, 65_537)]
         ['uint8', 'uint16', 'uint16', 'uint32']
     """
@@ -135,7 +135,7 @@ def special_id(tokenizer: Any, name: str, token: str | int | None) -> int | None
 class Encoder:
     """Texts -> one id array per document (``bos`` first, ``eos`` last when given), in `dtype`.
 
-    Example:
+    Examples:
         >>> from tokenizers import Tokenizer, models, pre_tokenizers
         >>> tokenizer = Tokenizer(models.WordLevel({"a": 0, "b": 1, "<eos>": 2}, unk_token="a"))
         >>> tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()

@@ -1,4 +1,4 @@
-"""Sources: where rows come from (``docs/sources.md``), in three folders by what they are.
+"""Sources: where rows come from (``docs/guides/stores.md``), in three folders by what they are.
 
 - `base`: the `Source` protocol, `Rows`, and the in-memory sources (`ArraySource`, ...).
 - `stores/`: where bytes live and how they are written: `TensorStoreSource` and `write_dataset`,

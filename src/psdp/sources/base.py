@@ -1,5 +1,5 @@
 """The random-access source protocol, the in-memory sources, and the helpers every source shares.
-What a read must return (any order, repeats, thread-safe): ``docs/sources.md``, "The protocol".
+What a read must return (any order, repeats, thread-safe): ``docs/guides/custom-sources.md``, "The protocol".
 `as_source`, which picks a source for any object, is in ``stores/adapt.py``: it needs the stores.
 """
 
@@ -34,7 +34,7 @@ def reads_fresh_rows(source: Any) -> bool:
     A subclass that overrides ``read`` (or ``read_window``) may return memory it keeps, so it is
     not trusted, even when it calls the marked method of its parent.
 
-    Example:
+    Examples:
         >>> class Views(ArraySource):
         ...     def read(self, ids): return super().read(ids)
         >>> reads_fresh_rows(ArraySource(np.zeros(3))), reads_fresh_rows(Views(np.zeros(3)))
@@ -52,7 +52,7 @@ class Source(Protocol):
     A source may also offer `SupportsReadWindow`'s ``read_window``: the loader then reads a
     windowed leaf's columns or box only, instead of whole rows.
 
-    Example:
+    Examples:
         >>> class Squares:
         ...     def __len__(self): return 10
         ...     def read(self, ids): return ids * ids
@@ -70,7 +70,7 @@ class Source(Protocol):
 
 @runtime_checkable
 class SupportsReadWindow(Protocol):
-    """A source that reads some leaves cut to a box: ``docs/sources.md``, "Column windows and
+    """A source that reads some leaves cut to a box: ``docs/guides/custom-sources.md``, "Column windows and
     boxes".
 
     ``columns`` maps each leaf to read (``None`` for a single array) to its box: a slice of
@@ -78,7 +78,7 @@ class SupportsReadWindow(Protocol):
     indexing; dimensions past the tuple whole). ``()`` is the whole row: the loader reads
     whole-row leaves that way beside a windowed leaf. Returns exactly those leaves, one row per id.
 
-    Example:
+    Examples:
         >>> src = ArraySource({"tokens": np.arange(12).reshape(3, 4), "w": np.arange(3)})
         >>> got = src.read_window(np.array([2]), {"tokens": (slice(1, 3),), "w": ()})
         >>> isinstance(src, SupportsReadWindow), got["tokens"].tolist(), got["w"].tolist()
@@ -91,7 +91,7 @@ class SupportsReadWindow(Protocol):
 class ArraySource:
     """In-memory rows: one array ``(N, ...)`` or a dict of arrays with the same ``N``.
 
-    Example:
+    Examples:
         >>> src = ArraySource({"tokens": np.arange(12).reshape(6, 2), "weight": np.ones(6)})
         >>> len(src), src.read(np.array([4, 1]))["tokens"].tolist()
         (6, [[8, 9], [2, 3]])
@@ -126,11 +126,11 @@ class ArraySource:
     @fresh_rows
     def read_window(self, ids: np.ndarray, columns: Mapping[Key, Box]) -> dict[Key, np.ndarray]:
         """Only some leaves (``None``: the single array), each cut to a range of dimension 1, or
-        to a box of several dimensions (``docs/sources.md``, "Spatial reads").
+        to a box of several dimensions (``docs/guides/spatial.md``, "Spatial reads").
 
         The loader uses this for windowed leaves, so a host copies only its columns or box.
 
-        Example:
+        Examples:
             >>> src = ArraySource({"tokens": np.arange(12).reshape(3, 4), "weight": np.ones(3)})
             >>> src.read_window(np.array([2, 0]), {"tokens": slice(1, 3)})["tokens"].tolist()
             [[9, 10], [1, 2]]
@@ -148,7 +148,7 @@ class ArraySource:
 class IndexableSource:
     """Adapts any object with ``__len__`` and a batched ``__getitem__(ids)``.
 
-    Example:
+    Examples:
         >>> src = IndexableSource(np.arange(10) * 10)
         >>> len(src), src.read(np.array([7, 2])).tolist(), src.describe()
         (10, [70, 20], 'IndexableSource(ndarray, 10 rows)')

@@ -1,4 +1,4 @@
 """psdp's tools: the ``psdp`` command line, the local pod, the pod simulator and the benchmarks.
 
-See ``docs/architecture.md``.
+See ``docs/concepts/architecture.md``.
 """

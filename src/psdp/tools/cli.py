@@ -1,5 +1,5 @@
 """The ``psdp`` command line: ``plan``, ``simulate``, ``write``, ``prepare`` and ``bench``
-(``docs/cli.md``).
+(``docs/reference/cli.md``).
 
 Every user error, from argparse or from the library, ends as one line on stderr and exit code 2.
 """
@@ -25,7 +25,7 @@ Subparsers = Any  # argparse's private _SubParsersAction
 
 USAGE_ERROR = 2
 
-#: `psdp plan --example`: the pod of docs/concepts.md.
+#: `psdp plan --example`: the pod of docs/concepts/mesh.md.
 EXAMPLE = {
     "axes": "data=4,model=4",
     "processes": 4,
@@ -55,7 +55,7 @@ class _Parser(argparse.ArgumentParser):
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs ``psdp`` with ``argv`` (default ``sys.argv[1:]``) and returns the exit code.
 
-    Example:
+    Examples:
         >>> main(["plan", "--example", "--json"])  # doctest: +ELLIPSIS
         {
           "mesh": {
@@ -136,7 +136,7 @@ def _add_plan(subparsers: Subparsers) -> None:
     parser.add_argument(
         "--example",
         action="store_true",
-        help="the pod of docs/concepts.md: data=4,model=4 on 4 processes, noncontiguous, "
+        help="the pod of docs/concepts/mesh.md: data=4,model=4 on 4 processes, noncontiguous, "
         "batch 16; any option given overrides it",
     )
     parser.add_argument("--axes", help="mesh axes in order, NAME=SIZE pairs: data=4,model=4")
@@ -302,7 +302,7 @@ def _add_simulate(subparsers: Subparsers) -> None:
             "on a chosen mesh layout, run the loader on every host, check every step that each "
             "device holds exactly its rows (psdp.check_consistency), and report steps/s and the "
             "loader wait per step. Without --source, a synthetic token dataset is written to a "
-            "temporary TensorStore store. Defaults: the pod of docs/concepts.md (data=4,model=4 on "
+            "temporary TensorStore store. Defaults: the pod of docs/concepts/mesh.md (data=4,model=4 on "
             "4 processes, noncontiguous), batch 16 x 32 tokens, 300 steps."
         ),
     )
@@ -685,7 +685,7 @@ def _add_prepare(subparsers: Subparsers) -> None:
             "Tokenize the text of INPUTS (files, globs or datasets save_to_disk directories, "
             "local or s3://, gs://) with a Hugging Face tokenizer into a document store that "
             "DocumentStore.open reads, in parts committed one at a time: a killed run resumes, "
-            "new inputs are appended. docs/prepare.md."
+            "new inputs are appended. docs/guides/prepare.md."
         ),
     )
     parser.add_argument("inputs", nargs="+", help="files, globs or datasets directories")

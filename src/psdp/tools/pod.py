@@ -1,5 +1,5 @@
 """A local pod: N real JAX processes on 127.0.0.1, each with k fake CPU devices, running one function;
-a failing process stops the others within seconds (``docs/cli.md``, "The local pod")."""
+a failing process stops the others within seconds (``docs/guides/local-pod.md``, "The local pod")."""
 
 from __future__ import annotations
 
@@ -98,7 +98,7 @@ def run_pod(
             error, then each child's exit status and the tail of its output. The other children
             are stopped within about `_GRACE_S` seconds.
 
-    Example:
+    Examples:
         >>> results = run_pod("psdp.tools.pod:_describe_host", num_processes=2, devices_per_process=2)
         >>> results
         [{'process': 0, 'devices': 4}, {'process': 1, 'devices': 4}]
@@ -165,7 +165,7 @@ def _log_folder(log_dir: str | os.PathLike[str] | None) -> Path | None:
 def report_progress(done: int, total: int) -> None:
     """Inside a pod target: tells the parent how far this process is (a no-op elsewhere).
 
-    Example:
+    Examples:
         >>> report_progress(3, 10)  # outside a pod: nothing happens
     """
     path = os.environ.get(PROGRESS_ENV)
@@ -182,7 +182,7 @@ def target_of(target: str | Callable[..., Any]) -> tuple[str, str | None]:
     that holds its top-level package, so a child finds the same module as this process did, even
     from another working directory or where another installed package has the same name.
 
-    Example:
+    Examples:
         >>> target_of(target_of)[0]
         'psdp.tools.pod:target_of'
         >>> target_of(lambda: 0)

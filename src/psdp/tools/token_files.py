@@ -1,6 +1,6 @@
 """Token files of other tools read as documents for `psdp.write_documents` (``psdp write``).
 
-Three forms (``docs/tokens.md``, "Converting token files"):
+Three forms (``docs/guides/tokens.md``, "Converting token files"):
 
 - a flat ``.npy`` token array with an offsets ``.npy`` of ``D + 1`` entries (nanoGPT/MaxText);
 - a flat ``.npy`` or a raw nanoGPT ``.bin`` (no header, ``uint16`` by default) split after each
@@ -49,7 +49,7 @@ def flat_tokens(path: str, dtype: Any = None) -> np.ndarray:
     """The flat tokens of a ``.npy`` file (memory-mapped; ``dtype`` must be None or its own) or a
     raw ``.bin`` file (``dtype``, default `BIN_DTYPE`).
 
-    Example:
+    Examples:
         >>> import tempfile
         >>> tmp = tempfile.TemporaryDirectory()
         >>> np.array([5, 6, 0], np.uint16).tofile(f"{tmp.name}/t.bin")
@@ -83,7 +83,7 @@ def flat_tokens(path: str, dtype: Any = None) -> np.ndarray:
 def split_at_offsets(tokens: np.ndarray, offsets_path: str, tokens_path: str) -> Documents:
     """Document ``d`` is ``tokens[offsets[d]:offsets[d + 1]]``; the offsets are checked first.
 
-    Example:
+    Examples:
         >>> import tempfile
         >>> tmp = tempfile.TemporaryDirectory()
         >>> np.save(f"{tmp.name}/o.npy", np.array([0, 2, 2, 3]))
@@ -123,7 +123,7 @@ def split_after_eos(tokens: np.ndarray, eos_id: int) -> Documents:
     """Documents ending with (and keeping) each ``eos_id`` token; tokens after the last EOS are
     the last document.
 
-    Example:
+    Examples:
         >>> docs = split_after_eos(np.array([5, 6, 0, 7, 0, 8]), 0)
         >>> [d.tolist() for d in docs]
         [[5, 6, 0], [7, 0], [8]]
@@ -147,7 +147,7 @@ def jsonl_documents(path: str, dtype: Any, key: str | None = None) -> Documents:
     ``key`` an object holding that list under ``key``. Blank lines are skipped; every id must fit
     ``dtype``.
 
-    Example:
+    Examples:
         >>> import tempfile
         >>> tmp = tempfile.TemporaryDirectory()
         >>> with open(f"{tmp.name}/d.jsonl", "w") as f:
@@ -212,7 +212,7 @@ def _ids_of(value: Any, where: str, key: str | None) -> list[Any]:
         hint = (
             " (lines are objects: name the key of the token ids with --key)"
             if (key is None and isinstance(value, dict))
-            else " (text is tokenized by `psdp prepare`, docs/prepare.md)"
+            else " (text is tokenized by `psdp prepare`, docs/guides/prepare.md)"
             if isinstance(value, str)
             else ""
         )

@@ -1,4 +1,4 @@
-"""Documents: variable-length token documents stored flat, and their indexes (``docs/tokens.md``).
+"""Documents: variable-length token documents stored flat, and their indexes (``docs/guides/tokens.md``).
 
 `DocumentStore` (`store`) reads token ranges of documents; `DocumentIndex` (`index`) is what a
 host keeps of their offsets; `write_documents` (`writer`) writes a store, which `format` reads

@@ -1,6 +1,6 @@
 """A document store's on-disk format read back: ``psdp.json`` (a store's, or a parted store's
 manifest) checked, its arrays opened, its committed `DocumentIndex` read (layout: ``writer.py``,
-which writes this format, and ``docs/tokens.md``).
+which writes this format, and ``docs/guides/tokens.md``).
 
 It hands back the arrays (`StoredDocuments`), not a `DocumentStore`: ``store.py`` makes the
 store from them, so the store's module needs nothing above it and loads tensorstore only when a

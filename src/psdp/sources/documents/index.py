@@ -10,7 +10,7 @@ boundaries. Offsets that gather (`gathers`: numpy, in memory or memory-mapped, o
 with ``take``) are searched in place inside each block instead: ~log2(stride) entries per range
 end, whatever the store's size and whichever blocks other ranges touch. The index comes from `write_documents` (recorded beside
 the offsets) or from `build_index`, one streaming pass that checks every offset on the way.
-``docs/tokens.md``, "The document index".
+``docs/guides/tokens.md``, "The document index".
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ class DocumentIndex:
     ``longest`` bounds every document's length (the exact longest when built), which decides the
     dtype of the positions a view computes.
 
-    Example:
+    Examples:
         >>> offsets = np.array([0, 3, 3, 7, 8, 10])  # 5 documents, the second empty
         >>> read = lambda a, b: offsets[a[0]:b[0]]  # one range at a time
         >>> index = build_index(read, 5, stride=2, name="example")
@@ -146,7 +146,7 @@ class DocumentIndex:
         at 10^9 documents), while every `GROUP`-th mark is a small array that stays in cache,
         and it leaves one cache line of marks to compare per position.
 
-        Example:
+        Examples:
             >>> index = DocumentIndex(10, 2, np.arange(0, 60, 10), np.arange(0, 12, 2), 10)
             >>> index.blocks_of(np.array([0, 9, 10, 25, 49]), eos=False).tolist()
             [0, 0, 1, 2, 4]
@@ -287,7 +287,7 @@ def ranges(first: np.ndarray, count: np.ndarray, dtype: Any = np.int64) -> np.nd
     """``first[i], first[i] + 1, ..., first[i] + count[i] - 1`` for every ``i``, concatenated,
     in ``dtype`` (which must hold ``count.sum()`` and every value).
 
-    Example:
+    Examples:
         >>> ranges(np.array([5, 0, 9]), np.array([2, 0, 3])).tolist()
         [5, 6, 9, 10, 11]
     """
@@ -310,7 +310,7 @@ def documents_touching(
     stream's length), from the index and the offsets: ``offsets`` itself when it is a numpy
     array, else one ``read`` per run of the blocks the ranges touch.
 
-    Example:
+    Examples:
         >>> offsets = np.array([0, 3, 3, 7, 8, 10])  # stream: 0 1 2 E 3 4 5 6 E 7 E 8 9 E
         >>> read = lambda a, b: np.concatenate([offsets[x:y] for x, y in zip(a, b)])
         >>> index = build_index(read, 5, stride=2, name="example")

@@ -1,4 +1,4 @@
-"""Levanter's token caches read in place as a `DocumentStore` (``docs/tokens.md``); the cache's
+"""Levanter's token caches read in place as a `DocumentStore` (``docs/guides/tokens.md``); the cache's
 layout on disk, and its checks: ``stores/levanter_cache.py``.
 """
 
@@ -39,7 +39,7 @@ def open_levanter_cache(
         ValueError: the cache is unfinished, holds a psdp store, lacks a leaf, or its arrays do
             not agree with the ledger.
 
-    Example:
+    Examples:
         >>> import json, pathlib, tempfile, tensorstore as ts
         >>> root = tempfile.mkdtemp()  # 2 documents, [5, 6, 7] and [8, 9], as Levanter writes
         >>> for part, values in {"offsets": [2, 3, 5], "data": [5, 6, 7, 8, 9]}.items():

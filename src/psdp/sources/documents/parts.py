@@ -1,7 +1,7 @@
 """A parted document store (what `psdp prepare` writes) read as one corpus: its parts, each an
 ordinary document store (`write_documents`), back to back in the manifest's order.
 
-Layout below the store (``docs/prepare.md``, "Parts"): ``psdp.json`` (the manifest, format
+Layout below the store (``docs/guides/prepare.md``, "Parts"): ``psdp.json`` (the manifest, format
 `PARTS_FORMAT`: the parts in order with their counts, and once complete the file of the whole
 corpus's `DocumentIndex`), ``parts/<name>/`` (one document store each) and ``index-<D>.npz``.
 A host keeps, per part, its open arrays and two numbers (its first document and first token), and
@@ -35,7 +35,7 @@ class PartedOffsets:
     """The offsets of documents stored in parts, as one `FlatArray` of ``D + 1`` entries: entry 0
     is 0, then each part's offsets but its first, plus the tokens of the parts before it.
 
-    Example:
+    Examples:
         >>> first, second = np.array([0, 2, 5]), np.array([0, 4])  # parts of 2 and 1 documents
         >>> offsets = PartedOffsets([ts.array(first), ts.array(second)])
         >>> offsets.shape, offsets[0:4].tolist(), offsets[2:4].tolist()

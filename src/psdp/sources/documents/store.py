@@ -2,7 +2,7 @@
 nanoGPT's token files do: one 1-D array per leaf (``input_ids``, and any per-token leaf such as a
 ``loss_mask``, all aligned token by token) plus ``offsets``, so that document ``d`` is
 ``flat[offsets[d]:offsets[d + 1]]``. Views such as `TokenSequences` choose the sequence length at
-read time and read contiguous token ranges (`DocumentStore.read_ranges`). ``docs/tokens.md``.
+read time and read contiguous token ranges (`DocumentStore.read_ranges`). ``docs/guides/tokens.md``.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def check_view_of(store: Any, view: str, **ids: int | None) -> None:
     computes itself (it would silently replace the store's own), and every token id in ``ids``
     (e.g. ``pad_id=0``; ``None``: unset) an int that the store's token dtype holds.
 
-    Example:
+    Examples:
         >>> store = DocumentStore.from_documents([np.arange(3, dtype=np.uint8)])
         >>> check_view_of(store, "TokenSequences", pad_id=255, eos_id=None)
         >>> check_view_of(store, "TokenSequences", pad_id=256)
@@ -81,7 +81,7 @@ def chosen_leaves(available: Mapping[str, np.dtype], leaves: Any, view: str) -> 
     computed leaf the trainer does not use), or all of ``available`` when ``None``; in
     ``available``'s order.
 
-    Example:
+    Examples:
         >>> available = {"input_ids": np.dtype(np.uint16), "segment_ids": np.dtype(np.int32)}
         >>> list(chosen_leaves(available, ("input_ids",), "TokenSequences"))
         ['input_ids']
@@ -125,7 +125,7 @@ class DocumentStore:
     Build one with `from_documents` (in memory), `open` (written by `write_documents`) or
     `from_arrays` (flat arrays and offsets written by another tool).
 
-    Example:
+    Examples:
         >>> store = DocumentStore.from_documents([np.array([5, 6, 7]), np.array([8, 9])])
         >>> store.offsets_range(0, 3).tolist(), store.num_documents, store.num_tokens
         ([0, 3, 5], 2, 5)
@@ -191,7 +191,7 @@ class DocumentStore:
     def offsets_range(self, start: int, stop: int) -> np.ndarray:
         """``offsets[start:stop]`` as an int64 array the caller owns (one range read).
 
-        Example:
+        Examples:
             >>> store = DocumentStore.from_documents([np.array([5, 6, 7]), np.array([8, 9])])
             >>> store.offsets_range(1, 3).tolist()
             [3, 5]
@@ -221,7 +221,7 @@ class DocumentStore:
         """Whether reading waits on storage: some array (the offsets included) is not a numpy
         array. A loader then reads with several threads by default.
 
-        Example:
+        Examples:
             >>> DocumentStore.from_documents([np.array([1, 2])]).reads_storage
             False
         """
@@ -239,7 +239,7 @@ class DocumentStore:
                 they hold no token to train on and would only shift document numbers (drop
                 them first); a store opened with `from_arrays` may have them.
 
-        Example:
+        Examples:
             >>> docs = [{"input_ids": np.array([1, 2]), "loss_mask": np.array([0, 1], np.uint8)},
             ...         {"input_ids": np.array([3]), "loss_mask": np.array([1], np.uint8)}]
             >>> store = DocumentStore.from_documents(docs)
@@ -284,7 +284,7 @@ class DocumentStore:
                 last entry and 64 evenly spaced marks), else built and saved there. A
                 `DocumentIndex`: used after the same check.
 
-        Example:
+        Examples:
             >>> flat = np.array([7, 7, 8, 9], np.uint16)
             >>> store = DocumentStore.from_arrays(np.array([0, 2, 4]), {"input_ids": flat})
             >>> store.read_ranges([1], [3])["input_ids"].tolist()
@@ -331,7 +331,7 @@ class DocumentStore:
         Levanter cache's int64 ids as int32, which JAX holds without 64-bit mode, or two stores'
         ids as one dtype to mix them.
 
-        Example:
+        Examples:
             >>> store = DocumentStore.from_documents([np.array([5, 6, 7], np.int64)])
             >>> narrow = store.with_dtypes({"input_ids": np.int32})
             >>> narrow.leaves, narrow.read_ranges([1], [3])["input_ids"]
@@ -366,7 +366,7 @@ class DocumentStore:
         back, each non-empty one followed by an EOS if ``eos``. Reads only the offsets of the
         ranges' blocks of documents (`DocumentIndex`).
 
-        Example:
+        Examples:
             >>> store = DocumentStore.from_documents([np.arange(3), np.arange(4), np.arange(2)])
             >>> got = store.documents_touching([2, 8], [5, 9], eos=True)  # a A B C D E ...
             >>> got.count.tolist(), got.doc.tolist(), got.stream_start.tolist()
@@ -385,11 +385,11 @@ class DocumentStore:
         One batched read per leaf: every range read is started, then all are awaited.
 
         Args:
-            starts, stops: 1-D integer arrays of equal length, ``0 <= start <= stop <=
-                num_tokens``.
+            starts: 1-D integer array, ``0 <= start <= stop <= num_tokens``.
+            stops: 1-D integer array of the same length as ``starts``.
             leaves: the leaves to read; default all.
 
-        Example:
+        Examples:
             >>> store = DocumentStore.from_documents([np.arange(10, 16)])
             >>> store.read_ranges([3, 0], [5, 1], ["input_ids"])["input_ids"].tolist()
             [13, 14, 10]
@@ -653,9 +653,9 @@ class FlatArray(Protocol):
     copied before it is handed on, so it may be a view of memory the array reuses. Offsets
     that also have ``take(d)`` (``array[d]`` for an int64 index array, cheap as memory is) are
     searched in place, as numpy's are: a batch reads ~log2(4096) entries a row, not a block of
-    4,096 per row (``docs/tokens.md``).
+    4,096 per row (``docs/guides/tokens.md``).
 
-    Example:
+    Examples:
         >>> class Squares:  # offsets of documents of 1, 3, 5, ... tokens, never stored
         ...     shape, dtype = (5,), np.dtype(np.int64)
         ...     def __getitem__(self, where):

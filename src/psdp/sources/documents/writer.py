@@ -1,7 +1,7 @@
 """`write_documents`: a `DocumentStore` on disk or in an object store, written atomically like
 `write_dataset` (the same staging and commit), read by token ranges (``format.py`` reads it back).
 
-Layout below the store (``docs/tokens.md``): ``psdp.json`` (format `DOCUMENTS_FORMAT`, written
+Layout below the store (``docs/guides/tokens.md``): ``psdp.json`` (format `DOCUMENTS_FORMAT`, written
 last), ``offsets/`` (int64, ``D + 1``, in chunks of one index block), ``index/`` (the offsets'
 `DocumentIndex`, so that opening the store reads no offsets but its ends) and ``tokens/<leaf>/``
 (one flat zarr3 array per leaf, in shard files of ``tokens_per_shard`` tokens and chunks of
@@ -54,12 +54,15 @@ def write_documents(
         tokens_per_shard: tokens per shard file.
         tokens_per_chunk: tokens per chunk, the unit a range read decodes (a read of a few
             thousand tokens touches one or two chunks).
-        compression, checksum, overwrite, progress: as for `write_dataset`.
+        compression: as for `write_dataset`.
+        checksum: as for `write_dataset`.
+        overwrite: as for `write_dataset`.
+        progress: as for `write_dataset`.
 
     Returns:
         ``path`` as a `Path` for a local directory, else ``path`` as given.
 
-    Example:
+    Examples:
         >>> import tempfile
         >>> tmp = tempfile.TemporaryDirectory()
         >>> docs = [np.array([5, 6, 7]), np.array([8, 9])]

@@ -1,4 +1,4 @@
-"""Stores: where rows' bytes live and how they are written (``docs/sources.md``).
+"""Stores: where rows' bytes live and how they are written (``docs/guides/stores.md``).
 
 Random-access sources over arrays on disk or in an object store (`tensorstore`, `memmap`),
 per-record sources (`grain`), sources without random access (`streams`), and `as_source`

@@ -1,4 +1,4 @@
-"""`as_source`: whatever a user passes as data, as a `Source` (``docs/sources.md``).
+"""`as_source`: whatever a user passes as data, as a `Source` (``docs/guides/stores.md``).
 
 It sits above `base` and the stores because it picks among them (a list of records becomes a
 `GrainSource`); `base` holds the protocol and the in-memory sources it returns.
@@ -22,7 +22,7 @@ def as_source(data: Any) -> Source:
     reads record by record on the calling thread: simple, but slow for big batches; stack the
     records into arrays (a dict of arrays) for speed.
 
-    Example:
+    Examples:
         >>> as_source(np.zeros((4, 2))).describe()
         'ArraySource(float64[4, 2])'
         >>> records = [{"x": np.array([i, i])} for i in range(3)]

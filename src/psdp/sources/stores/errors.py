@@ -1,5 +1,5 @@
 """Which store errors may pass if the read or write is tried again, and the pause before each
-new try (``docs/reliability.md``, retries).
+new try (``docs/reference/reliability.md``, retries).
 
 A *transient* error (a reset connection, a reply cut off mid-way, a 5xx or throttling answer, a
 socket timeout) is worth retrying after a pause; anything else (a missing object, a checksum
@@ -41,7 +41,7 @@ class TransientReadError(RuntimeError):
     """A read failed for a reason that may pass (e.g. the store was unreachable for a moment):
     the loader retries it, with backoff, up to ``read_attempts`` times.
 
-    Example:
+    Examples:
         >>> is_transient(TransientReadError("503 SlowDown")), is_transient(KeyError("row"))
         (True, False)
     """
@@ -57,7 +57,7 @@ def is_transient_status(message: str) -> bool:
     at the start of the message only, never a word later on (a path may hold one); or is an
     ``UNKNOWN`` that TensorStore gave one of curl's transport failures (`TRANSIENT_CURL_CODES`).
 
-    Example:
+    Examples:
         >>> is_transient_status("ABORTED: All 32 retry attempts failed: SlowDown")
         True
         >>> is_transient_status('NOT_FOUND: chunk {8, 0} in "UNAVAILABLE/c/1/0" is missing')
@@ -82,7 +82,7 @@ def backoff_s(attempt: int, base_s: float | None, draw: float) -> float:
     most `MAX_BACKOFF_S`, times ``draw`` (a random number in [0.5, 1]: jitter, so that hosts
     that failed together do not retry together); 0 without a base.
 
-    Example:
+    Examples:
         >>> [backoff_s(a, 0.5, 1.0) for a in (1, 2, 3, 9)], backoff_s(2, 0.5, 0.5)
         ([0.5, 1.0, 2.0, 60.0], 0.5)
     """
@@ -98,7 +98,7 @@ def retried_write(operation: Callable[[], T], what: str) -> T:
     read; any other error, or the last try's, is raised. ``operation`` must be safe to repeat
     (it writes the same bytes to the same keys). Each retry logs a warning naming ``what``.
 
-    Example:
+    Examples:
         >>> failures = [ValueError("UNKNOWN: CURL error Weird server reply [curl_code='8']")]
         >>> def put():
         ...     if failures:

@@ -1,5 +1,5 @@
 """`GrainSource`: a Grain-style per-record source (``__len__``, ``__getitem__(int)``) read in
-batches on a small thread pool (``docs/sources.md``). Grain itself is never imported.
+batches on a small thread pool (``docs/guides/stores.md``). Grain itself is never imported.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ class GrainSource:
         data_source: the per-record source.
         read_threads: threads fetching records; 1 reads on the calling thread.
 
-    Example:
+    Examples:
         >>> records = [{"x": np.array([i, 10 * i])} for i in range(5)]
         >>> with GrainSource(records, read_threads=2) as src:
         ...     src.read(np.array([3, 1, 3]))["x"].tolist()

@@ -1,4 +1,4 @@
-"""A Levanter token cache on disk, its arrays opened and checked (``docs/tokens.md``;
+"""A Levanter token cache on disk, its arrays opened and checked (``docs/guides/tokens.md``;
 ``documents/levanter.py`` makes them a `DocumentStore`).
 
 A Levanter cache directory (one split of a ``TreeCache``, e.g. ``<cache_dir>/train``) holds a

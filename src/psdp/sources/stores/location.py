@@ -1,7 +1,7 @@
 """Where a dataset lives: a local directory, or a prefix in any TensorStore kvstore (``s3://``,
 ``gs://``, ``memory://``, or a kvstore spec dict with an endpoint, region and credentials taken
 from the environment as TensorStore does; an ``s3`` endpoint also from ``AWS_ENDPOINT_URL_S3`` or
-``AWS_ENDPOINT_URL``, which TensorStore ignores). ``docs/sources.md``, "Remote stores".
+``AWS_ENDPOINT_URL``, which TensorStore ignores). ``docs/guides/s3.md``, "Remote stores".
 
 Local directories commit by renaming; object stores have no rename, so there a dataset commits
 by writing its metadata object last (one PUT, atomic on S3 and GCS), naming the prefix that
@@ -41,7 +41,7 @@ class Location:
     """A dataset's place: ``local`` (a directory) or ``kvstore`` (a TensorStore kvstore spec
     whose ``path`` is empty or ends in ``/``); ``name`` says which, for messages.
 
-    Example:
+    Examples:
         >>> locate("s3://bucket/corpus").kvstore
         {'bucket': 'bucket', 'driver': 's3', 'path': 'corpus/'}
         >>> locate("file:///data/corpus").local
@@ -64,7 +64,7 @@ def is_kvstore_spec(spec: Mapping[str, Any]) -> bool:
     """Whether ``spec`` is a TensorStore kvstore spec (``{"driver": "s3", ...}``), not an array's
     (``{"driver": "zarr3", "kvstore": ...}``).
 
-    Example:
+    Examples:
         >>> is_kvstore_spec({"driver": "memory"}), is_kvstore_spec({"driver": "zarr3"})
         (True, False)
     """
@@ -108,7 +108,7 @@ def environment_credentials(kvstore: Any, environ: Mapping[str, str] = os.enviro
     without the chain's look for ``~/.aws`` files, which logs an ERROR line per missing file on
     every open. Any other spec comes back as it is.
 
-    Example:
+    Examples:
         >>> keys = {"AWS_ACCESS_KEY_ID": "AKIAEXAMPLE"}
         >>> spec = environment_credentials({"driver": "s3", "bucket": "corpus"}, keys)
         >>> spec.get("aws_credentials", {"type": "environment"})  # TensorStore 0.1.68: implied
@@ -134,7 +134,7 @@ def environment_endpoint(kvstore: Any, environ: Mapping[str, str] = os.environ) 
     """An ``s3`` kvstore spec dict that names no endpoint, with the one the environment names
     (`ENDPOINT_VARIABLES`; TensorStore reads neither); any other spec comes back as it is.
 
-    Example:
+    Examples:
         >>> env = {"AWS_ENDPOINT_URL": "http://127.0.0.1:9000"}
         >>> environment_endpoint({"driver": "s3", "bucket": "b"}, env)["endpoint"]
         'http://127.0.0.1:9000'
@@ -153,7 +153,7 @@ def with_endpoint(where: Any, endpoint: str | None, option: str = "endpoint") ->
     """``where`` (a path, URL or kvstore spec) with the S3 ``endpoint``: an ``s3://`` URL becomes
     a spec naming it, an ``s3`` spec gets it unless it names its own; ``None``: ``where`` as it is.
 
-    Example:
+    Examples:
         >>> with_endpoint("s3://raw/shards/*.jsonl", "http://127.0.0.1:9000")["path"]
         'shards/*.jsonl'
         >>> with_endpoint("s3://raw/shards/*.jsonl", "http://127.0.0.1:9000")["endpoint"]
@@ -199,7 +199,7 @@ def _names_credential_types() -> bool:
 def describe_kvstore(spec: Mapping[str, Any]) -> str:
     """A URL-like name of a kvstore spec, for messages.
 
-    Example:
+    Examples:
         >>> describe_kvstore({"driver": "s3", "bucket": "b", "path": "x/",
         ...                   "endpoint": "http://127.0.0.1:9000"})
         's3://b/x/ (endpoint http://127.0.0.1:9000)'

@@ -1,5 +1,5 @@
 """`MemmapSource`: rows of ``.npy`` files, memory-mapped: an `ArraySource` over ``np.load`` views
-(``docs/sources.md``).
+(``docs/guides/stores.md``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ class MemmapSource(ArraySource):
     The fastest source for random rows on a local disk (a read is a gather from the page cache),
     but the files must hold uncompressed arrays and the OS decides what stays in memory.
 
-    Example:
+    Examples:
         >>> import tempfile
         >>> tmp = tempfile.TemporaryDirectory()
         >>> np.save(f"{tmp.name}/tokens.npy", np.arange(8).reshape(4, 2))

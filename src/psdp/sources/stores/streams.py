@@ -1,7 +1,7 @@
 """Streams: iterables without random access, sharded by data-shard uid, resumed by skipping.
 
 How elements are dealt to shards (round-robin over a re-iterable, or a callable per shard), what an
-element is, and why resume is O(step): ``docs/sources.md``, "Streams".
+element is, and why resume is O(step): ``docs/guides/streams.md``, "Streams".
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ class StreamSource:
         TypeError: ``stream`` is a one-shot iterator (a generator object), a dict, a callable that
             cannot take ``(shard_index, num_shards)``, or neither iterable nor callable.
 
-    Example:
+    Examples:
         >>> rows = [{"tokens": np.array([k, k]), "id": k} for k in range(7)]
         >>> src = StreamSource(rows, name="rows")
         >>> reader = src.open(shard=1, num_shards=2)  # elements 1, 3, 5
@@ -102,7 +102,7 @@ class StreamSource:
         a round-robin stream). If the shard has fewer than ``start`` elements, the reader is at its
         end (`StreamReader.take` returns ``None``) and its ``consumed`` is the shard's length.
 
-        Example:
+        Examples:
             >>> reader = StreamSource(np.arange(10)).open(0, 3, start=1)  # shard 0: 0, 3, 6
             >>> reader.consumed, reader.take(5).tolist(), reader.consumed
             (1, [3, 6], 3)
@@ -147,7 +147,7 @@ class StreamSource:
     def describe(self) -> str:
         """One line for logs.
 
-        Example:
+        Examples:
             >>> StreamSource([1, 2], name="ids").describe()
             'StreamSource(ids, round-robin over a re-iterable)'
         """
@@ -170,7 +170,7 @@ class StreamReader:
     Thread-safe: concurrent `take` calls get consecutive, disjoint elements. `close` never waits
     for a `take` in progress; the underlying iterator is closed when that take returns.
 
-    Example:
+    Examples:
         >>> with StreamSource([[1, 2], [3, 4], [5, 6]]).open(0, 1) as reader:
         ...     reader.take(2).tolist(), reader.consumed
         ([[1, 2], [3, 4]], 2)
@@ -215,7 +215,7 @@ class StreamReader:
                 reader is closed.
             TypeError: an element is not numeric (strings, objects, ragged lists).
 
-        Example:
+        Examples:
             >>> reader = StreamSource(np.arange(5)).open(0, 1)
             >>> reader.take(3).tolist(), reader.take(3).tolist(), reader.take(3)
             ([0, 1, 2], [3, 4], None)
@@ -311,7 +311,7 @@ class StreamReader:
     def close(self) -> None:
         """Closes the stream's iterator (a generator's ``finally`` runs); idempotent.
 
-        Example:
+        Examples:
             >>> reader = StreamSource([1, 2, 3]).open(0, 1)
             >>> reader.close(); reader.close()
         """

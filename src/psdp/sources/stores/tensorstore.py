@@ -1,6 +1,6 @@
 """`TensorStoreSource`: rows of a zarr3 dataset (written by `write_dataset`), one batched read per
 leaf, and the dataset format's constants and `read_metadata`, shared with the writer. The layout,
-and how missing or damaged data becomes an error, never a wrong batch: ``docs/sources.md``.
+and how missing or damaged data becomes an error, never a wrong batch: ``docs/guides/stores.md``.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ class TensorStoreSource:
     """Rows of a zarr3 dataset on disk (or of one TensorStore array), one batched read per leaf.
 
     Ids may be unsorted and repeated; all leaves are read in one ``ts.Batch``. A damaged store
-    raises on open or on read, never yields a wrong batch (``docs/sources.md``). Thread-safe.
+    raises on open or on read, never yields a wrong batch (``docs/guides/stores.md``). Thread-safe.
 
     Args:
         path_or_spec: a dataset directory; a directory holding one zarr3 array (``zarr.json``);
@@ -67,7 +67,7 @@ class TensorStoreSource:
         check_shards: on open, check that every shard file of a dataset exists and is non-empty
             (one ``stat`` per shard file).
 
-    Example:
+    Examples:
         >>> import tempfile
         >>> from psdp.sources.stores.writer import write_dataset
         >>> tmp = tempfile.TemporaryDirectory()
@@ -269,7 +269,7 @@ class TensorStoreSource:
     @fresh_rows
     def read_window(self, ids: np.ndarray, columns: Mapping[Key, Box]) -> dict[Key, np.ndarray]:
         """Only some leaves (``None``: a single-array store), each cut to a range of dimension 1
-        or to a box of several dimensions (``docs/sources.md``, "Spatial reads").
+        or to a box of several dimensions (``docs/guides/spatial.md``, "Spatial reads").
 
         One batched read, like `read`; a windowed host reads only its columns' or box's chunks.
         """
@@ -306,7 +306,7 @@ class TensorStoreSource:
         """``(HTTP requests started, request retries)`` of every TensorStore kvstore in this
         process so far (its own counters: one process-wide count, not this source's alone).
 
-        Example:
+        Examples:
             >>> requests, retries = TensorStoreSource.request_counts()
             >>> requests >= 0 and retries >= 0
             True
@@ -337,7 +337,7 @@ def read_metadata(path: str | os.PathLike[str] | Mapping[str, Any]) -> dict[str,
         "compression", "checksum", "leaves": {name: {"dtype": str, "shape": [trailing]}}}``, and
         for a dataset on an object store ``"data_prefix"``, the prefix holding its arrays.
 
-    Example:
+    Examples:
         >>> import tempfile
         >>> from psdp.sources.stores.writer import write_dataset
         >>> tmp = tempfile.TemporaryDirectory()

@@ -1,6 +1,6 @@
 """`write_dataset`: the zarr3 datasets `TensorStoreSource` reads, written atomically in shard
 files of many rows, one row per chunk. The layout on disk, the input kinds, atomicity and
-overwriting: ``docs/sources.md``, "write_dataset and TensorStoreSource".
+overwriting: ``docs/guides/stores.md``, "write_dataset and TensorStoreSource".
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def write_dataset(
     Returns:
         ``path`` as a `Path` for a local directory, else ``path`` as given.
 
-    Example:
+    Examples:
         >>> import tempfile
         >>> from psdp.sources import TensorStoreSource
         >>> tmp = tempfile.TemporaryDirectory()

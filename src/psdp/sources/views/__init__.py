@@ -1,5 +1,5 @@
-"""Views: rows made from the documents of a `DocumentStore` (``docs/tokens.md``,
-``docs/packing.md``, ``docs/mixtures.md``).
+"""Views: rows made from the documents of a `DocumentStore` (``docs/guides/tokens.md``,
+``docs/guides/packing.md``, ``docs/guides/mixtures.md``).
 
 `TokenSequences` (`tokens`) cuts fixed-length rows from the documents back to back;
 `PackedSequences` (`packed`) packs whole documents into rows, its `PackIndex` built and saved by

@@ -1,4 +1,4 @@
-"""`Mixture`: weighted sources read as one, row id = sample offset (``docs/mixtures.md``).
+"""`Mixture`: weighted sources read as one, row id = sample offset (``docs/guides/mixtures.md``).
 
 The map from an offset to (source, row) is `psdp._plan.mixture`'s; this module reads: one batched
 read per mixed source, rows scattered back in the order of the ids.
@@ -50,7 +50,7 @@ class Mixture:
         source_leaf: the name of an int32 leaf added to each row: its source's position in
             ``sources`` (for a per-source loss); ``None``: no such leaf. Needs dict sources.
 
-    Example:
+    Examples:
         >>> web = {"tokens": np.zeros((100, 4), np.int32)}
         >>> code = {"tokens": np.ones((50, 4), np.int32)}
         >>> mix = Mixture({"web": web, "code": code}, weights={"web": 3, "code": 1},
@@ -183,10 +183,10 @@ class Mixture:
 
     def provenance(self, ids: np.ndarray) -> np.ndarray:
         """Where every segment of the rows at sample offsets ``ids`` comes from: each mixed
-        source's ``provenance`` table (``docs/mixtures.md``, "Provenance") with its name in
+        source's ``provenance`` table (``docs/guides/mixtures.md``, "Provenance") with its name in
         ``source`` and ``row`` a position in ``ids``, in (row, column) order; reads no token.
 
-        Example:
+        Examples:
             >>> from psdp import DocumentStore, TokenSequences
             >>> views = {name: TokenSequences(DocumentStore.from_documents([np.arange(8)]), 4)
             ...          for name in ("web", "code")}

@@ -1,5 +1,5 @@
 """A document store's pack index (`PackIndex`): built by planning every window once, in a pool
-of processes, saved to a file, and loaded only when its key matches (``docs/packing.md``,
+of processes, saved to a file, and loaded only when its key matches (``docs/guides/packing.md``,
 "Packing in windows").
 
 Building reads the offsets in chunks of whole windows (`DocumentStore.offsets_range`), so its

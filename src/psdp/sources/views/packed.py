@@ -5,7 +5,7 @@ is the whole corpus's (`plan_packing`, computed at construction), or, packed in 
 plan of the window that holds ``q`` (found by the `PackIndex`, planned again when first read and
 kept in a small cache). A read fetches exactly the pieces of the rows asked for with one batched
 `DocumentStore.read_ranges`, and a column window only the pieces' tokens that fall in it.
-``docs/packing.md``.
+``docs/guides/packing.md``.
 
 Packing is four modules: the plans, pure, in ``psdp/_plan/packing.py`` (a plan) and
 ``psdp/_plan/pack_windows.py`` (the index of windows); their I/O here (the reads) and in
@@ -61,7 +61,7 @@ class PackedSequences:
     exactly where that target is real (times the store's ``loss_mask`` of the target token,
     if it has one). With ``eos_id``, every non-empty document ends with an EOS token, packed
     as one more token of its last piece, so that its last token has a real target: the EOS.
-    ``docs/packing.md``, "Next-token targets".
+    ``docs/guides/packing.md``, "Next-token targets".
 
     Args:
         store: the documents.
@@ -77,11 +77,11 @@ class PackedSequences:
             stored leaf left out is not read; a computed one is not computed.
         window: packs each window of this many documents alone (``plan`` is then a
             `PackIndex`); ``None``: the whole corpus at once, at construction (for more than
-            ~10^7 documents, give a window and ``index``: ``docs/packing.md``).
+            ~10^7 documents, give a window and ``index``: ``docs/guides/packing.md``).
         index: with ``window``, a file for the pack index: loaded if it was built for this
             packing of this store's size, else built and saved there; ``None``: built now.
 
-    Example:
+    Examples:
         >>> store = DocumentStore.from_documents([np.array([1, 2, 3]), np.array([4, 5])])
         >>> packed = PackedSequences(store, seq_len=4, pad_id=-1)
         >>> len(packed), packed.plan.efficiency
@@ -163,9 +163,9 @@ class PackedSequences:
     def io_block(self) -> int | None:
         """The block a loader's shuffle takes unless given one: packed in windows, about a
         window's sequences, so that a step plans a few windows, not one per row (each about
-        once an epoch, ``docs/packing.md``); ``None`` (a full shuffle) for a whole-corpus plan.
+        once an epoch, ``docs/guides/packing.md``); ``None`` (a full shuffle) for a whole-corpus plan.
 
-        Example:
+        Examples:
             >>> store = DocumentStore.from_documents([np.arange(1, n + 1) for n in [3, 5, 2, 6] * 4])
             >>> PackedSequences(store, 8, window=4).io_block, PackedSequences(store, 8).io_block
             (2, None)
@@ -189,7 +189,7 @@ class PackedSequences:
         """Some leaves, each cut to a range of columns (or an index array of them): only the
         pieces' tokens inside the range are read from the store.
 
-        Example:
+        Examples:
             >>> store = DocumentStore.from_documents([np.arange(1, 6), np.arange(6, 9)])
             >>> packed = PackedSequences(store, seq_len=8)
             >>> packed.read_window(np.array([0]), {"input_ids": slice(3, 7)})["input_ids"].tolist()
@@ -359,7 +359,7 @@ class PackedSequences:
         """Where every segment of rows ``ids`` comes from: a `provenance_table` row per
         segment, in (row, column) order; reads no token.
 
-        Example:
+        Examples:
             >>> store = DocumentStore.from_documents([np.arange(1, 4), np.arange(4, 10)])
             >>> table = PackedSequences(store, seq_len=4, eos_id=0).provenance(np.array([2]))
             >>> table[["row", "column", "document", "start", "stop", "eos"]].tolist()

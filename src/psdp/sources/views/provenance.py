@@ -1,4 +1,4 @@
-"""Provenance: where every segment of a delivered row comes from (``docs/mixtures.md``,
+"""Provenance: where every segment of a delivered row comes from (``docs/guides/mixtures.md``,
 "Provenance").
 
 A token view (`TokenSequences`, `PackedSequences`) and a `Mixture` of them answer
@@ -37,7 +37,7 @@ def provenance_table(
 ) -> np.ndarray:
     """A provenance table of a view read alone (``source`` empty), from its columns.
 
-    Example:
+    Examples:
         >>> t = provenance_table(*(np.array([v]) for v in (0, 5, 7, 0, 3, True)))
         >>> t.tolist()
         [(0, 5, '', 7, 0, 3, True)]

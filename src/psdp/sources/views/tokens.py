@@ -7,7 +7,7 @@ Python: the store finds the few documents each row touches (`DocumentStore.docum
 from its index and a range of its offsets), each row's tokens are one range of the store
 (`DocumentStore.read_ranges`), and ``segment_ids`` and ``positions`` are filled from the
 documents' boundaries with a handful of numpy calls for the whole batch. A window of columns
-``[a, b)`` of a row reads only ``stream[r * seq_len + a : r * seq_len + b]``. ``docs/tokens.md``.
+``[a, b)`` of a row reads only ``stream[r * seq_len + a : r * seq_len + b]``. ``docs/guides/tokens.md``.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ class TokenSequences:
         leaves: the leaves to deliver, e.g. ``("input_ids", "segment_ids")`` to leave out
             ``positions``; default every leaf. A computed leaf left out costs nothing.
 
-    Example:
+    Examples:
         >>> store = DocumentStore.from_documents([np.array([11, 12, 13]), np.array([21, 22])])
         >>> rows = TokenSequences(store, 3, eos_id=0)  # stream: 11 12 13 0 21 22 0
         >>> len(rows), rows.read(np.array([1, 0]))["input_ids"].tolist()
@@ -75,7 +75,7 @@ class TokenSequences:
     """
 
     #: the halo boundary ``"continue"`` is served: columns before 0 and past the row's width are
-    #: the stream's neighbouring tokens (``docs/partitioning.md``)
+    #: the stream's neighbouring tokens (``docs/concepts/partitioning.md``)
     continues_rows = True
 
     def __init__(
@@ -137,7 +137,7 @@ class TokenSequences:
         Columns may lie before 0 or past the row's width (the halo boundary ``"continue"``):
         they are the stream's neighbouring tokens.
 
-        Example:
+        Examples:
             >>> store = DocumentStore.from_documents([np.arange(10, 18)])
             >>> rows = TokenSequences(store, 4)
             >>> rows.read_window(np.array([1]), {"input_ids": slice(1, 3)})["input_ids"].tolist()
@@ -217,7 +217,7 @@ class TokenSequences:
         """Where every segment (the part of a document in a row, of its ``width`` columns) of
         rows ``ids`` comes from: a `provenance_table` row per segment; reads no token.
 
-        Example:
+        Examples:
             >>> store = DocumentStore.from_documents([np.array([11, 12, 13]), np.array([21, 22])])
             >>> table = TokenSequences(store, 3, eos_id=0).provenance(np.array([1]))
             >>> table[["row", "column", "document", "start", "stop", "eos"]].tolist()

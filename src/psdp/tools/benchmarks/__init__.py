@@ -1,7 +1,7 @@
 """``psdp bench``: eight figures, each psdp against baselines measured in the same run.
 
 What each figure measures, its baseline, how to read its ratio, and the results:
-``docs/performance.md``. One module per figure; ``common`` holds the sizes and timing helpers,
+``docs/measurements/performance.md``. One module per figure; ``common`` holds the sizes and timing helpers,
 ``report`` the markdown.
 """
 
@@ -103,7 +103,7 @@ def run(
 
     ``sizes`` default to `QUICK` or `FULL`, as ``quick`` says.
 
-    Example:
+    Examples:
         >>> report = run(["planning"], quick=True, command="psdp bench --quick")
         >>> list(report["figures"]), report["quick"], report["sizes"]["pod"]
         (['planning'], True, [256, 64, 8])

@@ -1,5 +1,5 @@
 """Figure 1, assembly: host buffer -> one global `jax.Array`, every JAX path against the memcpy
-floor (``docs/performance.md``)."""
+floor (``docs/measurements/performance.md``)."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def assembly_paths(
 ) -> dict[str, Callable[[], Any]]:
     """Every way to turn the host's batch ``host`` into a global array, plus the floor.
 
-    Example:
+    Examples:
         >>> mesh = cpu_mesh((4, 2), ("data", "model"))
         >>> paths = assembly_paths(mesh, PartitionSpec("data"), int32_table(8, 4))
         >>> paths[CALLBACK]().shape

@@ -1,5 +1,5 @@
 """The loops a user writes without psdp, at their best, as iterators of global `jax.Array` batches
-(``docs/performance.md``): the tight loop, the same with a one-thread prefetch, and the multi-host
+(``docs/measurements/performance.md``): the tight loop, the same with a one-thread prefetch, and the multi-host
 loops of figure 6. Each reads through ``read(ids)``, so every loop of a figure reads the same
 source with the same cost per read."""
 
@@ -26,7 +26,7 @@ Ids = Callable[[int], np.ndarray]
 class TableRows:
     """``read(ids)`` of an in-memory table: one fancy index (picklable, for Grain's workers).
 
-    Example:
+    Examples:
         >>> TableRows(np.arange(6).reshape(3, 2))(np.array([0, 2])).tolist()
         [[0, 1], [4, 5]]
     """
@@ -61,7 +61,7 @@ class TensorStoreRows:
 def tight_loop(read: Read, ids: Ids, sharding: NamedSharding) -> Iterator[jax.Array]:
     """Per step: the sorted ids, one read, one global ``device_put``.
 
-    Example:
+    Examples:
         >>> from psdp.tools.benchmarks.common import BatchIds, cpu_mesh, int32_table
         >>> from jax.sharding import PartitionSpec as P
         >>> sharding = NamedSharding(cpu_mesh((8,), ("data",)), P("data"))
@@ -85,7 +85,7 @@ def prefetched(batches: Iterator[Any], depth: int) -> Iterator[Any]:
     """``batches`` computed ahead on one thread, ``depth`` at most waiting: the short loop a user
     writes around the tight loop (errors re-raised in order; closing stops and joins the thread).
 
-    Example:
+    Examples:
         >>> list(itertools.islice(prefetched(iter(range(100)), depth=2), 4))
         [0, 1, 2, 3]
     """
@@ -141,7 +141,7 @@ def host_rows(sharding: NamedSharding, shape: tuple[int, ...]) -> np.ndarray:
     """The rows of a ``shape`` batch that this host's devices hold, in increasing order, from
     JAX's ``addressable_devices_indices_map``.
 
-    Example:
+    Examples:
         >>> from psdp.tools.benchmarks.common import cpu_mesh
         >>> from jax.sharding import PartitionSpec as P
         >>> host_rows(NamedSharding(cpu_mesh((4, 2), ("data", "model")), P("data")), (8, 3))

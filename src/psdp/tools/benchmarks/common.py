@@ -1,5 +1,5 @@
 """What every figure shares: the sizes, the fake-CPU mesh, interleaved timing, and the shard
-check run before any timing (``docs/performance.md``)."""
+check run before any timing (``docs/measurements/performance.md``)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ DEVICES = 8
 class Sizes:
     """Every size the benchmark uses; `FULL` for the real run, `QUICK` for CI.
 
-    Example:
+    Examples:
         >>> QUICK.batch, FULL.batch
         (16, 128)
     """
@@ -158,7 +158,7 @@ QUICK = Sizes(
 def with_changes(sizes: Sizes, assignments: Sequence[str]) -> Sizes:
     """``sizes`` with ``FIELD=VALUE`` assignments (``psdp bench --set``); a tuple takes ``A,B,..``.
 
-    Example:
+    Examples:
         >>> changed = with_changes(QUICK, ["pod=64,16,8", "train_ms=0"])
         >>> changed.pod, changed.train_ms
         ((64, 16, 8), (0.0,))
@@ -201,7 +201,7 @@ def _parsed(text: str, value: str, annotation: str, current: Any) -> Any:
 def median_ms(action: Callable[[], Any], repeats: int) -> float:
     """The median wall time of ``action()`` over ``repeats`` calls, in ms.
 
-    Example:
+    Examples:
         >>> median_ms(lambda: None, 3) >= 0
         True
     """
@@ -216,7 +216,7 @@ def median_ms(action: Callable[[], Any], repeats: int) -> float:
 def interleaved_ms(actions: Mapping[str, Callable[[], Any]], repeats: int) -> dict[str, float]:
     """Median ms of each action, timed round-robin (one of each per repeat) after one warm-up.
 
-    Example:
+    Examples:
         >>> sorted(interleaved_ms({"a": lambda: None, "b": lambda: None}, 2))
         ['a', 'b']
     """
@@ -234,7 +234,7 @@ def interleaved_ms(actions: Mapping[str, Callable[[], Any]], repeats: int) -> di
 def ratio(numerator: float | None, denominator: float | None) -> float | None:
     """``numerator / denominator``, or ``None`` when either is missing or the denominator is 0.
 
-    Example:
+    Examples:
         >>> ratio(3.0, 2.0), ratio(None, 2.0), ratio(1.0, 0.0)
         (1.5, None, None)
     """
@@ -246,7 +246,7 @@ def ratio(numerator: float | None, denominator: float | None) -> float | None:
 def cpu_mesh(shape: tuple[int, ...], names: tuple[str, ...]) -> Mesh:
     """A mesh of the first ``prod(shape)`` CPU devices (fake ones: ``JAX_NUM_CPU_DEVICES=8``).
 
-    Example:
+    Examples:
         >>> dict(cpu_mesh((4, 2), ("data", "model")).shape)
         {'data': 4, 'model': 2}
     """
@@ -271,7 +271,7 @@ def ask_for_cpu_devices(count: int) -> None:
 def int32_table(rows: int, width: int) -> np.ndarray:
     """The benchmark's token table: ``rows x width`` random int32 values, the same every run.
 
-    Example:
+    Examples:
         >>> int32_table(4, 3).shape, int32_table(4, 3).dtype.name
         ((4, 3), 'int32')
     """
@@ -286,7 +286,7 @@ def blocking(path: Callable[[], Any]) -> Callable[[], None]:
 def check_shards(array: jax.Array, expected: np.ndarray, what: str) -> None:
     """Raises unless every addressable shard of ``array`` holds exactly its box of ``expected``.
 
-    Example:
+    Examples:
         >>> from jax.sharding import NamedSharding, PartitionSpec as P
         >>> host = int32_table(8, 2)
         >>> array = jax.device_put(host, NamedSharding(cpu_mesh((8,), ("data",)), P("data")))
@@ -312,7 +312,7 @@ class BatchIds:
     and a store's sorted reads, are faster); random access by step and picklable, so a Grain
     ``MapDataset`` or worker process can read any step.
 
-    Example:
+    Examples:
         >>> ids = BatchIds(num_rows=8, batch=4, seed=3)
         >>> epoch = np.concatenate([ids(0), ids(1)])
         >>> sorted(epoch.tolist()) == list(range(8)), bool((np.diff(ids(0)) > 0).all())
@@ -355,7 +355,7 @@ def settle(window_s: float = 0.05, limit_s: float = 10.0) -> float:
     ``limit_s``), and returns the seconds waited: after a loop's turn, the loops that read ahead
     refill their buffers on their own threads, and the next turn must not pay for that.
 
-    Example:
+    Examples:
         >>> settle() >= 0
         True
     """
@@ -375,7 +375,7 @@ def timed_ms(batches: Iterator[Any], warmup: int, steps: int, train_s: float) ->
     The warm-up drains what a loader read ahead while others were timed, so each segment starts
     in the steady state.
 
-    Example:
+    Examples:
         >>> timed_ms(iter(range(10)), warmup=2, steps=3, train_s=0) >= 0
         True
     """

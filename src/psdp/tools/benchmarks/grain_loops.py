@@ -1,4 +1,4 @@
-"""Grain in its best configurations for figure 2 (``docs/performance.md``), as iterators of global
+"""Grain in its best configurations for figure 2 (``docs/measurements/performance.md``), as iterators of global
 `jax.Array` batches.
 
 Grain's ``MapDataset.batch`` reads record by record in the open-source build (its batched
@@ -36,7 +36,7 @@ def load_grain() -> Any | None:
 class StepReads:
     """A Grain data source whose record ``s`` is step ``s``'s batch: one read of its sorted ids.
 
-    Example:
+    Examples:
         >>> from psdp.tools.benchmarks.baselines import TableRows
         >>> from psdp.tools.benchmarks.common import BatchIds
         >>> table = np.arange(16).reshape(8, 2)

@@ -1,6 +1,6 @@
 """Figure 6, the multi-host figure: on a 4-host non-contiguous pod, the bytes each host reads per
 batch and the pod's batches per second, psdp against the loops users write there
-(``docs/performance.md``).
+(``docs/measurements/performance.md``).
 
 The pod is 4 real JAX processes on 127.0.0.1 (`psdp.tools.pod.run_pod`), 2 fake CPU devices each,
 ``data=4 x model=2`` laid out as ``tests/batch_checks.NONCONTIGUOUS_4x2``: every data row spans
@@ -57,7 +57,7 @@ class TimedReads(ArraySource):
     """An in-memory source whose reads sleep ``latency_s`` first and record how many rows they
     read.
 
-    Example:
+    Examples:
         >>> source = TimedReads(np.arange(6).reshape(3, 2))
         >>> source.read(np.array([2, 0])).tolist(), source.rows_read
         ([[4, 5], [0, 1]], [2])
@@ -234,7 +234,7 @@ def bench_multihost(sizes: Sizes) -> dict[str, Any]:
 def pod_rows(hosts: list[dict[str, Any]], row_bytes: int, batch_bytes: int) -> list[dict[str, Any]]:
     """One row per (read latency, loop) from every host's cells.
 
-    Example:
+    Examples:
         >>> cell = {"read_ms": 0, "loader": READ_ALL_CALLBACK, "ms": [2.0, 4.0], "rows_per_read": 8}
         >>> host = {"own_rows": 4, "cells": [cell]}
         >>> row = pod_rows([host, host], row_bytes=16, batch_bytes=128)[0]

@@ -1,5 +1,5 @@
 """The object-store figure: psdp reading a dataset from an S3 server on 127.0.0.1, with and without
-injected latency (``docs/sources.md``, "Remote stores"), and the two tools it (and the tests) use:
+injected latency (``docs/guides/s3.md``, "Remote stores"), and the two tools it (and the tests) use:
 `S3Server`, moto's S3 server in a subprocess, and `FaultProxy`, an HTTP proxy in front of it that
 adds latency, injects faults by rule (drops, 503s, lost answers) and holds chosen requests,
 counting every one.

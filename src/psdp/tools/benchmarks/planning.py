@@ -1,5 +1,5 @@
 """Figure 4, planning: psdp plans a 65,536-device pod against a naive per-device loop
-(``docs/performance.md``)."""
+(``docs/measurements/performance.md``)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from psdp.tools.benchmarks.common import Sizes, median_ms, ratio
 def naive_uid_table(layout: MeshLayout, batch_axes: Sequence[str]) -> dict[int, int]:
     """The uid table the slow, obvious way: one Python step per device.
 
-    Example:
+    Examples:
         >>> layout = MeshLayout.noncontiguous({"data": 4, "model": 4}, num_processes=4)
         >>> naive_uid_table(layout, ["data"])
         {0: 0, 1: 0, 2: 1, 3: 1}
@@ -34,7 +34,7 @@ def naive_uid_table(layout: MeshLayout, batch_axes: Sequence[str]) -> dict[int, 
 def pods(devices: int, hosts: int, model: int) -> list[tuple[str, MeshLayout, tuple[str, ...]]]:
     """The two benchmark pods: (name, layout, batch axes).
 
-    Example:
+    Examples:
         >>> [name for name, _, _ in pods(64, 16, 8)]
         ['noncontiguous data=8 x model=8', 'contiguous replica=4 x data=2 x model=8']
     """
@@ -50,7 +50,7 @@ def pods(devices: int, hosts: int, model: int) -> list[tuple[str, MeshLayout, tu
 def bench_pod(layout: MeshLayout, batch_axes: tuple[str, ...], repeats: int) -> dict[str, Any]:
     """Median ms of psdp's planning steps and of `naive_uid_table` on one pod (tables checked).
 
-    Example:
+    Examples:
         >>> _, layout, axes = pods(64, 16, 8)[0]
         >>> figures = bench_pod(layout, axes, repeats=1)
         >>> figures["devices"], figures["hosts"], figures["naive uid loop ms"] > 0

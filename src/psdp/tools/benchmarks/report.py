@@ -1,4 +1,4 @@
-"""The benchmark's report: one JSON-able dict, and its markdown (``docs/performance.md``)."""
+"""The benchmark's report: one JSON-able dict, and its markdown (``docs/measurements/performance.md``)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from psdp.tools.benchmarks.common import DEVICES, FIGURES
 def machine() -> dict[str, Any]:
     """Where the figures were measured.
 
-    Example:
+    Examples:
         >>> machine()["devices"]
         '8 fake CPU devices'
     """
@@ -32,7 +32,7 @@ def machine() -> dict[str, Any]:
 def markdown(report: dict[str, Any]) -> str:
     """The report as markdown: the machine and command, then one table per figure.
 
-    Example:
+    Examples:
         >>> figure = {"title": "Planning", "ratio_means": "speed-up", "rows": [{"ratio": 12.5}]}
         >>> report = {"command": "psdp bench", "quick": True, "machine": {"cpu_cores": 2},
         ...           "figures": {"planning": figure}}
@@ -73,7 +73,7 @@ def markdown_figure(key: str, figure: dict[str, Any]) -> list[str]:
 
     Every column any row has, in first-seen order; a row without it shows ``-``.
 
-    Example:
+    Examples:
         >>> figure = {"title": "Stall", "ratio_means": "wait fraction",
         ...           "rows": [{"ratio": 0.004, "ok": True}, {"ratio": 0.5, "note": "slow"}]}
         >>> print("\\n".join(markdown_figure("stall", figure)[4:]))
@@ -119,7 +119,7 @@ def _cell(value: Any) -> str:
 def rows(report: dict[str, Any], figure: str) -> Iterator[dict[str, Any]]:
     """The rows of one figure of a report (for tests and notebooks).
 
-    Example:
+    Examples:
         >>> list(rows({"figures": {"stall": {"rows": [{"ratio": 0.0}]}}}, "stall"))
         [{'ratio': 0.0}]
     """

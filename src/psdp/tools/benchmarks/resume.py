@@ -1,5 +1,5 @@
 """Figure 5, resume and memory: resume at step 10**7 against step 0; peak RSS per ``prefetch``
-(``docs/performance.md``)."""
+(``docs/measurements/performance.md``)."""
 
 from __future__ import annotations
 
@@ -153,7 +153,7 @@ def rss_in_subprocess(prefetch: int, batch_mib: float, steps: int) -> dict[str, 
 class SyntheticRows:
     """Rows made on demand (a fresh buffer per read, like a real read); no table in memory.
 
-    Example:
+    Examples:
         >>> SyntheticRows(num_rows=10, width=3)[np.array([7, 2])].tolist()
         [[7, 7, 7], [2, 2, 2]]
     """
@@ -205,7 +205,7 @@ def wait_until_ready(iterator: Any, count: int, timeout_s: float = 10.0) -> None
     """Waits until ``iterator.ready >= count`` (every slot of one read thread full: ``prefetch``
     waiting plus the one it read ahead), or ``timeout_s``.
 
-    Example:
+    Examples:
         >>> class Full:
         ...     ready = 3
         >>> wait_until_ready(Full(), 3)

@@ -1,5 +1,5 @@
 """Figure 3, stall: the share of a trainer's time spent waiting in ``next()`` under slow reads
-(``docs/performance.md``)."""
+(``docs/measurements/performance.md``)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from psdp.tools.benchmarks.common import Sizes, cpu_mesh, int32_table, train_ste
 class LatencySource(ArraySource):
     """An in-memory source whose every read first sleeps ``latency_s`` (like a remote read).
 
-    Example:
+    Examples:
         >>> source = LatencySource(np.arange(6).reshape(3, 2), latency_s=0.001)
         >>> source.read(np.array([2, 0])).tolist()  # the loader's probe: no sleep
         [[4, 5], [0, 1]]

@@ -1,5 +1,5 @@
 """Figure 2, throughput: ms per shuffled batch, psdp against the loops a user writes and Grain's best
-configurations, in memory and on TensorStore (``docs/performance.md``).
+configurations, in memory and on TensorStore (``docs/measurements/performance.md``).
 
 Every loop is an iterator of global `jax.Array` batches, opened once per source and checked first
 (its first two batches, every device shard, against the table); then, for each train step cost,
@@ -54,7 +54,7 @@ Opener = Callable[[], Iterator[jax.Array]]
 def threads_text(count: int, one: str = "read thread", many: str = "read threads") -> str:
     """``"1 read thread"``, ``"4 read threads"``.
 
-    Example:
+    Examples:
         >>> threads_text(1), threads_text(2, "worker process", "worker processes")
         ('1 read thread', '2 worker processes')
     """

@@ -1,5 +1,5 @@
 """The checks of figure 8, run on every loop's first batches before any timing: numpy oracles that
-need no loop's order (``docs/performance.md``, "The token path").
+need no loop's order (``docs/measurements/token-path.md``, "The token path").
 
 The benchmark's token ids say where each token lies: the id of the token at position ``p`` of a
 store is ``base + p`` (ids >= 1, so 0 is padding), and each store has its own ``base``. So the
@@ -42,7 +42,7 @@ def spans(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """``starts[i], ..., starts[i] + lengths[i] - 1`` for every ``i``, one after the other: one
     ``np.arange`` each, plainly (the loops' vectorised `token_loops.ranges` is under test).
 
-    Example:
+    Examples:
         >>> spans(np.array([7, 0]), np.array([2, 3])).tolist()
         [7, 8, 0, 1, 2]
     """
@@ -70,7 +70,7 @@ def stream_rows(store: Store, starts: np.ndarray, width: int) -> Batch:
     """The rows ``stream[start:start + width]``: ids, ``segment_ids`` (document + 1) and
     ``positions`` (in the document), token by token.
 
-    Example:
+    Examples:
         >>> got = stream_rows(Store(base=1, offsets=np.array([0, 3, 5, 9])), np.array([4]), 4)
         >>> [got[k].tolist() for k in ("input_ids", "segment_ids", "positions")]
         [[[5, 6, 7, 8]], [[2, 3, 3, 3]], [[1, 0, 1, 2]]]
@@ -90,7 +90,7 @@ def shuffled_stream(store: Store, got: np.ndarray) -> Batch:
     the rows; ``segment_ids`` number the pieces of each row from 1 and ``positions`` restart at 0
     in each piece (Grain's ``ConcatThenSplitIterDataset``).
 
-    Example:
+    Examples:
         >>> store = Store(base=1, offsets=np.array([0, 3, 5, 9]))  # documents of 3, 2, 4 tokens
         >>> got = shuffled_stream(store, np.array([[4, 5, 6, 7], [8, 9, 1, 2]]))
         >>> [got[k].tolist() for k in ("input_ids", "segment_ids", "positions")]
@@ -136,7 +136,7 @@ def packed_rows(stores: Sequence[Store], got: np.ndarray) -> PackedRows:
     padding (id 0); ``segment_ids`` 1, 2, ... per document (0 on padding), ``positions`` in the
     document (0 on padding), ``loss_mask`` 1 on tokens.
 
-    Example:
+    Examples:
         >>> stores = [Store(1, np.array([0, 3, 5])), Store(100, np.array([0, 4]))]
         >>> rows = packed_rows(stores, np.array([[4, 5, 1, 2, 3, 0], [100, 101, 102, 103, 0, 0]]))
         >>> rows.expected["segment_ids"].tolist(), rows.store.tolist(), rows.documents

@@ -1,4 +1,4 @@
-"""The token loops of figure 8 that are not psdp (``docs/performance.md``, "The token path"): the
+"""The token loops of figure 8 that are not psdp (``docs/measurements/token-path.md``, "The token path"): the
 tight loops a demanding user writes over a flat token array and its offsets, and Grain's own
 operators, each an iterator of dict batches of global `jax.Array` leaves.
 
@@ -28,7 +28,7 @@ Placed = dict[str, jax.Array]
 def ranges(first: np.ndarray, count: np.ndarray) -> np.ndarray:
     """``first[i], first[i] + 1, ..., first[i] + count[i] - 1`` for every ``i``, concatenated.
 
-    Example:
+    Examples:
         >>> ranges(np.array([5, 0, 9]), np.array([2, 0, 3])).tolist()
         [5, 6, 9, 10, 11]
     """
@@ -42,7 +42,7 @@ def row_segments(starts: np.ndarray, width: int, offsets: np.ndarray) -> Batch:
     (``searchsorted`` of its start and end into the offsets), then each piece's ids by
     ``np.repeat``.
 
-    Example:
+    Examples:
         >>> offsets = np.array([0, 3, 5, 9])  # documents of 3, 2 and 4 tokens
         >>> got = row_segments(np.array([0, 4]), 4, offsets)
         >>> got["segment_ids"].tolist(), got["positions"].tolist()
@@ -75,7 +75,7 @@ def concat_loop(
     """Concatenate-then-split: row ``r`` is ``flat[r * seq_len:(r + 1) * seq_len]``, one fancy
     index of the rows of a reshape, plus `row_segments` when ``segments``; one ``device_put``.
 
-    Example:
+    Examples:
         >>> from psdp.tools.benchmarks.common import BatchIds, cpu_mesh
         >>> from jax.sharding import PartitionSpec as P
         >>> sharding = NamedSharding(cpu_mesh((4, 2), ("data", "model")), P("data"))
@@ -97,7 +97,7 @@ def greedy_packs(offsets: np.ndarray, seq_len: int) -> np.ndarray:
     """Levanter's greedy prepacking: whole documents in store order, a new pack whenever the next
     one does not fit; pack ``k`` holds documents ``firsts[k]:firsts[k + 1]`` (the result).
 
-    Example:
+    Examples:
         >>> greedy_packs(np.array([0, 3, 5, 9, 10]), seq_len=5).tolist()  # lengths 3, 2, 4, 1
         [0, 2, 4]
     """
@@ -115,7 +115,7 @@ def pack_rows(
     """The rows of ``packs`` (`greedy_packs`): each pack's token range in one gather, padded
     with 0, and its ``segment_ids`` (1, 2, ... per document, 0 on padding) and ``positions``.
 
-    Example:
+    Examples:
         >>> offsets = np.array([0, 3, 5, 9, 10])
         >>> got = pack_rows(np.arange(1, 11), offsets, greedy_packs(offsets, 5), np.array([1]), 5)
         >>> [got[k].tolist() for k in ("input_ids", "segment_ids", "positions")]
@@ -160,7 +160,7 @@ class Documents:
     """A Grain data source whose record ``d`` is document ``d``: ``{"input_ids": tokens}``, a view
     of the flat array (Grain's packers copy it into their rows).
 
-    Example:
+    Examples:
         >>> Documents(np.arange(10, 15), np.array([0, 2, 5]))[1]["input_ids"].tolist()
         [12, 13, 14]
     """

@@ -1,5 +1,5 @@
 """Figure 8, the token path: Mtokens/s that psdp's token views deliver to the mesh, against the
-tight loops a demanding user writes and Grain's own operators (``docs/performance.md``, "The
+tight loops a demanding user writes and Grain's own operators (``docs/measurements/token-path.md``, "The
 token path").
 
 The corpus: documents of log-normal lengths (mean ~`Sizes.token_mean_length`, at most
@@ -121,7 +121,7 @@ class Corpus:
 def document_lengths(count: int, mean: float, longest: int, seed: int) -> np.ndarray:
     """``count`` log-normal lengths (sigma 1, mean ~``mean``), rounded, clipped to [1, longest].
 
-    Example:
+    Examples:
         >>> lengths = document_lengths(10_000, 300, 2048, seed=0)
         >>> int(lengths.min()) >= 1, int(lengths.max()) <= 2048, bool(280 < lengths.mean() < 320)
         (True, True, True)
@@ -436,7 +436,7 @@ def goals(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The goals' table from the figure's rows: each goal, its target, the value reached
     (median and range over the rounds) and whether it is met.
 
-    Example:
+    Examples:
         >>> row = {"job": JOBS[3].name, "loader": PSDP_MEMMAP, "ratio_median": 0.85,
         ...        "ratio_min": 0.79, "ratio_max": 0.9, "efficiency": 0.998}
         >>> [(g["reached"], g["met"]) for g in goals([row])]  # the goals of the packed job

@@ -1,6 +1,6 @@
 """``psdp simulate``: a whole pod on one machine, checking that every device got exactly its rows.
 
-How it runs (the parent, the hosts, the synthetic rows and the checks): ``docs/cli.md``.
+How it runs (the parent, the hosts, the synthetic rows and the checks): ``docs/reference/cli.md``.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def simulate(
             pod ran past ``timeout_s``; the other hosts are stopped within seconds.
         ValueError: the configuration does not fit (mesh, processes, batch, spec, source).
 
-    Example:
+    Examples:
         >>> from psdp import MeshConfig
         >>> sim = Simulation(processes=2, mesh=MeshConfig(axes={"data": 2, "model": 2}), steps=3)
         >>> print(str(simulate(sim)).splitlines()[-1])

@@ -1,5 +1,5 @@
 """What ``psdp simulate`` checks in the parent, before any data is written or process started: the
-main leaf's plan on the mesh, and with ``--train`` the source's tokens (``docs/cli.md``)."""
+main leaf's plan on the mesh, and with ``--train`` the source's tokens (``docs/reference/cli.md``)."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def check_simulation(simulation: Simulation, source: str | None = None) -> MeshL
         ValueError: the spec, the sequence length or the source does not fit; the message starts
             with the option.
 
-    Example:
+    Examples:
         >>> from psdp import LoaderConfig, MeshConfig
         >>> bad = Simulation(
         ...     processes=2,

@@ -1,4 +1,4 @@
-"""`Simulation`: what ``psdp simulate`` runs, checked when made (``docs/cli.md``)."""
+"""`Simulation`: what ``psdp simulate`` runs, checked when made (``docs/reference/cli.md``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 from psdp import PACKING_STRATEGIES, LoaderConfig, MeshConfig
 from psdp._plan.spec_text import spec_text
 
-#: The mesh of ``make run``: the pod of docs/concepts.md (4 hosts x 4 devices, folded).
+#: The mesh of ``make run``: the pod of docs/concepts/mesh.md (4 hosts x 4 devices, folded).
 DEFAULT_MESH = MeshConfig(axes={"data": 4, "model": 4}, layout="noncontiguous")
 #: What ``--fail-at`` makes a process do at its step.
 FAIL_MODES = ("raise", "die", "hang")
@@ -19,7 +19,7 @@ FAIL_MODES = ("raise", "die", "hang")
 class Simulation:
     """What ``psdp simulate`` runs: the pod, the loader, and how long.
 
-    Example:
+    Examples:
         >>> sim = Simulation(processes=4, steps=20)
         >>> sim.devices_per_process(), sim.token_shape()
         (4, (16, 32))
@@ -116,7 +116,7 @@ class Simulation:
     def batch_spec_text(self, leaf: str | None) -> str:
         """The batch spec (a strategy name or spec text) the loader gives ``leaf``.
 
-        Example:
+        Examples:
             >>> data = LoaderConfig.create(global_batch_size=8, batch_spec={"tokens": "data,model"})
             >>> sim = Simulation(data=data)
             >>> sim.batch_spec_text("tokens"), sim.batch_spec_text("mask")
@@ -142,7 +142,7 @@ class Simulation:
 def parse_fail_at(text: str, processes: int) -> tuple[int, int, str]:
     """``--fail-at PROCESS:STEP[:MODE]`` as (process, step, mode).
 
-    Example:
+    Examples:
         >>> parse_fail_at("1:5", processes=4), parse_fail_at("0:2:hang", processes=4)
         ((1, 5, 'raise'), (0, 2, 'hang'))
     """

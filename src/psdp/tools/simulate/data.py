@@ -1,5 +1,5 @@
 """The rows of ``psdp simulate``: synthetic tokens a bigram model can learn, and a source's main
-leaf (``docs/cli.md``)."""
+leaf (``docs/reference/cli.md``)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ _MULTIPLIER, _INCREMENT = 5, 3  # a full-period rule mod any power of two
 def synthetic_tokens(ids: np.ndarray, seq_len: int, vocab: int) -> np.ndarray:
     """The synthetic rows ``ids``: row ``r`` starts at ``7919 r mod vocab`` and follows the rule.
 
-    Example:
+    Examples:
         >>> synthetic_tokens(np.array([0, 1]), seq_len=4, vocab=64).tolist()
         [[0, 3, 18, 29], [47, 46, 41, 16]]
     """
@@ -32,7 +32,7 @@ def synthetic_documents(count: int, seq_len: int, vocab: int) -> list[np.ndarray
     """``count`` documents of 1 to ``2 * seq_len`` tokens (a fixed draw): document ``d`` is the
     start of synthetic row ``d``, so a bigram model learns them as it learns the rows.
 
-    Example:
+    Examples:
         >>> [d.tolist() for d in synthetic_documents(2, seq_len=4, vocab=64)]
         [[0, 3, 18, 29, 20, 39, 6], [47, 46, 41, 16, 19, 34]]
     """
@@ -78,7 +78,7 @@ def open_source(path: str, seq_len: int, packing: str | None) -> Any:
 def describe_store(path: str, seq_len: int, packing: str | None) -> str:
     """How the report names a document store and its view.
 
-    Example:
+    Examples:
         >>> describe_store("docs", 16, None), describe_store("docs", 16, "greedy")
         ('the document store docs, read as TokenSequences of 16 tokens', 'the document store docs, packed (greedy) into sequences of 16 tokens')
     """
@@ -101,7 +101,7 @@ def write_synthetic(path: str, rows: int, seq_len: int, vocab: int) -> None:
 def main_leaf(leaves: dict[Key, Any], mask_key: str = "mask") -> tuple[Key, Any]:
     """The leaf the model trains on and the picture shows: ``tokens``, else the first other.
 
-    Example:
+    Examples:
         >>> main_leaf({"mask": 1, "ids": 2, "w": 3})
         ('ids', 2)
     """

@@ -1,5 +1,5 @@
 """What each process of a ``psdp simulate`` pod runs: the loader (and the tiny model), with every
-step's batch checked against its rows on every device (``docs/cli.md``)."""
+step's batch checked against its rows on every device (``docs/reference/cli.md``)."""
 
 from __future__ import annotations
 

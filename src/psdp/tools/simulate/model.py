@@ -1,5 +1,5 @@
 """The tiny model ``psdp simulate --train`` fits on every host: a bigram language model, sharded
-over the model axes, its batch sharded as the loader planned (``docs/cli.md``)."""
+over the model axes, its batch sharded as the loader planned (``docs/reference/cli.md``)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """What ``psdp simulate`` prints: the plan picture, the loss curve, speed, and the verdict
-(``docs/cli.md``)."""
+(``docs/reference/cli.md``)."""
 
 from __future__ import annotations
 
@@ -75,7 +75,7 @@ def report_json(report: SimulationReport) -> str:
 def loss_lines(losses: list[float], model: str) -> list[str]:
     """The loss every 50 steps, first and last, and whether it went down.
 
-    Example:
+    Examples:
         >>> print("\\n".join(loss_lines([4.0, 2.0, 1.0], "a model")))
         train: a model
           step    1  loss 4.0000
