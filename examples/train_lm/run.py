@@ -92,8 +92,8 @@ def show_pod(run_dir: Path, processes: int, devices: int, flags: list[str]) -> N
 def killed_then_resumed(run_dir: Path, **pod: Any) -> list:
     """The killed run, then its resume, each after its pod's picture; returns the resumed pod's
     results."""
+    show_pod(run_dir, *KILLED)
     try:
-        show_pod(run_dir, *KILLED)
         train(run_dir, *KILLED, **pod)
     except PodError as error:
         print(f"the pod was killed as planned: {str(error).splitlines()[0]}")
