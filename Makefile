@@ -34,15 +34,16 @@ endef
 $(STAMP): pyproject.toml requirements/dev-py311.lock
 	$(call make_venv,$(VENV),$(PYTHON),requirements/dev-py311.lock,$(DEV_EXTRAS))
 
-# A 4-host non-contiguous pod on this machine: synthetic tokens in a temporary TensorStore store,
-# 300 steps of a tiny model, every device's rows checked every step (about a minute on 2 cores).
+# The headline job, examples/train_lm: text -> psdp prepare -> a YAML data config -> a tiny
+# transformer on a 4-process local pod (its picture first: which host owns which device and reads
+# which rows), every device's batch checked every step against an oracle that reads the stores
+# without psdp, killed, then resumed on 2 processes with another batch size (about a minute on
+# 2 cores). `psdp simulate --train` is the same pod check on synthetic rows (docs/reference/cli.md).
 run: $(STAMP)
-	$(VENV)/bin/psdp simulate --train
-
-# examples/train_lm: text -> psdp prepare -> a YAML data config -> a tiny transformer on a
-# 4-process local pod, killed, resumed on 2 processes with another batch size (about a minute).
-example: $(STAMP)
 	$(PY) examples/train_lm/run.py
+
+# The former name of `make run`.
+example: run
 
 test: $(STAMP)
 	$(PY) -m pytest

@@ -20,7 +20,7 @@ training), in file order (``shuffle=False``), so every host's first rows are one
 the store's requests per host can be compared exactly across pod sizes.
 
 Run in a process with at least ``2 * N`` CPU devices: ``python -m tests.host_startup plain,docs 2 64``
-prints the figures as JSON (``scripts/host_scale.py`` prints them as a table).
+prints the figures as JSON (``scripts/measure/host_scale.py`` prints them as a table).
 """
 
 from __future__ import annotations

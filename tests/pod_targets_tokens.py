@@ -142,7 +142,7 @@ def token_shards_exact(process_index, axis_names, mesh_shape) -> dict[str, Any]:
 
 
 def host_reads(process_index, axis_names, seq_len, batch, halos, steps) -> dict[str, Any]:
-    """For scripts/token_bytes.py: the tokens, ranges and requests this host's store reads per
+    """For scripts/measure/token_bytes.py: the tokens, ranges and requests this host's store reads per
     step, for the batch-only spec, the whole batch on every host, and the context spec with each
     ``continue`` halo width of ``halos`` (0: none)."""
     mesh = MeshLayout(np.asarray(process_index), tuple(axis_names)).build_mesh(jax.devices())

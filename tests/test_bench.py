@@ -29,7 +29,7 @@ from psdp.tools.benchmarks import (
 )
 from psdp.tools.cli import main as cli_main
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+MEASURE = Path(__file__).resolve().parents[1] / "scripts" / "measure"
 # the quick benchmark run (a module fixture, charged to its first test) took 47 s under load
 pytestmark = pytest.mark.timeout(300)
 
@@ -117,9 +117,7 @@ def test_markdown_names_the_machine_the_command_and_every_figure(quick_report):
         assert f"## {number}. " in text
 
 
-def test_only_selects_figures_and_the_script_wrapper_runs(tmp_path, capsys):
-    script = runpy.run_path(str(SCRIPTS / "bench.py"), run_name="bench")
-    assert script["main"] is benchmarks.main
+def test_only_selects_figures(tmp_path, capsys):
     assert benchmarks.main(["--quick", "--only", "planning", "--out", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "bench.json").read_text())
     assert list(report["figures"]) == ["planning"]
@@ -357,9 +355,9 @@ def test_the_token_figure_prints_the_goals_table_with_met_or_not(quick_report):
 
 
 def test_the_scale_script_prints_its_goals_met_or_not(capsys):
-    """Issue 29: scripts/scale_tokens.py ends with the goals it measures, met / not met: here
+    """Issue 29: scripts/measure/scale_tokens.py ends with the goals it measures, met / not met: here
     from given measurements (the script's own run takes minutes)."""
-    script = runpy.run_path(str(SCRIPTS / "scale_tokens.py"), run_name="scale_tokens")
+    script = runpy.run_path(str(MEASURE / "scale_tokens.py"), run_name="scale_tokens")
     scale = {
         "first_batch": {10**6: (0.01, 1 << 20), 10**9: (6.0, 10 << 20)},
         "own": {

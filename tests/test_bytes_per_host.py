@@ -1,4 +1,4 @@
-"""scripts/bytes_per_host.py: exact byte counts, derived by hand, on small pods and the 4-host example pod."""
+"""scripts/measure/bytes_per_host.py: exact byte counts, derived by hand, on small pods and the 4-host example pod."""
 
 import json
 import runpy
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bytes_per_host.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "measure" / "bytes_per_host.py"
 
 
 @pytest.fixture(scope="module")

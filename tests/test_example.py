@@ -15,7 +15,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
-from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -52,22 +51,6 @@ def rows_by_offset(steps: list[dict]) -> dict[int, tuple[list[int], list]]:
     }
 
 
-def raw_documents(store: Path) -> list[np.ndarray]:
-    """A prepared store's documents from its parts' zarr3 arrays, read with TensorStore."""
-    import tensorstore as ts
-
-    def read(path: Path) -> np.ndarray:
-        spec = {"driver": "zarr3", "kvstore": {"driver": "file", "path": str(path)}}
-        return ts.open(spec).result().read().result()
-
-    docs = []
-    for unit in json.loads((store / "psdp.json").read_text())["units"]:  # in document order
-        part = store / "parts" / unit["part"]
-        offsets, tokens = read(part / "offsets"), read(part / "tokens" / "input_ids")
-        docs += [tokens[a:b] for a, b in pairwise(offsets)]
-    return docs
-
-
 @pytest.mark.timeout(600)
 def test_the_example_resumes_on_half_the_hosts_as_an_uninterrupted_run(tmp_path):
     run = load("run")
@@ -80,6 +63,8 @@ def test_the_example_resumes_on_half_the_hosts_as_an_uninterrupted_run(tmp_path)
     assert [r["step"] for r in after] == list(range(4, 16))  # resumed at the checkpoint (4)
     assert [r["rows"] for r in killed + after] == [16] * 7 + [8] * 12
     assert {int(s) for s in resumed[0]["losses"]} == set(range(4, 16))
+    # every host checked every step's batch, every leaf, against the example's own oracle
+    assert all(r["checked"] == list(range(4, 16)) for r in resumed)
 
     run.train(tmp_path, 2, 2, ["--data.order.global_batch_size", "[[0, 16], [4, 8]]",
                                "--checkpoints", "checkpoints-uninterrupted",
@@ -112,8 +97,10 @@ def test_the_example_resumes_on_half_the_hosts_as_an_uninterrupted_run(tmp_path)
         code = sum("code" in sources[g] for g in range(block, block + 8))
         assert code == (2 if block < 128 else 4), block
 
-    # every delivered token is a token of the document its provenance names
-    stores = {name: raw_documents(tmp_path / "tokens" / name) for name in ("code", "prose")}
+    # every delivered token is a token of the document its provenance names (the stores read
+    # by the example's oracle, which reads the zarr3 arrays with TensorStore, not psdp)
+    read = load("batch_oracle").store_documents
+    stores = {name: read(tmp_path / "tokens" / name) for name in ("code", "prose")}
     texts = {name: [json.loads(line)["text"] for f in sorted((tmp_path / "raw" / name).glob("*.jsonl"))
                     for line in f.read_text().splitlines()] for name in stores}  # fmt: skip
     from tokenizers import Tokenizer
@@ -137,11 +124,19 @@ def test_the_example_resumes_on_half_the_hosts_as_an_uninterrupted_run(tmp_path)
 def test_the_readme_and_the_trainer_docs_give_the_one_command():
     root = EXAMPLE.parents[1]
     readme, makefile = (root / "README.md").read_text(), (root / "Makefile").read_text()
-    assert "make example" in readme and "examples/train_lm/run.py" in readme
-    assert "example: $(STAMP)\n\t$(PY) examples/train_lm/run.py\n" in makefile
-    trainer = (root / "docs" / "guides" / "trainer.md").read_text()
+    assert "make run" in readme and "examples/train_lm/run.py" in readme
+    assert "run: $(STAMP)\n\t$(PY) examples/train_lm/run.py\n" in makefile
+    trainer = (root / "docs" / "trainer.md").read_text()
     assert "## A language model, end to end: `examples/train_lm`" in trainer
     assert "docs/guides/trainer.md#a-language-model-end-to-end-examplestrain_lm" in readme
+
+
+def test_the_oracle_lays_pieces_out_by_the_packing_rules():
+    """batch_oracle.py's docstring example: two rows, a document and a piece of another."""
+    import doctest
+
+    results = doctest.testmod(load("batch_oracle"))
+    assert results.failed == 0 and results.attempted >= 5
 
 
 def test_the_example_model_keeps_packed_documents_apart_and_weights_its_loss_by_the_masks():

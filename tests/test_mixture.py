@@ -280,11 +280,11 @@ def test_sources_of_every_kind_mix(tmp_path):
 
 
 def test_the_cost_script_checks_its_counts_and_reports_each_size():
-    """scripts/mixture_cost.py on a small batch: it runs, and its counts check holds."""
+    """scripts/measure/mixture_cost.py on a small batch: it runs, and its counts check holds."""
     import runpy
     from pathlib import Path
 
-    script = Path(__file__).resolve().parents[1] / "scripts" / "mixture_cost.py"
+    script = Path(__file__).resolve().parents[1] / "scripts" / "measure" / "mixture_cost.py"
     cost = runpy.run_path(str(script))["cost"]
     per_batch, per_sample = cost(64, batch=128, repeats=1)
     assert per_batch > 0 and per_sample == per_batch / 128

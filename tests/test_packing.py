@@ -465,14 +465,14 @@ def test_a_shuffled_loader_plans_each_window_about_once_an_epoch(mesh_2d, monkey
 
 
 def test_the_efficiency_script_counts_sequences_and_tokens(capsys):
-    """scripts/packing_efficiency.py, small: `none` is one padded sequence per document (a long
+    """scripts/measure/packing_efficiency.py, small: `none` is one padded sequence per document (a long
     one over several), every packing holds all the tokens in its sequences, and best fit in
     windows packs as many sequences as the naive packer of each window."""
     import json
     import runpy
     from pathlib import Path
 
-    script = Path(__file__).resolve().parents[1] / "scripts" / "packing_efficiency.py"
+    script = Path(__file__).resolve().parents[1] / "scripts" / "measure" / "packing_efficiency.py"
     main = runpy.run_path(str(script), run_name="packing_efficiency")["main"]
     argv = ["--documents", "500", "--seq-len", "1024", "--windows", "64,200", "--json"]
     assert main([*argv, "--index-workers", "1"]) == 0
@@ -646,7 +646,7 @@ def scale_simulation(directory: str, documents: int = 10**9) -> dict:
 def test_a_billion_documents_packed_in_windows_open_in_two_window_reads_and_read_exactly(tmp_path):
     """The scale simulation: 10^9 documents, 1.2 * 10^12 tokens, never written. With a pack
     index that exists (built once, at prepare time: its cost is measured at 10^6-10^7 documents
-    by scripts/packing_efficiency.py), start-up reads the offsets of two windows, whatever the
+    by scripts/measure/packing_efficiency.py), start-up reads the offsets of two windows, whatever the
     corpus; batches anywhere in it are exact; memory added stays far below 1 GiB."""
     import json
     import subprocess

@@ -1,6 +1,6 @@
-"""The soak in CI: a reduced `scripts/soak.py` run stays flat, and a leak would be caught.
+"""The soak in CI: a reduced `scripts/measure/soak.py` run stays flat, and a leak would be caught.
 
-The full run (``python scripts/soak.py --steps 10000``) is quoted in docs/reference/reliability.md.
+The full run (``python scripts/measure/soak.py --steps 10000``) is quoted in docs/reference/reliability.md.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import json
 import runpy
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "soak.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "measure" / "soak.py"
 
 
 def _soak() -> dict:
@@ -22,7 +22,7 @@ CI_ARGS = ["--steps", "2000", "--restart-every", "500", "--sample-every", "50"]
 
 def test_the_script_quotes_what_ci_runs():
     doc = _soak()["__doc__"]
-    assert f"python scripts/soak.py {' '.join(CI_ARGS)} --json out" in doc, doc
+    assert f"python scripts/measure/soak.py {' '.join(CI_ARGS)} --json out" in doc, doc
 
 
 def test_reduced_soak_is_flat(tmp_path, capsys):

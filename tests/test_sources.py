@@ -639,7 +639,9 @@ def test_tensorstore_on_a_noncontiguous_four_host_pod(tmp_path):
 
 # ------------------------------------------------------------------------------- benchmark
 def test_bench_sources_runs_tiny(tmp_path, capsys):
-    bench = runpy.run_path(str(ROOT / "scripts" / "bench_sources.py"), run_name="bench_sources")
+    bench = runpy.run_path(
+        str(ROOT / "scripts" / "measure" / "bench_sources.py"), run_name="bench_sources"
+    )
     out = tmp_path / "bench.json"
     argv = ["--rows", "256", "--width", "64", "--batch", "32", "--repeats", "3"]
     assert bench["main"]([*argv, "--dir", str(tmp_path), "--json", str(out)]) == 0

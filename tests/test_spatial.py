@@ -426,8 +426,8 @@ def test_an_array_source_takes_its_halos_per_dimension():
 def test_the_docs_halo_cost_formula_gives_its_table_and_the_counted_reads():
     """docs/concepts/partitioning.md's formula for the share of a sample a one-device host reads with
     halos of ``h`` (read from the page and evaluated) gives the ratio column of its table, and
-    the bytes the planner's reads count (scripts/spatial_bytes.py) for the table's shape."""
-    text = (Path(__file__).parents[1] / "docs" / "concepts" / "partitioning.md").read_text()
+    the bytes the planner's reads count (scripts/measure/spatial_bytes.py) for the table's shape."""
+    text = (Path(__file__).parents[1] / "docs" / "partitioning.md").read_text()
     formula = re.search(r"reads\s+`(\(360 \+ [^`]+)`\s+of each", text).group(1)
 
     def share(h: int) -> float:
@@ -437,7 +437,9 @@ def test_the_docs_halo_cost_formula_gives_its_table_and_the_counted_reads():
     rows = re.findall(r"^\| (one host per device|4 hosts, non-contiguous) \| (\S+) \|.*\| ([\d.]+) \|$",
                       text, re.M)  # fmt: skip
     assert len(rows) == 6
-    script = runpy.run_path(str(Path(__file__).parents[1] / "scripts" / "spatial_bytes.py"))
+    script = runpy.run_path(
+        str(Path(__file__).parents[1] / "scripts" / "measure" / "spatial_bytes.py")
+    )
     shape = (16, 8, 720, 1440)
     layout = MeshLayout(script["LAYOUTS"]["one host per device"], ("data", "h", "w"))
     for name, halo, ratio in rows:
@@ -450,9 +452,11 @@ def test_the_docs_halo_cost_formula_gives_its_table_and_the_counted_reads():
 
 
 def test_the_bytes_script_gives_what_the_source_counts():
-    """scripts/spatial_bytes.py plans on a layout alone; each host's figure is what its reads
+    """scripts/measure/spatial_bytes.py plans on a layout alone; each host's figure is what its reads
     return at the source, on the same layout simulated in this process."""
-    script = runpy.run_path(str(Path(__file__).parents[1] / "scripts" / "spatial_bytes.py"))
+    script = runpy.run_path(
+        str(Path(__file__).parents[1] / "scripts" / "measure" / "spatial_bytes.py")
+    )
     mesh = mesh_2d()
     shape = (8, 2, 7, 12)
     halos = script["parse_halo"]("2:2:pad,3:1:periodic")

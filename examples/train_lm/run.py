@@ -11,12 +11,17 @@
 4. The resume on 2 processes (data=4) with global batch 8: from the checkpoint at step 4 (steps
    4-6 are trained again: the loader continues at sample offset 64) to step 16.
 
-Each process's output is shown live, prefixed by its process index, and kept in the run
-folder's logs/; process 0's steps.jsonl holds every step (docs/guides/trainer.md).
+Before each pod starts, its picture (`psdp plan` of the mesh the trainer builds): which host owns
+which device and which rows of the batch each host reads. Every step, every host checks each
+device's part of the batch against an oracle that rebuilds the batch from the stores without
+psdp (`batch_oracle.py`); process 0 prints the loss and the verdict. Each process's output is
+shown live, prefixed by its process index, and kept in the run folder's logs/; process 0's
+steps.jsonl holds every step (docs/guides/trainer.md).
 """
 
 from __future__ import annotations
 
+import json
 import shlex
 import sys
 import tempfile
@@ -65,14 +70,36 @@ def train(run_dir: Path, processes: int, devices: int, flags: list[str], **pod: 
     )
 
 
+def show_pod(run_dir: Path, processes: int, devices: int, flags: list[str]) -> None:
+    """Prints the picture of the pod ``train`` starts: the mesh its config builds on
+    ``processes`` hosts of ``devices`` devices, and the rows of the first batch each host reads."""
+    config = draccus.parse(TrainConfig, config_path=str(CONFIG), args=flags)
+    layout = config.mesh.layout_for(processes, processes * devices)
+    path = run_dir / f"mesh-{processes}-processes.json"
+    path.write_text(json.dumps({"axis_names": list(layout.axis_names),
+                                "process_index": layout.process_index.tolist()}))  # fmt: skip
+    batch_size = config.data.order.global_batch_size
+    if not isinstance(batch_size, int):  # a schedule: its first stage's size
+        batch_size = batch_size[0][1]
+    print(f"\nthe pod: {processes} processes x {devices} CPU devices, global batch {batch_size}")
+    command = ["plan", "--layout", str(path), "--batch-size", str(batch_size),
+               "--seq-len", str(config.data.seq_len),
+               "--batch-axes", ",".join(config.mesh.resolved_batch_axes())]  # fmt: skip
+    assert psdp_cli(command) == 0, command
+    print(flush=True)
+
+
 def killed_then_resumed(run_dir: Path, **pod: Any) -> list:
-    """The killed run, then its resume; returns the resumed pod's results."""
+    """The killed run, then its resume, each after its pod's picture; returns the resumed pod's
+    results."""
+    show_pod(run_dir, *KILLED)
     try:
         train(run_dir, *KILLED, **pod)
     except PodError as error:
         print(f"the pod was killed as planned: {str(error).splitlines()[0]}")
     else:
         raise AssertionError("the run was to be killed after step 6, but it finished")
+    show_pod(run_dir, *RESUMED)
     return train(run_dir, *RESUMED, **pod)
 
 
@@ -96,6 +123,9 @@ if __name__ == "__main__":
     run_dir.mkdir(parents=True, exist_ok=True)
     prepare(run_dir.resolve())
     results = killed_then_resumed(run_dir.resolve())
-    for step, loss in sorted(results[0]["losses"].items(), key=lambda kv: int(kv[0])):
-        print(f"resumed step {step}: loss {loss:.4f}")
+    losses = {int(step): loss for step, loss in results[0]["losses"].items()}
+    first, last = min(losses), max(losses)
+    print(f"resumed on 2 processes: loss {losses[first]:.4f} at step {first} -> "
+          f"{losses[last]:.4f} at step {last}; every device's batch matched the oracle at "
+          f"{len(results[0]['checked'])} of {len(losses)} steps")  # fmt: skip
     print(f"run folder: {run_dir} (steps.jsonl, logs/, checkpoints/)")

@@ -6,8 +6,11 @@ model, the steps) and flags, trains the Equinox transformer of `model.py` with o
 packed batches, runs an eval round over the finite eval loader, and saves an Orbax checkpoint
 of the model, the optimizer state and the loader state every ``save_every`` steps. When the
 checkpoint folder holds one, it resumes from the latest: the loader continues at the saved
-sample offset, under the batch size the flags give now. Process 0 logs every step (its sample
-offset, loss, the delivered tokens and where each row's segments come from) as a line of JSON.
+sample offset, under the batch size the flags give now. Every step, every host checks that each
+device holds exactly its part of the batch that `batch_oracle.py` rebuilds from the stores
+without psdp (`psdp.check_consistency`); process 0 prints the step's loss and that verdict, and
+logs the step (its sample offset, loss, the delivered tokens and where each row's segments come
+from) as a line of JSON.
 """
 
 from __future__ import annotations
@@ -26,11 +29,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import orbax.checkpoint as ocp
+from batch_oracle import expected_batch, store_documents
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec
 from model import ModelConfig, Transformer, loss_sum
 
-from psdp import DataConfig, MeshConfig
+from psdp import DataConfig, MeshConfig, check_consistency
 
 CONFIG = Path(__file__).with_name("train_lm.yaml")
 
@@ -52,6 +56,8 @@ class TrainConfig:
     """Process 0's log, one JSON line per step and eval round (appended)."""
     kill_at: int | None = None
     """Stand-in for a crash: every process SIGKILLs itself after this step (unset: never)."""
+    check: bool = True
+    """Check every device's batch against the oracle (`batch_oracle.py`) every step."""
 
 
 def main(run_dir: str, args: list[str]) -> dict[str, Any]:
@@ -112,14 +118,26 @@ def train(config: TrainConfig) -> dict[str, Any]:
         loader = config.data.restore(restored.loader, mesh, batch_axes=batch_axes)
     log = Log(Path(config.log))
     evals = config.data.eval_loaders(mesh, batch_axes=batch_axes)
-    losses = {}
+    documents = {
+        name: store_documents(source.store) for name, source in config.data.sources.items()
+    }
+    losses, checked = {}, []
     with loader:
         batches = iter(loader)
         for step in range(batches.state()["step"], config.steps):
             batch = next(batches)
+            info = loader.step_info(step)
+            rows = provenance(loader.source, np.arange(info.offset, info.offset + info.rows))
+            verdict = "not checked"
+            if config.check:  # collective: every host checks, every host gets the verdict
+                report = check_consistency(batch, oracle(batch, rows, documents, config))
+                verdict = str(report)
+                checked += [step] if report.exact else []
             state, loss = train_step(state, batch)
             losses[step] = float(loss)
-            log.step(step, loader, batch, losses[step])
+            log.step(step, info, rows, batch, losses[step])
+            if jax.process_index() == 0:
+                print(f"step {step:2d}  loss {losses[step]:.4f}  {verdict}", flush=True)
             if (step + 1) % config.eval_every == 0 or step + 1 == config.steps:
                 log.write({"eval_after": step, **evaluate(sums, state["model"], evals)})
             if (step + 1) % config.save_every == 0:
@@ -137,7 +155,19 @@ def train(config: TrainConfig) -> dict[str, Any]:
     for eval_loader in evals.values():
         eval_loader.close()
     manager.close()
-    return {"process": jax.process_index(), "losses": losses}
+    return {"process": jax.process_index(), "losses": losses, "checked": checked}
+
+
+def oracle(batch, rows: list[list], documents, config: TrainConfig) -> dict[str, np.ndarray]:
+    """The step's global batch as the oracle rebuilds it, in the delivered leaves' dtypes; rows
+    past ``rows`` (a padded batch's) are padding, and ``mask`` says which rows are real."""
+    size = batch["input_ids"].shape[0]
+    padded = rows + [[] for _ in range(size - len(rows))]
+    expected = expected_batch(padded, documents, config.data.seq_len, config.data.view.pad_id)
+    expected["mask"] = np.arange(size) < len(rows)
+    return {
+        name: leaf.astype(batch[name].dtype) for name, leaf in expected.items() if name in batch
+    }
 
 
 def evaluate(sums, model, evals) -> dict[str, float]:
@@ -158,10 +188,8 @@ class Log:
     def __init__(self, path: Path):
         self.path = path
 
-    def step(self, step: int, loader, batch, loss: float) -> None:
-        info = loader.step_info(step)
+    def step(self, step: int, info, rows: list[list], batch, loss: float) -> None:
         tokens = multihost_utils.process_allgather(batch["input_ids"], tiled=True)  # collective
-        offsets = np.arange(info.offset, info.offset + info.rows)
         self.write({
             "processes": jax.process_count(),
             "step": step,
@@ -169,7 +197,7 @@ class Log:
             "rows": info.rows,
             "loss": loss,
             "input_ids": np.asarray(tokens)[: info.rows].tolist(),
-            "provenance": provenance(loader.source, offsets),
+            "provenance": rows,
         })  # fmt: skip
 
     def write(self, record: dict[str, Any]) -> None:

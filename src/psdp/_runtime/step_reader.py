@@ -70,7 +70,7 @@ class StepReader:
         self._warm = False  # a step was read: the first batch's grace is over
         self._jitter = random.Random()
         # a remote store's counters; only then: collecting TensorStore's metrics every step costs
-        # memory (RSS grew ~17 KB a step in scripts/soak.py on a local store)
+        # memory (RSS grew ~17 KB a step in scripts/measure/soak.py on a local store)
         remote = getattr(feed.source, "remote", False)
         self._counts = getattr(feed.source, "request_counts", None) if remote else None
         self._counts_at_start = self._counts() if self._counts else (0, 0)

@@ -169,9 +169,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.prog, f"--out {args.out}: {problem}; choose a writable directory"
         )
     ask_for_cpu_devices(DEVICES)
-    script = sys.argv[0].endswith("bench.py")
-    prog = "python scripts/bench.py" if script else "psdp bench"
-    command = prog + " " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = "psdp bench " + " ".join(sys.argv[1:] if argv is None else argv)
     report = run(args.only, args.quick, command.strip(), sizes)
     text = markdown(report)
     print(text, flush=True)  # first: the results survive a write that fails below

@@ -255,7 +255,7 @@ def cpu_mesh(shape: tuple[int, ...], names: tuple[str, ...]) -> Mesh:
     if len(devices) < need:
         raise RuntimeError(
             f"the benchmark needs {need} CPU devices but JAX has {len(devices)}; run it with "
-            f"JAX_NUM_CPU_DEVICES={need} (python scripts/bench.py sets it for you)"
+            f"JAX_NUM_CPU_DEVICES={need} (psdp bench sets it for you)"
         )
     return Mesh(np.array(devices[:need]).reshape(shape), names)
 

@@ -8,8 +8,8 @@ and of 10x the corpus.
 
 Usage::
 
-    .venv/bin/python scripts/prepare_quick.py            # 40,000 documents of ~150 words
-    .venv/bin/python scripts/prepare_quick.py --docs 4000
+    python scripts/measure/prepare_quick.py            # 40,000 documents of ~150 words
+    python scripts/measure/prepare_quick.py --docs 4000
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 WORDS = [
@@ -59,10 +60,10 @@ def peak_rss_mib(inputs: str, out: Path, tokenizer: Path) -> float:
     return int(run.stdout.split()[-1]) / 1024
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--docs", type=int, default=40_000)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     from psdp.prepare import prepare
@@ -100,7 +101,8 @@ def main() -> None:
         small_rss = peak_rss_mib(inputs, root / "rss1", root / "tokenizer.json")
         big_rss = peak_rss_mib(str(big / "*.jsonl"), root / "rss10", root / "tokenizer.json")
         print(f"peak RSS, 1 worker: corpus {small_rss:.0f} MiB, 10x the corpus {big_rss:.0f} MiB")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

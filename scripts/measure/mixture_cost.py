@@ -1,6 +1,6 @@
 """The per-sample cost of the mixture map (sample offset -> source, row) at 2, 8 and 64 sources.
 
-    .venv/bin/python scripts/mixture_cost.py [--batch 1024] [--repeats 50]
+    python scripts/measure/mixture_cost.py [--batch 1024] [--repeats 50]
 
 Each row times `Mixture.locate` on batches of ``--batch`` consecutive offsets mid-way through a
 3-stage schedule (offsets near 2**40, far past every stage start: the map walks no table), with
@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -64,17 +66,18 @@ def cost(count: int, batch: int, repeats: int) -> tuple[float, float]:
     return per_batch, per_batch / batch
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--batch", type=int, default=1024)
     parser.add_argument("--repeats", type=int, default=50)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     print(f"mixture map, batches of {args.batch} offsets near 2**40, 3 stages, blocks of 2048")
     print("  sources   µs/batch   µs/sample")
     for count in (2, 8, 64):
         per_batch, per_sample = cost(count, args.batch, args.repeats)
         print(f"  {count:7d}   {per_batch:8.0f}   {per_sample:9.3f}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

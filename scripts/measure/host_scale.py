@@ -10,7 +10,7 @@ pod, over its hosts: the S3 requests (open, loader build, first batch), the seco
 phase and of planning alone, the agreement's round trips and bytes per host, the process ids its
 barriers name, and its seconds (until the last host leaves; in one process, so no network).
 
-    python scripts/host_scale.py [--hosts 1,8,64,256,1024] [--kinds plain,docs] [--json]
+    python scripts/measure/host_scale.py [--hosts 1,8,64,256,1024] [--kinds plain,docs] [--json]
 
 Takes about 10 minutes with 1,024 hosts (moto answers each request in ~30 ms; a host makes 7 or
 19); ``--hosts 1,8,64`` about 30 s.
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     # the mesh needs 2 devices a host, set before JAX starts
     os.environ["JAX_NUM_CPU_DEVICES"] = str(max(16, 2 * max(pods)))
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    sys.path.insert(0, str(Path(__file__).parents[1]))  # tests.host_startup
+    sys.path.insert(0, str(Path(__file__).parents[2]))  # tests.host_startup
     from tests.host_startup import measure, spread
 
     runs = measure(pods, args.kinds.split(","))

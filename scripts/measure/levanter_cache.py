@@ -1,6 +1,6 @@
 """The cost of reading a Levanter token cache in place against the same documents in a psdp store.
 
-    .venv/bin/python scripts/levanter_cache.py [--documents 200000] [--steps 20]
+    python scripts/measure/levanter_cache.py [--documents 200000] [--steps 20]
 
 Writes ``--documents`` documents (seeded lengths 1..1000, int32 ids) twice: in Levanter's exact
 layout (`tests.levanter_cache`: zarr3 shards of 2**27 entries, inner chunks of 2**18, blosc) and
@@ -17,11 +17,12 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).parents[1]))  # tests.levanter_cache
+sys.path.insert(0, str(Path(__file__).parents[2]))  # tests.levanter_cache
 from tests.levanter_cache import write_levanter_cache
 
 from psdp import DocumentStore, TokenSequences
@@ -39,11 +40,11 @@ def median_s(action, repeats: int = 3) -> float:
     return statistics.median(times)
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--documents", type=int, default=200_000)
     parser.add_argument("--steps", type=int, default=20)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     lengths = np.random.default_rng(0).integers(1, 1001, args.documents)
     ids = np.arange(int(lengths.sum()), dtype=np.int64) % 50_000
     docs = [{"input_ids": a.astype(np.int32)} for a in np.split(ids, np.cumsum(lengths)[:-1])]
@@ -64,7 +65,8 @@ def main() -> None:
                 for s in steps
             )
             print(f"{name:9s} open {open_s * 1e3:8.1f} ms   batch {batch_s * 1e3:7.2f} ms")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -8,7 +8,7 @@ The corpus is tests/test_packing.py's scale simulation (`FormulaCorpus`: 10^9 do
 fake CPU devices, ``P("data")``, 64 sequences of 1024 a step, seed 0; the first step of each
 loader is checked against the formula's oracle.
 
-Run: ``python scripts/packed_shuffle.py [--steps 10] [--rounds 3]`` (about a minute).
+Run: ``python scripts/measure/packed_shuffle.py [--steps 10] [--rounds 3]`` (about a minute).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parents[1]))  # tests.test_packing
+sys.path.insert(0, str(Path(__file__).parents[2]))  # tests.test_packing
 
 from psdp.tools.benchmarks.common import DEVICES, ask_for_cpu_devices, cpu_mesh
 
@@ -82,4 +82,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(main())

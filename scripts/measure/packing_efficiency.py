@@ -15,7 +15,7 @@ With ``--read-speed``, the time of `PackedSequences.read` of 64 shuffled sequenc
 memory-mapped store of the log-normal lengths, against a tight loop that copies each piece of the
 same plan into preallocated rows (7 interleaved rounds of 100 reads, medians).
 
-    python scripts/packing_efficiency.py [--documents 1000000] [--seq-len 2048] [--seed 0]
+    python scripts/measure/packing_efficiency.py [--documents 1000000] [--seq-len 2048] [--seed 0]
         [--windows 1024,4096,16384,65536] [--index-workers 1,2] [--read-speed] [--json]
 """
 

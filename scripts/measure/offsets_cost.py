@@ -1,6 +1,6 @@
 """The cost of the order's step -> offset map under many stages and many skips.
 
-    .venv/bin/python scripts/offsets_cost.py [--stages 2000] [--skips 250 499 5000] [--lookups 200]
+    python scripts/measure/offsets_cost.py [--stages 2000] [--skips 250 499 5000] [--lookups 200]
 
 Builds `StepOffsets` for a source of 10**6 rows with a stage every 10 steps (batch sizes 64 to
 160 in turn) and ``--skips`` ranges of ``skip_steps`` (2 steps each, spread over the stages' steps)
@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -61,15 +63,16 @@ def measure(stages: int, skips: int, lookups: int) -> None:
     )
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--stages", type=int, default=2000)
     parser.add_argument("--skips", type=int, nargs="+", default=[250, 499, 5000])
     parser.add_argument("--lookups", type=int, default=200)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     for skips in args.skips:
         measure(args.stages, skips, args.lookups)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -13,8 +13,8 @@ loader asks) through psdp's own sources, so the figures are what ``DataLoader`` 
 The files are fresh, so the page cache is warm (as on a node that has read its shard of the corpus
 before); each layout is deleted after it is measured, so the disk holds at most two at a time.
 
-    python scripts/bench_sources.py                      # 20k x 2048 int32 (164 MB), batch 256
-    python scripts/bench_sources.py --rows 2000 --repeats 5 --json out.json
+    python scripts/measure/bench_sources.py                      # 20k x 2048 int32 (164 MB), batch 256
+    python scripts/measure/bench_sources.py --rows 2000 --repeats 5 --json out.json
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ once. A host's bytes are those reads' entries times the item size; the baseline 
 sample the host's devices hold, whole. ``tests/test_spatial.py`` checks these figures against the
 bytes a source returns on simulated hosts.
 
-    python scripts/spatial_bytes.py [--shape 16,8,720,1440] [--mesh data=2,h=2,w=2]
+    python scripts/measure/spatial_bytes.py [--shape 16,8,720,1440] [--mesh data=2,h=2,w=2]
         [--halo 2:8:pad,3:8:periodic] [--itemsize 4] [--json]
 
 Layouts: ``one host per device``; ``4 hosts, non-contiguous`` (each host's two devices in both

@@ -2,7 +2,7 @@
 lines, run alternately without and with ``echo=`` (to a stream that drops the text), ``--repeats``
 times each; prints the median wall time of each (``docs/guides/local-pod.md``, "Your own trainer on a local pod").
 
-    .venv/bin/python scripts/pod_echo_cost.py [--lines 20000] [--repeats 3]
+    python scripts/measure/pod_echo_cost.py [--lines 20000] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 import io
 import statistics
+import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from psdp.tools.pod import run_pod
@@ -28,11 +30,11 @@ class _Dropped(io.TextIOBase):
         return len(text)
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lines", type=int, default=20000)
     parser.add_argument("--repeats", type=int, default=3)
-    opts = parser.parse_args()
+    opts = parser.parse_args(argv)
     target = f"{Path(__file__).resolve()}:chatty"
     times: dict[str, list[float]] = {"without echo": [], "with echo": []}
     for _ in range(opts.repeats):
@@ -43,7 +45,8 @@ def main() -> None:
             times[name].append(time.perf_counter() - started)
     for name, seconds in times.items():
         print(f"{name}: median {statistics.median(seconds):.2f} s over {opts.repeats} pods")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,8 +1,8 @@
 """Soak: thousands of loader steps with restarts; memory, threads and file descriptors must stay flat.
 
-    python scripts/soak.py --steps 10000   # the full soak (docs/reference/reliability.md quotes it)
+    python scripts/measure/soak.py --steps 10000   # the full soak (docs/reference/reliability.md quotes it)
     # what tests/test_soak.py runs in CI:
-    python scripts/soak.py --steps 2000 --restart-every 500 --sample-every 50 --json out
+    python scripts/measure/soak.py --steps 2000 --restart-every 500 --sample-every 50 --json out
 
 The run reads a small zarr3 dataset on disk (`TensorStoreSource`: real files, real descriptors)
 with everything that starts threads or holds buffers switched on: two read threads, a read timeout

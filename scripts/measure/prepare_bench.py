@@ -10,8 +10,8 @@ Seeded text and a BPE tokenizer trained here (nothing downloaded), as jsonl shar
 - the same store (a hash of every file) from 1 worker, 2 workers and Ray (a local Ray instance);
 - a `prepare` killed (SIGKILL) 3 times at seeded points, then resumed: the uninterrupted store.
 
-    PYTHONPATH=src python scripts/prepare_bench.py            # about 2-4 minutes on 2 cores
-    PYTHONPATH=src python scripts/prepare_bench.py --docs 2000  # a quick check
+    python scripts/measure/prepare_bench.py            # about 2-4 minutes on 2 cores
+    python scripts/measure/prepare_bench.py --docs 2000  # a quick check
 """
 
 from __future__ import annotations
@@ -203,4 +203,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(main())

@@ -10,7 +10,7 @@ sequences and slices on device reads), ``P()`` (every host the whole batch), and
 ``P("data", "context")`` with a ``continue`` halo of each width (a host reads its column range
 of each row, widened by the halo).
 
-    .venv/bin/python scripts/token_bytes.py [--data 2] [--context 4] [--seq-len 4096]
+    python scripts/measure/token_bytes.py [--data 2] [--context 4] [--seq-len 4096]
         [--batch 16] [--halo 0,64,512] [--steps 2] [--json]
 """
 
@@ -22,7 +22,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tests import pod_targets_tokens as targets
 

@@ -1,6 +1,6 @@
 """Start-up and per-step cost of a `Mixture` under a schedule, over (sources, stages, skips).
 
-    .venv/bin/python scripts/schedule_cost.py [--sources 10 100 1000 10000] [--stages 1 100 2000]
+    python scripts/measure/schedule_cost.py [--sources 10 100 1000 10000] [--stages 1 100 2000]
         [--skips 0 250 499 5000] [--steps 20] [--max-weights 2500000]
 
 For each combination it builds what a loader builds for a mixture (the `Mixture` with
@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -25,7 +27,7 @@ from psdp import Mixture
 from psdp._plan.options import OrderOptions
 from psdp._runtime.feeds import RandomAccessFeed
 
-STEPS_PER_STAGE = 10  # a batch-size stage every 10 steps, as scripts/offsets_cost.py
+STEPS_PER_STAGE = 10  # a batch-size stage every 10 steps, as scripts/measure/offsets_cost.py
 BATCHES = (64, 96, 128, 160)
 
 
@@ -101,14 +103,14 @@ def measure(mix: Mixture, stages: int, skips: int, steps: int) -> dict[str, floa
     }
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sources", type=int, nargs="+", default=[10, 100, 1000, 10000])
     parser.add_argument("--stages", type=int, nargs="+", default=[1, 100, 2000])
     parser.add_argument("--skips", type=int, nargs="+", default=[0, 250, 499, 5000])
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--max-weights", type=int, default=2_500_000)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     print("sources  stages  mixture s   skips   order s   step ms")
     for sources in args.sources:
         for stages in args.stages:
@@ -126,7 +128,8 @@ def main() -> None:
                     flush=True,
                 )
                 built = " " * 9
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,7 +1,7 @@
 """A batch-size ramp with skips, saved on the 4-host non-contiguous pod and resumed on a 2-host
 pod with another batch size: every device shard checked against the oracle, each sample once.
 
-    .venv/bin/python scripts/resume_ramp.py
+    python scripts/measure/resume_ramp.py
 
 Prints each step's offset, batch size, real rows and epoch on both pods, the shards checked, and
 the offsets read twice or lost (both must be none). The pods are those of
@@ -10,10 +10,12 @@ tests/test_schedule.py::test_a_ramp_saved_on_four_hosts_resumes_on_two_with_a_ne
 
 from __future__ import annotations
 
+import argparse
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tests import pod_targets_schedule as targets
 from tests.batch_checks import run_on_noncontiguous_pod
@@ -32,7 +34,8 @@ def _table(title: str, steps: list[dict]) -> None:
         )
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> int:
+    argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0]).parse_args(argv)
     # SAVE_AT + 1 steps checked; the state saved when SAVE_AT batches were taken
     first = run_on_noncontiguous_pod(targets.ramp_then_save, steps=SAVE_AT + 1, save_at=SAVE_AT,
                                      timeout_s=240)  # fmt: skip
@@ -62,7 +65,8 @@ def main() -> None:
     twice = len(offsets) - len(set(offsets))
     print(f"offsets read: {len(offsets)}; read twice: {twice}; offsets below the last one "
           f"neither read nor skipped: {len(span - set(offsets) - skipped)} (the step skips)")  # fmt: skip
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

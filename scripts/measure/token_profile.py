@@ -9,7 +9,7 @@ documents (+ 100,000 for the mixture), 64 rows of 2048 a step, ``data=4 x model=
 is checked on its first batches before timing. The real-token ratio of the packed job counts
 each loop's packing efficiency, as figure 8 does.
 
-Run: ``python scripts/token_profile.py [--rounds 7] [--steps 40]`` (about a minute).
+Run: ``python scripts/measure/token_profile.py [--rounds 7] [--steps 40]`` (about a minute).
 """
 
 from __future__ import annotations
@@ -89,4 +89,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(main())

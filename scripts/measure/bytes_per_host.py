@@ -18,7 +18,7 @@ The baseline is BATCH on the same pod: each host's figure is also given as a rat
 bytes, and the *duplication factor* is the bytes read by all hosts together over the batch's own
 size (1.0: every byte read once in the pod).
 
-    python scripts/bytes_per_host.py [--pod data=4,model=4@4 ...] [--batch-size 64]
+    python scripts/measure/bytes_per_host.py [--pod data=4,model=4@4 ...] [--batch-size 64]
         [--seq-len 4096] [--halo 128] [--itemsize 4] [--layout noncontiguous] [--json]
 
 A ``--pod`` is ``AXES@HOSTS``; its last axis is the model axis, the others are batch axes. The

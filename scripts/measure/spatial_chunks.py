@@ -7,7 +7,7 @@ quarter of each sample) widened by a halo of ``--halo`` on both spatial dimensio
 around both edges (one TensorStore read with outer indexing, as `TensorStoreSource` makes it),
 against reading the 2 samples whole. Best of ``--repeats``, warm page cache.
 
-    python scripts/spatial_chunks.py [--shape 8,8,720,1440] [--halo 8] [--repeats 5]
+    python scripts/measure/spatial_chunks.py [--shape 8,8,720,1440] [--halo 8] [--repeats 5]
 """
 
 from __future__ import annotations

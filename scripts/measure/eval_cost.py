@@ -1,10 +1,10 @@
 """What a finite (eval) loader costs beyond an endless one (``docs/guides/evaluate.md``, "Finite loaders").
 
-    .venv/bin/python scripts/eval_cost.py [--rows 20000] [--width 512] [--batch 256] [--repeats 5]
+    python scripts/measure/eval_cost.py [--rows 20000] [--width 512] [--batch 256] [--repeats 5]
 
 Prints (1) the median time of `StepOffsets.end_step` (where ``len(loader)`` comes from: a
 bisection over steps) for 10**6 and 10**9 rows at a constant batch of 256, and for 10**6 rows under
-scripts/offsets_cost.py's 2,000 stages with 5,000 step and 5,000 offset skips; (2) the wall time of
+scripts/measure/offsets_cost.py's 2,000 stages with 5,000 step and 5,000 offset skips; (2) the wall time of
 one eval pass over ``--rows`` rows of ``--width`` int32 tokens on 8 fake CPU devices
 (``data=4 x model=2``), against the same number of steps of an endless unshuffled loader over the
 same rows (medians of ``--repeats``, interleaved; each pass starts a new iterator).
@@ -13,6 +13,7 @@ same rows (medians of ``--repeats``, interleaved; each pass starts a new iterato
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
 os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")  # before jax is imported
 
@@ -28,6 +29,7 @@ from jax.sharding import Mesh
 
 sys.path.insert(0, str(Path(__file__).parent))
 import offsets_cost
+
 import psdp
 from psdp._plan.offsets import StepOffsets
 
@@ -52,13 +54,13 @@ def pass_s(loader: psdp.DataLoader, steps: int) -> float:
     return time.perf_counter() - started
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=20_000)
     parser.add_argument("--width", type=int, default=512)
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=5)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     cases = {
         "10**6 rows, B=256": StepOffsets.create(10**6, 256),
         "10**9 rows, B=256": StepOffsets.create(10**9, 256),
@@ -88,7 +90,8 @@ def main() -> None:
         )
     ratio = medians["eval pass"] / medians["endless, same steps"]
     print(f"eval / endless: {ratio:.2f}x")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -21,18 +21,19 @@ not met (`goal_rows`): open + first batch <= 5 s and memory added <= 1 GiB at 10
 (`TokenSequences` here; `PackedSequences` in windows of 4096 with its pack index, in a process
 of its own: tests/test_packing.py's ``scale_simulation``), psdp's own time per step at 10^9 over
 10^6 documents <= 1.1 (median and range of the rounds' ratios), and best fit in windows of 4096
->= 0.99 of whole-corpus best fit (scripts/packing_efficiency.py's ``measure``).
+>= 0.99 of whole-corpus best fit (scripts/measure/packing_efficiency.py's ``measure``).
 
 Times are the process's CPU time (the machine may be shared), medians and ranges over rounds.
 glibc's allocator is told not to return freed memory to the system (``mallopt``): otherwise
 every large temporary is paged in afresh, which slowed the tight loop (many such temporaries)
 about 6x on this machine and made the comparison say more about the allocator than the loops.
 
-Run: ``python scripts/scale_tokens.py`` (about a minute; ``--mixture`` for table 2 alone).
+Run: ``python scripts/measure/scale_tokens.py`` (about a minute; ``--mixture`` for table 2 alone).
 """
 
 from __future__ import annotations
 
+import argparse
 import ctypes
 import json
 import os
@@ -42,13 +43,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).parents[1]))  # tests.scale_corpus
+sys.path.insert(0, str(Path(__file__).parents[2]))  # tests.scale_corpus
 
 from tests.scale_corpus import LazyArray, ScaleCorpus
 
@@ -198,7 +199,7 @@ def scale_table() -> dict[str, Any]:
 def packed_at_scale() -> dict[str, Any]:
     """tests/test_packing.py's 10^9-document packing simulation, in a process of its own (its
     memory is the process's): open with the pack index + first batch, memory added."""
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     child = (
         "import json, sys; from tests.test_packing import scale_simulation; "
         "print(json.dumps(scale_simulation(sys.argv[1])))"
@@ -214,7 +215,7 @@ def packed_at_scale() -> dict[str, Any]:
 
 def packing_efficiency() -> dict[str, float]:
     """Best fit in windows of `PACK_WINDOW` over whole-corpus best fit, per distribution of
-    scripts/packing_efficiency.py (`PACK_DOCUMENTS` lengths, seed 0)."""
+    scripts/measure/packing_efficiency.py (`PACK_DOCUMENTS` lengths, seed 0)."""
     script = runpy.run_path(str(Path(__file__).with_name("packing_efficiency.py")))
     ratios = {}
     for name, draw in script["DISTRIBUTIONS"].items():
@@ -295,7 +296,7 @@ def print_goals(rows: list[tuple[str, str, str, bool]]) -> None:
 def mixture_row() -> dict[str, Any]:
     """The 100-source mixture's simulation, in a process of its own (goals: <= 5 s, <= 1 GiB);
     returns what it measured."""
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     child = "import json; from tests.test_scale_mixture import mixture_simulation as m; print(json.dumps(m()))"
     done = subprocess.run(
         [sys.executable, "-c", child], capture_output=True, text=True, check=True, cwd=root,
@@ -353,10 +354,13 @@ def speed_table() -> None:
         )
 
 
-if __name__ == "__main__":
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--mixture", action="store_true", help="table 2 (the mixture) alone")
+    args = parser.parse_args(argv)
     keep_freed_memory()
     print(f"seq_len {SEQ_LEN}, batch {BATCH}, {STEPS} random batches a round, {ROUNDS} rounds\n")
-    if "--mixture" in sys.argv:
+    if args.mixture:
         mixture_row()
     else:
         scale = scale_table()
@@ -366,3 +370,8 @@ if __name__ == "__main__":
         speed_table()
         print("\nGoals (one run):\n")
         print_goals(goal_rows(scale, packed_at_scale(), packing_efficiency(), mixture))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
