@@ -23,6 +23,14 @@ if repr(jax.sharding.PartitionSpec("x")).startswith("PartitionSpec("):
 
 # scripts/mutation.py runs the tests once per mutant and needs only "does a test fail", not the
 # smallest failing example: its profile skips hypothesis's shrinking
+import pytest  # noqa: E402
 from hypothesis import Phase, settings  # noqa: E402
 
 settings.register_profile("mutation", phases=[Phase.explicit, Phase.reuse, Phase.generate])
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that launches a local pod is one of the slow end-to-end runs as well."""
+    for item in items:
+        if item.get_closest_marker("multiprocess"):
+            item.add_marker(pytest.mark.slow)

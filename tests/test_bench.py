@@ -41,6 +41,7 @@ def quick_report(tmp_path_factory):
     return out, json.loads((out / "bench.json").read_text())
 
 
+@pytest.mark.slow
 def test_quick_run_computes_every_figure_with_finite_ratios(quick_report):
     _, report = quick_report
     assert report["quick"] is True
@@ -53,6 +54,7 @@ def test_quick_run_computes_every_figure_with_finite_ratios(quick_report):
             assert ratio is not None and math.isfinite(ratio), (name, row)
 
 
+@pytest.mark.slow
 def test_each_figure_has_the_rows_the_issue_asks_for(quick_report):
     _, report = quick_report
     figures = report["figures"]
@@ -109,6 +111,7 @@ def test_each_figure_has_the_rows_the_issue_asks_for(quick_report):
             assert row["host_share"] == 1 and row["own_rows_exact"] is False, row
 
 
+@pytest.mark.slow
 def test_markdown_names_the_machine_the_command_and_every_figure(quick_report):
     out, report = quick_report
     text = (out / "bench.md").read_text()
@@ -315,6 +318,7 @@ def test_the_own_rows_loop_reads_only_its_rows_on_one_host():
 
 
 # ------------------------------------------------------------------ figure 8: the token path
+@pytest.mark.slow
 def test_the_token_figure_has_every_job_and_loop_with_consistent_rates(quick_report):
     _, report = quick_report
     rows = report["figures"]["tokens"]["rows"]
@@ -337,6 +341,7 @@ def test_the_token_figure_has_every_job_and_loop_with_consistent_rates(quick_rep
             assert {"segment_ids", "positions"} <= leaves, row
 
 
+@pytest.mark.slow
 def test_the_token_figure_prints_the_goals_table_with_met_or_not(quick_report):
     """Issue 29: `psdp bench --only tokens` prints the goals it measures from one run: each
     goal, its target, the median and range of the rounds' ratios, and met / not met."""

@@ -788,6 +788,7 @@ def test_write_reads_and_writes_s3_urls_at_the_endpoint_given(s3_server, tmp_pat
     np.testing.assert_array_equal(TensorStoreSource(tmp_path / "back").read(np.arange(40)), table)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["environment", "flag"])
 def test_an_unreachable_endpoint_fails_soon_naming_it(tmp_path, s3_tokenizer, how):
     """A closed port on 127.0.0.1: each command exits 2 with one line naming the store and the

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # 64 simulated hosts, each opening the store
+
 ROOT = Path(__file__).parents[1]
 STORE_FIGURES = ("open_requests", "build_requests", "first_batch_requests", "requests_by_method")
 

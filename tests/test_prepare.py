@@ -164,6 +164,7 @@ def _committed(out: Path) -> int:
     return sum(part is not None for part in meta["parts"].values())
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_a_run_killed_three_times_then_resumed_equals_an_uninterrupted_one(tmp_path, tokenizer):
     texts = corpus.texts(2400, seed=13)

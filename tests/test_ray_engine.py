@@ -13,7 +13,7 @@ from tests import prepare_corpus as corpus
 from tests.ray_cluster import ray_engine, requires_ray  # noqa: F401 (a fixture)
 from tests.test_prepare import tree_hash
 
-pytestmark = [requires_ray, pytest.mark.timeout(300)]
+pytestmark = [requires_ray, pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 def test_every_task_runs_once_and_its_result_comes_back(ray_engine):  # noqa: F811

@@ -9,6 +9,8 @@ import json
 import runpy
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "measure" / "soak.py"
 
 
@@ -25,6 +27,7 @@ def test_the_script_quotes_what_ci_runs():
     assert f"python scripts/measure/soak.py {' '.join(CI_ARGS)} --json out" in doc, doc
 
 
+@pytest.mark.slow
 def test_reduced_soak_is_flat(tmp_path, capsys):
     out = tmp_path / "soak.json"
     figures = _soak()["main"]([*CI_ARGS, "--json", str(out)])
@@ -41,6 +44,7 @@ def test_reduced_soak_is_flat(tmp_path, capsys):
     assert "| rss_growth_mib |" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_a_leaked_loader_fails_the_soak(tmp_path):
     """The soak's own check can fail: loaders that are never closed leave threads behind."""
     soak = _soak()
