@@ -126,7 +126,7 @@ def test_the_readme_and_the_trainer_docs_give_the_one_command():
     readme, makefile = (root / "README.md").read_text(), (root / "Makefile").read_text()
     assert "make run" in readme and "examples/train_lm/run.py" in readme
     assert "run: $(STAMP)\n\t$(PY) examples/train_lm/run.py\n" in makefile
-    trainer = (root / "docs" / "trainer.md").read_text()
+    trainer = (root / "docs" / "guides" / "trainer.md").read_text()
     assert "## A language model, end to end: `examples/train_lm`" in trainer
     assert "docs/guides/trainer.md#a-language-model-end-to-end-examplestrain_lm" in readme
 
