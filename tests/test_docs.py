@@ -417,11 +417,13 @@ def test_relative_links_and_anchors_resolve(page):
 
 
 def test_the_api_reference_documents_every_public_name():
-    """docs/reference/api/ names each public name of `psdp`, `psdp.sources` and `psdp.prepare`
-    (``::: path``, the path a user imports it from), so mkdocstrings renders its docstring; a
-    name `psdp` re-exports from `psdp.sources` is documented once, under `psdp.sources`."""
+    """docs/reference/api/ names each public name of `psdp`, `psdp.sources`, `psdp.prepare` and
+    `psdp.tools.pod` (``::: path``, the path a user imports it from), so mkdocstrings renders its
+    docstring; a name `psdp` re-exports from `psdp.sources` is documented once, under
+    `psdp.sources`."""
     import psdp.prepare
     import psdp.sources
+    import psdp.tools.pod
 
     documented = set()
     for page in API.glob("*.md"):
@@ -431,6 +433,7 @@ def test_the_api_reference_documents_every_public_name():
     assert {"DataLoader", "prepare", "write_dataset", "TensorStoreSource"} <= top
     wanted = {f"psdp.sources.{name}" for name in psdp.sources.__all__}
     wanted |= {f"psdp.prepare.{name}" for name in psdp.prepare.__all__}
+    wanted |= {f"psdp.tools.pod.{name}" for name in psdp.tools.pod.__all__}
     wanted |= {
         f"psdp.{name}"
         for name in top

@@ -32,8 +32,8 @@ from typing import Any
 
 import numpy as np
 
+from psdp import write_dataset
 from psdp.sources import MemmapSource, Source, TensorStoreSource
-from psdp.sources.stores.writer import write_dataset
 
 MEMMAP = "numpy memmap"
 

@@ -33,8 +33,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from psdp._plan.layout import MeshLayout
-from psdp._plan.mesh import DataPlan, plan_pod
+from psdp import DataPlan, MeshLayout, plan_pod
 
 DEFAULT_PODS = ("data=4,model=4@4", "replica=2,data=8,model=4@16")
 STRATEGIES = ("BATCH", "FULL", "REPLICATED", "sequence", "sequence+halo")

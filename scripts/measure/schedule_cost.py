@@ -23,8 +23,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from psdp import Mixture
-from psdp._plan.options import OrderOptions
+from psdp import Mixture, OrderOptions
 from psdp._runtime.feeds import RandomAccessFeed
 
 STEPS_PER_STAGE = 10  # a batch-size stage every 10 steps, as scripts/measure/offsets_cost.py

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 from jax.sharding import PartitionSpec
 
-from psdp._plan.layout import MeshLayout
+from psdp import MeshLayout
 from psdp._plan.reads import plan_reads
 from psdp._plan.windows import AxisHalo, LeafWindows
 

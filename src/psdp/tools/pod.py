@@ -21,6 +21,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
+__all__ = ["PodError", "run_pod"]  # what a user's own pod needs; the rest serves psdp's tools
+
 _GRACE_S = 5.0  # how long the others get to exit by themselves after one child failed
 _POLL_S = 0.05
 _ECHO_WAIT_S = 1.0  # how long a failed child waits to learn it only echoed another's failure
