@@ -4,6 +4,8 @@ This must happen before JAX initialises its backend, hence the root conftest (lo
 """
 
 import os
+import time
+from pathlib import Path
 
 os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -34,3 +36,48 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker("multiprocess"):
             item.add_marker(pytest.mark.slow)
+
+
+# Nothing a test starts may outlive the run: this process adopts every orphaned descendant (a
+# "child subreaper", Linux), so a grandchild whose parent exited is still seen below.
+def _adopt_orphans() -> None:
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):  # not Linux: the check below sees direct children only
+        pass
+
+
+def _live_children() -> list[str]:
+    """``pid command`` of each child of this process that still runs (zombies are reaped)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            state, ppid = stat.read_text().rsplit(")", 1)[1].split()[:2]
+            command = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
+        except OSError:  # gone meanwhile
+            continue
+        if int(ppid) != os.getpid():
+            continue
+        if "multiprocessing.resource_tracker" in command:  # Python's own: ends with this process
+            continue
+        if state == "Z":
+            os.waitpid(int(stat.parent.name), os.WNOHANG)
+            continue
+        found.append(f"{stat.parent.name} {command}")
+    return found
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _nothing_outlives_the_tests():
+    """Set up first, so torn down last: a process still running then was leaked by some test."""
+    _adopt_orphans()
+    yield
+    if not Path("/proc").is_dir():
+        return
+    deadline = time.monotonic() + 10  # a process told to stop gets a moment to exit
+    while (left := _live_children()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left, "processes that outlived the tests:\n  " + "\n  ".join(left)
