@@ -77,6 +77,23 @@ def test_lazy_names_load_their_dependency_on_first_use():
         _ = psdp.NoSuchName
 
 
+def test_star_import_gives_exactly_the_public_names():
+    """``from psdp import *`` gives `psdp.__all__`: the names ``psdp/__init__.py`` re-exports
+    (``import X as X``, the public ones tests/test_docs.py wants in the API reference), and
+    none of its own helpers (``Any``, ``TYPE_CHECKING``, ``importlib``, ``lazy_attributes``)."""
+    import re
+
+    import psdp
+
+    namespace: dict[str, object] = {}
+    exec("from psdp import *", namespace)
+    namespace.pop("__builtins__")
+    reexported = set(re.findall(r"\bimport (\w+) as \1\b", Path(psdp.__file__).read_text()))
+    assert sorted(namespace) == sorted(psdp.__all__) == sorted(reexported)
+    assert not {"Any", "TYPE_CHECKING", "importlib", "lazy_attributes"} & set(namespace)
+    assert namespace["prepare"] is sys.modules["psdp.prepare"]  # the package, callable
+
+
 # ------------------------------------------------------------------------------ optional extras
 def test_named_axes_without_haliax_name_the_extra(monkeypatch, mesh_2d):
     from psdp import DataLoader

@@ -85,6 +85,62 @@ def __dir__() -> list[str]:
     return sorted({*_lazy_dir(), "prepare"})
 
 
+#: the public names: ``from psdp import *`` gives these and no import helper (``Any``, ...);
+#: each has an entry in the API reference (docs/reference/api/, checked by tests/test_docs.py)
+__all__ = [
+    "PACKING_STRATEGIES",
+    "STRATEGIES",
+    "ArraySource",
+    "ConsistencyError",
+    "ConsistencyReport",
+    "DataConfig",
+    "DataLoader",
+    "DataPlan",
+    "DocumentStore",
+    "GlobalOrder",
+    "GrainSource",
+    "HostFailedError",
+    "LoaderClosedError",
+    "LoaderConfig",
+    "LoaderOptions",
+    "LoaderStats",
+    "MemmapSource",
+    "MeshConfig",
+    "MeshLayout",
+    "Mixture",
+    "MixtureConfig",
+    "OrderOptions",
+    "OutputOptions",
+    "PackIndex",
+    "PackPlan",
+    "PackedSequences",
+    "PodPlan",
+    "ReadingOptions",
+    "RowBlock",
+    "ShardingOptions",
+    "Source",
+    "SourceConfig",
+    "StageConfig",
+    "StepInfo",
+    "StreamReader",
+    "StreamSource",
+    "TensorStoreSource",
+    "TokenSequences",
+    "ViewConfig",
+    "check_consistency",
+    "default_batch_spec",
+    "eval_loader",
+    "filter_shard",
+    "local_device_mapping",
+    "plan_batch",
+    "plan_packing",
+    "plan_pod",
+    "prepare",
+    "process_mesh_mapping",
+    "write_dataset",
+    "write_documents",
+]
+
 __version__ = "0.1.0"
 
 _deprecated.install()  # the previous release's module paths (psdp.config, ...), for one release

@@ -52,9 +52,7 @@ _TENSORSTORE_NAMES = [
     "INCOMPLETE_MARKER",
     "METADATA_FILE",
     "TensorStoreSource",
-    "TokenSequences",
     "read_metadata",
-    "write_documents",
 ]
 _lazy_getattr, __dir__ = lazy_attributes(
     __name__,
