@@ -2,6 +2,7 @@
 
 Every ```python block of a doc runs, in order, in one namespace per doc (a later block uses the
 names of earlier ones), in a fresh temporary directory, on the root conftest's 8 fake CPU devices.
+getting-started.md runs as its reader runs it: each block its own script, in a fresh process.
 A doc states its results as short ``assert`` lines, so a result that changes fails here. A block
 that cannot run here is preceded by ``<!-- not run: <reason> -->``; `NOT_RUN` lists every such
 block, so adding a skip is a visible change to this file.
@@ -167,35 +168,49 @@ def getting_started_steps() -> list[tuple[str, int, str]]:
 
 
 @pytest.mark.multiprocess
-@pytest.mark.timeout(700)
-def test_the_getting_started_page_runs_as_written(tmp_path, monkeypatch, capsys):
-    """A new user's path, from a clone's root (here: a folder with the clone's examples/): every
-    block in order in one namespace, the shell's commands through the CLI, the YAML shown is the
-    example's file, and the pod is killed, then resumed on half the processes."""
-    from psdp.tools.cli import main
+@pytest.mark.timeout(900)
+def test_the_getting_started_page_runs_as_written(tmp_path):
+    """A new user's path, from a clone's root (here: a folder with the clone's examples/), as the
+    page says to follow it: each python block saved as its own script and run by ``python`` in
+    a fresh process, each shell block run by ``bash`` as printed, both from the root, in an
+    environment without this suite's fake devices; the YAML shown is the example's file. The pod
+    is killed, then resumed on half the processes; the text step then refuses the used run folder."""
+    import os
+    import subprocess
+    import sys
 
     (tmp_path / "examples").symlink_to(EXAMPLES, target_is_directory=True)
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    namespace: dict = {"__name__": "__main__"}
+    bin_dir = tmp_path / "bin"  # `psdp` on the PATH, as the activated environment has it
+    bin_dir.mkdir()
+    (bin_dir / "psdp").write_text(f'#!/bin/sh\nexec "{sys.executable}" -m psdp "$@"\n')
+    (bin_dir / "psdp").chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k not in ("JAX_NUM_CPU_DEVICES", "XLA_FLAGS")}
+    env |= {"PYTHONPATH": os.pathsep.join(sys.path), "PATH": f"{bin_dir}{os.pathsep}{env['PATH']}"}
+
+    def run(command: list[str], where: str) -> str:
+        done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=600)  # fmt: skip
+        assert done.returncode == 0, f"{where} failed:\n{(done.stdout + done.stderr)[-4000:]}"
+        return done.stdout
+
     steps = getting_started_steps()
     assert [lang for lang, _, _ in steps] == ["python", "shell", "yaml", *["python"] * 3]
+    out, scripts = "", []
     for lang, line, code in steps:
         where = f"docs/{GETTING_STARTED}:{line}"
         if lang == "yaml":
             assert code == (EXAMPLES / "train_lm" / "train_lm.yaml").read_text(), where
         elif lang == "shell":
-            for command in code.splitlines():
-                words = shlex.split(command)
-                if words[0] == "cd":
-                    monkeypatch.chdir(words[1])
-                    continue
-                assert words[0] == "psdp", f"{where}: cannot run {command!r}"
-                assert main([*words[1:], "--workers", "1", "--no-progress"]) == 0, command
+            out += run(["bash", "-e", "-c", code], where)
         else:
-            exec(compile("\n" * line + code, str(DOCS / GETTING_STARTED), "exec"), namespace)
-    out = capsys.readouterr().out
+            script = tmp_path / f"step_at_line_{line}.py"
+            script.write_text(code)
+            scripts.append(script)
+            out += run([sys.executable, script.name], where)
     assert "the pod was killed as planned" in out and "resumed step 15: loss" in out
+    again = subprocess.run([sys.executable, scripts[0].name], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert again.returncode != 0 and "rm -rf my-run" in again.stderr, again.stderr[-2000:]
 
 
 def test_the_getting_started_commands_are_the_configs_own():
@@ -210,7 +225,7 @@ def test_the_getting_started_commands_are_the_configs_own():
     data = draccus.decode(DataConfig, raw["data"])
     (shell,) = [code for lang, _, code in getting_started_steps() if lang == "shell"]
     wanted = [s.prepare_command() for s in [*data.sources.values(), *data.eval.values()]]
-    assert shell.splitlines() == ["cd my-run", *wanted]
+    assert shell.splitlines() == ["cd my-run", *wanted, "cd .."]
 
 
 def test_the_prepare_example_runs_as_a_script_with_worker_processes(tmp_path):

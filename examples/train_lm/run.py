@@ -7,7 +7,8 @@
 2. `psdp prepare`: one document store per source and for the eval set, by the commands that
    `train_lm.yaml`'s data config names.
 3. Training (`train.py`) on 4 local processes of 2 fake CPU devices each (data=8), global batch 16:
-   a checkpoint after step 4, then every process is SIGKILLed after step 6.
+   a checkpoint every 4 steps (the first after step 3, Orbax's 4), then every process is
+   SIGKILLed after step 6.
 4. The resume on 2 processes (data=4) with global batch 8: from the checkpoint at step 4 (steps
    4-6 are trained again: the loader continues at sample offset 64) to step 16.
 
