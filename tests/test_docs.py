@@ -58,6 +58,7 @@ COVERED = [
     "measurements/tokens.md",
     "measurements/packing.md",
     "measurements/mixtures.md",
+    "measurements/partitioning.md",
 ]
 GETTING_STARTED = "getting-started.md"
 #: its python blocks: text, a batch, the killed pod, the resumed pod
@@ -285,6 +286,7 @@ def test_the_runnable_blocks_are_found():
         "measurements/tokens.md": 0,
         "measurements/packing.md": 0,
         "measurements/mixtures.md": 0,
+        "measurements/partitioning.md": 0,
     }
 
 

@@ -424,10 +424,10 @@ def test_an_array_source_takes_its_halos_per_dimension():
 
 
 def test_the_docs_halo_cost_formula_gives_its_table_and_the_counted_reads():
-    """docs/concepts/partitioning.md's formula for the share of a sample a one-device host reads with
+    """docs/measurements/partitioning.md's formula for the share of a sample a one-device host reads with
     halos of ``h`` (read from the page and evaluated) gives the ratio column of its table, and
     the bytes the planner's reads count (scripts/measure/spatial_bytes.py) for the table's shape."""
-    text = (Path(__file__).parents[1] / "docs" / "concepts" / "partitioning.md").read_text()
+    text = (Path(__file__).parents[1] / "docs" / "measurements" / "partitioning.md").read_text()
     formula = re.search(r"reads\s+`(\(360 \+ [^`]+)`\s+of each", text).group(1)
 
     def share(h: int) -> float:

@@ -7,7 +7,8 @@ Builds `StepOffsets` for a source of 10**6 rows with a stage every 10 steps (bat
 plus as many ``skip_offsets`` ranges, then prints, per skip count: the median build time (of 3), the median time
 of a step lookup (`StepOffsets.info` at ``--lookups`` steps drawn with seed 0 from the whole run,
 and one far beyond it), of `resume_offset` at a skip's first step, and of `cuts_short`
-(``docs/concepts/order-and-resume.md``, "Offsets, schedules and skips", gives the costs this measures).
+(``docs/concepts/order-and-resume.md``, "Offsets, schedules and skips", gives the costs this measures;
+``docs/measurements/scale.md``, "Mixtures and schedules", quotes its figures).
 """
 
 from __future__ import annotations

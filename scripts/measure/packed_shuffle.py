@@ -1,7 +1,7 @@
 """A shuffled loader over packing in windows at 10^9 documents: time a step and count the window
 plans it makes, with the loader's default (blocks of about a window's sequences,
 `PackedSequences.io_block`) against a row-level shuffle (``io_block=1``), in interleaved rounds
-(``docs/guides/packing.md``, "Shuffle in blocks, by default").
+(``docs/measurements/packing.md``, "Shuffle in blocks"; the rule: ``docs/guides/packing.md``).
 
 The corpus is tests/test_packing.py's scale simulation (`FormulaCorpus`: 10^9 documents,
 1.2 x 10^12 tokens, never written; windows of 4096 documents; the pack index given), read on 8

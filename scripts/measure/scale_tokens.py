@@ -1,4 +1,4 @@
-"""TokenSequences at real size and memory speed: two tables for docs/guides/tokens.md.
+"""TokenSequences at real size and memory speed: two tables for docs/measurements/tokens.md.
 
 1. Time per step from 10^6 to 10^9 documents: corpora never written (tests/scale_corpus.py, the
    same formula at every size, offsets and tokens computed on the fly), opened with the index

@@ -1,5 +1,5 @@
-"""How a zarr3 array's chunk shape decides the cost of a spatial read (``docs/guides/spatial.md``,
-"Spatial reads: boxes and chunk layout").
+"""How a zarr3 array's chunk shape decides the cost of a spatial read (``docs/measurements/storage.md``,
+"Chunks for spatial reads"; the rule: ``docs/guides/spatial.md``).
 
 Writes a ``(N, C, H, W)`` float32 field (random values) once per chunk shape and codec, then times
 the read a host of ``data=2 x h=2 x w=2`` makes for one step of 2 samples: its device's box (a
