@@ -40,12 +40,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 # Nothing a test starts may outlive the run: this process adopts every orphaned descendant (a
 # "child subreaper", Linux), so a grandchild whose parent exited is still seen below.
+PR_SET_CHILD_SUBREAPER = 36  # Linux's prctl option: orphaned descendants reparent to this process
+
+
 def _adopt_orphans() -> None:
     try:
         import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+        libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     except (OSError, AttributeError):  # not Linux: the check below sees direct children only
         pass
 
@@ -56,17 +59,16 @@ def _live_children() -> list[str]:
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             state, ppid = stat.read_text().rsplit(")", 1)[1].split()[:2]
+            if int(ppid) != os.getpid():
+                continue
+            if state == "Z":
+                os.waitpid(int(stat.parent.name), os.WNOHANG)
+                continue
             command = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
-        except OSError:  # gone meanwhile
+        except (OSError, ChildProcessError):  # gone, or reaped by its Popen, meanwhile
             continue
-        if int(ppid) != os.getpid():
-            continue
-        if "multiprocessing.resource_tracker" in command:  # Python's own: ends with this process
-            continue
-        if state == "Z":
-            os.waitpid(int(stat.parent.name), os.WNOHANG)
-            continue
-        found.append(f"{stat.parent.name} {command}")
+        if "multiprocessing.resource_tracker" not in command:  # Python's own: ends with us
+            found.append(f"{stat.parent.name} {command}")
     return found
 
 
