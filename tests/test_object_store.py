@@ -1,6 +1,12 @@
-"""Datasets on an object store: moto's S3 server on 127.0.0.1 (one per module), TensorStore's own
-s3 driver pointed at it, and a fault-injecting proxy in front. Every row is checked against the
-numpy arrays that were written (never against ids the code under test computed)."""
+"""Datasets on an object store: moto's S3 server and fake-gcs-server on 127.0.0.1 (one of each per
+module; every test runs on both), TensorStore's own s3 and gcs drivers pointed at them, and a
+fault-injecting proxy in front. Every row is checked against the numpy arrays that were written
+(never against ids the code under test computed).
+
+TensorStore's gcs driver takes its endpoint from the environment only (TENSORSTORE_GCS_HTTP_URL),
+so on GCS the `proxy` fixture points the environment at the proxy for the whole test, and every
+request of the test goes through it: the writes a test makes "straight to the server" on S3 pass
+the proxy on GCS, with no rule meant for them (each rule and hold names its request)."""
 
 from __future__ import annotations
 
@@ -19,7 +25,8 @@ from psdp.sources.documents.store import open_documents
 from psdp.sources.documents.writer import write_documents
 from psdp.sources.stores.errors import TransientReadError
 from psdp.sources.stores.writer import write_dataset
-from psdp.tools.benchmarks.object_store import FaultProxy, S3Server
+from psdp.sources.stores.location import GCS_ENDPOINT_VARIABLE
+from psdp.tools.benchmarks.object_store import FaultProxy, GcsServer, S3Server
 from tests.batch_checks import assert_batch_exact, expected_batch, run_on_noncontiguous_pod
 
 #: TensorStore's own request retries, fast (its default pauses a second before the first retry)
@@ -34,23 +41,47 @@ def rows(n: int, seed: int = 0) -> dict[str, np.ndarray]:
     }
 
 
-@pytest.fixture(scope="module")
-def server():
-    with S3Server() as s3:
-        yield s3
+@pytest.fixture(scope="module", params=[S3Server, GcsServer], ids=["s3", "gcs"])
+def server(request):
+    with request.param() as started:
+        yield started
 
 
 @pytest.fixture
-def proxy(server):
+def proxy(server, monkeypatch):
     with FaultProxy(server.endpoint) as p:
+        if gcs(server):
+            monkeypatch.setenv(GCS_ENDPOINT_VARIABLE, p.endpoint)
         yield p
 
 
+def gcs(server) -> bool:
+    return isinstance(server, GcsServer)
+
+
 def spec(server, path, proxy=None, retries=FAST_RETRIES):
+    """The kvstore spec of ``path`` (through ``proxy`` on S3; on GCS the environment says)."""
+    if gcs(server):
+        return {**server.kvstore(path), "gcs_request_retries": retries}
     return {
         **server.kvstore(path, proxy.endpoint if proxy else None),
         "s3_request_retries": retries,
     }
+
+
+def url(server, path):
+    """How psdp names ``path`` of the bucket in its messages."""
+    return f"{'gs' if gcs(server) else 's3'}://psdp/{path}"
+
+
+def upload(server):
+    """The HTTP method of an object's upload: S3 PUTs, GCS's JSON API POSTs."""
+    return "POST" if gcs(server) else "PUT"
+
+
+def listing(server):
+    """What the path of a LIST request holds."""
+    return "/o?" if gcs(server) else "list-type=2"
 
 
 # ------------------------------------------------------------------------------ write, read
@@ -140,7 +171,7 @@ def test_a_write_that_lost_a_race_keeps_the_winner(server):
         write_dataset(where, winner, overwrite=True, progress=False)
         yield rows(8, seed=11)
 
-    with pytest.raises(FileExistsError, match="another write committed to s3://psdp/race/"):
+    with pytest.raises(FileExistsError, match=f"another write committed to {url(server, 'race/')}"):
         write_dataset(where, chunks(), rows_per_shard=8, progress=False)
     source = TensorStoreSource(where)
     np.testing.assert_array_equal(source.read(np.arange(12))["tokens"], winner["tokens"])
@@ -193,7 +224,7 @@ def test_of_two_concurrent_writers_exactly_one_commits(server, proxy, kind, exis
     path = f"cas-{kind}-{'old' if existing else 'new'}/"
     if existing:
         write(spec(server, path), seed=30)
-    held = proxy.hold("PUT", f"/{path}psdp.json")
+    held = proxy.hold(upload(server), f"{path}psdp.json")
     outcome: dict[str, object] = {}
 
     def writer_a():
@@ -210,7 +241,7 @@ def test_of_two_concurrent_writers_exactly_one_commits(server, proxy, kind, exis
     held.release()
     thread.join(60)
     assert isinstance(outcome["a"], FileExistsError), outcome
-    assert f"s3://psdp/{path}" in str(outcome["a"]) and "while this one ran" in str(outcome["a"])
+    assert url(server, path) in str(outcome["a"]) and "while this one ran" in str(outcome["a"])
     check(spec(server, path), seed=32)
     meta = json.loads(bytes(server.objects()[f"{path}psdp.json".encode()]))
     assert _prefixes(server, path) == {"psdp.json", meta["data_prefix"].rstrip("/")}
@@ -222,7 +253,7 @@ def test_a_commit_whose_answer_was_lost_is_still_its_own(server, proxy):
     committed (it reads psdp.json back), not delete the dataset it just committed."""
     path = "lost-answer/"
     _write_rows(spec(server, path), seed=40)
-    proxy.fail("lost", tries=1, where=f"/{path}psdp.json", method="PUT")
+    proxy.fail("lost", tries=1, where=f"{path}psdp.json", method=upload(server))
     _write_rows(spec(server, path, proxy), seed=41, overwrite=True)
     assert proxy.faults["lost"] == 1
     _check_rows(spec(server, path), seed=41)
@@ -248,14 +279,15 @@ def _open_in_thread(where):
 
 @pytest.mark.parametrize(
     "request_held",
-    ["/tokens/zarr.json", "list-type=2"],  # a leaf's metadata; the LIST of its shard objects
+    ["/tokens/zarr.json", "LIST"],  # a leaf's metadata; the LIST of its shard objects
     ids=["leaf-metadata", "shard-list"],
 )
 def test_an_open_that_meets_an_overwrite_opens_the_new_dataset(server, proxy, request_held):
     """The reader has read psdp.json (the old dataset) when its next request is held at the
     proxy while an overwrite commits and deletes the old prefix: the open must see that
     psdp.json changed and open the new dataset, never call the dataset damaged."""
-    path = f"reopen-{'list' if 'list' in request_held else 'leaf'}/"
+    path = f"reopen-{'list' if request_held == 'LIST' else 'leaf'}/"
+    request_held = listing(server) if request_held == "LIST" else request_held
     old, new = rows(40, seed=50), rows(24, seed=51)
     write_dataset(spec(server, path), old, rows_per_shard=8, progress=False)
     held = proxy.hold("GET", request_held)
@@ -305,7 +337,7 @@ def test_an_unfinished_write_is_refused_by_readers(server):
     objects[b"unfinished/psdp-data-0123abcd/tokens/zarr.json"] = b"{}"
     with pytest.raises(FileNotFoundError, match="did not finish; rerun it with overwrite=True"):
         TensorStoreSource(spec(server, "unfinished/"))
-    with pytest.raises(FileNotFoundError, match="no dataset at s3://psdp/nothing-here/"):
+    with pytest.raises(FileNotFoundError, match=f"no dataset at {url(server, 'nothing-here/')}"):
         TensorStoreSource(spec(server, "nothing-here/"))
 
 
@@ -330,6 +362,8 @@ for problem, bad in [("refused", {"endpoint": sys.argv[2]}), ("bucket", {"bucket
 
 
 def test_an_s3_open_logs_nothing_and_real_errors_still_raise(server, tmp_path):
+    if gcs(server):
+        pytest.skip("S3's credential chain; GCS: test_gcs_credentials_are_refused_and_never_shown")
     """TensorStore's AWS layer logs an ERROR line for every ~/.aws file it does not find, on
     every S3 open, unless the spec says where credentials come from: with AWS_ACCESS_KEY_ID set,
     psdp names the environment, so a write, opens (of the dataset, and of one array by its
@@ -501,7 +535,7 @@ def test_a_write_whose_replies_are_cut_mid_way_is_retried_and_exact(
     exactly once (a request's tries are counted by key at the proxy)."""
     write, check = WRITERS[kind]
     path = f"cut-{kind}/"
-    proxy.fail("cut", tries=1, method="PUT")
+    proxy.fail("cut", tries=1, method=upload(server))
     write(spec(server, path, proxy), seed=70)
     check(spec(server, path), seed=70)
     objects = _objects_below(server, path)
@@ -520,8 +554,8 @@ def test_a_write_outliving_the_stores_retries_is_retried_by_psdp(
     write, check = WRITERS[kind]
     path = f"outlive-{kind}/"
     tries = 1 + FAST_RETRIES["max_retries"]
-    proxy.fail("503", tries=tries, where=".json", method="PUT")
-    proxy.fail("cut", tries=1, where="/c/", method="PUT")
+    proxy.fail("503", tries=tries, where=".json", method=upload(server))
+    proxy.fail("cut", tries=1, where="/c/", method=upload(server))
     write(spec(server, path, proxy), seed=71)
     check(spec(server, path), seed=71)
     objects = _objects_below(server, path)
@@ -720,6 +754,8 @@ def test_the_loaders_block_shuffle_cuts_requests_and_resumes_exactly(server, pro
 
 # ------------------------------------------------------------------------------ the endpoint
 def test_an_s3_url_takes_its_endpoint_from_the_environment(server, monkeypatch):
+    if gcs(server):
+        pytest.skip("S3's variables; GCS: test_a_gs_url_takes_its_endpoint_from_the_environment")
     """A plain ``s3://`` URL reaches moto through AWS_ENDPOINT_URL (AWS_ENDPOINT_URL_S3 first,
     when both are set), for a dataset and a document store alike, as a DataConfig's store does."""
     from psdp.tools.benchmarks.object_store import free_port
@@ -755,7 +791,7 @@ def test_a_prepare_whose_replies_are_cut_mid_way_is_retried_and_exact(
     corpus.write_jsonl(tmp_path / "a.jsonl", texts[:25])
     corpus.write_jsonl(tmp_path / "b.jsonl", texts[25:])
     path = "cut-prepare/"
-    proxy.fail("cut", tries=1, method="PUT")
+    proxy.fail("cut", tries=1, method=upload(server))
     prepare(str(tmp_path / "*.jsonl"), spec(server, path, proxy), tokenizer=tokenizer, eos=1,
             workers=1, progress=False)  # fmt: skip
     assert proxy.faults["cut"] >= len(_objects_below(server, path)) > 0
