@@ -24,8 +24,8 @@ from psdp.sources import TensorStoreSource, read_metadata
 from psdp.sources.documents.store import open_documents
 from psdp.sources.documents.writer import write_documents
 from psdp.sources.stores.errors import TransientReadError
-from psdp.sources.stores.writer import write_dataset
 from psdp.sources.stores.location import GCS_ENDPOINT_VARIABLE
+from psdp.sources.stores.writer import write_dataset
 from psdp.tools.benchmarks.object_store import FaultProxy, GcsServer, S3Server
 from tests.batch_checks import assert_batch_exact, expected_batch, run_on_noncontiguous_pod
 
