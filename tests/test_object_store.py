@@ -388,8 +388,10 @@ def test_an_s3_open_logs_nothing_and_real_errors_still_raise(server, tmp_path):
         f"ValueError cannot reach s3://psdp/quiet/ (endpoint {refused})"
     )
     assert "Could not connect to server" in out["refused"]
-    # worded by TensorStore: "NOT_FOUND: NoSuchBucket ..." (0.1.86), "Malformed List ..." (0.1.68)
-    assert out["bucket"].startswith("ValueError "), out
+    # TensorStore 0.1.86 says "NoSuchBucket" (psdp names the bucket), 0.1.68 "Malformed List ..."
+    assert out["bucket"].startswith(
+        ("FileNotFoundError the bucket of s3://no-such/quiet/", "ValueError ")
+    ), out
 
 
 # --------------------------------------------------------------------- damage: fail, never zeros
@@ -800,3 +802,122 @@ def test_a_prepare_whose_replies_are_cut_mid_way_is_retried_and_exact(
     store = open_documents(spec(server, path))
     ids = store.read_ranges([0], [store.num_tokens])["input_ids"].tolist()
     assert store.num_documents == len(want) and ids == [i for doc in want for i in doc]
+
+
+# ------------------------------------------------------------------------------- bad input
+def test_a_missing_bucket_is_a_clear_error_and_leaves_nothing(server):
+    """Reads, writes and document stores in a bucket that does not exist fail at once naming the
+    URL: S3 says so in its LIST, GCS answers a read as for a missing object (so the open says
+    "no dataset", with the bucket among what to check) and a write with 404."""
+    where = {**spec(server, "x/"), "bucket": "no-such-bucket"}
+    name = f"{'gs' if gcs(server) else 's3'}://no-such-bucket/x/"
+    with pytest.raises(FileNotFoundError, match="bucket") as caught:
+        TensorStoreSource(where)
+    assert name in str(caught.value)
+    for write in (
+        lambda: write_dataset(where, rows(4), progress=False),
+        lambda: write_documents(where, [np.arange(3, dtype=np.int32)], progress=False),
+    ):
+        with pytest.raises(FileNotFoundError, match="does not exist") as caught:
+            write()
+        assert name in str(caught.value) and "Create it" in str(caught.value)
+    with pytest.raises(FileNotFoundError, match=f"no document store at {name}"):
+        open_documents(where)
+
+
+_REFUSED = """
+import json, sys
+import numpy as np
+from psdp.sources import TensorStoreSource
+from psdp.sources.documents.store import open_documents
+from psdp.sources.stores.writer import write_dataset
+
+spec = json.loads(sys.argv[1])
+for what, action in [
+    ("open", lambda: TensorStoreSource(spec)),
+    ("documents", lambda: open_documents(spec)),
+    ("write", lambda: write_dataset({**spec, "path": "refused-new/"}, np.arange(4), progress=False)),
+]:
+    try:
+        action()
+        print(what, "no error")
+    except Exception as error:
+        print(what, type(error).__name__, " ".join(str(error).split()))
+"""
+
+
+def test_refused_credentials_are_a_clear_error_and_never_shown(server, tmp_path):
+    """Credentials the store refuses (GCS: a token its proxy does not know, 401; S3: a moto server
+    that checks access keys, 403) fail at once, not retried, naming the URL and where
+    credentials come from; the secret appears in no message and no log line. In a process of
+    its own: TensorStore reads a GCS token once per process."""
+    secret = "psdp-secret-never-shown"
+    env = {**os.environ, "HOME": str(tmp_path)}
+    if gcs(server):
+        write_dataset(spec(server, "refused/"), rows(4), progress=False)
+        env["GOOGLE_AUTH_TOKEN_FOR_TESTING"] = secret
+        checking, where = None, spec(server, "refused/")
+        expected = ["gs://psdp/refused", "401", "GOOGLE_APPLICATION_CREDENTIALS"]
+    else:  # a second moto server, that checks every request's key after its first (the bucket)
+        env.update(INITIAL_NO_AUTH_ACTION_COUNT="1", AWS_SECRET_ACCESS_KEY=secret)
+        checking = S3Server()
+        with mock_environment(env):
+            checking.start()
+        where = {**checking.kvstore("refused/"), "s3_request_retries": FAST_RETRIES}
+        expected = ["s3://psdp/refused", "InvalidAccessKeyId", "AWS_ACCESS_KEY_ID"]
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _REFUSED, json.dumps(where)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        if checking is not None:
+            checking.stop()
+    assert done.returncode == 0, done.stderr
+    out = dict(line.split(" ", 1) for line in done.stdout.splitlines())
+    assert out["open"].startswith("PermissionError ") and out["write"].startswith(
+        "PermissionError "
+    ), out
+    for fragment in expected:
+        assert fragment in out["open"] and fragment in out["write"], (fragment, out)
+    assert "refused the credentials" in out["documents"], out
+    assert secret not in done.stdout + done.stderr
+
+
+class mock_environment:
+    """``os.environ`` is ``env`` inside (for a server started there to inherit), as before after."""
+
+    def __init__(self, env):
+        self.env, self.saved = env, None
+
+    def __enter__(self):
+        self.saved = dict(os.environ)
+        os.environ.clear()
+        os.environ.update(self.env)
+
+    def __exit__(self, *exc_info):
+        os.environ.clear()
+        os.environ.update(self.saved)
+
+
+@pytest.mark.parametrize("fault", ["drop", "cut"])
+def test_a_store_that_keeps_dropping_reads_fails_naming_the_url(server, proxy, mesh_1d, fault):
+    """Every read of a shard is dropped (reset, no answer) or cut mid-reply: transient, so tried
+    again, by TensorStore (a drop) and by the loader, a counted number of times; then a
+    `TransientReadError` naming the URL, never a batch. The rows before are exact."""
+    path = f"keeps-{fault}/"
+    data = rows(32, seed=90)
+    write_dataset(spec(server, path), data, rows_per_shard=8, progress=False)
+    source = CountingReads(spec(server, path, proxy, retries={"max_retries": 1}))
+    options = {"mesh": mesh_1d, "global_batch_size": 8, "shuffle": False, "read_attempts": 3}
+    with DataLoader(source, retry_backoff_s=None, **options) as loader:
+        np.testing.assert_array_equal(np.asarray(loader.batch_at(0)["tokens"]), data["tokens"][:8])
+        proxy.fail(fault, tries=10**6, where="/tokens/c/1/")  # rows 8-15
+        source.calls = 0
+        with pytest.raises(TransientReadError, match=url(server, path)) as caught:
+            loader.batch_at(1)
+    assert source.calls == 3 and proxy.faults[fault] >= 3
+    assert any("(try 3 of 3)" in note for note in caught.value.__notes__)

@@ -40,6 +40,11 @@ GCS_ENDPOINT_VARIABLE = "TENSORSTORE_GCS_HTTP_URL"
 #: tries up to 32 s apart: many minutes).
 REACH_RETRIES = {"max_retries": 5, "initial_delay": "200ms", "max_delay": "2s"}
 _RETRIES_RESOURCE = {"s3": "s3_request_retries", "gcs": "gcs_request_retries"}
+#: Where each object store's credentials come from, for messages.
+_CREDENTIALS = {
+    "s3": "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE",
+    "gcs": "GOOGLE_APPLICATION_CREDENTIALS, or `gcloud auth application-default login`",
+}
 #: The URL scheme of a kvstore driver, where it is not the driver's name.
 _SCHEMES = {"gcs": "gs"}
 
@@ -298,9 +303,11 @@ def open_kvstore(location: Location, context: ts.Context | None = None) -> ts.Kv
 def check_reach(spec: Mapping[str, Any], name: str, context: ts.Context | None = None) -> None:
     """One request to the object store of the kvstore ``spec`` (a read of ``psdp.json``) with
     `REACH_RETRIES` unless the spec names its own; a `ValueError` naming the store and its
-    endpoint if it fails for want of an answer (refused, unresolved, timed out, 5xx). Any other
-    outcome, an error such as a denied access included, is left to the requests that follow.
-    Nothing for a kvstore with no network (``file``, ``memory``)."""
+    endpoint if it fails for want of an answer (refused, unresolved, timed out, 5xx), a
+    `PermissionError` if the store refuses the credentials (401, 403: never retried). Any other
+    outcome (a missing object, or bucket: S3 and GCS answer a read there alike) is left to the
+    requests that follow. Nothing for a kvstore with
+    no network (``file``, ``memory``)."""
     resource = _RETRIES_RESOURCE.get(str(spec.get("driver")))
     if resource is None:
         return
@@ -309,9 +316,16 @@ def check_reach(spec: Mapping[str, Any], name: str, context: ts.Context | None =
     try:
         ts.KvStore.open(probe, context=context).result().read(b"psdp.json").result()
     except ValueError as error:
-        if not is_transient_status(str(error)):
-            return
+        message = redacted_message(str(error))
         gcs = spec.get("driver") == "gcs"
+        if message.split(":", 1)[0] in ("PERMISSION_DENIED", "UNAUTHENTICATED"):
+            raise PermissionError(
+                f"{name} refused the credentials of this process: {message}. Check the "
+                f"credentials in the environment ({_CREDENTIALS['gcs' if gcs else 's3']}) and "
+                "that they grant access to this bucket (reading; writing, to write)"
+            ) from None
+        if not is_transient_status(message):
+            return
         named = gcs_endpoint() if gcs else spec.get("endpoint")
         itself = "Google Cloud Storage" if gcs else "AWS S3"
         endpoint = "" if named else f" (no endpoint is set: this is {itself} itself)"
@@ -322,16 +336,27 @@ def check_reach(spec: Mapping[str, Any], name: str, context: ts.Context | None =
             f"({' or '.join(ENDPOINT_VARIABLES)})"
         )
         raise ValueError(
-            f"cannot reach {name}{endpoint}: {redacted_message(str(error))} (gave up after "
+            f"cannot reach {name}{endpoint}: {message} (gave up after "
             f"{time.monotonic() - started:.1f} s). Check that the endpoint is up and reachable "
             f"from here, or name another: the psdp command's --endpoint URL, or {where}"
         ) from None
 
 
 def list_keys(store: ts.KvStore, prefix: str = "") -> list[str]:
-    """The keys below ``prefix`` of ``store`` (one paginated LIST), as strings."""
+    """The keys below ``prefix`` of ``store`` (one paginated LIST), as strings; a
+    `FileNotFoundError` naming the store if S3 says its bucket does not exist (S3 answers a read
+    there as if the object were missing: the LIST is where it tells)."""
     if prefix:
         keys = store.list(ts.KvStore.KeyRange(prefix, prefix[:-1] + chr(ord(prefix[-1]) + 1)))
     else:
         keys = store.list()
-    return sorted(key.decode() for key in keys.result())
+    try:
+        return sorted(key.decode() for key in keys.result())
+    except ValueError as error:
+        if "NoSuchBucket" not in str(error):
+            raise
+        name = describe_kvstore(store.spec().to_json())
+        raise FileNotFoundError(
+            f"the bucket of {name} does not exist ({redacted_message(str(error))}). Create it, "
+            "or check the URL or spec (the bucket is the first part of the URL)"
+        ) from None
