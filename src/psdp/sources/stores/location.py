@@ -218,7 +218,8 @@ def checked_endpoint(endpoint: str, where: str, kind: str = "S3") -> str:
     if parts.scheme not in ("http", "https") or not parts.hostname:
         example = "https://s3.example.com" if kind == "S3" else "https://storage.googleapis.com"
         raise ValueError(
-            f"{where}={_redacted(endpoint)!r} is not an {kind} endpoint URL; give the scheme and "
+            f"{where}={_redacted(endpoint)!r} is not {'an' if kind == 'S3' else 'a'} {kind} "
+            "endpoint URL; give the scheme and "
             f"host, e.g. http://127.0.0.1:9000 or {example}"
         )
     return endpoint
