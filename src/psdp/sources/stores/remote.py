@@ -7,7 +7,7 @@ it carries the generation of the ``psdp.json`` the write saw when it began, and 
 refuses it if another write committed since (S3 ``If-Match``/``If-None-Match``, GCS
 ``ifGenerationMatch``), so of two concurrent writers exactly one commits. Only then is the
 replaced dataset's prefix deleted; other prefixes (a write still running elsewhere, or one that
-was killed) are left alone. ``docs/guides/s3.md``, "Remote stores".
+was killed) are left alone. ``docs/guides/object-stores.md``, "Remote stores".
 """
 
 from __future__ import annotations
