@@ -363,7 +363,9 @@ for problem, bad in [("refused", {"endpoint": sys.argv[2]}), ("bucket", {"bucket
 
 def test_an_s3_open_logs_nothing_and_real_errors_still_raise(server, tmp_path):
     if gcs(server):
-        pytest.skip("S3's credential chain; GCS: test_gcs_credentials_are_refused_and_never_shown")
+        pytest.skip(
+            "S3's credential chain; GCS: test_refused_credentials_are_a_clear_error_and_never_shown"
+        )
     """TensorStore's AWS layer logs an ERROR line for every ~/.aws file it does not find, on
     every S3 open, unless the spec says where credentials come from: with AWS_ACCESS_KEY_ID set,
     psdp names the environment, so a write, opens (of the dataset, and of one array by its
@@ -757,7 +759,7 @@ def test_the_loaders_block_shuffle_cuts_requests_and_resumes_exactly(server, pro
 # ------------------------------------------------------------------------------ the endpoint
 def test_an_s3_url_takes_its_endpoint_from_the_environment(server, monkeypatch):
     if gcs(server):
-        pytest.skip("S3's variables; GCS: test_a_gs_url_takes_its_endpoint_from_the_environment")
+        pytest.skip("S3's variables; GCS: test_data_config.py and test_cli.py take gs:// URLs")
     """A plain ``s3://`` URL reaches moto through AWS_ENDPOINT_URL (AWS_ENDPOINT_URL_S3 first,
     when both are set), for a dataset and a document store alike, as a DataConfig's store does."""
     from psdp.tools.benchmarks.object_store import free_port

@@ -55,7 +55,8 @@ def write_remote(
             # bucket look like reads of missing objects, so the open could not tell)
             raise FileNotFoundError(
                 f"cannot write {location.name}: the store answered a write with 404 Not Found: "
-                f"the bucket {location.kvstore.get('bucket')!r} does not exist. Create it, or "
+                f"the bucket {(location.kvstore or {}).get('bucket')!r} does not exist. Create "
+                "it, or "
                 "check the URL or spec (the bucket is the first part of the URL)"
             ) from error
         raise
