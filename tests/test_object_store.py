@@ -923,3 +923,23 @@ def test_a_store_that_keeps_dropping_reads_fails_naming_the_url(server, proxy, m
             loader.batch_at(1)
     assert source.calls == 3 and proxy.faults[fault] >= 3
     assert any("(try 3 of 3)" in note for note in caught.value.__notes__)
+
+
+def test_the_gcs_proxy_refuses_a_stale_generation_as_gcs_does():
+    """fake-gcs-server takes a write whose ifGenerationMatch is stale; GcsServer's proxy refuses
+    it (412: TensorStore reports the condition failed, an empty generation), and takes a fresh
+    one; an absent object matches generation 0 only."""
+    import tensorstore as ts
+
+    with GcsServer() as server:
+        store = ts.KvStore.open(server.kvstore("cas/")).result()
+        first = store.write(b"k", b"one").result().generation
+        assert store.write(b"k", b"two", if_equal=first).result().generation  # fresh: taken
+        assert store.write(b"k", b"three", if_equal=first).result().generation == b""  # stale
+        assert store.write(b"k", b"four", if_equal=b"\x02").result().generation == b""  # exists
+        assert store.write(b"new", b"one", if_equal=b"\x02").result().generation  # absent: taken
+        assert store.read(b"k").result().value == b"two"
+        # the emulator alone (its own port, no proxy) takes the stale write: why the proxy is
+        bare = ts.KvStore.open(server.kvstore("cas/", f"http://127.0.0.1:{server.port}")).result()
+        assert bare.write(b"k", b"five", if_equal=first).result().generation
+        assert bare.read(b"k").result().value == b"five"
