@@ -14,7 +14,7 @@ import os
 import sys
 import time
 import types
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,7 @@ from psdp.prepare.parts import Output, finished, pending, planned, recorded, uni
 from psdp.prepare.readers import BadRecordError, CorruptFileError, plan_units
 from psdp.prepare.tasks import Task, run_task
 from psdp.prepare.tokenize import Encoder, files_digest, tokenizer_files, tokenizer_from
+from psdp.sources.documents.beside import PackSettings
 
 #: Rows of a Parquet or Arrow file per part (cut at its row groups): the unit of work and resume.
 ROWS_PER_PART = 100_000
@@ -88,6 +89,7 @@ def prepare(
     rows_per_part: int = ROWS_PER_PART,
     tokens_per_shard: int = 1 << 20,
     progress: bool = True,
+    packs: Sequence[PackSettings] = (),
 ) -> PrepareSummary:
     """Tokenizes ``inputs`` into a parted document store at ``output``; resumes a killed run and
     appends new input shards (``docs/guides/prepare.md``).
@@ -108,6 +110,9 @@ def prepare(
         rows_per_part: rows of a Parquet or Arrow file per part (the unit of work and resume).
         tokens_per_shard: tokens per shard file of each part's arrays.
         progress: show a progress bar with documents/s and tokens/s.
+        packs: packings in windows whose pack index is then built beside the store, on the
+            same engine (`psdp.prepare.indexes.build_indexes`; ``psdp prepare --pack``), so that
+            no host builds it at start-up (``docs/guides/packing.md``).
 
     Examples:
         >>> import json, tempfile
@@ -175,6 +180,11 @@ def prepare(
         meta = _run(out, units, key, settings, engine, engine_options, progress, started)
     finally:
         out.release()
+    if packs:  # after the release: the store is complete, and the index step only reads it
+        from psdp.prepare.indexes import build_indexes
+
+        build_indexes(output, packs, workers=workers, engine=engine, ray_address=ray_address,
+                      progress=progress)  # fmt: skip
     return _summary(out.name, meta, time.perf_counter() - started)
 
 
