@@ -150,6 +150,7 @@ class PackedSequences:
                       self.store.num_documents, self.store.num_tokens,
                       eos=self.eos_id is not None)  # fmt: skip
         self._where = "built at start-up" if index is None else f"at {index}"
+        self._fix = "delete the index to build it again"
         self._window_plan = functools.lru_cache(WINDOW_CACHE)(self._plan_of_window)
         if index is None:
             return build_pack_index(self.store, key)
@@ -160,6 +161,10 @@ class PackedSequences:
                     f"{key}; pass the index built for this packing (psdp index), or index=None"
                 )
             self._where, self.plan, loaded = "given", index, True
+            self._fix = (
+                "build it again for the store as it is now (psdp index STORE --pack "
+                f"{self.seq_len},{window} ...; docs/guides/packing.md)"
+            )
         else:
             self.plan, loaded = open_pack_index(self.store, key, index)
         for w in sorted({0, key.num_windows - 1}) if loaded else ():
@@ -352,7 +357,7 @@ class PackedSequences:
         """Window ``w``'s plan and offsets, checked against the index (cached: `WINDOW_CACHE`)."""
         assert isinstance(self.plan, PackIndex)
         plan, offsets = plan_of_window(self.store, self.plan.key, w)
-        self.plan.check(w, plan, self._where)
+        self.plan.check(w, plan, self._where, self._fix)
         return plan, offsets
 
     def _token_values(self, key, tokens, segment, skipped, count):
