@@ -23,6 +23,7 @@ from tqdm import tqdm
 
 from psdp._checks import check_int
 from psdp.prepare.engines import engine_named
+from psdp.prepare.indexes import build_indexes
 from psdp.prepare.parts import Output, finished, pending, planned, recorded, unit_id, with_part
 from psdp.prepare.readers import BadRecordError, CorruptFileError, plan_units
 from psdp.prepare.tasks import Task, run_task
@@ -181,8 +182,6 @@ def prepare(
     finally:
         out.release()
     if packs:  # after the release: the store is complete, and the index step only reads it
-        from psdp.prepare.indexes import build_indexes
-
         build_indexes(output, packs, workers=workers, engine=engine, ray_address=ray_address,
                       progress=progress)  # fmt: skip
     return _summary(out.name, meta, time.perf_counter() - started)
@@ -278,4 +277,4 @@ class _CallablePackage(types.ModuleType):
 
 
 sys.modules[__name__].__class__ = _CallablePackage
-__all__ = ["BadRecordError", "CorruptFileError", "PrepareSummary", "prepare"]
+__all__ = ["BadRecordError", "CorruptFileError", "PrepareSummary", "build_indexes", "prepare"]

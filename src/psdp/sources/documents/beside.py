@@ -37,7 +37,7 @@ INDEX_DIRECTORY = "psdp-index"
 #: The document index's file in it (for a store that has none of its own: a Levanter cache).
 DOCUMENT_INDEX = "documents.npz"
 #: A store of at most this many documents whose index is missing builds it in memory at
-#: start-up, on every host (a pack index: about 5-10 s of one core at this size, measured in
+#: start-up, on every host (a pack index: about 1 s of one core at this size, measured in
 #: ``docs/measurements/scale.md``); a larger one is refused, naming the command that builds it.
 IN_MEMORY_DOCUMENTS = 1 << 20
 
