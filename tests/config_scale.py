@@ -197,8 +197,9 @@ def _held(view: Any) -> dict[str, int]:
     out = {"document_index": int(index.marks.nbytes + index.nonempty.nbytes)}
     plan = getattr(view, "plan", None)
     if isinstance(plan, PackIndex):
-        out["pack_index"] = int(sum(getattr(plan, n).nbytes for n in ("starts", "tokens",
-                                                                        "dropped", "empty")))
+        out["pack_index"] = int(
+            sum(getattr(plan, n).nbytes for n in ("starts", "tokens", "dropped", "empty"))
+        )
     return out
 
 

@@ -91,9 +91,12 @@ def test_each_setting_of_the_view_has_its_own_index(tmp_path):
 
 def test_a_large_store_without_its_index_fails_fast_naming_the_command(tmp_path):
     store = store_at(tmp_path / "store")
-    with mock.patch.object(pack_index, "IN_MEMORY_DOCUMENTS", 999), no_build():
-        with pytest.raises(FileNotFoundError) as error:
-            view_of(config(store, eos_id=2))
+    with (
+        mock.patch.object(pack_index, "IN_MEMORY_DOCUMENTS", 999),
+        no_build(),
+        pytest.raises(FileNotFoundError) as error,
+    ):
+        view_of(config(store, eos_id=2))
     assert str(error.value) == (
         f"source 'code' ({store!r}): no pack index beside {store} for --pack {SEQ_LEN},{WINDOW} "
         f"--pack-eos ({store}/psdp-index/pack-{SEQ_LEN}-{WINDOW}-best_fit-split-noseed-eos.npz): "
@@ -149,9 +152,7 @@ def test_a_file_there_that_is_no_pack_index_is_refused_naming_the_command(tmp_pa
         view_of(config(store))
 
 
-def test_a_killed_build_resumes_from_its_parts_and_never_leaves_a_half_index(
-    tmp_path, monkeypatch
-):
+def test_a_killed_build_resumes_from_its_parts_and_never_leaves_a_half_index(tmp_path, monkeypatch):
     store = store_at(tmp_path / "store", count=3000)
     settings = PackSettings(SEQ_LEN, WINDOW)
     monkeypatch.setattr(indexes, "DOCUMENTS_PER_PART", 10 * WINDOW)  # 10 parts of 10 windows
@@ -170,8 +171,9 @@ def test_a_killed_build_resumes_from_its_parts_and_never_leaves_a_half_index(
     folder = tmp_path / "store" / INDEX_DIRECTORY
     assert not (folder / settings.file_name).exists()  # no index until every part is in
     assert len(list(folder.glob(".build-*/part-*.npy"))) == 6 == len(planned)
-    with mock.patch.object(pack_index, "IN_MEMORY_DOCUMENTS", 0), pytest.raises(
-        FileNotFoundError, match="no pack index beside"
+    with (
+        mock.patch.object(pack_index, "IN_MEMORY_DOCUMENTS", 0),
+        pytest.raises(FileNotFoundError, match="no pack index beside"),
     ):  # a host sees no index, never a half one
         view_of(config(store))
 
@@ -187,9 +189,7 @@ def test_a_killed_build_resumes_from_its_parts_and_never_leaves_a_half_index(
         assert getattr(loaded, name).tolist() == getattr(fresh, name).tolist()
 
 
-def test_parts_left_by_a_build_for_the_store_before_it_changed_are_not_used(
-    tmp_path, monkeypatch
-):
+def test_parts_left_by_a_build_for_the_store_before_it_changed_are_not_used(tmp_path, monkeypatch):
     store = store_at(tmp_path / "store", count=3000)
     settings = PackSettings(SEQ_LEN, WINDOW)
     monkeypatch.setattr(indexes, "DOCUMENTS_PER_PART", 10 * WINDOW)
@@ -213,15 +213,16 @@ def test_parts_left_by_a_build_for_the_store_before_it_changed_are_not_used(
 
 
 def test_a_levanter_cache_gets_its_document_index_beside_it(tmp_path):
-    from psdp.sources.documents import index as document_index
     from tests.levanter_cache import write_levanter_cache
 
     docs = [{"input_ids": d.astype(np.int64)} for d in documents(500)]
     write_levanter_cache(tmp_path / "cache", docs)
     cache = str(tmp_path / "cache")
-    with mock.patch.object(beside, "IN_MEMORY_DOCUMENTS", 499), mock.patch(
-        "psdp.sources.documents.levanter.IN_MEMORY_DOCUMENTS", 499
-    ), pytest.raises(FileNotFoundError) as error:
+    with (
+        mock.patch.object(beside, "IN_MEMORY_DOCUMENTS", 499),
+        mock.patch("psdp.sources.documents.levanter.IN_MEMORY_DOCUMENTS", 499),
+        pytest.raises(FileNotFoundError) as error,
+    ):
         config(cache, format="levanter").train_source()
     assert str(error.value).endswith(
         f"holds 500 documents and no document index beside it (psdp-index/documents.npz): "
@@ -230,10 +231,9 @@ def test_a_levanter_cache_gets_its_document_index_beside_it(tmp_path):
     )
     assert main(["index", cache, "--format", "levanter", "--pack", f"{SEQ_LEN},{WINDOW}",
                  "--no-progress"]) == 0  # fmt: skip
-    with mock.patch.object(document_index, "build_index", side_effect=AssertionError("a pass")):
-        with mock.patch("psdp.sources.documents.store.build_index", document_index.build_index):
-            with no_build():
-                packed = view_of(config(cache, format="levanter"))
+    no_pass = AssertionError("a pass over the offsets")
+    with mock.patch("psdp.sources.documents.store.build_index", side_effect=no_pass), no_build():
+        packed = view_of(config(cache, format="levanter"))
     want = PackedSequences(DocumentStore.from_documents([d["input_ids"] for d in docs]),
                            SEQ_LEN, window=WINDOW)  # fmt: skip
     assert packed.read(np.arange(8))["input_ids"].tolist() == want.read(np.arange(8))[

@@ -25,6 +25,7 @@ About 1-2 minutes on the 2-core development machine.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -85,12 +86,12 @@ def plan_cost(windows: int) -> dict[str, float]:
     """Seconds of one core per window planned, over the scale corpus's lengths."""
     sys.path.insert(0, str(ROOT))
     import numpy as np
+    from tests.config_scale import CountedArray, Requests, document_index
+    from tests.packing_oracle import FormulaCorpus
 
     from psdp import DocumentStore
     from psdp.sources.documents.beside import PackSettings
     from psdp.sources.views.pack_index import counts_of_windows
-    from tests.config_scale import CountedArray, Requests, document_index
-    from tests.packing_oracle import FormulaCorpus
 
     corpus = FormulaCorpus(windows * WINDOW, period=WINDOW * 7)  # 7 different windows
     counted = Requests()
@@ -139,10 +140,8 @@ def command_cost(documents: int) -> dict[str, Any]:
             return real(*args)
 
         indexes.counts_of_windows = killed
-        try:
+        with contextlib.suppress(KeyboardInterrupt):
             indexes.build_indexes(store, [settings], workers=1, progress=False)
-        except KeyboardInterrupt:
-            pass
         indexes.counts_of_windows = real
         started = time.perf_counter()
         record = indexes.build_indexes(store, [settings], workers=1, progress=False)[0]

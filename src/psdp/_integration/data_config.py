@@ -345,13 +345,16 @@ class DataConfig:
         common = np.result_type(*found.values())
         if common.itemsize == 8:
             common = np.dtype(np.int32)
+
         def again(view: Any) -> Any:  # the same view over the store read as ``common``
             kwargs = self.view.view_kwargs()
             if self.view.window is not None:  # the index it found or built, not built again
                 kwargs["index"] = view.plan
             return type(view)(view.store.with_dtypes({TOKENS: common}), self.seq_len, **kwargs)
 
-        return {name: view if found[name] == common else again(view) for name, view in views.items()}
+        return {
+            name: view if found[name] == common else again(view) for name, view in views.items()
+        }
 
     def _stage_offset(self, step: int, order: OrderOptions) -> int:
         """The sample offset of ``step``'s first row under ``order``; a block boundary."""

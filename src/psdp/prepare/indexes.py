@@ -94,7 +94,9 @@ def build_indexes(
         ['up to date']
     """
     if format not in FORMATS:
-        raise ValueError(f"format={format!r} must be one of {list(FORMATS)}; e.g. format='levanter'")
+        raise ValueError(
+            f"format={format!r} must be one of {list(FORMATS)}; e.g. format='levanter'"
+        )
     packs = list(packs)
     for settings in packs:
         if not isinstance(settings, PackSettings):
@@ -136,7 +138,10 @@ def _opened_with_index(
     if saved_document_index(folder) is not None:
         try:
             return open_levanter_cache(store, index="beside"), {
-                "index": folder.where(DOCUMENT_INDEX), "state": "up to date", "seconds": 0.0}
+                "index": folder.where(DOCUMENT_INDEX),
+                "state": "up to date",
+                "seconds": 0.0,
+            }
         except ValueError:  # stale: built again below
             pass
     opened = open_levanter_cache(store, index=None)  # one pass, with its own progress bar
@@ -163,14 +168,14 @@ def _pack_index(store: Any, format: str, folder: IndexFolder, opened: DocumentSt
         except ValueError:  # not a pack index of this psdp: replaced
             pass
     build = _build(settings, digest)
-    stale = [n for n in folder.list(_build(settings, "")) if not n.startswith(build)]
+    stale = [n for n in folder.names(_build(settings, "")) if not n.startswith(build)]
     folder.delete(stale)  # parts of the store before it changed: never mixed in
     per_part = max(1, DOCUMENTS_PER_PART // settings.window)
     parts = [
         _Part(store, format, settings, digest, p, first, min(first + per_part, key.num_windows))
         for p, first in enumerate(range(0, key.num_windows, per_part))
     ]
-    saved = set(folder.list(build))
+    saved = set(folder.names(build))
     counts: dict[int, np.ndarray] = {}
     for part in parts:
         name = _part_name(build, part.part)
@@ -182,7 +187,7 @@ def _pack_index(store: Any, format: str, folder: IndexFolder, opened: DocumentSt
                desc=f"pack index {settings.flags()}", disable=not progress)  # fmt: skip
     runner = engine_named(engine[0], **engine[1]) if todo else None
     try:
-        for number, part_counts in (runner.map_unordered(_plan_part, todo) if runner else ()):
+        for number, part_counts in runner.map_unordered(_plan_part, todo) if runner else ():
             counts[number] = part_counts
             bar.update(len(part_counts))
     finally:
@@ -191,7 +196,7 @@ def _pack_index(store: Any, format: str, folder: IndexFolder, opened: DocumentSt
             runner.close()
     index = PackIndex.from_counts(key, np.concatenate([counts[p.part] for p in parts]))
     folder.write(settings.file_name, pack_index_bytes(index, store=digest))
-    folder.delete(sorted(folder.list(build)))
+    folder.delete(sorted(folder.names(build)))
     return ("resumed" if done_windows else "built"), index
 
 
@@ -242,7 +247,7 @@ def _plan_part(part: _Part) -> tuple[int, np.ndarray]:
     return part.part, counts
 
 
-class _Frozen(dict):  # type: ignore[type-arg]
+class _Frozen(dict[str, Any]):
     """A kvstore spec that `functools.lru_cache` can key on."""
 
     def __hash__(self) -> int:  # type: ignore[override]

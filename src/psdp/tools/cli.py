@@ -768,6 +768,7 @@ def _packs(args: argparse.Namespace) -> list[Any]:
 
     options = {"strategy": args.strategy, "long_documents": args.long_documents,
                "seed": args.seed, "eos": args.pack_eos}  # fmt: skip
+
     def parsed(text: str) -> Any:
         return PackSettings.parse(text, **options)
 
@@ -821,9 +822,7 @@ def _run_index(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(records, indent=2))
     for record in [] if args.json else records:
-        counts = "".join(
-            f", {record[k]:,} {k}" for k in ("windows", "sequences") if k in record
-        )
+        counts = "".join(f", {record[k]:,} {k}" for k in ("windows", "sequences") if k in record)
         print(f"{record['index']}: {record['state']}{counts} ({record['seconds']:.1f} s)")
     return 0
 

@@ -150,7 +150,7 @@ class IndexFolder:
         >>> folder = IndexFolder(tempfile.mkdtemp())
         >>> folder.read("a.npz") is None
         True
-        >>> folder.write("a.npz", b"whole"); folder.read("a.npz"), folder.list("a")
+        >>> folder.write("a.npz", b"whole"); folder.read("a.npz"), folder.names("a")
         (b'whole', ['a.npz'])
     """
 
@@ -197,10 +197,11 @@ class IndexFolder:
         from psdp.sources.stores.errors import retried_write
 
         retried_write(
-            lambda: self._remote().write(name.encode(), data).result(), f"writing {self.where(name)}"
+            lambda: self._remote().write(name.encode(), data).result(),
+            f"writing {self.where(name)}",
         )
 
-    def list(self, prefix: str) -> list[str]:
+    def names(self, prefix: str) -> list[str]:
         """The files whose names start with ``prefix`` (``"dir/"``: those in a subfolder)."""
         if self._local is not None:
             folder, _, start = prefix.rpartition("/")
