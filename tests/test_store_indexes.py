@@ -16,7 +16,8 @@ from psdp._integration.source_config import SourceConfig
 from psdp._integration.view_config import ViewConfig
 from psdp.prepare import indexes
 from psdp.sources.documents import beside
-from psdp.sources.documents.beside import INDEX_DIRECTORY, PackSettings
+from psdp.sources.documents.beside import PackSettings
+from psdp.sources.stores.location import INDEX_DIRECTORY
 from psdp.sources.views import pack_index
 from psdp.tools.cli import main
 
@@ -280,3 +281,43 @@ def test_two_worker_processes_build_the_same_index_as_one(tmp_path, monkeypatch)
     shutil.rmtree(tmp_path / "store" / INDEX_DIRECTORY)
     indexes.build_indexes(store, [settings], workers=1, progress=False)
     assert (tmp_path / "store" / INDEX_DIRECTORY / settings.file_name).read_bytes() == two
+
+
+def test_on_s3_the_index_is_built_resumed_found_and_checked_beside_the_store(tmp_path, monkeypatch):
+    """The same path on an object store (moto on 127.0.0.1): the parts and the index are
+    objects below ``STORE/psdp-index/``, the index appears only whole, a config over the
+    ``s3://`` URL loads it, and a store rewritten since is refused."""
+    from psdp.tools.benchmarks.object_store import S3Server
+
+    with S3Server() as server:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", server.endpoint)
+        url = "s3://psdp/web/"
+        write_documents(server.kvstore("web/"), documents(3000), progress=False)
+        settings = PackSettings(SEQ_LEN, WINDOW)
+        monkeypatch.setattr(indexes, "DOCUMENTS_PER_PART", 40 * WINDOW)  # 3 parts
+        real = indexes.counts_of_windows
+
+        def killed(store_, key, first, stop):
+            if first == 80:
+                raise KeyboardInterrupt
+            return real(store_, key, first, stop)
+
+        monkeypatch.setattr(indexes, "counts_of_windows", killed)
+        with pytest.raises(KeyboardInterrupt):
+            indexes.build_indexes(url, [settings], workers=1, progress=False)
+        objects = server.objects()
+        index_keys = sorted(k.decode() for k in objects.list().result() if b"psdp-index" in k)
+        assert [k.rsplit("/", 1)[-1] for k in index_keys] == ["part-0000000.npy",
+                                                              "part-0000001.npy"]  # fmt: skip
+        monkeypatch.setattr(indexes, "counts_of_windows", real)
+        (record,) = indexes.build_indexes(url, [settings], workers=1, progress=False)
+        assert record["state"] == "resumed"
+        index_keys = sorted(k.decode() for k in objects.list().result() if b"psdp-index" in k)
+        assert index_keys == [f"web/psdp-index/{settings.file_name}"]
+        fresh = PackedSequences(DocumentStore.open(url), SEQ_LEN, window=WINDOW).plan
+        with no_build():
+            assert view_of(config(url)).plan.starts.tolist() == fresh.starts.tolist()
+        write_documents(server.kvstore("web/"), documents(3000, seed=5), progress=False,
+                        overwrite=True)  # fmt: skip
+        with pytest.raises(ValueError, match=rf"build it again with `psdp index {url} --pack"):
+            view_of(config(url))

@@ -112,7 +112,8 @@ def command_cost(documents: int) -> dict[str, Any]:
 
     from psdp import write_documents
     from psdp.prepare import indexes
-    from psdp.sources.documents.beside import INDEX_DIRECTORY, PackSettings
+    from psdp.sources.documents.beside import PackSettings
+    from psdp.sources.stores.location import INDEX_DIRECTORY
 
     settings = PackSettings(256, WINDOW)
     out: dict[str, Any] = {"documents": documents, "pack": settings.flags()}

@@ -32,8 +32,6 @@ from psdp._plan.pack_windows import PackKey
 from psdp._plan.packing import check_packing_options
 from psdp.sources.documents.index import DocumentIndex
 
-#: The folder beside the store that holds its indexes.
-INDEX_DIRECTORY = "psdp-index"
 #: The document index's file in it (for a store that has none of its own: a Levanter cache).
 DOCUMENT_INDEX = "documents.npz"
 #: A store of at most this many documents whose index is missing builds it in memory at
@@ -88,7 +86,7 @@ class PackSettings:
 
     @property
     def file_name(self) -> str:
-        """The pack index's file in `INDEX_DIRECTORY`: named by the settings, not the store's
+        """The pack index's file in ``psdp-index/``: named by the settings, not the store's
         size, so that an index left from before the store grew is found, and refused."""
         seed = "noseed" if self.seed is None else f"seed{self.seed}"
         eos = "-eos" if self.eos else ""
@@ -142,7 +140,7 @@ def store_digest(index: DocumentIndex) -> str:
 
 
 class IndexFolder:
-    """`INDEX_DIRECTORY` beside a store (a path, URL or kvstore spec): its files read, written
+    """``psdp-index/`` (`psdp.sources.stores.location.INDEX_DIRECTORY`) beside a store (a path, URL or kvstore spec): its files read, written
     whole (atomically), listed and deleted.
 
     Examples:
@@ -155,7 +153,8 @@ class IndexFolder:
     """
 
     def __init__(self, store: str | os.PathLike[str] | Mapping[str, Any]):
-        from psdp.sources.stores.location import locate  # loads tensorstore: on first use
+        # loads tensorstore: on first use
+        from psdp.sources.stores.location import INDEX_DIRECTORY, locate
 
         location = locate(store)
         self.name = f"{location.name.rstrip('/')}/{INDEX_DIRECTORY}"
@@ -171,7 +170,7 @@ class IndexFolder:
         if self._kvstore is None:
             import tensorstore as ts
 
-            spec = self._location.below(f"{INDEX_DIRECTORY}/")
+            spec = self._location.below(self.name.rsplit("/", 1)[-1] + "/")
             self._kvstore = ts.KvStore.open(spec).result()
         return self._kvstore
 
@@ -224,7 +223,9 @@ class IndexFolder:
                 if folder != self._local and folder.is_dir() and not any(folder.iterdir()):
                     folder.rmdir()
             else:
-                self._remote().delete(name.encode()).result()
+                import tensorstore as ts
+
+                self._remote().delete_range(ts.KvStore.KeyRange(name, name + "\0")).result()
 
 
 def saved_document_index(folder: IndexFolder) -> DocumentIndex | None:

@@ -14,7 +14,6 @@ from psdp._plan.leaves import TOKENS
 from psdp.sources.documents.beside import (
     DOCUMENT_INDEX,
     IN_MEMORY_DOCUMENTS,
-    INDEX_DIRECTORY,
     IndexFolder,
     index_command,
     saved_document_index,
@@ -22,6 +21,7 @@ from psdp.sources.documents.beside import (
 from psdp.sources.documents.index import DocumentIndex
 from psdp.sources.documents.store import DocumentStore
 from psdp.sources.stores.levanter_cache import open_cache_arrays
+from psdp.sources.stores.location import INDEX_DIRECTORY
 
 
 def open_levanter_cache(
