@@ -20,6 +20,7 @@ from psdp.sources.documents.beside import PackSettings
 from psdp.sources.stores.location import INDEX_DIRECTORY
 from psdp.sources.views import pack_index
 from psdp.tools.cli import main
+from tests.ray_cluster import ray_engine, requires_ray  # noqa: F401 (a fixture)
 
 SEQ_LEN, WINDOW = 64, 32
 
@@ -264,11 +265,15 @@ def test_prepare_builds_the_pack_index_it_is_asked_for(tmp_path):
     tokenizer = corpus.train_tokenizer(tmp_path / "tok" / "tokenizer.json")
     text = corpus.write_jsonl(tmp_path / "a.jsonl", corpus.texts(300))
     out = str(tmp_path / "store")
-    prepare([str(text)], out, tokenizer=tokenizer, workers=1, progress=False,
-            packs=[PackSettings(SEQ_LEN, 16)])  # fmt: skip
+    summary = prepare([str(text)], out, tokenizer=tokenizer, workers=1, progress=False,
+                      packs=[PackSettings(SEQ_LEN, 16)])  # fmt: skip
+    sequences = len(PackedSequences(DocumentStore.open(out), SEQ_LEN, window=16))
+    name = f"pack-{SEQ_LEN}-16-best_fit-split-noseed.npz"
+    assert str(summary).endswith(f"{out}/psdp-index/{name}: built, {sequences:,} sequences")
+    assert summary.to_json()["indexes"][0]["state"] == "built"
     with no_build(), mock.patch.object(pack_index, "IN_MEMORY_DOCUMENTS", 0):
         packed = view_of(config(out, window=16))
-    assert len(packed) == len(PackedSequences(DocumentStore.open(out), SEQ_LEN, window=16))
+    assert len(packed) == sequences
 
 
 @pytest.mark.slow
@@ -321,3 +326,40 @@ def test_on_s3_the_index_is_built_resumed_found_and_checked_beside_the_store(tmp
                         overwrite=True)  # fmt: skip
         with pytest.raises(ValueError, match=rf"build it again with `psdp index {url} --pack"):
             view_of(config(url))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@requires_ray
+def test_ray_tasks_build_the_same_index_as_local_workers(ray_engine, tmp_path, monkeypatch):  # noqa: F811
+    store = store_at(tmp_path / "store", count=3000)
+    monkeypatch.setattr(indexes, "DOCUMENTS_PER_PART", 10 * WINDOW)  # 10 tasks
+    settings = PackSettings(SEQ_LEN, WINDOW)
+    (record,) = indexes.build_indexes(store, [settings], engine="ray", progress=False)
+    assert record["state"] == "built"
+    on_ray = (tmp_path / "store" / INDEX_DIRECTORY / settings.file_name).read_bytes()
+    shutil.rmtree(tmp_path / "store" / INDEX_DIRECTORY)
+    indexes.build_indexes(store, [settings], workers=1, progress=False)
+    assert (tmp_path / "store" / INDEX_DIRECTORY / settings.file_name).read_bytes() == on_ray
+
+
+def test_a_store_reordered_under_its_index_is_refused_at_its_first_window(tmp_path):
+    """Under 4,096 documents the document index holds only the ends, so a store rewritten with
+    the same documents in another order has the same digest: the window check catches it."""
+    store = store_at(tmp_path / "store", reverse=True)
+    store_at(tmp_path / "other")  # the same documents in their first order, indexed
+    indexes.build_indexes(str(tmp_path / "other"), [PackSettings(SEQ_LEN, WINDOW)], progress=False)
+    shutil.copytree(tmp_path / "other" / INDEX_DIRECTORY, tmp_path / "store" / INDEX_DIRECTORY)
+    with pytest.raises(ValueError, match=r"the pack index given does not match the store: window 0 "
+                       r".*build it again for the store as it is now \(psdp index STORE --pack "
+                       rf"{SEQ_LEN},{WINDOW} "):  # fmt: skip
+        view_of(config(store))
+
+
+def test_a_pack_index_given_for_another_packing_is_refused():
+    store = DocumentStore.from_documents([np.arange(1, n + 1) for n in [3, 5, 2, 6] * 4])
+    index = PackedSequences(store, 8, window=4).plan
+    with pytest.raises(ValueError, match=r"index is a pack index of PackKey\(seq_len=8, .*window=4,"
+                       r".*but this packing of the store is PackKey\(seq_len=8, .*window=8,"):  # fmt: skip
+        PackedSequences(store, 8, window=8, index=index)
+    assert len(PackedSequences(store, 8, window=4, index=index)) == len(index)

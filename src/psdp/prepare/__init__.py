@@ -10,6 +10,7 @@ marks the store complete. Nothing here is imported by ``import psdp`` until used
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import time
@@ -48,6 +49,8 @@ class PrepareSummary:
     skipped: dict[str, int] = field(default_factory=dict)
     examples: list[tuple[str, str]] = field(default_factory=list)
     seconds: float = 0.0
+    #: the pack indexes built beside the store (``packs``): `build_indexes`' records
+    indexes: list[dict[str, Any]] = field(default_factory=list)
 
     def __str__(self) -> str:
         lines = [
@@ -58,6 +61,7 @@ class PrepareSummary:
         ]
         lines += [f"  {count:,} x {reason}" for reason, count in sorted(self.skipped.items())]
         lines += [f"  e.g. {where}: {reason}" for where, reason in self.examples]
+        lines += [f"{r['index']}: {r['state']}, {r['sequences']:,} sequences" for r in self.indexes]
         return "\n".join(lines)
 
     def to_json(self) -> dict[str, Any]:
@@ -67,6 +71,7 @@ class PrepareSummary:
                                                       "parts", "empty", "skipped")},
             "examples": [{"where": where, "reason": reason} for where, reason in self.examples],
             "seconds": round(self.seconds, 3),
+            **({"indexes": self.indexes} if self.indexes else {}),
         }  # fmt: skip
 
 
@@ -181,10 +186,12 @@ def prepare(
         meta = _run(out, units, key, settings, engine, engine_options, progress, started)
     finally:
         out.release()
+    built = []
     if packs:  # after the release: the store is complete, and the index step only reads it
-        build_indexes(output, packs, workers=workers, engine=engine, ray_address=ray_address,
-                      progress=progress)  # fmt: skip
-    return _summary(out.name, meta, time.perf_counter() - started)
+        built = build_indexes(output, packs, workers=workers, engine=engine,
+                              ray_address=ray_address, progress=progress)  # fmt: skip
+    summary = _summary(out.name, meta, time.perf_counter() - started)
+    return dataclasses.replace(summary, indexes=built) if built else summary
 
 
 def _run(out: Output, units: list[Any], key: dict[str, Any], settings: dict[str, Any],
