@@ -363,3 +363,26 @@ def test_a_pack_index_given_for_another_packing_is_refused():
                        r".*but this packing of the store is PackKey\(seq_len=8, .*window=8,"):  # fmt: skip
         PackedSequences(store, 8, window=8, index=index)
     assert len(PackedSequences(store, 8, window=4, index=index)) == len(index)
+
+
+def test_the_command_names_the_format_of_a_store_given_with_the_other_one(tmp_path, capsys):
+    from tests.levanter_cache import write_levanter_cache
+
+    store = store_at(tmp_path / "store", 100)
+    write_levanter_cache(tmp_path / "cache", [{"input_ids": d.astype(np.int64)}
+                                              for d in documents(100)])  # fmt: skip
+    cache = str(tmp_path / "cache")
+    assert main(["index", cache, "--pack", "64,32"]) == 2
+    assert capsys.readouterr().err == (
+        f"psdp index: error: {cache} is a Levanter token cache, not a psdp document store; "
+        f"build its indexes with `psdp index {cache} --format levanter --pack 64,32`\n"
+    )
+    assert main(["index", store, "--format", "levanter", "--pack", "64,32", "--pack-eos"]) == 2
+    assert capsys.readouterr().err == (
+        f"psdp index: error: {store} is a psdp document store, not a Levanter token cache; "
+        f"build its indexes with `psdp index {store} --pack 64,32 --pack-eos`\n"
+    )
+    assert main(["index", store]) == 2
+    assert "name a packing to index, e.g. --pack 4096,4096" in capsys.readouterr().err
+    assert main(["index", str(tmp_path / "none"), "--pack", "64,0"]) == 2
+    assert capsys.readouterr().err == "psdp index: error: --pack 64,0: window must be >= 1, got 0\n"

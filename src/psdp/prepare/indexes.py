@@ -31,6 +31,7 @@ from psdp.sources.documents.beside import (
     IndexFolder,
     PackSettings,
     document_index_bytes,
+    index_command,
     saved_document_index,
     store_digest,
 )
@@ -105,7 +106,10 @@ def build_indexes(
             )
     folder = IndexFolder(store)
     records = []
-    opened, record = _opened_with_index(store, format, folder, progress)
+    try:
+        opened, record = _opened_with_index(store, format, folder, progress)
+    except (ValueError, FileNotFoundError) as error:
+        raise _other_format(store, format, packs, error) from None
     if record is not None:
         records.append(record)
     digest = store_digest(opened.index)
@@ -150,6 +154,28 @@ def _opened_with_index(
         "index": folder.where(DOCUMENT_INDEX), "state": "built",
         "seconds": round(time.perf_counter() - started, 3),
     }  # fmt: skip
+
+
+def _other_format(
+    store: Any, format: str, packs: list[PackSettings], error: Exception
+) -> Exception:
+    """``error`` (the store did not open as ``format``), or, when the store is of the other
+    format, an error naming the command with the right ``--format``."""
+    from psdp.sources.stores.levanter_cache import is_levanter_cache
+
+    other = "levanter" if format == "psdp" else "psdp"
+    if other == "levanter" and not is_levanter_cache(store):
+        return error
+    if other == "psdp":
+        try:
+            DocumentStore.open(store)
+        except (ValueError, FileNotFoundError):
+            return error
+    kinds = {"levanter": "a Levanter token cache", "psdp": "a psdp document store"}
+    return type(error)(
+        f"{store} is {kinds[other]}, not {kinds[format]}; build its indexes with "
+        f"`{index_command(store, other, tuple(packs))}`"
+    )
 
 
 def _pack_index(store: Any, format: str, folder: IndexFolder, opened: DocumentStore,
