@@ -386,3 +386,40 @@ def test_the_command_names_the_format_of_a_store_given_with_the_other_one(tmp_pa
     assert "name a packing to index, e.g. --pack 4096,4096" in capsys.readouterr().err
     assert main(["index", str(tmp_path / "none"), "--pack", "64,0"]) == 2
     assert capsys.readouterr().err == "psdp index: error: --pack 64,0: window must be >= 1, got 0\n"
+
+
+def test_a_levanter_caches_document_index_is_built_in_parts_resumed_and_equals_one_pass(
+    tmp_path, monkeypatch
+):
+    from psdp.sources import open_levanter_cache
+    from tests.levanter_cache import write_levanter_cache
+
+    rng = np.random.default_rng(3)
+    lengths = rng.integers(0, 6, 20_000)  # empty documents too
+    docs = [{"input_ids": np.arange(1, n + 1, dtype=np.int64)} for n in lengths]
+    write_levanter_cache(tmp_path / "cache", docs)
+    cache = str(tmp_path / "cache")
+    monkeypatch.setattr(indexes, "DOCUMENTS_PER_OFFSETS_PART", 4096)  # 5 parts
+    real, ran = indexes._index_part, []
+
+    def killed_at_part_3(part):
+        if part.part == 3:
+            raise KeyboardInterrupt
+        ran.append(part.part)
+        return real(part)
+
+    monkeypatch.setattr(indexes, "_index_part", killed_at_part_3)
+    with pytest.raises(KeyboardInterrupt):
+        indexes.build_indexes(cache, format="levanter", workers=1, progress=False)
+    folder = tmp_path / "cache" / INDEX_DIRECTORY
+    assert not (folder / "documents.npz").exists() and ran == [0, 1, 2]
+    ran.clear()
+    monkeypatch.setattr(indexes, "_index_part", lambda p: ran.append(p.part) or real(p))
+    (record,) = indexes.build_indexes(cache, format="levanter", workers=1, progress=False)
+    assert (record["state"], ran) == ("resumed", [3, 4])
+    assert sorted(p.name for p in folder.iterdir()) == ["documents.npz"]
+    built = open_levanter_cache(cache, index="beside").index
+    one_pass = open_levanter_cache(cache).index
+    assert (built.num_documents, built.longest) == (one_pass.num_documents, one_pass.longest)
+    assert built.marks.tolist() == one_pass.marks.tolist()
+    assert built.nonempty.tolist() == one_pass.nonempty.tolist()

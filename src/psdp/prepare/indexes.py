@@ -7,8 +7,8 @@ A pack index is every window planned once. The windows are cut into parts of abo
 ``prepare``'s engines) that saves its part's counts beside the store before it reports; a build
 that is killed resumes from the parts saved (those of the same settings and the same store,
 `store_digest`), and the index file is written whole only once every part is in, so a reader
-never sees half an index. A Levanter cache's document index (it has none) is one pass over its
-offsets, saved first.
+never sees half an index. A Levanter cache's document index (it has none) is built first, the
+same way: its offsets read in parts of `DOCUMENTS_PER_OFFSETS_PART` documents, one task each.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from psdp._plan.leaves import TOKENS
 from psdp._plan.pack_windows import COUNTS, PackIndex
 from psdp.prepare.engines import engine_named
 from psdp.sources.documents.beside import (
@@ -35,7 +36,9 @@ from psdp.sources.documents.beside import (
     saved_document_index,
     store_digest,
 )
+from psdp.sources.documents.index import STRIDE, DocumentIndex
 from psdp.sources.documents.store import DocumentStore
+from psdp.sources.stores.levanter_cache import open_cache_arrays
 from psdp.sources.views.pack_index import counts_of_windows, pack_index_bytes, read_pack_index
 
 #: Documents a task plans (whole windows, at least one): a few seconds of one core, so that a
@@ -43,6 +46,9 @@ from psdp.sources.views.pack_index import counts_of_windows, pack_index_bytes, r
 DOCUMENTS_PER_PART = 1 << 20
 #: Fewer documents than this per local worker are planned faster in the driver alone.
 DOCUMENTS_PER_WORKER = 4_000_000
+#: Documents per task of a Levanter cache's document index (a multiple of its stride): 32 MiB
+#: of offsets read, under 100 MiB of memory a task.
+DOCUMENTS_PER_OFFSETS_PART = 1 << 22
 #: ``format`` values: a psdp store, or a Levanter token cache.
 FORMATS = ("psdp", "levanter")
 
@@ -106,21 +112,17 @@ def build_indexes(
             )
     folder = IndexFolder(store)
     records = []
+    runs = _Engine(engine, workers, ray_address)
     try:
-        opened, record = _opened_with_index(store, format, folder, progress)
+        opened, record = _opened_with_index(store, format, folder, runs, progress)
     except (ValueError, FileNotFoundError) as error:
         raise _other_format(store, format, packs, error) from None
     if record is not None:
         records.append(record)
     digest = store_digest(opened.index)
-    if workers is None and engine == "local":
-        workers = max(1, min(os.cpu_count() or 1, opened.num_documents // DOCUMENTS_PER_WORKER))
     for settings in packs:
         started = time.perf_counter()
-        options = {"workers": workers, "address": ray_address}
-        state, index = _pack_index(
-            store, format, folder, opened, settings, digest, (engine, options), progress
-        )
+        state, index = _pack_index(store, format, folder, opened, settings, digest, runs, progress)
         records.append({
             "index": folder.where(settings.file_name), "state": state, "windows": len(index.tokens),
             "sequences": len(index), "efficiency": round(index.efficiency, 6),
@@ -129,8 +131,24 @@ def build_indexes(
     return records
 
 
+@dataclass(frozen=True)
+class _Engine:
+    """Where the parts run: `engine_named`'s engine, with its workers (``None``: one per CPU,
+    at most one per `DOCUMENTS_PER_WORKER` documents) or Ray's address."""
+
+    name: str
+    workers: int | None
+    address: str | None
+
+    def start(self, documents: int) -> Any:
+        workers = self.workers
+        if workers is None and self.name == "local":
+            workers = max(1, min(os.cpu_count() or 1, documents // DOCUMENTS_PER_WORKER))
+        return engine_named(self.name, workers=workers, address=self.address)
+
+
 def _opened_with_index(
-    store: Any, format: str, folder: IndexFolder, progress: bool
+    store: Any, format: str, folder: IndexFolder, runs: _Engine, progress: bool
 ) -> tuple[DocumentStore, dict[str, Any] | None]:
     """The store, with its document index; a Levanter cache's built and saved beside it if
     missing or stale. Returns it and the record of that index (``None``: a psdp store's own)."""
@@ -148,12 +166,108 @@ def _opened_with_index(
             }
         except ValueError:  # stale: built again below
             pass
-    opened = open_levanter_cache(store, index=None)  # one pass, with its own progress bar
-    folder.write(DOCUMENT_INDEX, document_index_bytes(opened.index))
+    index, resumed = _document_index(store, folder, runs, progress)
+    folder.write(DOCUMENT_INDEX, document_index_bytes(index))
+    folder.delete(folder.names(_DOCUMENTS_BUILD))
+    opened = open_levanter_cache(store, index=index)  # checked against the offsets
     return opened, {
-        "index": folder.where(DOCUMENT_INDEX), "state": "built",
-        "seconds": round(time.perf_counter() - started, 3),
+        "index": folder.where(DOCUMENT_INDEX), "state": "resumed" if resumed else "built",
+        "documents": index.num_documents, "seconds": round(time.perf_counter() - started, 3),
     }  # fmt: skip
+
+
+#: The subfolder of a document index build's parts (then ``<D>-<T>/``: the cache's size).
+_DOCUMENTS_BUILD = ".build-documents-"
+
+
+@dataclass(frozen=True)
+class _OffsetsPart:
+    """One task of a document index: documents ``[first, stop)`` of the cache at ``store``."""
+
+    store: Any
+    part: int
+    first: int
+    stop: int
+    build: str
+
+
+def _document_index(
+    store: Any, folder: IndexFolder, runs: _Engine, progress: bool
+) -> tuple[DocumentIndex, bool]:
+    """A Levanter cache's document index, from its offsets read in parts of
+    `DOCUMENTS_PER_OFFSETS_PART` documents (each task's marks, counts of non-empty documents
+    and longest saved beside the cache, so a killed build resumes), then joined. Returns it and
+    whether saved parts were used."""
+    offsets, _, _ = open_cache_arrays(store, (TOKENS,))
+    documents = int(offsets.shape[0]) - 1
+    tokens = int(offsets[documents].read().result())
+    build = f"{_DOCUMENTS_BUILD}{documents}-{tokens}/"
+    folder.delete([n for n in folder.names(_DOCUMENTS_BUILD) if not n.startswith(build)])
+    step = DOCUMENTS_PER_OFFSETS_PART
+    parts = [_OffsetsPart(store, p, first, min(first + step, documents), build)
+             for p, first in enumerate(range(0, documents, step))]  # fmt: skip
+    saved = set(folder.names(build))
+    done: dict[int, dict[str, np.ndarray]] = {}
+    for part in parts:
+        name = _part_name(build, part.part).replace(".npy", ".npz")
+        if name in saved:
+            data = folder.read(name)
+            with np.load(io.BytesIO(data or b""), allow_pickle=False) as got:
+                done[part.part] = {key: got[key] for key in got.files}
+    todo = [part for part in parts if part.part not in done]
+    bar = tqdm(total=documents, initial=sum(p.stop - p.first for p in parts if p.part in done),
+               unit="documents", desc=f"document index {store}", disable=not progress)  # fmt: skip
+    runner = runs.start(documents) if todo else None
+    try:
+        for number, result in runner.map_unordered(_index_part, todo) if runner else ():
+            done[number] = result
+            bar.update(parts[number].stop - parts[number].first)
+    finally:
+        bar.close()
+        if runner is not None:
+            runner.close()
+    counts = np.concatenate([done[p.part]["nonempty"] for p in parts])
+    index = DocumentIndex(
+        documents, STRIDE,
+        np.concatenate([*(done[p.part]["marks"] for p in parts), [tokens]]),
+        np.concatenate([[0], np.cumsum(counts)]),
+        max(int(done[p.part]["longest"]) for p in parts),
+    )  # fmt: skip
+    return index, len(todo) < len(parts)
+
+
+def _index_part(part: _OffsetsPart) -> tuple[int, dict[str, np.ndarray]]:
+    """One part of a document index (run in a worker): the offsets at the part's marks, the
+    non-empty documents of each of its blocks and its longest document, saved beside the cache.
+    """
+    offsets = _cache_offsets(part.store if isinstance(part.store, str) else _Frozen(part.store))
+    values = np.asarray(offsets[part.first : part.stop + 1].read().result(), np.int64)
+    lengths = np.diff(values)
+    if (lengths < 0).any():
+        i = int(np.argmax(lengths < 0))
+        raise ValueError(
+            f"the offsets of the Levanter cache at {part.store} must be non-decreasing, got "
+            f"offsets[{part.first + i}]={int(values[i])} > offsets[{part.first + i + 1}]="
+            f"{int(values[i + 1])}; the cache is damaged: build it again with Levanter"
+        )
+    result: dict[str, Any] = {
+        "marks": values[: len(lengths) : STRIDE].copy(),
+        "nonempty": np.add.reduceat(lengths > 0, np.arange(0, len(lengths), STRIDE)).astype(
+            np.int64
+        ),
+        "longest": np.array(int(lengths.max(initial=0))),
+    }
+    body = io.BytesIO()
+    np.savez(body, **result)
+    name = _part_name(part.build, part.part).replace(".npy", ".npz")
+    IndexFolder(part.store).write(name, body.getvalue())
+    return part.part, result
+
+
+@functools.lru_cache(maxsize=4)
+def _cache_offsets(store: Any) -> Any:
+    """A Levanter cache's used offsets (``[0, ends...]``), opened once per worker process."""
+    return open_cache_arrays(store, (TOKENS,))[0]
 
 
 def _other_format(
@@ -179,7 +293,7 @@ def _other_format(
 
 
 def _pack_index(store: Any, format: str, folder: IndexFolder, opened: DocumentStore,
-                settings: PackSettings, digest: str, engine: tuple[str, dict[str, Any]],
+                settings: PackSettings, digest: str, runs: _Engine,
                 progress: bool) -> tuple[str, PackIndex]:  # fmt: skip
     """The pack index of ``settings``: the one beside the store if up to date, else built from
     the parts saved and the parts still to plan, then written whole."""
@@ -211,7 +325,7 @@ def _pack_index(store: Any, format: str, folder: IndexFolder, opened: DocumentSt
     done_windows = sum(len(c) for c in counts.values())
     bar = tqdm(total=key.num_windows, initial=done_windows, unit="windows",
                desc=f"pack index {settings.flags()}", disable=not progress)  # fmt: skip
-    runner = engine_named(engine[0], **engine[1]) if todo else None
+    runner = runs.start(opened.num_documents) if todo else None
     try:
         for number, part_counts in runner.map_unordered(_plan_part, todo) if runner else ():
             counts[number] = part_counts

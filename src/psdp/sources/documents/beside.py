@@ -201,14 +201,13 @@ class IndexFolder:
         )
 
     def names(self, prefix: str) -> list[str]:
-        """The files whose names start with ``prefix`` (``"dir/"``: those in a subfolder)."""
+        """The files whose names (paths below the folder) start with ``prefix``."""
         if self._local is not None:
-            folder, _, start = prefix.rpartition("/")
-            base = self._local / folder if folder else self._local
-            if not base.is_dir():
+            if not self._local.is_dir():
                 return []
-            found = (p.name for p in base.iterdir() if p.is_file() and p.name.startswith(start))
-            return sorted(f"{folder}/{n}" if folder else n for n in found if not n.endswith(".tmp"))
+            found = (p.relative_to(self._local).as_posix() for p in self._local.rglob("*"))
+            return sorted(n for n in found if n.startswith(prefix) and not n.endswith(".tmp")
+                          and (self._local / n).is_file())  # fmt: skip
         import tensorstore as ts
 
         keys = self._remote().list(ts.KvStore.KeyRange(prefix, prefix + "\xff")).result()
