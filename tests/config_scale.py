@@ -121,8 +121,10 @@ def opener(directory: Path, requests: Requests, documents: int) -> Any:
         requests.add("document index", len(data))
         offsets = CountedArray(documents + 1, np.int64, corpus.offsets, "offsets", requests)
         tokens = CountedArray(corpus.num_tokens, np.int32, corpus.tokens, "tokens", requests)
-        return DocumentStore(offsets, {"input_ids": tokens}, name=str(directory),
-                             index=DocumentIndex.load(io.BytesIO(data)), spot_check=False)  # fmt: skip
+        index = DocumentIndex.load(io.BytesIO(data))
+        return DocumentStore(
+            offsets, {"input_ids": tokens}, name=str(directory), index=index, spot_check=False
+        )
 
     return classmethod(open_store)
 

@@ -331,7 +331,11 @@ def test_on_s3_the_index_is_built_resumed_found_and_checked_beside_the_store(tmp
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 @requires_ray
-def test_ray_tasks_build_the_same_index_as_local_workers(ray_engine, tmp_path, monkeypatch):  # noqa: F811
+def test_ray_tasks_build_the_same_index_as_local_workers(
+    ray_engine,  # noqa: F811 (the fixture)
+    tmp_path,
+    monkeypatch,
+):
     store = store_at(tmp_path / "store", count=3000)
     monkeypatch.setattr(indexes, "DOCUMENTS_PER_PART", 10 * WINDOW)  # 10 tasks
     settings = PackSettings(SEQ_LEN, WINDOW)
@@ -359,8 +363,8 @@ def test_a_store_reordered_under_its_index_is_refused_at_its_first_window(tmp_pa
 def test_a_pack_index_given_for_another_packing_is_refused():
     store = DocumentStore.from_documents([np.arange(1, n + 1) for n in [3, 5, 2, 6] * 4])
     index = PackedSequences(store, 8, window=4).plan
-    with pytest.raises(ValueError, match=r"index is a pack index of PackKey\(seq_len=8, .*window=4,"
-                       r".*but this packing of the store is PackKey\(seq_len=8, .*window=8,"):  # fmt: skip
+    with pytest.raises(ValueError, match=r"index is a pack index of PackKey\(seq_len=8, .*window="
+                       r"4,.*but this packing of the store is PackKey\(seq_len=8, .*window=8,"):  # fmt: skip
         PackedSequences(store, 8, window=8, index=index)
     assert len(PackedSequences(store, 8, window=4, index=index)) == len(index)
 

@@ -94,7 +94,8 @@ def build_indexes(
         >>> import tempfile
         >>> from psdp import write_documents
         >>> path = f"{tempfile.mkdtemp()}/store"
-        >>> _ = write_documents(path, [np.arange(1, n + 1) for n in [3, 5, 2, 6] * 4], progress=False)
+        >>> docs = [np.arange(1, n + 1) for n in [3, 5, 2, 6] * 4]
+        >>> _ = write_documents(path, docs, progress=False)
         >>> [r["state"] for r in build_indexes(path, [PackSettings(8, 4)], progress=False)]
         ['built']
         >>> [r["state"] for r in build_indexes(path, [PackSettings(8, 4)], progress=False)]

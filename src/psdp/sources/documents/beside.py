@@ -140,8 +140,8 @@ def store_digest(index: DocumentIndex) -> str:
 
 
 class IndexFolder:
-    """``psdp-index/`` (`psdp.sources.stores.location.INDEX_DIRECTORY`) beside a store (a path, URL or kvstore spec): its files read, written
-    whole (atomically), listed and deleted.
+    """``psdp-index/`` (``INDEX_DIRECTORY`` of ``psdp.sources.stores.location``) beside a store
+    (a path, URL or kvstore spec): its files read, written whole (atomically), listed, deleted.
 
     Examples:
         >>> import tempfile
