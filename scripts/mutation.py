@@ -579,8 +579,12 @@ MUTANTS = [
     Mutant("IX2", "sources/views/pack_index.py",
            "        if store.num_documents <= IN_MEMORY_DOCUMENTS:", "        if True:",
            "every host of a large store builds its missing pack index at start-up"),
-    Mutant("IX3", "prepare/indexes.py", "        if name in saved:", "        if False:",
-           "a killed index build plans every part again"),
+    Mutant("IX3", "prepare/indexes.py",
+           "            counts[part.part] = _read_part(folder, name, part)",
+           "            pass", "a killed pack index build plans every part again"),
+    Mutant("IX4", "prepare/indexes.py", '"nonempty": np.add.reduceat(lengths > 0,',
+           '"nonempty": np.add.reduceat(lengths >= 0,',
+           "a Levanter cache's document index counts its empty documents as non-empty"),
 ]  # fmt: skip
 
 #: Single-process tests run against every mutant (the planner, reads, assembly and order).
