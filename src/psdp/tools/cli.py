@@ -752,7 +752,10 @@ def _add_pack_flags(parser: argparse.ArgumentParser, help_text: str) -> None:
         "--pack", action="append", default=[], metavar="SEQ_LEN,WINDOW",
         help=f"{help_text}; repeat for several packings",
     )  # fmt: skip
-    group.add_argument("--strategy", default="best_fit", help="packing strategy (default best_fit)")
+    group.add_argument(
+        "--strategy", default="best_fit", choices=list(PACKING_STRATEGIES),
+        help="the view's packing (default best_fit)",
+    )  # fmt: skip
     group.add_argument(
         "--long-documents", default="split", choices=["split", "drop"], help="default split"
     )
@@ -791,7 +794,10 @@ def _add_index(subparsers: Subparsers) -> None:
     parser.add_argument("store", help="the store: a directory, URL or kvstore spec (JSON)")
     parser.add_argument("--format", choices=["psdp", "levanter"], default="psdp")
     _add_pack_flags(parser, "build the pack index of this packing in windows")
-    parser.add_argument("--workers", type=int, help="local worker processes (default: cores)")
+    parser.add_argument(
+        "--workers", type=int,
+        help="local worker processes (default: one per core, at most one per 4 million documents)",
+    )  # fmt: skip
     parser.add_argument("--engine", choices=["local", "ray"], default="local")
     parser.add_argument("--ray-address", help="the Ray cluster to run on (--engine ray)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
