@@ -427,3 +427,22 @@ def test_a_levanter_caches_document_index_is_built_in_parts_resumed_and_equals_o
     assert (built.num_documents, built.longest) == (one_pass.num_documents, one_pass.longest)
     assert built.marks.tolist() == one_pass.marks.tolist()
     assert built.nonempty.tolist() == one_pass.nonempty.tolist()
+
+
+def test_an_index_saved_without_its_store_is_refused_and_saved_beside_it_is_used(tmp_path):
+    from psdp.sources import save_pack_index_beside
+    from psdp.sources.views.pack_index import build_pack_index, save_pack_index
+
+    store = store_at(tmp_path / "store")
+    settings = PackSettings(SEQ_LEN, WINDOW)
+    opened = DocumentStore.open(store)
+    index = build_pack_index(opened, settings.key(opened.num_documents, opened.num_tokens))
+    path = tmp_path / "store" / INDEX_DIRECTORY / settings.file_name
+    save_pack_index(index, path)  # no store= recorded
+    with pytest.raises(ValueError, match=r"records no store \(it was saved without store=, so "
+                       r"nothing tells it was built for .* as it is now\); build it again with "
+                       rf"`psdp index {store} --pack {SEQ_LEN},{WINDOW}`"):  # fmt: skip
+        view_of(config(store))
+    assert save_pack_index_beside(store, opened, index) == str(path)
+    with no_build():
+        assert view_of(config(store)).plan.starts.tolist() == index.starts.tolist()

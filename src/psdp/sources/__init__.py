@@ -35,6 +35,7 @@ from psdp.sources.stores.streams import StreamReader as StreamReader
 from psdp.sources.stores.streams import StreamSource as StreamSource
 from psdp.sources.views.mixture import Mixture as Mixture
 from psdp.sources.views.pack_index import pack_index_beside as pack_index_beside
+from psdp.sources.views.pack_index import save_pack_index_beside as save_pack_index_beside
 from psdp.sources.views.packed import PackedSequences as PackedSequences
 from psdp.sources.views.tokens import TokenSequences as TokenSequences
 
@@ -100,5 +101,6 @@ __all__ = [
     "open_levanter_cache",
     "pack_index_beside",
     "read_metadata",
+    "save_pack_index_beside",
     "write_documents",
 ]

@@ -89,7 +89,7 @@ def open_pack_index(
     if index is not None and index.key == key:
         return index, True
     index = build_pack_index(store, key, workers=workers)
-    save_pack_index(index, path)
+    save_pack_index(index, path, store=store_digest(store.index))
     return index, False
 
 
@@ -236,6 +236,12 @@ def pack_index_beside(
             + f"; {fix}"
         )
     digest = store_digest(store.index)
+    if built_for is None:
+        raise ValueError(
+            f"the pack index {folder.where(settings.file_name)} records no store (it was saved "
+            f"without store=, so nothing tells it was built for {store.name} as it is now); {fix}"
+            ", or save it with save_pack_index_beside"
+        )
     if built_for != digest:
         raise ValueError(
             f"the pack index {folder.where(settings.file_name)} was built for another store, or "
@@ -243,3 +249,35 @@ def pack_index_beside(
             f"is {digest!r} (its size and document index); {fix}"
         )
     return index
+
+
+def save_pack_index_beside(where: Any, store: DocumentStore, index: PackIndex) -> str:
+    """Saves ``index``, a pack index of ``store`` computed elsewhere (e.g. by
+    `build_pack_index`), beside the store at ``where`` (a path, URL or kvstore spec), where
+    `pack_index_beside` and a `DataConfig` find it, recording the store (`store_digest`).
+    ``psdp index`` does this itself. Returns the file it wrote.
+
+    Examples:
+        >>> import tempfile
+        >>> from psdp import DocumentStore, write_documents
+        >>> where = f"{tempfile.mkdtemp()}/store"
+        >>> _ = write_documents(where, [np.arange(1, n + 1) for n in [3, 5, 2, 6]], progress=False)
+        >>> store = DocumentStore.open(where)
+        >>> key = PackSettings(8, window=2).key(store.num_documents, store.num_tokens)
+        >>> save_pack_index_beside(where, store, build_pack_index(store, key)).rsplit("/", 2)[1:]
+        ['psdp-index', 'pack-8-2-best_fit-split-noseed.npz']
+        >>> len(pack_index_beside(where, store, PackSettings(8, window=2)))  # one a window
+        2
+    """
+    key = index.key
+    settings = PackSettings(key.seq_len, key.window, key.strategy, key.long_documents, key.seed,
+                            eos=key.eos)  # fmt: skip
+    if (key.num_documents, key.num_tokens) != (store.num_documents, store.num_tokens):
+        raise ValueError(
+            f"the pack index is of {key.num_documents} documents and {key.num_tokens} tokens, "
+            f"but {store.name} holds {store.num_documents} and {store.num_tokens}; save the index "
+            "of this store (build_pack_index(store, key))"
+        )
+    folder = IndexFolder(where)
+    folder.write(settings.file_name, pack_index_bytes(index, store=store_digest(store.index)))
+    return folder.where(settings.file_name)
