@@ -573,6 +573,18 @@ MUTANTS = [
            "key = (task.tokenizer, task.bos, task.eos)", "the tokenizer cached by its path"),
     Mutant("QS6", "prepare/tokenize.py", 'MORE_FILES = ("chat_template.jinja", ', "MORE_FILES = (",
            "chat_template.jinja not in the store's key"),
+    # ------------------------------------------------ indexes beside a store (issue 36, index)
+    Mutant("IX1", "sources/views/pack_index.py", "    if built_for != digest:",
+           "    if False:", "a pack index of another store of the same size used"),
+    Mutant("IX2", "sources/views/pack_index.py",
+           "        if store.num_documents <= IN_MEMORY_DOCUMENTS:", "        if True:",
+           "every host of a large store builds its missing pack index at start-up"),
+    Mutant("IX3", "prepare/indexes.py",
+           "            counts[part.part] = _read_part(folder, name, part)",
+           "            pass", "a killed pack index build plans every part again"),
+    Mutant("IX4", "prepare/indexes.py", '"nonempty": np.add.reduceat(lengths > 0,',
+           '"nonempty": np.add.reduceat(lengths >= 0,',
+           "a Levanter cache's document index counts its empty documents as non-empty"),
 ]  # fmt: skip
 
 #: Single-process tests run against every mutant (the planner, reads, assembly and order).
@@ -608,6 +620,7 @@ TESTS = [
     "tests/test_loader_inputs.py",
     "tests/test_config.py",
     "tests/test_data_config.py",
+    "tests/test_store_indexes.py",
     "tests/test_spatial.py",
     "tests/test_spatial_oracle.py",
     "tests/test_reads.py",

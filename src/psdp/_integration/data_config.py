@@ -307,10 +307,29 @@ class DataConfig:
             )
         store = source.open(role)
         kind = TokenSequences if self.view.packing is None else PackedSequences
+        kwargs = self.view.view_kwargs()
         try:
-            return kind(store, self.seq_len, **self.view.view_kwargs())
+            if self.view.window is not None:
+                kwargs["index"] = self._pack_index(source, store)
+            return kind(store, self.seq_len, **kwargs)
         except ValueError as error:
             raise ValueError(f"{role} ({source.store!r}): {error}") from None
+        except FileNotFoundError as error:
+            raise FileNotFoundError(f"{role} ({source.store!r}): {error}") from None
+
+    def _pack_index(self, source: SourceConfig, store: Any) -> Any:
+        """The pack index ``psdp index`` built beside the store for the view's packing
+        (checked), or ``None`` for a small store without one (built at start-up)."""
+        from psdp.sources.documents.beside import PackSettings
+        from psdp.sources.views.pack_index import pack_index_beside
+
+        assert self.seq_len is not None and self.view.packing is not None
+        assert self.view.window is not None
+        settings = PackSettings(
+            self.seq_len, self.view.window, self.view.packing, self.view.long_documents,
+            self.view.seed, eos=self.view.eos_id is not None,
+        )  # fmt: skip
+        return pack_index_beside(source.store, store, settings, format=source.format)
 
     def _common_ids(self, views: dict[str, Any]) -> dict[str, Any]:
         """The views with their stores' token ids read as one dtype, so that they mix: numpy's
@@ -326,12 +345,16 @@ class DataConfig:
         common = np.result_type(*found.values())
         if common.itemsize == 8:
             common = np.dtype(np.int32)
+
+        def again(view: Any) -> Any:  # the same view over the store read as ``common``
+            kwargs = self.view.view_kwargs()
+            if self.view.window is not None:  # the index it found or built, not built again
+                kwargs["index"] = view.plan
+            return type(view)(view.store.with_dtypes({TOKENS: common}), self.seq_len, **kwargs)
+
         return {
-            name: view if found[name] == common else type(view)(
-                view.store.with_dtypes({TOKENS: common}), self.seq_len, **self.view.view_kwargs()
-            )
-            for name, view in views.items()
-        }  # fmt: skip
+            name: view if found[name] == common else again(view) for name, view in views.items()
+        }
 
     def _stage_offset(self, step: int, order: OrderOptions) -> int:
         """The sample offset of ``step``'s first row under ``order``; a block boundary."""

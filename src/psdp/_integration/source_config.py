@@ -254,7 +254,7 @@ class SourceConfig:
 
         assert self.store is not None  # checked in __post_init__
         try:
-            return open_levanter_cache(self.store)
+            return open_levanter_cache(self.store, index="beside")
         except FileNotFoundError as error:
             raise FileNotFoundError(f"{role}: {error}") from None
         except ValueError as error:

@@ -118,7 +118,9 @@ class PackIndex:
         windows = np.searchsorted(self.starts, ids, side="right") - 1
         return windows, ids - self.starts[windows]
 
-    def check(self, w: int, plan: PackPlan, where: str) -> None:
+    def check(
+        self, w: int, plan: PackPlan, where: str, fix: str = "delete the index to build it again"
+    ) -> None:
         """Raises unless window ``w``'s plan has the counts the index holds for it: an index
         built for other lengths (a store rewritten with the same size) is never used."""
         want = (int(self.starts[w + 1] - self.starts[w]), int(self.tokens[w]),
@@ -130,7 +132,7 @@ class PackIndex:
                 f"the pack index {where} does not match the store: window {w} (documents "
                 f"[{first}, {stop})) packs into {dict(zip(COUNTS, got, strict=True))} now, "
                 f"the index says {dict(zip(COUNTS, want, strict=True))}; the store changed "
-                "after the index was built: delete the index to build it again"
+                f"after the index was built: {fix}"
             )
 
     def describe(self) -> str:

@@ -10,11 +10,12 @@ marks the store complete. Nothing here is imported by ``import psdp`` until used
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import time
 import types
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,10 +24,12 @@ from tqdm import tqdm
 
 from psdp._checks import check_int
 from psdp.prepare.engines import engine_named
+from psdp.prepare.indexes import build_indexes
 from psdp.prepare.parts import Output, finished, pending, planned, recorded, unit_id, with_part
 from psdp.prepare.readers import BadRecordError, CorruptFileError, plan_units
 from psdp.prepare.tasks import Task, run_task
 from psdp.prepare.tokenize import Encoder, files_digest, tokenizer_files, tokenizer_from
+from psdp.sources.documents.beside import PackSettings
 
 #: Rows of a Parquet or Arrow file per part (cut at its row groups): the unit of work and resume.
 ROWS_PER_PART = 100_000
@@ -46,6 +49,8 @@ class PrepareSummary:
     skipped: dict[str, int] = field(default_factory=dict)
     examples: list[tuple[str, str]] = field(default_factory=list)
     seconds: float = 0.0
+    #: the pack indexes built beside the store (``packs``): `build_indexes`' records
+    indexes: list[dict[str, Any]] = field(default_factory=list)
 
     def __str__(self) -> str:
         lines = [
@@ -56,6 +61,7 @@ class PrepareSummary:
         ]
         lines += [f"  {count:,} x {reason}" for reason, count in sorted(self.skipped.items())]
         lines += [f"  e.g. {where}: {reason}" for where, reason in self.examples]
+        lines += [f"{r['index']}: {r['state']}, {r['sequences']:,} sequences" for r in self.indexes]
         return "\n".join(lines)
 
     def to_json(self) -> dict[str, Any]:
@@ -65,6 +71,7 @@ class PrepareSummary:
                                                       "parts", "empty", "skipped")},
             "examples": [{"where": where, "reason": reason} for where, reason in self.examples],
             "seconds": round(self.seconds, 3),
+            **({"indexes": self.indexes} if self.indexes else {}),
         }  # fmt: skip
 
 
@@ -88,6 +95,7 @@ def prepare(
     rows_per_part: int = ROWS_PER_PART,
     tokens_per_shard: int = 1 << 20,
     progress: bool = True,
+    packs: Sequence[PackSettings] = (),
 ) -> PrepareSummary:
     """Tokenizes ``inputs`` into a parted document store at ``output``; resumes a killed run and
     appends new input shards (``docs/guides/prepare.md``).
@@ -108,6 +116,9 @@ def prepare(
         rows_per_part: rows of a Parquet or Arrow file per part (the unit of work and resume).
         tokens_per_shard: tokens per shard file of each part's arrays.
         progress: show a progress bar with documents/s and tokens/s.
+        packs: packings in windows whose pack index is then built beside the store, on the
+            same engine (`psdp.prepare.indexes.build_indexes`; ``psdp prepare --pack``), so that
+            no host builds it at start-up (``docs/guides/packing.md``).
 
     Examples:
         >>> import json, tempfile
@@ -175,7 +186,12 @@ def prepare(
         meta = _run(out, units, key, settings, engine, engine_options, progress, started)
     finally:
         out.release()
-    return _summary(out.name, meta, time.perf_counter() - started)
+    built = []
+    if packs:  # after the release: the store is complete, and the index step only reads it
+        built = build_indexes(output, packs, workers=workers, engine=engine,
+                              ray_address=ray_address, progress=progress)  # fmt: skip
+    summary = _summary(out.name, meta, time.perf_counter() - started)
+    return dataclasses.replace(summary, indexes=built) if built else summary
 
 
 def _run(out: Output, units: list[Any], key: dict[str, Any], settings: dict[str, Any],
@@ -268,4 +284,4 @@ class _CallablePackage(types.ModuleType):
 
 
 sys.modules[__name__].__class__ = _CallablePackage
-__all__ = ["BadRecordError", "CorruptFileError", "PrepareSummary", "prepare"]
+__all__ = ["BadRecordError", "CorruptFileError", "PrepareSummary", "build_indexes", "prepare"]

@@ -24,6 +24,7 @@ from psdp.sources.base import IndexableSource as IndexableSource
 from psdp.sources.base import Rows as Rows
 from psdp.sources.base import Source as Source
 from psdp.sources.base import SupportsReadWindow as SupportsReadWindow
+from psdp.sources.documents.beside import PackSettings as PackSettings
 from psdp.sources.documents.index import DocumentIndex as DocumentIndex
 from psdp.sources.documents.store import DocumentStore as DocumentStore
 from psdp.sources.documents.store import FlatArray as FlatArray
@@ -33,6 +34,8 @@ from psdp.sources.stores.memmap import MemmapSource as MemmapSource
 from psdp.sources.stores.streams import StreamReader as StreamReader
 from psdp.sources.stores.streams import StreamSource as StreamSource
 from psdp.sources.views.mixture import Mixture as Mixture
+from psdp.sources.views.pack_index import pack_index_beside as pack_index_beside
+from psdp.sources.views.pack_index import save_pack_index_beside as save_pack_index_beside
 from psdp.sources.views.packed import PackedSequences as PackedSequences
 from psdp.sources.views.tokens import TokenSequences as TokenSequences
 
@@ -85,6 +88,7 @@ __all__ = [
     "IndexableSource",
     "MemmapSource",
     "Mixture",
+    "PackSettings",
     "PackedSequences",
     "Rows",
     "Source",
@@ -95,6 +99,8 @@ __all__ = [
     "TokenSequences",
     "as_source",
     "open_levanter_cache",
+    "pack_index_beside",
     "read_metadata",
+    "save_pack_index_beside",
     "write_documents",
 ]

@@ -707,6 +707,7 @@ def _add_prepare(subparsers: Subparsers) -> None:
         "--skip-bad", action="store_true", help="skip malformed records, counted by reason"
     )
     parser.add_argument("--rows-per-part", type=int, help="Parquet/Arrow rows per part")
+    _add_pack_flags(parser, "then build the pack index of this packing in windows beside the store")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument(
         "--json", action="store_true", help="print the summary as one JSON object (no bar)"
@@ -736,10 +737,99 @@ def _run_prepare(args: argparse.Namespace) -> int:
             skip_bad=args.skip_bad,
             rows_per_part=args.rows_per_part or ROWS_PER_PART,
             progress=not (args.no_progress or args.json),
+            packs=_packs(args),
         )
     except (OSError, TypeError, ImportError) as error:  # a missing input or extra: one line
         raise UsageError(str(error), "psdp prepare") from error
     print(json.dumps(summary.to_json(), indent=2) if args.json else summary)
+    return 0
+
+
+# -------------------------------------------------------------------------------------- index
+def _add_pack_flags(parser: argparse.ArgumentParser, help_text: str) -> None:
+    group = parser.add_argument_group("pack indexes (docs/guides/packing.md)")
+    group.add_argument(
+        "--pack", action="append", default=[], metavar="SEQ_LEN,WINDOW",
+        help=f"{help_text}; repeat for several packings",
+    )  # fmt: skip
+    group.add_argument(
+        "--strategy", default="best_fit", choices=list(PACKING_STRATEGIES),
+        help="the view's packing (default best_fit)",
+    )  # fmt: skip
+    group.add_argument(
+        "--long-documents", default="split", choices=["split", "drop"], help="default split"
+    )
+    group.add_argument("--seed", type=int, help="the packing's seed (default: store order)")
+    group.add_argument(
+        "--pack-eos", dest="pack_eos", action="store_true",
+        help="the view puts an EOS after every document (a DataConfig view with eos_id)",
+    )  # fmt: skip
+
+
+def _packs(args: argparse.Namespace) -> list[Any]:
+    from psdp.sources.documents.beside import PackSettings
+
+    options = {"strategy": args.strategy, "long_documents": args.long_documents,
+               "seed": args.seed, "eos": args.pack_eos}  # fmt: skip
+
+    def parsed(text: str) -> Any:
+        return PackSettings.parse(text, **options)
+
+    return [_given("--pack", text, parsed, text) for text in args.pack]
+
+
+def _add_index(subparsers: Subparsers) -> None:
+    parser = subparsers.add_parser(
+        "index",
+        help="build a document store's indexes beside it, once, for every host to load",
+        description=(
+            "Build the indexes of STORE (a psdp store, or a Levanter cache with --format "
+            "levanter; local, s3:// or gs://) beside it, in STORE/psdp-index/: a Levanter "
+            "cache's document index, and the pack index of each --pack. In parallel (local "
+            "processes, or --engine ray), resumable (a killed run keeps its finished parts), "
+            "each index written whole. A DataConfig finds them there and checks them; an "
+            "index that is up to date is kept. docs/guides/packing.md."
+        ),
+    )
+    parser.add_argument("store", help="the store: a directory, URL or kvstore spec (JSON)")
+    parser.add_argument("--format", choices=["psdp", "levanter"], default="psdp")
+    _add_pack_flags(parser, "build the pack index of this packing in windows")
+    parser.add_argument(
+        "--workers", type=int,
+        help="local worker processes (default: one per core, at most one per 4 million documents)",
+    )  # fmt: skip
+    parser.add_argument("--engine", choices=["local", "ray"], default="local")
+    parser.add_argument("--ray-address", help="the Ray cluster to run on (--engine ray)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--json", action="store_true", help="print the indexes as JSON (no bar)")
+    _add_endpoint(parser)
+    parser.set_defaults(run=_run_index)
+
+
+def _run_index(args: argparse.Namespace) -> int:
+    from psdp.prepare.indexes import build_indexes
+
+    packs = _packs(args)
+    if not packs and args.format == "psdp":
+        raise UsageError(
+            "a psdp store commits its document index with its documents: name a packing to "
+            "index, e.g. --pack 4096,4096 (SEQ_LEN,WINDOW), or --format levanter for a "
+            "Levanter cache's document index",
+            "psdp index",
+        )
+    try:
+        records = build_indexes(
+            _store("STORE", args.store, args.endpoint), packs, format=args.format,
+            workers=args.workers, engine=args.engine, ray_address=args.ray_address,
+            progress=not (args.no_progress or args.json),
+        )  # fmt: skip
+    except (OSError, TypeError, ImportError) as error:  # a missing store or extra: one line
+        raise UsageError(str(error), "psdp index") from error
+    if args.json:
+        print(json.dumps(records, indent=2))
+    for record in [] if args.json else records:
+        counts = "".join(f", {record[k]:,} {k}" for k in ("windows", "sequences") if k in record)
+        print(f"{record['index']}: {record['state']}{counts} ({record['seconds']:.1f} s)")
     return 0
 
 
@@ -784,5 +874,6 @@ SUBCOMMANDS: list[Callable[[Subparsers], None]] = [
     _add_simulate,
     _add_write,
     _add_prepare,
+    _add_index,
     _add_bench,
 ]

@@ -28,6 +28,10 @@ from psdp.sources.stores.errors import is_transient_status
 
 #: The start of the prefix (below the dataset) that one write of a remote dataset fills.
 DATA_PREFIX = "psdp-data-"
+#: The folder beside a document store that holds the indexes built for it once (``psdp index``;
+#: ``psdp.sources.documents.beside``): psdp's own, kept when the store is overwritten (an index
+#: of the old store is then refused as stale, naming the command that rebuilds it).
+INDEX_DIRECTORY = "psdp-index"
 #: The environment variables an ``s3`` spec that names no endpoint takes one from, the first set
 #: winning, as the AWS CLI and SDKs read them.
 ENDPOINT_VARIABLES = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")

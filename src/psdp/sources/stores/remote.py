@@ -20,7 +20,13 @@ from typing import Any
 import tensorstore as ts
 
 from psdp.sources.stores.errors import retried_write
-from psdp.sources.stores.location import DATA_PREFIX, Location, list_keys, open_kvstore
+from psdp.sources.stores.location import (
+    DATA_PREFIX,
+    INDEX_DIRECTORY,
+    Location,
+    list_keys,
+    open_kvstore,
+)
 from psdp.sources.stores.tensorstore import METADATA_FILE
 
 
@@ -85,7 +91,8 @@ def _check_target(
             f"{location.name} already holds {len(keys)} objects ({shown}); pass overwrite=True "
             "to replace a psdp dataset there, or choose a new path"
         )
-    foreign = [k for k in keys if k != METADATA_FILE and not k.startswith(DATA_PREFIX)]
+    ours = (DATA_PREFIX, f"{INDEX_DIRECTORY}/")
+    foreign = [k for k in keys if k != METADATA_FILE and not k.startswith(ours)]
     if foreign:
         raise FileExistsError(
             f"refusing to overwrite {location.name}: it is not a psdp dataset (it holds "

@@ -79,7 +79,9 @@ class PackedSequences:
             `PackIndex`); ``None``: the whole corpus at once, at construction (for more than
             ~10^7 documents, give a window and ``index``: ``docs/guides/packing.md``).
         index: with ``window``, a file for the pack index: loaded if it was built for this
-            packing of this store's size, else built and saved there; ``None``: built now.
+            packing of this store's size, else built and saved there; or a `PackIndex` (e.g.
+            the one ``psdp index`` built beside the store, `pack_index_beside`), which must be
+            of this packing of this store's size; ``None``: built now.
 
     Examples:
         >>> store = DocumentStore.from_documents([np.array([1, 2, 3]), np.array([4, 5])])
@@ -108,7 +110,7 @@ class PackedSequences:
         eos_id: int | None = None,
         leaves: Sequence[str] | None = None,
         window: int | None = None,
-        index: str | os.PathLike[str] | None = None,
+        index: str | os.PathLike[str] | PackIndex | None = None,
     ):
         check_view_of(store, "PackedSequences", pad_id=pad_id, eos_id=eos_id)
         _check_targets(store, targets)
@@ -148,10 +150,23 @@ class PackedSequences:
                       self.store.num_documents, self.store.num_tokens,
                       eos=self.eos_id is not None)  # fmt: skip
         self._where = "built at start-up" if index is None else f"at {index}"
+        self._fix = "delete the index to build it again"
         self._window_plan = functools.lru_cache(WINDOW_CACHE)(self._plan_of_window)
         if index is None:
             return build_pack_index(self.store, key)
-        self.plan, loaded = open_pack_index(self.store, key, index)
+        if isinstance(index, PackIndex):
+            if index.key != key:
+                raise ValueError(
+                    f"index is a pack index of {index.key}, but this packing of the store is "
+                    f"{key}; pass the index built for this packing (psdp index), or index=None"
+                )
+            self._where, self.plan, loaded = "given", index, True
+            self._fix = (
+                "build it again for the store as it is now (psdp index STORE --pack "
+                f"{self.seq_len},{window} ...; docs/guides/packing.md)"
+            )
+        else:
+            self.plan, loaded = open_pack_index(self.store, key, index)
         for w in sorted({0, key.num_windows - 1}) if loaded else ():
             self._window_plan(w)
         return self.plan
@@ -342,7 +357,7 @@ class PackedSequences:
         """Window ``w``'s plan and offsets, checked against the index (cached: `WINDOW_CACHE`)."""
         assert isinstance(self.plan, PackIndex)
         plan, offsets = plan_of_window(self.store, self.plan.key, w)
-        self.plan.check(w, plan, self._where)
+        self.plan.check(w, plan, self._where, self._fix)
         return plan, offsets
 
     def _token_values(self, key, tokens, segment, skipped, count):
