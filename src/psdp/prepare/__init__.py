@@ -30,6 +30,8 @@ from psdp.prepare.tokenize import Encoder, files_digest, tokenizer_files, tokeni
 
 #: Rows of a Parquet or Arrow file per part (cut at its row groups): the unit of work and resume.
 ROWS_PER_PART = 100_000
+#: Bytes of an uncompressed jsonl file per part (cut at its lines).
+BYTES_PER_PART = 1 << 27
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,7 @@ def prepare(
     ray_address: str | None = None,
     skip_bad: bool = False,
     rows_per_part: int = ROWS_PER_PART,
+    bytes_per_part: int | None = BYTES_PER_PART,
     tokens_per_shard: int = 1 << 20,
     progress: bool = True,
 ) -> PrepareSummary:
@@ -106,6 +109,7 @@ def prepare(
         engine: ``"local"`` or ``"ray"`` (on the cluster at ``ray_address``).
         skip_bad: skip malformed records, counted by reason, instead of raising.
         rows_per_part: rows of a Parquet or Arrow file per part (the unit of work and resume).
+        bytes_per_part: bytes of an uncompressed jsonl file per part (``None``: a file a part).
         tokens_per_shard: tokens per shard file of each part's arrays.
         progress: show a progress bar with documents/s and tokens/s.
 
@@ -130,6 +134,8 @@ def prepare(
     """
     started = time.perf_counter()
     check_int("rows_per_part", rows_per_part, minimum=1)
+    if bytes_per_part is not None:
+        check_int("bytes_per_part", bytes_per_part, minimum=1)
     check_int("tokens_per_shard", tokens_per_shard, minimum=4096)
     if tokens_per_shard % 4096:
         raise ValueError(
@@ -142,7 +148,7 @@ def prepare(
     tokenizer_path = os.path.abspath(tokenizer)  # a directory stays one: chat needs its config
     files = tokenizer_files(tokenizer_path)  # read once: the key is what the encoder loads
     encoder = Encoder(tokenizer_from(files["tokenizer.json"], tokenizer_path), bos=bos, eos=eos)
-    units = plan_units(inputs, rows_per_part)
+    units = plan_units(inputs, rows_per_part, bytes_per_part)
     key = {
         "tokenizer_sha256": files_digest(files),
         "field": field if messages_field is None else None,
@@ -152,6 +158,7 @@ def prepare(
         "dtype": encoder.dtype.name,
         "skip_bad": skip_bad,
         "rows_per_part": rows_per_part,
+        "bytes_per_part": bytes_per_part,
         "tokens_per_shard": tokens_per_shard,
     }
     settings = {  # every task's, beside its unit and part

@@ -268,6 +268,7 @@ def paired(
         for key, (identity, candidate) in list(free.items()):
             if (
                 identity["rows"] == unit["rows"]
+                and identity.get("bytes") == unit.get("bytes")
                 and identity["version"] == unit["version"]
                 and candidate.kvstore is None
                 and _sha256_of(candidate.path) == hashes[unit["file"]]
@@ -325,6 +326,15 @@ def planned(
     append completes, the store reads as it was (and a failed append can be run again with the
     input fixed, or given up by naming only the store's own inputs).
     """
+    if (
+        meta is not None
+        and isinstance(meta.get("key"), dict)
+        and "bytes_per_part" not in meta["key"]
+        and not any("bytes" in u.identity for u in units)
+    ):
+        # a store of a psdp that read every jsonl file whole: so does this run (none is larger
+        # than bytes_per_part), so the units, and the store, are the same
+        meta = {**meta, "key": {**meta["key"], "bytes_per_part": key.get("bytes_per_part")}}
     if meta is None:
         meta = {"format": PARTS_FORMAT, "version": PARTS_VERSION, "key": dict(key), "units": [],
                 "parts": {}, "complete": False}  # fmt: skip
@@ -434,7 +444,9 @@ def finished(meta: Manifest) -> Manifest:
 
 
 def unit_id(identity: Mapping[str, Any]) -> str:
-    """A unit's key in a manifest: its recorded file and rows."""
+    """A unit's key in a manifest: its recorded file and rows (and bytes, for a jsonl range)."""
+    if "bytes" in identity:
+        return json.dumps([identity["file"], identity["rows"], identity["bytes"]])
     return json.dumps([identity["file"], identity["rows"]])
 
 

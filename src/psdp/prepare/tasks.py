@@ -69,7 +69,7 @@ def run_task(task: Task) -> PartResult:
         write_documents(task.destination, itertools.chain([first], stream), tokens_per_shard=
                         task.tokens_per_shard, overwrite=True, progress=False)  # fmt: skip
     unit = task.unit  # a local input's bytes, once per file: it is the same input moved too
-    digest = file_sha256(unit.path) if unit.kvstore is None and unit.row_start == 0 else None
+    digest = file_sha256(unit.path) if unit.kvstore is None and unit.first else None
     return PartResult(
         task.part, counts["documents"], counts["tokens"], leaves, counts["empty"], skipped,
         examples, digest,

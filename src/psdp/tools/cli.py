@@ -707,6 +707,9 @@ def _add_prepare(subparsers: Subparsers) -> None:
         "--skip-bad", action="store_true", help="skip malformed records, counted by reason"
     )
     parser.add_argument("--rows-per-part", type=int, help="Parquet/Arrow rows per part")
+    parser.add_argument(
+        "--bytes-per-part", type=int, help="uncompressed jsonl bytes per part (0: a file a part)"
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument(
         "--json", action="store_true", help="print the summary as one JSON object (no bar)"
@@ -716,7 +719,7 @@ def _add_prepare(subparsers: Subparsers) -> None:
 
 
 def _run_prepare(args: argparse.Namespace) -> int:
-    from psdp.prepare import ROWS_PER_PART, prepare
+    from psdp.prepare import BYTES_PER_PART, ROWS_PER_PART, prepare
 
     def token(value: str | None) -> str | int | None:
         return int(value) if value is not None and value.isdigit() else value
@@ -735,12 +738,18 @@ def _run_prepare(args: argparse.Namespace) -> int:
             ray_address=args.ray_address,
             skip_bad=args.skip_bad,
             rows_per_part=args.rows_per_part or ROWS_PER_PART,
+            bytes_per_part=_bytes_per_part(args.bytes_per_part, BYTES_PER_PART),
             progress=not (args.no_progress or args.json),
         )
     except (OSError, TypeError, ImportError) as error:  # a missing input or extra: one line
         raise UsageError(str(error), "psdp prepare") from error
     print(json.dumps(summary.to_json(), indent=2) if args.json else summary)
     return 0
+
+
+def _bytes_per_part(given: int | None, default: int) -> int | None:
+    """``--bytes-per-part``: unset, the default; 0, a jsonl file a part (``None``)."""
+    return default if given is None else (given or None)
 
 
 # ------------------------------------------------------------------------------ object stores
