@@ -227,3 +227,100 @@ def test_an_object_replaced_while_it_is_read_is_an_error_not_a_mix(tmp_path):
         objects.write("raw/a.jsonl", b'{"text": "two"}\n' * 100).result()
         with pytest.raises(ValueError, match=r"a.jsonl.* changed while psdp prepare read it"):
             list(read_batches(unit, "text", str, skip_bad=False))
+
+
+# ------------------------------------------------------------------ leftovers in an object store
+def keys_below(objects, prefix="tokens/"):
+    return sorted(k.decode() for k in objects.list().result() if k.decode().startswith(prefix))
+
+
+def test_leftovers_of_killed_remote_parts_are_deleted_by_the_next_run(tmp_path, tokenizer):
+    """What a killed run leaves in an object store output, simulated object by object: a data
+    prefix of a committed part that its psdp.json does not name (a rewrite cut off), and a part
+    no manifest names (an append given up). The next run deletes them, keeps every object of
+    the store, and the store reads the same."""
+    from psdp.tools.benchmarks.object_store import S3Server
+
+    texts = corpus.texts(300, seed=36)
+    with S3Server() as server:
+        objects = server.objects()
+        for i in range(3):
+            local = corpus.write_jsonl(tmp_path / f"s{i}.jsonl", texts[i * 100 : (i + 1) * 100])
+            objects.write(f"raw/s{i}.jsonl", local.read_bytes()).result()
+        out = server.kvstore("tokens/")
+        options = dict(tokenizer=tokenizer, eos=EOS, workers=1, progress=False)
+        prepare(server.kvstore("raw/*.jsonl"), out, **options)
+        kept = keys_below(objects)
+        committed = json.loads(objects.read("tokens/parts/000001/psdp.json").result().value)
+        assert any(k.startswith(f"tokens/parts/000001/{committed['data_prefix']}") for k in kept)
+        leftovers = [
+            "tokens/parts/000001/psdp-data-0123456789ab/input_ids/c/0",  # a rewrite cut off
+            "tokens/parts/000001/psdp-data-0123456789ab/offsets/zarr.json",
+            "tokens/parts/000007/psdp.json",  # a part of an append given up
+            "tokens/parts/000007/psdp-data-ba9876543210/input_ids/c/0",
+            "tokens/parts/000008/psdp-data-ffffffffffff/input_ids/c/0",  # cut off before its json
+        ]
+        for key in leftovers:
+            objects.write(key, b"left by a killed run").result()
+        assert keys_below(objects) == sorted(kept + leftovers)
+        summary = prepare(server.kvstore("raw/*.jsonl"), out, **options)
+        assert keys_below(objects) == kept
+        assert summary.documents == 300
+        assert stored(out)[1] == oracle(tokenizer, texts, bos=None)
+
+
+KILL_MID_PART = """
+import os, signal, sys
+import psdp.prepare.tasks as tasks
+from psdp.prepare import prepare
+from psdp.tools.benchmarks.object_store import S3_ENVIRONMENT
+
+os.environ.update(S3_ENVIRONMENT)
+write = tasks.write_documents
+
+def killed(destination, documents, **options):
+    def then_killed():
+        for n, doc in enumerate(documents):
+            if n == 150 and destination["path"].endswith("/000001/"):  # shards of it written
+                os.kill(os.getpid(), signal.SIGKILL)
+            yield doc
+    return write(destination, then_killed(), **options)
+
+tasks.write_documents = killed
+spec = {"driver": "s3", "bucket": "psdp", "endpoint": sys.argv[1]}
+prepare({**spec, "path": "raw/*.jsonl"}, {**spec, "path": "tokens/"}, tokenizer=sys.argv[2],
+        workers=1, progress=False, tokens_per_shard=4096)
+"""
+
+
+@pytest.mark.slow
+def test_a_run_killed_mid_part_leaves_objects_the_next_run_deletes(tmp_path, tokenizer):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from psdp.tools.benchmarks.object_store import S3Server
+
+    texts = corpus.texts(600, seed=37)
+    with S3Server() as server:
+        objects = server.objects()
+        for i in range(2):
+            local = corpus.write_jsonl(tmp_path / f"s{i}.jsonl", texts[i * 300 : (i + 1) * 300])
+            objects.write(f"raw/s{i}.jsonl", local.read_bytes()).result()
+        killed = subprocess.run(
+            [sys.executable, "-c", KILL_MID_PART, server.endpoint, str(tokenizer)],
+            env={**os.environ}, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert killed.returncode == -signal.SIGKILL, killed.stderr
+        left = keys_below(objects, "tokens/parts/000001/")
+        assert left and all("/psdp-data-" in k for k in left), left  # no psdp.json: cut off
+        options = dict(tokenizer=tokenizer, workers=1, progress=False, tokens_per_shard=4096)
+        out = server.kvstore("tokens/")
+        prepare(server.kvstore("raw/*.jsonl"), out, **options)
+        committed = json.loads(objects.read("tokens/parts/000001/psdp.json").result().value)
+        prefixes = {k.split("/")[3] + "/" for k in keys_below(objects, "tokens/parts/000001/")
+                    if "/psdp-data-" in k}  # fmt: skip
+        assert prefixes == {committed["data_prefix"]}
+        assert not set(left) & set(keys_below(objects))
+        assert stored(out)[1] == oracle(tokenizer, texts, bos=None, eos=None)
