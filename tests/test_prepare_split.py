@@ -324,3 +324,49 @@ def test_a_run_killed_mid_part_leaves_objects_the_next_run_deletes(tmp_path, tok
         assert prefixes == {committed["data_prefix"]}
         assert not set(left) & set(keys_below(objects))
         assert stored(out)[1] == oracle(tokenizer, texts, bos=None, eos=None)
+
+
+# ------------------------------------------------------------------ progress by record
+BARS: list[Bar] = []
+
+
+class Bar:
+    """A stand-in for tqdm that keeps what the run asks of its progress bar (in `BARS`)."""
+
+    def __init__(self, **options):
+        self.options, self.updates = options, []
+        BARS.append(self)
+
+    def update(self, n=1):
+        self.updates.append(n)
+
+    def set_postfix_str(self, text, refresh=True):
+        self.postfix = text
+
+    def close(self):
+        pass
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_progress_moves_by_batch_of_records_not_by_part(tmp_path, tokenizer, monkeypatch, workers):
+    """One update per batch of records read (`BATCH_RECORDS`), malformed and empty ones
+    counted, every update in before the run returns: 2,500 records are 3 batches, 1,000 one,
+    10 one."""
+    import sys
+
+    monkeypatch.setattr(sys.modules["psdp.prepare"], "tqdm", Bar)
+    BARS.clear()
+    texts = corpus.texts(3510, seed=38)
+    texts[5] = ""
+    corpus.write_jsonl(tmp_path / "a.jsonl", texts[:2500])
+    corpus.write_jsonl(tmp_path / "b.jsonl", texts[2500:3500])
+    lines = [json.dumps({"text": t}) for t in texts[3500:]]
+    lines[3] = "{not json"
+    (tmp_path / "c.jsonl").write_text("\n".join(lines) + "\n")
+    summary = prepare(str(tmp_path / "*.jsonl"), tmp_path / "store", tokenizer=tokenizer,
+                      workers=workers, skip_bad=True, bytes_per_part=None)  # fmt: skip
+    [bar] = BARS
+    assert bar.options["unit"] == " records" and "total" not in bar.options
+    assert sorted(bar.updates) == sorted([1024, 1024, 452, 1000, 10])
+    assert (summary.parts, summary.documents, summary.empty) == (3, 3508, 1)
+    assert bar.postfix.startswith("parts 3/3, ")

@@ -25,7 +25,7 @@ from psdp._checks import check_int
 from psdp.prepare.engines import engine_named
 from psdp.prepare.parts import Output, finished, pending, planned, recorded, unit_id, with_part
 from psdp.prepare.readers import BadRecordError, CorruptFileError, plan_units
-from psdp.prepare.tasks import Task, run_task
+from psdp.prepare.tasks import Progress, Task, run_task
 from psdp.prepare.tokenize import Encoder, files_digest, tokenizer_files, tokenizer_from
 
 #: Rows of a Parquet or Arrow file per part (cut at its row groups): the unit of work and resume.
@@ -198,27 +198,39 @@ def _run(out: Output, units: list[Any], key: dict[str, Any], settings: dict[str,
     ]
     runner = engine_named(engine, **engine_options)
     planned_parts = len(meta["units"]) + len(meta.get("append", {}).get("units", []))
-    bar = tqdm(total=planned_parts, initial=planned_parts - len(tasks), unit="parts",
-               desc=f"prepare {out.name}", disable=not progress)  # fmt: skip
-    done = {"documents": 0, "tokens": 0}
+    # records, as tasks read them (a part can be a whole large file): no total is known before
+    bar = tqdm(unit=" records", unit_scale=True, desc=f"prepare {out.name}",
+               disable=not progress)  # fmt: skip
+    done = {"documents": 0, "tokens": 0, "parts": planned_parts - len(tasks)}
+
+    def show() -> None:
+        elapsed = max(time.perf_counter() - started, 1e-9)
+        bar.set_postfix_str(
+            f"parts {done['parts']}/{planned_parts}, {done['documents'] / elapsed:,.0f} docs/s, "
+            f"{done['tokens'] / elapsed:,.0f} tokens/s",
+            refresh=False,
+        )
+
+    def moved(step: Progress) -> None:
+        done["documents"] += step.documents
+        done["tokens"] += step.tokens
+        show()
+        bar.update(step.records)
+
     # The manifest names every part, so a commit per part would write O(parts^2) bytes in all:
     # about COMMITS commits a run instead (a kill redoes at most the parts since the last one).
     every, uncommitted = max(1, len(tasks) // COMMITS), 0
     try:
-        for result in runner.map_unordered(run_task, tasks):
+        # no bar, no reports: a task's reports cross processes (or Ray) to reach it
+        reports = moved if progress else None
+        for result in runner.map_unordered(run_task, tasks, on_progress=reports):
             meta = with_part(meta, result)
             uncommitted += 1
             if uncommitted == every:
                 out.commit(meta)
                 uncommitted = 0
-            done["documents"] += result.num_documents
-            done["tokens"] += result.num_tokens
-            elapsed = max(time.perf_counter() - started, 1e-9)
-            bar.set_postfix_str(
-                f"{done['documents'] / elapsed:,.0f} docs/s, {done['tokens'] / elapsed:,.0f} "
-                "tokens/s"
-            )
-            bar.update()
+            done["parts"] += 1
+            show()
     finally:
         bar.close()
         runner.close()

@@ -2,6 +2,10 @@
 they finish, in any order (the manifest puts parts in input order, so the order never shows in
 the store). `LocalEngine` runs worker processes on this machine; ``engine="ray"`` runs the same
 tasks on a Ray cluster (``psdp.prepare.ray_engine``, imported only then).
+
+A task may report progress while it runs: given ``on_progress``, an engine calls
+``fn(task, report)``, and each ``report(item)`` in a worker becomes ``on_progress(item)`` in the
+driver, every one of a task's reports before its result (`Reports`).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from queue import Empty
 from typing import Any, Protocol
 
 from psdp._checks import check_int
@@ -23,14 +28,70 @@ from psdp._checks import check_int
 ENGINES = ("local", "ray")
 #: A worker is one core: the tokenizer's own threads would compete with the other workers'.
 ONE_CORE = {"TOKENIZERS_PARALLELISM": "false"}
+#: How often the driver takes the reports of running tasks, in seconds, while none finishes.
+REPORT_SECONDS = 0.1
 
 
 class Engine(Protocol):
-    """Runs ``fn`` on every task; yields each result as it finishes."""
+    """Runs ``fn`` on every task; yields each result as it finishes (with ``on_progress``,
+    ``fn(task, report)``: see the module's docstring)."""
 
-    def map_unordered(self, fn: Callable[[Any], Any], tasks: Iterable[Any]) -> Iterator[Any]: ...
+    def map_unordered(
+        self,
+        fn: Callable[..., Any],
+        tasks: Iterable[Any],
+        on_progress: Callable[[Any], None] | None = None,
+    ) -> Iterator[Any]: ...
 
     def close(self) -> None: ...
+
+
+class Reports:
+    """The driver's side of tasks' reports: each arrives as ``(token, item)`` (the token names
+    its task) and goes to ``on_progress``; `deliver` waits for a finished task's last one, so
+    that every report of a task comes before its result, whatever the channel's delays.
+
+    Examples:
+        >>> seen = []
+        >>> reports = Reports(seen.append)
+        >>> reports.take((7, "a"))
+        >>> waiting = iter([(8, "b"), (7, "c")])  # the channel: 8's report comes first
+        >>> reports.deliver(7, 2, lambda: next(waiting))
+        >>> seen, reports.counts
+        (['a', 'b', 'c'], {8: 1})
+    """
+
+    def __init__(self, on_progress: Callable[[Any], None]):
+        self.on_progress = on_progress
+        self.counts: dict[Any, int] = {}  # reports taken, by task token (until it finishes)
+
+    def take(self, report: tuple[Any, Any]) -> None:
+        token, item = report
+        self.counts[token] = self.counts.get(token, 0) + 1
+        self.on_progress(item)
+
+    def deliver(self, token: Any, sent: int, get: Callable[[], tuple[Any, Any]]) -> None:
+        """Takes reports (``get()`` blocks for the next) until task ``token``'s ``sent``."""
+        while self.counts.get(token, 0) < sent:
+            self.take(get())
+        self.counts.pop(token, None)
+
+
+_REPORTS: Any = None  # a worker's queue to its driver, set when it starts
+
+
+def _reporting(fn: Callable[..., Any], task: Any, token: int) -> tuple[int, Any]:
+    """``fn(task, report)`` in a worker, each report put on the driver's queue; returns how many
+    it sent, with the result."""
+    sent = 0
+
+    def report(item: Any) -> None:
+        nonlocal sent
+        _REPORTS.put((token, item))
+        sent += 1
+
+    result = fn(task, report)
+    return sent, result
 
 
 class LocalEngine:
@@ -49,13 +110,20 @@ class LocalEngine:
             check_int("workers", workers, minimum=1)
         self.workers = workers or os.cpu_count() or 1
         self._pool: ProcessPoolExecutor | None = None
+        self._reports: Any = None  # the workers' queue of reports to this driver
 
-    def map_unordered(self, fn: Callable[[Any], Any], tasks: Iterable[Any]) -> Iterator[Any]:
+    def map_unordered(
+        self,
+        fn: Callable[..., Any],
+        tasks: Iterable[Any],
+        on_progress: Callable[[Any], None] | None = None,
+    ) -> Iterator[Any]:
         if self.workers == 1:
             saved = {name: os.environ.get(name) for name in ONE_CORE}
             os.environ.update(ONE_CORE)
             try:
-                yield from map(fn, tasks)
+                for task in tasks:
+                    yield fn(task) if on_progress is None else fn(task, on_progress)
             finally:
                 for name, value in saved.items():
                     if value is None:
@@ -65,26 +133,54 @@ class LocalEngine:
             return
         if self._pool is None:
             context = multiprocessing.get_context("spawn")
+            self._reports = context.Queue()
             self._pool = ProcessPoolExecutor(
-                self.workers, mp_context=context, initializer=_start_worker, initargs=(os.getpid(),)
+                self.workers,
+                mp_context=context,
+                initializer=_start_worker,
+                initargs=(os.getpid(), self._reports),
             )
-        queue = iter(tasks)
-        running: set[Future[Any]] = set()
+        reports = None if on_progress is None else Reports(on_progress)
+        queue = enumerate(tasks)
+        running: dict[Future[Any], int] = {}  # future -> its task's token
         while True:  # at most two tasks per worker in flight: their results come back in turn
-            for task in queue:
-                running.add(self._pool.submit(fn, task))
+            for token, task in queue:
+                if reports is None:
+                    running[self._pool.submit(fn, task)] = token
+                else:
+                    running[self._pool.submit(_reporting, fn, task, token)] = token
                 if len(running) >= 2 * self.workers:
                     break
             if not running:
                 return
-            done, running = wait(running, return_when=FIRST_COMPLETED)
+            timeout = None if reports is None else REPORT_SECONDS
+            done, _ = wait(running, timeout=timeout, return_when=FIRST_COMPLETED)
+            if reports is not None:
+                self._take_reports(reports)
             for future in done:
-                yield future.result()
+                token = running.pop(future)
+                if reports is None:
+                    yield future.result()
+                    continue
+                sent, result = future.result()
+                reports.deliver(token, sent, self._reports.get)
+                yield result
+
+    def _take_reports(self, reports: Reports) -> None:
+        """Takes the reports that have arrived, without waiting for more."""
+        while True:
+            try:
+                reports.take(self._reports.get_nowait())
+            except Empty:
+                return
 
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(cancel_futures=True)
             self._pool = None
+            self._reports.close()
+            self._reports.join_thread()
+            self._reports = None
 
 
 #: Linux's prctl option that sends a process a signal when its parent ends.
@@ -93,8 +189,10 @@ PR_SET_PDEATHSIG = 1
 WATCH_SECONDS = 0.5
 
 
-def _start_worker(driver: int) -> None:
+def _start_worker(driver: int, reports: Any) -> None:
+    global _REPORTS
     os.environ.update(ONE_CORE)
+    _REPORTS = reports
     _die_with(driver)
 
 
