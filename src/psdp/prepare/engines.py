@@ -5,7 +5,7 @@ tasks on a Ray cluster (``psdp.prepare.ray_engine``, imported only then).
 
 A task may report progress while it runs: given ``on_progress``, an engine calls
 ``fn(task, report)``, and each ``report(item)`` in a worker becomes ``on_progress(item)`` in the
-driver, every one of a task's reports before its result (`Reports`).
+driver, every one of a task's reports before its result (``psdp.prepare.reports``).
 """
 
 from __future__ import annotations
@@ -23,13 +23,12 @@ from queue import Empty
 from typing import Any, Protocol
 
 from psdp._checks import check_int
+from psdp.prepare.reports import REPORT_SECONDS, Reports
 
 #: The engines `engine_named` knows.
 ENGINES = ("local", "ray")
 #: A worker is one core: the tokenizer's own threads would compete with the other workers'.
 ONE_CORE = {"TOKENIZERS_PARALLELISM": "false"}
-#: How often the driver takes the reports of running tasks, in seconds, while none finishes.
-REPORT_SECONDS = 0.1
 
 
 class Engine(Protocol):
@@ -44,37 +43,6 @@ class Engine(Protocol):
     ) -> Iterator[Any]: ...
 
     def close(self) -> None: ...
-
-
-class Reports:
-    """The driver's side of tasks' reports: each arrives as ``(token, item)`` (the token names
-    its task) and goes to ``on_progress``; `deliver` waits for a finished task's last one, so
-    that every report of a task comes before its result, whatever the channel's delays.
-
-    Examples:
-        >>> seen = []
-        >>> reports = Reports(seen.append)
-        >>> reports.take((7, "a"))
-        >>> waiting = iter([(8, "b"), (7, "c")])  # the channel: 8's report comes first
-        >>> reports.deliver(7, 2, lambda: next(waiting))
-        >>> seen, reports.counts
-        (['a', 'b', 'c'], {8: 1})
-    """
-
-    def __init__(self, on_progress: Callable[[Any], None]):
-        self.on_progress = on_progress
-        self.counts: dict[Any, int] = {}  # reports taken, by task token (until it finishes)
-
-    def take(self, report: tuple[Any, Any]) -> None:
-        token, item = report
-        self.counts[token] = self.counts.get(token, 0) + 1
-        self.on_progress(item)
-
-    def deliver(self, token: Any, sent: int, get: Callable[[], tuple[Any, Any]]) -> None:
-        """Takes reports (``get()`` blocks for the next) until task ``token``'s ``sent``."""
-        while self.counts.get(token, 0) < sent:
-            self.take(get())
-        self.counts.pop(token, None)
 
 
 _REPORTS: Any = None  # a worker's queue to its driver, set when it starts

@@ -16,7 +16,7 @@ from importlib.metadata import version
 from typing import Any, TypeVar
 
 from psdp._imports import import_optional
-from psdp.prepare.engines import REPORT_SECONDS, Reports
+from psdp.prepare.reports import REPORT_SECONDS, Reports
 
 T = TypeVar("T")
 R = TypeVar("R")
