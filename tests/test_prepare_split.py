@@ -147,20 +147,29 @@ def test_a_run_stopped_in_a_range_resumes_its_committed_ranges(tmp_path, tokeniz
     assert cut.skipped == whole.skipped == {"not valid JSON": 1}
 
 
-def test_a_store_of_an_older_psdp_resumes_when_no_file_is_cut(tmp_path, tokenizer):
-    """An older psdp recorded no bytes_per_part (it read every jsonl file whole): a run that cuts
-    none either takes the store as it is; one that would cut a file is refused, naming it."""
-    path = corpus.write_jsonl(tmp_path / "a.jsonl", corpus.texts(50, seed=34))
-    options = dict(tokenizer=tokenizer, workers=1, progress=False)
-    prepare(str(path), tmp_path / "store", **options)
+def test_a_store_of_an_older_psdp_keeps_its_units(tmp_path, tokenizer):
+    """An older psdp read every jsonl file and object whole and recorded no bytes_per_part: a run
+    that resumes or appends to its store plans as it did (a file appended is whole too), so the
+    store's units never change under it."""
+    texts = corpus.texts(120, seed=34)
+    first = corpus.write_jsonl(tmp_path / "a.jsonl", texts[:50])
+    options = dict(tokenizer=tokenizer, eos=EOS, workers=1, progress=False)
+    prepare(str(first), tmp_path / "store", bytes_per_part=None, **options)
     manifest_path = tmp_path / "store" / "psdp.json"
     manifest = json.loads(manifest_path.read_text())
-    del manifest["key"]["bytes_per_part"]
+    del manifest["key"]["bytes_per_part"]  # as an older psdp wrote it
     manifest_path.write_text(json.dumps(manifest))
-    assert prepare(str(path), tmp_path / "store", **options).documents == 50
-    manifest_path.write_text(json.dumps(manifest))
-    with pytest.raises(ValueError, match=r"bytes_per_part: None there, 100 now"):
-        prepare(str(path), tmp_path / "store", bytes_per_part=100, **options)
+    second = corpus.write_jsonl(tmp_path / "b.jsonl", texts[50:])
+    summary = prepare([str(first), str(second)], tmp_path / "store", bytes_per_part=100,
+                      **options)  # fmt: skip
+    manifest = json.loads(manifest_path.read_text())
+    assert summary.parts == 2 and "bytes_per_part" not in manifest["key"]
+    assert [u.get("bytes") for u in manifest["units"]] == [None, None]
+    assert stored(tmp_path / "store")[1] == oracle(tokenizer, texts, bos=None)
+    # a store this psdp makes records its cut, and a run with another is refused
+    prepare(str(first), tmp_path / "new", bytes_per_part=100, **options)
+    with pytest.raises(ValueError, match=r"bytes_per_part: 100 there, 200 now"):
+        prepare(str(first), tmp_path / "new", bytes_per_part=200, **options)
 
 
 def test_remote_inputs_split_by_range_reads_into_the_store_of_an_unsplit_local_run(

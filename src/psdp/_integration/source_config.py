@@ -301,7 +301,7 @@ class SourceConfig:
             return ""  # store itself is still what it was
 
     def _difference(self, manifest: Mapping[str, Any]) -> str:
-        from psdp.prepare.parts import stale_inputs
+        from psdp.prepare.parts import made_uncut, stale_inputs
         from psdp.prepare.readers import plan_units
         from psdp.prepare.tokenize import Encoder, load_tokenizer, tokenizer_digest
 
@@ -326,7 +326,8 @@ class SourceConfig:
                     f"its {name} id is {key.get(name)!r}, but {name}={getattr(self, name)!r} "
                     f"is id {getattr(encoder, name)!r}"
                 )
-        units = plan_units(self.inputs, key.get("rows_per_part", 1), key.get("bytes_per_part"))
+        units = plan_units(self.inputs, key.get("rows_per_part", 1), key.get("bytes_per_part"),
+                           cut_objects=not made_uncut(manifest))  # fmt: skip
         local = _local_manifest(self.store) is not None  # a local store: its own directory
         root = str(Path(str(self.store)).resolve()) if local else None
         return stale_inputs(manifest, units, root)  # inputs by content: a moved folder is fine

@@ -23,7 +23,16 @@ from tqdm import tqdm
 
 from psdp._checks import check_int
 from psdp.prepare.engines import engine_named
-from psdp.prepare.parts import Output, finished, pending, planned, recorded, unit_id, with_part
+from psdp.prepare.parts import (
+    Output,
+    finished,
+    made_uncut,
+    pending,
+    planned,
+    recorded,
+    unit_id,
+    with_part,
+)
 from psdp.prepare.readers import BadRecordError, CorruptFileError, plan_units
 from psdp.prepare.tasks import Progress, Task, run_task
 from psdp.prepare.tokenize import Encoder, files_digest, tokenizer_files, tokenizer_from
@@ -179,17 +188,23 @@ def prepare(
         ) from None
     try:
         engine_options = {"workers": workers, "address": ray_address}
-        meta = _run(out, units, key, settings, engine, engine_options, progress, started)
+
+        def uncut() -> list[Any]:  # the units of a store an older psdp made (`made_uncut`)
+            return plan_units(inputs, rows_per_part, None, cut_objects=False)
+
+        meta = _run(out, (units, uncut), key, settings, engine, engine_options, progress, started)
     finally:
         out.release()
     return _summary(out.name, meta, time.perf_counter() - started)
 
 
-def _run(out: Output, units: list[Any], key: dict[str, Any], settings: dict[str, Any],
+def _run(out: Output, plans: tuple[list[Any], Any], key: dict[str, Any], settings: dict[str, Any],
          engine: str, engine_options: dict[str, Any], progress: bool,
          started: float) -> dict[str, Any]:  # fmt: skip
     """Plans, runs the pending tasks and commits the store at ``out``; returns its manifest."""
-    meta = planned(out.read(), units, key, out.name, out.root)
+    found = out.read()
+    units = plans[1]() if made_uncut(found) else plans[0]
+    meta = planned(found, units, key, out.name, out.root)
     out.commit(meta)
     out.clean(meta)  # after the commit: the manifest replaced no longer names an old index
     by_id = {unit_id(recorded(u, out.root)): u for u in units}

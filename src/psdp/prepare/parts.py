@@ -375,15 +375,8 @@ def planned(
     append completes, the store reads as it was (and a failed append can be run again with the
     input fixed, or given up by naming only the store's own inputs).
     """
-    if (
-        meta is not None
-        and isinstance(meta.get("key"), dict)
-        and "bytes_per_part" not in meta["key"]
-        and not any("bytes" in u.identity for u in units)
-    ):
-        # a store of a psdp that read every jsonl file whole: so does this run (none is larger
-        # than bytes_per_part), so the units, and the store, are the same
-        meta = {**meta, "key": {**meta["key"], "bytes_per_part": key.get("bytes_per_part")}}
+    if made_uncut(meta):  # its own cut: ``units`` are planned as it was (`made_uncut`)
+        key = {k: v for k, v in key.items() if k != "bytes_per_part"}
     if meta is None:
         meta = {"format": PARTS_FORMAT, "version": PARTS_VERSION, "key": dict(key), "units": [],
                 "parts": {}, "complete": False}  # fmt: skip
@@ -427,6 +420,15 @@ def planned(
         rest = {k: v for k, v in meta.items() if k != "append"}
         return {**rest, "append": {"units": planned_units, "parts": parts}} if parts else rest
     return {**meta, "units": planned_units, "parts": parts}
+
+
+def made_uncut(meta: Mapping[str, Any] | None) -> bool:
+    """Whether ``meta`` is the manifest of a store that a psdp before byte ranges made (its key
+    has no ``bytes_per_part``): it read every jsonl file and every object whole, and so do the
+    runs that resume, append to or check it (``plan_units(..., None, cut_objects=False)``), so
+    that its units stay the same."""
+    key = None if meta is None else meta.get("key")
+    return isinstance(key, Mapping) and "bytes_per_part" not in key
 
 
 def with_part(meta: Manifest, result: PartResult) -> Manifest:

@@ -127,10 +127,13 @@ class Batch:
     bad: list[tuple[str, str]] = field(default_factory=list)
 
 
-def plan_units(inputs: Any, rows_per_part: int, bytes_per_part: int | None = None) -> list[Unit]:
+def plan_units(
+    inputs: Any, rows_per_part: int, bytes_per_part: int | None = None, cut_objects: bool = True
+) -> list[Unit]:
     """The units of ``inputs``, in their order (a glob's files sorted by name): Parquet and Arrow
     files cut into about ``rows_per_part`` rows at their row groups (record batches), uncompressed
-    jsonl files into ranges of ``bytes_per_part`` bytes (``None``: whole).
+    jsonl files into ranges of ``bytes_per_part`` bytes (``None``: whole); objects in a store
+    only with ``cut_objects`` (as a psdp before byte ranges planned: every object whole).
 
     Examples:
         >>> import tempfile
@@ -157,7 +160,8 @@ def plan_units(inputs: Any, rows_per_part: int, bytes_per_part: int | None = Non
                     "a corpus, give it a weight in a Mixture)"
                 )
             named[unit.name] = given
-            units.extend(_cut(unit, rows_per_part, bytes_per_part))
+            cut = cut_objects or unit.kvstore is None
+            units.extend(_cut(unit, rows_per_part, bytes_per_part) if cut else [unit])
     if not units:
         raise ValueError("prepare needs at least one input, got none; name files or globs")
     return units
