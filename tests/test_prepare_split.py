@@ -379,3 +379,20 @@ def test_progress_moves_by_batch_of_records_not_by_part(tmp_path, tokenizer, mon
     assert sorted(bar.updates) == sorted([1024, 1024, 452, 1000, 10])
     assert (summary.parts, summary.documents, summary.empty) == (3, 3508, 1)
     assert bar.postfix.startswith("parts 3/3, ")
+
+
+def test_a_task_error_with_progress_on_stops_the_run_with_the_error(
+    tmp_path, tokenizer, monkeypatch
+):
+    """A malformed record stops a 2-worker run whose tasks report progress: the error comes out
+    as itself, and the workers end (none waits to flush reports no one reads)."""
+    import sys
+
+    monkeypatch.setattr(sys.modules["psdp.prepare"], "tqdm", Bar)
+    texts = corpus.texts(6000, seed=39)
+    for i in range(3):
+        corpus.write_jsonl(tmp_path / f"s{i}.jsonl", texts[i * 2000 : (i + 1) * 2000])
+    (tmp_path / "s3.jsonl").write_text('{"text": "fine"}\n{"text": 5}\n')
+    with pytest.raises(BadRecordError, match=r"s3.jsonl, line 2: field 'text' is int"):
+        prepare(str(tmp_path / "*.jsonl"), tmp_path / "store", tokenizer=tokenizer, workers=2,
+                bytes_per_part=20_000)  # fmt: skip

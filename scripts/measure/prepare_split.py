@@ -5,8 +5,10 @@ Seeded text (`prepare_bench.texts`) as ONE uncompressed jsonl file (local) and O
 file is prepared with 2 workers, read whole (``bytes_per_part=None``, or ``rows_per_part`` over
 the file's rows: one unit, one worker busy) and cut (8 units), alternately, twice each: the
 better of two, tokens/s including the workers' start-up (on a machine shared with other work,
-the alternation spreads its load over both). Then the cut store's documents against the whole
-one's (every document's ids, in order).
+the alternation spreads its load over both), and each worker's CPU seconds (its ``/proc`` times,
+read every 50 ms): where the cores are busy with other work, wall time says little, but the
+busiest worker's CPU time is the run's critical path on a machine with a core per worker. Then
+the cut store's documents against the whole one's (every document's ids, in order).
 
     python scripts/measure/prepare_split.py              # 20,000 documents, a few minutes
     python scripts/measure/prepare_split.py --docs 4000  # a quick check
@@ -16,8 +18,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -37,15 +41,49 @@ def documents(path: Path) -> tuple[np.ndarray, np.ndarray]:
     return offsets, np.asarray(store.read_ranges([0], [store.num_tokens])["input_ids"])
 
 
+def cpu_seconds(pid: str) -> float:
+    """A process's user + system CPU seconds so far (0 once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def children() -> list[str]:
+    pids = []
+    for task in os.listdir(f"/proc/{os.getpid()}/task"):
+        try:
+            with open(f"/proc/{os.getpid()}/task/{task}/children") as listed:
+                pids += listed.read().split()
+        except OSError:
+            pass
+    return pids
+
+
 def timed(inputs, output, tokenizer, **cut) -> dict:
     from psdp.prepare import prepare
 
+    workers: dict[str, float] = {}
+    done = threading.Event()
+
+    def watch() -> None:  # CPU times only grow: the last reading before a worker ends is its own
+        while not done.wait(0.05):
+            for pid in children():
+                workers[pid] = max(workers.get(pid, 0.0), cpu_seconds(pid))
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
     started = time.perf_counter()
     summary = prepare(inputs, output, tokenizer=tokenizer, eos="<|eos|>", workers=2,
                       progress=False, **cut)  # fmt: skip
     seconds = time.perf_counter() - started
+    done.set()
+    watcher.join()
+    busy = sorted((round(c, 1) for c in workers.values() if c > 0), reverse=True)
     return {"parts": summary.parts, "tokens": summary.tokens, "seconds": round(seconds, 2),
-            "tokens_per_s": round(summary.tokens / seconds)}  # fmt: skip
+            "tokens_per_s": round(summary.tokens / seconds), "worker_cpu_s": busy[:2]}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

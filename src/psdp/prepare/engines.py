@@ -160,6 +160,9 @@ WATCH_SECONDS = 0.5
 def _start_worker(driver: int, reports: Any) -> None:
     global _REPORTS
     os.environ.update(ONE_CORE)
+    # a worker that ends (the run stopped by an error, no longer reading) must not wait to flush
+    # reports no one reads; while the run goes on, the driver reads each task's every report
+    reports.cancel_join_thread()
     _REPORTS = reports
     _die_with(driver)
 
