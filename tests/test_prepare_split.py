@@ -207,6 +207,13 @@ def test_remote_inputs_split_by_range_reads_into_the_store_of_an_unsplit_local_r
         assert units[3].size == parquet.stat().st_size and units[0].size == jsonl.stat().st_size
         planning = sum(read)
         assert planning < parquet.stat().st_size // 4, read  # the footer and size probes
+        monkeypatch.setattr(readers, "READ_BYTES", 1024)
+        # a task reads its own bytes, not the object: a jsonl range (and a buffer more); a
+        # quarter of the Parquet rows (its row groups, and pyarrow's 64 KiB read of the footer)
+        for unit, most in ((units[1], third + 3 * 1024), (units[5], parquet.stat().st_size // 2)):
+            read.clear()
+            assert list(read_batches(unit, "text", str, skip_bad=False))
+            assert sum(read) <= most, (unit, sum(read), most)
         split = prepare(server.kvstore("raw/*"), tmp_path / "split", tokenizer=tokenizer,
                         eos=EOS, workers=2, rows_per_part=2000, bytes_per_part=third,
                         progress=False)  # fmt: skip
