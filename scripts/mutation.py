@@ -585,6 +585,22 @@ MUTANTS = [
     Mutant("IX4", "prepare/indexes.py", '"nonempty": np.add.reduceat(lengths > 0,',
            '"nonempty": np.add.reduceat(lengths >= 0,',
            "a Levanter cache's document index counts its empty documents as non-empty"),
+    # ------------------------------------------------------------- prepare/ (issue 36, corpus size)
+    Mutant("QT1", "prepare/readers.py", "        file.seek(start - 1)  # a newline just before",
+           "        file.seek(start)  # a newline just before",
+           "a line that starts at a range's first byte read by no range"),
+    Mutant("QT2", "prepare/readers.py", "    count, left = 1, unit.byte_start - 1",
+           "    count, left = 0, unit.byte_start - 1", "a later range's line numbers off by one"),
+    Mutant("QT3", "prepare/parts.py", "            self._clean_remote_parts(named)", "            pass",
+           "a killed remote part's objects never deleted"),
+    Mutant("QT4", "prepare/parts.py",
+           '        return json.dumps([identity["file"], identity["rows"], identity["bytes"]])',
+           '        return json.dumps([identity["file"], identity["rows"]])',
+           "two byte ranges of one file taken for one unit"),
+    Mutant("QT5", "prepare/readers.py", "        elif version != self.version:", "        elif False:",
+           "an object replaced while it is read mixes two versions"),
+    Mutant("QT6", "prepare/tasks.py", "report(Progress(len(batch.values) + len(batch.bad),",
+           "report(Progress(len(batch.values),", "malformed records left out of the progress"),
 ]  # fmt: skip
 
 #: Single-process tests run against every mutant (the planner, reads, assembly and order).
@@ -593,6 +609,7 @@ TESTS = [
     "tests/test_prepare.py",
     "tests/test_chat.py",
     "tests/test_prepare_readers.py",
+    "tests/test_prepare_split.py",
     "tests/test_documents.py",
     "tests/test_packing.py",
     "tests/test_mixture.py",

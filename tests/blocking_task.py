@@ -17,12 +17,12 @@ from typing import Any
 from psdp.prepare.tasks import run_task
 
 
-def blocking_task(task: Any) -> Any:
+def blocking_task(task: Any, report: Any = None) -> Any:
     where = Path(os.environ["PSDP_TEST_DIR"])
     (where / f"started-{os.getpid()}").touch()
     while not (where / "go").exists():
         time.sleep(0.01)
-    return run_task(task)
+    return run_task(task, report)
 
 
 def started(where: Path) -> list[int]:

@@ -1,4 +1,6 @@
-"""A Ray cluster for the tests: a head of 2 CPUs on 127.0.0.1, started once per test session.
+"""A Ray cluster for the tests: a head of 2 CPUs on 127.0.0.1, started once per test session; and
+`two_nodes`, a head and a second node (``ray start --address``) with its own resources, started
+and stopped by the test that uses it.
 
 The head runs as ``ray start --head`` in a subprocess, and the tests join it by address, as a user
 joins a multi-node cluster (``docs/guides/prepare.md``, "On a Ray cluster"). Not ``ray.init()`` here: it
@@ -8,13 +10,16 @@ job). `requires_ray` skips a test, with its reason, only where ray is not instal
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -79,6 +84,62 @@ def ray_engine(tmp_path_factory):
         assert not ray.is_initialized(), "the engine opened the session, so it closes it"
     finally:
         _stop(head)
+
+
+def _node_ports() -> list[str]:
+    """Options giving a node's every agent port of its own (nodes on one machine never collide)."""
+    names = ("dashboard-agent-listen-port", "dashboard-agent-grpc-port", "runtime-env-agent-port",
+             "metrics-export-port", "node-manager-port", "object-manager-port")  # fmt: skip
+    return [f"--{name}={_free_port()}" for name in names]
+
+
+def _start_node(options: list[str], log, env) -> subprocess.Popen:
+    """``ray start --block`` with ``options``, in its own process group; returns once the node
+    says it runs (or fails, showing its log)."""
+    command = [sys.executable, "-m", "ray.scripts.scripts", "start", "--block",
+               "--node-ip-address=127.0.0.1", "--disable-usage-stats", *_node_ports(),
+               *options]  # fmt: skip
+    with log.open("w") as out:
+        node = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env
+        )
+    deadline = time.monotonic() + START_LIMIT_S
+    while "Ray runtime started" not in log.read_text():
+        if node.poll() is not None or time.monotonic() > deadline:
+            _stop(node)
+            raise AssertionError(f"ray start {options} did not start:\n{log.read_text()}")
+        time.sleep(0.2)
+    return node
+
+
+#: What a process of a multi-node cluster (a node, or a driver joining it) needs: Ray refuses a
+#: second node where clusters are "disabled", as above; every node still names 127.0.0.1.
+TWO_NODES_ENVIRONMENT = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1"}
+
+
+@contextlib.contextmanager
+def two_nodes(tmp, head_cpus=0, node_cpus=2):
+    """A head of ``head_cpus`` CPUs and a second node joined to it by address, with
+    ``node_cpus`` CPUs and a resource of its own (``second_node: 1``), both on 127.0.0.1:
+    yields the head's address; both are stopped (and every process they started) on exit. Their
+    logs go to ``tmp``; Ray's session to a short directory of its own (a socket's path has at most
+    107 bytes), deleted on exit."""
+    port = _free_port()
+    session = tempfile.mkdtemp(prefix="psdp-ray-")
+    env = {**os.environ, **TWO_NODES_ENVIRONMENT, "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
+    nodes = []
+    try:
+        nodes.append(_start_node(
+            ["--head", f"--port={port}", f"--num-cpus={head_cpus}", "--include-dashboard=false",
+             f"--dashboard-port={_free_port()}", f"--temp-dir={session}"], tmp / "head.log", env))  # fmt: skip
+        nodes.append(_start_node(
+            [f"--address=127.0.0.1:{port}", f"--num-cpus={node_cpus}",
+             '--resources={"second_node": 1}'], tmp / "second.log", env))  # fmt: skip
+        yield f"127.0.0.1:{port}"
+    finally:
+        for node in reversed(nodes):
+            _stop(node)
+        shutil.rmtree(session, ignore_errors=True)
 
 
 def _stop(head: subprocess.Popen) -> None:

@@ -78,3 +78,60 @@ def test_a_local_ray_is_refused_where_tensorstore_would_abort_its_fork(monkeypat
     else:
         module.RayEngine(num_cpus=1)
         assert started == [{"address": None, "num_cpus": 1, "include_dashboard": False}]
+
+
+ON_TWO_NODES = """
+import json, sys, time
+import ray
+from psdp.prepare import prepare
+
+address, inputs, output, tokenizer = sys.argv[1:]
+ray.init(address=address)  # the engine uses this session, and leaves it open
+deadline = time.monotonic() + 120
+while len([n for n in ray.nodes() if n["Alive"]]) < 2:  # the second node registers
+    assert time.monotonic() < deadline, ray.nodes()
+    time.sleep(0.2)
+summary = prepare(inputs, output, tokenizer=tokenizer, eos=1, engine="ray", ray_address=address,
+                  rows_per_part=100, bytes_per_part=4096)
+nodes = [n for n in ray.nodes() if n["Alive"]]
+print(json.dumps({"parts": summary.parts, "documents": summary.documents,
+                  "cpus": sorted(n["Resources"].get("CPU", 0) for n in nodes),
+                  "second": [n["Resources"].get("second_node", 0) for n in nodes]}))
+"""
+
+
+def test_a_two_node_cluster_prepares_the_store_of_one_process(tmp_path):
+    """``ray start --head`` (no CPU: it runs no task) and a second ``ray start --address`` with
+    2 CPUs and a resource of its own, both on 127.0.0.1: every task runs on the second node, and
+    the store (a jsonl file in byte ranges, a Parquet file in row groups) equals, file for file,
+    the one a single process writes. The nodes are stopped before the test ends."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests.ray_cluster import TWO_NODES_ENVIRONMENT, two_nodes
+    from tests.test_prepare import stored
+
+    tokenizer = corpus.train_tokenizer(tmp_path / "tok" / "tokenizer.json")
+    texts = corpus.texts(900, seed=23)
+    (tmp_path / "in").mkdir()
+    corpus.write_jsonl(tmp_path / "in" / "a.jsonl", texts[:500])
+    corpus.write_parquet(tmp_path / "in" / "b.parquet", texts[500:], row_group_size=50)
+    inputs = str(tmp_path / "in" / "*")
+    local = prepare(inputs, tmp_path / "local", tokenizer=tokenizer, eos=1, workers=1,
+                    rows_per_part=100, bytes_per_part=4096, progress=False)  # fmt: skip
+    (tmp_path / "ray").mkdir()
+    with two_nodes(tmp_path / "ray") as address:
+        run = subprocess.run(
+            [sys.executable, "-c", ON_TWO_NODES, address, inputs, str(tmp_path / "on-ray"),
+             str(tokenizer)], env={**os.environ, **TWO_NODES_ENVIRONMENT}, capture_output=True,
+            text=True, timeout=240,
+        )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads(run.stdout.strip().splitlines()[-1])
+    assert report["cpus"] == [0, 2] and sorted(report["second"]) == [0, 1], report
+    assert report["parts"] == local.parts > 8 and report["documents"] == local.documents
+    assert "records" in run.stderr  # the progress bar, moved by the second node's tasks
+    assert stored(tmp_path / "on-ray")[1] == stored(tmp_path / "local")[1]
+    assert tree_hash(tmp_path / "on-ray") == tree_hash(tmp_path / "local")

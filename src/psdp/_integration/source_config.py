@@ -218,6 +218,11 @@ class SourceConfig:
             rows = None if recorded["rows_per_part"] == ROWS_PER_PART else recorded["rows_per_part"]
         if rows is not None:
             words += ["--rows-per-part", str(rows)]
+        if "bytes_per_part" in recorded:
+            from psdp.prepare import BYTES_PER_PART
+
+            if recorded["bytes_per_part"] != BYTES_PER_PART:  # None: a file a part
+                words += ["--bytes-per-part", str(recorded["bytes_per_part"] or 0)]
         return "psdp prepare " + " ".join(words)
 
     def open(self, role: str) -> DocumentStore:
@@ -296,7 +301,7 @@ class SourceConfig:
             return ""  # store itself is still what it was
 
     def _difference(self, manifest: Mapping[str, Any]) -> str:
-        from psdp.prepare.parts import stale_inputs
+        from psdp.prepare.parts import made_uncut, stale_inputs
         from psdp.prepare.readers import plan_units
         from psdp.prepare.tokenize import Encoder, load_tokenizer, tokenizer_digest
 
@@ -321,7 +326,8 @@ class SourceConfig:
                     f"its {name} id is {key.get(name)!r}, but {name}={getattr(self, name)!r} "
                     f"is id {getattr(encoder, name)!r}"
                 )
-        units = plan_units(self.inputs, key.get("rows_per_part", 1))
+        units = plan_units(self.inputs, key.get("rows_per_part", 1), key.get("bytes_per_part"),
+                           cut_objects=not made_uncut(manifest))  # fmt: skip
         local = _local_manifest(self.store) is not None  # a local store: its own directory
         root = str(Path(str(self.store)).resolve()) if local else None
         return stale_inputs(manifest, units, root)  # inputs by content: a moved folder is fine

@@ -25,14 +25,25 @@ from tqdm import tqdm
 from psdp._checks import check_int
 from psdp.prepare.engines import engine_named
 from psdp.prepare.indexes import build_indexes
-from psdp.prepare.parts import Output, finished, pending, planned, recorded, unit_id, with_part
+from psdp.prepare.parts import (
+    Output,
+    finished,
+    made_uncut,
+    pending,
+    planned,
+    recorded,
+    unit_id,
+    with_part,
+)
 from psdp.prepare.readers import BadRecordError, CorruptFileError, plan_units
-from psdp.prepare.tasks import Task, run_task
+from psdp.prepare.tasks import Progress, Task, run_task
 from psdp.prepare.tokenize import Encoder, files_digest, tokenizer_files, tokenizer_from
 from psdp.sources.documents.beside import PackSettings
 
 #: Rows of a Parquet or Arrow file per part (cut at its row groups): the unit of work and resume.
 ROWS_PER_PART = 100_000
+#: Bytes of an uncompressed jsonl file per part (cut at its lines).
+BYTES_PER_PART = 1 << 27
 
 
 @dataclass(frozen=True)
@@ -93,6 +104,7 @@ def prepare(
     ray_address: str | None = None,
     skip_bad: bool = False,
     rows_per_part: int = ROWS_PER_PART,
+    bytes_per_part: int | None = BYTES_PER_PART,
     tokens_per_shard: int = 1 << 20,
     progress: bool = True,
     packs: Sequence[PackSettings] = (),
@@ -114,6 +126,7 @@ def prepare(
         engine: ``"local"`` or ``"ray"`` (on the cluster at ``ray_address``).
         skip_bad: skip malformed records, counted by reason, instead of raising.
         rows_per_part: rows of a Parquet or Arrow file per part (the unit of work and resume).
+        bytes_per_part: bytes of an uncompressed jsonl file per part (``None``: a file a part).
         tokens_per_shard: tokens per shard file of each part's arrays.
         progress: show a progress bar with documents/s and tokens/s.
         packs: packings in windows whose pack index is then built beside the store, on the
@@ -141,6 +154,8 @@ def prepare(
     """
     started = time.perf_counter()
     check_int("rows_per_part", rows_per_part, minimum=1)
+    if bytes_per_part is not None:
+        check_int("bytes_per_part", bytes_per_part, minimum=1)
     check_int("tokens_per_shard", tokens_per_shard, minimum=4096)
     if tokens_per_shard % 4096:
         raise ValueError(
@@ -153,7 +168,7 @@ def prepare(
     tokenizer_path = os.path.abspath(tokenizer)  # a directory stays one: chat needs its config
     files = tokenizer_files(tokenizer_path)  # read once: the key is what the encoder loads
     encoder = Encoder(tokenizer_from(files["tokenizer.json"], tokenizer_path), bos=bos, eos=eos)
-    units = plan_units(inputs, rows_per_part)
+    units = plan_units(inputs, rows_per_part, bytes_per_part)
     key = {
         "tokenizer_sha256": files_digest(files),
         "field": field if messages_field is None else None,
@@ -163,6 +178,7 @@ def prepare(
         "dtype": encoder.dtype.name,
         "skip_bad": skip_bad,
         "rows_per_part": rows_per_part,
+        "bytes_per_part": bytes_per_part,
         "tokens_per_shard": tokens_per_shard,
     }
     settings = {  # every task's, beside its unit and part
@@ -183,7 +199,11 @@ def prepare(
         ) from None
     try:
         engine_options = {"workers": workers, "address": ray_address}
-        meta = _run(out, units, key, settings, engine, engine_options, progress, started)
+
+        def uncut() -> list[Any]:  # the units of a store an older psdp made (`made_uncut`)
+            return plan_units(inputs, rows_per_part, None, cut_objects=False)
+
+        meta = _run(out, (units, uncut), key, settings, engine, engine_options, progress, started)
     finally:
         out.release()
     built = []
@@ -194,11 +214,13 @@ def prepare(
     return dataclasses.replace(summary, indexes=built) if built else summary
 
 
-def _run(out: Output, units: list[Any], key: dict[str, Any], settings: dict[str, Any],
+def _run(out: Output, plans: tuple[list[Any], Any], key: dict[str, Any], settings: dict[str, Any],
          engine: str, engine_options: dict[str, Any], progress: bool,
          started: float) -> dict[str, Any]:  # fmt: skip
     """Plans, runs the pending tasks and commits the store at ``out``; returns its manifest."""
-    meta = planned(out.read(), units, key, out.name, out.root)
+    found = out.read()
+    units = plans[1]() if made_uncut(found) else plans[0]
+    meta = planned(found, units, key, out.name, out.root)
     out.commit(meta)
     out.clean(meta)  # after the commit: the manifest replaced no longer names an old index
     by_id = {unit_id(recorded(u, out.root)): u for u in units}
@@ -207,27 +229,39 @@ def _run(out: Output, units: list[Any], key: dict[str, Any], settings: dict[str,
     ]
     runner = engine_named(engine, **engine_options)
     planned_parts = len(meta["units"]) + len(meta.get("append", {}).get("units", []))
-    bar = tqdm(total=planned_parts, initial=planned_parts - len(tasks), unit="parts",
-               desc=f"prepare {out.name}", disable=not progress)  # fmt: skip
-    done = {"documents": 0, "tokens": 0}
+    # records, as tasks read them (a part can be a whole large file): no total is known before
+    bar = tqdm(unit=" records", unit_scale=True, desc=f"prepare {out.name}",
+               disable=not progress)  # fmt: skip
+    done = {"documents": 0, "tokens": 0, "parts": planned_parts - len(tasks)}
+
+    def show() -> None:
+        elapsed = max(time.perf_counter() - started, 1e-9)
+        bar.set_postfix_str(
+            f"parts {done['parts']}/{planned_parts}, {done['documents'] / elapsed:,.0f} docs/s, "
+            f"{done['tokens'] / elapsed:,.0f} tokens/s",
+            refresh=False,
+        )
+
+    def moved(step: Progress) -> None:
+        done["documents"] += step.documents
+        done["tokens"] += step.tokens
+        show()
+        bar.update(step.records)
+
     # The manifest names every part, so a commit per part would write O(parts^2) bytes in all:
     # about COMMITS commits a run instead (a kill redoes at most the parts since the last one).
     every, uncommitted = max(1, len(tasks) // COMMITS), 0
     try:
-        for result in runner.map_unordered(run_task, tasks):
+        # no bar, no reports: a task's reports cross processes (or Ray) to reach it
+        reports = moved if progress else None
+        for result in runner.map_unordered(run_task, tasks, on_progress=reports):
             meta = with_part(meta, result)
             uncommitted += 1
             if uncommitted == every:
                 out.commit(meta)
                 uncommitted = 0
-            done["documents"] += result.num_documents
-            done["tokens"] += result.num_tokens
-            elapsed = max(time.perf_counter() - started, 1e-9)
-            bar.set_postfix_str(
-                f"{done['documents'] / elapsed:,.0f} docs/s, {done['tokens'] / elapsed:,.0f} "
-                "tokens/s"
-            )
-            bar.update()
+            done["parts"] += 1
+            show()
     finally:
         bar.close()
         runner.close()

@@ -2,6 +2,10 @@
 they finish, in any order (the manifest puts parts in input order, so the order never shows in
 the store). `LocalEngine` runs worker processes on this machine; ``engine="ray"`` runs the same
 tasks on a Ray cluster (``psdp.prepare.ray_engine``, imported only then).
+
+A task may report progress while it runs: given ``on_progress``, an engine calls
+``fn(task, report)``, and each ``report(item)`` in a worker becomes ``on_progress(item)`` in the
+driver, every one of a task's reports before its result (``psdp.prepare.reports``).
 """
 
 from __future__ import annotations
@@ -15,9 +19,11 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from queue import Empty
 from typing import Any, Protocol
 
 from psdp._checks import check_int
+from psdp.prepare.reports import REPORT_SECONDS, Reports
 
 #: The engines `engine_named` knows.
 ENGINES = ("local", "ray")
@@ -26,11 +32,34 @@ ONE_CORE = {"TOKENIZERS_PARALLELISM": "false"}
 
 
 class Engine(Protocol):
-    """Runs ``fn`` on every task; yields each result as it finishes."""
+    """Runs ``fn`` on every task; yields each result as it finishes (with ``on_progress``,
+    ``fn(task, report)``: see the module's docstring)."""
 
-    def map_unordered(self, fn: Callable[[Any], Any], tasks: Iterable[Any]) -> Iterator[Any]: ...
+    def map_unordered(
+        self,
+        fn: Callable[..., Any],
+        tasks: Iterable[Any],
+        on_progress: Callable[[Any], None] | None = None,
+    ) -> Iterator[Any]: ...
 
     def close(self) -> None: ...
+
+
+_REPORTS: Any = None  # a worker's queue to its driver, set when it starts
+
+
+def _reporting(fn: Callable[..., Any], task: Any, token: int) -> tuple[int, Any]:
+    """``fn(task, report)`` in a worker, each report put on the driver's queue; returns how many
+    it sent, with the result."""
+    sent = 0
+
+    def report(item: Any) -> None:
+        nonlocal sent
+        _REPORTS.put((token, item))
+        sent += 1
+
+    result = fn(task, report)
+    return sent, result
 
 
 class LocalEngine:
@@ -49,13 +78,20 @@ class LocalEngine:
             check_int("workers", workers, minimum=1)
         self.workers = workers or os.cpu_count() or 1
         self._pool: ProcessPoolExecutor | None = None
+        self._reports: Any = None  # the workers' queue of reports to this driver
 
-    def map_unordered(self, fn: Callable[[Any], Any], tasks: Iterable[Any]) -> Iterator[Any]:
+    def map_unordered(
+        self,
+        fn: Callable[..., Any],
+        tasks: Iterable[Any],
+        on_progress: Callable[[Any], None] | None = None,
+    ) -> Iterator[Any]:
         if self.workers == 1:
             saved = {name: os.environ.get(name) for name in ONE_CORE}
             os.environ.update(ONE_CORE)
             try:
-                yield from map(fn, tasks)
+                for task in tasks:
+                    yield fn(task) if on_progress is None else fn(task, on_progress)
             finally:
                 for name, value in saved.items():
                     if value is None:
@@ -65,26 +101,54 @@ class LocalEngine:
             return
         if self._pool is None:
             context = multiprocessing.get_context("spawn")
+            self._reports = context.Queue()
             self._pool = ProcessPoolExecutor(
-                self.workers, mp_context=context, initializer=_start_worker, initargs=(os.getpid(),)
+                self.workers,
+                mp_context=context,
+                initializer=_start_worker,
+                initargs=(os.getpid(), self._reports),
             )
-        queue = iter(tasks)
-        running: set[Future[Any]] = set()
+        reports = None if on_progress is None else Reports(on_progress)
+        queue = enumerate(tasks)
+        running: dict[Future[Any], int] = {}  # future -> its task's token
         while True:  # at most two tasks per worker in flight: their results come back in turn
-            for task in queue:
-                running.add(self._pool.submit(fn, task))
+            for token, task in queue:
+                if reports is None:
+                    running[self._pool.submit(fn, task)] = token
+                else:
+                    running[self._pool.submit(_reporting, fn, task, token)] = token
                 if len(running) >= 2 * self.workers:
                     break
             if not running:
                 return
-            done, running = wait(running, return_when=FIRST_COMPLETED)
+            timeout = None if reports is None else REPORT_SECONDS
+            done, _ = wait(running, timeout=timeout, return_when=FIRST_COMPLETED)
+            if reports is not None:
+                self._take_reports(reports)
             for future in done:
-                yield future.result()
+                token = running.pop(future)
+                if reports is None:
+                    yield future.result()
+                    continue
+                sent, result = future.result()
+                reports.deliver(token, sent, self._reports.get)
+                yield result
+
+    def _take_reports(self, reports: Reports) -> None:
+        """Takes the reports that have arrived, without waiting for more."""
+        while True:
+            try:
+                reports.take(self._reports.get_nowait())
+            except Empty:
+                return
 
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(cancel_futures=True)
             self._pool = None
+            self._reports.close()
+            self._reports.join_thread()
+            self._reports = None
 
 
 #: Linux's prctl option that sends a process a signal when its parent ends.
@@ -93,8 +157,13 @@ PR_SET_PDEATHSIG = 1
 WATCH_SECONDS = 0.5
 
 
-def _start_worker(driver: int) -> None:
+def _start_worker(driver: int, reports: Any) -> None:
+    global _REPORTS
     os.environ.update(ONE_CORE)
+    # a worker that ends (the run stopped by an error, no longer reading) must not wait to flush
+    # reports no one reads; while the run goes on, the driver reads each task's every report
+    reports.cancel_join_thread()
+    _REPORTS = reports
     _die_with(driver)
 
 

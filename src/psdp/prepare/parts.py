@@ -30,7 +30,7 @@ from psdp.prepare.readers import Unit
 from psdp.sources.documents.parts import PARTS_DIRECTORY, PARTS_FORMAT, PARTS_VERSION, index_key
 from psdp.sources.documents.store import join_documents
 from psdp.sources.stores.errors import is_transient_store_error, retried_write
-from psdp.sources.stores.location import Location, locate, open_kvstore
+from psdp.sources.stores.location import DATA_PREFIX, Location, locate, open_kvstore
 from psdp.sources.stores.tensorstore import METADATA_FILE
 
 Manifest = dict[str, Any]
@@ -197,9 +197,10 @@ class Output:
         )
 
     def clean(self, meta: Manifest) -> None:
-        """Deletes what a killed run left and no manifest names: another size's index, and
-        (local) staging directories of parts and parts of an append given up; the parts a
-        manifest names are overwritten."""
+        """Deletes what a killed run left and no manifest names: another size's index; parts of
+        an append given up; a local part's staging directory, and an object store part's data
+        prefixes (``psdp-data-*/``) that its own ``psdp.json`` does not name (a write cut off).
+        The parts a manifest names are overwritten."""
         for key in retried_write(lambda: self.store.list().result(), f"listing {self.name}"):
             name = key.decode()
             if name.startswith("index-") and name != meta.get("index"):
@@ -208,9 +209,11 @@ class Output:
                     lambda doomed=doomed: self.store.delete_range(doomed).result(),  # type: ignore[misc]
                     f"deleting {name}",
                 )  # fmt: skip
-        if self.location.local is not None:
+        named = {u["part"] for u in [*meta["units"], *meta.get("append", {}).get("units", [])]}
+        if self.location.local is None:
+            self._clean_remote_parts(named)
+        else:
             parts = Path(os.path.abspath(self.location.local)) / PARTS_DIRECTORY
-            named = {u["part"] for u in [*meta["units"], *meta.get("append", {}).get("units", [])]}
             for leftover in parts.iterdir() if parts.is_dir() else ():
                 if leftover.name in named:
                     continue
@@ -218,6 +221,52 @@ class Output:
                     shutil.rmtree(leftover, ignore_errors=True)
                 else:
                     leftover.unlink(missing_ok=True)
+
+    def _clean_remote_parts(self, named: set[str]) -> None:
+        """On an object store, where a part is written below a fresh ``psdp-data-*/`` prefix and
+        committed by its ``psdp.json`` (``psdp.sources.stores.remote``): deletes every part not
+        ``named``, and each named part's prefixes other than the one its ``psdp.json`` names.
+        Run with no task of this run in flight; a run writing the output at the same time loses
+        only parts it has not committed to the manifest (its next commit fails), which the run
+        that commits redoes."""
+        below = f"{PARTS_DIRECTORY}/"
+        keys = retried_write(
+            lambda: self.store.list(_prefix_range(below)).result(), f"listing {self.name}/{below}"
+        )
+        prefixes: dict[str, set[str]] = {}  # part -> its data prefixes
+        for key in keys:
+            part, _, rest = key.decode()[len(below) :].partition("/")
+            found = prefixes.setdefault(part, set())
+            if rest.startswith(DATA_PREFIX) and "/" in rest:
+                found.add(rest[: rest.index("/") + 1])
+        for part, found in prefixes.items():
+            if part in named:
+                doomed = [f"{below}{part}/{p}" for p in sorted(found - {self._data_prefix(part)})]
+            else:
+                doomed = [f"{below}{part}/"]
+            for prefix in doomed:
+                retried_write(
+                    lambda prefix=prefix: self.store.delete_range(_prefix_range(prefix)).result(),  # type: ignore[misc]
+                    f"deleting {self.name}/{prefix}",
+                )  # fmt: skip
+
+    def _data_prefix(self, part: str) -> str | None:
+        """The data prefix a remote part's ``psdp.json`` names (``None``: none, or unreadable: a
+        part not committed, whose objects all go)."""
+        key = f"{PARTS_DIRECTORY}/{part}/{METADATA_FILE}".encode()
+        got = retried_write(lambda: self.store.read(key).result(), f"reading {self.name}/{key!r}")
+        if got.state != "value":
+            return None
+        try:
+            prefix = json.loads(bytes(got.value)).get("data_prefix")
+        except (ValueError, AttributeError):
+            return None
+        return prefix if isinstance(prefix, str) else None
+
+
+def _prefix_range(prefix: str) -> Any:
+    """The keys that start with ``prefix`` (which ends in ``/``)."""
+    return ts.KvStore.KeyRange(prefix, prefix[:-1] + chr(ord(prefix[-1]) + 1))
 
 
 def recorded(unit: Unit, root: str | None) -> dict[str, Any]:
@@ -268,6 +317,7 @@ def paired(
         for key, (identity, candidate) in list(free.items()):
             if (
                 identity["rows"] == unit["rows"]
+                and identity.get("bytes") == unit.get("bytes")
                 and identity["version"] == unit["version"]
                 and candidate.kvstore is None
                 and _sha256_of(candidate.path) == hashes[unit["file"]]
@@ -325,6 +375,8 @@ def planned(
     append completes, the store reads as it was (and a failed append can be run again with the
     input fixed, or given up by naming only the store's own inputs).
     """
+    if made_uncut(meta):  # its own cut: ``units`` are planned as it was (`made_uncut`)
+        key = {k: v for k, v in key.items() if k != "bytes_per_part"}
     if meta is None:
         meta = {"format": PARTS_FORMAT, "version": PARTS_VERSION, "key": dict(key), "units": [],
                 "parts": {}, "complete": False}  # fmt: skip
@@ -368,6 +420,15 @@ def planned(
         rest = {k: v for k, v in meta.items() if k != "append"}
         return {**rest, "append": {"units": planned_units, "parts": parts}} if parts else rest
     return {**meta, "units": planned_units, "parts": parts}
+
+
+def made_uncut(meta: Mapping[str, Any] | None) -> bool:
+    """Whether ``meta`` is the manifest of a store that a psdp before byte ranges made (its key
+    has no ``bytes_per_part``): it read every jsonl file and every object whole, and so do the
+    runs that resume, append to or check it (``plan_units(..., None, cut_objects=False)``), so
+    that its units stay the same."""
+    key = None if meta is None else meta.get("key")
+    return isinstance(key, Mapping) and "bytes_per_part" not in key
 
 
 def with_part(meta: Manifest, result: PartResult) -> Manifest:
@@ -434,7 +495,9 @@ def finished(meta: Manifest) -> Manifest:
 
 
 def unit_id(identity: Mapping[str, Any]) -> str:
-    """A unit's key in a manifest: its recorded file and rows."""
+    """A unit's key in a manifest: its recorded file and rows (and bytes, for a jsonl range)."""
+    if "bytes" in identity:
+        return json.dumps([identity["file"], identity["rows"], identity["bytes"]])
     return json.dumps([identity["file"], identity["rows"]])
 
 

@@ -1,8 +1,9 @@
 """The Ray engine: `prepare`'s tasks as Ray tasks, on a running cluster or on one it starts here.
 
-It has the local engine's protocol (``map_unordered(fn, tasks)``, ``close()``), and runs the same
-module-level task function, so a store does not depend on the engine (the work is cut by input,
-never by worker). Each task becomes one ``ray.remote`` call; results come back as they finish.
+It has the local engine's protocol (``map_unordered(fn, tasks, on_progress)``, ``close()``), and
+runs the same module-level task function, so a store does not depend on the engine (the work is
+cut by input, never by worker). Each task becomes one ``ray.remote`` call; results come back as
+they finish; a task's reports go through a Ray queue (an actor of no CPU) to the driver.
 Running on a multi-node cluster: ``docs/guides/prepare.md``, "On a Ray cluster".
 """
 
@@ -12,9 +13,10 @@ import itertools
 import os
 from collections.abc import Callable, Iterable, Iterator
 from importlib.metadata import version
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from psdp._imports import import_optional
+from psdp.prepare.reports import REPORT_SECONDS, Reports
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -54,25 +56,55 @@ class RayEngine:
                 _check_can_fork()
             self._ray.init(address=address, num_cpus=num_cpus, include_dashboard=False)
 
-    def map_unordered(self, fn: Callable[[T], R], tasks: Iterable[T]) -> Iterator[R]:
-        """``fn(task)`` for every task, run as Ray tasks, yielded in the order they finish.
+    def map_unordered(
+        self,
+        fn: Callable[..., R],
+        tasks: Iterable[T],
+        on_progress: Callable[[Any], None] | None = None,
+    ) -> Iterator[R]:
+        """``fn(task)`` for every task, run as Ray tasks, yielded in the order they finish
+        (with ``on_progress``: ``fn(task, report)``, each report passed to ``on_progress`` here,
+        a task's every one before its result).
 
         ``fn`` must be a module-level callable that every node can import (psdp installed there).
         At most two tasks per CPU of the cluster are in flight. A task's exception is raised here
         as itself (not wrapped), once the tasks in flight have ended; no task starts after it.
         """
         remote = self._ray.remote(_apply)  # a plain function: ray.remote refuses builtins as fn
-        waiting = iter(tasks)
+        queue = None
+        if on_progress is not None:
+            from ray.util.queue import Queue
+
+            queue = Queue(actor_options={"num_cpus": 0})  # a task's CPU is the tokenizer's
+        reports = None if on_progress is None else Reports(on_progress)
+        waiting = enumerate(tasks)
         in_flight = 2 * max(1, int(self._ray.cluster_resources().get("CPU", 1)))
-        running = [remote.remote(fn, task) for task in itertools.islice(waiting, in_flight)]
+        tokens = {}  # a running task's object ref -> its token
+
+        def start(count: int) -> list[Any]:
+            started = []
+            for token, task in itertools.islice(waiting, count):
+                started.append(remote.remote(fn, task, queue, token))
+                tokens[started[-1]] = token
+            return started
+
+        running = start(in_flight)
         try:
             while running:
-                [done], running = self._ray.wait(running, num_returns=1)
+                timeout = None if queue is None else REPORT_SECONDS
+                done, running = self._ray.wait(running, num_returns=1, timeout=timeout)
+                if reports is not None:
+                    for report in queue.get_nowait_batch(queue.qsize()):  # type: ignore[union-attr]
+                        reports.take(report)
+                if not done:
+                    continue
                 try:
-                    result = self._ray.get(done)
+                    sent, result = self._ray.get(done[0])
                 except self._ray.exceptions.RayTaskError as error:
                     raise error.cause from None  # the task's own error, as the local engine gives
-                running += [remote.remote(fn, task) for task in itertools.islice(waiting, 1)]
+                if reports is not None:
+                    reports.deliver(tokens.pop(done[0]), sent, queue.get)  # type: ignore[union-attr]
+                running += start(1)
                 yield result
         finally:
             # On an error or an abandoned iteration the tasks in flight end on their own: none is
@@ -80,6 +112,8 @@ class RayEngine:
             # it had just cancelled arrived ("Tried to complete task that was not pending").
             if running:
                 self._ray.wait(running, num_returns=len(running))
+            if queue is not None:
+                queue.shutdown()
 
     def close(self) -> None:
         """Shuts down the Ray session if this engine started it."""
@@ -87,8 +121,20 @@ class RayEngine:
             self._ray.shutdown()
 
 
-def _apply(fn: Callable[[T], R], task: T) -> R:
-    return fn(task)
+def _apply(fn: Callable[..., R], task: T, queue: Any, token: int) -> tuple[int, R]:
+    """``fn(task)``, or with a ``queue`` ``fn(task, report)``, each report put on it; returns how
+    many it put, with the result."""
+    if queue is None:
+        return 0, fn(task)
+    sent = 0
+
+    def report(item: Any) -> None:
+        nonlocal sent
+        queue.put((token, item))  # blocks until the queue holds it: before the result
+        sent += 1
+
+    result = fn(task, report)
+    return sent, result
 
 
 #: The first TensorStore that lets a process fork after using it (0.1.72 aborts; docs/guides/prepare.md).

@@ -4,8 +4,11 @@ records of one unit. ``docs/guides/prepare.md``, "Inputs".
 An input is a file, a glob of files or a Hugging Face `datasets` directory (``save_to_disk``),
 local or in an object store (a URL such as ``s3://bucket/shards/*.jsonl``, or a TensorStore
 kvstore spec dict whose ``path`` names the file or glob, as `write_dataset` takes). Each file is a
-*shard*; a `Unit` is a whole shard, or a range of rows of a Parquet or Arrow file (cut at its
-row groups or record batches), and is what one task of `prepare` reads. A reader yields a unit's
+*shard*; a `Unit` is a whole shard, a range of rows of a Parquet or Arrow file (cut at its row
+groups or record batches), or a range of bytes of an uncompressed jsonl file (each line read by
+the range that holds its first byte), and is what one task of `prepare` reads. An object is read
+by byte ranges (`ObjectFile`): a task reads its rows' bytes, never the whole object. A reader
+yields a unit's
 records in batches, each record checked: a malformed one raises `BadRecordError` naming the file
 and line (jsonl, from 1) or row (Parquet and Arrow, from 0), or, when skipping, is counted with
 its reason. A file that cannot be read to its end (a truncated or damaged compressed stream,
@@ -16,18 +19,21 @@ records that could be counted.
 from __future__ import annotations
 
 import codecs
+import dataclasses
 import fnmatch
 import glob
 import io
 import json
 import os
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from psdp._imports import import_optional
+from psdp.sources.stores.errors import retried_write
 from psdp.sources.stores.location import (
     check_reach,
     describe_kvstore,
@@ -43,6 +49,12 @@ JSONL_ENDINGS = {
 COLUMNAR_ENDINGS = {".parquet": "parquet", ".arrow": "arrow", ".feather": "arrow"}
 #: Records per batch that a reader yields (and the tokenizer encodes at once).
 BATCH_RECORDS = 1024
+#: Bytes an object's reader asks for at a time (a range read).
+READ_BYTES = 1 << 23
+#: Below this size an object's size is read with its bytes (one range read), not probed.
+PROBE_BYTES = 1 << 20
+#: Objects planned at once (their sizes and generations are probed by range reads).
+PLAN_THREADS = 16
 #: Compressed bytes fed to a decompressor at a time (a damaged stream is named to within this).
 CHUNK_BYTES = 1 << 16
 _SKIP_FIX = "pass skip_bad=True (--skip-bad) to skip such records and count them"
@@ -69,7 +81,9 @@ class Unit:
     ``None``: to its end), of ``kind`` ``"jsonl"``, ``"parquet"`` or ``"arrow"``; ``kvstore``:
     the spec of the object store holding the key ``path``, ``None`` for a local file.
     ``version``: the file's size (local) or generation (an object's ETag) when planned: a
-    changed file is refused on resume."""
+    changed file is refused on resume. ``byte_start``, ``byte_stop``: a jsonl file's bytes whose
+    lines the unit reads (the lines that start in them; ``byte_stop`` ``None``: to its end).
+    ``size``: an object's size in bytes when planned (``None``: not needed, or a local file)."""
 
     path: str
     row_start: int = 0
@@ -77,6 +91,9 @@ class Unit:
     kind: str = "jsonl"
     kvstore: Mapping[str, Any] | None = None
     version: str = ""
+    byte_start: int = 0
+    byte_stop: int | None = None
+    size: int | None = field(default=None, compare=False)
 
     @property
     def name(self) -> str:
@@ -87,8 +104,18 @@ class Unit:
 
     @property
     def identity(self) -> dict[str, Any]:
-        """What a store records of the unit, and compares on resume."""
-        return {"file": self.name, "rows": [self.row_start, self.row_stop], "version": self.version}
+        """What a store records of the unit, and compares on resume (``bytes`` only for a range
+        of a jsonl file's bytes: a whole file is recorded as an older psdp recorded it)."""
+        identity = {"file": self.name, "rows": [self.row_start, self.row_stop],
+                    "version": self.version}  # fmt: skip
+        if self.byte_start or self.byte_stop is not None:
+            identity["bytes"] = [self.byte_start, self.byte_stop]
+        return identity
+
+    @property
+    def first(self) -> bool:
+        """Whether the unit is its file's first (rows and bytes from 0)."""
+        return self.row_start == 0 and self.byte_start == 0
 
 
 @dataclass
@@ -100,8 +127,13 @@ class Batch:
     bad: list[tuple[str, str]] = field(default_factory=list)
 
 
-def plan_units(inputs: Any, rows_per_part: int) -> list[Unit]:
-    """The units of ``inputs``, in their order (a glob's files sorted by name).
+def plan_units(
+    inputs: Any, rows_per_part: int, bytes_per_part: int | None = None, cut_objects: bool = True
+) -> list[Unit]:
+    """The units of ``inputs``, in their order (a glob's files sorted by name): Parquet and Arrow
+    files cut into about ``rows_per_part`` rows at their row groups (record batches), uncompressed
+    jsonl files into ranges of ``bytes_per_part`` bytes (``None``: whole); objects in a store
+    only with ``cut_objects`` (as a psdp before byte ranges planned: every object whole).
 
     Examples:
         >>> import tempfile
@@ -110,6 +142,8 @@ def plan_units(inputs: Any, rows_per_part: int) -> list[Unit]:
         ...     _ = Path(tmp.name, name).write_text('{"text": "hi"}\\n')
         >>> [Path(u.path).name for u in plan_units([f"{tmp.name}/*.jsonl"], 1000)]
         ['a.jsonl', 'b.jsonl']
+        >>> [u.identity["bytes"] for u in plan_units([f"{tmp.name}/a.jsonl"], 1000, 10)]
+        [[0, 10], [10, None]]
         >>> tmp.cleanup()
     """
     if isinstance(inputs, str | os.PathLike | Mapping):
@@ -117,7 +151,7 @@ def plan_units(inputs: Any, rows_per_part: int) -> list[Unit]:
     units: list[Unit] = []
     named: dict[str, Any] = {}  # file -> the input that named it first
     for given in inputs:
-        files = _local_files(given) if _is_local(given) else _remote_files(given)
+        files = _local_files(given) if _is_local(given) else _remote_files(given, bytes_per_part)
         for unit in files:
             if unit.name in named:
                 raise ValueError(
@@ -126,7 +160,8 @@ def plan_units(inputs: Any, rows_per_part: int) -> list[Unit]:
                     "a corpus, give it a weight in a Mixture)"
                 )
             named[unit.name] = given
-            units.extend(_cut(unit, rows_per_part))
+            cut = cut_objects or unit.kvstore is None
+            units.extend(_cut(unit, rows_per_part, bytes_per_part) if cut else [unit])
     if not units:
         raise ValueError("prepare needs at least one input, got none; name files or globs")
     return units
@@ -136,21 +171,23 @@ def read_batches(unit: Unit, field_name: str, expect: type, skip_bad: bool) -> I
     """The records of ``unit`` in batches: each one's ``field_name`` value, which must be of type
     ``expect`` (``str`` for text, ``list`` for chat messages). A malformed record raises
     `BadRecordError`, or with ``skip_bad`` goes to the batch's ``bad`` list."""
+    where: Callable[[int], str]  # a record's place, named only for a malformed one
     if unit.kind == "jsonl":
-        records = _jsonl_records(unit, field_name)
+        records, where = _jsonl_records(unit, field_name), _LineNames(unit)
     else:
-        records = _columnar_records(unit, field_name)
+        records, where = _columnar_records(unit, field_name), _RowNames(unit)
     batch = Batch()
-    for where, value, problem in records:
+    for number, value, problem in records:
         if problem is None and not isinstance(value, expect):
             shown = "null" if value is None else type(value).__name__
             problem = f"field {field_name!r} is {shown}, not a {expect.__name__}"
         if problem is None and isinstance(value, str) and not value.isascii():
             problem = _unencodable(value)
         if problem is not None:
+            place = where(number)
             if not skip_bad:
-                raise BadRecordError(f"{where}: {problem}; fix the record, or {_SKIP_FIX}")
-            batch.bad.append((where, problem))
+                raise BadRecordError(f"{place}: {problem}; fix the record, or {_SKIP_FIX}")
+            batch.bad.append((place, problem))
         else:
             batch.values.append(value)
         if len(batch.values) + len(batch.bad) >= BATCH_RECORDS:
@@ -158,6 +195,67 @@ def read_batches(unit: Unit, field_name: str, expect: type, skip_bad: bool) -> I
             batch = Batch()
     if batch.values or batch.bad:
         yield batch
+
+
+class _RowNames:
+    """A Parquet or Arrow record's place, for messages: its row in the file, from 0."""
+
+    def __init__(self, unit: Unit):
+        self.unit = unit
+
+    def __call__(self, row: int) -> str:
+        return f"{self.unit.name}, row {row}"
+
+
+class _LineNames:
+    """A jsonl record's place, for messages: its line in the file, from 1, whatever range of the
+    file the unit reads. The lines before the range are counted on the first message only (a
+    read of the bytes before it): a range read without a malformed record never pays for it."""
+
+    def __init__(self, unit: Unit):
+        self.unit, self.before = unit, None if unit.byte_start else 0
+
+    def __call__(self, number: int) -> str:
+        if self.before is None:
+            self.before = _lines_before(self.unit)
+        return f"{self.unit.name}, line {self.before + number}"
+
+
+def _lines_before(unit: Unit) -> int:
+    """The lines of the unit's file before the first line its byte range reads: those ended by
+    the newlines before its byte ``byte_start - 1``, and the one that newline (or that byte)
+    ends."""
+    count, left = 1, unit.byte_start - 1
+    with _open_binary(unit) as raw:
+        while left > 0 and (block := raw.read(min(READ_BYTES, left))):
+            count += block.count(b"\n")
+            left -= len(block)
+    return count
+
+
+def range_lines(file: Any, start: int, stop: int | None) -> Iterator[bytes]:
+    """The lines of a seekable binary ``file`` (each with its ``\\n``, the last one maybe
+    without) that start in its bytes ``[start, stop)`` (``stop`` ``None``: to its end): the line
+    that starts before ``start`` belongs to the range before, the one that crosses ``stop`` to
+    this one. Ranges that tile a file read each of its lines once.
+
+    Examples:
+        >>> data = b"ab\\ncd\\nef"
+        >>> [list(range_lines(io.BytesIO(data), a, b)) for a, b in ((0, 3), (3, 4), (4, None))]
+        [[b'ab\\n'], [b'cd\\n'], [b'ef']]
+        >>> [list(range_lines(io.BytesIO(data), a, b)) for a, b in ((0, 4), (4, 5), (5, None))]
+        [[b'ab\\n', b'cd\\n'], [], [b'ef']]
+    """
+    position = 0
+    if start:
+        file.seek(start - 1)  # a newline just before start: the line at start is this range's
+        position = start - 1 + len(file.readline())
+    while stop is None or position < stop:
+        line = file.readline()
+        if not line:
+            return
+        position += len(line)
+        yield line
 
 
 def _unencodable(text: str) -> str | None:
@@ -239,7 +337,7 @@ def _json_file(path: Path, needed: str) -> dict[str, Any]:
     )
 
 
-def _remote_files(given: Any) -> list[Unit]:
+def _remote_files(given: Any, bytes_per_part: int | None) -> list[Unit]:
     import tensorstore as ts
 
     try:
@@ -260,22 +358,90 @@ def _remote_files(given: Any) -> list[Unit]:
         raise FileNotFoundError(
             f"no object matches the input {describe_kvstore(spec)}; check the URL or pattern"
         )
-    units = []
-    for name in names:
-        stamp = _generation(store, name.encode())
-        units.append(
-            Unit(name, kind=_kind(name), kvstore=store_spec, version=stamp.generation.hex())
-        )
-    return units
+
+    def planned(name: str) -> Unit:
+        kind = _kind(name)
+        found = _Object(store, name, describe_kvstore({**spec, "path": prefix + name}))
+        size = _planned_size(found, kind, name, bytes_per_part)
+        if found.version is None:
+            found.read(0, 0)  # no bytes: the generation (an ETag on S3)
+        return Unit(name, kind=kind, kvstore=store_spec, version=found.version or "", size=size)
+
+    with ThreadPoolExecutor(min(PLAN_THREADS, len(names))) as pool:
+        return list(pool.map(planned, names))
 
 
-def _generation(store: Any, key: bytes) -> Any:
-    """The object's generation (its ETag on S3), from a read of no bytes; TensorStore before
-    ``byte_range`` (0.1.72) reads the whole object for it."""
-    try:
-        return store.read(key, byte_range=slice(0, 0)).result().stamp
-    except TypeError:
-        return store.read(key).result().stamp
+def _planned_size(found: _Object, kind: str, name: str, bytes_per_part: int | None) -> int | None:
+    """The size an object's reader needs: a Parquet or Arrow file's (its footer is at its end); a
+    jsonl file's when it is cut (larger than ``bytes_per_part``); else ``None`` (read on to the
+    end)."""
+    if kind != "jsonl":
+        return object_size(found)
+    if bytes_per_part is None or JSONL_ENDINGS[_jsonl_ending(name) or ".jsonl"] is not None:
+        return None
+    if found.read(bytes_per_part - 1, bytes_per_part) is None:
+        return None  # one range: read to the end
+    return object_size(found, bytes_per_part)
+
+
+class _Object:
+    """One object of a kvstore, read by byte ranges, each checked to be of one generation (the
+    first read's, or the ``version`` planned): an object replaced while it is read is an error,
+    never a mix of two."""
+
+    def __init__(self, store: Any, key: str, name: str, version: str | None = None):
+        self.store, self.key, self.name, self.version = store, key.encode(), name, version
+
+    def read(self, start: int, stop: int | None) -> bytes | None:
+        """Bytes ``[start, stop)`` (``stop`` ``None``: to the end); ``None`` where the object
+        ends before ``stop`` (or at ``start``, with ``stop`` ``None``)."""
+        try:
+            got = retried_write(
+                lambda: self.store.read(self.key, byte_range=slice(start, stop)).result(),
+                f"reading {self.name}",
+            )
+        except ValueError as error:
+            if str(error).startswith("OUT_OF_RANGE"):
+                return None
+            raise
+        if got.state != "value":
+            raise FileNotFoundError(
+                f"{self.name} was deleted while psdp prepare read it; restore it, or name the "
+                "inputs again (a store holds each input as it was planned)"
+            )
+        version = bytes(got.stamp.generation).hex()
+        if self.version is None:
+            self.version = version
+        elif version != self.version:
+            raise ValueError(
+                f"{self.name} changed while psdp prepare read it (generation {self.version} "
+                f"planned, {version} now): a part never mixes two versions of an input; run the "
+                "command again once the object stays put (a store holds an input as planned)"
+            )
+        return bytes(got.value)
+
+
+def object_size(found: _Object, known: int = 0) -> int:
+    """The size of ``found`` (at least ``known`` bytes): by reads of one byte, doubling then
+    halving the offset, until the end lies within `PROBE_BYTES`, whose bytes are read (a
+    kvstore reads ranges and lists keys, but tells no size).
+
+    Examples:
+        >>> import tensorstore as ts
+        >>> store = ts.KvStore.open("memory://").result()
+        >>> _ = store.write(b"a", bytes(3_000_000)).result()
+        >>> object_size(_Object(store, "a", "memory://a"))
+        3000000
+    """
+    low, high = known, max(2 * known, PROBE_BYTES)  # byte low - 1 is there (or low is 0)
+    while found.read(high - 1, high) is not None:
+        low, high = high, 2 * high
+    while high - low > PROBE_BYTES:  # the end is in (low - 1, high - 1]
+        middle = (low + high) // 2
+        low, high = (middle, high) if found.read(middle - 1, middle) is not None else (low, middle)
+    if low == 0:
+        return len(found.read(0, None) or b"")
+    return low - 1 + len(found.read(low - 1, None) or b"")
 
 
 def _kind(name: str) -> str:
@@ -296,11 +462,16 @@ def _jsonl_ending(name: str) -> str | None:
     return max(found, key=len) if found else None
 
 
-def _cut(unit: Unit, rows_per_part: int) -> list[Unit]:
+def _cut(unit: Unit, rows_per_part: int, bytes_per_part: int | None) -> list[Unit]:
     """A Parquet or Arrow file's row ranges of about ``rows_per_part`` rows, cut at its row
-    groups (record batches); a jsonl file or an Arrow stream is one unit."""
-    if unit.kind == "jsonl" or unit.kvstore is not None:
-        return [unit]  # an object is read whole anyway: its row groups save nothing
+    groups (record batches); an uncompressed jsonl file's ranges of ``bytes_per_part`` bytes.
+    One unit: a compressed jsonl file (a stream read from its start), an Arrow stream (no footer
+    to find batches by), an Arrow file in an object store (its batches' row counts are spread
+    through it: counting them reads it all)."""
+    if unit.kind == "jsonl":
+        return _byte_ranges(unit, bytes_per_part)
+    if unit.kind == "arrow" and unit.kvstore is not None:
+        return [unit]
     with _open_binary(unit) as raw:
         sizes = _group_rows(unit, raw)
     if sizes is None:
@@ -313,7 +484,21 @@ def _cut(unit: Unit, rows_per_part: int) -> list[Unit]:
             start = stop
     if stop > start or not ranges:
         ranges.append((start, stop))
-    return [Unit(unit.path, a, b, unit.kind, unit.kvstore, unit.version) for a, b in ranges]
+    return [dataclasses.replace(unit, row_start=a, row_stop=b) for a, b in ranges]
+
+
+def _byte_ranges(unit: Unit, bytes_per_part: int | None) -> list[Unit]:
+    """An uncompressed jsonl file's ranges of ``bytes_per_part`` bytes (the last to its end)."""
+    compressed = JSONL_ENDINGS[_jsonl_ending(unit.path) or ".jsonl"] is not None
+    size = int(unit.version) if unit.kvstore is None else unit.size
+    if bytes_per_part is None or compressed or size is None or size <= bytes_per_part:
+        return [unit]
+    starts = range(0, size, bytes_per_part)
+    stops: list[int | None] = [*starts[1:], None]
+    return [
+        dataclasses.replace(unit, byte_start=a, byte_stop=b)
+        for a, b in zip(starts, stops, strict=True)
+    ]
 
 
 def _group_rows(unit: Unit, raw: Any) -> list[int] | None:
@@ -353,22 +538,24 @@ def _arrow_file(unit: Unit, raw: Any, pa: Any) -> Any:
 
 
 # ------------------------------------------------------------------------------ records
-def _jsonl_records(unit: Unit, field_name: str) -> Iterator[tuple[str, Any, str | None]]:
-    """(where, value, problem) for each non-blank line."""
+def _jsonl_records(unit: Unit, field_name: str) -> Iterator[tuple[int, Any, str | None]]:
+    """(line, value, problem) for each non-blank line of the unit's range, its lines numbered
+    from the range's first (`_LineNames` names them in the file)."""
     compression = JSONL_ENDINGS[_jsonl_ending(unit.path) or ".jsonl"]
     number = 0
     with _open_binary(unit) as raw:
         stream = raw if compression is None else _Decompressed(raw, compression)
         # lines split on b"\n" and decoded one at a time: a line that is no UTF-8 is one
         # malformed record (named, skippable), not the end of the file's reading
-        with io.BufferedReader(stream) as lines:
+        with io.BufferedReader(stream, READ_BYTES) as file:
+            lines = range_lines(file, unit.byte_start, unit.byte_stop)
             try:
                 for number, raw_line in enumerate(lines, start=1):
-                    if number == 1:  # a byte order mark opens the file, not its first record
+                    if number == 1 and unit.byte_start == 0:  # a BOM opens the file: no record
                         raw_line = raw_line.removeprefix(codecs.BOM_UTF8)
-                    record = _jsonl_record(f"{unit.name}, line {number}", raw_line, field_name)
+                    record = _jsonl_record(raw_line, field_name)
                     if record is not None:
-                        yield record
+                        yield number, *record
             except _Broken as error:
                 raise CorruptFileError(
                     f"{unit.name}: {error}, in line {number + 1:,} (the {number:,} lines before "
@@ -376,30 +563,24 @@ def _jsonl_records(unit: Unit, field_name: str) -> Iterator[tuple[str, Any, str 
                 ) from None
 
 
-def _jsonl_record(
-    where: str, raw_line: bytes, field_name: str
-) -> tuple[str, Any, str | None] | None:
-    """(where, value, problem) of one line; ``None`` for a blank line, which holds no record."""
+def _jsonl_record(raw_line: bytes, field_name: str) -> tuple[Any, str | None] | None:
+    """(value, problem) of one line; ``None`` for a blank line, which holds no record."""
     try:
         line = raw_line.decode("utf-8")
     except UnicodeDecodeError as error:
         bad = raw_line[error.start]
-        return where, None, f"not valid UTF-8 (byte {bad:#04x} at byte {error.start + 1})"
+        return None, f"not valid UTF-8 (byte {bad:#04x} at byte {error.start + 1})"
     if not line.strip():
         return None
     try:
         record = json.loads(line)
     except json.JSONDecodeError as error:
-        return (
-            where,
-            None,
-            f"not valid JSON ({error.msg.removesuffix(' at')} at column {error.colno})",
-        )
+        return None, f"not valid JSON ({error.msg.removesuffix(' at')} at column {error.colno})"
     if not isinstance(record, dict):
-        return where, None, f"a JSON {type(record).__name__}, not an object"
+        return None, f"a JSON {type(record).__name__}, not an object"
     if field_name not in record:
-        return where, None, f"no field {field_name!r} (it has {sorted(record)[:5]})"
-    return where, record[field_name], None
+        return None, f"no field {field_name!r} (it has {sorted(record)[:5]})"
+    return record[field_name], None
 
 
 class _Broken(Exception):
@@ -473,7 +654,7 @@ class _Decompressed(io.RawIOBase):
         return zstd.ZstdDecompressor().decompressobj()
 
 
-def _columnar_records(unit: Unit, field_name: str) -> Iterator[tuple[str, Any, str | None]]:
+def _columnar_records(unit: Unit, field_name: str) -> Iterator[tuple[int, Any, str | None]]:
     pa = import_optional("pyarrow", extra="prepare", needed_for="reading Parquet and Arrow")
     with _open_binary(unit) as raw:
         row = unit.row_start
@@ -493,7 +674,7 @@ def _columnar_records(unit: Unit, field_name: str) -> Iterator[tuple[str, Any, s
                     "name the text column with field= (--field)"
                 )
             for value in batch.column(field_name).to_pylist():
-                yield f"{unit.name}, row {row}", value, None
+                yield row, value, None
                 row += 1
 
 
@@ -526,14 +707,60 @@ def _record_batches(unit: Unit, raw: Any, pa: Any) -> Iterator[Any]:
 
 
 def _open_binary(unit: Unit) -> Any:
-    """A seekable binary file of the unit's shard."""
+    """A seekable binary file of the unit's shard (the caller's ``with`` closes it)."""
     if unit.kvstore is None and unit.kind == "arrow":
         pa = import_optional("pyarrow", extra="prepare", needed_for="reading Arrow")
         return pa.memory_map(unit.path)  # batches outside the unit's rows cost no read
     if unit.kvstore is None:
-        return open(unit.path, "rb")  # the caller's `with` closes it
-    import tensorstore as ts
+        return open(unit.path, "rb")
+    found = ObjectFile(unit)
+    # pyarrow reads a Parquet file's footer and column chunks each in one read: a buffer would
+    # read columns it skips; the other readers go on from where they are
+    return found if unit.kind == "parquet" else io.BufferedReader(found, READ_BYTES)
 
-    # read whole: memory is bounded by the largest shard, not by the corpus
-    store = ts.KvStore.open(dict(unit.kvstore)).result()
-    return io.BytesIO(bytes(store.read(unit.path.encode()).result().value))
+
+class ObjectFile(io.RawIOBase):
+    """The object a unit names, read as a seekable binary file by range reads of its planned
+    generation (`_Object`): a task reads its own rows' bytes, and memory holds what it reads at
+    a time, whatever the object's size."""
+
+    def __init__(self, unit: Unit):
+        import tensorstore as ts
+
+        assert unit.kvstore is not None, "a local file is opened as one"
+        store = ts.KvStore.open(dict(unit.kvstore)).result()
+        self.object = _Object(store, unit.path, unit.name, unit.version)
+        self.size, self.position = unit.size, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.position
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        if whence == os.SEEK_END:
+            if self.size is None:
+                self.size = object_size(self.object)
+            offset += self.size
+        elif whence == os.SEEK_CUR:
+            offset += self.position
+        self.position = max(0, offset)
+        return self.position
+
+    def readinto(self, buffer: Any) -> int:
+        wanted = len(buffer)
+        if self.size is not None:
+            wanted = min(wanted, self.size - self.position)
+        if wanted <= 0:
+            return 0
+        got = self.object.read(self.position, self.position + wanted)
+        if got is None:  # the end is nearer than asked (a size not planned): the rest
+            got = self.object.read(self.position, None) or b""
+            self.size = self.position + len(got)
+        buffer[: len(got)] = got
+        self.position += len(got)
+        return len(got)

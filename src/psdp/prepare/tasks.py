@@ -6,9 +6,9 @@ the same code; what it returns (`PartResult`) is all the driver learns of the pa
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -38,8 +38,9 @@ class Task:
     tokens_per_shard: int
 
 
-def run_task(task: Task) -> PartResult:
-    """Writes the part of ``task`` (replacing one a killed run may have left) and reports it."""
+def run_task(task: Task, report: Callable[[Progress], None] | None = None) -> PartResult:
+    """Writes the part of ``task`` (replacing one a killed run may have left) and returns what it
+    holds; ``report`` gets a `Progress` after each batch of records is tokenized."""
     tokenizer = _tokenizer(task)
     counts = {"empty": 0, "documents": 0, "tokens": 0}
     skipped: dict[str, int] = {}
@@ -53,13 +54,18 @@ def run_task(task: Task) -> PartResult:
                 skipped[kind] = skipped.get(kind, 0) + 1
                 if len(examples) < EXAMPLES:
                     examples.append((where, reason))
-            for doc in _tokenized(task, tokenizer, batch.values):
+            before = counts["documents"], counts["tokens"]
+            tokenized = _tokenized(task, tokenizer, batch.values)
+            for doc in tokenized:
                 if doc is None:
                     counts["empty"] += 1
                     continue
                 counts["documents"] += 1
                 counts["tokens"] += len(doc["input_ids"])
-                yield doc
+            if report is not None:
+                report(Progress(len(batch.values) + len(batch.bad),
+                                counts["documents"] - before[0], counts["tokens"] - before[1]))  # fmt: skip
+            yield from (doc for doc in tokenized if doc is not None)
 
     stream = documents()
     first = next(stream, None)
@@ -69,11 +75,20 @@ def run_task(task: Task) -> PartResult:
         write_documents(task.destination, itertools.chain([first], stream), tokens_per_shard=
                         task.tokens_per_shard, overwrite=True, progress=False)  # fmt: skip
     unit = task.unit  # a local input's bytes, once per file: it is the same input moved too
-    digest = file_sha256(unit.path) if unit.kvstore is None and unit.row_start == 0 else None
+    digest = file_sha256(unit.path) if unit.kvstore is None and unit.first else None
     return PartResult(
         task.part, counts["documents"], counts["tokens"], leaves, counts["empty"], skipped,
         examples, digest,
     )  # fmt: skip
+
+
+class Progress(NamedTuple):
+    """What a task reports after a batch: its records read (malformed and empty ones too), and
+    the documents and tokens they made."""
+
+    records: int
+    documents: int
+    tokens: int
 
 
 def _tokenized(task: Task, tokenizer: Any, values: list[Any]) -> list[dict[str, np.ndarray] | None]:

@@ -708,6 +708,9 @@ def _add_prepare(subparsers: Subparsers) -> None:
     )
     parser.add_argument("--rows-per-part", type=int, help="Parquet/Arrow rows per part")
     _add_pack_flags(parser, "then build the pack index of this packing in windows beside the store")
+    parser.add_argument(
+        "--bytes-per-part", type=int, help="uncompressed jsonl bytes per part (0: a file a part)"
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument(
         "--json", action="store_true", help="print the summary as one JSON object (no bar)"
@@ -717,7 +720,7 @@ def _add_prepare(subparsers: Subparsers) -> None:
 
 
 def _run_prepare(args: argparse.Namespace) -> int:
-    from psdp.prepare import ROWS_PER_PART, prepare
+    from psdp.prepare import BYTES_PER_PART, ROWS_PER_PART, prepare
 
     def token(value: str | None) -> str | int | None:
         return int(value) if value is not None and value.isdigit() else value
@@ -736,6 +739,7 @@ def _run_prepare(args: argparse.Namespace) -> int:
             ray_address=args.ray_address,
             skip_bad=args.skip_bad,
             rows_per_part=args.rows_per_part or ROWS_PER_PART,
+            bytes_per_part=_bytes_per_part(args.bytes_per_part, BYTES_PER_PART),
             progress=not (args.no_progress or args.json),
             packs=_packs(args),
         )
@@ -831,6 +835,11 @@ def _run_index(args: argparse.Namespace) -> int:
         counts = "".join(f", {record[k]:,} {k}" for k in ("windows", "sequences") if k in record)
         print(f"{record['index']}: {record['state']}{counts} ({record['seconds']:.1f} s)")
     return 0
+
+
+def _bytes_per_part(given: int | None, default: int) -> int | None:
+    """``--bytes-per-part``: unset, the default; 0, a jsonl file a part (``None``)."""
+    return default if given is None else (given or None)
 
 
 # ------------------------------------------------------------------------------ object stores
