@@ -9,8 +9,11 @@ threads sleep until there is work and never take the GIL from the trainer."""
 from __future__ import annotations
 
 import logging
+import math
+import statistics
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
@@ -21,6 +24,27 @@ logger = logging.getLogger(__name__)
 
 #: How long ``close()`` waits for all threads together before it gives up on a stuck ``produce``.
 JOIN_TIMEOUT_S = 1.0
+#: The recent reads whose times decide how many steps are read at once (`steps_in_flight`).
+TIMED_READS = 16
+
+
+def steps_in_flight(read_s: float, read_cpu_s: float, step_s: float) -> int:
+    """How many steps must be read at once for the trainer never to wait: a read takes
+    ``read_s`` (wall), ``read_cpu_s`` of it on its own thread's CPU, and the trainer spends
+    ``step_s`` between two ``next()`` calls. A new read must start every ``max(step_s,
+    read_cpu_s)`` (reads cannot start faster than their own CPU work lets them finish, so a
+    trainer faster than that gains nothing from more), so ``read_s`` over that are in flight,
+    plus one for a read slower than the recent ones.
+
+    Examples:
+        >>> steps_in_flight(read_s=0.6, read_cpu_s=0.01, step_s=0.2)  # 100 ms round trips
+        4
+        >>> steps_in_flight(read_s=0.6, read_cpu_s=0.01, step_s=0.0)  # no trainer: CPU bound
+        61
+        >>> steps_in_flight(read_s=0.05, read_cpu_s=0.04, step_s=0.0)  # a local store
+        3
+    """
+    return math.ceil(read_s / max(step_s, read_cpu_s, 1e-6)) + 1
 
 
 class LoaderClosedError(RuntimeError):
@@ -41,6 +65,9 @@ class Prefetcher(Generic[T]):
             ``(step, seconds waited, items that were ready when next() was called)``.
         read_threads: threads producing consecutive steps concurrently (>= 1); items are still
             delivered in step order, and at most ``depth + read_threads`` exist at once.
+        max_read_threads: ``None``: always ``read_threads``. Else more threads start, up to this
+            many, when the consumer had to wait: as many as `steps_in_flight` says from the
+            recent reads' times and the consumer's time between ``next()`` calls (`adapt`).
 
     Examples:
         >>> with Prefetcher(lambda step: step * step, start=3, depth=2, name="demo") as items:
@@ -60,13 +87,21 @@ class Prefetcher(Generic[T]):
         name: str,
         observer: Callable[[int, float, int], None] | None = None,
         read_threads: int = 1,
+        max_read_threads: int | None = None,
     ):
         check_int("depth", depth, minimum=1)
         check_int("read_threads", read_threads, minimum=1)
+        if max_read_threads is not None:
+            check_int("max_read_threads", max_read_threads, minimum=read_threads)
         self._produce = produce
         self._observer = observer
         self.depth = depth
         self.read_threads = read_threads
+        self.max_read_threads = max_read_threads
+        self._name = name
+        #: (wall, thread CPU) seconds of the recent reads, for `adapt`
+        self._timed: deque[tuple[float, float]] = deque(maxlen=TIMED_READS)
+        self._returned_at: float | None = None  # when next() last handed out an item
         # everything below is guarded by one lock, with two conditions on it so a step's result
         # wakes only the consumer and a freed slot wakes only one thread (no thundering herd of
         # threads all wanting the GIL right when the trainer does)
@@ -81,14 +116,56 @@ class Prefetcher(Generic[T]):
         self.next_step = start
         self.last_wait_s = 0.0
         names = [name] if read_threads == 1 else [f"{name}-w{i}" for i in range(read_threads)]
-        self._threads = [threading.Thread(target=self._work, name=n, daemon=True) for n in names]
-        for i, thread in enumerate(self._threads):
+        self._threads: list[threading.Thread] = []
+        self._start_threads(names)
+
+    def _start_threads(self, names: list[str]) -> None:
+        for name in names:
+            thread = threading.Thread(target=self._work, name=name, daemon=True)
             try:
                 thread.start()
             except BaseException:  # e.g. the OS refused a thread: stop the ones already started
-                self._threads = self._threads[:i]
                 self._close(f"thread {thread.name!r} could not start")
                 raise
+            self._threads.append(thread)
+
+    # ------------------------------------------------------------------ adaptive read threads
+    def record_read(self, wall_s: float, cpu_s: float) -> None:
+        """Records a read's wall and thread-CPU seconds (each thread does, after `produce`)."""
+        with self._lock:
+            self._timed.append((wall_s, cpu_s))
+
+    def adapt(self, step_s: float) -> int:
+        """Starts threads up to `steps_in_flight` of the recent reads (the slowest tenth's wall
+        time, the median CPU time) and a consumer ``step_s`` between ``next()`` calls, at most
+        ``max_read_threads``; never stops any. Returns the threads now running. A no-op for a
+        prefetcher of fixed threads, or before any read was timed.
+
+        Examples:
+            >>> items = Prefetcher(lambda s: s, start=0, depth=2, name="demo", read_threads=2,
+            ...                    max_read_threads=8)
+            >>> for _ in range(4):
+            ...     items.record_read(0.6, 0.01)  # 0.6 s reads, mostly waiting on storage
+            >>> items.adapt(step_s=0.2), items.adapt(step_s=0.0)  # capped at max_read_threads
+            (4, 8)
+            >>> items.close()
+        """
+        with self._lock:
+            if self.max_read_threads is None or not self._timed or self._stop:
+                return self.read_threads
+            walls = sorted(wall for wall, _ in self._timed)
+            slow = walls[min(len(walls) - 1, int(0.9 * len(walls)))]
+            cpu = statistics.median(c for _, c in self._timed)
+            wanted = min(self.max_read_threads, steps_in_flight(slow, cpu, step_s))
+            first, self.read_threads = self.read_threads, max(self.read_threads, wanted)
+            added = self.read_threads - first
+            if added:
+                self._slot_free.notify_all()  # the running threads may claim further ahead
+        if added:
+            if first == 1:  # the one thread had the loader's name; its siblings are numbered
+                first = len(self._threads)
+            self._start_threads([f"{self._name}-w{i}" for i in range(first, first + added)])
+        return self.read_threads
 
     # -------------------------------------------------------------------- background threads
     def _may_claim(self) -> bool:
@@ -122,10 +199,14 @@ class Prefetcher(Generic[T]):
                     return
                 step = self._next_claim
                 self._next_claim += 1
+            timed = self.max_read_threads is not None
+            wall, cpu = (time.perf_counter(), time.thread_time()) if timed else (0.0, 0.0)
             try:
                 item: tuple[T | None, BaseException | None] = (self._produce(step), None)
             except BaseException as err:  # forwarded to the consumer, which re-raises it
                 item = (None, err)
+            if timed:
+                self.record_read(time.perf_counter() - wall, time.thread_time() - cpu)
             with self._lock:
                 if self._stop:
                     return
@@ -143,6 +224,8 @@ class Prefetcher(Generic[T]):
 
     def __next__(self) -> T:
         started = time.perf_counter()
+        # the consumer's own time since the last item (its train step): what reads must cover
+        step_s = None if self._returned_at is None else started - self._returned_at
         with self._lock:
             ready = self._ready()
             while True:
@@ -160,9 +243,12 @@ class Prefetcher(Generic[T]):
                 self.next_step = step + 1
                 self._slot_free.notify()  # one thread may claim the next step now
         self.last_wait_s = time.perf_counter() - started
+        self._returned_at = started + self.last_wait_s
         if error is not None:
             self._close(f"step {step} raised {type(error).__name__}")
             raise error
+        if not ready and step_s is not None and self.max_read_threads is not None:
+            self.adapt(step_s)  # it waited: read further ahead if the reads' times say so
         if self._observer is not None:
             self._observer(step, self.last_wait_s, ready)
         return value  # type: ignore[return-value]

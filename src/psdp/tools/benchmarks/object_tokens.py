@@ -81,8 +81,10 @@ def chunk_runs(part_starts: list[int], starts: Any, stops: Any) -> int:
     run of chunks of one shard in one request.
 
     Examples:
-        >>> chunk_runs([0], [0, 5000], [100, 9000])  # chunks 0; 1 and 2
+        >>> chunk_runs([0], [0, 9000], [100, 9100])  # chunks 0 and 2: two runs
         2
+        >>> chunk_runs([0], [0, 5000], [100, 9000])  # chunks 0, 1 and 2: one run
+        1
         >>> chunk_runs([0, 4200], [4000], [4300])  # part 0's chunk 1, part 1's chunk 0
         2
     """
@@ -90,7 +92,7 @@ def chunk_runs(part_starts: list[int], starts: Any, stops: Any) -> int:
     edges = [*part_starts, 1 << 62]
     chunks = set()
     for lo, hi in zip(np.asarray(starts).tolist(), np.asarray(stops).tolist(), strict=True):
-        for part, (first, end) in enumerate(itertools.pairwise(edges)):
+        for part, (first, end) in enumerate(itertools.pairwise(edges)):  # noqa: B007
             a, b = max(lo, first), min(hi, end)
             if a < b:
                 chunks.update((part, c) for c in range((a - first) // per_chunk,
