@@ -24,8 +24,12 @@ logger = logging.getLogger(__name__)
 
 #: How long ``close()`` waits for all threads together before it gives up on a stuck ``produce``.
 JOIN_TIMEOUT_S = 1.0
-#: The recent reads whose times decide how many steps are read at once (`steps_in_flight`).
-TIMED_READS = 16
+#: The recent reads whose times decide how many steps are read at once (`steps_in_flight`),
+#: and the steps the consumer takes at a number of threads before it may change.
+TIMED_READS = 8
+#: How much a growth of the read threads must raise the consumer's steps per second for the
+#: prefetcher to grow them further (`Prefetcher.adapt`).
+GAIN = 1.2
 
 
 def steps_in_flight(read_s: float, read_cpu_s: float, step_s: float) -> int:
@@ -102,6 +106,8 @@ class Prefetcher(Generic[T]):
         #: (wall, thread CPU) seconds of the recent reads, for `adapt`
         self._timed: deque[tuple[float, float]] = deque(maxlen=TIMED_READS)
         self._returned_at: float | None = None  # when next() last handed out an item
+        self._rate_before: float | None = None  # steps/s before the last growth
+        self._window: tuple[float, int] | None = None  # (since, steps) at the current threads
         # everything below is guarded by one lock, with two conditions on it so a step's result
         # wakes only the consumer and a freed slot wakes only one thread (no thundering herd of
         # threads all wanting the GIL right when the trainer does)
@@ -135,37 +141,53 @@ class Prefetcher(Generic[T]):
         with self._lock:
             self._timed.append((wall_s, cpu_s))
 
-    def adapt(self, step_s: float) -> int:
+    def adapt(self, step_s: float, rate: float | None = None) -> int:
         """Starts threads up to `steps_in_flight` of the recent reads (the slowest tenth's wall
-        time, the median CPU time) and a consumer ``step_s`` between ``next()`` calls, at most
-        ``max_read_threads``; never stops any. Returns the threads now running. A no-op for a
-        prefetcher of fixed threads, or before any read was timed.
+        time, the median CPU time) and a consumer ``step_s`` between ``next()`` calls: at most
+        twice the running threads at a time, and at most ``max_read_threads``; never stops any.
+        ``rate``: the steps per second the consumer got since the threads last changed. If the
+        last growth did not raise it by `GAIN`, more threads would not help either (the reads
+        wait on a busy CPU or server, not on latency): the threads stay as they are from then
+        on. Returns the threads now running; a no-op for a prefetcher of fixed threads, or before
+        any read was timed.
 
         Examples:
             >>> items = Prefetcher(lambda s: s, start=0, depth=2, name="demo", read_threads=2,
-            ...                    max_read_threads=8)
-            >>> for _ in range(4):
-            ...     items.record_read(0.6, 0.01)  # 0.6 s reads, mostly waiting on storage
-            >>> items.adapt(step_s=0.2), items.adapt(step_s=0.0)  # capped at max_read_threads
-            (4, 8)
+            ...                    max_read_threads=32)
+            >>> def reads():  # 0.6 s reads, mostly waiting on storage
+            ...     for _ in range(4):
+            ...         items.record_read(0.6, 0.01)
+            >>> reads(); items.adapt(step_s=0.2, rate=1.0)  # 4 in flight cover a 0.2 s step
+            4
+            >>> reads(); items.adapt(step_s=0.0, rate=1.9)  # no trainer step: doubled (it helped)
+            8
+            >>> reads(); items.adapt(step_s=0.0, rate=2.0), items.max_read_threads  # it did not
+            (8, 8)
             >>> items.close()
         """
         with self._lock:
             if self.max_read_threads is None or not self._timed or self._stop:
                 return self.read_threads
+            if rate is not None and self._rate_before is not None:
+                if rate < GAIN * self._rate_before:
+                    self.max_read_threads = self.read_threads
+                    return self.read_threads
             walls = sorted(wall for wall, _ in self._timed)
             slow = walls[min(len(walls) - 1, int(0.9 * len(walls)))]
             cpu = statistics.median(c for _, c in self._timed)
-            wanted = min(self.max_read_threads, steps_in_flight(slow, cpu, step_s))
-            first, self.read_threads = self.read_threads, max(self.read_threads, wanted)
-            added = self.read_threads - first
-            if added:
-                self._slot_free.notify_all()  # the running threads may claim further ahead
-        if added:
-            if first == 1:  # the one thread had the loader's name; its siblings are numbered
-                first = len(self._threads)
-            self._start_threads([f"{self._name}-w{i}" for i in range(first, first + added)])
-        return self.read_threads
+            wanted = min(
+                self.max_read_threads, 2 * self.read_threads, steps_in_flight(slow, cpu, step_s)
+            )
+            first = self.read_threads
+            if wanted <= first:
+                return first
+            self.read_threads, self._rate_before = wanted, rate
+            self._timed.clear()  # the next decision reads times at the new concurrency
+            self._slot_free.notify_all()  # the running threads may claim further ahead
+        if first == 1:  # the one thread had the loader's name; its siblings are numbered
+            first = len(self._threads)
+        self._start_threads([f"{self._name}-w{i}" for i in range(first, wanted)])
+        return wanted
 
     # -------------------------------------------------------------------- background threads
     def _may_claim(self) -> bool:
@@ -218,6 +240,17 @@ class Prefetcher(Generic[T]):
                     self._result_ready.notify()
             del item  # the consumer owns it now; do not keep it alive while waiting
 
+    def _adapt_after(self, step_s: float, waited: bool) -> None:
+        """Counts a step at the current threads; once `TIMED_READS` are counted and the consumer
+        waited, `adapt` with their rate."""
+        now = self._returned_at or 0.0
+        since, steps = self._window or (now, 0)
+        self._window = (since, steps + 1)
+        if waited and steps + 1 >= TIMED_READS and now > since:
+            threads = self.read_threads
+            if self.adapt(step_s, (steps + 1) / (now - since)) != threads:
+                self._window = (now, 0)
+
     # ---------------------------------------------------------------------------- consumer
     def __iter__(self) -> Prefetcher[T]:
         return self
@@ -247,8 +280,8 @@ class Prefetcher(Generic[T]):
         if error is not None:
             self._close(f"step {step} raised {type(error).__name__}")
             raise error
-        if not ready and step_s is not None and self.max_read_threads is not None:
-            self.adapt(step_s)  # it waited: read further ahead if the reads' times say so
+        if self.max_read_threads is not None and step_s is not None:
+            self._adapt_after(step_s, waited=not ready)
         if self._observer is not None:
             self._observer(step, self.last_wait_s, ready)
         return value  # type: ignore[return-value]

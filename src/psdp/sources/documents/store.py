@@ -770,8 +770,14 @@ def _read_flat(array: Any, starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
             return every[starts].reshape(-1)
         spans = zip(starts.tolist(), stops.tolist(), strict=True)
         return np.concatenate([array[:0], *(array[a:b] for a, b in spans)])
-    if _is_tensorstore(array):  # every read started, then all awaited
-        futures = [array[a:b].read() for a, b in zip(starts.tolist(), stops.tolist(), strict=True)]
+    if _is_tensorstore(array):  # every read started in one batch, then all awaited
+        import tensorstore as ts  # loaded already: the array is TensorStore's
+
+        # one batch: the reads of a shard share one index lookup, and neighbouring chunks of
+        # different ranges come in one request (a step: one request per run of chunks)
+        with ts.Batch() as batch:
+            spans = zip(starts.tolist(), stops.tolist(), strict=True)
+            futures = [array[a:b].read(batch=batch) for a, b in spans]
         parts = [np.asarray(f.result()) for f in futures]
         return np.concatenate(parts) if parts else np.zeros(0, array.dtype.numpy_dtype)
     parts = []

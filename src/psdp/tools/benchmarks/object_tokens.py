@@ -73,35 +73,49 @@ def word_tokenizer(path: Path) -> Path:
     return path
 
 
-def chunk_runs(part_starts: list[int], starts: Any, stops: Any) -> int:
-    """The runs of consecutive ``input_ids`` chunks that the token ranges ``[starts[i],
-    stops[i])`` touch in a store whose parts start at the tokens ``part_starts`` (``[0]``: one
-    part), each part in chunks of 4096 tokens and shards of 2**20 (what `write_documents` and
-    ``psdp prepare`` write): the fewest range requests that read them, since TensorStore reads a
-    run of chunks of one shard in one request.
+#: Tokens per chunk and per shard file of `write_documents`' and ``psdp prepare``'s layout.
+PER_CHUNK, PER_SHARD = 4096, 1 << 20
+
+
+def touched_chunks(
+    part_starts: list[int], starts: Any, stops: Any, per_shard: int = PER_SHARD
+) -> list[tuple[int, int, int]]:
+    """The ``input_ids`` chunks that the token ranges ``[starts[i], stops[i])`` touch in a store
+    whose parts start at the tokens ``part_starts`` (``[0]``: one part), sorted, each as
+    ``(part, shard, chunk)``.
+
+    Examples:
+        >>> touched_chunks([0, 4200], [4000], [4300])  # part 0's chunks 0 and 1, part 1's 0
+        [(0, 0, 0), (0, 0, 1), (1, 0, 0)]
+    """
+    edges = [*part_starts, 1 << 62]
+    chunks = set()
+    for lo, hi in zip(np.asarray(starts).tolist(), np.asarray(stops).tolist(), strict=True):
+        for part, (first, end) in enumerate(itertools.pairwise(edges)):
+            a, b = max(lo, first) - first, min(hi, end) - first
+            for c in range(a // PER_CHUNK, (b - 1) // PER_CHUNK + 1) if a < b else ():
+                chunks.add((part, c * PER_CHUNK // per_shard, c))
+    return sorted(chunks)
+
+
+def chunk_runs(
+    part_starts: list[int], starts: Any, stops: Any, per_shard: int = PER_SHARD
+) -> int:
+    """The runs of consecutive `touched_chunks` of one shard file: the fewest range requests
+    that read them (TensorStore reads a run of chunks of a shard in one request).
 
     Examples:
         >>> chunk_runs([0], [0, 9000], [100, 9100])  # chunks 0 and 2: two runs
         2
         >>> chunk_runs([0], [0, 5000], [100, 9000])  # chunks 0, 1 and 2: one run
         1
-        >>> chunk_runs([0, 4200], [4000], [4300])  # part 0's chunk 1, part 1's chunk 0
+        >>> chunk_runs([0, 4200], [4000], [4300])  # a run in each part
         2
     """
-    per_chunk, per_shard = 4096, 1 << 20
-    edges = [*part_starts, 1 << 62]
-    chunks = set()
-    for lo, hi in zip(np.asarray(starts).tolist(), np.asarray(stops).tolist(), strict=True):
-        for part, (first, end) in enumerate(itertools.pairwise(edges)):  # noqa: B007
-            a, b = max(lo, first), min(hi, end)
-            if a < b:
-                chunks.update((part, c) for c in range((a - first) // per_chunk,
-                                                       (b - 1 - first) // per_chunk + 1))  # fmt: skip
     runs, previous = 0, None
-    for part, chunk in sorted(chunks):
-        joined = previous == (part, chunk - 1) and chunk * per_chunk % per_shard != 0
-        runs += not joined
-        previous = (part, chunk)
+    for part, shard, chunk in touched_chunks(part_starts, starts, stops, per_shard):
+        runs += previous != (part, shard, chunk - 1)
+        previous = (part, shard, chunk)
     return runs
 
 
