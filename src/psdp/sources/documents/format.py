@@ -12,6 +12,8 @@ from __future__ import annotations
 import io
 import json
 import os
+import sys
+from pathlib import Path
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +23,7 @@ import tensorstore as ts
 
 from psdp._plan.leaves import TOKENS
 from psdp.sources.documents.index import DocumentIndex
+from psdp.sources.documents.mapped import MappedShards, Part, layout_of
 from psdp.sources.documents.parts import PARTS_DIRECTORY, PARTS_FORMAT, PARTS_VERSION, PartedOffsets
 from psdp.sources.stores.location import DATA_PREFIX, Location, locate, open_kvstore
 from psdp.sources.stores.tensorstore import COMMITTED, METADATA_FILE
@@ -63,6 +66,10 @@ def read_documents(path: Any, *, context: ts.Context | None = None) -> StoredDoc
         return _open_parted(location, _checked_manifest(meta, where), kvstore, context)
     meta = _checked_metadata(meta, where)
     offsets, arrays = _open_arrays(location.name, meta, kvstore, context, options)
+    if location.local is not None:  # read from memory maps of the shard files where it can
+        root = Path(location.local)
+        arrays = {k: _mapped([(root / f"tokens/{k}", a)], location.name) for k, a in arrays.items()}
+        offsets = _mapped([(root / "offsets", offsets)], location.name)
     index = None  # a store written before the index was recorded: built by a pass on open
     if "index_stride" in meta:
         index = _read_index(_open(kvstore("index"), context, location.name, options, rank=2), meta)
@@ -98,7 +105,17 @@ def join_stored(
             )
         offsets.append(part_offsets)
         leaves.append(arrays)
-    flat = {leaf: ts.concat([part[leaf] for part in leaves], axis=0) for leaf in leaves[0]}
+    roots = [locate(path).local for path in paths]
+    if all(root is not None for root in roots):  # memory maps of the parts' shard files
+        flat = {
+            leaf: _mapped(
+                [(Path(root) / f"tokens/{leaf}", part[leaf]) for root, part in zip(roots, leaves)],
+                name,
+            )
+            for leaf in leaves[0]
+        }
+    else:
+        flat = {leaf: ts.concat([part[leaf] for part in leaves], axis=0) for leaf in leaves[0]}
     return StoredDocuments(PartedOffsets(offsets), flat, name, index, spot_check=index is None)
 
 
@@ -192,6 +209,21 @@ def _open_arrays(
             "damaged: rewrite it"
         )
     return offsets, arrays
+
+
+def _mapped(parts: list[tuple[Path, ts.TensorStore]], name: str) -> Any:
+    """The local arrays ``parts`` (directory, array) back to back, as a `MappedShards` where each
+    has a layout a memory map reads (`layout_of`) on a little-endian machine; otherwise the
+    one array, or their TensorStore concatenation."""
+    layouts = [layout_of(array) for _, array in parts]
+    if sys.byteorder != "little" or any(layout is None for layout in layouts):
+        return parts[0][1] if len(parts) == 1 else ts.concat([a for _, a in parts], axis=0)
+    dtype = parts[0][1].dtype.numpy_dtype
+    return MappedShards(
+        [Part(d, a, *layout) for (d, a), layout in zip(parts, layouts, strict=True) if layout],
+        dtype,
+        name,
+    )
 
 
 def _read_index(array: ts.TensorStore, meta: dict[str, Any]) -> DocumentIndex:

@@ -770,6 +770,8 @@ def _read_flat(array: Any, starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
             return every[starts].reshape(-1)
         spans = zip(starts.tolist(), stops.tolist(), strict=True)
         return np.concatenate([array[:0], *(array[a:b] for a, b in spans)])
+    if callable(getattr(array, "read_ranges", None)):  # e.g. a local store's memory maps
+        return np.asarray(array.read_ranges(starts, stops))
     if _is_tensorstore(array):  # every read started in one batch, then all awaited
         import tensorstore as ts  # loaded already: the array is TensorStore's
 
