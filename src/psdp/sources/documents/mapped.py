@@ -35,12 +35,13 @@ class Part:
     per_chunk: int
     per_shard: int
     checksum: bool
+    index_checksum: bool
 
 
-def layout_of(array: Any) -> tuple[int, int, bool] | None:
-    """``(per_chunk, per_shard, checksum)`` of a 1-D zarr3 TensorStore array whose chunks can be
-    read from a memory map (sharded, uncompressed, little-endian, checksummed or not, index at
-    the end); ``None`` for any other.
+def layout_of(array: Any) -> tuple[int, int, bool, bool] | None:
+    """``(per_chunk, per_shard, checksum, index_checksum)`` of a 1-D zarr3 TensorStore array
+    whose chunks can be read from a memory map (sharded, uncompressed, little-endian, chunks and
+    index checksummed or not, index at the end); ``None`` for any other.
 
     Examples:
         >>> import tempfile, tensorstore as ts
@@ -53,7 +54,7 @@ def layout_of(array: Any) -> tuple[int, int, bool] | None:
         ...     {"chunk_shape": [16]}}, "data_type": "int32", "codecs": codecs}},
         ...     create=True).result()
         >>> layout_of(array)
-        (4, 16, True)
+        (4, 16, True, True)
         >>> tmp.cleanup()
     """
     spec = array.spec().to_json()
@@ -78,7 +79,7 @@ def layout_of(array: Any) -> tuple[int, int, bool] | None:
         return None
     per_chunk = int(config["chunk_shape"][0])
     per_shard = int(meta["chunk_grid"]["configuration"]["chunk_shape"][0])
-    return per_chunk, per_shard, inner == ["bytes", "crc32c"]
+    return per_chunk, per_shard, inner == ["bytes", "crc32c"], index == ["bytes", "crc32c"]
 
 
 class MappedShards:
@@ -116,8 +117,8 @@ class MappedShards:
         # a plain view of the map: slicing an np.memmap makes a memmap object per slice
         data = np.asarray(np.memmap(p.directory / "c" / str(shard), np.uint8, mode="r"))
         chunks = -(-(stop - first) // p.per_chunk)
-        index_bytes = p.per_shard // p.per_chunk * 16 + 4 * p.checksum
-        table = np.frombuffer(data[len(data) - index_bytes :][: index_bytes - 4 * p.checksum],
+        index_bytes = p.per_shard // p.per_chunk * 16 + 4 * p.index_checksum
+        table = np.frombuffer(data[len(data) - index_bytes :][: index_bytes - 4 * p.index_checksum],
                               "<u8").reshape(-1, 2)  # fmt: skip
         size = p.per_chunk * self.dtype.itemsize
         offsets, nbytes = table[:chunks, 0], table[:chunks, 1]
