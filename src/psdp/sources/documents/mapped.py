@@ -89,6 +89,10 @@ class MappedShards:
     Thread-safe: the loader's read threads share it.
     """
 
+    #: Read like memory (copies from the page cache, holding the GIL): a loader reads it with
+    #: one thread by default, as a memmap (`DocumentStore.reads_storage`).
+    reads_storage = False
+
     def __init__(self, parts: Sequence[Part], dtype: Any, where: str):
         self.parts = list(parts)
         self.dtype = np.dtype(dtype)  # little-endian on disk: only mapped on such a machine

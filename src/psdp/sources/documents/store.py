@@ -219,14 +219,18 @@ class DocumentStore:
     @property
     def reads_storage(self) -> bool:
         """Whether reading waits on storage: some array (the offsets included) is not a numpy
-        array. A loader then reads with several threads by default.
+        array and does not say ``reads_storage = False`` (a local store's memory maps of its
+        shard files do). A loader then reads with several threads by default.
 
         Examples:
             >>> DocumentStore.from_documents([np.array([1, 2])]).reads_storage
             False
         """
         arrays = (self._offsets, *self._flat.values())
-        return any(not isinstance(array, np.ndarray) for array in arrays)
+        # an array may say itself (a local store's memory maps are read like memory)
+        return any(
+            getattr(array, "reads_storage", not isinstance(array, np.ndarray)) for array in arrays
+        )
 
     @classmethod
     def from_documents(cls, docs: Iterable[Any]) -> DocumentStore:

