@@ -51,9 +51,12 @@ def test_mapped_reads_equal_the_written_tokens(tmp_path, checksum):
 
 def test_parts_read_back_to_back(tmp_path):
     parts = [corpus(seed, 40) for seed in range(3)]
-    paths = [write_documents(tmp_path / f"p{i}", docs, tokens_per_chunk=256,
-                             tokens_per_shard=1024, progress=False)  # fmt: skip
-             for i, docs in enumerate(parts)]
+    paths = [
+        write_documents(
+            tmp_path / f"p{i}", docs, tokens_per_chunk=256, tokens_per_shard=1024, progress=False
+        )  # fmt: skip
+        for i, docs in enumerate(parts)
+    ]
     store = join_documents(paths, name="joined")
     flat = np.concatenate([d for docs in parts for d in docs])
     rng = np.random.default_rng(2)

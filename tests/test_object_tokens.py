@@ -128,7 +128,10 @@ def test_fixed_read_threads_never_grow():
 def test_a_loader_grows_only_when_read_threads_is_unset(server, proxy, mesh_1d):
     store = open_store(server, proxy, "a")
     for requested, limit in ((None, 32), (4, None)):
-        with DataLoader(TokenSequences(store, SEQ), mesh=mesh_1d, global_batch_size=BATCH,
-                        seed=3, read_threads=requested) as loader:  # fmt: skip
-            with loader.iter_from(0) as it:
-                assert (it.read_threads, it.max_read_threads) == (4, limit)
+        view = TokenSequences(store, SEQ)
+        with (
+            DataLoader(view, mesh=mesh_1d, global_batch_size=BATCH, seed=3,
+                       read_threads=requested) as loader,
+            loader.iter_from(0) as it,
+        ):  # fmt: skip
+            assert (it.read_threads, it.max_read_threads) == (4, limit)

@@ -168,10 +168,10 @@ class Prefetcher(Generic[T]):
         with self._lock:
             if self.max_read_threads is None or not self._timed or self._stop:
                 return self.read_threads
-            if rate is not None and self._rate_before is not None:
-                if rate < GAIN * self._rate_before:
-                    self.max_read_threads = self.read_threads
-                    return self.read_threads
+            before = self._rate_before
+            if rate is not None and before is not None and rate < GAIN * before:
+                self.max_read_threads = self.read_threads  # the last growth did not help
+                return self.read_threads
             walls = sorted(wall for wall, _ in self._timed)
             slow = walls[min(len(walls) - 1, int(0.9 * len(walls)))]
             cpu = statistics.median(c for _, c in self._timed)

@@ -13,9 +13,9 @@ import io
 import json
 import os
 import sys
-from pathlib import Path
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -107,9 +107,13 @@ def join_stored(
         leaves.append(arrays)
     roots = [locate(path).local for path in paths]
     if all(root is not None for root in roots):  # memory maps of the parts' shard files
+        local = [Path(root) for root in roots if root is not None]
         flat = {
             leaf: _mapped(
-                [(Path(root) / f"tokens/{leaf}", part[leaf]) for root, part in zip(roots, leaves)],
+                [
+                    (root / f"tokens/{leaf}", part[leaf])
+                    for root, part in zip(local, leaves, strict=True)
+                ],
                 name,
             )
             for leaf in leaves[0]

@@ -129,8 +129,10 @@ class MappedShards:
         stride = size + 4 * p.checksum  # chunk k at k * stride: what psdp's writer writes
         last = (stop - first) - (chunks - 1) * p.per_chunk  # the last chunk may hold fewer
         regular = np.array_equal(offsets, np.arange(chunks, dtype=np.uint64) * np.uint64(stride))
-        if not regular or not np.array_equal(nbytes[:-1], np.full(chunks - 1, stride)) or (
-            int(nbytes[-1]) not in (stride, last * self.dtype.itemsize + 4 * p.checksum)
+        if (
+            not regular
+            or not np.array_equal(nbytes[:-1], np.full(chunks - 1, stride))
+            or (int(nbytes[-1]) not in (stride, last * self.dtype.itemsize + 4 * p.checksum))
         ):
             raise ValueError(
                 f"shard {shard} of {p.directory} of {self._where} does not have the layout psdp "
@@ -201,8 +203,9 @@ class MappedShards:
         across = hi > self._starts[part + 1]
         if across.any():  # a range over a part's end: the slow way (rare)
             spans = zip(lo.tolist(), hi.tolist(), strict=True)
-            pieces = [piece for a, b in spans for piece in self._pieces(a, b)]
-            return self._copy(pieces, int((hi - lo).sum()))
+            return self._copy(
+                [p for a, b in spans for p in self._pieces(a, b)], int((hi - lo).sum())
+            )
         pieces: list[Any] = []
         item = self.dtype.itemsize
         for number in np.unique(part).tolist():
@@ -226,10 +229,8 @@ class MappedShards:
             maps = [self._shard(number, s)[0] for s in shards.tolist()]
             sizes = ((piece_hi - piece_lo) * item).tolist()
             order = mine[which].tolist()  # each piece's range: the pieces in the ranges' order
-            pieces += [
-                (r, i, maps[k], b, n)
-                for i, (r, k, b, n) in enumerate(zip(order, slot.tolist(), byte.tolist(), sizes))
-            ]
+            each = zip(order, slot.tolist(), byte.tolist(), sizes, strict=True)
+            pieces += [(r, i, maps[k], b, n) for i, (r, k, b, n) in enumerate(each)]
         if len(self.parts) > 1:
             pieces.sort(key=lambda piece: (piece[0], piece[1]))
         return self._copy([(d, b, n) for _, _, d, b, n in pieces], int((hi - lo).sum()))

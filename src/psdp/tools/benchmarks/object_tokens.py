@@ -98,9 +98,7 @@ def touched_chunks(
     return sorted(chunks)
 
 
-def chunk_runs(
-    part_starts: list[int], starts: Any, stops: Any, per_shard: int = PER_SHARD
-) -> int:
+def chunk_runs(part_starts: list[int], starts: Any, stops: Any, per_shard: int = PER_SHARD) -> int:
     """The runs of consecutive `touched_chunks` of one shard file: the fewest range requests
     that read them (TensorStore reads a run of chunks of a shard in one request).
 
@@ -249,9 +247,7 @@ def _loader(
     with ExitStack() as stack:
         touched: list[int] = []
         names = ("a",) if job == JOBS[0] else tuple(WEIGHTS)
-        stores = {
-            name: _recording(open_store(name), parts[name], touched) for name in names
-        }
+        stores = {name: _recording(open_store(name), parts[name], touched) for name in names}
         if job == JOBS[0]:
             view: Any = TokenSequences(stores["a"], seq)
             options: dict[str, Any] = {"seed": SEED}
