@@ -141,7 +141,7 @@ FULL = Sizes(
     object_token_seq_len=2048,
     object_token_batch=16,
     object_token_steps=20,
-    object_token_stall_steps=20,
+    object_token_stall_steps=40,
 )
 QUICK = Sizes(
     assembly_mib=(0.0625, 0.25),
