@@ -58,6 +58,10 @@ def test_parts_read_back_to_back(tmp_path):
         for i, docs in enumerate(parts)
     ]
     store = join_documents(paths, name="joined")
+    assert not store.reads_storage  # tokens and offsets from memory maps
+    offsets = np.concatenate([[0], np.cumsum([len(d) for docs in parts for d in docs])])
+    np.testing.assert_array_equal(store.offsets_range(0, len(offsets)), offsets)
+    np.testing.assert_array_equal(store.offsets_range(39, 43), offsets[39:43])  # a part's end
     flat = np.concatenate([d for docs in parts for d in docs])
     rng = np.random.default_rng(2)
     for _ in range(20):  # many ranges cross a part's end

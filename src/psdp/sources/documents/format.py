@@ -23,7 +23,7 @@ import tensorstore as ts
 
 from psdp._plan.leaves import TOKENS
 from psdp.sources.documents.index import DocumentIndex
-from psdp.sources.documents.mapped import MappedShards, Part, layout_of
+from psdp.sources.documents.mapped import MappedOffsets, MappedShards, Part, layout_of
 from psdp.sources.documents.parts import PARTS_DIRECTORY, PARTS_FORMAT, PARTS_VERSION, PartedOffsets
 from psdp.sources.stores.location import DATA_PREFIX, Location, locate, open_kvstore
 from psdp.sources.stores.tensorstore import COMMITTED, METADATA_FILE
@@ -106,8 +106,8 @@ def join_stored(
         offsets.append(part_offsets)
         leaves.append(arrays)
     roots = [locate(path).local for path in paths]
-    if all(root is not None for root in roots):  # memory maps of the parts' shard files
-        local = [Path(root) for root in roots if root is not None]
+    local = [Path(root) for root in roots if root is not None]
+    if len(local) == len(roots):  # memory maps of the parts' shard files
         flat = {
             leaf: _mapped(
                 [
@@ -120,7 +120,14 @@ def join_stored(
         }
     else:
         flat = {leaf: ts.concat([part[leaf] for part in leaves], axis=0) for leaf in leaves[0]}
-    return StoredDocuments(PartedOffsets(offsets), flat, name, index, spot_check=index is None)
+    parted = PartedOffsets(offsets)
+    joined_offsets: Any = parted
+    if len(local) == len(roots):
+        joined = _mapped([(Path(r) / "offsets", o) for r, o in zip(local, offsets, strict=True)],
+                         name)  # fmt: skip
+        if isinstance(joined, MappedShards):
+            joined_offsets = MappedOffsets(joined, parted.first_document, parted.first_token)
+    return StoredDocuments(joined_offsets, flat, name, index, spot_check=index is None)
 
 
 def _open_parted(

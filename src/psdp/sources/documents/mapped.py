@@ -257,3 +257,46 @@ class MappedShards:
                                                p.per_chunk)  # fmt: skip
             out[mine] = got
         return out.reshape(d.shape)
+
+
+class MappedOffsets:
+    """The offsets of a parted store on local disk (as `PartedOffsets` gives them: entry 0 is 0,
+    then each part's offsets but its first, plus the tokens of the parts before it), read from
+    the memory maps of the parts' offsets (``joined``, each part's ``D + 1`` entries back to
+    back); a `FlatArray` with ``take``.
+
+    Examples:
+        >>> class Joined:  # two parts' offsets back to back, as MappedShards reads them
+        ...     values = np.array([0, 2, 5, 0, 4])
+        ...     def take(self, d):
+        ...         return self.values[d]
+        >>> offsets = MappedOffsets(Joined(), np.array([0, 2, 3]), np.array([0, 5, 9]))
+        >>> offsets.shape, offsets[0:4].tolist(), offsets.take(np.array([3, 1])).tolist()
+        ((4,), [0, 2, 5, 9], [9, 2])
+    """
+
+    reads_storage = False  # read like memory, as `MappedShards`
+
+    def __init__(self, joined: Any, first_document: np.ndarray, first_token: np.ndarray):
+        self._joined = joined
+        self._first_document = np.asarray(first_document, np.int64)
+        self._first_token = np.asarray(first_token, np.int64)
+        # where each part's entries start in ``joined``: its D + 1 entries each
+        self._at = self._first_document[:-1] + np.arange(len(self._first_document) - 1)
+        self.shape = (int(self._first_document[-1]) + 1,)
+        self.dtype = np.dtype(np.int64)
+
+    def take(self, d: Any) -> np.ndarray:
+        d = np.asarray(d, np.int64)
+        part = np.maximum(np.searchsorted(self._first_document, d - 1, side="right") - 1, 0)
+        local = d - self._first_document[part]
+        return self._joined.take(self._at[part] + local) + self._first_token[part]
+
+    def __getitem__(self, where: slice) -> np.ndarray:
+        return self.take(np.arange(where.start, where.stop))
+
+    def read_ranges(self, starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
+        spans = zip(np.asarray(starts).tolist(), np.asarray(stops).tolist(), strict=True)
+        return self.take(
+            np.concatenate([np.zeros(0, np.int64)] + [np.arange(a, b) for a, b in spans])
+        )
