@@ -31,16 +31,22 @@ from psdp.sources.stores.tensorstore import COMMITTED, METADATA_FILE
 #: The ``format`` and ``version`` of a document store's ``psdp.json``.
 DOCUMENTS_FORMAT = "psdp.documents"
 DOCUMENTS_VERSION = 1
-#: The TensorStore cache of an opened store (unless a context is given): it keeps the shard
-#: indexes (4 KiB per 2**20 tokens) and offsets chunks already read, so a range read costs one
-#: request per run of chunks, not also one per shard index (``docs/guides/tokens.md``).
+#: The TensorStore cache the stores a process opens share (unless a context is given): it keeps
+#: the shard indexes (4 KiB per 2**20 tokens) and offsets chunks already read, so a range read
+#: costs one request per run of chunks, not also one per shard index (``docs/guides/tokens.md``).
+#: One cache for all, so that a mixture of many stores holds 64 MiB, not 64 MiB a store.
 CACHE_BYTES = 64 << 20
+_SHARED: dict[int, ts.Context] = {}  # process id -> its context (a forked child makes its own)
 
 
 def documents_context() -> ts.Context:
-    """A TensorStore context with a cache pool of `CACHE_BYTES`: what `read_documents` and
-    `join_stored` read with when given none."""
-    return ts.Context({"cache_pool": {"total_bytes_limit": CACHE_BYTES}})
+    """The TensorStore context with a cache pool of `CACHE_BYTES` that `read_documents` and
+    `join_stored` read with when given none: one per process, made on first use."""
+    pid = os.getpid()
+    if pid not in _SHARED:  # two threads may both make one: either does
+        made = ts.Context({"cache_pool": {"total_bytes_limit": CACHE_BYTES}})
+        _SHARED.setdefault(pid, made)
+    return _SHARED[pid]
 
 
 @dataclass(frozen=True)
