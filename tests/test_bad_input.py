@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import shutil
 import threading
 from collections.abc import Callable
@@ -56,8 +57,8 @@ from psdp.prepare.ray_engine import RayEngine
 from psdp.prepare.readers import BadRecordError, CorruptFileError
 from psdp.sources import open_levanter_cache
 from psdp.sources.documents.writer import write_documents
-from psdp.sources.stores.location import environment_endpoint
-from psdp.tools.benchmarks.object_store import free_port
+from psdp.sources.stores.location import GCS_ENDPOINT_VARIABLE, environment_endpoint, gcs_endpoint
+from psdp.tools.benchmarks.object_store import GCS_ENVIRONMENT, free_port
 from psdp.tools.pod import run_pod
 from psdp.tools.simulate import Simulation, check_simulation
 from tests import chat_tokenizer, scale_corpus, token_oracle
@@ -69,6 +70,22 @@ B = 8  # global batch: one row per data shard pair on data=4 x model=2
 TOKENS = token_table(64, width=8)  # row r is [r*1000, r*1000 + 1, ...]
 HANG_GUARD_S = 120  # not a timing threshold: only turns a hang into a failure
 _CLOSED_PORT = free_port()  # nothing listens there
+
+
+def _open_gs_at(endpoint: str) -> TensorStoreSource:
+    """``TensorStoreSource("gs://psdp/x/")`` with TensorStore's GCS endpoint at ``endpoint``
+    (the token set as `GcsServer` sets it: TensorStore reads it once per process)."""
+    for name, value in GCS_ENVIRONMENT.items():
+        os.environ.setdefault(name, value)
+    saved = os.environ.get(GCS_ENDPOINT_VARIABLE)
+    os.environ[GCS_ENDPOINT_VARIABLE] = endpoint
+    try:
+        return TensorStoreSource("gs://psdp/x/")
+    finally:
+        if saved is None:
+            os.environ.pop(GCS_ENDPOINT_VARIABLE)
+        else:
+            os.environ[GCS_ENDPOINT_VARIABLE] = saved
 
 
 def _mesh(names=("data", "model")) -> Mesh:
@@ -2748,6 +2765,24 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
         [
             f"cannot reach s3://psdp/x/ (endpoint http://127.0.0.1:{_CLOSED_PORT})",
             "AWS_ENDPOINT_URL",
+        ],
+    ),
+    (
+        "a GCS endpoint in the environment without its scheme",
+        lambda _: gcs_endpoint({GCS_ENDPOINT_VARIABLE: "127.0.0.1:4443"}),
+        ValueError,
+        [
+            "TENSORSTORE_GCS_HTTP_URL='127.0.0.1:4443' is not a GCS endpoint URL",
+            "http://127.0.0.1:9000",
+        ],
+    ),
+    (
+        "a GCS endpoint that does not answer (a closed port)",
+        lambda _: _open_gs_at(f"http://127.0.0.1:{_CLOSED_PORT}"),
+        ValueError,
+        [
+            f"cannot reach gs://psdp/x/ (endpoint http://127.0.0.1:{_CLOSED_PORT})",
+            "--endpoint URL, or the environment (TENSORSTORE_GCS_HTTP_URL)",
         ],
     ),
 ]

@@ -702,10 +702,14 @@ SECRET = "psdp-secret-never-printed"
 
 def _psdp(*argv: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess:
     """``python -m psdp ARGV`` in a child, with ``env`` on top of this process's environment
-    and no AWS endpoint unless ``env`` names one."""
+    and no AWS or GCS endpoint unless ``env`` names one."""
     import os
 
-    base = {k: v for k, v in os.environ.items() if not k.startswith("AWS_ENDPOINT_URL")}
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("AWS_ENDPOINT_URL", "TENSORSTORE_GCS_HTTP_URL"))
+    }
     return subprocess.run(
         [sys.executable, "-m", "psdp", *argv],
         env={**base, "AWS_SECRET_ACCESS_KEY": SECRET, **env},
@@ -765,6 +769,63 @@ def test_prepare_reads_and_writes_s3_urls_at_the_endpoint_given(
     want = [i for text in texts for i in [*tok.encode(text, add_special_tokens=False).ids, eos]]
     store = DocumentStore.open(s3_server.kvstore(f"tok-{how}/"))
     assert store.read_ranges([0], [store.num_tokens])["input_ids"].tolist() == want
+
+
+@pytest.fixture(scope="module")
+def gcs_server():
+    from psdp.tools.benchmarks.object_store import GcsServer
+
+    with GcsServer() as server:
+        yield server
+
+
+@pytest.mark.parametrize("how", ["environment", "flag"])
+def test_prepare_and_write_take_gs_urls_at_the_endpoint_given(
+    gcs_server, s3_tokenizer, tmp_path, how
+):
+    """``psdp prepare gs://.../*.jsonl --output gs://...`` and ``psdp write`` to and from gs://
+    against fake-gcs-server, its endpoint from TENSORSTORE_GCS_HTTP_URL or from --endpoint (which
+    wins over a wrong variable): the tokenizer's ids of every text, the rows written, and the
+    token never printed."""
+    from tokenizers import Tokenizer
+
+    from psdp import DocumentStore
+    from psdp.sources import TensorStoreSource
+    from psdp.tools.benchmarks.object_store import GCS_ENVIRONMENT, free_port
+    from tests import prepare_corpus as corpus
+
+    texts = corpus.texts(30, seed=32)
+    objects = gcs_server.objects()
+    for i in range(2):
+        local = corpus.write_jsonl(tmp_path / f"g{i}.jsonl", texts[i * 15 : (i + 1) * 15])
+        objects.write(f"raw-{how}/g{i}.jsonl", local.read_bytes()).result()
+    if how == "flag":
+        given = ["--endpoint", gcs_server.endpoint]
+        env = {"TENSORSTORE_GCS_HTTP_URL": f"http://127.0.0.1:{free_port()}"}  # the flag wins
+    else:
+        given, env = [], {"TENSORSTORE_GCS_HTTP_URL": gcs_server.endpoint}
+    done = _psdp("prepare", f"gs://psdp/raw-{how}/*.jsonl", "--output", f"gs://psdp/tok-{how}/",
+                 "--tokenizer", str(s3_tokenizer), "--eos", "<|eos|>", "--workers", "1",
+                 "--no-progress", *given, env=env)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "30 documents" in done.stdout
+    tok = Tokenizer.from_file(str(s3_tokenizer))
+    eos = tok.token_to_id("<|eos|>")
+    want = [i for text in texts for i in [*tok.encode(text, add_special_tokens=False).ids, eos]]
+    with gcs_server.environment():
+        store = DocumentStore.open(gcs_server.kvstore(f"tok-{how}/"))
+        assert store.read_ranges([0], [store.num_tokens])["input_ids"].tolist() == want
+    table = np.arange(40 * 3, dtype=np.int32).reshape(40, 3)
+    np.save(tmp_path / "table.npy", table)
+    url = f"gs://psdp/table-{how}/"
+    up = _psdp("write", str(tmp_path / "table.npy"), url, "--rows-per-shard", "16", *given, env=env)
+    assert up.returncode == 0, up.stderr
+    assert f"wrote 40 rows to {url} (endpoint {gcs_server.endpoint})" in up.stdout
+    down = _psdp("write", url, str(tmp_path / "back"), *given, env=env)
+    assert down.returncode == 0, down.stderr
+    np.testing.assert_array_equal(TensorStoreSource(tmp_path / "back").read(np.arange(40)), table)
+    token = GCS_ENVIRONMENT["GOOGLE_AUTH_TOKEN_FOR_TESTING"]
+    assert token not in done.stdout + done.stderr + up.stdout + up.stderr + down.stdout
 
 
 @pytest.mark.parametrize("how", ["environment", "flag"])

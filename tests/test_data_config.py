@@ -10,6 +10,7 @@ import itertools
 import json
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import draccus
 import numpy as np
@@ -142,6 +143,38 @@ def test_the_train_loader_from_yaml_is_the_oracle_batch_for_batch(stores, view, 
     with config.build(_mesh()) as loader:
         for step in range(8):  # both stages
             assert_batch_exact(loader.batch_at(step), _oracle_step(view, step, weights))
+
+
+@pytest.fixture(scope="module", params=["s3", "gs"])
+def bucket_stores(request) -> Any:
+    """The same three stores in a bucket of moto's S3 server or fake-gcs-server on 127.0.0.1,
+    named by URL: the config finds the endpoint in the environment, as on a pod."""
+    from psdp.tools.benchmarks.object_store import GcsServer, S3Server
+
+    server = S3Server() if request.param == "s3" else GcsServer()
+    with server, pytest.MonkeyPatch.context() as env:
+        if request.param == "s3":
+            env.setenv("AWS_ENDPOINT_URL", server.endpoint)
+        urls = {name: f"{request.param}://psdp/{name}/" for name in LENGTHS}
+        for name, url in urls.items():
+            write_documents(url, _docs(name), progress=False)
+        yield urls
+
+
+@pytest.mark.parametrize("view", list(VIEWS))
+def test_the_config_reads_stores_in_a_bucket_batch_for_batch(bucket_stores, view):
+    """`DataConfig` sources at ``s3://`` and ``gs://`` URLs: every view (TokenSequences,
+    PackedSequences, with targets) in a Mixture over two stages, the oracle's batches, and the
+    eval loader's."""
+    config = _config(bucket_stores, VIEWS[view], stages=True)
+    weights = [(0, {"code": 1, "prose": 3}), (4 * BATCH, {"code": 1, "prose": 1})]
+    with config.build(_mesh()) as loader:
+        for step in range(8):  # both stages
+            assert_batch_exact(loader.batch_at(step), _oracle_step(view, step, weights))
+    expected = eval_batches(_oracle_rows("held_out", view), 6, batch_shards=4)
+    with config.eval_loaders(_mesh())["held_out"] as held_out:
+        for got, want in zip(held_out, expected, strict=True):
+            assert_batch_exact(got, want)
 
 
 @pytest.mark.parametrize("view", list(VIEWS))

@@ -41,7 +41,7 @@ COVERED = [
     "guides/stores.md",
     "guides/custom-sources.md",
     "guides/streams.md",
-    "guides/s3.md",
+    "guides/object-stores.md",
     "guides/spatial.md",
     "guides/evaluate.md",
     "guides/checkpoint-and-resume.md",
@@ -269,7 +269,7 @@ def test_the_runnable_blocks_are_found():
         "guides/stores.md": 2,
         "guides/custom-sources.md": 2,
         "guides/streams.md": 0,
-        "guides/s3.md": 1,
+        "guides/object-stores.md": 2,  # the recipe on both emulators, then the API
         "guides/spatial.md": 2,  # a setup block, then the example
         "guides/evaluate.md": 2,  # a setup block, then the example
         "guides/checkpoint-and-resume.md": 1,

@@ -1,6 +1,12 @@
-"""Datasets on an object store: moto's S3 server on 127.0.0.1 (one per module), TensorStore's own
-s3 driver pointed at it, and a fault-injecting proxy in front. Every row is checked against the
-numpy arrays that were written (never against ids the code under test computed)."""
+"""Datasets on an object store: moto's S3 server and fake-gcs-server on 127.0.0.1 (one of each per
+module; every test runs on both), TensorStore's own s3 and gcs drivers pointed at them, and a
+fault-injecting proxy in front. Every row is checked against the numpy arrays that were written
+(never against ids the code under test computed).
+
+TensorStore's gcs driver takes its endpoint from the environment only (TENSORSTORE_GCS_HTTP_URL),
+so on GCS the `proxy` fixture points the environment at the proxy for the whole test, and every
+request of the test goes through it: the writes a test makes "straight to the server" on S3 pass
+the proxy on GCS, with no rule meant for them (each rule and hold names its request)."""
 
 from __future__ import annotations
 
@@ -18,8 +24,9 @@ from psdp.sources import TensorStoreSource, read_metadata
 from psdp.sources.documents.store import open_documents
 from psdp.sources.documents.writer import write_documents
 from psdp.sources.stores.errors import TransientReadError
+from psdp.sources.stores.location import GCS_ENDPOINT_VARIABLE
 from psdp.sources.stores.writer import write_dataset
-from psdp.tools.benchmarks.object_store import FaultProxy, S3Server
+from psdp.tools.benchmarks.object_store import FaultProxy, GcsServer, S3Server
 from tests.batch_checks import assert_batch_exact, expected_batch, run_on_noncontiguous_pod
 
 #: TensorStore's own request retries, fast (its default pauses a second before the first retry)
@@ -34,23 +41,47 @@ def rows(n: int, seed: int = 0) -> dict[str, np.ndarray]:
     }
 
 
-@pytest.fixture(scope="module")
-def server():
-    with S3Server() as s3:
-        yield s3
+@pytest.fixture(scope="module", params=[S3Server, GcsServer], ids=["s3", "gcs"])
+def server(request):
+    with request.param() as started:
+        yield started
 
 
 @pytest.fixture
-def proxy(server):
+def proxy(server, monkeypatch):
     with FaultProxy(server.endpoint) as p:
+        if gcs(server):
+            monkeypatch.setenv(GCS_ENDPOINT_VARIABLE, p.endpoint)
         yield p
 
 
+def gcs(server) -> bool:
+    return isinstance(server, GcsServer)
+
+
 def spec(server, path, proxy=None, retries=FAST_RETRIES):
+    """The kvstore spec of ``path`` (through ``proxy`` on S3; on GCS the environment says)."""
+    if gcs(server):
+        return {**server.kvstore(path), "gcs_request_retries": retries}
     return {
         **server.kvstore(path, proxy.endpoint if proxy else None),
         "s3_request_retries": retries,
     }
+
+
+def url(server, path):
+    """How psdp names ``path`` of the bucket in its messages."""
+    return f"{'gs' if gcs(server) else 's3'}://psdp/{path}"
+
+
+def upload(server):
+    """The HTTP method of an object's upload: S3 PUTs, GCS's JSON API POSTs."""
+    return "POST" if gcs(server) else "PUT"
+
+
+def listing(server):
+    """What the path of a LIST request holds."""
+    return "/o?" if gcs(server) else "list-type=2"
 
 
 # ------------------------------------------------------------------------------ write, read
@@ -140,7 +171,7 @@ def test_a_write_that_lost_a_race_keeps_the_winner(server):
         write_dataset(where, winner, overwrite=True, progress=False)
         yield rows(8, seed=11)
 
-    with pytest.raises(FileExistsError, match="another write committed to s3://psdp/race/"):
+    with pytest.raises(FileExistsError, match=f"another write committed to {url(server, 'race/')}"):
         write_dataset(where, chunks(), rows_per_shard=8, progress=False)
     source = TensorStoreSource(where)
     np.testing.assert_array_equal(source.read(np.arange(12))["tokens"], winner["tokens"])
@@ -193,7 +224,7 @@ def test_of_two_concurrent_writers_exactly_one_commits(server, proxy, kind, exis
     path = f"cas-{kind}-{'old' if existing else 'new'}/"
     if existing:
         write(spec(server, path), seed=30)
-    held = proxy.hold("PUT", f"/{path}psdp.json")
+    held = proxy.hold(upload(server), f"{path}psdp.json")
     outcome: dict[str, object] = {}
 
     def writer_a():
@@ -210,7 +241,7 @@ def test_of_two_concurrent_writers_exactly_one_commits(server, proxy, kind, exis
     held.release()
     thread.join(60)
     assert isinstance(outcome["a"], FileExistsError), outcome
-    assert f"s3://psdp/{path}" in str(outcome["a"]) and "while this one ran" in str(outcome["a"])
+    assert url(server, path) in str(outcome["a"]) and "while this one ran" in str(outcome["a"])
     check(spec(server, path), seed=32)
     meta = json.loads(bytes(server.objects()[f"{path}psdp.json".encode()]))
     assert _prefixes(server, path) == {"psdp.json", meta["data_prefix"].rstrip("/")}
@@ -222,7 +253,7 @@ def test_a_commit_whose_answer_was_lost_is_still_its_own(server, proxy):
     committed (it reads psdp.json back), not delete the dataset it just committed."""
     path = "lost-answer/"
     _write_rows(spec(server, path), seed=40)
-    proxy.fail("lost", tries=1, where=f"/{path}psdp.json", method="PUT")
+    proxy.fail("lost", tries=1, where=f"{path}psdp.json", method=upload(server))
     _write_rows(spec(server, path, proxy), seed=41, overwrite=True)
     assert proxy.faults["lost"] == 1
     _check_rows(spec(server, path), seed=41)
@@ -248,14 +279,15 @@ def _open_in_thread(where):
 
 @pytest.mark.parametrize(
     "request_held",
-    ["/tokens/zarr.json", "list-type=2"],  # a leaf's metadata; the LIST of its shard objects
+    ["/tokens/zarr.json", "LIST"],  # a leaf's metadata; the LIST of its shard objects
     ids=["leaf-metadata", "shard-list"],
 )
 def test_an_open_that_meets_an_overwrite_opens_the_new_dataset(server, proxy, request_held):
     """The reader has read psdp.json (the old dataset) when its next request is held at the
     proxy while an overwrite commits and deletes the old prefix: the open must see that
     psdp.json changed and open the new dataset, never call the dataset damaged."""
-    path = f"reopen-{'list' if 'list' in request_held else 'leaf'}/"
+    path = f"reopen-{'list' if request_held == 'LIST' else 'leaf'}/"
+    request_held = listing(server) if request_held == "LIST" else request_held
     old, new = rows(40, seed=50), rows(24, seed=51)
     write_dataset(spec(server, path), old, rows_per_shard=8, progress=False)
     held = proxy.hold("GET", request_held)
@@ -305,7 +337,7 @@ def test_an_unfinished_write_is_refused_by_readers(server):
     objects[b"unfinished/psdp-data-0123abcd/tokens/zarr.json"] = b"{}"
     with pytest.raises(FileNotFoundError, match="did not finish; rerun it with overwrite=True"):
         TensorStoreSource(spec(server, "unfinished/"))
-    with pytest.raises(FileNotFoundError, match="no dataset at s3://psdp/nothing-here/"):
+    with pytest.raises(FileNotFoundError, match=f"no dataset at {url(server, 'nothing-here/')}"):
         TensorStoreSource(spec(server, "nothing-here/"))
 
 
@@ -330,6 +362,10 @@ for problem, bad in [("refused", {"endpoint": sys.argv[2]}), ("bucket", {"bucket
 
 
 def test_an_s3_open_logs_nothing_and_real_errors_still_raise(server, tmp_path):
+    if gcs(server):
+        pytest.skip(
+            "S3's credential chain; GCS: test_refused_credentials_are_a_clear_error_and_never_shown"
+        )
     """TensorStore's AWS layer logs an ERROR line for every ~/.aws file it does not find, on
     every S3 open, unless the spec says where credentials come from: with AWS_ACCESS_KEY_ID set,
     psdp names the environment, so a write, opens (of the dataset, and of one array by its
@@ -354,8 +390,10 @@ def test_an_s3_open_logs_nothing_and_real_errors_still_raise(server, tmp_path):
         f"ValueError cannot reach s3://psdp/quiet/ (endpoint {refused})"
     )
     assert "Could not connect to server" in out["refused"]
-    # worded by TensorStore: "NOT_FOUND: NoSuchBucket ..." (0.1.86), "Malformed List ..." (0.1.68)
-    assert out["bucket"].startswith("ValueError "), out
+    # TensorStore 0.1.86 says "NoSuchBucket" (psdp names the bucket), 0.1.68 "Malformed List ..."
+    assert out["bucket"].startswith(
+        ("FileNotFoundError the bucket of s3://no-such/quiet/", "ValueError ")
+    ), out
 
 
 # --------------------------------------------------------------------- damage: fail, never zeros
@@ -501,7 +539,7 @@ def test_a_write_whose_replies_are_cut_mid_way_is_retried_and_exact(
     exactly once (a request's tries are counted by key at the proxy)."""
     write, check = WRITERS[kind]
     path = f"cut-{kind}/"
-    proxy.fail("cut", tries=1, method="PUT")
+    proxy.fail("cut", tries=1, method=upload(server))
     write(spec(server, path, proxy), seed=70)
     check(spec(server, path), seed=70)
     objects = _objects_below(server, path)
@@ -520,8 +558,8 @@ def test_a_write_outliving_the_stores_retries_is_retried_by_psdp(
     write, check = WRITERS[kind]
     path = f"outlive-{kind}/"
     tries = 1 + FAST_RETRIES["max_retries"]
-    proxy.fail("503", tries=tries, where=".json", method="PUT")
-    proxy.fail("cut", tries=1, where="/c/", method="PUT")
+    proxy.fail("503", tries=tries, where=".json", method=upload(server))
+    proxy.fail("cut", tries=1, where="/c/", method=upload(server))
     write(spec(server, path, proxy), seed=71)
     check(spec(server, path), seed=71)
     objects = _objects_below(server, path)
@@ -720,6 +758,8 @@ def test_the_loaders_block_shuffle_cuts_requests_and_resumes_exactly(server, pro
 
 # ------------------------------------------------------------------------------ the endpoint
 def test_an_s3_url_takes_its_endpoint_from_the_environment(server, monkeypatch):
+    if gcs(server):
+        pytest.skip("S3's variables; GCS: test_data_config.py and test_cli.py take gs:// URLs")
     """A plain ``s3://`` URL reaches moto through AWS_ENDPOINT_URL (AWS_ENDPOINT_URL_S3 first,
     when both are set), for a dataset and a document store alike, as a DataConfig's store does."""
     from psdp.tools.benchmarks.object_store import free_port
@@ -755,7 +795,7 @@ def test_a_prepare_whose_replies_are_cut_mid_way_is_retried_and_exact(
     corpus.write_jsonl(tmp_path / "a.jsonl", texts[:25])
     corpus.write_jsonl(tmp_path / "b.jsonl", texts[25:])
     path = "cut-prepare/"
-    proxy.fail("cut", tries=1, method="PUT")
+    proxy.fail("cut", tries=1, method=upload(server))
     prepare(str(tmp_path / "*.jsonl"), spec(server, path, proxy), tokenizer=tokenizer, eos=1,
             workers=1, progress=False)  # fmt: skip
     assert proxy.faults["cut"] >= len(_objects_below(server, path)) > 0
@@ -764,3 +804,142 @@ def test_a_prepare_whose_replies_are_cut_mid_way_is_retried_and_exact(
     store = open_documents(spec(server, path))
     ids = store.read_ranges([0], [store.num_tokens])["input_ids"].tolist()
     assert store.num_documents == len(want) and ids == [i for doc in want for i in doc]
+
+
+# ------------------------------------------------------------------------------- bad input
+def test_a_missing_bucket_is_a_clear_error_and_leaves_nothing(server):
+    """Reads, writes and document stores in a bucket that does not exist fail at once naming the
+    URL: S3 says so in its LIST, GCS answers a read as for a missing object (so the open says
+    "no dataset", with the bucket among what to check) and a write with 404."""
+    where = {**spec(server, "x/"), "bucket": "no-such-bucket"}
+    name = f"{'gs' if gcs(server) else 's3'}://no-such-bucket/x/"
+    with pytest.raises(FileNotFoundError, match="bucket") as caught:
+        TensorStoreSource(where)
+    assert name in str(caught.value)
+    for write in (
+        lambda: write_dataset(where, rows(4), progress=False),
+        lambda: write_documents(where, [np.arange(3, dtype=np.int32)], progress=False),
+    ):
+        with pytest.raises(FileNotFoundError, match="does not exist") as caught:
+            write()
+        assert name in str(caught.value) and "Create it" in str(caught.value)
+    with pytest.raises(FileNotFoundError, match=f"no document store at {name}"):
+        open_documents(where)
+
+
+_REFUSED = """
+import json, sys
+import numpy as np
+from psdp.sources import TensorStoreSource
+from psdp.sources.documents.store import open_documents
+from psdp.sources.stores.writer import write_dataset
+
+spec = json.loads(sys.argv[1])
+for what, action in [
+    ("open", lambda: TensorStoreSource(spec)),
+    ("documents", lambda: open_documents(spec)),
+    ("write", lambda: write_dataset({**spec, "path": "refused-new/"}, np.arange(4), progress=False)),
+]:
+    try:
+        action()
+        print(what, "no error")
+    except Exception as error:
+        print(what, type(error).__name__, " ".join(str(error).split()))
+"""
+
+
+def test_refused_credentials_are_a_clear_error_and_never_shown(server, tmp_path):
+    """Credentials the store refuses (GCS: a token its proxy does not know, 401; S3: a moto server
+    that checks access keys, 403) fail at once, not retried, naming the URL and where
+    credentials come from; the secret appears in no message and no log line. In a process of
+    its own: TensorStore reads a GCS token once per process."""
+    secret = "psdp-secret-never-shown"
+    env = {**os.environ, "HOME": str(tmp_path)}
+    if gcs(server):
+        write_dataset(spec(server, "refused/"), rows(4), progress=False)
+        env["GOOGLE_AUTH_TOKEN_FOR_TESTING"] = secret
+        checking, where = None, spec(server, "refused/")
+        expected = ["gs://psdp/refused", "401", "GOOGLE_APPLICATION_CREDENTIALS"]
+    else:  # a second moto server, that checks every request's key after its first (the bucket)
+        env.update(INITIAL_NO_AUTH_ACTION_COUNT="1", AWS_SECRET_ACCESS_KEY=secret)
+        checking = S3Server()
+        with mock_environment(env):
+            checking.start()
+        where = {**checking.kvstore("refused/"), "s3_request_retries": FAST_RETRIES}
+        expected = ["s3://psdp/refused", "InvalidAccessKeyId", "AWS_ACCESS_KEY_ID"]
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _REFUSED, json.dumps(where)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        if checking is not None:
+            checking.stop()
+    assert done.returncode == 0, done.stderr
+    out = dict(line.split(" ", 1) for line in done.stdout.splitlines())
+    assert out["open"].startswith("PermissionError ") and out["write"].startswith(
+        "PermissionError "
+    ), out
+    for fragment in expected:
+        assert fragment in out["open"] and fragment in out["write"], (fragment, out)
+    assert "refused the credentials" in out["documents"], out
+    assert secret not in done.stdout + done.stderr
+
+
+class mock_environment:
+    """``os.environ`` is ``env`` inside (for a server started there to inherit), as before after."""
+
+    def __init__(self, env):
+        self.env, self.saved = env, None
+
+    def __enter__(self):
+        self.saved = dict(os.environ)
+        os.environ.clear()
+        os.environ.update(self.env)
+
+    def __exit__(self, *exc_info):
+        os.environ.clear()
+        os.environ.update(self.saved)
+
+
+@pytest.mark.parametrize("fault", ["drop", "cut"])
+def test_a_store_that_keeps_dropping_reads_fails_naming_the_url(server, proxy, mesh_1d, fault):
+    """Every read of a shard is dropped (reset, no answer) or cut mid-reply: transient, so tried
+    again, by TensorStore (a drop) and by the loader, a counted number of times; then a
+    `TransientReadError` naming the URL, never a batch. The rows before are exact."""
+    path = f"keeps-{fault}/"
+    data = rows(32, seed=90)
+    write_dataset(spec(server, path), data, rows_per_shard=8, progress=False)
+    source = CountingReads(spec(server, path, proxy, retries={"max_retries": 1}))
+    options = {"mesh": mesh_1d, "global_batch_size": 8, "shuffle": False, "read_attempts": 3}
+    with DataLoader(source, retry_backoff_s=None, **options) as loader:
+        np.testing.assert_array_equal(np.asarray(loader.batch_at(0)["tokens"]), data["tokens"][:8])
+        proxy.fail(fault, tries=10**6, where="/tokens/c/1/")  # rows 8-15
+        source.calls = 0
+        with pytest.raises(TransientReadError, match=url(server, path)) as caught:
+            loader.batch_at(1)
+    assert source.calls == 3 and proxy.faults[fault] >= 3
+    assert any("(try 3 of 3)" in note for note in caught.value.__notes__)
+
+
+def test_the_gcs_proxy_refuses_a_stale_generation_as_gcs_does():
+    """fake-gcs-server takes a write whose ifGenerationMatch is stale; GcsServer's proxy refuses
+    it (412: TensorStore reports the condition failed, an empty generation), and takes a fresh
+    one; an absent object matches generation 0 only."""
+    import tensorstore as ts
+
+    with GcsServer() as server:
+        store = ts.KvStore.open(server.kvstore("cas/")).result()
+        first = store.write(b"k", b"one").result().generation
+        assert store.write(b"k", b"two", if_equal=first).result().generation  # fresh: taken
+        assert store.write(b"k", b"three", if_equal=first).result().generation == b""  # stale
+        assert store.write(b"k", b"four", if_equal=b"\x02").result().generation == b""  # exists
+        assert store.write(b"new", b"one", if_equal=b"\x02").result().generation  # absent: taken
+        assert store.read(b"k").result().value == b"two"
+        # the emulator alone (its own port, no proxy) takes the stale write: why the proxy is
+        bare = ts.KvStore.open(server.kvstore("cas/", f"http://127.0.0.1:{server.port}")).result()
+        assert bare.write(b"k", b"five", if_equal=first).result().generation
+        assert bare.read(b"k").result().value == b"five"

@@ -1,5 +1,5 @@
 """`StepReader`: one step's source reads -> window buffers: read, retry, pad, check, cast, cut,
-time out (``docs/concepts/loader.md``; the errors and retries: ``docs/reference/reliability.md``, ``docs/guides/s3.md``)."""
+time out (``docs/concepts/loader.md``; the errors and retries: ``docs/reference/reliability.md``, ``docs/guides/object-stores.md``)."""
 
 from __future__ import annotations
 

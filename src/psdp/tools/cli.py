@@ -747,14 +747,17 @@ def _run_prepare(args: argparse.Namespace) -> int:
 def _add_endpoint(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--endpoint",
-        help="the S3-compatible endpoint of every s3:// URL given, e.g. http://127.0.0.1:9000 "
-        "(default: AWS_ENDPOINT_URL_S3, else AWS_ENDPOINT_URL, else AWS itself)",
+        help="the endpoint of every s3:// URL given, e.g. http://127.0.0.1:9000 (default: "
+        "AWS_ENDPOINT_URL_S3, else AWS_ENDPOINT_URL, else AWS itself), or of every gs:// URL "
+        "(it sets TENSORSTORE_GCS_HTTP_URL for the command; default: that variable, else Google "
+        "Cloud Storage itself)",
     )
 
 
 def _store(option: str, value: str, endpoint: str | None) -> Any:
     """A store argument as the library takes it: a path or URL (an ``s3://`` URL with
-    ``endpoint``), or a TensorStore kvstore spec given as JSON (``{"driver": "s3", ...}``)."""
+    ``endpoint``; for a ``gs://`` one, ``endpoint`` goes to the environment), or a TensorStore
+    kvstore spec given as JSON (``{"driver": "s3", ...}``)."""
     from psdp.sources.stores.location import with_endpoint
 
     given: Any = value

@@ -25,7 +25,13 @@ from psdp._plan.leaves import TOKENS
 from psdp.sources.documents.index import DocumentIndex
 from psdp.sources.documents.mapped import MappedOffsets, MappedShards, Part, layout_of
 from psdp.sources.documents.parts import PARTS_DIRECTORY, PARTS_FORMAT, PARTS_VERSION, PartedOffsets
-from psdp.sources.stores.location import DATA_PREFIX, Location, locate, open_kvstore
+from psdp.sources.stores.location import (
+    DATA_PREFIX,
+    GCS_ENDPOINT_VARIABLE,
+    Location,
+    locate,
+    open_kvstore,
+)
 from psdp.sources.stores.tensorstore import COMMITTED, METADATA_FILE
 
 #: The ``format`` and ``version`` of a document store's ``psdp.json``.
@@ -36,17 +42,20 @@ DOCUMENTS_VERSION = 1
 #: costs one request per run of chunks, not also one per shard index (``docs/guides/tokens.md``).
 #: One cache for all, so that a mixture of many stores holds 64 MiB, not 64 MiB a store.
 CACHE_BYTES = 64 << 20
-_SHARED: dict[int, ts.Context] = {}  # process id -> its context (a forked child makes its own)
+#: (process id, GCS endpoint) -> the context: a forked child makes its own, and TensorStore's
+#: gcs driver keeps the endpoint it found in the environment for the context's life
+_SHARED: dict[tuple[int, str | None], ts.Context] = {}
 
 
 def documents_context() -> ts.Context:
     """The TensorStore context with a cache pool of `CACHE_BYTES` that `read_documents` and
-    `join_stored` read with when given none: one per process, made on first use."""
-    pid = os.getpid()
-    if pid not in _SHARED:  # two threads may both make one: either does
+    `join_stored` read with when given none: one per process (and GCS endpoint), made on first
+    use."""
+    key = (os.getpid(), os.environ.get(GCS_ENDPOINT_VARIABLE))
+    if key not in _SHARED:  # two threads may both make one: either does
         made = ts.Context({"cache_pool": {"total_bytes_limit": CACHE_BYTES}})
-        _SHARED.setdefault(pid, made)
-    return _SHARED[pid]
+        _SHARED.setdefault(key, made)
+    return _SHARED[key]
 
 
 @dataclass(frozen=True)

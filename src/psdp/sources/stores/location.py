@@ -1,7 +1,9 @@
 """Where a dataset lives: a local directory, or a prefix in any TensorStore kvstore (``s3://``,
 ``gs://``, ``memory://``, or a kvstore spec dict with an endpoint, region and credentials taken
 from the environment as TensorStore does; an ``s3`` endpoint also from ``AWS_ENDPOINT_URL_S3`` or
-``AWS_ENDPOINT_URL``, which TensorStore ignores). ``docs/guides/s3.md``, "Remote stores".
+``AWS_ENDPOINT_URL``, which TensorStore ignores; a ``gcs`` one only from
+``TENSORSTORE_GCS_HTTP_URL``, which TensorStore reads when it opens a kvstore).
+``docs/guides/object-stores.md``.
 
 Local directories commit by renaming; object stores have no rename, so there a dataset commits
 by writing its metadata object last (one PUT, atomic on S3 and GCS), naming the prefix that
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import time
 import urllib.parse
 from collections.abc import Mapping
@@ -36,7 +39,14 @@ GCS_ENDPOINT_VARIABLE = "TENSORSTORE_GCS_HTTP_URL"
 #: seconds, naming its endpoint, instead of after TensorStore's own budget for every request (32
 #: tries up to 32 s apart: many minutes).
 REACH_RETRIES = {"max_retries": 5, "initial_delay": "200ms", "max_delay": "2s"}
-_RETRIES_RESOURCE = {"s3": "s3_request_retries"}
+_RETRIES_RESOURCE = {"s3": "s3_request_retries", "gcs": "gcs_request_retries"}
+#: Where each object store's credentials come from, for messages.
+_CREDENTIALS = {
+    "s3": "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE",
+    "gcs": "GOOGLE_APPLICATION_CREDENTIALS, or `gcloud auth application-default login`",
+}
+#: The URL scheme of a kvstore driver, where it is not the driver's name.
+_SCHEMES = {"gcs": "gs"}
 
 
 @dataclass(frozen=True)
@@ -135,7 +145,9 @@ def environment_credentials(kvstore: Any, environ: Mapping[str, str] = os.enviro
 
 def environment_endpoint(kvstore: Any, environ: Mapping[str, str] = os.environ) -> Any:
     """An ``s3`` kvstore spec dict that names no endpoint, with the one the environment names
-    (`ENDPOINT_VARIABLES`; TensorStore reads neither); any other spec comes back as it is.
+    (`ENDPOINT_VARIABLES`; TensorStore reads neither); any other spec comes back as it is, a
+    ``gcs`` one once the endpoint TensorStore will read for it (`GCS_ENDPOINT_VARIABLE`), if
+    set, is checked to be a URL.
 
     Examples:
         >>> env = {"AWS_ENDPOINT_URL": "http://127.0.0.1:9000"}
@@ -144,6 +156,9 @@ def environment_endpoint(kvstore: Any, environ: Mapping[str, str] = os.environ) 
         >>> environment_endpoint({"driver": "s3", "bucket": "b", "endpoint": "http://minio"}, env)
         {'driver': 's3', 'bucket': 'b', 'endpoint': 'http://minio'}
     """
+    if isinstance(kvstore, Mapping) and kvstore.get("driver") == "gcs":
+        gcs_endpoint(environ)
+        return kvstore
     if not isinstance(kvstore, Mapping) or kvstore.get("driver") != "s3" or "endpoint" in kvstore:
         return kvstore
     for variable in ENDPOINT_VARIABLES:
@@ -152,9 +167,26 @@ def environment_endpoint(kvstore: Any, environ: Mapping[str, str] = os.environ) 
     return kvstore
 
 
+def gcs_endpoint(environ: Mapping[str, str] = os.environ) -> str | None:
+    """The endpoint TensorStore's gcs driver sends its requests to (`GCS_ENDPOINT_VARIABLE`, checked
+    to be an http(s) URL), or ``None``: Google Cloud Storage itself.
+
+    Examples:
+        >>> gcs_endpoint({"TENSORSTORE_GCS_HTTP_URL": "http://127.0.0.1:4443"})
+        'http://127.0.0.1:4443'
+        >>> gcs_endpoint({}) is None
+        True
+    """
+    endpoint = environ.get(GCS_ENDPOINT_VARIABLE)
+    return checked_endpoint(endpoint, GCS_ENDPOINT_VARIABLE, "GCS") if endpoint else None
+
+
 def with_endpoint(where: Any, endpoint: str | None, option: str = "endpoint") -> Any:
-    """``where`` (a path, URL or kvstore spec) with the S3 ``endpoint``: an ``s3://`` URL becomes
-    a spec naming it, an ``s3`` spec gets it unless it names its own; ``None``: ``where`` as it is.
+    """``where`` (a path, URL or kvstore spec) with the object store ``endpoint``: an ``s3://``
+    URL becomes a spec naming it, an ``s3`` spec gets it unless it names its own; ``None``:
+    ``where`` as it is. A ``gs://`` URL or ``gcs`` spec comes back as it is, but since TensorStore
+    takes a GCS endpoint only from the environment, this sets `GCS_ENDPOINT_VARIABLE` to
+    ``endpoint`` for this process (and the processes it starts): the option wins, as for S3.
 
     Examples:
         >>> with_endpoint("s3://raw/shards/*.jsonl", "http://127.0.0.1:9000")["path"]
@@ -166,6 +198,11 @@ def with_endpoint(where: Any, endpoint: str | None, option: str = "endpoint") ->
     """
     if endpoint is None:
         return where
+    if (isinstance(where, str) and where.startswith("gs://")) or (
+        isinstance(where, Mapping) and where.get("driver") == "gcs"
+    ):
+        os.environ[GCS_ENDPOINT_VARIABLE] = checked_endpoint(endpoint, option, "GCS")
+        return where
     endpoint = checked_endpoint(endpoint, option)
     if isinstance(where, str) and where.startswith("s3://"):
         where = ts.KvStore.Spec(where).to_json()
@@ -174,14 +211,16 @@ def with_endpoint(where: Any, endpoint: str | None, option: str = "endpoint") ->
     return where
 
 
-def checked_endpoint(endpoint: str, where: str) -> str:
+def checked_endpoint(endpoint: str, where: str, kind: str = "S3") -> str:
     """``endpoint`` if it is an http(s) URL with a host; else a `ValueError` naming ``where`` it
-    came from (an option or an environment variable)."""
+    came from (an option or an environment variable) and the ``kind`` of store."""
     parts = urllib.parse.urlsplit(endpoint)
     if parts.scheme not in ("http", "https") or not parts.hostname:
+        example = "https://s3.example.com" if kind == "S3" else "https://storage.googleapis.com"
         raise ValueError(
-            f"{where}={_redacted(endpoint)!r} is not an S3 endpoint URL; give the scheme and "
-            "host, e.g. http://127.0.0.1:9000 or https://s3.example.com"
+            f"{where}={_redacted(endpoint)!r} is not {'an' if kind == 'S3' else 'a'} {kind} "
+            "endpoint URL; give the scheme and "
+            f"host, e.g. http://127.0.0.1:9000 or {example}"
         )
     return endpoint
 
@@ -200,7 +239,8 @@ def _names_credential_types() -> bool:
 
 
 def describe_kvstore(spec: Mapping[str, Any]) -> str:
-    """A URL-like name of a kvstore spec, for messages.
+    """A URL-like name of a kvstore spec, for messages, with the endpoint it reaches (a ``gcs``
+    spec's from the environment), any password in it hidden.
 
     Examples:
         >>> describe_kvstore({"driver": "s3", "bucket": "b", "path": "x/",
@@ -208,10 +248,17 @@ def describe_kvstore(spec: Mapping[str, Any]) -> str:
         's3://b/x/ (endpoint http://127.0.0.1:9000)'
         >>> describe_kvstore({"driver": "s3", "bucket": "b", "endpoint": "https://me:pw@minio:9000"})
         's3://b/ (endpoint https://me:***@minio:9000)'
+        >>> describe_kvstore({"driver": "gcs", "bucket": "corpora", "path": "web/"})
+        'gs://corpora/web/'
     """
     bucket = spec.get("bucket")
-    name = f"{spec.get('driver')}://{bucket + '/' if bucket else ''}{spec.get('path', '')}"
+    driver = str(spec.get("driver"))
+    name = (
+        f"{_SCHEMES.get(driver, driver)}://{bucket + '/' if bucket else ''}{spec.get('path', '')}"
+    )
     endpoint = spec.get("endpoint")
+    if driver == "gcs":
+        endpoint = os.environ.get(GCS_ENDPOINT_VARIABLE)
     return f"{name} (endpoint {_redacted(endpoint)})" if endpoint else name
 
 
@@ -224,6 +271,19 @@ def _redacted(url: str) -> str:
     return urllib.parse.urlunsplit(parts._replace(netloc=f"{parts.username}:***@{host}"))
 
 
+_USERINFO = re.compile(r"(\b[a-z][a-z0-9+.-]*://[^/\s:@'\"]*):[^@/\s'\"]*@", re.I)
+
+
+def redacted_message(text: str) -> str:
+    """``text`` (an error message) with the password of every URL in it hidden, as `_redacted`.
+
+    Examples:
+        >>> redacted_message("Could not connect to http://me:pw@10.0.0.1:9000/b/psdp.json")
+        'Could not connect to http://me:***@10.0.0.1:9000/b/psdp.json'
+    """
+    return _USERINFO.sub(r"\1:***@", text)
+
+
 def open_kvstore(location: Location, context: ts.Context | None = None) -> ts.KvStore:
     """The kvstore of a remote ``location``, once it answers (`check_reach`); raises naming it
     if it cannot be opened or reached."""
@@ -233,7 +293,7 @@ def open_kvstore(location: Location, context: ts.Context | None = None) -> ts.Kv
         store = ts.KvStore.open(spec, context=context).result()
     except ValueError as error:
         raise ValueError(
-            f"cannot open {location.name}: {error}; check the URL or spec, the credentials in "
+            f"cannot open {location.name}: {redacted_message(str(error))}; check the URL or spec, the credentials in "
             "the environment (AWS_ACCESS_KEY_ID, GOOGLE_APPLICATION_CREDENTIALS, ...) and the "
             "endpoint"
         ) from error
@@ -244,9 +304,11 @@ def open_kvstore(location: Location, context: ts.Context | None = None) -> ts.Kv
 def check_reach(spec: Mapping[str, Any], name: str, context: ts.Context | None = None) -> None:
     """One request to the object store of the kvstore ``spec`` (a read of ``psdp.json``) with
     `REACH_RETRIES` unless the spec names its own; a `ValueError` naming the store and its
-    endpoint if it fails for want of an answer (refused, unresolved, timed out, 5xx). Any other
-    outcome, an error such as a denied access included, is left to the requests that follow.
-    Nothing for a kvstore with no network (``file``, ``memory``)."""
+    endpoint if it fails for want of an answer (refused, unresolved, timed out, 5xx), a
+    `PermissionError` if the store refuses the credentials (401, 403: never retried). Any other
+    outcome (a missing object, or bucket: S3 and GCS answer a read there alike) is left to the
+    requests that follow. Nothing for a kvstore with
+    no network (``file``, ``memory``)."""
     resource = _RETRIES_RESOURCE.get(str(spec.get("driver")))
     if resource is None:
         return
@@ -255,21 +317,47 @@ def check_reach(spec: Mapping[str, Any], name: str, context: ts.Context | None =
     try:
         ts.KvStore.open(probe, context=context).result().read(b"psdp.json").result()
     except ValueError as error:
-        if not is_transient_status(str(error)):
+        message = redacted_message(str(error))
+        gcs = spec.get("driver") == "gcs"
+        if message.split(":", 1)[0] in ("PERMISSION_DENIED", "UNAUTHENTICATED"):
+            raise PermissionError(
+                f"{name} refused the credentials of this process: {message}. Check the "
+                f"credentials in the environment ({_CREDENTIALS['gcs' if gcs else 's3']}) and "
+                "that they grant access to this bucket (reading; writing, to write)"
+            ) from None
+        if not is_transient_status(message):
             return
-        endpoint = "" if spec.get("endpoint") else " (no endpoint is set: this is AWS S3 itself)"
+        named = gcs_endpoint() if gcs else spec.get("endpoint")
+        itself = "Google Cloud Storage" if gcs else "AWS S3"
+        endpoint = "" if named else f" (no endpoint is set: this is {itself} itself)"
+        where = (
+            f"the environment ({GCS_ENDPOINT_VARIABLE})"
+            if gcs
+            else "a kvstore spec's \"endpoint\", the environment "
+            f"({' or '.join(ENDPOINT_VARIABLES)})"
+        )
         raise ValueError(
-            f"cannot reach {name}{endpoint}: {error} (gave up after "
+            f"cannot reach {name}{endpoint}: {message} (gave up after "
             f"{time.monotonic() - started:.1f} s). Check that the endpoint is up and reachable "
-            "from here, or name another: a kvstore spec's \"endpoint\", the psdp command's "
-            f"--endpoint URL, or the environment ({' or '.join(ENDPOINT_VARIABLES)})"
+            f"from here, or name another: the psdp command's --endpoint URL, or {where}"
         ) from None
 
 
 def list_keys(store: ts.KvStore, prefix: str = "") -> list[str]:
-    """The keys below ``prefix`` of ``store`` (one paginated LIST), as strings."""
+    """The keys below ``prefix`` of ``store`` (one paginated LIST), as strings; a
+    `FileNotFoundError` naming the store if S3 says its bucket does not exist (S3 answers a read
+    there as if the object were missing: the LIST is where it tells)."""
     if prefix:
         keys = store.list(ts.KvStore.KeyRange(prefix, prefix[:-1] + chr(ord(prefix[-1]) + 1)))
     else:
         keys = store.list()
-    return sorted(key.decode() for key in keys.result())
+    try:
+        return sorted(key.decode() for key in keys.result())
+    except ValueError as error:
+        if "NoSuchBucket" not in str(error):
+            raise
+        name = describe_kvstore(store.spec().to_json())
+        raise FileNotFoundError(
+            f"the bucket of {name} does not exist ({redacted_message(str(error))}). Create it, "
+            "or check the URL or spec (the bucket is the first part of the URL)"
+        ) from None

@@ -7,7 +7,7 @@ it carries the generation of the ``psdp.json`` the write saw when it began, and 
 refuses it if another write committed since (S3 ``If-Match``/``If-None-Match``, GCS
 ``ifGenerationMatch``), so of two concurrent writers exactly one commits. Only then is the
 replaced dataset's prefix deleted; other prefixes (a write still running elsewhere, or one that
-was killed) are left alone. ``docs/guides/s3.md``, "Remote stores".
+was killed) are left alone. ``docs/guides/object-stores.md``, "Remote stores".
 """
 
 from __future__ import annotations
@@ -46,13 +46,27 @@ def write_remote(
         writer = fill(lambda name: location.below(f"{prefix}{name}/"))
         meta = {**metadata_of(schema, writer, single, layout), "data_prefix": prefix}
         _commit(store, location, meta, before)
-    except BaseException:
+    except BaseException as error:
         for writer in started:
             writer.wait_for_writes()  # a write landing after the delete would leave objects
         _delete_prefix(store, prefix)
+        if isinstance(error, ValueError) and _write_not_found(str(error)):
+            # a write is answered 404 only when its bucket is missing (GCS reads of a missing
+            # bucket look like reads of missing objects, so the open could not tell)
+            raise FileNotFoundError(
+                f"cannot write {location.name}: the store answered a write with 404 Not Found: "
+                f"the bucket {(location.kvstore or {}).get('bucket')!r} does not exist. Create "
+                "it, or "
+                "check the URL or spec (the bucket is the first part of the URL)"
+            ) from error
         raise
     if replaced and replaced != prefix:
         _delete_prefix(store, replaced)
+
+
+def _write_not_found(message: str) -> bool:
+    """Whether a TensorStore error is a write answered 404 (``NOT_FOUND: ... Error writing``)."""
+    return message.startswith("NOT_FOUND:") and "Error writing " in message
 
 
 def _check_target(

@@ -16,6 +16,7 @@ import http.client
 import json
 import os
 import queue
+import re
 import socket
 import struct
 import subprocess
@@ -137,7 +138,7 @@ class GcsServer:
 
     TensorStore's gcs driver takes no endpoint in its spec: it reads ``TENSORSTORE_GCS_HTTP_URL``
     when a kvstore is opened. `start` sets it to ``endpoint`` (and `stop` puts back what was there),
-    `kvstore` to the endpoint it is given.
+    `kvstore` to an endpoint it is given.
 
     Args:
         bucket: the bucket created once the server answers (GCS names have 3 characters or more).
@@ -202,10 +203,11 @@ class GcsServer:
         return self
 
     def kvstore(self, path: str, endpoint: str | None = None) -> dict[str, Any]:
-        """A TensorStore gcs kvstore spec for ``path`` in the bucket; sets
-        ``TENSORSTORE_GCS_HTTP_URL`` to ``endpoint`` (e.g. a `FaultProxy`'s in front of this
-        server) or to this server's, for the kvstores opened next."""
-        os.environ[GCS_ENDPOINT_VARIABLE] = endpoint or self.endpoint
+        """A TensorStore gcs kvstore spec for ``path`` in the bucket. With ``endpoint`` (e.g. a
+        `FaultProxy`'s in front of this server), sets ``TENSORSTORE_GCS_HTTP_URL`` to it for the
+        kvstores opened next (`start` set it to this server's)."""
+        if endpoint is not None:
+            os.environ[GCS_ENDPOINT_VARIABLE] = endpoint
         return {"driver": "gcs", "bucket": self.bucket, "path": path}
 
     def objects(self) -> Any:
@@ -321,6 +323,8 @@ class FaultProxy:
         self.requests: Counter[str] = Counter()
         self.faults: Counter[str] = Counter()
         self.bytes_sent = 0
+        #: kept-alive connections to the target, closed on exit
+        self.pool: queue.LifoQueue[http.client.HTTPConnection] = queue.LifoQueue()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
         self._server.daemon_threads = True
         self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
@@ -330,12 +334,15 @@ class FaultProxy:
 
     def fail(self, fault: str, tries: int, where: str = "", method: str = "GET") -> None:
         """The first ``tries`` tries of every distinct request (method, path, byte range) whose
-        path holds ``where`` get ``fault``; later tries go through. ``fault`` is ``"drop"`` (the
+        path (unquoted: a GCS upload's holds ``name=<key>``) holds ``where`` get ``fault``; later tries go through. ``fault`` is ``"drop"`` (the
         connection reset, no answer), ``"503"`` (S3's ``SlowDown``), ``"lost"`` (forwarded, so
         it takes effect, then the connection reset: the client cannot know it did) or ``"cut"``
         (forwarded, then the connection dropped mid-reply, after a status line and a garbled
         header: curl's "Weird server reply", which TensorStore does not retry). A request's tries
-        are counted on their own, so the faults do not depend on the order of requests."""
+        are counted on their own, so the faults do not depend on the order of requests; the
+        parts of a GCS request that change from try to try (a read's ``tensorstore=`` nonce, the
+        generation a rewritten object's upload is conditioned on) are not part of what makes it
+        distinct."""
         assert fault in ("drop", "503", "lost", "cut"), fault
         with self._lock:
             self._rules.append((fault, tries, where, method))
@@ -371,7 +378,7 @@ class FaultProxy:
             self.requests[method] += 1
             for fault, tries, where, rule_method in self._rules:
                 if method == rule_method and where in path:
-                    key = (method, path, byte_range or "")
+                    key = (method, _VARYING.sub("", path), byte_range or "")
                     self._tries[key] += 1
                     if self._tries[key] <= tries:
                         self.faults[fault] += 1
@@ -398,6 +405,8 @@ class FaultProxy:
         if self._thread.is_alive():  # shutdown() waits for a serve_forever that never ran
             self._server.shutdown()
         self._server.server_close()
+        while not self.pool.empty():
+            self.pool.get_nowait().close()
 
 
 class Hold:
@@ -420,7 +429,7 @@ class Hold:
 
 
 def _handler_for(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
-    pool: queue.LifoQueue[http.client.HTTPConnection] = queue.LifoQueue()  # kept-alive upstreams
+    pool = proxy.pool
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -433,8 +442,9 @@ def _handler_for(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
             body = self.rfile.read(length) if length else None
             if proxy.latency_s:
                 time.sleep(proxy.latency_s)
-            fault = proxy.fault(self.command, self.path, self.headers.get("Range"))
-            held = proxy.held(self.command, self.path)
+            path = urllib.parse.unquote(self.path)  # GCS names objects as name=a%2Fb
+            fault = proxy.fault(self.command, path, self.headers.get("Range"))
+            held = proxy.held(self.command, path)
             if held is not None:
                 held.wait()
             if fault == "drop":
@@ -488,6 +498,8 @@ def _handler_for(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
 
 
 _JSON = {"Content-Type": "application/json; charset=UTF-8"}
+#: the query parameters of a GCS request that differ between tries of the same request
+_VARYING = re.compile(r"[?&](?:tensorstore|ifGenerationMatch)=[^&]*")
 
 
 def _gcs_error(code: int, message: str) -> bytes:
@@ -516,6 +528,7 @@ def _generation_of(target: str, path: str) -> int:
         with urllib.request.urlopen(meta, timeout=30) as answer:
             return int(json.loads(answer.read())["generation"])
     except urllib.error.HTTPError as error:
+        error.close()
         if error.code == 404:
             return 0
         raise
