@@ -601,6 +601,21 @@ MUTANTS = [
            "an object replaced while it is read mixes two versions"),
     Mutant("QT6", "prepare/tasks.py", "report(Progress(len(batch.values) + len(batch.bad),",
            "report(Progress(len(batch.values),", "malformed records left out of the progress"),
+    # -------------------------------------------- the token path's reads (issue 36, latency)
+    Mutant("LT1", "sources/documents/store.py",
+           "futures = [array[a:b].read(batch=batch) for a, b in spans]",
+           "futures = [array[a:b].read() for a, b in spans]",
+           "a document store's range reads not batched (a shard index and a request per range)"),
+    Mutant("LT2", "sources/documents/format.py", "CACHE_BYTES = 64 << 20", "CACHE_BYTES = 0",
+           "no cache: every read of an object-store document store fetches its shard indexes"),
+    Mutant("LT4", "sources/documents/mapped.py",
+           "stride = p.per_chunk * item + 4 * p.checksum", "stride = p.per_chunk * item",
+           "mapped chunks located without their checksum bytes"),
+    Mutant("LT5", "_runtime/prefetch.py", "self.max_read_threads, 2 * self.read_threads,",
+           "self.max_read_threads, 4 * self.read_threads,",
+           "read threads grown more than twofold at once"),
+    Mutant("LT6", "_runtime/prefetch.py", "if rate is not None and before is not None and rate < GAIN * before:",
+           "if False:", "read threads grown on although the last growth did not help"),
 ]  # fmt: skip
 
 #: Single-process tests run against every mutant (the planner, reads, assembly and order).
@@ -643,6 +658,8 @@ TESTS = [
     "tests/test_reads.py",
     "tests/test_object_store_retries.py",
     "tests/test_eval.py",
+    "tests/test_object_tokens.py",
+    "tests/test_mapped.py",
     "src/psdp/_plan/order.py",
     "src/psdp/_plan/mesh.py",
     "src/psdp/_plan/layout.py",

@@ -1,6 +1,8 @@
 """Where a step of figure 8's token jobs goes: CPU milliseconds a step of psdp (memmap store,
 `DataLoader.batch_at` on the calling thread: no prefetch thread to hide or share work) against
-the tight loop of the same job (``docs/measurements/token-path.md``, "The token path"), in interleaved rounds.
+the tight loop of the same job (``docs/measurements/token-path.md``, "The token path"), and
+psdp on the same documents in the zarr3 store `write_documents` writes (its ratio to the memmap
+store: "Local stores"), in interleaved rounds.
 
 CPU time (``time.process_time``), not wall time, so that other work on a shared machine moves the
 figures less; psdp's read and assembly medians come from its own telemetry (`DataLoader.stats`).
@@ -54,36 +56,42 @@ def main(argv: list[str] | None = None) -> int:
         )
         second = tokens.write_corpus(workdir / "b", second_lengths, 1 + int(first.offsets[-1]))
         print("| job | tight loop, CPU ms a step | psdp batch_at | of which read | assemble "
-              "| psdp / tight (real tokens/s) |")  # fmt: skip
-        print("|---|---:|---:|---:|---:|---:|")
+              "| psdp / tight (real tokens/s) | psdp on zarr3, CPU ms | zarr3 / memmap |")  # fmt: skip
+        print("|---|---:|---:|---:|---:|---:|---:|---:|")
         for job in tokens.JOBS:
             loops = tokens.loops(job, FULL, mesh, (first, second), None, stack)
             (open_tight, check_tight), (open_psdp, check_psdp) = (
                 loops[tokens.TIGHT],
                 loops[tokens.PSDP_MEMMAP],
             )
+            open_zarr, check_zarr = loops[tokens.PSDP_ZARR]
             tight: Iterator[Any] = open_tight()
             stack.callback(tight.close)  # type: ignore[attr-defined]
             loader = open_psdp.args[0]  # type: ignore[attr-defined]  # psdp_batches(loader)
+            zarr = open_zarr.args[0]  # type: ignore[attr-defined]
             checked = range(tokens.CHECKED_STEPS)  # every loop checked before timing
             efficiency = {
                 tokens.TIGHT: check_tight([next(tight) for _ in checked]),
                 "psdp": check_psdp([loader.batch_at(step) for step in checked]),
+                "zarr": check_zarr([zarr.batch_at(step) for step in checked]),
             }
-            times: dict[str, list[float]] = {tokens.TIGHT: [], "psdp": []}
-            steps = iter(range(10**9))
+            times: dict[str, list[float]] = {tokens.TIGHT: [], "psdp": [], "zarr": []}
+            steps, zarr_steps = iter(range(10**9)), iter(range(10**9))
             runs = {
                 tokens.TIGHT: lambda tight=tight: next(tight),
                 "psdp": lambda loader=loader, steps=steps: loader.batch_at(next(steps)),
+                "zarr": lambda zarr=zarr, steps=zarr_steps: zarr.batch_at(next(steps)),
             }
-            for turn in range(args.rounds):  # interleaved, the order alternating
-                for name in list(runs)[turn % 2 :] + list(runs)[: turn % 2]:
+            for turn in range(args.rounds):  # interleaved, the order rotating
+                for name in list(runs)[turn % 3 :] + list(runs)[: turn % 3]:
                     times[name].append(cpu_ms(runs[name], args.steps))
             stats = loader.stats()
             mine, theirs = statistics.median(times["psdp"]), statistics.median(times[tokens.TIGHT])
             ratio = theirs / mine * efficiency["psdp"] / efficiency[tokens.TIGHT]
+            stored = statistics.median(times["zarr"])
             print(f"| {job.name} | {theirs:.3f} | {mine:.3f} | {stats.read_ms_p50:.3f} | "
-                  f"{stats.assemble_ms_p50:.3f} | {ratio:.2f} |")  # fmt: skip
+                  f"{stats.assemble_ms_p50:.3f} | {ratio:.2f} | {stored:.3f} | "
+                  f"{mine / stored:.2f} |")  # fmt: skip
             sys.stdout.flush()
     return 0
 

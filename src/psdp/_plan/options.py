@@ -270,6 +270,10 @@ class OutputOptions:
 #: The read threads of a source that waits on storage when `ReadingOptions.read_threads` is unset:
 #: its reads release the GIL, so several overlap (``docs/guides/tuning.md``, "Read threads").
 STORAGE_READ_THREADS = 4
+#: The most read threads such a loader grows to when its reads are slower than the trainer's
+#: steps: it starts `STORAGE_READ_THREADS` and adds what the reads' measured times call for
+#: (``docs/guides/tuning.md``, "Read threads"). Each thread holds one batch being read.
+MAX_STORAGE_READ_THREADS = 32
 
 
 def read_threads_for(requested: int | None, reads_storage: bool) -> int:
@@ -285,6 +289,20 @@ def read_threads_for(requested: int | None, reads_storage: bool) -> int:
     if requested is not None:
         return requested
     return STORAGE_READ_THREADS if reads_storage else 1
+
+
+def read_threads_limit(requested: int | None, threads: int) -> int | None:
+    """The most read threads a loader that starts ``threads`` grows to: `MAX_STORAGE_READ_THREADS`
+    when ``read_threads`` was not ``requested`` and the source reads storage (``threads > 1``);
+    ``None`` (never grows) otherwise.
+
+    Examples:
+        >>> read_threads_limit(None, 4), read_threads_limit(4, 4), read_threads_limit(None, 1)
+        (32, None, None)
+    """
+    if requested is not None or threads == 1:
+        return None
+    return max(threads, MAX_STORAGE_READ_THREADS)
 
 
 @dataclass(frozen=True)
@@ -305,8 +323,9 @@ class ReadingOptions:
 
     read_threads: int | None = None
     """Steps read and assembled concurrently by background threads (>= 1; unset:
-    `STORAGE_READ_THREADS` for a source that waits on storage, such as `TensorStoreSource`, 1 for
-    one in memory)."""
+    `STORAGE_READ_THREADS` for a source that waits on storage, such as `TensorStoreSource`, more
+    up to `MAX_STORAGE_READ_THREADS` while its measured reads are slower than the trainer's
+    steps, and 1 for one in memory)."""
 
     read_timeout_s: float | None = None
     """Raise `TimeoutError` naming the step when its reads take longer (unset: no limit)."""

@@ -24,6 +24,7 @@ from psdp._plan.options import (
     OutputOptions,
     ReadingOptions,
     ShardingOptions,
+    read_threads_limit,
 )
 from psdp._runtime.agreement import agree, check_own_process, failures_published
 from psdp._runtime.assembly import BatchAssembler, LeafAssembler, domain_mask, halo_mask
@@ -246,6 +247,7 @@ class DataLoader:
                     name=f"{self.name}-{step}",
                     observer=self.telemetry.record_next,
                     read_threads=threads,
+                    max_read_threads=read_threads_limit(reading.read_threads, threads),
                 )
             )
 

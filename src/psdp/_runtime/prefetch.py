@@ -9,8 +9,11 @@ threads sleep until there is work and never take the GIL from the trainer."""
 from __future__ import annotations
 
 import logging
+import math
+import statistics
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
@@ -21,6 +24,31 @@ logger = logging.getLogger(__name__)
 
 #: How long ``close()`` waits for all threads together before it gives up on a stuck ``produce``.
 JOIN_TIMEOUT_S = 1.0
+#: The recent reads whose times decide how many steps are read at once (`steps_in_flight`),
+#: and the steps the consumer takes at a number of threads before it may change.
+TIMED_READS = 8
+#: How much a growth of the read threads must raise the consumer's steps per second for the
+#: prefetcher to grow them further (`Prefetcher.adapt`).
+GAIN = 1.2
+
+
+def steps_in_flight(read_s: float, read_cpu_s: float, step_s: float) -> int:
+    """How many steps must be read at once for the trainer never to wait: a read takes
+    ``read_s`` (wall), ``read_cpu_s`` of it on its own thread's CPU, and the trainer spends
+    ``step_s`` between two ``next()`` calls. A new read must start every ``max(step_s,
+    read_cpu_s)`` (reads cannot start faster than their own CPU work lets them finish, so a
+    trainer faster than that gains nothing from more), so ``read_s`` over that are in flight,
+    plus one for a read slower than the recent ones.
+
+    Examples:
+        >>> steps_in_flight(read_s=0.6, read_cpu_s=0.01, step_s=0.2)  # 100 ms round trips
+        4
+        >>> steps_in_flight(read_s=0.6, read_cpu_s=0.01, step_s=0.0)  # no trainer: CPU bound
+        61
+        >>> steps_in_flight(read_s=0.05, read_cpu_s=0.04, step_s=0.0)  # a local store
+        3
+    """
+    return math.ceil(read_s / max(step_s, read_cpu_s, 1e-6)) + 1
 
 
 class LoaderClosedError(RuntimeError):
@@ -41,6 +69,9 @@ class Prefetcher(Generic[T]):
             ``(step, seconds waited, items that were ready when next() was called)``.
         read_threads: threads producing consecutive steps concurrently (>= 1); items are still
             delivered in step order, and at most ``depth + read_threads`` exist at once.
+        max_read_threads: ``None``: always ``read_threads``. Else more threads start, up to this
+            many, when the consumer had to wait: as many as `steps_in_flight` says from the
+            recent reads' times and the consumer's time between ``next()`` calls (`adapt`).
 
     Examples:
         >>> with Prefetcher(lambda step: step * step, start=3, depth=2, name="demo") as items:
@@ -60,13 +91,23 @@ class Prefetcher(Generic[T]):
         name: str,
         observer: Callable[[int, float, int], None] | None = None,
         read_threads: int = 1,
+        max_read_threads: int | None = None,
     ):
         check_int("depth", depth, minimum=1)
         check_int("read_threads", read_threads, minimum=1)
+        if max_read_threads is not None:
+            check_int("max_read_threads", max_read_threads, minimum=read_threads)
         self._produce = produce
         self._observer = observer
         self.depth = depth
         self.read_threads = read_threads
+        self.max_read_threads = max_read_threads
+        self._name = name
+        #: (wall, thread CPU) seconds of the recent reads, for `adapt`
+        self._timed: deque[tuple[float, float]] = deque(maxlen=TIMED_READS)
+        self._returned_at: float | None = None  # when next() last handed out an item
+        self._rate_before: float | None = None  # steps/s before the last growth
+        self._window: tuple[float, int] | None = None  # (since, steps) at the current threads
         # everything below is guarded by one lock, with two conditions on it so a step's result
         # wakes only the consumer and a freed slot wakes only one thread (no thundering herd of
         # threads all wanting the GIL right when the trainer does)
@@ -81,14 +122,72 @@ class Prefetcher(Generic[T]):
         self.next_step = start
         self.last_wait_s = 0.0
         names = [name] if read_threads == 1 else [f"{name}-w{i}" for i in range(read_threads)]
-        self._threads = [threading.Thread(target=self._work, name=n, daemon=True) for n in names]
-        for i, thread in enumerate(self._threads):
+        self._threads: list[threading.Thread] = []
+        self._start_threads(names)
+
+    def _start_threads(self, names: list[str]) -> None:
+        for name in names:
+            thread = threading.Thread(target=self._work, name=name, daemon=True)
             try:
                 thread.start()
             except BaseException:  # e.g. the OS refused a thread: stop the ones already started
-                self._threads = self._threads[:i]
                 self._close(f"thread {thread.name!r} could not start")
                 raise
+            self._threads.append(thread)
+
+    # ------------------------------------------------------------------ adaptive read threads
+    def record_read(self, wall_s: float, cpu_s: float) -> None:
+        """Records a read's wall and thread-CPU seconds (each thread does, after `produce`)."""
+        with self._lock:
+            self._timed.append((wall_s, cpu_s))
+
+    def adapt(self, step_s: float, rate: float | None = None) -> int:
+        """Starts threads up to `steps_in_flight` of the recent reads (the slowest tenth's wall
+        time, the median CPU time) and a consumer ``step_s`` between ``next()`` calls: at most
+        twice the running threads at a time, and at most ``max_read_threads``; never stops any.
+        ``rate``: the steps per second the consumer got since the threads last changed. If the
+        last growth did not raise it by `GAIN`, more threads would not help either (the reads
+        wait on a busy CPU or server, not on latency): the threads stay as they are from then
+        on. Returns the threads now running; a no-op for a prefetcher of fixed threads, or before
+        any read was timed.
+
+        Examples:
+            >>> items = Prefetcher(lambda s: s, start=0, depth=2, name="demo", read_threads=2,
+            ...                    max_read_threads=32)
+            >>> def reads():  # 0.6 s reads, mostly waiting on storage
+            ...     for _ in range(4):
+            ...         items.record_read(0.6, 0.01)
+            >>> reads(); items.adapt(step_s=0.2, rate=1.0)  # 4 in flight cover a 0.2 s step
+            4
+            >>> reads(); items.adapt(step_s=0.0, rate=1.9)  # no trainer step: doubled (it helped)
+            8
+            >>> reads(); items.adapt(step_s=0.0, rate=2.0), items.max_read_threads  # it did not
+            (8, 8)
+            >>> items.close()
+        """
+        with self._lock:
+            if self.max_read_threads is None or not self._timed or self._stop:
+                return self.read_threads
+            before = self._rate_before
+            if rate is not None and before is not None and rate < GAIN * before:
+                self.max_read_threads = self.read_threads  # the last growth did not help
+                return self.read_threads
+            walls = sorted(wall for wall, _ in self._timed)
+            slow = walls[min(len(walls) - 1, int(0.9 * len(walls)))]
+            cpu = statistics.median(c for _, c in self._timed)
+            wanted = min(
+                self.max_read_threads, 2 * self.read_threads, steps_in_flight(slow, cpu, step_s)
+            )
+            first = self.read_threads
+            if wanted <= first:
+                return first
+            self.read_threads, self._rate_before = wanted, rate
+            self._timed.clear()  # the next decision reads times at the new concurrency
+            self._slot_free.notify_all()  # the running threads may claim further ahead
+        if first == 1:  # the one thread had the loader's name; its siblings are numbered
+            first = len(self._threads)
+        self._start_threads([f"{self._name}-w{i}" for i in range(first, wanted)])
+        return wanted
 
     # -------------------------------------------------------------------- background threads
     def _may_claim(self) -> bool:
@@ -122,10 +221,14 @@ class Prefetcher(Generic[T]):
                     return
                 step = self._next_claim
                 self._next_claim += 1
+            timed = self.max_read_threads is not None
+            wall, cpu = (time.perf_counter(), time.thread_time()) if timed else (0.0, 0.0)
             try:
                 item: tuple[T | None, BaseException | None] = (self._produce(step), None)
             except BaseException as err:  # forwarded to the consumer, which re-raises it
                 item = (None, err)
+            if timed:
+                self.record_read(time.perf_counter() - wall, time.thread_time() - cpu)
             with self._lock:
                 if self._stop:
                     return
@@ -137,12 +240,25 @@ class Prefetcher(Generic[T]):
                     self._result_ready.notify()
             del item  # the consumer owns it now; do not keep it alive while waiting
 
+    def _adapt_after(self, step_s: float, waited: bool) -> None:
+        """Counts a step at the current threads; once `TIMED_READS` are counted and the consumer
+        waited, `adapt` with their rate."""
+        now = self._returned_at or 0.0
+        since, steps = self._window or (now, 0)
+        self._window = (since, steps + 1)
+        if waited and steps + 1 >= TIMED_READS and now > since:
+            threads = self.read_threads
+            if self.adapt(step_s, (steps + 1) / (now - since)) != threads:
+                self._window = (now, 0)
+
     # ---------------------------------------------------------------------------- consumer
     def __iter__(self) -> Prefetcher[T]:
         return self
 
     def __next__(self) -> T:
         started = time.perf_counter()
+        # the consumer's own time since the last item (its train step): what reads must cover
+        step_s = None if self._returned_at is None else started - self._returned_at
         with self._lock:
             ready = self._ready()
             while True:
@@ -160,9 +276,12 @@ class Prefetcher(Generic[T]):
                 self.next_step = step + 1
                 self._slot_free.notify()  # one thread may claim the next step now
         self.last_wait_s = time.perf_counter() - started
+        self._returned_at = started + self.last_wait_s
         if error is not None:
             self._close(f"step {step} raised {type(error).__name__}")
             raise error
+        if self.max_read_threads is not None and step_s is not None:
+            self._adapt_after(step_s, waited=not ready)
         if self._observer is not None:
             self._observer(step, self.last_wait_s, ready)
         return value  # type: ignore[return-value]

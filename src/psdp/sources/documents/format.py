@@ -12,8 +12,10 @@ from __future__ import annotations
 import io
 import json
 import os
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -21,13 +23,39 @@ import tensorstore as ts
 
 from psdp._plan.leaves import TOKENS
 from psdp.sources.documents.index import DocumentIndex
+from psdp.sources.documents.mapped import MappedOffsets, MappedShards, Part, layout_of
 from psdp.sources.documents.parts import PARTS_DIRECTORY, PARTS_FORMAT, PARTS_VERSION, PartedOffsets
-from psdp.sources.stores.location import DATA_PREFIX, Location, locate, open_kvstore
+from psdp.sources.stores.location import (
+    DATA_PREFIX,
+    GCS_ENDPOINT_VARIABLE,
+    Location,
+    locate,
+    open_kvstore,
+)
 from psdp.sources.stores.tensorstore import COMMITTED, METADATA_FILE
 
 #: The ``format`` and ``version`` of a document store's ``psdp.json``.
 DOCUMENTS_FORMAT = "psdp.documents"
 DOCUMENTS_VERSION = 1
+#: The TensorStore cache the stores a process opens share (unless a context is given): it keeps
+#: the shard indexes (4 KiB per 2**20 tokens) and offsets chunks already read, so a range read
+#: costs one request per run of chunks, not also one per shard index (``docs/guides/tokens.md``).
+#: One cache for all, so that a mixture of many stores holds 64 MiB, not 64 MiB a store.
+CACHE_BYTES = 64 << 20
+#: (process id, GCS endpoint) -> the context: a forked child makes its own, and TensorStore's
+#: gcs driver keeps the endpoint it found in the environment for the context's life
+_SHARED: dict[tuple[int, str | None], ts.Context] = {}
+
+
+def documents_context() -> ts.Context:
+    """The TensorStore context with a cache pool of `CACHE_BYTES` that `read_documents` and
+    `join_stored` read with when given none: one per process (and GCS endpoint), made on first
+    use."""
+    key = (os.getpid(), os.environ.get(GCS_ENDPOINT_VARIABLE))
+    if key not in _SHARED:  # two threads may both make one: either does
+        made = ts.Context({"cache_pool": {"total_bytes_limit": CACHE_BYTES}})
+        _SHARED.setdefault(key, made)
+    return _SHARED[key]
 
 
 @dataclass(frozen=True)
@@ -46,13 +74,17 @@ def read_documents(path: Any, *, context: ts.Context | None = None) -> StoredDoc
     ``path`` (a directory, URL or kvstore spec); its metadata, offsets and leaf shapes are
     checked on open."""
     location = locate(path)
-    context = ts.Context() if context is None else context
+    context = documents_context() if context is None else context
     text, where, kvstore, options = _read_metadata(location, context)
     meta = _json(text, where)
     if isinstance(meta, dict) and meta.get("format") == PARTS_FORMAT:
         return _open_parted(location, _checked_manifest(meta, where), kvstore, context)
     meta = _checked_metadata(meta, where)
     offsets, arrays = _open_arrays(location.name, meta, kvstore, context, options)
+    if location.local is not None:  # read from memory maps of the shard files where it can
+        root = Path(location.local)
+        arrays = {k: _mapped([(root / f"tokens/{k}", a)], location.name) for k, a in arrays.items()}
+        offsets = _mapped([(root / "offsets", offsets)], location.name)
     index = None  # a store written before the index was recorded: built by a pass on open
     if "index_stride" in meta:
         index = _read_index(_open(kvstore("index"), context, location.name, options, rank=2), meta)
@@ -61,12 +93,17 @@ def read_documents(path: Any, *, context: ts.Context | None = None) -> StoredDoc
 
 
 def join_stored(
-    paths: Sequence[Any], *, name: str, index: DocumentIndex | None = None
+    paths: Sequence[Any],
+    *,
+    name: str,
+    index: DocumentIndex | None = None,
+    context: ts.Context | None = None,
 ) -> StoredDocuments:
     """The arrays of the stores `write_documents` wrote at ``paths``, back to back as one store
     (its leaves and dtypes those of the first). ``index``: the whole corpus's, committed with the list of
-    parts; ``None``: built by one pass over every offset."""
-    context = ts.Context()
+    parts; ``None``: built by one pass over every offset. ``context``: as for
+    `read_documents`."""
+    context = documents_context() if context is None else context
     offsets: list[ts.TensorStore] = []
     leaves: list[dict[str, ts.TensorStore]] = []
     for path in paths:
@@ -83,8 +120,29 @@ def join_stored(
             )
         offsets.append(part_offsets)
         leaves.append(arrays)
-    flat = {leaf: ts.concat([part[leaf] for part in leaves], axis=0) for leaf in leaves[0]}
-    return StoredDocuments(PartedOffsets(offsets), flat, name, index, spot_check=index is None)
+    roots = [locate(path).local for path in paths]
+    local = [Path(root) for root in roots if root is not None]
+    if len(local) == len(roots):  # memory maps of the parts' shard files
+        flat = {
+            leaf: _mapped(
+                [
+                    (root / f"tokens/{leaf}", part[leaf])
+                    for root, part in zip(local, leaves, strict=True)
+                ],
+                name,
+            )
+            for leaf in leaves[0]
+        }
+    else:
+        flat = {leaf: ts.concat([part[leaf] for part in leaves], axis=0) for leaf in leaves[0]}
+    parted = PartedOffsets(offsets)
+    joined_offsets: Any = parted
+    if len(local) == len(roots):
+        joined = _mapped([(Path(r) / "offsets", o) for r, o in zip(local, offsets, strict=True)],
+                         name)  # fmt: skip
+        if isinstance(joined, MappedShards):
+            joined_offsets = MappedOffsets(joined, parted.first_document, parted.first_token)
+    return StoredDocuments(joined_offsets, flat, name, index, spot_check=index is None)
 
 
 def _open_parted(
@@ -106,7 +164,7 @@ def _open_parted(
         index = DocumentIndex.load(io.BytesIO(bytes(got.value)))
     names = [u["part"] for u in meta["units"] if meta["parts"][u["part"]]["num_documents"]]
     paths = [_below(location, f"{PARTS_DIRECTORY}/{name}") for name in names]
-    return join_stored(paths, name=location.name, index=index)
+    return join_stored(paths, name=location.name, index=index, context=context)
 
 
 def _below(location: Location, relative: str) -> Any:
@@ -177,6 +235,21 @@ def _open_arrays(
             "damaged: rewrite it"
         )
     return offsets, arrays
+
+
+def _mapped(parts: list[tuple[Path, ts.TensorStore]], name: str) -> Any:
+    """The local arrays ``parts`` (directory, array) back to back, as a `MappedShards` where each
+    has a layout a memory map reads (`layout_of`) on a little-endian machine; otherwise the
+    one array, or their TensorStore concatenation."""
+    layouts = [layout_of(array) for _, array in parts]
+    if sys.byteorder != "little" or any(layout is None for layout in layouts):
+        return parts[0][1] if len(parts) == 1 else ts.concat([a for _, a in parts], axis=0)
+    dtype = parts[0][1].dtype.numpy_dtype
+    return MappedShards(
+        [Part(d, a, *layout) for (d, a), layout in zip(parts, layouts, strict=True) if layout],
+        dtype,
+        name,
+    )
 
 
 def _read_index(array: ts.TensorStore, meta: dict[str, Any]) -> DocumentIndex:

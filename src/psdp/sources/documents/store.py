@@ -219,14 +219,18 @@ class DocumentStore:
     @property
     def reads_storage(self) -> bool:
         """Whether reading waits on storage: some array (the offsets included) is not a numpy
-        array. A loader then reads with several threads by default.
+        array and does not say ``reads_storage = False`` (a local store's memory maps of its
+        shard files do). A loader then reads with several threads by default.
 
         Examples:
             >>> DocumentStore.from_documents([np.array([1, 2])]).reads_storage
             False
         """
         arrays = (self._offsets, *self._flat.values())
-        return any(not isinstance(array, np.ndarray) for array in arrays)
+        # an array may say itself (a local store's memory maps are read like memory)
+        return any(
+            getattr(array, "reads_storage", not isinstance(array, np.ndarray)) for array in arrays
+        )
 
     @classmethod
     def from_documents(cls, docs: Iterable[Any]) -> DocumentStore:
@@ -770,8 +774,16 @@ def _read_flat(array: Any, starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
             return every[starts].reshape(-1)
         spans = zip(starts.tolist(), stops.tolist(), strict=True)
         return np.concatenate([array[:0], *(array[a:b] for a, b in spans)])
-    if _is_tensorstore(array):  # every read started, then all awaited
-        futures = [array[a:b].read() for a, b in zip(starts.tolist(), stops.tolist(), strict=True)]
+    if callable(getattr(array, "read_ranges", None)):  # e.g. a local store's memory maps
+        return np.asarray(array.read_ranges(starts, stops))
+    if _is_tensorstore(array):  # every read started in one batch, then all awaited
+        import tensorstore as ts  # loaded already: the array is TensorStore's
+
+        # one batch: the reads of a shard share one index lookup, and neighbouring chunks of
+        # different ranges come in one request (a step: one request per run of chunks)
+        with ts.Batch() as batch:
+            spans = zip(starts.tolist(), stops.tolist(), strict=True)
+            futures = [array[a:b].read(batch=batch) for a, b in spans]
         parts = [np.asarray(f.result()) for f in futures]
         return np.concatenate(parts) if parts else np.zeros(0, array.dtype.numpy_dtype)
     parts = []

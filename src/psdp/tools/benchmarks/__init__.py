@@ -1,4 +1,4 @@
-"""``psdp bench``: eight figures, each psdp against baselines measured in the same run.
+"""``psdp bench``: nine figures, each psdp against baselines measured in the same run.
 
 What each figure measures, its baseline, how to read its ratio, and the results:
 ``docs/measurements/performance.md``. One module per figure; ``common`` holds the sizes and timing helpers,
@@ -36,6 +36,7 @@ from psdp.tools.benchmarks.common import (
 from psdp.tools.benchmarks.grain_loops import load_grain
 from psdp.tools.benchmarks.multihost import bench_multihost, pod_rows
 from psdp.tools.benchmarks.object_store import bench_object_store
+from psdp.tools.benchmarks.object_tokens import bench_object_tokens
 from psdp.tools.benchmarks.planning import bench_planning, bench_pod, naive_uid_table, pods
 from psdp.tools.benchmarks.report import machine, markdown, markdown_figure, rows
 from psdp.tools.benchmarks.resume import bench_resume, rss_child
@@ -56,6 +57,7 @@ __all__ = [
     "bench_assembly",
     "bench_multihost",
     "bench_object_store",
+    "bench_object_tokens",
     "bench_planning",
     "bench_pod",
     "bench_resume",
@@ -93,6 +95,7 @@ RUNNERS: dict[str, Callable[[Sizes, Path], dict[str, Any]]] = {
     "multihost": lambda s, _: bench_multihost(s),
     "object_store": lambda s, _: bench_object_store(s),
     "tokens": bench_tokens,
+    "object_tokens": bench_object_tokens,
 }
 
 

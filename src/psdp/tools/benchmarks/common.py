@@ -24,6 +24,7 @@ FIGURES = (
     "multihost",
     "object_store",
     "tokens",
+    "object_tokens",
 )
 DEVICES = 8
 
@@ -93,6 +94,18 @@ class Sizes:
     """Rows per step in figure 8 (a multiple of 4, for the 3:1 mixture)."""
     token_steps: int
     """Batches per timed turn of figure 8 (after `warmup_steps`)."""
+    object_token_documents: int
+    """Documents of figure 9's first store (its mixture's second store has half as many)."""
+    object_token_latency_ms: tuple[float, ...]
+    """Latency the proxy adds to every request of figure 9."""
+    object_token_seq_len: int
+    """Tokens per row in figure 9."""
+    object_token_batch: int
+    """Rows per step in figure 9 (a multiple of 4, for the 3:1 mixture)."""
+    object_token_steps: int
+    """Steps counted, and steps timed, per setting of figure 9."""
+    object_token_stall_steps: int
+    """Steps per stall run of figure 9."""
 
 
 FULL = Sizes(
@@ -123,6 +136,12 @@ FULL = Sizes(
     token_seq_len=2048,
     token_batch=64,
     token_steps=20,
+    object_token_documents=8000,
+    object_token_latency_ms=(20, 50, 100),
+    object_token_seq_len=2048,
+    object_token_batch=16,
+    object_token_steps=20,
+    object_token_stall_steps=40,
 )
 QUICK = Sizes(
     assembly_mib=(0.0625, 0.25),
@@ -152,6 +171,12 @@ QUICK = Sizes(
     token_seq_len=128,
     token_batch=16,
     token_steps=2,
+    object_token_documents=400,
+    object_token_latency_ms=(20,),
+    object_token_seq_len=256,
+    object_token_batch=8,
+    object_token_steps=2,
+    object_token_stall_steps=3,
 )
 
 

@@ -286,7 +286,8 @@ class FaultProxy:
 
     Every request first waits ``latency_s``. `fail` gives the first tries of chosen requests a
     fault; `hold` stops one request until the test releases it, to force an interleaving.
-    Counts: `requests` (by method) and `faults` (by kind); `reset` zeroes them.
+    Counts: `requests` (by method), `faults` (by kind) and `bytes_sent` (the bodies of the
+    answers); `reset` zeroes them.
 
     In front of a GCS emulator (`GcsServer` puts one there), ``generations=True`` makes a write
     with ``ifGenerationMatch`` fail with 412 unless the object is at that generation (0: absent)
@@ -321,6 +322,7 @@ class FaultProxy:
         self._holds: list[Hold] = []
         self.requests: Counter[str] = Counter()
         self.faults: Counter[str] = Counter()
+        self.bytes_sent = 0
         #: kept-alive connections to the target, closed on exit
         self.pool: queue.LifoQueue[http.client.HTTPConnection] = queue.LifoQueue()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
@@ -363,6 +365,12 @@ class FaultProxy:
         with self._lock:
             self.requests.clear()
             self.faults.clear()
+            self.bytes_sent = 0
+
+    def sent(self, size: int) -> None:
+        """Counts an answer's body of ``size`` bytes."""
+        with self._lock:
+            self.bytes_sent += size
 
     def fault(self, method: str, path: str, byte_range: str | None) -> str | None:
         """The fault for this try of a request (``None``: forward it); counts it."""
@@ -482,6 +490,7 @@ def _handler_for(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             if self.command != "HEAD":
                 self.wfile.write(payload)
+                proxy.sent(len(payload))
 
         do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = do_PATCH = _relay
 

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import jax
 import numpy as np
 
 from psdp import DataLoader
@@ -51,7 +52,7 @@ def stall_run(loader: DataLoader, step_s: float, steps: int) -> dict[str, float]
             before = time.perf_counter()
             batch = next(it)
             waits.append(time.perf_counter() - before)
-            batch.block_until_ready()  # already ready: assembly copies synchronously on CPU
+            jax.block_until_ready(batch)  # already ready: assembly copies synchronously on CPU
             train_step(step_s)
         total = time.perf_counter() - started
     finally:

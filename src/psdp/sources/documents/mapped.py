@@ -1,0 +1,302 @@
+"""`MappedShards`: the flat arrays of a document store on local disk, read from memory maps of
+their shard files instead of through TensorStore (``docs/measurements/token-path.md``, "Local
+stores").
+
+A read through TensorStore costs ~0.1 ms a range (a file read, a checksum, a decode and a copy
+per chunk, each handed to its threads), 15x a memmap's slice. The format is the same: each
+array is a zarr3 ``sharding_indexed`` array of uncompressed chunks (``bytes``, then a
+``crc32c`` checksum by default), so a chunk is its little-endian values at the offset its
+shard's index gives. Each shard file is checked once, when a read first touches it: TensorStore
+reads it whole, which verifies every checksum, and its index is checked against the layout; a
+store whose layout differs (compressed, other chunks) is read through TensorStore as before.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+#: An index entry of a chunk that was never written (zarr3 sharding).
+_MISSING = np.uint64(2**64 - 1)
+
+
+@dataclass(frozen=True)
+class Part:
+    """One zarr3 array of the joined array: its directory, its TensorStore array (the checked
+    read of a whole shard), and its layout."""
+
+    directory: Path
+    array: Any
+    per_chunk: int
+    per_shard: int
+    checksum: bool
+    index_checksum: bool
+
+
+def layout_of(array: Any) -> tuple[int, int, bool, bool] | None:
+    """``(per_chunk, per_shard, checksum, index_checksum)`` of a 1-D zarr3 TensorStore array
+    whose chunks can be read from a memory map (sharded, uncompressed, little-endian, chunks and
+    index checksummed or not, index at the end); ``None`` for any other.
+
+    Examples:
+        >>> import tempfile, tensorstore as ts
+        >>> tmp = tempfile.TemporaryDirectory()
+        >>> codecs = [{"name": "sharding_indexed", "configuration": {"chunk_shape": [4],
+        ...     "codecs": [{"name": "bytes", "configuration": {"endian": "little"}},
+        ...                {"name": "crc32c"}]}}]
+        >>> array = ts.open({"driver": "zarr3", "kvstore": {"driver": "file", "path": tmp.name},
+        ...     "metadata": {"shape": [20], "chunk_grid": {"name": "regular", "configuration":
+        ...     {"chunk_shape": [16]}}, "data_type": "int32", "codecs": codecs}},
+        ...     create=True).result()
+        >>> layout_of(array)
+        (4, 16, True, True)
+        >>> tmp.cleanup()
+    """
+    spec = array.spec().to_json()
+    meta = spec.get("metadata", {})
+    codecs = meta.get("codecs", [])
+    if len(codecs) != 1 or codecs[0].get("name") != "sharding_indexed" or array.rank != 1:
+        return None
+    config = codecs[0].get("configuration", {})
+    inner = [c.get("name") for c in config.get("codecs", [])]
+    index = [c.get("name") for c in config.get("index_codecs", [])]
+    little = all(
+        c.get("configuration", {}).get("endian", "little") == "little"
+        for c in config.get("codecs", [])
+        if c.get("name") == "bytes"
+    )
+    if (
+        inner not in (["bytes"], ["bytes", "crc32c"])
+        or index not in (["bytes"], ["bytes", "crc32c"])
+        or config.get("index_location", "end") != "end"
+        or not little
+    ):
+        return None
+    per_chunk = int(config["chunk_shape"][0])
+    per_shard = int(meta["chunk_grid"]["configuration"]["chunk_shape"][0])
+    return per_chunk, per_shard, inner == ["bytes", "crc32c"], index == ["bytes", "crc32c"]
+
+
+class MappedShards:
+    """Parts (zarr3 arrays of one dtype, each a `Part`) back to back as one flat array, read from
+    memory maps of their shard files; a `FlatArray` with ``take`` (gathers) and `read_ranges`.
+
+    Thread-safe: the loader's read threads share it.
+    """
+
+    #: Read like memory (copies from the page cache, holding the GIL): a loader reads it with
+    #: one thread by default, as a memmap (`DocumentStore.reads_storage`).
+    reads_storage = False
+
+    def __init__(self, parts: Sequence[Part], dtype: Any, where: str):
+        self.parts = list(parts)
+        self.dtype = np.dtype(dtype)  # little-endian on disk: only mapped on such a machine
+        self._where = where
+        lengths = [int(p.array.shape[0]) for p in self.parts]
+        self._starts = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
+        self.shape = (int(self._starts[-1]),)
+        self._shards: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def _shard(self, part: int, shard: int) -> tuple[np.ndarray, np.ndarray]:
+        """The bytes of a shard file (mapped) and the byte offset of each of its chunks; the
+        file's checksums verified on first use."""
+        key = (part, shard)
+        found = self._shards.get(key)
+        if found is not None:
+            return found
+        p = self.parts[part]
+        length = int(p.array.shape[0])
+        first, stop = shard * p.per_shard, min((shard + 1) * p.per_shard, length)
+        # TensorStore reads the shard whole: every chunk's checksum and the index's verified
+        expected = np.asarray(p.array[first:stop].read().result())
+        # a plain view of the map: slicing an np.memmap makes a memmap object per slice
+        data = np.asarray(np.memmap(p.directory / "c" / str(shard), np.uint8, mode="r"))
+        chunks = -(-(stop - first) // p.per_chunk)
+        index_bytes = p.per_shard // p.per_chunk * 16 + 4 * p.index_checksum
+        table = np.frombuffer(data[len(data) - index_bytes :][: index_bytes - 4 * p.index_checksum],
+                              "<u8").reshape(-1, 2)  # fmt: skip
+        size = p.per_chunk * self.dtype.itemsize
+        offsets, nbytes = table[:chunks, 0], table[:chunks, 1]
+        stride = size + 4 * p.checksum  # chunk k at k * stride: what psdp's writer writes
+        last = (stop - first) - (chunks - 1) * p.per_chunk  # the last chunk may hold fewer
+        regular = np.array_equal(offsets, np.arange(chunks, dtype=np.uint64) * np.uint64(stride))
+        if (
+            not regular
+            or not np.array_equal(nbytes[:-1], np.full(chunks - 1, stride))
+            or (int(nbytes[-1]) not in (stride, last * self.dtype.itemsize + 4 * p.checksum))
+        ):
+            raise ValueError(
+                f"shard {shard} of {p.directory} of {self._where} does not have the layout psdp "
+                "writes (uncompressed chunks of equal size, in order); the store is damaged or "
+                "was written by another tool: rewrite it with write_documents"
+            )
+        mapped = (data, offsets.astype(np.int64))
+        got = self._copy(
+            [(data, int(o), int(min(p.per_chunk, stop - first - c * p.per_chunk)) * size
+              // p.per_chunk) for c, o in enumerate(offsets.tolist())], stop - first
+        )  # fmt: skip
+        if not np.array_equal(got, expected):
+            raise ValueError(
+                f"shard {shard} of {p.directory} of {self._where} reads differently mapped than "
+                "through TensorStore; the store is damaged: rewrite it"
+            )
+        with self._lock:
+            return self._shards.setdefault(key, mapped)
+
+    def _gather_shard(self, mapped: tuple[np.ndarray, np.ndarray], at: np.ndarray,
+                      per_chunk: int) -> np.ndarray:  # fmt: skip
+        """The values at the shard-local positions ``at``."""
+        data, offsets = mapped
+        item = self.dtype.itemsize
+        byte = offsets[at // per_chunk] + (at % per_chunk) * item
+        return data[byte[:, None] + np.arange(item)].reshape(-1).view(self.dtype)
+
+    def _pieces(self, lo: int, hi: int) -> list[tuple[np.ndarray, int, int]]:
+        """``[lo, hi)`` as (mapped bytes, first byte, byte count) pieces, chunk by chunk."""
+        out = []
+        item = self.dtype.itemsize
+        part = int(np.searchsorted(self._starts, lo, side="right")) - 1
+        while lo < hi:
+            p = self.parts[part]
+            base, end = int(self._starts[part]), int(self._starts[part + 1])
+            local, local_hi = lo - base, min(hi, end) - base
+            while local < local_hi:
+                shard = local // p.per_shard
+                data, offsets = self._shard(part, shard)
+                in_shard = local - shard * p.per_shard
+                chunk = in_shard // p.per_chunk
+                take = min(local_hi - local, (chunk + 1) * p.per_chunk - in_shard)
+                start = int(offsets[chunk]) + (in_shard - chunk * p.per_chunk) * item
+                out.append((data, start, take * item))
+                local += take
+            lo = min(hi, end)
+            part += 1
+        return out
+
+    def _copy(self, pieces: list[Any], count: int) -> np.ndarray:
+        """The ``count`` values of ``pieces`` (mapped bytes, first byte, byte count) in order,
+        in a new array."""
+        out = np.empty(count, self.dtype)
+        raw = out.view(np.uint8)
+        at = 0
+        for data, first, size in pieces:
+            raw[at : at + size] = data[first : first + size]
+            at += size
+        return out
+
+    def read_ranges(self, starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
+        """``self[starts[i]:stops[i]]`` for every ``i``, concatenated, in a new array: the
+        ranges cut at chunk ends in numpy, then one copy per piece."""
+        starts, stops = np.asarray(starts, np.int64), np.asarray(stops, np.int64)
+        held = stops > starts
+        lo, hi = starts[held], stops[held]
+        part = np.searchsorted(self._starts, lo, side="right") - 1
+        across = hi > self._starts[part + 1]
+        if across.any():  # a range over a part's end: the slow way (rare)
+            spans = zip(lo.tolist(), hi.tolist(), strict=True)
+            return self._copy(
+                [p for a, b in spans for p in self._pieces(a, b)], int((hi - lo).sum())
+            )
+        pieces: list[Any] = []
+        item = self.dtype.itemsize
+        for number in np.unique(part).tolist():
+            p = self.parts[number]
+            mine = np.flatnonzero(part == number)
+            local_lo = lo[mine] - self._starts[number]
+            local_hi = hi[mine] - self._starts[number]
+            first, last = local_lo // p.per_chunk, (local_hi - 1) // p.per_chunk
+            count = last - first + 1
+            which = np.repeat(np.arange(len(mine)), count)  # each piece's range
+            chunk = first[which] + np.arange(len(which)) - np.repeat(np.cumsum(count) - count,
+                                                                     count)  # fmt: skip
+            piece_lo = np.maximum(local_lo[which], chunk * p.per_chunk)
+            piece_hi = np.minimum(local_hi[which], (chunk + 1) * p.per_chunk)
+            shard = chunk * p.per_chunk // p.per_shard
+            # chunk k of a shard is at byte k * stride (checked when the shard was mapped)
+            stride = p.per_chunk * item + 4 * p.checksum
+            in_shard = chunk - shard * (p.per_shard // p.per_chunk)
+            byte = in_shard * stride + (piece_lo - chunk * p.per_chunk) * item
+            shards, slot = np.unique(shard, return_inverse=True)
+            maps = [self._shard(number, s)[0] for s in shards.tolist()]
+            sizes = ((piece_hi - piece_lo) * item).tolist()
+            order = mine[which].tolist()  # each piece's range: the pieces in the ranges' order
+            each = zip(order, slot.tolist(), byte.tolist(), sizes, strict=True)
+            pieces += [(r, i, maps[k], b, n) for i, (r, k, b, n) in enumerate(each)]
+        if len(self.parts) > 1:
+            pieces.sort(key=lambda piece: (piece[0], piece[1]))
+        return self._copy([(d, b, n) for _, _, d, b, n in pieces], int((hi - lo).sum()))
+
+    def __getitem__(self, where: slice) -> np.ndarray:
+        return self.read_ranges(np.array([where.start]), np.array([where.stop]))
+
+    def take(self, d: Any) -> np.ndarray:
+        """``self[d]`` for an int64 index array ``d`` (a search's probes: cheap as memory)."""
+        d = np.asarray(d, np.int64)
+        flat = d.reshape(-1)
+        out = np.empty(len(flat), self.dtype)
+        part = np.searchsorted(self._starts, flat, side="right") - 1
+        for number in np.unique(part).tolist():
+            p = self.parts[number]
+            mine = part == number
+            local = flat[mine] - self._starts[number]
+            shard = local // p.per_shard
+            got = np.empty(len(local), out.dtype)
+            for s in np.unique(shard).tolist():
+                here = shard == s
+                mapped = self._shard(number, s)
+                got[here] = self._gather_shard(mapped, local[here] - s * p.per_shard,
+                                               p.per_chunk)  # fmt: skip
+            out[mine] = got
+        return out.reshape(d.shape)
+
+
+class MappedOffsets:
+    """The offsets of a parted store on local disk (as `PartedOffsets` gives them: entry 0 is 0,
+    then each part's offsets but its first, plus the tokens of the parts before it), read from
+    the memory maps of the parts' offsets (``joined``, each part's ``D + 1`` entries back to
+    back); a `FlatArray` with ``take``.
+
+    Examples:
+        >>> class Joined:  # two parts' offsets back to back, as MappedShards reads them
+        ...     values = np.array([0, 2, 5, 0, 4])
+        ...     def take(self, d):
+        ...         return self.values[d]
+        >>> offsets = MappedOffsets(Joined(), np.array([0, 2, 3]), np.array([0, 5, 9]))
+        >>> offsets.shape, offsets[0:4].tolist(), offsets.take(np.array([3, 1])).tolist()
+        ((4,), [0, 2, 5, 9], [9, 2])
+    """
+
+    reads_storage = False  # read like memory, as `MappedShards`
+
+    def __init__(self, joined: Any, first_document: np.ndarray, first_token: np.ndarray):
+        self._joined = joined
+        self._first_document = np.asarray(first_document, np.int64)
+        self._first_token = np.asarray(first_token, np.int64)
+        # where each part's entries start in ``joined``: its D + 1 entries each
+        self._at = self._first_document[:-1] + np.arange(len(self._first_document) - 1)
+        self.shape = (int(self._first_document[-1]) + 1,)
+        self.dtype = np.dtype(np.int64)
+
+    def take(self, d: Any) -> np.ndarray:
+        d = np.asarray(d, np.int64)
+        part = np.maximum(np.searchsorted(self._first_document, d - 1, side="right") - 1, 0)
+        local = d - self._first_document[part]
+        return self._joined.take(self._at[part] + local) + self._first_token[part]
+
+    def __getitem__(self, where: slice) -> np.ndarray:
+        return self.take(np.arange(where.start, where.stop))
+
+    def read_ranges(self, starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
+        spans = zip(np.asarray(starts).tolist(), np.asarray(stops).tolist(), strict=True)
+        return self.take(
+            np.concatenate([np.zeros(0, np.int64)] + [np.arange(a, b) for a, b in spans])
+        )

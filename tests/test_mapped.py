@@ -1,0 +1,96 @@
+"""A local document store read from memory maps of its shard files (`MappedShards`): every read
+equals TensorStore's of the same store, a damaged chunk is refused, and a layout a map cannot
+read (compressed chunks) is read through TensorStore as before."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorstore as ts
+
+from psdp import DocumentStore, write_documents
+from psdp.sources.documents.format import read_documents
+from psdp.sources.documents.mapped import MappedShards
+from psdp.sources.documents.store import join_documents
+
+
+def corpus(seed: int, count: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 60_000, n).astype(np.uint16) for n in rng.integers(1, 900, count)]
+
+
+def random_ranges(rng, tokens, count, longest=3000):
+    starts = rng.integers(0, tokens, count)
+    stops = np.minimum(tokens, starts + rng.integers(0, longest, count))
+    return starts, stops
+
+
+@pytest.mark.parametrize("checksum", [True, False])
+def test_mapped_reads_equal_the_written_tokens(tmp_path, checksum):
+    docs = corpus(0, 300)
+    # small chunks and shards: ranges cross chunk and shard ends, the last shard is short
+    path = write_documents(tmp_path / "s", docs, tokens_per_chunk=256, tokens_per_shard=4096,
+                           checksum=checksum, progress=False)  # fmt: skip
+    store = DocumentStore.open(path)
+    stored = read_documents(path)
+    assert isinstance(stored.leaves["input_ids"], MappedShards)
+    assert isinstance(stored.offsets, MappedShards)
+    flat = np.concatenate(docs)
+    rng = np.random.default_rng(1)
+    for _ in range(20):
+        starts, stops = random_ranges(rng, len(flat), 40)
+        got = store.read_ranges(starts, stops)["input_ids"]
+        want = np.concatenate([flat[a:b] for a, b in zip(starts, stops, strict=True)])
+        np.testing.assert_array_equal(got, want)
+        assert got.dtype == np.uint16
+    offsets = np.concatenate([[0], np.cumsum([len(d) for d in docs])])
+    probes = rng.integers(0, len(offsets), (7, 5))
+    np.testing.assert_array_equal(stored.offsets.take(probes), offsets[probes])
+    np.testing.assert_array_equal(store.offsets_range(0, len(offsets)), offsets)
+
+
+def test_parts_read_back_to_back(tmp_path):
+    parts = [corpus(seed, 40) for seed in range(3)]
+    paths = [
+        write_documents(
+            tmp_path / f"p{i}", docs, tokens_per_chunk=256, tokens_per_shard=1024, progress=False
+        )  # fmt: skip
+        for i, docs in enumerate(parts)
+    ]
+    store = join_documents(paths, name="joined")
+    assert not store.reads_storage  # tokens and offsets from memory maps
+    offsets = np.concatenate([[0], np.cumsum([len(d) for docs in parts for d in docs])])
+    np.testing.assert_array_equal(store.offsets_range(0, len(offsets)), offsets)
+    np.testing.assert_array_equal(store.offsets_range(39, 43), offsets[39:43])  # a part's end
+    flat = np.concatenate([d for docs in parts for d in docs])
+    rng = np.random.default_rng(2)
+    for _ in range(20):  # many ranges cross a part's end
+        starts, stops = random_ranges(rng, len(flat), 30, longest=20_000)
+        got = store.read_ranges(starts, stops)["input_ids"]
+        want = np.concatenate([flat[a:b] for a, b in zip(starts, stops, strict=True)])
+        np.testing.assert_array_equal(got, want)
+
+
+def test_a_damaged_chunk_is_refused_on_first_read(tmp_path):
+    path = write_documents(tmp_path / "s", corpus(3, 50), tokens_per_chunk=256,
+                           tokens_per_shard=4096, progress=False)  # fmt: skip
+    shard = path / "tokens" / "input_ids" / "c" / "1"
+    data = bytearray(shard.read_bytes())
+    data[10] ^= 0xFF  # a value of shard 1's first chunk; its checksum no longer matches
+    shard.write_bytes(bytes(data))
+    store = DocumentStore.open(path)
+    store.read_ranges([0], [100])  # shard 0: fine
+    with pytest.raises(ValueError, match="damaged"):
+        store.read_ranges([4096], [4100])
+
+
+def test_compressed_chunks_are_read_through_tensorstore(tmp_path):
+    docs = corpus(4, 50)
+    path = write_documents(tmp_path / "s", docs, compression="zstd", progress=False)
+    stored = read_documents(path)
+    assert isinstance(stored.leaves["input_ids"], ts.TensorStore)
+    store = DocumentStore.open(path)
+    np.testing.assert_array_equal(
+        store.read_ranges([5, 0], [9, 3])["input_ids"],
+        np.concatenate(docs)[np.r_[5:9, 0:3]],
+    )

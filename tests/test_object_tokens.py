@@ -1,0 +1,137 @@
+"""The token path from an object store, counted: requests per step bounded by the chunks the
+step's rows touch (moto's S3 on 127.0.0.1 behind a counting `FaultProxy`), and the loader's
+read threads grown from measured read times (`Prefetcher.adapt`, fed exact numbers). Nothing
+here asserts a time."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorstore as ts
+
+from psdp import DataLoader, DocumentStore, Mixture, PackedSequences, TokenSequences
+from psdp._runtime.prefetch import Prefetcher, steps_in_flight
+from psdp.sources.documents.writer import write_documents
+from psdp.tools.benchmarks.object_store import FaultProxy, S3Server
+from psdp.tools.benchmarks.object_tokens import chunk_runs, touched_chunks
+
+SEQ = 512
+BATCH = 8
+SHARD = 1 << 16  # tokens per shard file of the stores: rows touch several shards
+
+
+@pytest.fixture(scope="module")
+def server():
+    with S3Server() as s3:
+        rng = np.random.default_rng(0)
+        for name, count in (("a", 600), ("b", 300)):
+            lengths = rng.integers(1, 2000, count)
+            docs = [rng.integers(0, 60_000, n).astype(np.uint16) for n in lengths]
+            write_documents(s3.kvstore(f"{name}/"), docs, tokens_per_shard=SHARD,
+                            progress=False)  # fmt: skip
+        yield s3
+
+
+@pytest.fixture
+def proxy(server):
+    with FaultProxy(server.endpoint) as p:
+        yield p
+
+
+def counted_steps(loader, stores, proxy, steps):
+    """Per step after step 0: the requests at the proxy, and their bound: the runs of chunks
+    its token ranges touched, plus the shards touched for the first time (whose index is read
+    once)."""
+    runs: list[int] = []
+    seen: set[tuple[int, int]] = set()
+    new: set[tuple[int, int]] = set()
+    for number, store in enumerate(stores):
+        read = store.read_ranges
+
+        def recorded(starts, stops, leaves=None, read=read, number=number):
+            runs.append(chunk_runs([0], starts, stops, SHARD))
+            shards = {(number, shard) for _, shard, _ in touched_chunks([0], starts, stops, SHARD)}
+            new.update(shards - seen)
+            seen.update(shards)
+            return read(starts, stops, leaves)
+
+        store.read_ranges = recorded
+    loader.batch_at(0)  # opens connections, reads the offsets it needs
+    out = []
+    for step in range(1, steps + 1):
+        proxy.reset()
+        runs.clear()
+        new.clear()
+        loader.batch_at(step)
+        out.append((sum(proxy.requests.values()), sum(runs) + len(new)))
+    return out
+
+
+def open_store(server, proxy, name, **options):
+    return DocumentStore.open(server.kvstore(f"{name}/", proxy.endpoint), **options)
+
+
+@pytest.mark.parametrize("job", ["sequences", "packed mixture"])
+def test_requests_per_step_are_bounded_by_the_chunk_runs_touched(server, proxy, job, mesh_1d):
+    if job == "sequences":
+        stores = [open_store(server, proxy, "a")]
+        view = TokenSequences(stores[0], SEQ)
+        options = {"seed": 3}
+    else:
+        stores = [open_store(server, proxy, name) for name in "ab"]
+        packed = {n: PackedSequences(s, SEQ) for n, s in zip("ab", stores, strict=True)}
+        view, options = Mixture(packed, weights={"a": 3, "b": 1}, block_size=BATCH, seed=3), {}
+    with DataLoader(view, mesh=mesh_1d, global_batch_size=BATCH, **options) as loader:
+        counts = counted_steps(loader, stores, proxy, steps=6)
+    assert all(bound > 0 for _, bound in counts), counts
+    # the offsets came with step 0 and the store's cache keeps them and each shard index read:
+    # a step costs at most one request per run of chunks its rows touch, plus one per shard
+    # it is the first to touch
+    assert all(requests <= bound for requests, bound in counts), counts
+
+
+def test_without_the_cache_each_read_also_fetches_shard_indexes(server, proxy, mesh_1d):
+    store = open_store(server, proxy, "a", context=ts.Context())  # no cache pool
+    with DataLoader(TokenSequences(store, SEQ), mesh=mesh_1d, global_batch_size=BATCH,
+                    seed=3) as loader:  # fmt: skip
+        counts = counted_steps(loader, [store], proxy, steps=3)
+    assert all(requests > bound for requests, bound in counts), counts
+
+
+def test_read_threads_grow_to_cover_the_measured_reads_and_stop_when_it_does_not_help():
+    with Prefetcher(lambda s: s, start=0, depth=2, name="t", read_threads=4,
+                    max_read_threads=32) as items:  # fmt: skip
+        assert items.adapt(step_s=0.2, rate=1.0) == 4  # nothing timed yet: as it was
+        for _ in range(8):
+            items.record_read(1.0, 0.01)  # 1 s reads (10 ms of CPU): 100 ms round trips
+        assert items.adapt(step_s=0.2, rate=1.0) == steps_in_flight(1.0, 0.01, 0.2) == 6
+        for _ in range(8):
+            items.record_read(1.0, 0.01)
+        assert items.adapt(step_s=0.0, rate=2.0) == 12  # at most doubled at once
+        for _ in range(8):
+            items.record_read(1.0, 0.01)
+        assert items.adapt(step_s=0.0, rate=2.1) == 12  # 5% more steps/s: growth stops
+        assert items.max_read_threads == 12
+        for _ in range(8):
+            items.record_read(5.0, 0.01)
+        assert items.adapt(step_s=0.0, rate=9.0) == 12
+        assert [next(items) for _ in range(3)] == [0, 1, 2]
+
+
+def test_fixed_read_threads_never_grow():
+    with Prefetcher(lambda s: s, start=0, depth=2, name="t", read_threads=2) as items:
+        for _ in range(8):
+            items.record_read(1.0, 0.0)
+        assert items.adapt(step_s=0.0, rate=1.0) == 2
+
+
+def test_a_loader_grows_only_when_read_threads_is_unset(server, proxy, mesh_1d):
+    store = open_store(server, proxy, "a")
+    for requested, limit in ((None, 32), (4, None)):
+        view = TokenSequences(store, SEQ)
+        with (
+            DataLoader(view, mesh=mesh_1d, global_batch_size=BATCH, seed=3,
+                       read_threads=requested) as loader,
+            loader.iter_from(0) as it,
+        ):  # fmt: skip
+            assert (it.read_threads, it.max_read_threads) == (4, limit)
