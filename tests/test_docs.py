@@ -45,6 +45,7 @@ COVERED = [
     "guides/spatial.md",
     "guides/evaluate.md",
     "guides/checkpoint-and-resume.md",
+    "guides/grain-maxtext.md",
     "guides/local-pod.md",
     "guides/tuning.md",
     "reference/cli.md",
@@ -78,7 +79,7 @@ NOT_RUN_MARK = re.compile(r"<!-- not run: (.+?) -->")
 
 #: optional dependency -> the psdp extra that installs it: where it is not installed, a block that
 #: imports it is skipped (and the doc's test reports the skip once its other blocks have passed)
-OPTIONAL = {"haliax": "haliax"}
+OPTIONAL = {"haliax": "haliax", "grain": "grain"}
 
 
 @dataclass(frozen=True)
@@ -273,6 +274,7 @@ def test_the_runnable_blocks_are_found():
         "guides/spatial.md": 2,  # a setup block, then the example
         "guides/evaluate.md": 2,  # a setup block, then the example
         "guides/checkpoint-and-resume.md": 1,
+        "guides/grain-maxtext.md": 3,  # a Grain pipeline, a Grain DataLoader, MaxText's batches
         "guides/local-pod.md": 1,
         "guides/tuning.md": 0,
         "reference/cli.md": 0,
