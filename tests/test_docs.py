@@ -440,6 +440,7 @@ def test_the_api_reference_documents_every_public_name():
     `psdp.tools.pod` (``::: path``, the path a user imports it from), so mkdocstrings renders its
     docstring; a name `psdp` re-exports from `psdp.sources` is documented once, under
     `psdp.sources`."""
+    import psdp.orbax
     import psdp.prepare
     import psdp.sources
     import psdp.tools.pod
@@ -453,6 +454,7 @@ def test_the_api_reference_documents_every_public_name():
     wanted = {f"psdp.sources.{name}" for name in psdp.sources.__all__}
     wanted |= {f"psdp.prepare.{name}" for name in psdp.prepare.__all__}
     wanted |= {f"psdp.tools.pod.{name}" for name in psdp.tools.pod.__all__}
+    wanted |= {f"psdp.orbax.{name}" for name in psdp.orbax.__all__}
     wanted |= {
         f"psdp.{name}"
         for name in top
