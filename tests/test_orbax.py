@@ -85,7 +85,9 @@ def test_bad_args_say_the_fix(mesh_2d):
         LoaderRestore(DATA)
     with pytest.raises(TypeError, match=r"needs the source and the mesh"):
         LoaderRestore(mesh=mesh_2d)
-    with pytest.raises(TypeError, match="a LoaderConfig needs the mesh"):
+    with pytest.raises(
+        TypeError, match=r"LoaderRestore\(config, mesh=mesh\): a LoaderConfig needs the mesh"
+    ):
         LoaderRestore(LoaderConfig.create(global_batch_size=8))
     with pytest.raises(TypeError, match="saves psdp.orbax.LoaderSave args, got JsonSaveArgs"):
         LoaderCheckpointHandler().save("/nonexistent", args=ocp.args.JsonSave({}))

@@ -25,7 +25,7 @@ def test_the_orbax_recipe_restores_an_optax_state_that_trains_on_a_pod(tmp_path)
     ]
 
 
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(420)  # two pods of 180 s, and a minute
 def test_a_pod_killed_between_the_models_save_and_the_loaders_restores_a_matching_pair(tmp_path):
     """Steps 2 and 4 save model and loader in one Orbax step each; the save of step 6 is killed
     on every host once its model item is on disk and before its loader file is written. A pod

@@ -17,11 +17,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from psdp._imports import import_optional
+from psdp._integration.data_config import DataConfig
 from psdp._integration.loader_config import LoaderConfig
 from psdp._runtime.loader import DataLoader
 from psdp._runtime.state import check_state
 
 ocp: Any = import_optional("orbax.checkpoint", extra="orbax", needed_for="psdp.orbax")
+
+#: configs whose ``restore(state, mesh, **kwargs)`` builds the restored loader
+CONFIGS = (LoaderConfig, DataConfig)
 
 __all__ = ["LoaderCheckpointHandler", "LoaderRestore", "LoaderSave"]
 
@@ -85,30 +89,32 @@ class LoaderRestore(ocp.args.CheckpointArgs):
     saved run's: `DataLoader.restore`'s rules (``docs/reference/reliability.md``).
 
     Args:
-        source: the source to read (as `DataLoader` takes it), or a `LoaderConfig` (then
-            ``config.restore(state, mesh, **kwargs)``, e.g. with ``source=``); ``None`` with
-            no mesh: the restored item is the state dict itself.
+        source: the source to read (as `DataLoader` takes it), or a `LoaderConfig` or
+            `DataConfig` (then ``config.restore(state, mesh, **kwargs)``, e.g. with
+            ``batch_axes=``); ``None`` with no mesh: the restored item is the state dict itself.
         mesh: the mesh of the restored loader.
         **kwargs: other `DataLoader.restore` arguments (``global_batch_size``, ``batch_spec``,
-            ...), or `LoaderConfig.restore`'s (``source``, ``batch_axes``).
+            ...), or the config's ``restore`` arguments (``batch_axes``, ...).
     """
 
     def __init__(self, source: Any = None, /, *, mesh: Any = None, **kwargs: Any):
-        if (source is None) != (mesh is None) and not isinstance(source, LoaderConfig):
+        if (source is None) != (mesh is None) and not isinstance(source, CONFIGS):
             raise TypeError(
                 "LoaderRestore needs the source and the mesh, e.g. LoaderRestore(source, "
                 f"mesh=mesh), or neither (the state dict itself); got source="
                 f"{type(source).__name__} and mesh={type(mesh).__name__}"
             )
-        if isinstance(source, LoaderConfig) and mesh is None:
-            raise TypeError("LoaderRestore(config, mesh=mesh): a LoaderConfig needs the mesh")
+        if isinstance(source, CONFIGS) and mesh is None:
+            raise TypeError(
+                f"LoaderRestore(config, mesh=mesh): a {type(source).__name__} needs the mesh"
+            )
         self.source, self.mesh, self.kwargs = source, mesh, kwargs
 
     def restore(self, state: Mapping[str, Any]) -> Any:
         """The restored item: a `DataLoader` at ``state``'s step, or ``state`` itself."""
         if self.source is None:
             return dict(state)
-        if isinstance(self.source, LoaderConfig):
+        if isinstance(self.source, CONFIGS):
             return self.source.restore(state, self.mesh, **self.kwargs)
         return DataLoader.restore(state, self.source, mesh=self.mesh, **self.kwargs)
 
