@@ -11,7 +11,7 @@ python_of = $(firstword $(foreach p,$(shell command -v python$(1)) \
 PYTHON ?= $(or $(call python_of,3.11),python3)
 PYTHON_LOWER ?= $(or $(call python_of,3.11),python3.11)
 PYTHON_NEWEST ?= $(or $(call python_of,3.13),python3.13)
-EXTRAS := chat,dev,draccus,grain,haliax,prepare,ray
+EXTRAS := chat,dev,draccus,grain,haliax,orbax,prepare,ray
 # The dev venv (.venv) also builds the documentation site; the test venvs need no docs tools.
 DEV_EXTRAS := $(EXTRAS),docs
 VENV := .venv

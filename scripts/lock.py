@@ -30,9 +30,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 #: what every lock installs, and what the Makefile installs with it
-EXTRAS = "chat,dev,draccus,grain,haliax,prepare,ray"
+EXTRAS = "chat,dev,draccus,grain,haliax,orbax,prepare,ray"
 #: the extras a user installs; ``dev`` (test and lint tools) has no bounds to test
-USER_EXTRAS = ("chat", "draccus", "grain", "haliax", "prepare", "ray")
+USER_EXTRAS = ("chat", "draccus", "grain", "haliax", "orbax", "prepare", "ray")
 _REQUIREMENT = re.compile(r"^\s*([A-Za-z0-9._-]+)\s*(?:\[[^\]]*\])?\s*([^;]*)")
 
 

@@ -616,6 +616,20 @@ MUTANTS = [
            "read threads grown more than twofold at once"),
     Mutant("LT6", "_runtime/prefetch.py", "if rate is not None and before is not None and rate < GAIN * before:",
            "if False:", "read threads grown on although the last growth did not help"),
+    # ---------------------------------------- Grain, MaxText and Orbax (issue 37, items 2 and 3)
+    Mutant("GM1", "sources/stores/grain.py", "self._copy = not reads_fresh_rows(source)",
+           "self._copy = False", "Grain records share a buffer the source refills"),
+    Mutant("GM2", "sources/stores/grain.py",
+           "return [{k: v[i] for k, v in leaves.items()} for i in range(len(ids))]",
+           "return [{k: v[i] for k, v in leaves.items()} for i in reversed(range(len(ids)))]",
+           "Grain's batched read hook returns the records out of order"),
+    Mutant("GM3", "sources/views/maxtext.py",
+           '"targets_segmentation": np.where(rows["loss_mask"] != 0, segments, 0).astype(np.int32),',
+           '"targets_segmentation": segments.copy(),',
+           "MaxText's loss counts tokens without a real target"),
+    Mutant("OX1", "orbax.py",
+           "return args.restore(state) if isinstance(args, LoaderRestore) else state",
+           "return state", "LoaderRestore gives the state, not a loader at its step"),
 ]  # fmt: skip
 
 #: Single-process tests run against every mutant (the planner, reads, assembly and order).
@@ -660,6 +674,8 @@ TESTS = [
     "tests/test_eval.py",
     "tests/test_object_tokens.py",
     "tests/test_mapped.py",
+    "tests/test_grain_maxtext.py",
+    "tests/test_orbax.py",
     "src/psdp/_plan/order.py",
     "src/psdp/_plan/mesh.py",
     "src/psdp/_plan/layout.py",
@@ -674,6 +690,7 @@ POD_TESTS = [
     "tests/test_loader_multiprocess.py",
     "tests/test_spatial_pod.py",
     "tests/test_eval_pod.py",
+    "tests/test_orbax_pod.py",
 ]
 
 

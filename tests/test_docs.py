@@ -45,6 +45,7 @@ COVERED = [
     "guides/spatial.md",
     "guides/evaluate.md",
     "guides/checkpoint-and-resume.md",
+    "guides/grain-maxtext.md",
     "guides/local-pod.md",
     "guides/tuning.md",
     "reference/cli.md",
@@ -78,7 +79,7 @@ NOT_RUN_MARK = re.compile(r"<!-- not run: (.+?) -->")
 
 #: optional dependency -> the psdp extra that installs it: where it is not installed, a block that
 #: imports it is skipped (and the doc's test reports the skip once its other blocks have passed)
-OPTIONAL = {"haliax": "haliax"}
+OPTIONAL = {"haliax": "haliax", "grain": "grain"}
 
 
 @dataclass(frozen=True)
@@ -273,6 +274,7 @@ def test_the_runnable_blocks_are_found():
         "guides/spatial.md": 2,  # a setup block, then the example
         "guides/evaluate.md": 2,  # a setup block, then the example
         "guides/checkpoint-and-resume.md": 1,
+        "guides/grain-maxtext.md": 3,  # a Grain pipeline, a Grain DataLoader, MaxText's batches
         "guides/local-pod.md": 1,
         "guides/tuning.md": 0,
         "reference/cli.md": 0,
@@ -438,6 +440,7 @@ def test_the_api_reference_documents_every_public_name():
     `psdp.tools.pod` (``::: path``, the path a user imports it from), so mkdocstrings renders its
     docstring; a name `psdp` re-exports from `psdp.sources` is documented once, under
     `psdp.sources`."""
+    import psdp.orbax
     import psdp.prepare
     import psdp.sources
     import psdp.tools.pod
@@ -451,6 +454,7 @@ def test_the_api_reference_documents_every_public_name():
     wanted = {f"psdp.sources.{name}" for name in psdp.sources.__all__}
     wanted |= {f"psdp.prepare.{name}" for name in psdp.prepare.__all__}
     wanted |= {f"psdp.tools.pod.{name}" for name in psdp.tools.pod.__all__}
+    wanted |= {f"psdp.orbax.{name}" for name in psdp.orbax.__all__}
     wanted |= {
         f"psdp.{name}"
         for name in top

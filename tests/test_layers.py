@@ -1,7 +1,7 @@
 """The house's layers hold: no module imports a layer above its own, and no import circle.
 
 psdp's layers, bottom to top: ``_plan`` (pure) -> ``sources`` -> ``_runtime`` and ``prepare``
-(siblings: neither imports the other) -> ``_integration`` -> the API (``psdp/__init__.py``) ->
+(siblings: neither imports the other) -> ``_integration`` -> ``orbax`` (optional) -> the API (``psdp/__init__.py``) ->
 ``tools``; inside ``sources``: ``base`` <- ``stores`` <- ``documents`` <- ``views``
 (``docs/concepts/architecture.md``). Every import is read from the source with `ast`, those
 inside functions and under ``TYPE_CHECKING`` too, so a lazy import that runs back up fails here
@@ -29,6 +29,7 @@ LAYERS = {
     "psdp._runtime": 2,
     "psdp.prepare": 2,  # _runtime's sibling: at one height, two rooms import neither way
     "psdp._integration": 3,
+    "psdp.orbax": 3.5,  # Orbax's checkpoint args: it imports orbax, so `psdp` never imports it
     "psdp.tools": 5,
 }
 #: psdp's helper modules, below every layer (they import nothing of psdp's layers)

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 LOCKS = sorted((ROOT / "requirements").glob("*.lock"))
 #: dependencies psdp loads only when a feature needs them
-HEAVY = ["equinox", "grain", "haliax", "tensorstore"]
+HEAVY = ["equinox", "grain", "haliax", "orbax", "tensorstore"]
 
 
 #: extras of tools, not of users: ``dev`` in every lock, ``docs`` in the dev lock only (the

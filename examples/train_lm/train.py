@@ -35,6 +35,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from model import ModelConfig, Transformer, loss_sum
 
 from psdp import DataConfig, MeshConfig, check_consistency
+from psdp.orbax import LoaderRestore, LoaderSave
 
 CONFIG = Path(__file__).with_name("train_lm.yaml")
 
@@ -111,11 +112,11 @@ def train(config: TrainConfig) -> dict[str, Any]:
         restored = manager.restore(
             manager.latest_step(),
             args=ocp.args.Composite(
-                model=ocp.args.StandardRestore(abstract), loader=ocp.args.JsonRestore()
+                model=ocp.args.StandardRestore(abstract),
+                loader=LoaderRestore(config.data, mesh=mesh, batch_axes=batch_axes),
             ),
         )
-        state = restored.model
-        loader = config.data.restore(restored.loader, mesh, batch_axes=batch_axes)
+        state, loader = restored.model, restored.loader
     log = Log(Path(config.log))
     evals = config.data.eval_loaders(mesh, batch_axes=batch_axes)
     documents = {
@@ -144,8 +145,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
                 manager.save(
                     step + 1,
                     args=ocp.args.Composite(
-                        model=ocp.args.StandardSave(state),
-                        loader=ocp.args.JsonSave(batches.state()),
+                        model=ocp.args.StandardSave(state), loader=LoaderSave(batches)
                     ),
                 )
                 manager.wait_until_finished()  # on disk before the run may die

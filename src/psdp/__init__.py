@@ -49,7 +49,9 @@ from psdp._runtime.prefetch import LoaderClosedError as LoaderClosedError
 from psdp._runtime.telemetry import LoaderStats as LoaderStats
 from psdp.sources import ArraySource as ArraySource
 from psdp.sources import DocumentStore as DocumentStore
+from psdp.sources import GrainRecords as GrainRecords
 from psdp.sources import GrainSource as GrainSource
+from psdp.sources import MaxTextRows as MaxTextRows
 from psdp.sources import MemmapSource as MemmapSource
 from psdp.sources import Mixture as Mixture
 from psdp.sources import PackedSequences as PackedSequences
@@ -98,12 +100,14 @@ __all__ = [
     "DataPlan",
     "DocumentStore",
     "GlobalOrder",
+    "GrainRecords",
     "GrainSource",
     "HostFailedError",
     "LoaderClosedError",
     "LoaderConfig",
     "LoaderOptions",
     "LoaderStats",
+    "MaxTextRows",
     "MemmapSource",
     "MeshConfig",
     "MeshLayout",

@@ -2,12 +2,13 @@
 
 - `base`: the `Source` protocol, `Rows`, and the in-memory sources (`ArraySource`, ...).
 - `stores/`: where bytes live and how they are written: `TensorStoreSource` and `write_dataset`,
-  `MemmapSource`, `GrainSource`, streams (`StreamSource`: no random access, read shard by shard),
+  `MemmapSource`, `GrainSource` and `GrainRecords` (Grain, both ways), streams (`StreamSource`:
+  no random access, read shard by shard),
   `as_source`, object-store locations and retries, a Levanter cache's arrays.
 - `documents/`: token documents stored flat and their indexes: `DocumentStore`,
   `DocumentIndex`, `write_documents`, `open_levanter_cache`.
 - `views/`: rows made from documents: `TokenSequences`, `PackedSequences`, `Mixture`,
-  provenance.
+  provenance, MaxText's leaves (`MaxTextRows`).
 
 Each folder imports only those before it in this list (and ``psdp._plan``, pure), nothing above
 ``sources``; ``tests/test_layers.py`` checks it. This package's names are the public ones.
@@ -29,10 +30,12 @@ from psdp.sources.documents.index import DocumentIndex as DocumentIndex
 from psdp.sources.documents.store import DocumentStore as DocumentStore
 from psdp.sources.documents.store import FlatArray as FlatArray
 from psdp.sources.stores.adapt import as_source as as_source
+from psdp.sources.stores.grain import GrainRecords as GrainRecords
 from psdp.sources.stores.grain import GrainSource as GrainSource
 from psdp.sources.stores.memmap import MemmapSource as MemmapSource
 from psdp.sources.stores.streams import StreamReader as StreamReader
 from psdp.sources.stores.streams import StreamSource as StreamSource
+from psdp.sources.views.maxtext import MaxTextRows as MaxTextRows
 from psdp.sources.views.mixture import Mixture as Mixture
 from psdp.sources.views.pack_index import pack_index_beside as pack_index_beside
 from psdp.sources.views.pack_index import save_pack_index_beside as save_pack_index_beside
@@ -84,8 +87,10 @@ __all__ = [
     "DocumentIndex",
     "DocumentStore",
     "FlatArray",
+    "GrainRecords",
     "GrainSource",
     "IndexableSource",
+    "MaxTextRows",
     "MemmapSource",
     "Mixture",
     "PackSettings",

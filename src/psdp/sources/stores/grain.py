@@ -1,5 +1,9 @@
-"""`GrainSource`: a Grain-style per-record source (``__len__``, ``__getitem__(int)``) read in
-batches on a small thread pool (``docs/guides/stores.md``). Grain itself is never imported.
+"""The bridge with Grain, both ways; Grain itself is never imported.
+
+`GrainSource`: a Grain-style per-record source (``__len__``, ``__getitem__(int)``) read by psdp in
+batches on a small thread pool (``docs/guides/stores.md``). `GrainRecords`: any psdp source (a
+store, `TokenSequences`, `PackedSequences`, a `Mixture`) as a Grain random-access data source,
+record ``i`` the source's row ``i`` (``docs/guides/grain-maxtext.md``).
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import numpy as np
 
 from psdp._checks import check_int
 from psdp._plan.leaves import in_leaf_order
-from psdp.sources.base import Rows, check_ids, fresh_rows
+from psdp.sources.base import Rows, check_ids, fresh_rows, reads_fresh_rows
 
 
 class GrainSource:
@@ -126,3 +130,61 @@ def _stack_leaf(values: Sequence[Any], ids: np.ndarray, where: str) -> np.ndarra
                 "(pad or cast the records)"
             )
     return np.stack(arrays)
+
+
+class GrainRecords:
+    """A psdp source as a Grain random-access data source: record ``i`` is row ``i``.
+
+    ``grain.MapDataset.source(GrainRecords(source))`` and ``grain.DataLoader(data_source=...)``
+    take it: ``__len__``, ``__getitem__(i)`` (a dict of the row's leaves, or the row of an
+    array source) and ``_getitems(indices)``, the batched read hook of Grain releases that have
+    one (0.2.18 has it; 0.2.9 reads record by record): one ``source.read`` for all the indices,
+    where Grain calls it. A record's arrays are memory nothing else holds (copied where the
+    source may refill its buffers), so Grain may keep or change them.
+    Thread-safe as the source's reads are; picklable (Grain's worker processes) when the source is.
+
+    Args:
+        source: any psdp source (``len`` and ``read(ids)``).
+
+    Examples:
+        >>> from psdp.sources.base import ArraySource
+        >>> records = GrainRecords(ArraySource({"x": np.arange(6).reshape(3, 2)}))
+        >>> len(records), records[2]["x"].tolist(), [int(r["x"][0]) for r in records._getitems([1, 0])]
+        (3, [4, 5], [2, 0])
+    """
+
+    def __init__(self, source: Any):
+        for method in ("__len__", "read"):
+            if not hasattr(source, method):
+                raise TypeError(
+                    f"GrainRecords needs a psdp source (len() and read(ids)), but "
+                    f"{type(source).__name__} has no {method}; wrap an array or a dict of arrays "
+                    "with psdp.ArraySource, or a Grain source with psdp.GrainSource the other way"
+                )
+        self.source = source
+        self._copy = not reads_fresh_rows(source)  # rows that may be views of a reused buffer
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def __getitem__(self, index: int) -> Any:
+        return self._getitems([index])[0]
+
+    def _getitems(self, indices: Sequence[int]) -> list[Any]:
+        """The records at ``indices``, from one read of the source (Grain's batched hook)."""
+        ids = np.asarray(indices, dtype=np.int64).reshape(-1)
+        rows = self.source.read(check_ids(ids, len(self), self._describe))
+        if isinstance(rows, Mapping):
+            leaves = {k: np.array(v) if self._copy else v for k, v in rows.items()}
+            return [{k: v[i] for k, v in leaves.items()} for i in range(len(ids))]
+        rows = np.array(rows) if self._copy else rows
+        return list(rows)
+
+    def _describe(self) -> str:
+        describe = getattr(self.source, "describe", None)
+        return describe() if callable(describe) else type(self.source).__name__
+
+    def __repr__(self) -> str:
+        # Grain's DataLoader writes the source's repr into its checkpoints and compares it on
+        # restore: it must name the source, never an address
+        return f"GrainRecords({self._describe()}, {len(self)} records)"
