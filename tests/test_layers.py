@@ -29,6 +29,7 @@ LAYERS = {
     "psdp._runtime": 2,
     "psdp.prepare": 2,  # _runtime's sibling: at one height, two rooms import neither way
     "psdp._integration": 3,
+    "psdp.levanter": 4.5,  # psdp as Levanter's data loader: above the API, below the tools
     "psdp.tools": 5,
 }
 #: psdp's helper modules, below every layer (they import nothing of psdp's layers)
