@@ -114,7 +114,7 @@ class LevanterLoader:
             **order,
             **options,
         )
-        width = self.loader.leaf(TOKENS).shape[-1]
+        width = self.loader.leaf(TOKENS).global_shape[-1]
         if width != Pos.size:
             self.loader.close()
             raise ValueError(
@@ -351,7 +351,7 @@ def _batch_size(trainer_config: Any) -> Any:
 def _psdp_trainer_class() -> Any:
     trainer_module = _levanter("levanter.trainer")
 
-    class PsdpTrainer(trainer_module.Trainer):  # type: ignore[misc, name-defined]
+    class PsdpTrainer(trainer_module.Trainer):  # type: ignore[name-defined]
         """Levanter's `Trainer` whose loader for psdp's training set is psdp's."""
 
         def data_loader(self, dataset: Any, batch: Any = None) -> Any:
