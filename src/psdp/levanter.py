@@ -404,9 +404,11 @@ def main() -> None:
     config_module = _levanter("levanter.config")
     train_module = _levanter("levanter.main.train_lm")
 
-    def run(config: train_module.TrainLmConfig) -> None:  # type: ignore[name-defined]
+    def run(config: Any) -> None:
         train_lm(config)
 
+    # Levanter's parser reads the config class from the annotation (a class, not a string)
+    run.__annotations__ = {"config": train_module.TrainLmConfig, "return": None}
     config_module.main(run)()
 
 
