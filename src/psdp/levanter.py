@@ -19,6 +19,8 @@ import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+import numpy as np
+
 from psdp._imports import import_optional
 from psdp._integration.data_config import DataConfig
 from psdp._integration.mixture_config import MixtureConfig, StageConfig
@@ -377,18 +379,87 @@ def _train_set(self: Any, Pos: Any, batch_schedule: Any, *, key: Any) -> _PsdpTr
     return _PsdpTrainSet(self, Pos, int(jax.random.key_data(key).ravel()[-1]))
 
 
+@dataclasses.dataclass(frozen=True)
+class _PsdpEvalSet:
+    """An eval set of ``config.data.tagged_eval_sets`` under `train_lm`: psdp reads it."""
+
+    data: Any
+    store: str
+    Pos: Any
+
+
+def _tagged_eval_sets(self: Any, Pos: Any) -> list[tuple[_PsdpEvalSet, list[str]]]:
+    config = data_config(self, seq_len=Pos.size)
+    return [
+        (_PsdpEvalSet(self, str(source.store), Pos), [*(self.components[name].tags or []), name])
+        for name, source in config.eval.items()
+    ]
+
+
+class _TaggedEvalLoader:
+    """What Levanter's evaluator iterates, ``(LmExample, tags)`` batches, read by psdp: each
+    eval set once, in order, its last batch's padding rows weighing 0 (Levanter's evaluator
+    weighs every token by ``loss_weight``), ``tags`` a ``(batch, num_tags)`` array of the set's
+    tags sharded like the rows."""
+
+    def __init__(self, tagged: Any, EvalBatch: Any, mesh: Any, axis_resources: Any):
+        import jax
+        from jax.sharding import NamedSharding, PartitionSpec
+
+        self._sets = []
+        mapping = dict(axis_resources or {})
+        physical = mapping.get(EvalBatch.name, mapping.get("batch"))
+        sharding = NamedSharding(mesh, PartitionSpec(physical, None))
+        for index, (dataset, set_tags) in enumerate(tagged.datasets):
+            data = dataset.data
+            eos = data.the_tokenizer.eos_token_id if data.block_cross_document_attention else None
+            loader = LevanterLoader.from_cache(
+                dataset.store, mesh=mesh, Pos=dataset.Pos, batch_size=EvalBatch.size,
+                axis_resources=mapping | {"batch": physical}, batch_axis_name=EvalBatch.name,
+                eos_id=eos, evaluation=True, name=f"levanter eval {index}",
+            )  # fmt: skip
+            # the set's tag row, as Levanter's `DomainTaggedDataset` makes it (its own copy is a
+            # global array, which a host cannot read on a pod)
+            tags = np.zeros((EvalBatch.size, tagged.num_tags), dtype=np.int32)
+            tags[:, [tagged.tag_to_index[tag] for tag in set_tags]] = 1
+            on_mesh = jax.make_array_from_callback(tags.shape, sharding, tags.__getitem__)
+            self._sets.append((loader, on_mesh))
+
+    def __iter__(self) -> Iterator[Any]:
+        for loader, tags in self._sets:
+            for example in loader:
+                yield example, tags
+
+    def __len__(self) -> int:
+        return sum(len(loader) for loader, _ in self._sets)
+
+
+def _eval_data_loader(levanter_loader_class: Any) -> Any:
+    """Levanter's evaluator's ``DataLoader``, psdp's for psdp's eval sets."""
+
+    def data_loader(dataset: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
+        sets = getattr(dataset, "datasets", ())
+        if sets and all(isinstance(d, _PsdpEvalSet) for d, _ in sets):
+            return _TaggedEvalLoader(dataset, batch, kwargs["mesh"], kwargs.get("axis_resources"))
+        return levanter_loader_class(dataset, batch, *args, **kwargs)
+
+    return data_loader
+
+
 def train_lm(config: Any) -> None:
     """Levanter's own ``train_lm`` on ``config`` (its ``TrainLmConfig``), fed by psdp.
 
     Nothing of ``train_lm`` is copied: while it runs, its ``Trainer`` is one whose
     ``data_loader`` returns `train_loader` for the training set (so resuming goes through
     ``iter_from_step``, as with Levanter's loader), and the data config's ``train_set`` hands
-    psdp the data section instead of building Levanter's datasets. Evaluation keeps Levanter's
-    own validation sets, read from the same caches. ``python -m psdp.levanter --config_path
+    psdp the data section instead of building Levanter's datasets. Levanter's evaluator runs
+    as always on batches psdp reads from the components' ``validation`` caches (each set once,
+    padding rows weighing 0, the set's tags beside). ``python -m psdp.levanter --config_path
     run.yaml`` runs it on a Levanter YAML.
     """
     train_module = _levanter("levanter.main.train_lm")
     datasets = _levanter("levanter.data.text.datasets")
+    evaluation = _levanter("levanter.eval")
     with contextlib.ExitStack() as stack:
         patch = stack.enter_context
         from unittest import mock
@@ -396,6 +467,9 @@ def train_lm(config: Any) -> None:
         # the two seams of train_lm: the Trainer it makes and the train set it asks its data for
         patch(mock.patch.object(train_module, "Trainer", _psdp_trainer_class()))
         patch(mock.patch.object(datasets.LmDataConfig, "train_set", _train_set))
+        # and the evaluator's: its eval sets and the loader it makes of them
+        patch(mock.patch.object(datasets.LmDataConfig, "tagged_eval_sets", _tagged_eval_sets))
+        patch(mock.patch.object(evaluation, "DataLoader", _eval_data_loader(evaluation.DataLoader)))
         train_module.main(config)
 
 
