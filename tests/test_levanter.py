@@ -28,6 +28,8 @@ from levanter.data.text.datasets import (  # noqa: E402
 )
 from levanter.store.cache import SerialCacheWriter, TreeCache  # noqa: E402
 
+import psdp  # noqa: E402
+import psdp.levanter  # noqa: E402
 from psdp.levanter import LevanterLoader, data_config  # noqa: E402
 from tests.meshes import mesh_of  # noqa: E402
 
@@ -219,3 +221,50 @@ def test_the_levanter_guide_runs(tmp_path, monkeypatch) -> None:
 
     monkeypatch.chdir(tmp_path)
     run_blocks("guides/levanter.md")
+
+
+def test_train_loader_mixes_levanters_components(cache: str) -> None:
+    """Two components, Levanter's default shuffle: psdp's `Mixture` of both, the same on every
+    build (its seed), each row `SEQ_LEN` ids of the caches."""
+    from types import SimpleNamespace
+
+    from levanter.data.text.datasets import DatasetComponent, LmDataConfig
+
+    from psdp.levanter import train_loader
+
+    root = cache.rsplit("/", 1)[0]
+    levanter_data = LmDataConfig(
+        tokenizer="passthrough", vocab_size=VOCAB, cache_dir=None, mixture_block_size=64,
+        components={"a": DatasetComponent(cache_dir=root), "b": DatasetComponent(cache_dir=root)},
+        train_weights={"a": 3.0, "b": 1.0},
+    )  # fmt: skip
+    trainer = SimpleNamespace(
+        device_mesh=mesh_of(("data",), (8,)), compute_axis_mapping=MAPPING,
+        config=SimpleNamespace(train_batch_size=BATCH, batch_axis_name="batch"),
+    )  # fmt: skip
+    Pos = hax.Axis("position", SEQ_LEN)
+    with train_loader(levanter_data, trainer, Pos, seed=3) as one:
+        first = [np.asarray(b.tokens.array) for b in islice(one, 3)]
+    with train_loader(levanter_data, trainer, Pos, seed=3) as two:
+        again = [np.asarray(b.tokens.array) for b in islice(two, 3)]
+    assert all(b.shape == (BATCH, SEQ_LEN) and b.max() < VOCAB for b in first)
+    for got, want in zip(again, first, strict=True):
+        np.testing.assert_array_equal(got, want)
+    assert one.loader.source.names == ("a", "b")
+
+
+def test_bad_input_names_the_fix(cache: str) -> None:
+    from types import SimpleNamespace
+
+    mesh = mesh_of(("data",), (8,))
+    with pytest.raises(ValueError, match=r"rows hold 17 tokens but Pos has size 16"):
+        LevanterLoader(
+            psdp.TokenSequences(psdp.levanter.open_levanter_cache(cache), 16, targets=True),
+            mesh=mesh, Pos=hax.Axis("position", 16), batch_size=BATCH,
+        )  # fmt: skip
+    with pytest.raises(TypeError, match=r"Pos must be Levanter's position axis"):
+        LevanterLoader.from_cache(cache, mesh=mesh, Pos=16, batch_size=BATCH)
+    packed = SimpleNamespace(cache_dir="c", flat_cache=False, pack=True)
+    levanter_data = SimpleNamespace(cache_dir=None, components={"web": packed})
+    with pytest.raises(ValueError, match=r"has pack: True; psdp.levanter reads concatenate"):
+        data_config(levanter_data, seq_len=SEQ_LEN)
