@@ -95,7 +95,7 @@ test-newest: .venv-newest/.installed-stamp
 	$(call make_venv,.venv-levanter,$(PYTHON),requirements/levanter-py311.lock,levanter$(comma)dev)
 
 test-levanter: .venv-levanter/.installed-stamp
-	.venv-levanter/bin/python -m pytest -p no:cacheprovider tests/test_levanter.py
+	.venv-levanter/bin/python -m pytest tests/test_levanter.py
 
 # `pip install psdp` into an environment that already holds other allowed releases (the lower
 # bounds: jax 0.6.2, tensorstore 0.1.76, ...) installs psdp and changes no other package.

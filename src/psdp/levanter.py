@@ -88,12 +88,7 @@ class LevanterLoader:
         name: str = "levanter",
         **options: Any,
     ):
-        hax = _levanter("haliax")
-        if not isinstance(Pos, hax.Axis):
-            raise TypeError(
-                f"Pos must be Levanter's position axis, a haliax.Axis, got {Pos!r}; e.g. "
-                "Pos=config.model.max_Pos.resize(seq_len)"
-            )
+        _check_pos(Pos)
         self.mesh, self.Pos, self.batch_axis_name = mesh, Pos, batch_axis_name
         mapping = {batch_axis_name: "data"} if axis_resources is None else dict(axis_resources)
         self.axis_resources = mapping
@@ -135,6 +130,7 @@ class LevanterLoader:
         ``TokenSeqDataset`` cuts them; its int64 ids are read as int32, every read checked."""
         leaves = (TOKENS,) if kwargs.get("loss_weight_key") is None else (
             TOKENS, kwargs["loss_weight_key"])  # fmt: skip
+        _check_pos(Pos)
         store = open_levanter_cache(path, leaves)
         return cls(TokenSequences(store, Pos.size, leaves=leaves), Pos=Pos, **kwargs)
 
@@ -170,6 +166,14 @@ class LevanterLoader:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _check_pos(Pos: Any) -> None:
+    if not isinstance(Pos, _levanter("haliax").Axis):
+        raise TypeError(
+            f"Pos must be Levanter's position axis, a haliax.Axis, got {Pos!r}; e.g. "
+            "Pos=config.model.max_Pos.resize(seq_len)"
+        )
 
 
 class _Examples:
