@@ -141,8 +141,9 @@ def test_eval_loader_weights_padding_rows_zero(cache: str) -> None:
         _assert_same_batch(mine, other)
 
 
-def test_losses_equal_levanters_for_20_steps(cache: str, tmp_path) -> None:
+def test_losses_equal_levanters_for_20_steps(cache: str, tmp_path, monkeypatch) -> None:
     """A tiny Llama trained by Levanter's `Trainer` on its own loader, then on psdp's."""
+    monkeypatch.chdir(tmp_path)  # Levanter writes logs/ into the working directory
     import jax.random as jrandom
     from levanter.checkpoint import CheckpointerConfig
     from levanter.models.llama import LlamaConfig
