@@ -258,11 +258,11 @@ def data_config(levanter_data: Any, *, seq_len: int, batch_size: Any = None) -> 
         >>> from types import SimpleNamespace as Cached
         >>> levanter_data = Cached(cache_dir="cache/", mixture_block_size=2048, components={
         ...     "web": Cached(cache_dir=None, flat_cache=False, pack=None, format=None),
-        ...     "code": Cached(cache_dir="gs://b/code", flat_cache=False, pack=None, format=None)},
+        ...     "code": Cached(cache_dir="/data/code", flat_cache=False, pack=None, format=None)},
         ...     train_weights=[(0, {"web": 1.0, "code": 0.0}), (100, {"web": 1.0, "code": 1.0})])
         >>> config = data_config(levanter_data, seq_len=512, batch_size=8)
         >>> config.sources["web"].store, config.sources["code"].store
-        ('cache/web/train', 'gs://b/code/train')
+        ('cache/web/train', '/data/code/train')
         >>> [(s.step, s.weights) for s in config.stages]
         [(0, {'web': 1.0, 'code': 0.0}), (100, {'web': 1.0, 'code': 1.0})]
     """
@@ -278,8 +278,8 @@ def data_config(levanter_data: Any, *, seq_len: int, batch_size: Any = None) -> 
         if component.pack:
             raise ValueError(
                 f"Levanter's data component {name!r} has pack: {component.pack!r}; psdp.levanter "
-                "reads concatenate-then-split components; drop pack, or build a PackedSequences "
-                "source and pass it to LevanterLoader"
+                "reads concatenate-then-split components (psdp's packing has no cap on segments "
+                "per row, Levanter's max_segments_per_example); drop pack to read it"
             )
         root = component.cache_dir
         if root is None:
@@ -291,7 +291,7 @@ def data_config(levanter_data: Any, *, seq_len: int, batch_size: Any = None) -> 
             root = os.path.join(levanter_data.cache_dir, name)
         sources[name] = SourceConfig(store=_split(root, "train", component), format="levanter")
         validation = _split(root, "validation", component)
-        if os.path.exists(os.path.join(validation, "shard_ledger.json")):
+        if _exists(os.path.join(validation, "shard_ledger.json")):
             evals[name] = SourceConfig(store=validation, format="levanter")
     weights = levanter_data.train_weights
     stages = None
@@ -313,6 +313,15 @@ def data_config(levanter_data: Any, *, seq_len: int, batch_size: Any = None) -> 
             "order": order,
         }
     )
+
+
+def _exists(path: str) -> bool:
+    """Whether ``path`` (local, or a URL such as ``gs://``, as Levanter takes) exists."""
+    if "://" not in path:
+        return os.path.exists(path)
+    fsspec = import_optional("fsspec", extra="levanter", needed_for="a cache URL")
+    filesystem, inner = fsspec.core.url_to_fs(path)
+    return bool(filesystem.exists(inner))
 
 
 def _split(root: str, split: str, component: Any) -> str:
