@@ -8,6 +8,7 @@ python_of = $(firstword $(foreach p,$(shell command -v python$(1)) \
 	$(wildcard $(shell pyenv root 2>/dev/null)/versions/$(1).*/bin/python$(1)), \
 	$(if $(shell $(p) -c 'print(1)' 2>/dev/null),$(p))))
 
+comma := ,
 PYTHON ?= $(or $(call python_of,3.11),python3)
 PYTHON_LOWER ?= $(or $(call python_of,3.11),python3.11)
 PYTHON_NEWEST ?= $(or $(call python_of,3.13),python3.13)
@@ -18,7 +19,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: setup run example test test-slow lint docs test-lower test-newest check-install lock bench clean
+.PHONY: setup run example test test-slow lint docs test-lower test-newest test-levanter check-install lock bench clean
 
 setup: $(STAMP)
 
@@ -86,6 +87,18 @@ test-lower: .venv-lower/.installed-stamp
 test-newest: .venv-newest/.installed-stamp
 	.venv-newest/bin/python -m pytest $(PYTEST_FAST)
 
+# psdp as Levanter's data loader (`psdp.levanter`) beside Levanter itself (marin-levanter), in a
+# venv of its own: Levanter pins jax < 0.11, tensorstore < 0.1.82 and transformers < 5, and its
+# haliax build (marin-haliax) replaces the `haliax` extra's. Only the Levanter tests run there
+# (tests/test_levanter.py and the blocks of docs/guides/levanter.md): measured 8:43 on 2 busy cores,
+# 4:18 building the venv (packages cached by pip) and 4:25 for the tests (the 2-process recipe and
+# the 20 training steps twice take most of it).
+.venv-levanter/.installed-stamp: pyproject.toml requirements/levanter-py311.lock
+	$(call make_venv,.venv-levanter,$(PYTHON),requirements/levanter-py311.lock,levanter$(comma)dev)
+
+test-levanter: .venv-levanter/.installed-stamp
+	.venv-levanter/bin/python -m pytest tests/test_levanter.py
+
 # `pip install psdp` into an environment that already holds other allowed releases (the lower
 # bounds: jax 0.6.2, tensorstore 0.1.76, ...) installs psdp and changes no other package.
 check-install: .venv-lower/.installed-stamp
@@ -96,6 +109,7 @@ lock:
 	$(PYTHON) scripts/lock.py lock requirements/dev-py311.lock $(PYTHON) --extras $(DEV_EXTRAS)
 	$(PYTHON) scripts/lock.py lock requirements/lower-py311.lock $(PYTHON_LOWER) --lower-bounds
 	$(PYTHON) scripts/lock.py lock requirements/newest-py313.lock $(PYTHON_NEWEST)
+	$(PYTHON) scripts/lock.py lock requirements/levanter-py311.lock $(PYTHON) --extras levanter,dev
 
 clean:
-	rm -rf $(VENV) .venv-lower .venv-newest .pytest_cache .ruff_cache .mypy_cache .hypothesis site
+	rm -rf $(VENV) .venv-lower .venv-newest .venv-levanter .pytest_cache .ruff_cache .mypy_cache .hypothesis site

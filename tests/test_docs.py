@@ -68,7 +68,10 @@ EXAMPLES = DOCS.parent / "examples"
 
 
 #: pages whose examples other tests run
-ELSEWHERE = {"guides/trainer.md": "tests/test_config.py"}
+ELSEWHERE = {
+    "guides/trainer.md": "tests/test_config.py",
+    "guides/levanter.md": "tests/test_levanter.py",  # needs Levanter: its own venv and CI job
+}
 #: the generated API reference: ``::: name`` directives, no examples of its own
 API = DOCS / "reference" / "api"
 
@@ -441,6 +444,7 @@ def test_the_api_reference_documents_every_public_name():
     docstring; a name `psdp` re-exports from `psdp.sources` is documented once, under
     `psdp.sources`."""
     import psdp.orbax
+    import psdp.levanter
     import psdp.prepare
     import psdp.sources
     import psdp.tools.pod
@@ -455,6 +459,7 @@ def test_the_api_reference_documents_every_public_name():
     wanted |= {f"psdp.prepare.{name}" for name in psdp.prepare.__all__}
     wanted |= {f"psdp.tools.pod.{name}" for name in psdp.tools.pod.__all__}
     wanted |= {f"psdp.orbax.{name}" for name in psdp.orbax.__all__}
+    wanted |= {f"psdp.levanter.{name}" for name in psdp.levanter.__all__}
     wanted |= {
         f"psdp.{name}"
         for name in top

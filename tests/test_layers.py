@@ -30,6 +30,7 @@ LAYERS = {
     "psdp.prepare": 2,  # _runtime's sibling: at one height, two rooms import neither way
     "psdp._integration": 3,
     "psdp.orbax": 3.5,  # Orbax's checkpoint args: it imports orbax, so `psdp` never imports it
+    "psdp.levanter": 4.5,  # psdp as Levanter's data loader: above the API, below the tools
     "psdp.tools": 5,
 }
 #: psdp's helper modules, below every layer (they import nothing of psdp's layers)

@@ -1,0 +1,271 @@
+"""psdp as Levanter's data loader (`psdp.levanter`), checked against Levanter itself.
+
+Runs in the Levanter venv (`make test-levanter`: marin-levanter from requirements/
+levanter-py311.lock); elsewhere every test skips, as Levanter is not installed. The cache is
+written by Levanter's own `SerialCacheWriter`; Levanter's side is its own `DataLoader` over its
+own unshuffled datasets (`TokenSeqDataset` -> `CausalLmDataset` -> `NamedLmDataset`), the
+semantics psdp's `TokenSequences` shares (concatenate, then split).
+"""
+
+from __future__ import annotations
+
+from itertools import islice
+
+import jax
+import numpy as np
+import pytest
+
+levanter = pytest.importorskip(
+    "levanter", reason="Levanter is not installed here: `make test-levanter` runs these tests"
+)
+
+import haliax as hax  # noqa: E402  (marin-haliax, installed with Levanter)
+from levanter.data.loader import DataLoader as LevanterDataLoader  # noqa: E402
+from levanter.data.text.datasets import (  # noqa: E402
+    CausalLmDataset,
+    NamedLmDataset,
+    TokenSeqDataset,
+)
+from levanter.store.cache import SerialCacheWriter, TreeCache  # noqa: E402
+
+import psdp  # noqa: E402
+import psdp.levanter  # noqa: E402
+from psdp.levanter import LevanterLoader, data_config  # noqa: E402
+from tests.meshes import mesh_of  # noqa: E402
+
+# Levanter and its haliax call jax APIs that jax 0.10 deprecates: their business, not psdp's
+pytestmark = pytest.mark.filterwarnings("ignore:jax[.].* is deprecated:DeprecationWarning")
+
+SEQ_LEN, BATCH, EOS, VOCAB = 16, 8, 1, 64
+STEPS = 20  # the training steps compared (the cache holds 36 whole steps)
+MAPPING = {"batch": "data"}
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """200 documents of 3..40 ids (int64, each ending in EOS), written by Levanter: 20 steps
+    and more of rows."""
+    root = str(tmp_path_factory.mktemp("levanter") / "train")
+    rng = np.random.default_rng(0)
+    docs = []
+    for _ in range(200):
+        ids = rng.integers(2, VOCAB, size=int(rng.integers(2, 40)), dtype=np.int64)
+        docs.append({"input_ids": np.append(ids, EOS).astype(np.int64)})
+    exemplar = {"input_ids": np.zeros((0,), dtype=np.int64)}
+    with SerialCacheWriter(root, exemplar) as writer:
+        for start in range(0, len(docs), 64):  # several appended batches, as a builder writes
+            writer.write_batch(docs[start : start + 64])
+    return root
+
+
+def _rows(cache: str, seq_len: int) -> TokenSeqDataset:
+    return TokenSeqDataset(TreeCache.load(cache, {"input_ids": np.zeros((0,), np.int64)}), seq_len)
+
+
+def _levanter_loader(cache: str, mesh, Pos, mapping=MAPPING) -> LevanterDataLoader:
+    dataset = NamedLmDataset(CausalLmDataset(_rows(cache, Pos.size), Pos, eos_id=EOS), Pos)
+    return LevanterDataLoader(dataset, BATCH, mesh=mesh, axis_resources=mapping)
+
+
+def _assert_same_batch(ours, theirs) -> None:
+    """Leaf by leaf (structure, names, dtype, sharding) and shard by shard (index, data)."""
+    our_leaves, our_tree = jax.tree.flatten(ours, is_leaf=hax.is_named_array)
+    their_leaves, their_tree = jax.tree.flatten(theirs, is_leaf=hax.is_named_array)
+    assert our_tree == their_tree
+    for mine, other in zip(our_leaves, their_leaves, strict=True):
+        if hax.is_named_array(other):
+            assert mine.axes == other.axes
+            mine, other = mine.array, other.array
+        assert mine.dtype == other.dtype and mine.shape == other.shape
+        assert mine.sharding.is_equivalent_to(other.sharding, mine.ndim)
+        shards = {s.device: s for s in other.addressable_shards}
+        for shard in mine.addressable_shards:
+            assert shard.index == shards[shard.device].index
+            np.testing.assert_array_equal(
+                np.asarray(shard.data), np.asarray(shards[shard.device].data)
+            )
+
+
+def test_batches_equal_levanters_loader(cache: str) -> None:
+    mesh = mesh_of(("data",), (8,))
+    Pos = hax.Axis("position", SEQ_LEN)
+    theirs = _levanter_loader(cache, mesh, Pos)
+    with LevanterLoader.from_cache(
+        cache, mesh=mesh, Pos=Pos, batch_size=BATCH, axis_resources=MAPPING, eos_id=EOS
+    ) as ours:
+        # Levanter's loader makes one pass, its last batch padded with zero rows; psdp's training
+        # loader drops that short step (Levanter's batches carry no mask) and goes on
+        rows = len(_rows(cache, SEQ_LEN).as_sync_dataset())
+        assert rows % BATCH and len(theirs) == rows // BATCH + 1
+        steps = list(zip(ours, theirs, strict=False))[: rows // BATCH]
+        assert len(steps) >= 20
+        for mine, other in steps:
+            _assert_same_batch(mine, other)
+        # a segment starts after each EOS, as Levanter's: the rows do cross documents
+        assert any(int(m.attn_mask.segment_ids[0].array.max()) > 0 for m, _ in steps)
+
+
+def test_resume_on_another_host_counts_as_uninterrupted(cache: str) -> None:
+    """Killed after step 2 and resumed at step 3 on a mesh whose devices are in another
+    order (another host's): steps 3.. are the uninterrupted run's, row for row."""
+    Pos = hax.Axis("position", SEQ_LEN)
+    kwargs = dict(Pos=Pos, batch_size=BATCH, axis_resources=MAPPING, eos_id=EOS)
+    with LevanterLoader.from_cache(cache, mesh=mesh_of(("data",), (8,)), **kwargs) as whole:
+        uninterrupted = [np.asarray(b.tokens.array) for b in islice(whole, STEPS)]
+    with LevanterLoader.from_cache(cache, mesh=mesh_of(("data",), (8,)), **kwargs) as first:
+        run = first.iter_from_step(0)
+        seen = [np.asarray(next(run).tokens.array) for _ in range(3)]
+        run.close()  # killed here
+    devices = np.array(jax.devices()[::-1])
+    other = jax.sharding.Mesh(devices, ("data",))
+    with LevanterLoader.from_cache(cache, mesh=other, **kwargs) as resumed:
+        seen += [np.asarray(b.tokens.array) for b in islice(resumed.iter_from_step(3), STEPS - 3)]
+    assert len(seen) == len(uninterrupted)
+    for got, want in zip(seen, uninterrupted, strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_eval_loader_weights_padding_rows_zero(cache: str) -> None:
+    mesh = mesh_of(("data",), (8,))
+    Pos = hax.Axis("position", SEQ_LEN)
+    with LevanterLoader.from_cache(
+        cache, mesh=mesh, Pos=Pos, batch_size=BATCH, axis_resources=MAPPING, eos_id=EOS,
+        evaluation=True,
+    ) as ours:  # fmt: skip
+        batches = list(ours)
+    theirs = list(_levanter_loader(cache, mesh, Pos))
+    assert len(batches) == len(theirs)  # every row once, the last batch padded
+    rows = sum(int((np.asarray(b.loss_weight.array).sum(axis=1) > 0).sum()) for b in batches)
+    assert rows == len(_rows(cache, SEQ_LEN).as_sync_dataset())
+    for mine, other in zip(batches[:-1], theirs[:-1], strict=True):
+        _assert_same_batch(mine, other)
+
+
+def test_losses_equal_levanters_for_20_steps(cache: str, tmp_path, monkeypatch) -> None:
+    """A tiny Llama trained by Levanter's `Trainer` on its own loader, then on psdp's."""
+    monkeypatch.chdir(tmp_path)  # Levanter writes logs/ into the working directory
+    import jax.random as jrandom
+    from levanter.checkpoint import CheckpointerConfig
+    from levanter.models.llama import LlamaConfig
+    from levanter.optim import AdamConfig
+    from levanter.tracker import NoopConfig
+    from levanter.trainer import Trainer, TrainerConfig
+
+    steps = STEPS
+    model_config = LlamaConfig(
+        max_seq_len=SEQ_LEN, hidden_dim=32, intermediate_dim=64, num_layers=2, num_heads=2,
+        num_kv_heads=2,
+    )  # fmt: skip
+    trainer_config = TrainerConfig(
+        num_train_steps=steps, train_batch_size=BATCH, tracker=NoopConfig(),
+        require_accelerator=False, id="psdp-levanter-test",
+        checkpointer=CheckpointerConfig(base_path=str(tmp_path / "ckpt"), save_interval=None),
+    )  # fmt: skip
+
+    levanter.initialize(trainer_config)  # as train_lm does: logging, the tracker
+
+    def losses(make_loader) -> list[float]:
+        optimizer = AdamConfig(learning_rate=1e-2).build(steps)
+
+        def loss_fn(model, example, *, key=None):
+            return model.compute_next_token_loss(example, key=key)
+
+        with Trainer(trainer_config, optimizer, loss_fn, add_default_hooks=False) as trainer:
+            Vocab = hax.Axis("vocab", VOCAB)
+            state = trainer.initial_state(
+                jrandom.PRNGKey(0),
+                model_init=lambda: model_config.build(Vocab, key=jrandom.PRNGKey(1)),
+            )
+            loader = make_loader(trainer)
+            return [
+                float(info.loss) for info in trainer.training_steps(state, loader.iter_from_step(0))
+            ]
+
+    Pos = model_config.max_Pos
+    theirs = losses(lambda t: _levanter_loader(cache, t.device_mesh, Pos, t.compute_axis_mapping))
+    ours = losses(
+        lambda t: LevanterLoader.from_cache(
+            cache,
+            mesh=t.device_mesh,
+            Pos=Pos,
+            batch_size=BATCH,
+            axis_resources=t.compute_axis_mapping,
+            eos_id=EOS,
+        )  # fmt: skip
+    )
+    assert len(ours) == len(theirs) == steps
+    np.testing.assert_array_equal(ours, theirs)
+
+
+def test_data_config_reads_levanters_data_section(cache: str) -> None:
+    from levanter.data.text.datasets import DatasetComponent, LmDataConfig
+
+    root = cache.rsplit("/", 1)[0]
+    levanter_data = LmDataConfig(
+        tokenizer="passthrough", vocab_size=VOCAB, cache_dir=None,
+        components={"web": DatasetComponent(cache_dir=root)},
+        train_weights=[(0, {"web": 1.0}), (8, {"web": 1.0})], mixture_block_size=64,
+    )  # fmt: skip
+    config = data_config(levanter_data, seq_len=SEQ_LEN, batch_size=BATCH)
+    assert config.sources["web"].store == cache and config.sources["web"].format == "levanter"
+    assert [s.step for s in config.stages] == [0, 8]
+    source = config.train_source()
+    # Levanter's int64 ids read as int32 with no option given, as Levanter's batches hold them
+    assert source.read(np.arange(3))["input_ids"].dtype == np.int32
+
+
+@pytest.mark.timeout(900)
+def test_the_levanter_guide_runs(tmp_path, monkeypatch) -> None:
+    """docs/guides/levanter.md's blocks (its recipe: `train_lm` on a 2-process pod, fed by
+    psdp), which tests/test_docs.py leaves to this venv."""
+    from tests.test_docs import run_blocks
+
+    monkeypatch.chdir(tmp_path)
+    run_blocks("guides/levanter.md")
+
+
+def test_train_loader_mixes_levanters_components(cache: str) -> None:
+    """Two components, Levanter's default shuffle: psdp's `Mixture` of both, the same on every
+    build (its seed), each row `SEQ_LEN` ids of the caches."""
+    from types import SimpleNamespace
+
+    from levanter.data.text.datasets import DatasetComponent, LmDataConfig
+
+    from psdp.levanter import train_loader
+
+    root = cache.rsplit("/", 1)[0]
+    levanter_data = LmDataConfig(
+        tokenizer="passthrough", vocab_size=VOCAB, cache_dir=None, mixture_block_size=64,
+        components={"a": DatasetComponent(cache_dir=root), "b": DatasetComponent(cache_dir=root)},
+        train_weights={"a": 3.0, "b": 1.0},
+    )  # fmt: skip
+    trainer = SimpleNamespace(
+        device_mesh=mesh_of(("data",), (8,)), compute_axis_mapping=MAPPING,
+        config=SimpleNamespace(train_batch_size=BATCH, batch_axis_name="batch"),
+    )  # fmt: skip
+    Pos = hax.Axis("position", SEQ_LEN)
+    with train_loader(levanter_data, trainer, Pos, seed=3) as one:
+        first = [np.asarray(b.tokens.array) for b in islice(one, 3)]
+    with train_loader(levanter_data, trainer, Pos, seed=3) as two:
+        again = [np.asarray(b.tokens.array) for b in islice(two, 3)]
+    assert all(b.shape == (BATCH, SEQ_LEN) and b.max() < VOCAB for b in first)
+    for got, want in zip(again, first, strict=True):
+        np.testing.assert_array_equal(got, want)
+    assert one.loader.source.names == ("a", "b")
+
+
+def test_bad_input_names_the_fix(cache: str) -> None:
+    from types import SimpleNamespace
+
+    mesh = mesh_of(("data",), (8,))
+    with pytest.raises(ValueError, match=r"rows hold 17 tokens but Pos has size 16"):
+        LevanterLoader(
+            psdp.TokenSequences(psdp.levanter.open_levanter_cache(cache), 16, targets=True),
+            mesh=mesh, Pos=hax.Axis("position", 16), batch_size=BATCH,
+        )  # fmt: skip
+    with pytest.raises(TypeError, match=r"Pos must be Levanter's position axis"):
+        LevanterLoader.from_cache(cache, mesh=mesh, Pos=16, batch_size=BATCH)
+    packed = SimpleNamespace(cache_dir="c", flat_cache=False, pack=True)
+    levanter_data = SimpleNamespace(cache_dir=None, components={"web": packed})
+    with pytest.raises(ValueError, match=r"has pack: True; psdp.levanter reads concatenate"):
+        data_config(levanter_data, seq_len=SEQ_LEN)
