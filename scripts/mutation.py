@@ -616,6 +616,17 @@ MUTANTS = [
            "read threads grown more than twofold at once"),
     Mutant("LT6", "_runtime/prefetch.py", "if rate is not None and before is not None and rate < GAIN * before:",
            "if False:", "read threads grown on although the last growth did not help"),
+    Mutant("LT7", "sources/documents/mapped.py",
+           "            self._verify(number, chunk)  # before any of the chunks' bytes are copied",
+           "            pass", "a mapped range read returns a chunk's bytes unchecked"),
+    Mutant("LT8", "sources/documents/mapped.py",
+           "                self._verify(number, local[here] // p.per_chunk)", "                pass",
+           "a mapped probe (take) returns a chunk's bytes unchecked"),
+    Mutant("LT9", "sources/documents/mapped.py", "todo = np.unique(chunks[~checked[chunks]])",
+           "todo = np.unique(chunks)", "every read checks its chunks again (the record ignored)"),
+    Mutant("LT10", "sources/documents/mapped.py",
+           "if p.index_checksum and _crc32c(table_bytes) != int(index[-4:].view(\"<u4\")[0]):",
+           "if False:", "a damaged shard index used unchecked"),
 ]  # fmt: skip
 
 #: Single-process tests run against every mutant (the planner, reads, assembly and order).
