@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
             steps = iter(range(10**9))
             zarr_steps = iter(range(tokens.CHECKED_STEPS if args.fresh else 0, 10**9))
             current = [zarr]  # the zarr3 loader the next round times
-            runs: dict[str, Callable[[], Any]] = {
+            runs = {
                 tokens.TIGHT: lambda tight=tight: next(tight),
                 "psdp": lambda loader=loader, steps=steps: loader.batch_at(next(steps)),
                 "zarr": lambda current=current, steps=zarr_steps: current[0].batch_at(next(steps)),
