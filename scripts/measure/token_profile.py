@@ -110,10 +110,12 @@ def main(argv: list[str] | None = None) -> int:
                 "zarr": lambda current=current, steps=zarr_steps: current[0].batch_at(next(steps)),
             }
             checked_chunks = 0
+            rounds = stack.enter_context(ExitStack())  # the loaders of --fresh's current round
             for turn in range(args.rounds):  # interleaved, the order rotating
                 for name in list(runs)[turn % 3 :] + list(runs)[: turn % 3]:
                     if name == "zarr" and args.fresh:  # a new store: no chunk checked yet
-                        fresh = tokens.loops(job, FULL, mesh, (first, second), None, stack)
+                        rounds.close()  # the last round's loaders (memory)
+                        fresh = tokens.loops(job, FULL, mesh, (first, second), None, rounds)
                         current[0] = fresh[tokens.PSDP_ZARR][0].args[0]  # type: ignore[attr-defined]
                     before = checks.chunks
                     times[name].append(cpu_ms(runs[name], args.steps))
