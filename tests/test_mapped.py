@@ -9,6 +9,7 @@ import pytest
 import tensorstore as ts
 
 from psdp import DocumentStore, write_documents
+from psdp.sources.documents import mapped
 from psdp.sources.documents.format import read_documents
 from psdp.sources.documents.mapped import MappedShards
 from psdp.sources.documents.store import join_documents
@@ -94,3 +95,64 @@ def test_compressed_chunks_are_read_through_tensorstore(tmp_path):
         store.read_ranges([5, 0], [9, 3])["input_ids"],
         np.concatenate(docs)[np.r_[5:9, 0:3]],
     )
+
+
+class CountingCrc:
+    """google_crc32c counting the bytes it checks: a checksum per chunk a read touches."""
+
+    def __init__(self, real):
+        self.real, self.sizes = real, []
+
+    def value(self, data):
+        self.sizes.append(len(data))
+        return self.real.value(data)
+
+
+def test_only_the_chunks_a_read_touches_are_read_and_checked(tmp_path, monkeypatch):
+    path = write_documents(tmp_path / "s", corpus(3, 50), tokens_per_chunk=256,
+                           tokens_per_shard=4096, progress=False)  # fmt: skip
+    shard = path / "tokens" / "input_ids" / "c" / "1"
+    data = bytearray(shard.read_bytes())
+    data[3 * (512 + 4) + 10] ^= 0xFF  # chunk 3 of shard 1 (256 uint16 and a crc32c each)
+    shard.write_bytes(bytes(data))
+    flat = np.concatenate(corpus(3, 50))
+    counting = CountingCrc(mapped.google_crc32c)
+    monkeypatch.setattr(mapped, "google_crc32c", counting)
+    tokens = read_documents(path).leaves["input_ids"]
+    # chunks 0 and 2 of shard 1, and chunk 4 by a probe: a whole-shard read would meet chunk 3
+    got = tokens.read_ranges(np.array([4096, 4096 + 600]), np.array([4100, 4096 + 700]))
+    np.testing.assert_array_equal(got, flat[np.r_[4096:4100, 4696:4796]])
+    assert tokens.take(np.array([4096 + 4 * 256 + 1])).tolist() == [flat[4096 + 1025]]
+    # shard 1's index (16 entries of 16 bytes), then chunks 0, 2 and 4: each checked once
+    assert counting.sizes == [256, 512, 512, 512]
+    tokens.read_ranges(np.array([4096]), np.array([4096 + 256]))
+    assert counting.sizes == [256, 512, 512, 512]
+    with pytest.raises(ValueError, match=r"chunk 3 of shard 1 of .*input_ids.* damaged.*rewrite"):
+        tokens.read_ranges(np.array([4096 + 3 * 256 + 5]), np.array([4096 + 3 * 256 + 6]))
+    with pytest.raises(ValueError, match="chunk 3 of shard 1"):  # refused again, never returned
+        tokens.take(np.array([4096 + 3 * 256]))
+
+
+def test_a_damaged_shard_index_is_refused(tmp_path):
+    path = write_documents(tmp_path / "s", corpus(3, 50), tokens_per_chunk=256,
+                           tokens_per_shard=4096, progress=False)  # fmt: skip
+    shard = path / "tokens" / "input_ids" / "c" / "0"
+    data = bytearray(shard.read_bytes())
+    data[-4 - 16 + 8] ^= 0x01  # the size of the index's last chunk entry
+    shard.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="index of shard 0 .* crc32c .* damaged"):
+        DocumentStore.open(path).read_ranges([0], [10])
+
+
+def test_without_checksums_chunks_are_read_unchecked(tmp_path, monkeypatch):
+    docs = corpus(5, 50)
+    path = write_documents(tmp_path / "s", docs, tokens_per_chunk=256, tokens_per_shard=4096,
+                           checksum=False, progress=False)  # fmt: skip
+    counting = CountingCrc(mapped.google_crc32c)
+    monkeypatch.setattr(mapped, "google_crc32c", counting)
+    store = DocumentStore.open(path)
+    got = store.read_ranges([0, 5000], [300, 9000])["input_ids"]
+    np.testing.assert_array_equal(got, np.concatenate(docs)[np.r_[0:300, 5000:9000]])
+    # only the shard indexes' checksums (offsets' one shard, input_ids' shards 0 to 2), which
+    # a store without chunk checksums still writes; no chunk (512 bytes) checked
+    assert sorted(counting.sizes) == [16, 256, 256, 256]

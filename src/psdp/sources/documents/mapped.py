@@ -6,29 +6,39 @@ A read through TensorStore costs ~0.1 ms a range (a file read, a checksum, a dec
 per chunk, each handed to its threads), 15x a memmap's slice. The format is the same: each
 array is a zarr3 ``sharding_indexed`` array of uncompressed chunks (``bytes``, then a
 ``crc32c`` checksum by default), so a chunk is its little-endian values at the offset its
-shard's index gives. Each shard file is checked once, when a read first touches it: TensorStore
-reads it whole, which verifies every checksum, and its index is checked against the layout; a
-store whose layout differs (compressed, other chunks) is read through TensorStore as before.
+shard's index gives. Nothing unverified is returned, and a host reads only what its rows
+touch: a shard's index (the bytes at the file's end) is checked against its checksum and the
+layout when a read first touches the shard, and each chunk's crc32c (``google-crc32c``) when a
+read first touches the chunk, before any of its bytes are copied. A store written with
+``checksum=False`` has no checksum to check: its chunks are read unchecked, as a memmap's
+would be. A store whose layout differs (compressed, other chunks) is read through TensorStore
+as before.
 """
 
 from __future__ import annotations
 
+import mmap
+import os
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import google_crc32c
 import numpy as np
 
-#: An index entry of a chunk that was never written (zarr3 sharding).
-_MISSING = np.uint64(2**64 - 1)
+
+def _crc32c(data: np.ndarray) -> int:
+    """The CRC-32C (Castagnoli) of the bytes ``data``, as zarr3's ``crc32c`` codec stores it
+    (little-endian, in the 4 bytes after them)."""
+    return int(google_crc32c.value(data))
 
 
 @dataclass(frozen=True)
 class Part:
-    """One zarr3 array of the joined array: its directory, its TensorStore array (the checked
-    read of a whole shard), and its layout."""
+    """One zarr3 array of the joined array: its directory, its TensorStore array (its length),
+    and its layout."""
 
     directory: Path
     array: Any
@@ -101,14 +111,21 @@ class MappedShards:
         self._starts = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
         self.shape = (int(self._starts[-1]),)
         self._shards: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+        # each part's chunks whose checksum was verified (set under the lock): each checked once
+        self._checked = [
+            np.zeros(-(-n // p.per_chunk), bool) for n, p in zip(lengths, self.parts, strict=True)
+        ]
+        # each mapped shard's chunk sizes without their checksums
+        self._sizes: dict[tuple[int, int], list[int]] = {}
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return self.shape[0]
 
     def _shard(self, part: int, shard: int) -> tuple[np.ndarray, np.ndarray]:
-        """The bytes of a shard file (mapped) and the byte offset of each of its chunks; the
-        file's checksums verified on first use."""
+        """The bytes of a shard file (mapped) and the byte offset of each of its chunks; on
+        first use the shard's index (the bytes at the file's end, not the shard) is checked
+        against its checksum and the layout. Its chunks are checked one by one (`_verify`)."""
         key = (part, shard)
         found = self._shards.get(key)
         if found is not None:
@@ -116,14 +133,27 @@ class MappedShards:
         p = self.parts[part]
         length = int(p.array.shape[0])
         first, stop = shard * p.per_shard, min((shard + 1) * p.per_shard, length)
-        # TensorStore reads the shard whole: every chunk's checksum and the index's verified
-        expected = np.asarray(p.array[first:stop].read().result())
-        # a plain view of the map: slicing an np.memmap makes a memmap object per slice
-        data = np.asarray(np.memmap(p.directory / "c" / str(shard), np.uint8, mode="r"))
         chunks = -(-(stop - first) // p.per_chunk)
         index_bytes = p.per_shard // p.per_chunk * 16 + 4 * p.index_checksum
-        table = np.frombuffer(data[len(data) - index_bytes :][: index_bytes - 4 * p.index_checksum],
-                              "<u8").reshape(-1, 2)  # fmt: skip
+        where = f"shard {shard} of {p.directory} of {self._where}"
+        with open(p.directory / "c" / str(shard), "rb") as file:
+            size = os.fstat(file.fileno()).st_size
+            if size < index_bytes:
+                raise ValueError(
+                    f"{where} has {size} bytes, fewer than its index's {index_bytes}; the store "
+                    "is damaged (a file cut short): rewrite it with write_documents"
+                )
+            # a plain array over the map (np.memmap costs ~0.25 ms to open, and makes a memmap
+            # object per slice); the array holds the map open after the file is closed
+            data = np.frombuffer(mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ), np.uint8)
+        index = data[len(data) - index_bytes :]
+        table_bytes = index[: index_bytes - 4 * p.index_checksum]
+        if p.index_checksum and _crc32c(table_bytes) != int(index[-4:].view("<u4")[0]):
+            raise ValueError(
+                f"the index of {where} fails its crc32c checksum; the store is damaged: rewrite "
+                "it with write_documents"
+            )
+        table = table_bytes.view("<u8").reshape(-1, 2)
         size = p.per_chunk * self.dtype.itemsize
         offsets, nbytes = table[:chunks, 0], table[:chunks, 1]
         stride = size + 4 * p.checksum  # chunk k at k * stride: what psdp's writer writes
@@ -133,24 +163,46 @@ class MappedShards:
             not regular
             or not np.array_equal(nbytes[:-1], np.full(chunks - 1, stride))
             or (int(nbytes[-1]) not in (stride, last * self.dtype.itemsize + 4 * p.checksum))
+            or int(offsets[-1]) + int(nbytes[-1]) > len(data) - index_bytes
         ):
             raise ValueError(
-                f"shard {shard} of {p.directory} of {self._where} does not have the layout psdp "
-                "writes (uncompressed chunks of equal size, in order); the store is damaged or "
-                "was written by another tool: rewrite it with write_documents"
+                f"{where} does not have the layout psdp writes (uncompressed chunks of equal "
+                "size, in order); the store is damaged or was written by another tool: rewrite "
+                "it with write_documents"
             )
         mapped = (data, offsets.astype(np.int64))
-        got = self._copy(
-            [(data, int(o), int(min(p.per_chunk, stop - first - c * p.per_chunk)) * size
-              // p.per_chunk) for c, o in enumerate(offsets.tolist())], stop - first
-        )  # fmt: skip
-        if not np.array_equal(got, expected):
-            raise ValueError(
-                f"shard {shard} of {p.directory} of {self._where} reads differently mapped than "
-                "through TensorStore; the store is damaged: rewrite it"
-            )
         with self._lock:
+            self._sizes.setdefault(key, (nbytes.astype(np.int64) - 4 * p.checksum).tolist())
             return self._shards.setdefault(key, mapped)
+
+    def _verify(self, part: int, chunks: np.ndarray) -> None:
+        """Check the crc32c of each of the part's chunks ``chunks`` (numbered from the part's
+        start) not checked before; raise before any of a damaged chunk's bytes are read."""
+        p = self.parts[part]
+        if not p.checksum:  # no checksum written: read as a memmap reads, unchecked
+            return
+        checked = self._checked[part]
+        todo = chunks[~checked[chunks]]
+        if not len(todo):
+            return
+        per_shard = p.per_shard // p.per_chunk
+        # one chunk at a time in plain Python: a step's new chunks lie mostly in different
+        # shards, where grouping them costs more numpy calls (~1 µs each) than it saves
+        for chunk in np.unique(todo).tolist():
+            shard, k = divmod(chunk, per_shard)
+            data, offsets = self._shard(part, shard)
+            start = int(offsets[k])
+            end = start + self._sizes[(part, shard)][k]
+            stored = int.from_bytes(data[end : end + 4], "little")
+            computed = _crc32c(data[start:end])
+            if computed != stored:
+                raise ValueError(
+                    f"chunk {k} of shard {shard} of {p.directory} of {self._where} fails its "
+                    f"crc32c checksum (stored {stored:#010x}, computed {computed:#010x}); the "
+                    "store is damaged: rewrite it with write_documents"
+                )
+            with self._lock:
+                checked[chunk] = True
 
     def _gather_shard(self, mapped: tuple[np.ndarray, np.ndarray], at: np.ndarray,
                       per_chunk: int) -> np.ndarray:  # fmt: skip
@@ -174,6 +226,7 @@ class MappedShards:
                 data, offsets = self._shard(part, shard)
                 in_shard = local - shard * p.per_shard
                 chunk = in_shard // p.per_chunk
+                self._verify(part, np.array([shard * (p.per_shard // p.per_chunk) + chunk]))
                 take = min(local_hi - local, (chunk + 1) * p.per_chunk - in_shard)
                 start = int(offsets[chunk]) + (in_shard - chunk * p.per_chunk) * item
                 out.append((data, start, take * item))
@@ -227,6 +280,7 @@ class MappedShards:
             byte = in_shard * stride + (piece_lo - chunk * p.per_chunk) * item
             shards, slot = np.unique(shard, return_inverse=True)
             maps = [self._shard(number, s)[0] for s in shards.tolist()]
+            self._verify(number, chunk)  # before any of the chunks' bytes are copied
             sizes = ((piece_hi - piece_lo) * item).tolist()
             order = mine[which].tolist()  # each piece's range: the pieces in the ranges' order
             each = zip(order, slot.tolist(), byte.tolist(), sizes, strict=True)
@@ -253,6 +307,7 @@ class MappedShards:
             for s in np.unique(shard).tolist():
                 here = shard == s
                 mapped = self._shard(number, s)
+                self._verify(number, local[here] // p.per_chunk)
                 got[here] = self._gather_shard(mapped, local[here] - s * p.per_shard,
                                                p.per_chunk)  # fmt: skip
             out[mine] = got
