@@ -443,8 +443,8 @@ def test_the_api_reference_documents_every_public_name():
     `psdp.tools.pod` (``::: path``, the path a user imports it from), so mkdocstrings renders its
     docstring; a name `psdp` re-exports from `psdp.sources` is documented once, under
     `psdp.sources`."""
-    import psdp.orbax
     import psdp.levanter
+    import psdp.orbax
     import psdp.prepare
     import psdp.sources
     import psdp.tools.pod
