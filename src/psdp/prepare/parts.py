@@ -19,6 +19,7 @@ import json
 import os
 import shutil
 import socket
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -491,6 +492,8 @@ def finished(meta: Manifest) -> Manifest:
         "num_documents": documents,
         "num_tokens": sum(p["num_tokens"] for p in parts),
         "index": index_key(documents),
+        # this commit's identity (an append's too): the indexes beside the store tell it apart
+        "written": uuid.uuid4().hex,
     }
 
 

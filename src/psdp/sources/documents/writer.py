@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import array
 import os
+import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
@@ -156,6 +157,8 @@ def write_documents(
             **layout,
             "index_stride": STRIDE,
             "longest_document": recorded["longest"],
+            # this write's identity: the indexes beside the store tell it from another write
+            "written": uuid.uuid4().hex,
         }
 
     return commit_write(path, overwrite, fill, metadata_of)
