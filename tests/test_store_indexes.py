@@ -359,9 +359,9 @@ def without_identity(store: str) -> str:
 
 
 def test_a_store_rewritten_in_another_order_under_its_index_is_refused_by_its_identity(tmp_path):
-    """The same documents, the first window's kept in place and the rest reversed: the same
-    size and document index (under 4,096 documents it holds only the ends) and the same first
-    window, so only the identity of the write tells the stores apart. (An overwrite deletes
+    """The same documents, the first and last windows' kept in place and the rest reversed: the
+    same size and document index (under 4,096 documents it holds only the ends) and the same
+    windows a host checks, so only the identity of the write tells the stores apart. (An overwrite deletes
     the indexes beside the store: here they are put back, as a copy of the folder would.)"""
     docs = documents(1000)
     store = str(tmp_path / "store")
@@ -369,7 +369,9 @@ def test_a_store_rewritten_in_another_order_under_its_index_is_refused_by_its_id
     indexes.build_indexes(store, [PackSettings(SEQ_LEN, WINDOW)], progress=False)
     before = DocumentStore.open(store)
     shutil.copytree(tmp_path / "store" / INDEX_DIRECTORY, tmp_path / "kept")
-    write_documents(store, docs[:WINDOW] + docs[WINDOW:][::-1], progress=False, overwrite=True)
+    last = (len(docs) - 1) // WINDOW * WINDOW  # the last window's first document
+    reordered = docs[:WINDOW] + docs[WINDOW:last][::-1] + docs[last:]
+    write_documents(store, reordered, progress=False, overwrite=True)
     shutil.copytree(tmp_path / "kept", tmp_path / "store" / INDEX_DIRECTORY)
     after = DocumentStore.open(store)
     assert after.index.num_documents == before.index.num_documents
