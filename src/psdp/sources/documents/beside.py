@@ -125,10 +125,10 @@ def index_command(store: Any, format: str = "psdp", packs: tuple[PackSettings, .
 def store_digest(index: DocumentIndex, written: str | None = None) -> str:
     """What a store is, for the indexes built beside it: a sha256 of its size, its document
     index (every ``stride``-th offset and the non-empty documents before each), which every
-    host holds anyway, and ``written``, the identity of the write that made it
-    (`DocumentStore.written`: a fresh one per `write_documents` and per ``psdp prepare``
-    commit, appends too; a Levanter cache's is its ledger's sha256). Another store, or this
-    one rewritten or appended to, has another. A store written before psdp recorded the
+    host holds anyway, and ``written``, what the write that made it wrote
+    (`DocumentStore.written`: a sha256 of the documents `write_documents` wrote, or of what a
+    ``psdp prepare`` commit holds, appends too; a Levanter cache's ledger's sha256). Another
+    store, or this one rewritten with other documents or appended to, has another. A store written before psdp recorded the
     identity (``written`` is ``None``) is known by its size and index alone, which cannot tell
     apart two stores of the same size whose every ``stride``-th offset agrees (e.g. the same
     documents in another order): rewrite or prepare it again for the stronger check.

@@ -156,10 +156,11 @@ class DocumentStore:
             written: the identity of the write that made the store (`written`).
         """
         self.name = name
-        #: The identity of the write that made the store: a fresh id per `write_documents` and
-        #: per ``psdp prepare`` commit (its ``psdp.json``'s ``written``), a Levanter cache's
-        #: ledger's sha256; ``None`` for a store written before psdp recorded it, or made in
-        #: memory. The indexes beside the store record it (`psdp.sources.documents.beside`).
+        #: What the write that made the store wrote (its ``psdp.json``'s ``written``): the
+        #: sha256 of the documents `write_documents` wrote, or of what a ``psdp prepare`` commit
+        #: holds (settings, tokenizer, inputs by content, parts), a Levanter cache's ledger's
+        #: sha256; ``None`` for a store written before psdp recorded it, or made in memory. The
+        #: indexes beside the store record it (`psdp.sources.documents.beside`).
         self.written = written
         # what a cached index (index=PATH) is of; before `_plain` drops the memmap's file
         self._offsets_file = (
