@@ -616,6 +616,11 @@ MUTANTS = [
            "read threads grown more than twofold at once"),
     Mutant("LT6", "_runtime/prefetch.py", "if rate is not None and before is not None and rate < GAIN * before:",
            "if False:", "read threads grown on although the last growth did not help"),
+    # -------------------------------------------- what identifies a store (issue 36, identity)
+    Mutant("ID1", "sources/documents/beside.py",
+           "    if written is not None:  # none: the digest of a store written before it was recorded",
+           "    if False:  # none: the digest of a store written before it was recorded",
+           "a store's digest leaves out its write: a same-size store reordered keeps its stale index"),
 ]  # fmt: skip
 
 #: Single-process tests run against every mutant (the planner, reads, assembly and order).
