@@ -383,6 +383,28 @@ def test_a_store_rewritten_in_another_order_under_its_index_is_refused_by_its_id
         view_of(config(store))
 
 
+def test_a_levanter_cache_built_again_under_its_index_is_refused_by_its_ledger(tmp_path):
+    """A rebuild rewrites the ledger (here: other shard names, the same documents reordered
+    past the first and last windows): the digest records the ledger's sha256."""
+    from tests.levanter_cache import write_levanter_cache
+
+    docs = [{"input_ids": d.astype(np.int64)} for d in documents(500)]
+    cache = str(tmp_path / "cache")
+    write_levanter_cache(cache, docs)
+    assert main(["index", cache, "--format", "levanter", "--pack", f"{SEQ_LEN},{WINDOW}"]) == 0
+    shutil.copytree(tmp_path / "cache" / INDEX_DIRECTORY, tmp_path / "kept")
+    shutil.rmtree(cache)
+    last = (len(docs) - 1) // WINDOW * WINDOW
+    write_levanter_cache(cache, docs[:WINDOW] + docs[WINDOW:last][::-1] + docs[last:])
+    ledger = json.loads((tmp_path / "cache" / "shard_ledger.json").read_text())
+    ledger["shard_rows"] = {"rebuilt": len(docs)}
+    (tmp_path / "cache" / "shard_ledger.json").write_text(json.dumps(ledger))
+    shutil.copytree(tmp_path / "kept", tmp_path / "cache" / INDEX_DIRECTORY)
+    with pytest.raises(ValueError, match=r"was built for another store, or for this one before it "
+                       rf"changed: .*`psdp index {cache} --format levanter --pack "):  # fmt: skip
+        view_of(config(cache, format="levanter"))
+
+
 def test_a_store_written_without_an_identity_keeps_its_digest_and_its_index(tmp_path):
     store = without_identity(store_at(tmp_path / "store"))
     opened = DocumentStore.open(store)
