@@ -641,6 +641,11 @@ MUTANTS = [
     Mutant("OX1", "orbax.py",
            "return args.restore(state) if isinstance(args, LoaderRestore) else state",
            "return state", "LoaderRestore gives the state, not a loader at its step"),
+    # -------------------------------------------- what identifies a store (issue 36, identity)
+    Mutant("ID1", "sources/documents/beside.py",
+           "    if written is not None:  # none: the digest of a store written before it was recorded",
+           "    if False:  # none: the digest of a store written before it was recorded",
+           "a store's digest leaves out its write: a same-size store reordered keeps its stale index"),
 ]  # fmt: skip
 
 #: Single-process tests run against every mutant (the planner, reads, assembly and order).

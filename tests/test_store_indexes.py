@@ -347,11 +347,81 @@ def test_ray_tasks_build_the_same_index_as_local_workers(
     assert (tmp_path / "store" / INDEX_DIRECTORY / settings.file_name).read_bytes() == on_ray
 
 
+def without_identity(store: str) -> str:
+    """The store as a psdp older than the write identity left it: no ``written`` recorded."""
+    path = f"{store}/psdp.json"
+    with open(path) as file:
+        meta = json.load(file)
+    del meta["written"]
+    with open(path, "w") as file:
+        json.dump(meta, file)
+    return store
+
+
+def test_a_store_rewritten_in_another_order_under_its_index_is_refused_by_its_identity(tmp_path):
+    """The same documents, the first and last windows' kept in place and the rest reversed: the
+    same size and document index (under 4,096 documents it holds only the ends) and the same
+    windows a host checks, so only the identity of the write tells the stores apart. (An overwrite deletes
+    the indexes beside the store: here they are put back, as a copy of the folder would.)"""
+    docs = documents(1000)
+    store = str(tmp_path / "store")
+    write_documents(store, docs, progress=False)
+    indexes.build_indexes(store, [PackSettings(SEQ_LEN, WINDOW)], progress=False)
+    before = DocumentStore.open(store)
+    shutil.copytree(tmp_path / "store" / INDEX_DIRECTORY, tmp_path / "kept")
+    last = (len(docs) - 1) // WINDOW * WINDOW  # the last window's first document
+    reordered = docs[:WINDOW] + docs[WINDOW:last][::-1] + docs[last:]
+    write_documents(store, reordered, progress=False, overwrite=True)
+    shutil.copytree(tmp_path / "kept", tmp_path / "store" / INDEX_DIRECTORY)
+    after = DocumentStore.open(store)
+    assert after.index.num_documents == before.index.num_documents
+    assert after.index.marks.tolist() == before.index.marks.tolist()
+    assert after.written != before.written
+    with pytest.raises(ValueError, match=r"was built for another store, or for this one before it "
+                       rf"changed: .*build it again with `psdp index {store} --pack "
+                       rf"{SEQ_LEN},{WINDOW}`"):  # fmt: skip
+        view_of(config(store))
+
+
+def test_a_levanter_cache_built_again_under_its_index_is_refused_by_its_ledger(tmp_path):
+    """A rebuild rewrites the ledger (here: other shard names, the same documents reordered
+    past the first and last windows): the digest records the ledger's sha256."""
+    from tests.levanter_cache import write_levanter_cache
+
+    docs = [{"input_ids": d.astype(np.int64)} for d in documents(500)]
+    cache = str(tmp_path / "cache")
+    write_levanter_cache(cache, docs)
+    assert main(["index", cache, "--format", "levanter", "--pack", f"{SEQ_LEN},{WINDOW}"]) == 0
+    shutil.copytree(tmp_path / "cache" / INDEX_DIRECTORY, tmp_path / "kept")
+    shutil.rmtree(cache)
+    last = (len(docs) - 1) // WINDOW * WINDOW
+    write_levanter_cache(cache, docs[:WINDOW] + docs[WINDOW:last][::-1] + docs[last:])
+    ledger = json.loads((tmp_path / "cache" / "shard_ledger.json").read_text())
+    ledger["shard_rows"] = {"rebuilt": len(docs)}
+    (tmp_path / "cache" / "shard_ledger.json").write_text(json.dumps(ledger))
+    shutil.copytree(tmp_path / "kept", tmp_path / "cache" / INDEX_DIRECTORY)
+    with pytest.raises(ValueError, match=r"was built for another store, or for this one before it "
+                       rf"changed: .*`psdp index {cache} --format levanter --pack "):  # fmt: skip
+        view_of(config(cache, format="levanter"))
+
+
+def test_a_store_written_without_an_identity_keeps_its_digest_and_its_index(tmp_path):
+    store = without_identity(store_at(tmp_path / "store"))
+    opened = DocumentStore.open(store)
+    assert opened.written is None
+    assert beside.store_digest(opened.index, opened.written) == beside.store_digest(opened.index)
+    indexes.build_indexes(store, [PackSettings(SEQ_LEN, WINDOW)], progress=False)
+    fresh = PackedSequences(opened, SEQ_LEN, window=WINDOW).plan
+    with no_build():
+        assert view_of(config(store)).plan.starts.tolist() == fresh.starts.tolist()
+
+
 def test_a_store_reordered_under_its_index_is_refused_at_its_first_window(tmp_path):
-    """Under 4,096 documents the document index holds only the ends, so a store rewritten with
-    the same documents in another order has the same digest: the window check catches it."""
-    store = store_at(tmp_path / "store", reverse=True)
-    store_at(tmp_path / "other")  # the same documents in their first order, indexed
+    """Stores written without an identity: under 4,096 documents the document index holds only
+    the ends, so a store rewritten with the same documents in another order has the same
+    digest: the window check catches it."""
+    store = without_identity(store_at(tmp_path / "store", reverse=True))
+    without_identity(store_at(tmp_path / "other"))  # the same documents in their first order
     indexes.build_indexes(str(tmp_path / "other"), [PackSettings(SEQ_LEN, WINDOW)], progress=False)
     shutil.copytree(tmp_path / "other" / INDEX_DIRECTORY, tmp_path / "store" / INDEX_DIRECTORY)
     with pytest.raises(ValueError, match=r"the pack index given does not match the store: window 0 "

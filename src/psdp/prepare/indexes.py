@@ -120,7 +120,7 @@ def build_indexes(
         raise _other_format(store, format, packs, error) from None
     if record is not None:
         records.append(record)
-    digest = store_digest(opened.index)
+    digest = store_digest(opened.index, opened.written)
     for settings in packs:
         started = time.perf_counter()
         state, index = _pack_index(store, format, folder, opened, settings, digest, runs, progress)
@@ -199,7 +199,7 @@ def _document_index(
     `DOCUMENTS_PER_OFFSETS_PART` documents (each task's marks, counts of non-empty documents
     and longest saved beside the cache, so a killed build resumes), then joined. Returns it and
     whether saved parts were used."""
-    offsets, _, _ = open_cache_arrays(store, (TOKENS,))
+    offsets = open_cache_arrays(store, (TOKENS,))[0]
     documents = int(offsets.shape[0]) - 1
     tokens = int(offsets[documents].read().result())
     build = f"{_DOCUMENTS_BUILD}{documents}-{tokens}/"
@@ -373,10 +373,11 @@ def _plan_part(part: _Part) -> tuple[int, np.ndarray]:
     """Plans the part's windows and saves their counts beside the store (run in a worker)."""
     where = part.store if isinstance(part.store, str) else _Frozen(part.store)
     store = _open(where, part.format, part.digest)
-    if store_digest(store.index) != part.digest:
+    if store_digest(store.index, store.written) != part.digest:
         raise ValueError(
             f"the store {store.name} changed while its pack index was being built (it is "
-            f"{store_digest(store.index)!r}, the build began on {part.digest!r}); run the "
+            f"{store_digest(store.index, store.written)!r}, the build began on "
+            f"{part.digest!r}); run the "
             "command again once nothing writes the store"
         )
     key = part.settings.key(store.num_documents, store.num_tokens)

@@ -485,13 +485,17 @@ def finished(meta: Manifest) -> Manifest:
             f"{'; ' if examples else ''}{'; '.join(examples)}): no document to store; check the "
             "field name (field=, --field) and the records"
         )
-    return {
-        **meta,
+    done = {
+        **{k: v for k, v in meta.items() if k != "written"},
         "complete": True,
         "num_documents": documents,
         "num_tokens": sum(p["num_tokens"] for p in parts),
         "index": index_key(documents),
     }
+    # what this commit (an append's too) holds: the settings and tokenizer, each input by its
+    # content and each part's counts; the indexes beside the store record it (``beside.py``)
+    body = json.dumps(done, sort_keys=True).encode()
+    return {**done, "written": f"sha256:{hashlib.sha256(body).hexdigest()}"}
 
 
 def unit_id(identity: Mapping[str, Any]) -> str:

@@ -10,8 +10,9 @@ Layout, below the store (a psdp store or a Levanter cache, local or in an object
 
 Each file is written whole, in one commit (a local file renamed into place; one PUT on an object
 store), so a reader sees no file or a whole one. A pack index records the store it was built
-for (`store_digest`: the store's size and its document index, which every host holds anyway),
-so an index of another store, or of this store before it changed, is refused, never used.
+for (`store_digest`: the store's size, its document index, which every host holds anyway, and
+the identity of the write that made it), so an index of another store, or of this store
+before it changed, is refused, never used.
 """
 
 from __future__ import annotations
@@ -121,21 +122,31 @@ def index_command(store: Any, format: str = "psdp", packs: tuple[PackSettings, .
     return " ".join(words + [p.flags() for p in packs])
 
 
-def store_digest(index: DocumentIndex) -> str:
-    """What a store is, for the indexes built beside it: a sha256 of its size and its document
+def store_digest(index: DocumentIndex, written: str | None = None) -> str:
+    """What a store is, for the indexes built beside it: a sha256 of its size, its document
     index (every ``stride``-th offset and the non-empty documents before each), which every
-    host holds anyway. Another store, or this one rewritten or appended to, has another.
+    host holds anyway, and ``written``, what the write that made it wrote
+    (`DocumentStore.written`: a sha256 of the documents `write_documents` wrote, or of what a
+    ``psdp prepare`` commit holds, appends too; a Levanter cache's ledger's sha256). Another
+    store, or this one rewritten with other documents or appended to, has another. A store written before psdp recorded the
+    identity (``written`` is ``None``) is known by its size and index alone, which cannot tell
+    apart two stores of the same size whose every ``stride``-th offset agrees (e.g. the same
+    documents in another order): rewrite or prepare it again for the stronger check.
 
     Examples:
         >>> index = DocumentIndex(5, 2, np.array([0, 3, 8, 10]), np.array([0, 1, 3, 4]), 4)
         >>> store_digest(index)
         '5:10:b03e9814845940ebdfb5314b744fae4f'
+        >>> store_digest(index, "a") != store_digest(index, "b")
+        True
     """
     digest = hashlib.sha256()
     for value in (index.num_documents, index.stride, index.num_tokens):
         digest.update(int(value).to_bytes(8, "little"))
     digest.update(np.ascontiguousarray(index.marks, "<i8").tobytes())
     digest.update(np.ascontiguousarray(index.nonempty, "<i8").tobytes())
+    if written is not None:  # none: the digest of a store written before it was recorded
+        digest.update(b"written:" + written.encode())
     return f"{index.num_documents}:{index.num_tokens}:{digest.hexdigest()[:32]}"
 
 

@@ -67,6 +67,8 @@ class StoredDocuments:
     name: str
     index: DocumentIndex | None
     spot_check: bool
+    #: the ``written`` of its ``psdp.json`` (`DocumentStore.written`); ``None``: none recorded
+    written: str | None = None
 
 
 def read_documents(path: Any, *, context: ts.Context | None = None) -> StoredDocuments:
@@ -89,7 +91,8 @@ def read_documents(path: Any, *, context: ts.Context | None = None) -> StoredDoc
     if "index_stride" in meta:
         index = _read_index(_open(kvstore("index"), context, location.name, options, rank=2), meta)
     # the index was committed with the offsets, and its ends match the metadata's counts
-    return StoredDocuments(offsets, arrays, location.name, index, spot_check=False)
+    return StoredDocuments(offsets, arrays, location.name, index, spot_check=False,
+                           written=_written(meta, where))  # fmt: skip
 
 
 def join_stored(
@@ -98,11 +101,13 @@ def join_stored(
     name: str,
     index: DocumentIndex | None = None,
     context: ts.Context | None = None,
+    written: str | None = None,
 ) -> StoredDocuments:
     """The arrays of the stores `write_documents` wrote at ``paths``, back to back as one store
     (its leaves and dtypes those of the first). ``index``: the whole corpus's, committed with the list of
     parts; ``None``: built by one pass over every offset. ``context``: as for
-    `read_documents`."""
+    `read_documents`. ``written``: the identity of the commit that joined them (the
+    manifest's)."""
     context = documents_context() if context is None else context
     offsets: list[ts.TensorStore] = []
     leaves: list[dict[str, ts.TensorStore]] = []
@@ -142,7 +147,8 @@ def join_stored(
                          name)  # fmt: skip
         if isinstance(joined, MappedShards):
             joined_offsets = MappedOffsets(joined, parted.first_document, parted.first_token)
-    return StoredDocuments(joined_offsets, flat, name, index, spot_check=index is None)
+    return StoredDocuments(joined_offsets, flat, name, index, spot_check=index is None,
+                           written=written)  # fmt: skip
 
 
 def _open_parted(
@@ -164,7 +170,8 @@ def _open_parted(
         index = DocumentIndex.load(io.BytesIO(bytes(got.value)))
     names = [u["part"] for u in meta["units"] if meta["parts"][u["part"]]["num_documents"]]
     paths = [_below(location, f"{PARTS_DIRECTORY}/{name}") for name in names]
-    return join_stored(paths, name=location.name, index=index, context=context)
+    written = _written(meta, location.name)
+    return join_stored(paths, name=location.name, index=index, context=context, written=written)
 
 
 def _below(location: Location, relative: str) -> Any:
@@ -263,6 +270,18 @@ def _read_index(array: ts.TensorStore, meta: dict[str, Any]) -> DocumentIndex:
         raise ValueError(
             f"the document index of the store is damaged: {error}; rewrite the store"
         ) from error
+
+
+def _written(meta: dict[str, Any], where: str) -> str | None:
+    """The identity of the write that made the store (``None``: written before psdp recorded
+    one)."""
+    written = meta.get("written")
+    if written is not None and not (isinstance(written, str) and written):
+        raise ValueError(
+            f"{where} records written={written!r}, not the id of a write; the metadata is "
+            "damaged: rewrite the store (or prepare it again)"
+        )
+    return written
 
 
 def _json(text: bytes, where: str) -> Any:

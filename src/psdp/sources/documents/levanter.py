@@ -71,11 +71,12 @@ def open_levanter_cache(
         >>> store.leaves, open_levanter_cache(root, ids_dtype=None).leaves
         ({'input_ids': dtype('int32')}, {'input_ids': dtype('int64')})
     """
-    offsets, flat, name = open_cache_arrays(path, _checked_leaves(leaves))
+    offsets, flat, name, written = open_cache_arrays(path, _checked_leaves(leaves))
     beside = isinstance(index, str)
     if isinstance(index, str):
         index = _index_beside(path, index, offsets, name)
-    store = DocumentStore(offsets, flat, name=name, index=index, spot_check=not beside)
+    store = DocumentStore(offsets, flat, name=name, index=index, spot_check=not beside,
+                          written=written)  # fmt: skip
     stored = store.leaves[TOKENS]
     if ids_dtype is not None and stored.kind in "iu" and stored.itemsize == 8:
         return store.with_dtypes({TOKENS: ids_dtype})

@@ -141,6 +141,7 @@ class DocumentStore:
         name: str = "in memory",
         index: DocumentIndex | str | os.PathLike[str] | None = None,
         spot_check: bool = True,
+        written: str | None = None,
     ):
         """Use `from_documents`, `open` or `from_arrays`.
 
@@ -152,8 +153,15 @@ class DocumentStore:
                 (built by one pass over the offsets); as for `from_arrays`.
             spot_check: compare a given index with 64 evenly spaced offsets; ``False`` for an
                 index committed with the offsets (`open` checks it against the metadata).
+            written: the identity of the write that made the store (`written`).
         """
         self.name = name
+        #: What the write that made the store wrote (its ``psdp.json``'s ``written``): the
+        #: sha256 of the documents `write_documents` wrote, or of what a ``psdp prepare`` commit
+        #: holds (settings, tokenizer, inputs by content, parts), a Levanter cache's ledger's
+        #: sha256; ``None`` for a store written before psdp recorded it, or made in memory. The
+        #: indexes beside the store record it (`psdp.sources.documents.beside`).
+        self.written = written
         # what a cached index (index=PATH) is of; before `_plain` drops the memmap's file
         self._offsets_file = (
             _file_identity(offsets) if isinstance(index, str | os.PathLike) else None
@@ -503,7 +511,7 @@ def _from_stored(stored: StoredDocuments) -> DocumentStore:
     """The store of a written store's arrays (a `StoredDocuments`)."""
     return DocumentStore(
         stored.offsets, stored.leaves, name=stored.name, index=stored.index,
-        spot_check=stored.spot_check,
+        spot_check=stored.spot_check, written=stored.written,
     )  # fmt: skip
 
 

@@ -12,6 +12,8 @@ default.
 from __future__ import annotations
 
 import array
+import hashlib
+import json
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
@@ -106,6 +108,7 @@ def write_documents(
     }
     lengths = array.array("q")  # 8 bytes a document (a list of ints: ~36)
     recorded: dict[str, int] = {}  # what the index found, for the metadata
+    recorded_content: list[str] = []  # the sha256 of what was written
     name = locate(path).name
 
     def fill(leaf_kvstore: Callable[[str], dict[str, Any]], on_start: Any) -> tuple[int, int]:
@@ -120,12 +123,18 @@ def write_documents(
             shards_per_block=1,  # documents arrive one by one: a shard's worth held, not 64 MB
         )
         chunks = _checked(head, stream, schema, lengths)
+        content = hashlib.sha256(json.dumps(sorted((k, d.name) for k, (d, _) in schema.items()))
+                                 .encode())  # fmt: skip
         with tqdm(unit="tokens", desc=f"write {name}", disable=not progress, delay=1.0) as bar:
             for index, chunk in enumerate(chunks):
+                for leaf in sorted(chunk):  # what is written, document by document
+                    content.update(np.ascontiguousarray(chunk[leaf]).data)
                 bar.update(tokens.add(chunk, index))
             bar.update(tokens.finish())
         offsets = np.zeros(len(lengths) + 1, np.int64)
         np.cumsum(np.frombuffer(lengths, np.int64), out=offsets[1:])
+        content.update(offsets.astype("<i8").data)
+        recorded_content.append(content.hexdigest())
         # a chunk per index block (a read of one block decodes ~one chunk), 256 to a shard; a
         # store of fewer documents has one chunk of its offsets, not a block's padded to 32 KiB
         per_chunk = min(STRIDE, len(offsets))
@@ -156,6 +165,9 @@ def write_documents(
             **layout,
             "index_stride": STRIDE,
             "longest_document": recorded["longest"],
+            # what was written (leaves, dtypes, tokens, offsets): the indexes beside the store
+            # record it, and tell this store from another of the same size (``beside.py``)
+            "written": f"sha256:{recorded_content[-1]}",
         }
 
     return commit_write(path, overwrite, fill, metadata_of)

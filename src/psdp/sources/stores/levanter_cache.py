@@ -12,6 +12,7 @@ offsets ``[0, ends[1:D + 1]]`` and each leaf ``[:ends[D]]``.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Mapping
@@ -31,13 +32,15 @@ LEVANTER_BUILDER = "python -m levanter.main.cache_dataset --config_path <config.
 
 def open_cache_arrays(
     path: str | os.PathLike[str] | Mapping[str, Any], names: tuple[str, ...]
-) -> tuple[ts.TensorStore, dict[str, ts.TensorStore], str]:
+) -> tuple[ts.TensorStore, dict[str, ts.TensorStore], str, str]:
     """The used offsets of the finished cache at ``path``, its leaves ``names`` (the first, the
-    token ids, counts the documents) cut to their used part, and its name for messages."""
+    token ids, counts the documents) cut to their used part, its name for messages, and what
+    this build of the cache is: ``levanter-ledger:<sha256 of its ledger's bytes>`` (Levanter
+    writes the ledger last, with every shard's rows: a cache built again has another)."""
     location = locate(path)
     base = _base_spec(location)
     kvstore = _kvstore(location, base)
-    ledger = _ledger(location, kvstore)
+    ledger, written = _ledger(location, kvstore)
     context = ts.Context()
     offsets = {leaf: _open(location, base, kvstore, leaf, "offsets", context) for leaf in names}
     data = {leaf: _open(location, base, kvstore, leaf, "data", context) for leaf in names}
@@ -60,7 +63,8 @@ def open_cache_arrays(
             )
     # entry 0 is the count: the used offsets are a 0 then the ends of documents 0..D-1
     used = ts.concat([ts.array(np.zeros(1, np.int64)), offsets[names[0]][1 : count + 1]], 0)
-    return used, {leaf: data[leaf][:end] for leaf in names}, f"Levanter cache {location.name}"
+    flat = {leaf: data[leaf][:end] for leaf in names}
+    return used, flat, f"Levanter cache {location.name}", written
 
 
 def is_levanter_cache(path: str | os.PathLike[str] | Mapping[str, Any]) -> bool:
@@ -85,8 +89,8 @@ def _kvstore(location: Location, base: dict[str, Any]) -> ts.KvStore:
     return ts.KvStore.open(base).result()
 
 
-def _ledger(location: Location, kvstore: ts.KvStore) -> dict[str, Any]:
-    """The cache's ledger, refused unless it says the cache is finished."""
+def _ledger(location: Location, kvstore: ts.KvStore) -> tuple[dict[str, Any], str]:
+    """The cache's ledger, refused unless it says the cache is finished, and its identity."""
     got = kvstore.read(LEDGER_FILE.encode()).result()
     if got.state != "value":
         if kvstore.read(METADATA_FILE.encode()).result().state == "value":
@@ -117,7 +121,7 @@ def _ledger(location: Location, kvstore: ts.KvStore) -> dict[str, Any]:
             f"{ledger.get('total_num_rows')!r} documents so far); let Levanter's cache builder "
             f"finish it (run `{LEVANTER_BUILDER}` again: it resumes), then open it"
         )
-    return ledger
+    return ledger, "levanter-ledger:" + hashlib.sha256(bytes(got.value)).hexdigest()
 
 
 def _open(

@@ -89,7 +89,7 @@ def open_pack_index(
     if index is not None and index.key == key:
         return index, True
     index = build_pack_index(store, key, workers=workers)
-    save_pack_index(index, path, store=store_digest(store.index))
+    save_pack_index(index, path, store=store_digest(store.index, store.written))
     return index, False
 
 
@@ -235,7 +235,7 @@ def pack_index_beside(
             + ", ".join(f"{k}={b!r}" for k, (_, b) in differ.items())
             + f"; {fix}"
         )
-    digest = store_digest(store.index)
+    digest = store_digest(store.index, store.written)
     if built_for is None:
         raise ValueError(
             f"the pack index {folder.where(settings.file_name)} records no store (it was saved "
@@ -246,7 +246,7 @@ def pack_index_beside(
         raise ValueError(
             f"the pack index {folder.where(settings.file_name)} was built for another store, or "
             f"for this one before it changed: it records store {built_for!r}, but {store.name} "
-            f"is {digest!r} (its size and document index); {fix}"
+            f"is {digest!r} (its size, document index and write); {fix}"
         )
     return index
 
@@ -279,5 +279,7 @@ def save_pack_index_beside(where: Any, store: DocumentStore, index: PackIndex) -
             "of this store (build_pack_index(store, key))"
         )
     folder = IndexFolder(where)
-    folder.write(settings.file_name, pack_index_bytes(index, store=store_digest(store.index)))
+    folder.write(
+        settings.file_name, pack_index_bytes(index, store=store_digest(store.index, store.written))
+    )
     return folder.where(settings.file_name)
