@@ -140,7 +140,7 @@ def test_a_damaged_shard_index_is_refused(tmp_path):
     data = bytearray(shard.read_bytes())
     data[-4 - 16 + 8] ^= 0x01  # the size of the index's last chunk entry
     shard.write_bytes(bytes(data))
-    with pytest.raises(ValueError, match="index of shard 0 .* crc32c .* damaged"):
+    with pytest.raises(ValueError, match=r"index of shard file .*/c/0 .* crc32c .* damaged"):
         DocumentStore.open(path).read_ranges([0], [10])
 
 

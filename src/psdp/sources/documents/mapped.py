@@ -135,8 +135,14 @@ class MappedShards:
         first, stop = shard * p.per_shard, min((shard + 1) * p.per_shard, length)
         chunks = -(-(stop - first) // p.per_chunk)
         index_bytes = p.per_shard // p.per_chunk * 16 + 4 * p.index_checksum
-        where = f"shard {shard} of {p.directory} of {self._where}"
-        with open(p.directory / "c" / str(shard), "rb") as file:
+        shard_file = p.directory / "c" / str(shard)
+        where = f"shard file {shard_file} of {self._where}"
+        if not shard_file.is_file():
+            raise ValueError(
+                f"{where} is missing; the store is damaged or incomplete: rewrite it with "
+                "write_documents"
+            )
+        with open(shard_file, "rb") as file:
             size = os.fstat(file.fileno()).st_size
             if size < index_bytes:
                 raise ValueError(
