@@ -38,6 +38,7 @@ from unittest import mock
 
 import jax
 import numpy as np
+import tensorstore as ts
 from jax.sharding import Mesh
 
 from psdp import DataLoader
@@ -91,7 +92,10 @@ class Datasets:
         if kind == "plain":
             return (lambda: TensorStoreSource(self.plain_spec)), (lambda b: b["tokens"]), self.plain
         return (
-            lambda: TokenSequences(DocumentStore.open(self.docs_spec), SEQ_LEN),
+            # a context of its own, as a host's process has (not the process's shared cache)
+            lambda: TokenSequences(
+                DocumentStore.open(self.docs_spec, context=ts.Context()), SEQ_LEN
+            ),
             lambda b: b["input_ids"],
             self.sequences,
         )
