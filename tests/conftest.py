@@ -10,6 +10,10 @@ from jax.sharding import Mesh
 
 from tests.meshes import mesh_of
 
+# The Ray head every Ray test shares, registered here once: a session fixture imported into two
+# test modules is two fixtures, and the second found the first's session open and never closed it.
+from tests.ray_cluster import ray_engine  # noqa: F401 (a fixture)
+
 
 @pytest.fixture(scope="session")
 def mesh_1d() -> Mesh:

@@ -10,19 +10,19 @@ import pytest
 from psdp.prepare import prepare
 from tests import chat_tokenizer
 from tests import prepare_corpus as corpus
-from tests.ray_cluster import ray_engine, requires_ray  # noqa: F401 (a fixture)
+from tests.ray_cluster import requires_ray
 from tests.test_prepare import tree_hash
 
 pytestmark = [requires_ray, pytest.mark.slow, pytest.mark.timeout(300)]
 
 
-def test_every_task_runs_once_and_its_result_comes_back(ray_engine):  # noqa: F811
+def test_every_task_runs_once_and_its_result_comes_back(ray_engine):
     results = list(ray_engine.map_unordered(math.factorial, range(12)))
     assert sorted(results) == [math.factorial(n) for n in range(12)]
     assert list(ray_engine.map_unordered(math.factorial, [])) == []
 
 
-def test_a_task_error_is_raised_as_itself_not_wrapped(ray_engine):  # noqa: F811
+def test_a_task_error_is_raised_as_itself_not_wrapped(ray_engine):
     with pytest.raises(
         ValueError, match=r"^invalid literal for int\(\) with base 10: 'x'$"
     ) as info:
@@ -30,7 +30,7 @@ def test_a_task_error_is_raised_as_itself_not_wrapped(ray_engine):  # noqa: F811
     assert type(info.value) is ValueError
 
 
-def test_prepare_on_ray_writes_the_local_engines_store(ray_engine, tmp_path):  # noqa: F811
+def test_prepare_on_ray_writes_the_local_engines_store(ray_engine, tmp_path):
     """Text (jsonl shards and a Parquet file cut into row ranges) and chat records."""
     tokenizer = corpus.train_tokenizer(tmp_path / "tok" / "tokenizer.json")
     for kind in ("text", "chat"):

@@ -20,7 +20,7 @@ from psdp.sources.documents.beside import PackSettings
 from psdp.sources.stores.location import INDEX_DIRECTORY
 from psdp.sources.views import pack_index
 from psdp.tools.cli import main
-from tests.ray_cluster import ray_engine, requires_ray  # noqa: F401 (a fixture)
+from tests.ray_cluster import requires_ray
 
 SEQ_LEN, WINDOW = 64, 32
 
@@ -332,7 +332,7 @@ def test_on_s3_the_index_is_built_resumed_found_and_checked_beside_the_store(tmp
 @pytest.mark.timeout(300)
 @requires_ray
 def test_ray_tasks_build_the_same_index_as_local_workers(
-    ray_engine,  # noqa: F811 (the fixture)
+    ray_engine,
     tmp_path,
     monkeypatch,
 ):
