@@ -115,12 +115,7 @@ class S3Server:
 
     def stop(self) -> None:
         if self._process is not None:
-            self._process.terminate()
-            try:
-                self._process.wait(10)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait()
+            _stop_process(self._process)
             self._process = None
 
     def __enter__(self) -> S3Server:
@@ -231,12 +226,7 @@ class GcsServer:
     def stop(self) -> None:
         self._proxy.__exit__()
         if self._process is not None:
-            self._process.terminate()
-            try:
-                self._process.wait(10)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait()
+            _stop_process(self._process)
             self._process = None
         for name, value in self._saved.items():
             _restore(name, value)
@@ -270,6 +260,16 @@ def _restore(name: str, value: str | None) -> None:
         os.environ.pop(name, None)
     else:
         os.environ[name] = value
+
+
+def _stop_process(process: subprocess.Popen[Any]) -> None:
+    """Stops an emulator's process: terminated, killed if it has not ended within 10 s."""
+    process.terminate()
+    try:
+        process.wait(10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 def _request(method: str, url: str, body: bytes | None = None) -> None:
