@@ -100,7 +100,7 @@ test-levanter: .venv-levanter/.installed-stamp
 	.venv-levanter/bin/python -m pytest tests/test_levanter.py
 
 # `pip install psdp` into an environment that already holds other allowed releases (the lower
-# bounds: jax 0.6.2, tensorstore 0.1.76, ...) installs psdp and changes no other package.
+# bounds: jax 0.6.2, tensorstore 0.1.81, ...) installs psdp and changes no other package.
 check-install: .venv-lower/.installed-stamp
 	.venv-lower/bin/python scripts/lock.py check-install
 

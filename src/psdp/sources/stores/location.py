@@ -358,10 +358,16 @@ def list_keys(store: ts.KvStore, prefix: str = "") -> list[str]:
     try:
         return sorted(key.decode() for key in keys.result())
     except ValueError as error:
-        if "NoSuchBucket" not in str(error):
+        # TensorStore >= 0.1.82 passes S3's NoSuchBucket on; 0.1.81 parses the 404's body as a
+        # listing and reports it malformed (a LIST in a bucket that exists is never a 404)
+        if "NoSuchBucket" in str(error):
+            why = "does not exist"
+        elif "missing <ListBucketResult>" in str(error):
+            why = "does not exist, or its endpoint is not an S3 server"
+        else:
             raise
         name = describe_kvstore(store.spec().to_json())
         raise FileNotFoundError(
-            f"the bucket of {name} does not exist ({redacted_message(str(error))}). Create it, "
+            f"the bucket of {name} {why} ({redacted_message(str(error))}). Create it, "
             "or check the URL or spec (the bucket is the first part of the URL)"
         ) from None
