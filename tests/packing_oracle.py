@@ -25,28 +25,31 @@ def named_documents(lengths, masks: bool = False) -> list[dict[str, np.ndarray]]
     return docs
 
 
-def naive_pack(lengths, seq_len, strategy, long_documents="split", seed=None, window=None):
+def naive_pack(
+    lengths, seq_len, strategy, long_documents="split", seed=None, window=None, max_segments=None
+):
     """Sequences as lists of ``(doc, start, length)``, item by item, every sequence scanned
     (``seed``: the documented order, numpy's ``default_rng(seed).permutation``). With
     ``window``, each window of that many documents is packed alone, the windows' sequences one
-    after another, window ``w`` in the order ``default_rng([seed, w]).permutation``."""
+    after another, window ``w`` in the order ``default_rng([seed, w]).permutation``. With
+    ``max_segments``, a sequence holding that many items takes no more."""
     if window is None:
         order = (
             range(len(lengths))
             if seed is None
             else np.random.default_rng(seed).permutation(len(lengths))
         )
-        return _naive_bins(lengths, order, seq_len, strategy, long_documents)
+        return _naive_bins(lengths, order, seq_len, strategy, long_documents, max_segments)
     bins = []
     for w, first in enumerate(range(0, len(lengths), window)):
         n = min(window, len(lengths) - first)
         local = range(n) if seed is None else np.random.default_rng([seed, w]).permutation(n)
         order = [first + int(i) for i in local]
-        bins += _naive_bins(lengths, order, seq_len, strategy, long_documents)
+        bins += _naive_bins(lengths, order, seq_len, strategy, long_documents, max_segments)
     return bins
 
 
-def _naive_bins(lengths, order, seq_len, strategy, long_documents):
+def _naive_bins(lengths, order, seq_len, strategy, long_documents, max_segments=None):
     items = []
     for d in order:
         n = int(lengths[d])
@@ -56,7 +59,11 @@ def _naive_bins(lengths, order, seq_len, strategy, long_documents):
     rooms: list[int] = []
     bins: list[list[tuple[int, int, int]]] = []
     for item in items:
-        fits = [b for b, room in enumerate(rooms) if room >= item[2]]
+        fits = [
+            b
+            for b, room in enumerate(rooms)
+            if room >= item[2] and (max_segments is None or len(bins[b]) < max_segments)
+        ]
         if strategy == "greedy":
             fits = fits[-1:] if fits and fits[-1] == len(rooms) - 1 else []
         elif strategy == "best_fit":
@@ -194,3 +201,19 @@ def with_targets(table, pad_id=0, store_mask=False) -> dict[str, np.ndarray]:
             targets[r, c] = ids[r, c + 1]
             mask[r, c] = table["loss_mask"][r, c + 1] if store_mask else 1
     return {**table, "targets": targets, "loss_mask": mask}
+
+
+def levanter_pack_ranges(lengths, seq_len, max_segments=None):
+    """Levanter's prepacking (``levanter.data.packing.pack_documents``) as its rule reads, for
+    documents of at most ``seq_len`` tokens: documents in store order, each pack a run of
+    consecutive documents, closed when the next does not fit or it holds ``max_segments``.
+    Returns the packs as lists of document numbers."""
+    packs, current, used = [], [], 0
+    for d, n in enumerate(lengths):
+        assert 0 < n <= seq_len, "only documents that Levanter packs unsliced"
+        if current and (used + n > seq_len or len(current) == max_segments):
+            packs.append(current)
+            current, used = [], 0
+        current.append(d)
+        used += n
+    return [*packs, current] if current else packs

@@ -60,17 +60,19 @@ class CountingStore(DocumentStore):
     strategy=st.sampled_from(PACKING_STRATEGIES),
     long_documents=st.sampled_from(["split", "drop"]),
     seed=st.one_of(st.none(), st.integers(0, 3)),
+    cap=st.one_of(st.none(), st.integers(1, 4)),
 )
 def test_the_plan_is_the_naive_packing_and_reads_hold_every_token_once(
-    lengths, seq_len, strategy, long_documents, seed
+    lengths, seq_len, strategy, long_documents, seed, cap
 ):
     if all(n == 0 or (n > seq_len and long_documents == "drop") for n in lengths):
         with pytest.raises(ValueError, match="nothing to pack"):
-            plan_packing(lengths, seq_len, strategy, long_documents, seed)
+            plan_packing(lengths, seq_len, strategy, long_documents, seed, cap)
         return
-    plan = plan_packing(lengths, seq_len, strategy, long_documents, seed)
-    want = naive_pack(lengths, seq_len, strategy, long_documents, seed)
+    plan = plan_packing(lengths, seq_len, strategy, long_documents, seed, cap)
+    want = naive_pack(lengths, seq_len, strategy, long_documents, seed, max_segments=cap)
     assert plan_bins(plan) == want
+    assert cap is None or max(map(len, want)) <= cap
     dropped = [d for d, n in enumerate(lengths) if n > seq_len and long_documents == "drop"]
     assert plan.dropped.tolist() == dropped
     assert plan.empty.tolist() == [d for d, n in enumerate(lengths) if n == 0]
@@ -78,7 +80,9 @@ def test_the_plan_is_the_naive_packing_and_reads_hold_every_token_once(
     assert plan.efficiency == kept / (len(want) * seq_len)
     if sum(lengths) == 0 or all(n == 0 for n in lengths):
         return
-    source = PackedSequences(store_of(lengths), seq_len, strategy, long_documents, seed=seed)
+    source = PackedSequences(
+        store_of(lengths), seq_len, strategy, long_documents, seed=seed, max_segments=cap
+    )
     rows = source.read(np.arange(len(source)))
     check_packed(rows, lengths, seq_len, dropped)
     table = packed_table(named_documents(lengths), want, seq_len)
@@ -112,6 +116,47 @@ def test_best_fit_takes_the_fullest_sequence_and_the_earliest_among_equals():
     assert plan_bins(plan_packing([6, 8, 8, 2, 2, 2], 10, "first_fit")) == first
 
 
+def test_a_cap_on_segments_closes_a_row_that_holds_that_many():
+    # rows of 10 with room left: without a cap, every 1-token document joins them
+    lengths = [4, 1, 1, 1, 4, 1, 1, 1]
+    assert plan_bins(plan_packing(lengths, 10, "greedy")) == [
+        [(0, 0, 4), (1, 0, 1), (2, 0, 1), (3, 0, 1)], [(4, 0, 4), (5, 0, 1), (6, 0, 1), (7, 0, 1)]
+    ]  # fmt: skip
+    for strategy in PACKING_STRATEGIES:
+        plan = plan_packing(lengths, 10, strategy, max_segments=2)
+        assert max(np.diff(plan.seq_starts)) == 2 and plan.num_tokens == sum(lengths)
+        assert "of at most 2 segments" in plan.describe()
+    # best_fit: a row at its cap leaves the choice even when it is the fullest
+    assert plan_bins(plan_packing([6, 1, 3, 3], 10, "best_fit", max_segments=2)) == [
+        [(0, 0, 6), (1, 0, 1)], [(2, 0, 3), (3, 0, 3)]
+    ]  # fmt: skip
+    # pieces of a split document are segments too
+    assert plan_bins(plan_packing([3, 9], 4, "first_fit", max_segments=1)) == [
+        [(0, 0, 3)], [(1, 0, 4)], [(1, 4, 4)], [(1, 8, 1)]
+    ]  # fmt: skip
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(
+    lengths=st.lists(st.integers(1, 12), min_size=1, max_size=60),
+    cap=st.one_of(st.none(), st.integers(1, 5)),
+)
+def test_greedy_with_a_cap_packs_the_rows_levanter_packs(lengths, cap):
+    """Levanter's ``max_segments_per_example`` (documents of at most seq_len tokens, store
+    order): the same documents in every row, and the rows' tokens laid out as Levanter lays them
+    (documents side by side, zeros after)."""
+    from tests.packing_oracle import levanter_pack_ranges
+
+    packed = PackedSequences(store_of(lengths), 12, "greedy", max_segments=cap)
+    want = levanter_pack_ranges(lengths, 12, cap)
+    assert [packed.plan.pieces(q)[0].tolist() for q in range(len(packed))] == want
+    docs = named_documents(lengths)
+    rows = packed.read(np.arange(len(packed)))["input_ids"]
+    for row, pack in zip(rows, want, strict=True):
+        tokens = np.concatenate([docs[d]["input_ids"] for d in pack])
+        np.testing.assert_array_equal(row, np.pad(tokens, (0, 12 - len(tokens))))
+
+
 def test_a_seed_reorders_documents_the_same_way_every_time():
     lengths = list(range(1, 30))
     a, b = (plan_packing(lengths, 32, "greedy", seed=5) for _ in range(2))
@@ -127,12 +172,13 @@ def test_a_seed_reorders_documents_the_same_way_every_time():
     long_documents=st.sampled_from(["split", "drop"]),
     seed=st.one_of(st.none(), st.integers(0, 3)),
     window=st.integers(1, 9),
+    cap=st.one_of(st.none(), st.integers(1, 3)),
 )
 def test_packing_in_windows_packs_each_window_alone_as_the_naive_packer_does(
-    lengths, seq_len, strategy, long_documents, seed, window
+    lengths, seq_len, strategy, long_documents, seed, window, cap
 ):
-    want = naive_pack(lengths, seq_len, strategy, long_documents, seed, window)
-    options = dict(seed=seed, window=window, pad_id=-1)
+    want = naive_pack(lengths, seq_len, strategy, long_documents, seed, window, cap)
+    options = dict(seed=seed, window=window, pad_id=-1, max_segments=cap)
     store = store_of(lengths)
     if not want:
         with pytest.raises(ValueError, match="nothing to pack"):

@@ -91,6 +91,43 @@ def test_each_setting_of_the_view_has_its_own_index(tmp_path):
         "greedy", 3, True)  # fmt: skip
 
 
+def test_an_index_is_of_one_cap_on_segments_and_another_cap_is_refused_naming_the_command(
+    tmp_path, capsys
+):
+    store = store_at(tmp_path / "store")
+    flags = ["--pack", f"{SEQ_LEN},{WINDOW}", "--strategy", "greedy", "--max-segments", "2"]
+    assert main(["index", store, *flags, "--no-progress"]) == 0
+    name = f"pack-{SEQ_LEN}-{WINDOW}-greedy-split-noseed-max2.npz"
+    assert capsys.readouterr().out.startswith(f"{store}/{INDEX_DIRECTORY}/{name}: built")
+
+    def capped(cap):
+        return DataConfig(
+            sources={"code": SourceConfig(store=store)},
+            seq_len=SEQ_LEN,
+            view=ViewConfig(packing="greedy", window=WINDOW, max_segments=cap),
+        )
+
+    with no_build():
+        packed = view_of(capped(2))
+    fresh = PackedSequences(DocumentStore.open(store), SEQ_LEN, "greedy", window=WINDOW,
+                            max_segments=2)  # fmt: skip
+    assert packed.plan.starts.tolist() == fresh.plan.starts.tolist()
+    segments = packed.read(np.arange(len(packed)))["segment_ids"]
+    assert segments.max() == 2 and len(packed) > len(view_of(capped(None)))
+    command = f"`psdp index {store} --pack {SEQ_LEN},{WINDOW} --strategy greedy --max-segments 3`"
+    with (
+        mock.patch.object(pack_index, "IN_MEMORY_DOCUMENTS", 999),
+        no_build(),
+        pytest.raises(FileNotFoundError, match=f"build the index once with {command}"),
+    ):
+        view_of(capped(3))
+    folder = tmp_path / "store" / INDEX_DIRECTORY  # the cap-2 index under the cap-3 name
+    shutil.copy(folder / name, folder / name.replace("max2", "max3"))
+    with pytest.raises(ValueError, match=r"is stale: it was built for max_segments=2, but the "
+                       rf"store and the config have max_segments=3; build it again with {command}"):  # fmt: skip
+        view_of(capped(3))
+
+
 def test_a_large_store_without_its_index_fails_fast_naming_the_command(tmp_path):
     store = store_at(tmp_path / "store")
     with (

@@ -328,6 +328,7 @@ class DataConfig:
         settings = PackSettings(
             self.seq_len, self.view.window, self.view.packing, self.view.long_documents,
             self.view.seed, eos=self.view.eos_id is not None,
+            max_segments=self.view.max_segments,
         )  # fmt: skip
         return pack_index_beside(source.store, store, settings, format=source.format)
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from psdp._checks import is_int
-from psdp._plan.packing import PACKING_STRATEGIES
+from psdp._plan.packing import PACKING_STRATEGIES, check_max_segments
 
 #: ``ViewConfig.long_documents`` values (`PackedSequences`).
 LONG_DOCUMENTS = ("split", "drop")
@@ -36,6 +36,10 @@ class ViewConfig:
 
     seed: int | None = None
     """Packing only: pack the documents in an order drawn from this seed (unset: store order)."""
+
+    max_segments: int | None = None
+    """Packing only: the most documents (segments) a row holds, Levanter's
+    ``max_segments_per_example`` (unset: as many as fit)."""
 
     targets: bool = False
     """Next-token targets: one more token per row (concatenate then split), or a ``targets``
@@ -67,6 +71,7 @@ class ViewConfig:
             raise ValueError(
                 f"ViewConfig.seed must be an int >= 0 or unset, got {self.seed!r}; e.g. seed: 0"
             )
+        check_max_segments(self.max_segments, "ViewConfig.max_segments", "max_segments: 64")
         if not isinstance(self.targets, bool):
             raise TypeError(
                 f"ViewConfig.targets must be true or false, got {self.targets!r}; e.g. "
@@ -83,7 +88,8 @@ class ViewConfig:
 
     def _check_packing_only(self) -> None:
         """Packing's fields without packing are refused: they would be ignored."""
-        packing_only = {"window": None, "long_documents": "split", "seed": None}
+        packing_only = {"window": None, "long_documents": "split", "seed": None,
+                        "max_segments": None}  # fmt: skip
         set_ = [n for n, unset in packing_only.items() if getattr(self, n) != unset]
         if self.packing is None and set_:
             raise ValueError(
@@ -98,6 +104,8 @@ class ViewConfig:
             return {"targets": self.targets, "eos_id": self.eos_id, "pad_id": self.pad_id}
         kwargs = {"strategy": self.packing, "long_documents": self.long_documents,
                   "seed": self.seed, "pad_id": self.pad_id, "window": self.window}  # fmt: skip
+        if self.max_segments is not None:
+            kwargs["max_segments"] = self.max_segments
         if self.targets:
             kwargs["targets"] = True
         if self.eos_id is not None:

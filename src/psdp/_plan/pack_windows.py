@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from psdp._plan.packing import PackPlan, nothing_to_pack
+from psdp._plan.packing import PackPlan, capped, nothing_to_pack
 
 #: The counts the index keeps per window, in its arrays' order.
 COUNTS = ("sequences", "tokens", "dropped", "empty")
@@ -43,6 +43,9 @@ class PackKey:
     #: an EOS slot after every non-empty document (`PackedSequences` ``eos_id``); an index
     #: saved before this field existed was built without
     eos: bool = False
+    #: the most segments a sequence holds (`plan_packing`), ``None``: no cap; an index saved
+    #: before this field existed was built without
+    max_segments: int | None = None
 
     @property
     def num_windows(self) -> int:
@@ -142,6 +145,6 @@ class PackIndex:
         empties = f", {empty} empty documents" if empty else ""
         return (
             f"{self.key.strategy} packing in windows of {self.key.window} documents of "
-            f"{self.num_tokens} tokens into {len(self)} sequences of {self.key.seq_len} "
-            f"(efficiency {self.efficiency:.4f}){left_out}{empties}"
+            f"{self.num_tokens} tokens into {len(self)} sequences of {self.key.seq_len}"
+            f"{capped(self.key.max_segments)} (efficiency {self.efficiency:.4f}){left_out}{empties}"
         )

@@ -5,7 +5,8 @@ their tokens, so every host computes the same plan in bounded time. A large corp
 windows of documents, each alone (`plan_window`), so that no host plans the whole corpus.
 Documents (optionally in a seeded order) become *items*: a document up to ``seq_len`` tokens is one
 item; a longer one is split into pieces of ``seq_len`` and a remainder, or dropped. A strategy puts
-each item, in order, into a sequence (a bin of ``seq_len`` slots); the plan is then flat arrays,
+each item, in order, into a sequence (a bin of ``seq_len`` slots, and with ``max_segments`` of at
+most that many items, Levanter's ``max_segments_per_example``); the plan is then flat arrays,
 so sequence ``q``'s pieces are ``seq_starts[q]:seq_starts[q + 1]``, found in O(1).
 Its I/O: ``psdp/sources/views/packed.py`` reads by a plan, ``pack_index.py`` beside it builds the
 index of windows (``pack_windows.py``) over a store.
@@ -45,6 +46,7 @@ class PackPlan:
         strategy: the `PACKING_STRATEGIES` entry used.
         long_documents: the `LONG_DOCUMENTS` entry used.
         seed: the seed of the document order, or ``None`` for the store's order.
+        max_segments: the most pieces a sequence holds, or ``None`` for no cap.
         seq_starts: int64 ``(Q + 1,)``, the first piece of each sequence, then the piece count.
         piece_doc: int64 ``(P,)``, each piece's document.
         piece_start: int64 ``(P,)``, each piece's first token within its document.
@@ -72,6 +74,7 @@ class PackPlan:
     piece_column: np.ndarray
     dropped: np.ndarray
     empty: np.ndarray
+    max_segments: int | None = None
 
     def __len__(self) -> int:
         return len(self.seq_starts) - 1
@@ -111,8 +114,14 @@ class PackPlan:
         empty = f", {len(self.empty)} empty documents" if len(self.empty) else ""
         return (
             f"{self.strategy} packing of {self.num_tokens} tokens into {len(self)} sequences of "
-            f"{self.seq_len} (efficiency {self.efficiency:.4f}){left_out}{empty}"
+            f"{self.seq_len}{capped(self.max_segments)} (efficiency {self.efficiency:.4f})"
+            f"{left_out}{empty}"
         )
+
+
+def capped(max_segments: int | None) -> str:
+    """The words a description gives a cap on segments per sequence ('' for none)."""
+    return "" if max_segments is None else f" of at most {max_segments} segments"
 
 
 def segment_lengths(offsets: np.ndarray, eos: bool) -> np.ndarray:
@@ -133,6 +142,7 @@ def plan_packing(
     strategy: str = "best_fit",
     long_documents: str = "split",
     seed: int | None = None,
+    max_segments: int | None = None,
 ) -> PackPlan:
     """Packs documents of ``lengths`` tokens into sequences of ``seq_len`` slots.
 
@@ -143,6 +153,9 @@ def plan_packing(
         long_documents: one of `LONG_DOCUMENTS`.
         seed: packs the documents in a random order drawn from this seed; ``None`` packs them in
             their own order. Either way the plan is the same on every host.
+        max_segments: the most segments (documents, or pieces of a split one) a sequence
+            holds, Levanter's ``max_segments_per_example``; ``None``: as many as fit. A sequence
+            that holds that many takes no more, whatever room it has left.
 
     Examples:
         >>> plan = plan_packing([4, 10, 2], seq_len=6, strategy="first_fit")
@@ -150,15 +163,18 @@ def plan_packing(
         ([0, 2, 1, 1], [0, 0, 0, 6], [4, 2, 6, 4])
         >>> plan.seq_starts.tolist(), plan.piece_column.tolist()
         ([0, 2, 3, 4], [0, 4, 0, 0])
+        >>> [plan_packing([1, 1, 1, 1, 1], 8, "greedy", max_segments=m).seq_starts.tolist()
+        ...  for m in (None, 2)]
+        [[0, 5], [0, 2, 4, 5]]
     """
     lengths = _check_lengths(lengths)
-    check_packing_options(seq_len, strategy, long_documents, seed)
+    check_packing_options(seq_len, strategy, long_documents, seed, max_segments)
     order = (
         np.arange(len(lengths))
         if seed is None
         else np.random.default_rng(seed).permutation(len(lengths))
     )
-    plan = _pack(lengths, order, 0, seq_len, strategy, long_documents, seed)
+    plan = _pack(lengths, order, 0, seq_len, strategy, long_documents, seed, max_segments)
     if not len(plan):
         raise nothing_to_pack(len(lengths), len(plan.empty), len(plan.dropped), seq_len)
     return plan
@@ -173,6 +189,7 @@ def plan_window(
     *,
     window: int,
     index: int,
+    max_segments: int | None = None,
 ) -> PackPlan:
     """Window ``index`` of a corpus packed in windows of ``window`` documents: its documents,
     numbered ``index * window + i`` for ``lengths[i]``, packed alone. With a ``seed`` they go in
@@ -185,11 +202,12 @@ def plan_window(
         ([6, 7, 8], [0, 2, 3])
     """
     lengths = _check_lengths(lengths)
-    check_packing_options(seq_len, strategy, long_documents, seed)
+    check_packing_options(seq_len, strategy, long_documents, seed, max_segments)
     n = len(lengths)
     assert index >= 0 and 0 < n <= window, (index, window, n)
     order = np.arange(n) if seed is None else np.random.default_rng([seed, index]).permutation(n)
-    return _pack(lengths, order, index * window, seq_len, strategy, long_documents, seed)
+    return _pack(lengths, order, index * window, seq_len, strategy, long_documents, seed,
+                 max_segments)  # fmt: skip
 
 
 def nothing_to_pack(documents: int, empty: int, dropped: int, seq_len: int) -> ValueError:
@@ -201,7 +219,7 @@ def nothing_to_pack(documents: int, empty: int, dropped: int, seq_len: int) -> V
     )
 
 
-def _pack(lengths, order, first, seq_len, strategy, long_documents, seed) -> PackPlan:
+def _pack(lengths, order, first, seq_len, strategy, long_documents, seed, max_segments) -> PackPlan:
     """Documents ``first + order`` (``lengths[order]`` tokens), placed in that order."""
     ordered = lengths[order]
     too_long = ordered > seq_len
@@ -209,11 +227,13 @@ def _pack(lengths, order, first, seq_len, strategy, long_documents, seed) -> Pac
     dropped = np.sort(order[too_long]) if long_documents == "drop" else np.zeros(0, np.int64)
     empty = np.flatnonzero(lengths == 0)
     item_doc, item_start, item_len = _items(first + order[keep], ordered[keep], seq_len)
-    bins = _ASSIGN[strategy](item_len.tolist(), seq_len)
+    # no cap is a cap no sequence reaches: each holds at most seq_len items of >= 1 token
+    cap = seq_len if max_segments is None else min(max_segments, seq_len)
+    bins = _ASSIGN[strategy](item_len.tolist(), seq_len, cap)
     return _plan_from_bins(
         bins, item_doc, item_start, item_len,
         seq_len=seq_len, strategy=strategy, long_documents=long_documents, seed=seed,
-        dropped=first + dropped, empty=first + empty,
+        dropped=first + dropped, empty=first + empty, max_segments=max_segments,
     )  # fmt: skip
 
 
@@ -232,7 +252,9 @@ def _check_lengths(lengths: Any) -> np.ndarray:
     return array.astype(np.int64, copy=False)
 
 
-def check_packing_options(seq_len: Any, strategy: Any, long_documents: Any, seed: Any) -> None:
+def check_packing_options(
+    seq_len: Any, strategy: Any, long_documents: Any, seed: Any, max_segments: Any = None
+) -> None:
     """Raises unless the options are a valid packing's (naming the option and the fix)."""
     check_int("seq_len", seq_len, minimum=1)
     if strategy not in PACKING_STRATEGIES:
@@ -246,6 +268,28 @@ def check_packing_options(seq_len: Any, strategy: Any, long_documents: Any, seed
         )
     if seed is not None and not is_int(seed):
         raise TypeError(f"seed must be an int or None, got {type(seed).__name__} {seed!r}")
+    check_max_segments(max_segments)
+
+
+def check_max_segments(
+    max_segments: Any, name: str = "max_segments", example: str = "max_segments=64"
+) -> None:
+    """Raises unless ``max_segments`` is a cap on segments per sequence (an int >= 1) or
+    ``None`` (no cap); ``name`` and ``example`` are how the caller's user spells the option.
+
+    Examples:
+        >>> check_max_segments(0)
+        Traceback (most recent call last):
+            ...
+        ValueError: max_segments must be an int >= 1 (the most documents a packed row holds) or None for no cap, got 0; e.g. max_segments=64, Levanter's default
+    """
+    if max_segments is None or (is_int(max_segments) and max_segments >= 1):
+        return
+    kind = ValueError if is_int(max_segments) else TypeError
+    raise kind(
+        f"{name} must be an int >= 1 (the most documents a packed row holds) or None for no "
+        f"cap, got {max_segments!r}; e.g. {example}, Levanter's default"
+    )
 
 
 def _items(docs: np.ndarray, lengths: np.ndarray, seq_len: int):
@@ -258,22 +302,26 @@ def _items(docs: np.ndarray, lengths: np.ndarray, seq_len: int):
     return item_doc, item_start, item_len
 
 
-def _greedy(lengths: list[int], seq_len: int) -> np.ndarray:
-    """One open sequence; a new one whenever the next item does not fit."""
-    bins, current, room = [0] * len(lengths), -1, 0
+def _greedy(lengths: list[int], seq_len: int, cap: int) -> np.ndarray:
+    """One open sequence; a new one whenever the next item does not fit, or the open one holds
+    ``cap`` items."""
+    bins, current, room, held = [0] * len(lengths), -1, 0, cap
     for i, length in enumerate(lengths):
-        if length > room:
-            current, room = current + 1, seq_len
+        if length > room or held == cap:
+            current, room, held = current + 1, seq_len, 0
         room -= length
+        held += 1
         bins[i] = current
     return np.asarray(bins, np.int64)
 
 
-def _first_fit(lengths: list[int], seq_len: int) -> np.ndarray:
+def _first_fit(lengths: list[int], seq_len: int, cap: int) -> np.ndarray:
     """The earliest sequence with room: a max tree of rooms over sequences, descended from the
-    root towards the leftmost leaf with enough room (O(log n) per item)."""
+    root towards the leftmost leaf with enough room (O(log n) per item). A sequence holding
+    ``cap`` items has room 0 in the tree: no item (>= 1 token) goes there again."""
     size = 1 << max(0, len(lengths) - 1).bit_length()
     tree = [0] * (2 * size)  # tree[size + b]: room of sequence b (0 until opened)
+    held = [0] * len(lengths)  # items in sequence b
     bins, opened = [0] * len(lengths), 0
     for i, length in enumerate(lengths):
         if tree[1] >= length:
@@ -284,7 +332,8 @@ def _first_fit(lengths: list[int], seq_len: int) -> np.ndarray:
         else:
             node, opened, room = size + opened, opened + 1, seq_len - length
         bins[i] = node - size
-        tree[node] = room
+        held[node - size] += 1
+        tree[node] = room if held[node - size] < cap else 0
         node >>= 1
         while node:  # a room changed: refresh the maxima above it until one stays the same
             left, right = tree[2 * node], tree[2 * node + 1]
@@ -295,11 +344,13 @@ def _first_fit(lengths: list[int], seq_len: int) -> np.ndarray:
     return np.asarray(bins, np.int64)
 
 
-def _best_fit(lengths: list[int], seq_len: int) -> np.ndarray:
+def _best_fit(lengths: list[int], seq_len: int, cap: int) -> np.ndarray:
     """The fullest sequence with room, the earliest among equals: sequences in one heap per
     room, and a bit set of the rooms whose heap is not empty, so the smallest room >= the
-    item's length is the lowest set bit at or above it (a shift and a bit trick)."""
+    item's length is the lowest set bit at or above it (a shift and a bit trick). A sequence
+    holding ``cap`` items leaves the heaps, as a full one does."""
     heaps: list[list[int]] = [[] for _ in range(seq_len + 1)]
+    held = [0] * len(lengths)  # items in sequence b
     nonempty, bins, opened = 0, [0] * len(lengths), 0
     for i, length in enumerate(lengths):
         above = nonempty >> length
@@ -313,7 +364,8 @@ def _best_fit(lengths: list[int], seq_len: int) -> np.ndarray:
         else:
             b, opened, room = opened, opened + 1, seq_len - length
         bins[i] = b
-        if room:  # a full sequence never takes another item: it leaves the heaps
+        held[b] += 1
+        if room and held[b] < cap:  # a full sequence never takes another item: it leaves the heaps
             if not heaps[room]:
                 nonempty |= 1 << room
             heapq.heappush(heaps[room], b)

@@ -768,13 +768,18 @@ def _add_pack_flags(parser: argparse.ArgumentParser, help_text: str) -> None:
         "--pack-eos", dest="pack_eos", action="store_true",
         help="the view puts an EOS after every document (a DataConfig view with eos_id)",
     )  # fmt: skip
+    group.add_argument(
+        "--max-segments", dest="max_segments", type=int, metavar="N",
+        help="the view packs at most N documents into a row (default: no cap)",
+    )  # fmt: skip
 
 
 def _packs(args: argparse.Namespace) -> list[Any]:
     from psdp.sources.documents.beside import PackSettings
 
     options = {"strategy": args.strategy, "long_documents": args.long_documents,
-               "seed": args.seed, "eos": args.pack_eos}  # fmt: skip
+               "seed": args.seed, "eos": args.pack_eos,
+               "max_segments": args.max_segments}  # fmt: skip
 
     def parsed(text: str) -> Any:
         return PackSettings.parse(text, **options)

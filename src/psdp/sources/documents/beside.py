@@ -44,8 +44,9 @@ IN_MEMORY_DOCUMENTS = 1 << 20
 @dataclass(frozen=True)
 class PackSettings:
     """A packing in windows, as a pack index is built for it: ``PackedSequences(store, seq_len,
-    strategy, long_documents, seed=seed, window=window)``, with an EOS slot after every
-    non-empty document if ``eos`` (any ``eos_id``: the id does not change the plan).
+    strategy, long_documents, seed=seed, window=window, max_segments=max_segments)``, with an
+    EOS slot after every non-empty document if ``eos`` (any ``eos_id``: the id does not change
+    the plan).
 
     Examples:
         >>> settings = PackSettings.parse("4096,64")
@@ -53,6 +54,9 @@ class PackSettings:
         ('pack-4096-64-best_fit-split-noseed.npz', '--pack 4096,64')
         >>> PackSettings(2048, 4096, "greedy", seed=3, eos=True).flags()
         '--pack 2048,4096 --strategy greedy --seed 3 --pack-eos'
+        >>> capped = PackSettings(4096, 64, "greedy", max_segments=64)
+        >>> capped.file_name, capped.flags()
+        ('pack-4096-64-greedy-split-noseed-max64.npz', '--pack 4096,64 --strategy greedy --max-segments 64')
     """
 
     seq_len: int
@@ -61,10 +65,13 @@ class PackSettings:
     long_documents: str = "split"
     seed: int | None = None
     eos: bool = False
+    max_segments: int | None = None
 
     def __post_init__(self) -> None:
         check_int("window", self.window, minimum=1)
-        check_packing_options(self.seq_len, self.strategy, self.long_documents, self.seed)
+        check_packing_options(
+            self.seq_len, self.strategy, self.long_documents, self.seed, self.max_segments
+        )
         if not isinstance(self.eos, bool):
             raise TypeError(f"eos must be a bool (an EOS slot or none), got {self.eos!r}")
 
@@ -83,7 +90,8 @@ class PackSettings:
     def key(self, num_documents: int, num_tokens: int) -> PackKey:
         """The `PackKey` of this packing of a store of that size."""
         return PackKey(self.seq_len, self.strategy, self.long_documents, self.seed, self.window,
-                       num_documents, num_tokens, eos=self.eos)  # fmt: skip
+                       num_documents, num_tokens, eos=self.eos,
+                       max_segments=self.max_segments)  # fmt: skip
 
     @property
     def file_name(self) -> str:
@@ -91,8 +99,9 @@ class PackSettings:
         size, so that an index left from before the store grew is found, and refused."""
         seed = "noseed" if self.seed is None else f"seed{self.seed}"
         eos = "-eos" if self.eos else ""
+        cap = "" if self.max_segments is None else f"-max{self.max_segments}"
         return (f"pack-{self.seq_len}-{self.window}-{self.strategy}-{self.long_documents}-"
-                f"{seed}{eos}.npz")  # fmt: skip
+                f"{seed}{eos}{cap}.npz")  # fmt: skip
 
     def flags(self) -> str:
         """The ``psdp index`` flags that build this packing's index."""
@@ -105,6 +114,8 @@ class PackSettings:
             words.append(f"--seed {self.seed}")
         if self.eos:
             words.append("--pack-eos")
+        if self.max_segments is not None:
+            words.append(f"--max-segments {self.max_segments}")
         return " ".join(words)
 
 

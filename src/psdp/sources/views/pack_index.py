@@ -146,7 +146,7 @@ def read_pack_index(data: bytes, where: str, fix: str) -> tuple[PackIndex, str |
 
 def _plan(lengths: np.ndarray, key: PackKey, w: int) -> PackPlan:
     return plan_window(lengths, key.seq_len, key.strategy, key.long_documents, key.seed,
-                       window=key.window, index=w)  # fmt: skip
+                       window=key.window, index=w, max_segments=key.max_segments)  # fmt: skip
 
 
 def _counts(lengths: np.ndarray, key: PackKey, w: int) -> tuple[int, int, int, int]:
@@ -271,7 +271,7 @@ def save_pack_index_beside(where: Any, store: DocumentStore, index: PackIndex) -
     """
     key = index.key
     settings = PackSettings(key.seq_len, key.window, key.strategy, key.long_documents, key.seed,
-                            eos=key.eos)  # fmt: skip
+                            eos=key.eos, max_segments=key.max_segments)  # fmt: skip
     if (key.num_documents, key.num_tokens) != (store.num_documents, store.num_tokens):
         raise ValueError(
             f"the pack index is of {key.num_documents} documents and {key.num_tokens} tokens, "

@@ -70,6 +70,8 @@ class PackedSequences:
         long_documents: ``"split"`` a document longer than ``seq_len`` into pieces, or
             ``"drop"`` it (`plan.dropped` lists them).
         seed: packs the documents in an order drawn from this seed; ``None``: the store's order.
+        max_segments: the most segments a row holds (documents, or pieces of a split one),
+            Levanter's ``max_segments_per_example``; ``None``: as many as fit.
         pad_id: the ``input_ids`` of padding (and the ``targets`` where none is real).
         targets: add the ``targets`` leaf, and make ``loss_mask`` the mask of real targets.
         eos_id: a token ending every non-empty document (a slot of its own); ``None``: none.
@@ -95,6 +97,9 @@ class PackedSequences:
         >>> rows = lm.read(np.array([0, 1]))
         >>> rows["input_ids"].tolist(), rows["targets"].tolist(), rows["loss_mask"].tolist()
         ([[1, 2, 3, 0], [4, 5, 0, -1]], [[2, 3, 0, -1], [5, 0, -1, -1]], [[1, 1, 1, 0], [1, 1, 0, 0]])
+        >>> short = DocumentStore.from_documents([np.array([1]), np.array([2]), np.array([3])])
+        >>> PackedSequences(short, 4, "greedy", max_segments=2).read(np.arange(2))["input_ids"].tolist()
+        [[1, 2, 0, 0], [3, 0, 0, 0]]
     """
 
     def __init__(
@@ -105,6 +110,7 @@ class PackedSequences:
         long_documents: str = "split",
         *,
         seed: int | None = None,
+        max_segments: int | None = None,
         pad_id: int = 0,
         targets: bool = False,
         eos_id: int | None = None,
@@ -115,7 +121,7 @@ class PackedSequences:
         check_view_of(store, "PackedSequences", pad_id=pad_id, eos_id=eos_id)
         _check_targets(store, targets)
         self.store, self.seq_len, self.pad_id = store, seq_len, pad_id
-        self.targets, self.eos_id = targets, eos_id
+        self.targets, self.eos_id, self.max_segments = targets, eos_id, max_segments
         computed = {SEGMENT_IDS: np.dtype(np.int32), POSITIONS: np.dtype(np.int32),
                     LOSS_MASK: store.leaves.get(LOSS_MASK, np.dtype(np.uint8))}  # fmt: skip
         if targets:
@@ -139,16 +145,17 @@ class PackedSequences:
             )
         self._offsets = self.store.offsets_range(0, self.store.num_documents + 1)
         lengths = segment_lengths(self._offsets, self.eos_id is not None)
-        return plan_packing(lengths, self.seq_len, strategy, long_documents, seed)
+        return plan_packing(lengths, self.seq_len, strategy, long_documents, seed,
+                            self.max_segments)  # fmt: skip
 
     def _open_index(self, window, strategy, long_documents, seed, index) -> PackIndex:
         """The pack index: loaded from ``index`` (its first and last windows checked at once),
         or built."""
         check_int("window", window, minimum=1)
-        check_packing_options(self.seq_len, strategy, long_documents, seed)
+        check_packing_options(self.seq_len, strategy, long_documents, seed, self.max_segments)
         key = PackKey(self.seq_len, strategy, long_documents, seed, window,
                       self.store.num_documents, self.store.num_tokens,
-                      eos=self.eos_id is not None)  # fmt: skip
+                      eos=self.eos_id is not None, max_segments=self.max_segments)  # fmt: skip
         self._where = "built at start-up" if index is None else f"at {index}"
         self._fix = "delete the index to build it again"
         self._window_plan = functools.lru_cache(WINDOW_CACHE)(self._plan_of_window)
