@@ -55,6 +55,8 @@ def _naive_bins(lengths, order, seq_len, strategy, long_documents, max_segments=
         n = int(lengths[d])
         if n > seq_len and long_documents == "drop":
             continue
+        if long_documents == "truncate":
+            n = min(n, seq_len)
         items += [(int(d), s, min(seq_len, n - s)) for s in range(0, n, seq_len)]
     rooms: list[int] = []
     bins: list[list[tuple[int, int, int]]] = []
@@ -104,10 +106,11 @@ def packed_table(docs, bins, seq_len, pad_id=0) -> dict[str, np.ndarray]:
     return table
 
 
-def check_packed(rows: dict[str, np.ndarray], lengths, seq_len, dropped=()) -> None:
-    """Every token of every kept document exactly once, in segments that are runs of one
-    document's consecutive tokens inside one row; positions restart at each segment; padding
-    only after the segments, with segment id 0 and loss mask 0."""
+def check_packed(rows: dict[str, np.ndarray], lengths, seq_len, dropped=(), truncate=False) -> None:
+    """Every token of every kept document exactly once (with ``truncate``, its first
+    ``seq_len``), in segments that are runs of one document's consecutive tokens inside one row;
+    positions restart at each segment; padding only after the segments, with segment id 0 and
+    loss mask 0."""
     seen = []
     for r in range(len(rows["input_ids"])):
         seg, pos, tok = rows["segment_ids"][r], rows["positions"][r], rows["input_ids"][r]
@@ -124,7 +127,10 @@ def check_packed(rows: dict[str, np.ndarray], lengths, seq_len, dropped=()) -> N
             seen.append(tok[at])
     got = np.sort(np.concatenate(seen)) if seen else np.zeros(0, int)
     kept = [d for d, n in enumerate(lengths) if d not in set(dropped)]
-    want = np.sort(np.concatenate([d * STRIDE + np.arange(lengths[d]) for d in kept] or [[]]))
+    cut = seq_len if truncate else max(lengths, default=0)
+    want = np.sort(
+        np.concatenate([d * STRIDE + np.arange(min(lengths[d], cut)) for d in kept] or [[]])
+    )
     np.testing.assert_array_equal(got, want.astype(got.dtype))
 
 
@@ -204,13 +210,15 @@ def with_targets(table, pad_id=0, store_mask=False) -> dict[str, np.ndarray]:
 
 
 def levanter_pack_ranges(lengths, seq_len, max_segments=None):
-    """Levanter's prepacking (``levanter.data.packing.pack_documents``) as its rule reads, for
-    documents of at most ``seq_len`` tokens: documents in store order, each pack a run of
-    consecutive documents, closed when the next does not fit or it holds ``max_segments``.
-    Returns the packs as lists of document numbers."""
+    """Levanter's prepacking (``levanter.data.packing.pack_documents`` with
+    ``slice_strategy="left"``, its text packing) as its rule reads, for non-empty documents:
+    documents in store order, each pack a run of consecutive documents, closed when the next
+    does not fit or it holds ``max_segments``; a document longer than ``seq_len`` is a pack of
+    its own (its first ``seq_len`` tokens read). Returns the packs as lists of documents."""
     packs, current, used = [], [], 0
     for d, n in enumerate(lengths):
-        assert 0 < n <= seq_len, "only documents that Levanter packs unsliced"
+        assert n > 0, "Levanter's packs count an empty document as a segment; psdp skips it"
+        n = min(n, seq_len)
         if current and (used + n > seq_len or len(current) == max_segments):
             packs.append(current)
             current, used = [], 0

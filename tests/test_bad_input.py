@@ -1718,9 +1718,9 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
     ),
     (
         "an unknown rule for long documents",
-        lambda _: plan_packing([3, 9], 4, long_documents="truncate"),
+        lambda _: plan_packing([3, 9], 4, long_documents="clip"),
         ValueError,
-        ["long_documents must be one of ['split', 'drop'], got 'truncate'"],
+        ["long_documents must be one of ['split', 'drop', 'truncate'], got 'clip'"],
     ),
     (
         "every document dropped for being longer than seq_len",
@@ -2098,7 +2098,7 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
         lambda _: ViewConfig(packing="best_fit", long_documents="cut"),
         ValueError,
         [
-            "ViewConfig.long_documents must be one of ['split', 'drop']",
+            "ViewConfig.long_documents must be one of ['split', 'drop', 'truncate']",
             "'cut'",
             "long_documents: split",
         ],

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from jax.sharding import PartitionSpec as P
 
 from psdp import PACKING_STRATEGIES, DataLoader, DocumentStore, PackedSequences, plan_packing
+from psdp._plan.packing import LONG_DOCUMENTS
 from tests.batch_checks import assert_batch_exact, expected_batch
 from tests.packing_oracle import (
     FormulaCorpus,
@@ -58,7 +59,7 @@ class CountingStore(DocumentStore):
     lengths=st.lists(st.integers(0, 40), min_size=1, max_size=40),
     seq_len=st.integers(1, 16),
     strategy=st.sampled_from(PACKING_STRATEGIES),
-    long_documents=st.sampled_from(["split", "drop"]),
+    long_documents=st.sampled_from(LONG_DOCUMENTS),
     seed=st.one_of(st.none(), st.integers(0, 3)),
     cap=st.one_of(st.none(), st.integers(1, 4)),
 )
@@ -76,7 +77,8 @@ def test_the_plan_is_the_naive_packing_and_reads_hold_every_token_once(
     dropped = [d for d, n in enumerate(lengths) if n > seq_len and long_documents == "drop"]
     assert plan.dropped.tolist() == dropped
     assert plan.empty.tolist() == [d for d, n in enumerate(lengths) if n == 0]
-    kept = sum(n for d, n in enumerate(lengths) if d not in dropped)
+    cut = seq_len if long_documents == "truncate" else max(lengths)
+    kept = sum(min(n, cut) for d, n in enumerate(lengths) if d not in dropped)
     assert plan.efficiency == kept / (len(want) * seq_len)
     if sum(lengths) == 0 or all(n == 0 for n in lengths):
         return
@@ -84,7 +86,7 @@ def test_the_plan_is_the_naive_packing_and_reads_hold_every_token_once(
         store_of(lengths), seq_len, strategy, long_documents, seed=seed, max_segments=cap
     )
     rows = source.read(np.arange(len(source)))
-    check_packed(rows, lengths, seq_len, dropped)
+    check_packed(rows, lengths, seq_len, dropped, truncate=long_documents == "truncate")
     table = packed_table(named_documents(lengths), want, seq_len)
     for key, value in table.items():
         np.testing.assert_array_equal(rows[key], value, err_msg=key)
@@ -138,22 +140,22 @@ def test_a_cap_on_segments_closes_a_row_that_holds_that_many():
 
 @settings(max_examples=40, deadline=None, derandomize=True)
 @given(
-    lengths=st.lists(st.integers(1, 12), min_size=1, max_size=60),
+    lengths=st.lists(st.integers(1, 20), min_size=1, max_size=60),
     cap=st.one_of(st.none(), st.integers(1, 5)),
 )
-def test_greedy_with_a_cap_packs_the_rows_levanter_packs(lengths, cap):
-    """Levanter's ``max_segments_per_example`` (documents of at most seq_len tokens, store
-    order): the same documents in every row, and the rows' tokens laid out as Levanter lays them
-    (documents side by side, zeros after)."""
+def test_greedy_with_a_cap_and_truncation_packs_the_rows_levanter_packs(lengths, cap):
+    """Levanter's packing of a text cache (``pack: N``: ``max_segments_per_example=N``, long
+    documents cut to their first seq_len tokens, store order): the same documents in every row,
+    and the rows' tokens laid out as Levanter lays them (documents side by side, zeros after)."""
     from tests.packing_oracle import levanter_pack_ranges
 
-    packed = PackedSequences(store_of(lengths), 12, "greedy", max_segments=cap)
+    packed = PackedSequences(store_of(lengths), 12, "greedy", "truncate", max_segments=cap)
     want = levanter_pack_ranges(lengths, 12, cap)
     assert [packed.plan.pieces(q)[0].tolist() for q in range(len(packed))] == want
     docs = named_documents(lengths)
     rows = packed.read(np.arange(len(packed)))["input_ids"]
     for row, pack in zip(rows, want, strict=True):
-        tokens = np.concatenate([docs[d]["input_ids"] for d in pack])
+        tokens = np.concatenate([docs[d]["input_ids"] for d in pack])[:12]
         np.testing.assert_array_equal(row, np.pad(tokens, (0, 12 - len(tokens))))
 
 
@@ -169,7 +171,7 @@ def test_a_seed_reorders_documents_the_same_way_every_time():
     lengths=st.lists(st.integers(0, 40), min_size=1, max_size=40),
     seq_len=st.integers(1, 16),
     strategy=st.sampled_from(PACKING_STRATEGIES),
-    long_documents=st.sampled_from(["split", "drop"]),
+    long_documents=st.sampled_from(LONG_DOCUMENTS),
     seed=st.one_of(st.none(), st.integers(0, 3)),
     window=st.integers(1, 9),
     cap=st.one_of(st.none(), st.integers(1, 3)),
@@ -189,11 +191,13 @@ def test_packing_in_windows_packs_each_window_alone_as_the_naive_packer_does(
     dropped = [d for d, n in enumerate(lengths) if n > seq_len and long_documents == "drop"]
     assert int(source.plan.dropped.sum()) == len(dropped)
     assert int(source.plan.empty.sum()) == lengths.count(0)
-    kept = sum(n for d, n in enumerate(lengths) if d not in dropped)
+    cut = seq_len if long_documents == "truncate" else max(lengths)
+    kept = sum(min(n, cut) for d, n in enumerate(lengths) if d not in dropped)
     assert source.plan.efficiency == kept / (len(want) * seq_len)
     ids = np.arange(len(source))[::-1]  # every window, out of order
     rows = source.read(ids)
-    check_packed({k: v[::-1] for k, v in rows.items()}, lengths, seq_len, dropped)
+    check_packed({k: v[::-1] for k, v in rows.items()}, lengths, seq_len, dropped,
+                 truncate=long_documents == "truncate")  # fmt: skip
     table = packed_table(named_documents(lengths), want, seq_len, -1)
     for key, value in table.items():
         np.testing.assert_array_equal(rows[key], value[ids], err_msg=key)

@@ -8,10 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from psdp._checks import is_int
-from psdp._plan.packing import PACKING_STRATEGIES, check_max_segments
-
-#: ``ViewConfig.long_documents`` values (`PackedSequences`).
-LONG_DOCUMENTS = ("split", "drop")
+from psdp._plan.packing import LONG_DOCUMENTS, PACKING_STRATEGIES, check_max_segments
 
 
 @dataclass(frozen=True)
@@ -32,7 +29,8 @@ class ViewConfig:
     """Packing only: pack each window of this many documents alone (unset: the whole corpus)."""
 
     long_documents: str = "split"
-    """Packing only: ``split`` a document longer than seq_len into pieces, or ``drop`` it."""
+    """Packing only: ``split`` a document longer than seq_len into pieces, ``drop`` it, or
+    ``truncate`` it to its first seq_len tokens (Levanter's packing)."""
 
     seed: int | None = None
     """Packing only: pack the documents in an order drawn from this seed (unset: store order)."""

@@ -4,7 +4,8 @@ The plan is computed from the documents' lengths alone (``np.diff`` of the offse
 their tokens, so every host computes the same plan in bounded time. A large corpus is packed in
 windows of documents, each alone (`plan_window`), so that no host plans the whole corpus.
 Documents (optionally in a seeded order) become *items*: a document up to ``seq_len`` tokens is one
-item; a longer one is split into pieces of ``seq_len`` and a remainder, or dropped. A strategy puts
+item; a longer one is split into pieces of ``seq_len`` and a remainder, cut to its first
+``seq_len`` tokens, or dropped. A strategy puts
 each item, in order, into a sequence (a bin of ``seq_len`` slots, and with ``max_segments`` of at
 most that many items, Levanter's ``max_segments_per_example``); the plan is then flat arrays,
 so sequence ``q``'s pieces are ``seq_starts[q]:seq_starts[q + 1]``, found in O(1).
@@ -29,8 +30,10 @@ from psdp._checks import check_int, is_int
 #: of a fixed number of open bins instead).
 PACKING_STRATEGIES = ("best_fit", "first_fit", "greedy")
 #: What becomes of a document longer than ``seq_len``: ``split`` into pieces of ``seq_len`` and a
-#: remainder (each a segment of its own), or ``drop`` it (the plan reports it).
-LONG_DOCUMENTS = ("split", "drop")
+#: remainder (each a segment of its own), ``drop`` it (the plan reports it), or ``truncate`` it
+#: to its first ``seq_len`` tokens, a row of its own (the rest is never read; Levanter's packing,
+#: its ``slice_strategy="left"``).
+LONG_DOCUMENTS = ("split", "drop", "truncate")
 
 
 @dataclass(frozen=True, eq=False)
@@ -226,6 +229,8 @@ def _pack(lengths, order, first, seq_len, strategy, long_documents, seed, max_se
     keep = (ordered > 0) & ~(too_long & (long_documents == "drop"))
     dropped = np.sort(order[too_long]) if long_documents == "drop" else np.zeros(0, np.int64)
     empty = np.flatnonzero(lengths == 0)
+    if long_documents == "truncate":
+        ordered = np.minimum(ordered, seq_len)
     item_doc, item_start, item_len = _items(first + order[keep], ordered[keep], seq_len)
     # no cap is a cap no sequence reaches: each holds at most seq_len items of >= 1 token
     cap = seq_len if max_segments is None else min(max_segments, seq_len)

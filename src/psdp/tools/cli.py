@@ -17,6 +17,7 @@ from typing import Any, NoReturn, TypeVar
 from psdp import PACKING_STRATEGIES, MeshConfig, MeshLayout, plan_pod
 from psdp._integration.loader_config import BUILTIN_LAYOUTS, parse_axes, parse_names, parse_spec
 from psdp._plan.mesh import dp_index, spec_axes
+from psdp._plan.packing import LONG_DOCUMENTS
 from psdp._plan.picture import plan_summary, render_plan
 from psdp.tools.pod import PodError
 
@@ -761,7 +762,7 @@ def _add_pack_flags(parser: argparse.ArgumentParser, help_text: str) -> None:
         help="the view's packing (default best_fit)",
     )  # fmt: skip
     group.add_argument(
-        "--long-documents", default="split", choices=["split", "drop"], help="default split"
+        "--long-documents", default="split", choices=list(LONG_DOCUMENTS), help="default split"
     )
     group.add_argument("--seed", type=int, help="the packing's seed (default: store order)")
     group.add_argument(
