@@ -77,9 +77,12 @@ class OracleMixture:
         rank = np.concatenate([np.arange(c) for c in counts]).astype(np.int64)
         source, rows = owner[slots], np.zeros(self.block, np.int64)
         samples = np.zeros(self.block, np.int64)
+        handed = [0] * len(counts)  # unshuffled: each source's samples in position order
         for position in range(self.block):
             s = int(source[position])
-            samples[position] = self._given[s] + int(rank[slots[position]])
+            within = int(rank[slots[position]]) if self.shuffle else handed[s]
+            handed[s] += 1
+            samples[position] = self._given[s] + within
             rows[position] = self._row_of(s, int(samples[position]))
         for s, c in enumerate(counts):
             self._given[s] += c

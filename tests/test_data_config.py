@@ -800,3 +800,89 @@ def test_a_state_restores_under_proportional_stage_weights(stores):
     other = [replace(scaled[0], weights={"code": 0.1, "prose": 0.4}), *scaled[1:]]
     with pytest.raises(ValueError, match="mixture stage 0 differs"):
         replace(config, stages=other).restore(state, _mesh())
+
+
+# ------------------------------------------------------------------------ unshuffled sources
+def _unshuffled(stores, view: str, sources=("code",)) -> DataConfig:
+    listed = "\n".join(f"  {n}: {{store: {stores[n]}, weight: {1 + 2 * i}}}"
+                       for i, n in enumerate(sources))  # fmt: skip
+    text = f"""
+sources:
+{listed}
+seq_len: {SEQ_LEN}
+view: {VIEWS[view]}
+mixture: {{block_size: {BLOCK}, seed: 5, shuffle: false}}
+order: {{global_batch_size: {BATCH}}}
+"""
+    return draccus.load(DataConfig, io.StringIO(text))
+
+
+def _in_store_order(view: str, step: int) -> dict[str, np.ndarray]:
+    """Step ``step`` of one source read in store order: rows ``step * BATCH ...`` modulo the
+    store's rows (an epoch repeats in the same order), by the view's oracle."""
+    rows = _oracle_rows("code", view)
+    ids = (step * BATCH + np.arange(BATCH)) % len(rows["input_ids"])
+    return {**{k: v[ids] for k, v in rows.items()}, "mask": np.ones(BATCH, bool)}
+
+
+@pytest.mark.parametrize("view", ["packed", "concatenated"])
+def test_an_unshuffled_source_is_read_in_store_order_every_epoch_on_every_shard(stores, view):
+    config = _unshuffled(stores, view)
+    rows = len(_oracle_rows("code", view)["input_ids"])
+    steps = 3 * rows // BATCH + 1  # three epochs and more, an epoch not a whole number of steps
+    with config.build(_mesh()) as loader:
+        for step in range(steps):
+            assert_batch_exact(loader.batch_at(step), _in_store_order(view, step))
+
+
+def test_unshuffled_sources_are_each_in_store_order_between_the_mixtures_blocks(stores):
+    config = _unshuffled(stores, "concatenated", ("code", "prose"))
+    tables = {n: _oracle_rows(n, "concatenated") for n in ("code", "prose")}
+    lengths = [len(tables[n]["input_ids"]) for n in ("code", "prose")]
+    oracle = OracleMixture(["code", "prose"], lengths, [(0, {"code": 1, "prose": 3})], BLOCK,
+                           seed=5, shuffle=False)  # fmt: skip
+    source, row = oracle.sequence(6 * BATCH)
+    for k in range(2):  # each source's rows come in store order, epoch after epoch
+        assert row[source == k].tolist() == [i % lengths[k] for i in range((source == k).sum())]
+    with config.build(_mesh()) as loader:
+        for step in range(6):
+            g = range(step * BATCH, (step + 1) * BATCH)
+            want = {key: np.stack([tables[("code", "prose")[source[i]]][key][row[i]] for i in g])
+                    for key in tables["code"]}  # fmt: skip
+            assert_batch_exact(loader.batch_at(step), {**want, "mask": np.ones(BATCH, bool)})
+
+
+def test_an_unshuffled_source_is_sharded_exactly_per_host(stores):
+    from tests.fake_hosts import fake_pod, host_batch
+
+    config = _unshuffled(stores, "packed")
+    mesh = _mesh()
+    layout = np.repeat([0, 1], 4).reshape(4, 2)  # data rows 0-1 on host 0, 2-3 on host 1
+    with fake_pod(mesh, layout) as process_of:
+        for host in (0, 1):
+            loader = DataLoader(config.train_source(), mesh=mesh, global_batch_size=BATCH,
+                                process_index=host)  # fmt: skip
+            with loader:
+                for step in (0, 1, 5):
+                    want = _in_store_order("packed", step)
+                    got = host_batch(loader, step, process_of)
+                    for key, shards in got.items():
+                        boxes = shards.sharding.devices_indices_map(shards.shape)
+                        assert {process_of[d] for d in shards.shards} == {host}
+                        assert len(shards.shards) == 4
+                        for device, value in shards.shards.items():
+                            np.testing.assert_array_equal(value, want[key][boxes[device]])
+
+
+def test_an_unshuffled_run_resumes_exactly_and_refuses_a_shuffled_restore(stores):
+    config = _unshuffled(stores, "concatenated")
+    state = _saved_state(config, 3)
+    with config.restore(state, _mesh()) as loader:
+        it = iter(loader)
+        for step in range(3, 7):
+            assert_batch_exact(next(it), _in_store_order("concatenated", step))
+        it.close()
+    shuffled = replace(config, mixture=replace(config.mixture, shuffle=True))
+    with pytest.raises(ValueError, match="the mixture's shuffle is True, but the saved run's was "
+                       "False; every sample depends on it"):  # fmt: skip
+        shuffled.restore(state, _mesh())

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sys
 import tracemalloc
+from dataclasses import replace
 from fractions import Fraction
 
 import numpy as np
@@ -500,11 +501,11 @@ def test_checking_the_weights_compares_no_name_with_every_other():
     assert _Name.compared <= 10 * 1000, _Name.compared
 
 
-def test_unshuffled_sources_give_consecutive_rows_a_block_in_permuted_order():
-    """docs/guides/mixtures.md: ``shuffle=False`` drops the epoch permutations, so each block reads the
-    next run of consecutive rows of each source (row ``j mod n`` for sample ``j``), placed at the
-    block's permuted positions: in row order from block to block, not within a block. Exact
-    against the block-walking oracle."""
+def test_unshuffled_sources_give_their_rows_in_row_order_at_the_blocks_positions():
+    """docs/guides/mixtures.md: ``shuffle=False`` drops the epoch permutations, and each block
+    hands each source's next run of consecutive rows (row ``j mod n`` for sample ``j``) out in the
+    order of the positions the block's permutation gave the source: every source in row order,
+    within blocks too. Exact against the block-walking oracle."""
     names, lengths, block = ("a", "b"), (13, 40), 8
     stages = ((0, (3.0, 1.0)),)
     plan = MixturePlan(names, lengths, stages, block_size=block, seed=4, shuffle=False)
@@ -520,7 +521,23 @@ def test_unshuffled_sources_give_consecutive_rows_a_block_in_permuted_order():
             rows = row[part][source[part] == s]
             count = len(rows)
             want = [(given[s] + k) % lengths[s] for k in range(count)]
-            assert sorted(rows.tolist()) == sorted(want), (b, s)  # the next consecutive run
-            permuted += rows.tolist() != want
+            assert rows.tolist() == want, (b, s)  # the next consecutive run, in order
             given[s] += count
-    assert permuted > 0  # within a block, the rows come in permuted order
+        permuted += source[part].tolist() != sorted(source[part].tolist())
+    assert permuted > 0  # the sources' positions in a block are permuted
+    for offset in (0, 5, 19, 66):  # read from anywhere, as the loader reads a step
+        got = plan.locate(np.arange(offset, offset + 11))
+        assert got[1].tolist() == row[offset : offset + 11].tolist()
+
+
+def test_an_unshuffled_state_of_the_permuted_block_order_is_refused():
+    """A state saved when an unshuffled block placed its rows in the permuted order (no
+    ``order`` key) would resume on other rows: refused; this release's resumes."""
+    plan = MixturePlan(("a", "b"), (13, 40), ((0, (3.0, 1.0)),), block_size=8, shuffle=False)
+    record = plan.record()
+    assert record["order"] == "rows" and "order" not in replace(plan, shuffle=True).record()
+    plan.check_past(record, 16)
+    old = {k: v for k, v in record.items() if k != "order"}
+    with pytest.raises(ValueError, match="unshuffled mixture placed each block's rows of a "
+                       "source in the block's permuted order; .* start the run again"):  # fmt: skip
+        plan.check_past(old, 16)

@@ -74,7 +74,7 @@ class DataConfig:
     """How documents become rows: concatenate then split, or pack."""
 
     mixture: MixtureConfig = field(default_factory=MixtureConfig)
-    """The mixture's block size and seed."""
+    """The mixture's block size, seed, and whether it shuffles the sources' rows."""
 
     eval: dict[str, SourceConfig] = field(default_factory=dict)
     """Eval sets, name -> store, each read once in order by a loader of its own."""
@@ -84,7 +84,7 @@ class DataConfig:
 
     order: OrderOptions = field(default_factory=OrderOptions)
     """global_batch_size (or a schedule), skips, drop_last... (shuffle stays unset: the mixture
-    shuffles)."""
+    orders the rows, mixture.shuffle)."""
 
     sharding: ShardingOptions = field(default_factory=ShardingOptions)
     """How leaves are split over the mesh (train and eval)."""
@@ -127,7 +127,8 @@ class DataConfig:
             raise ValueError(
                 "DataConfig.order.shuffle=True, but the sources are read as a mixture, which "
                 "shuffles inside its blocks and each source's epochs itself; leave shuffle unset "
-                "(the mixture's seed is mixture.seed)"
+                "(the mixture's seed is mixture.seed; mixture.shuffle: false reads every source "
+                "in store order)"
             )
         if self.stages is not None:
             object.__setattr__(self, "stages", _stages(self.stages, self.sources))
@@ -294,6 +295,7 @@ class DataConfig:
             stages=stages,
             block_size=self.mixture.block_size,
             seed=self.mixture.seed,
+            shuffle=self.mixture.shuffle,
             source_leaf=self.mixture.source_leaf,
             view=self._view_record(),
         )

@@ -76,6 +76,11 @@ class MixtureConfig:
     seed: int = 0
     """Keys the blocks' and every source's permutations."""
 
+    shuffle: bool = True
+    """Permute each source's epochs; ``false``: every source's rows in store order, each epoch
+    in the same order (Levanter's ``shuffle: false``; several sources still interleave by
+    weight, block by block)."""
+
     source_leaf: str | None = None
     """The name of an int32 leaf added to every train row: its source's position in
     ``loader.source.names``, for a loss or metrics per source (unset: none)."""
@@ -87,6 +92,11 @@ class MixtureConfig:
             raise TypeError(
                 f"MixtureConfig.source_leaf must be a leaf name (a non-empty str) or unset, got "
                 f"{self.source_leaf!r}; e.g. source_leaf: source"
+            )
+        if not isinstance(self.shuffle, bool):
+            raise TypeError(
+                f"MixtureConfig.shuffle must be true or false, got {self.shuffle!r}; e.g. "
+                "shuffle: false to read every source in store order"
             )
         if not is_int(self.block_size) or self.block_size < 1:
             raise ValueError(

@@ -3,7 +3,9 @@
 Offsets come in blocks of ``block_size``. A block takes exact per-source counts from the weights of
 its stage (largest-remainder rounding), places them at positions drawn by a keyed permutation of
 the block, and each source hands out its samples in turn: sample ``j`` of a source is row
-``permutation_e(j - e n)`` of its epoch ``e = j // n``. How many samples a source gave before a
+``permutation_e(j - e n)`` of its epoch ``e = j // n``. Unshuffled, sample ``j`` is row ``j mod n``
+and a block hands each source's samples out in the order of its positions, so every source's
+rows come in store order. How many samples a source gave before a
 block is a sum over the stages before it, so no table grows with the run: ``docs/guides/mixtures.md``.
 """
 
@@ -146,7 +148,9 @@ class MixturePlan:
             starts increasing and multiples of ``block_size``.
         block_size: samples per block; each block holds the exact counts of `block_counts`.
         seed: keys the block permutations and the sources' epoch permutations.
-        shuffle: permute each source's epochs (else a source is read in row order).
+        shuffle: permute each source's epochs and hand a block's samples of a source out in
+            its permuted order; ``False``: every source's rows in row order (a block's samples
+            of a source in the order of their positions).
 
     Examples:
         >>> plan = MixturePlan(("a", "b"), (5, 100), ((0, (3.0, 1.0)),), block_size=4, seed=0)
@@ -202,6 +206,16 @@ class MixturePlan:
         """Per offset: its stage, its source, and how many samples that source gave before it."""
         offsets = np.asarray(offsets, np.int64)
         block, position = np.divmod(offsets, self.block_size)
+        stage, source, before, rank = self._placed(block, position)
+        if not self.shuffle:
+            rank = self._ranks_in_order(block, position)
+        return stage, source, before + rank
+
+    def _placed(
+        self, block: np.ndarray, position: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Per (block, position): its stage, its source, the samples that source gave before
+        the block, and its slot's rank among the source's slots of the block."""
         stage = np.searchsorted(self.first_blocks, block, side="right") - 1
         base = np.full(block.shape, self.block_key, np.uint64)
         slot = shuffle_each(position, self.block_size, _mix(base, block))
@@ -212,7 +226,26 @@ class MixturePlan:
         counts = self.counts[stage, source]
         rank = key - self.ends[end] + counts
         earlier = self.before[stage, source] + (block - self.first_blocks[stage]) * counts
-        return stage, source, earlier + rank
+        return stage, source, earlier, rank
+
+    def _ranks_in_order(self, block: np.ndarray, position: np.ndarray) -> np.ndarray:
+        """Per (block, position): its rank among the positions of its block that its source
+        fills, counted in position order. Every position of each block touched is placed (a
+        block's permutation is evaluated whole), then grouped by (block, source), stably."""
+        blocks, which = np.unique(block, return_inverse=True)
+        size, count = self.block_size, len(self.names)
+        every = np.arange(size, dtype=np.int64)
+        _, source, _, _ = self._placed(np.repeat(blocks, size), np.tile(every, len(blocks)))
+        group = np.repeat(np.arange(len(blocks), dtype=np.int64), size) * count + source
+        by_group = np.argsort(group, kind="stable")  # each group's positions stay in order
+        grouped = group[by_group]
+        first = np.flatnonzero(np.r_[True, grouped[1:] != grouped[:-1]])
+        sizes = np.diff(np.r_[first, len(grouped)])
+        rank = np.empty_like(group)
+        rank[by_group] = np.arange(len(grouped)) - np.repeat(first, sizes)
+        return rank.reshape(len(blocks), size)[which.reshape(-1), position.reshape(-1)].reshape(
+            position.shape
+        )
 
     def locate(self, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The source (a position in ``names``) and the row of that source at each offset."""
@@ -236,8 +269,9 @@ class MixturePlan:
         whole = self.before[stage] + (block - self.first_blocks[stage]) * self.counts[stage]
         if not position:
             return whole
-        start = block * self.block_size
-        _, source, _ = self.slots(np.arange(start, start + position, dtype=np.int64))
+        _, source, _, _ = self._placed(
+            np.full(position, block, np.int64), np.arange(position, dtype=np.int64)
+        )
         return whole + np.bincount(source, minlength=len(self.names))
 
     def counts_between(self, offset: int, count: int) -> np.ndarray:
@@ -256,6 +290,9 @@ class MixturePlan:
             "seed": self.seed,
             "shuffle": self.shuffle,
             "stages": [[start, list(w)] for start, w in self.stages],
+            # unshuffled, a block's rows of a source come in row order; an earlier psdp placed
+            # them in the block's permuted order, and its states lack this key
+            **({} if self.shuffle else {"order": "rows"}),
         }
 
     def check_past(self, saved: Mapping[str, Any], offset: int) -> None:
@@ -284,6 +321,13 @@ class MixturePlan:
                     "value (only stages that start at or after the resume offset "
                     f"{offset} may change)"
                 )
+        if saved.get("shuffle") is False and saved.get("order") != "rows":
+            raise ValueError(
+                "the state was saved by a psdp whose unshuffled mixture placed each block's rows "
+                "of a source in the block's permuted order; this one reads every source in row "
+                "order, so the rows after the resume would differ; resume it with the psdp that "
+                "saved it, or start the run again"
+            )
         if saved.get("kind") == _BINARY_KIND:
             self._check_binary_counts(offset)
         past = [s for s in saved["stages"] if s[0] < offset]
