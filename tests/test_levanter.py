@@ -265,7 +265,7 @@ def test_bad_input_names_the_fix(cache: str) -> None:
         )  # fmt: skip
     with pytest.raises(TypeError, match=r"Pos must be Levanter's position axis"):
         LevanterLoader.from_cache(cache, mesh=mesh, Pos=16, batch_size=BATCH)
-    packed = SimpleNamespace(cache_dir="c", flat_cache=False, pack=True)
-    levanter_data = SimpleNamespace(cache_dir=None, components={"web": packed})
-    with pytest.raises(ValueError, match=r"has pack: True; psdp.levanter reads concatenate"):
+    padded = SimpleNamespace(cache_dir="c", flat_cache=False, pack="pad")
+    levanter_data = SimpleNamespace(cache_dir=None, components={"web": padded})
+    with pytest.raises(ValueError, match=r"has pack: 'pad'; psdp packs a component with pack: "):
         data_config(levanter_data, seq_len=SEQ_LEN)

@@ -25,13 +25,16 @@ from psdp._imports import import_optional
 from psdp._integration.data_config import DataConfig
 from psdp._integration.mixture_config import MixtureConfig, StageConfig
 from psdp._integration.source_config import SourceConfig
+from psdp._integration.view_config import ViewConfig
 from psdp._plan.leaves import TOKENS
 from psdp._runtime.loader import DataLoader
-from psdp.sources import TokenSequences
+from psdp.sources import PackedSequences, TokenSequences
 from psdp.sources.documents.levanter import open_levanter_cache
 
 #: why Levanter is imported: named in the ImportError when it is missing
 _NEEDED_FOR = "psdp.levanter"
+#: Levanter's ``max_segments_per_example`` for a component with ``pack: true``
+LEVANTER_MAX_SEGMENTS = 64
 
 
 def _levanter(module: str) -> Any:
@@ -246,7 +249,10 @@ def data_config(levanter_data: Any, *, seq_len: int, batch_size: Any = None) -> 
     Each cached component is a source of ``format: levanter`` reading its ``train`` split in
     place, each with a ``validation`` split an eval set; ``train_weights`` (a dict, or Levanter's
     stages ``[(step, weights)]``) become the sources' weights or `DataConfig.stages`; its
-    ``mixture_block_size`` the mixture's block size. psdp mixes and orders the rows its own
+    ``mixture_block_size`` the mixture's block size; ``shuffle: false`` ``mixture.shuffle:
+    false`` (every source in store order). The components' ``pack`` (``true``: 64 documents a
+    row, or ``N``) is the view: greedy packing of at most that many documents a row, long
+    documents cut to ``seq_len`` (Levanter's packing). psdp mixes and shuffles the rows its own
     way: the same rows in another order (``docs/guides/levanter.md``, "Orders").
 
     Args:
@@ -256,7 +262,8 @@ def data_config(levanter_data: Any, *, seq_len: int, batch_size: Any = None) -> 
 
     Examples:
         >>> from types import SimpleNamespace as Cached
-        >>> levanter_data = Cached(cache_dir="cache/", mixture_block_size=2048, components={
+        >>> levanter_data = Cached(cache_dir="cache/", mixture_block_size=2048, shuffle=True,
+        ...     components={
         ...     "web": Cached(cache_dir=None, flat_cache=False, pack=None, format=None),
         ...     "code": Cached(cache_dir="/data/code", flat_cache=False, pack=None, format=None)},
         ...     train_weights=[(0, {"web": 1.0, "code": 0.0}), (100, {"web": 1.0, "code": 1.0})])
@@ -265,9 +272,15 @@ def data_config(levanter_data: Any, *, seq_len: int, batch_size: Any = None) -> 
         ('cache/web/train', '/data/code/train')
         >>> [(s.step, s.weights) for s in config.stages]
         [(0, {'web': 1.0, 'code': 0.0}), (100, {'web': 1.0, 'code': 1.0})]
+        >>> packed = Cached(cache_dir="/data/chat", flat_cache=False, pack=16, format=None)
+        >>> config = data_config(Cached(cache_dir=None, mixture_block_size=2048, shuffle=False,
+        ...     components={"chat": packed}, train_weights=None), seq_len=512)
+        >>> config.view.packing, config.view.max_segments, config.mixture.shuffle
+        ('greedy', 16, False)
     """
     sources: dict[str, SourceConfig] = {}
     evals: dict[str, SourceConfig] = {}
+    packs: dict[str, int | None] = {}
     for name, component in levanter_data.components.items():
         if not hasattr(component, "flat_cache"):
             raise ValueError(
@@ -275,12 +288,7 @@ def data_config(levanter_data: Any, *, seq_len: int, batch_size: Any = None) -> 
                 "cached components (a component with cache_dir), e.g. components: {web: "
                 "{cache_dir: gs://bucket/web}}"
             )
-        if component.pack:
-            raise ValueError(
-                f"Levanter's data component {name!r} has pack: {component.pack!r}; psdp.levanter "
-                "reads concatenate-then-split components (psdp's packing has no cap on segments "
-                "per row, Levanter's max_segments_per_example); drop pack to read it"
-            )
+        packs[name] = _max_segments(name, component.pack)
         root = component.cache_dir
         if root is None:
             if levanter_data.cache_dir is None:
@@ -301,18 +309,55 @@ def data_config(levanter_data: Any, *, seq_len: int, batch_size: Any = None) -> 
     elif weights is not None:
         stages = [StageConfig(step=int(step), weights=dict(w)) for step, w in weights]
     order: dict[str, Any] = {} if batch_size is None else {"global_batch_size": batch_size}
+    mixture = MixtureConfig(
+        block_size=int(levanter_data.mixture_block_size),
+        # Levanter's shuffle is False, True (a full permutation) or a block shuffle's config
+        shuffle=levanter_data.shuffle is not False,
+    )
     return DataConfig.from_dict(
         {
             "sources": {n: dataclasses.asdict(s) for n, s in sources.items()},
             "stages": None if stages is None else [dataclasses.asdict(s) for s in stages],
             "seq_len": seq_len,
-            "mixture": dataclasses.asdict(
-                MixtureConfig(block_size=int(levanter_data.mixture_block_size))
-            ),
+            "view": dataclasses.asdict(_view(packs)),
+            "mixture": dataclasses.asdict(mixture),
             "eval": {n: dataclasses.asdict(s) for n, s in evals.items()},
             "order": order,
         }
     )
+
+
+def _max_segments(name: str, pack: Any) -> int | None:
+    """A component's ``pack`` as the cap on documents per row (``None``: not packed)."""
+    if pack is None or pack is False:
+        return None
+    if pack is True:
+        return LEVANTER_MAX_SEGMENTS
+    if isinstance(pack, int) and pack >= 1:
+        return pack
+    raise ValueError(
+        f"Levanter's data component {name!r} has pack: {pack!r}; psdp packs a component with "
+        f"pack: true ({LEVANTER_MAX_SEGMENTS} documents a row, Levanter's default) or pack: N "
+        "(at most N documents a row, N >= 1), as Levanter does; use one of those, or drop pack"
+    )
+
+
+def _view(packs: Mapping[str, int | None]) -> ViewConfig:
+    """The one view of every source: concatenate then split, or Levanter's packing (greedy,
+    in store order, a long document cut to its first seq_len tokens, a cap on documents)."""
+    caps = set(packs.values())
+    if len(caps) > 1:
+        listed = ", ".join(
+            f"{n} ({'no pack' if c is None else f'{c} documents a row'})" for n, c in packs.items()
+        )
+        raise ValueError(
+            f"Levanter's data components pack differently: {listed}; psdp makes every source's "
+            "rows with one view (DataConfig.view), so give every component the same pack"
+        )
+    cap = next(iter(caps), None)
+    if cap is None:
+        return ViewConfig()
+    return ViewConfig(packing="greedy", long_documents="truncate", max_segments=cap)
 
 
 def _exists(path: str) -> bool:
@@ -334,7 +379,8 @@ def train_loader(levanter_data: Any, trainer: Any, Pos: Any, *, seed: int = 0) -
 
     One component with ``shuffle: false`` is read in order, row for row as Levanter's own
     loader reads it; otherwise psdp's `Mixture` of `data_config` orders the rows (seeded by
-    ``seed``)."""
+    ``seed``; with ``shuffle: false`` every component in store order), packed as the
+    components' ``pack`` says."""
     components = levanter_data.components
     eos_id = levanter_data.the_tokenizer.eos_token_id
     common = dict(
@@ -346,11 +392,10 @@ def train_loader(levanter_data: Any, trainer: Any, Pos: Any, *, seed: int = 0) -
         eos_id=eos_id if levanter_data.block_cross_document_attention else None,
         block_cross_document_attention=levanter_data.block_cross_document_attention,
     )
-    if len(components) == 1 and not levanter_data.shuffle:
-        config = data_config(levanter_data, seq_len=Pos.size)
+    config = data_config(levanter_data, seq_len=Pos.size, batch_size=common["batch_size"])
+    if len(components) == 1 and not config.mixture.shuffle and config.view.packing is None:
         (source,) = config.sources.values()
         return LevanterLoader.from_cache(source.store, **common)
-    config = data_config(levanter_data, seq_len=Pos.size, batch_size=common["batch_size"])
     config = dataclasses.replace(config, mixture=dataclasses.replace(config.mixture, seed=seed))
     return LevanterLoader(config.train_source(), **common)
 
@@ -399,12 +444,16 @@ class _PsdpEvalSet:
     data: Any
     store: str
     Pos: Any
+    view: ViewConfig
 
 
 def _tagged_eval_sets(self: Any, Pos: Any) -> list[tuple[_PsdpEvalSet, list[str]]]:
     config = data_config(self, seq_len=Pos.size)
     return [
-        (_PsdpEvalSet(self, str(source.store), Pos), [*(self.components[name].tags or []), name])
+        (
+            _PsdpEvalSet(self, str(source.store), Pos, config.view),
+            [*(self.components[name].tags or []), name],
+        )
         for name, source in config.eval.items()
     ]
 
@@ -426,8 +475,8 @@ class _TaggedEvalLoader:
         for index, (dataset, set_tags) in enumerate(tagged.datasets):
             data = dataset.data
             eos = data.the_tokenizer.eos_token_id if data.block_cross_document_attention else None
-            loader = LevanterLoader.from_cache(
-                dataset.store, mesh=mesh, Pos=dataset.Pos, batch_size=EvalBatch.size,
+            loader = LevanterLoader(
+                _eval_rows(dataset), mesh=mesh, Pos=dataset.Pos, batch_size=EvalBatch.size,
                 axis_resources=mapping | {"batch": physical}, batch_axis_name=EvalBatch.name,
                 eos_id=eos, evaluation=True, name=f"levanter eval {index}",
             )  # fmt: skip
@@ -445,6 +494,16 @@ class _TaggedEvalLoader:
 
     def __len__(self) -> int:
         return sum(len(loader) for loader, _ in self._sets)
+
+
+def _eval_rows(dataset: _PsdpEvalSet) -> Any:
+    """An eval set's rows, as Levanter makes its component's: concatenated then split, or
+    packed as the component's ``pack`` says (its input_ids alone)."""
+    store = open_levanter_cache(dataset.store, (TOKENS,))
+    if dataset.view.packing is None:
+        return TokenSequences(store, dataset.Pos.size, leaves=(TOKENS,))
+    kwargs = {**dataset.view.view_kwargs(), "leaves": (TOKENS,)}
+    return PackedSequences(store, dataset.Pos.size, **kwargs)
 
 
 def _eval_data_loader(levanter_loader_class: Any) -> Any:
