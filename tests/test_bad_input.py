@@ -2171,6 +2171,40 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
         ["MixtureConfig.block_size must be an int >= 1", "got 0", "block_size: 2048"],
     ),
     (
+        "a mixture shuffle that is not a bool",
+        lambda _: MixtureConfig(shuffle="no"),  # type: ignore[arg-type]
+        TypeError,
+        ["MixtureConfig.shuffle must be true or false", "got 'no'", "shuffle: false"],
+    ),
+    (
+        "a cap on segments per row of 0",
+        lambda _: PackedSequences(DocumentStore.from_documents([np.arange(3)]), 4, max_segments=0),
+        ValueError,
+        [
+            "max_segments must be an int >= 1 (the most documents a packed row holds) or None",
+            "got 0",
+            "max_segments=64",
+        ],
+    ),  # fmt: skip
+    (
+        "a cap on segments per row that is not an int",
+        lambda _: plan_packing([3, 2], 4, max_segments=2.5),
+        TypeError,
+        ["max_segments must be an int >= 1", "got 2.5"],
+    ),
+    (
+        "a view's cap on segments without packing",
+        lambda _: ViewConfig(max_segments=4),
+        ValueError,
+        ["ViewConfig.max_segments=4 applies to packing only", "set packing"],
+    ),
+    (
+        "a view's cap on segments of 0",
+        lambda _: ViewConfig(packing="greedy", max_segments=0),
+        ValueError,
+        ["ViewConfig.max_segments must be an int >= 1", "got 0", "max_segments: 64"],
+    ),
+    (
         "a negative mixture seed",
         lambda _: MixtureConfig(seed=-1),
         ValueError,
