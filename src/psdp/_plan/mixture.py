@@ -3,10 +3,10 @@
 Offsets come in blocks of ``block_size``. A block takes exact per-source counts from the weights of
 its stage (largest-remainder rounding), places them at positions drawn by a keyed permutation of
 the block, and each source hands out its samples in turn: sample ``j`` of a source is row
-``permutation_e(j - e n)`` of its epoch ``e = j // n``. Unshuffled, sample ``j`` is row ``j mod n``
-and a block hands each source's samples out in the order of its positions, so every source's
-rows come in store order. How many samples a source gave before a
-block is a sum over the stages before it, so no table grows with the run: ``docs/guides/mixtures.md``.
+``permutation_e(j - e n)`` of its epoch ``e = j // n``. Unshuffled, sample ``j`` is row
+``j mod n`` and a block hands each source's samples out in the order of its positions, so every
+source's rows come in store order. How many samples a source gave before a block is a sum over
+the stages before it, so no table grows with the run: ``docs/guides/mixtures.md``.
 """
 
 from __future__ import annotations

@@ -5,9 +5,9 @@ their tokens, so every host computes the same plan in bounded time. A large corp
 windows of documents, each alone (`plan_window`), so that no host plans the whole corpus.
 Documents (optionally in a seeded order) become *items*: a document up to ``seq_len`` tokens is one
 item; a longer one is split into pieces of ``seq_len`` and a remainder, cut to its first
-``seq_len`` tokens, or dropped. A strategy puts
-each item, in order, into a sequence (a bin of ``seq_len`` slots, and with ``max_segments`` of at
-most that many items, Levanter's ``max_segments_per_example``); the plan is then flat arrays,
+``seq_len`` tokens, or dropped. A strategy puts each item, in order, into a sequence (a bin of
+``seq_len`` slots, and with ``max_segments`` of at most that many items, Levanter's
+``max_segments_per_example``); the plan is then flat arrays,
 so sequence ``q``'s pieces are ``seq_starts[q]:seq_starts[q + 1]``, found in O(1).
 Its I/O: ``psdp/sources/views/packed.py`` reads by a plan, ``pack_index.py`` beside it builds the
 index of windows (``pack_windows.py``) over a store.
