@@ -304,6 +304,10 @@ def _saved_state(config: DataConfig, steps: int) -> dict:
             ["DataConfig.view.seed is 1", "saved with None"],
         ),
         (
+            lambda c: replace(c, view=replace(c.view, max_segments=2)),
+            ["DataConfig.view.max_segments is 2", "saved with None"],
+        ),
+        (
             lambda c: replace(c, mixture=replace(c.mixture, seed=6)),
             ["mixture's seed is 6", "saved run's was 5"],
         ),
@@ -318,7 +322,14 @@ def _saved_state(config: DataConfig, steps: int) -> dict:
             ["stage at step 2 starts before step 3", "saved run had 1 stage(s) before it"],
         ),  # fmt: skip
     ],
-    ids=["seq_len", "packing", "pack seed", "mixture seed", "a stage added to the past"],
+    ids=[
+        "seq_len",
+        "packing",
+        "pack seed",
+        "segment cap",
+        "mixture seed",
+        "a stage added to the past",
+    ],
 )
 def test_restore_refuses_what_decides_the_rows_already_trained_on(stores, change, words):
     config = _config(stores, stages=True)
