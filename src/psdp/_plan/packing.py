@@ -309,8 +309,15 @@ def _items(docs: np.ndarray, lengths: np.ndarray, seq_len: int):
 
 def _greedy(lengths: list[int], seq_len: int, cap: int) -> np.ndarray:
     """One open sequence; a new one whenever the next item does not fit, or the open one holds
-    ``cap`` items."""
+    ``cap`` items (counted only under a cap: a count per item costs uncapped packing 25%)."""
     bins, current, room, held = [0] * len(lengths), -1, 0, cap
+    if cap >= seq_len:  # no sequence can reach the cap: items have >= 1 token
+        for i, length in enumerate(lengths):
+            if length > room:
+                current, room = current + 1, seq_len
+            room -= length
+            bins[i] = current
+        return np.asarray(bins, np.int64)
     for i, length in enumerate(lengths):
         if length > room or held == cap:
             current, room, held = current + 1, seq_len, 0
@@ -326,7 +333,7 @@ def _first_fit(lengths: list[int], seq_len: int, cap: int) -> np.ndarray:
     ``cap`` items has room 0 in the tree: no item (>= 1 token) goes there again."""
     size = 1 << max(0, len(lengths) - 1).bit_length()
     tree = [0] * (2 * size)  # tree[size + b]: room of sequence b (0 until opened)
-    held = [0] * len(lengths)  # items in sequence b
+    held = [0] * len(lengths) if cap < seq_len else None  # items in sequence b, under a cap
     bins, opened = [0] * len(lengths), 0
     for i, length in enumerate(lengths):
         if tree[1] >= length:
@@ -337,8 +344,11 @@ def _first_fit(lengths: list[int], seq_len: int, cap: int) -> np.ndarray:
         else:
             node, opened, room = size + opened, opened + 1, seq_len - length
         bins[i] = node - size
-        held[node - size] += 1
-        tree[node] = room if held[node - size] < cap else 0
+        if held is not None:
+            held[node - size] += 1
+            if held[node - size] == cap:
+                room = 0
+        tree[node] = room
         node >>= 1
         while node:  # a room changed: refresh the maxima above it until one stays the same
             left, right = tree[2 * node], tree[2 * node + 1]
@@ -355,7 +365,7 @@ def _best_fit(lengths: list[int], seq_len: int, cap: int) -> np.ndarray:
     item's length is the lowest set bit at or above it (a shift and a bit trick). A sequence
     holding ``cap`` items leaves the heaps, as a full one does."""
     heaps: list[list[int]] = [[] for _ in range(seq_len + 1)]
-    held = [0] * len(lengths)  # items in sequence b
+    held = [0] * len(lengths) if cap < seq_len else None  # items in sequence b, under a cap
     nonempty, bins, opened = 0, [0] * len(lengths), 0
     for i, length in enumerate(lengths):
         above = nonempty >> length
@@ -369,8 +379,11 @@ def _best_fit(lengths: list[int], seq_len: int, cap: int) -> np.ndarray:
         else:
             b, opened, room = opened, opened + 1, seq_len - length
         bins[i] = b
-        held[b] += 1
-        if room and held[b] < cap:  # a full sequence never takes another item: it leaves the heaps
+        if held is not None:
+            held[b] += 1
+            if held[b] == cap:
+                room = 0
+        if room:  # a full sequence never takes another item: it leaves the heaps
             if not heaps[room]:
                 nonempty |= 1 << room
             heapq.heappush(heaps[room], b)
