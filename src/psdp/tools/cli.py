@@ -924,7 +924,9 @@ def _row_slice(text: str | None) -> slice:
             return slice(int(start), int(start) + 1)
         return slice(int(start) if start else None, int(stop) if stop else None)
     except ValueError:
-        raise ValueError("give rows as START:STOP, e.g. --rows 0:4 (or one row: --rows 3)") from None
+        raise ValueError(
+            "give rows as START:STOP, e.g. --rows 0:4 (or one row: --rows 3)"
+        ) from None
 
 
 # ------------------------------------------------------------------------------ object stores

@@ -95,7 +95,9 @@ class StepReport:
     def __str__(self) -> str:
         weights = ", ".join(f"{n} {_number(w)}" for n, w in self.weights.items())
         counts = ", ".join(f"{n} {c}" for n, c in self.counts.items())
-        short = f" ({self.batch_size - self.rows} padding rows)" if self.rows < self.batch_size else ""
+        short = (
+            f" ({self.batch_size - self.rows} padding rows)" if self.rows < self.batch_size else ""
+        )
         lines = [
             f"step {self.step}: sample offsets {self.offset}-{self.offset + self.rows - 1}, "
             f"{self.rows} rows of a batch of {self.batch_size}{short}",
@@ -176,11 +178,11 @@ def step_report(
     step: int,
     *,
     run_steps: int | None = None,
-    rows: slice = slice(None),
+    rows: slice | None = None,
     tokenizer: str | None = None,
 ) -> StepReport:
     """What step ``step`` of ``config``'s train loader delivers: its offsets, stage, per-source
-    counts, and the rows in ``rows`` (positions in the step) with each segment's tokens decoded.
+    counts, and the rows in ``rows`` (a slice of positions in the step; ``None``: all) with each segment's tokens decoded.
 
     ``run_steps``: the run's length, where a step at or beyond it is refused. ``tokenizer``: a
     tokenizer.json (or model folder) for every source, instead of the config's own.
@@ -212,7 +214,7 @@ def step_report(
                                               strict=True)},
         counts=mixture.counts(info.offset, info.rows),
     )  # fmt: skip
-    chosen = offsets[rows]
+    chosen = offsets if rows is None else offsets[rows]
     tokenizers, decoded = _tokenizers(config, mixture.names, tokenizer)
     report.decoded.update(decoded)
     report.row_list.extend(_rows(mixture, chosen, tokenizers))
@@ -325,7 +327,7 @@ def _orbax_items(path: Path) -> list[Path]:
     renames an uncommitted one into place on its commit)."""
     steps = sorted((int(p.name), p) for p in path.iterdir() if p.is_dir() and p.name.isdigit())
     step = steps[-1][1] if steps else path
-    files = [step / ORBAX_ITEM_FILE] + sorted(step.glob(f"*/{ORBAX_ITEM_FILE}"))
+    files = [step / ORBAX_ITEM_FILE, *sorted(step.glob(f"*/{ORBAX_ITEM_FILE}"))]
     return [f for f in files if f.is_file()]
 
 
@@ -381,7 +383,8 @@ def describe_state(state: Mapping[str, Any]) -> str:
     source = state["source"]
     rows = "a stream" if source.get("rows") is None else f"{source['rows']} rows"
     leaves = ", ".join(
-        f"{'the array' if k == 'None' else k} {v[0]} {v[1]}" for k, v in source.get("leaves", {}).items()
+        f"{'the array' if k == 'None' else k} {v[0]} {v[1]}"
+        for k, v in source.get("leaves", {}).items()
     )
     lines.append(f"source: {rows}; leaves: {leaves}")
     definition = source.get("definition") or {}
