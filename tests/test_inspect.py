@@ -195,3 +195,32 @@ def test_a_state_from_an_orbax_checkpoint_or_a_file_reads_in_words(in_run, mesh_
     only_model.close()
     assert main(["inspect", "--state", "model-only"]) == 2
     assert "holds no psdp loader state (looked at: 1/model/metadata)" in capsys.readouterr().err
+
+
+def test_a_step_of_a_run_resumed_with_another_batch_size_counts_from_the_saved_offset(
+    in_run, mesh_1d, capsys
+):
+    """Saved after step 3 (offset 16) with batch 4, resumed with batch 8: step 6 reads offsets
+    16 + 2 x 8 = 32 on, not 6 x 8; the stage at step 4 keeps the saved run's offset 16."""
+    (in_run / "state4.json").write_text(json.dumps(_state_after(mesh_1d, 4)))
+    (in_run / "resumed.yaml").write_text(
+        CONFIG.replace(f"global_batch_size: {BATCH}", "global_batch_size: 8")
+    )
+    config, _ = load_config("resumed.yaml")
+    report = step_report(config, 6, resumed_from=read_state("state4.json")[0])
+    assert (report.offset, report.rows, report.stage, report.stage_step) == (32, 8, 1, 4)
+    documents, _ = _streams(in_run)
+    rows = {n: sum(map(len, docs)) // SEQ_LEN for n, docs in documents.items()}
+    oracle = OracleMixture(["code", "prose"], [rows["code"], rows["prose"]],
+                           [(0, STAGES[0][1]), (16, STAGES[1][1])], BLOCK, seed=4)  # fmt: skip
+    source, _ = oracle.sequence(40)
+    assert [r.source for r in report.row_list] == [["code", "prose"][s] for s in source[32:40]]
+    with config.restore(read_state("state4.json")[0], mesh_1d) as loader:  # the loader agrees
+        assert loader.step_info(6).offset == 32
+        batch = loader.batch_at(6)
+        ids = np.asarray(batch["input_ids"])
+    assert [np.concatenate([s.ids for s in r.segments]).tolist() for r in report.row_list] == (
+        ids.tolist()
+    )
+    assert main(["inspect", "resumed.yaml", "--step", "3", "--state", "state4.json"]) == 2
+    assert "--step 3 is before step 4, where the run resumed" in capsys.readouterr().err

@@ -198,6 +198,17 @@ class DataConfig:
         stores (their sizes), ``mixture``, and stages that start before the resume step; each is
         a `ValueError` naming both values.
         """
+        from psdp._runtime.state import check_state
+
+        state = check_state(state)
+        source, _ = self.restored_source(state)
+        return self._loader_config().restore(state, mesh, source=source, batch_axes=batch_axes)
+
+    def restored_source(self, state: Mapping[str, Any]) -> tuple[Mixture, OrderOptions]:
+        """The train source and order that `restore` resumes from ``state`` with (its stages
+        where the resumed run puts them, the order resuming at the state's step): what each
+        later step of the resumed run reads, known without a mesh (``psdp inspect --state``).
+        """
         from psdp._runtime.state import check_state, restored_order
 
         state = check_state(state)
@@ -205,8 +216,7 @@ class DataConfig:
         saved = [name for name, _ in (state["source"].get("definition") or {}).get("sources", [])]
         # a state saved before the sources were sorted keeps its listing order
         names = saved if sorted(saved) == sorted(self.sources) else None
-        source = self.train_source(self._resumed_stage_offsets(state, order), names)
-        return self._loader_config().restore(state, mesh, source=source, batch_axes=batch_axes)
+        return self.train_source(self._resumed_stage_offsets(state, order), names), order
 
     def _resumed_stage_offsets(
         self, state: Mapping[str, Any], order: OrderOptions

@@ -855,7 +855,8 @@ def _add_inspect(subparsers: Subparsers) -> None:
             "segments (document, token range, column) decoded to text with the tokenizer the "
             "store was prepared with. Reads only the step's rows. With --state CHECKPOINT: the "
             "loader state saved there (a JSON file, or an Orbax checkpoint: a manager's folder, "
-            "a step or the item) in words. docs/reference/cli.md."
+            "a step or the item) in words; with CONFIG and --step too, the step of the run resumed from "
+            "it. docs/reference/cli.md."
         ),
     )
     parser.add_argument("config", nargs="?", help="the data config (YAML or JSON)")
@@ -871,7 +872,8 @@ def _add_inspect(subparsers: Subparsers) -> None:
     )
     parser.add_argument(
         "--state", metavar="CHECKPOINT",
-        help="show the loader state of a JSON file or an Orbax checkpoint instead",
+        help="alone: show the loader state of a JSON file or an Orbax checkpoint; with CONFIG "
+        "and --step: the run resumed from it (its later steps counted from its sample offset)",
     )  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.set_defaults(run=_run_inspect)
@@ -880,16 +882,13 @@ def _add_inspect(subparsers: Subparsers) -> None:
 def _run_inspect(args: argparse.Namespace) -> int:
     from psdp.tools import inspection
 
+    state = None
     if args.state is not None:
-        if args.config is not None or args.step is not None:
-            raise UsageError(
-                "--state CHECKPOINT shows a saved state by itself; drop CONFIG and --step, or "
-                "inspect a step with `psdp inspect CONFIG --step N`"
-            )
         try:
             state, file = inspection.read_state(args.state)
         except FileNotFoundError as error:
             raise UsageError(str(error)) from None
+    if state is not None and args.config is None and args.step is None:
         if args.json:
             print(json.dumps({"file": str(file), "state": state}, indent=2))
         else:
@@ -906,8 +905,9 @@ def _run_inspect(args: argparse.Namespace) -> int:
     try:
         config, run_steps = inspection.load_config(args.config)
         report = inspection.step_report(
-            config, args.step, run_steps=run_steps, rows=rows, tokenizer=args.tokenizer
-        )
+            config, args.step, run_steps=run_steps, rows=rows, tokenizer=args.tokenizer,
+            resumed_from=state,
+        )  # fmt: skip
     except (FileNotFoundError, TypeError, ImportError) as error:
         raise UsageError(str(error)) from None
     print(json.dumps(report.to_json(), indent=2, ensure_ascii=False) if args.json else report)

@@ -180,12 +180,15 @@ def step_report(
     run_steps: int | None = None,
     rows: slice | None = None,
     tokenizer: str | None = None,
+    resumed_from: Mapping[str, Any] | None = None,
 ) -> StepReport:
     """What step ``step`` of ``config``'s train loader delivers: its offsets, stage, per-source
     counts, and the rows in ``rows`` (a slice of positions in the step; ``None``: all) with each segment's tokens decoded.
 
     ``run_steps``: the run's length, where a step at or beyond it is refused. ``tokenizer``: a
     tokenizer.json (or model folder) for every source, instead of the config's own.
+    ``resumed_from``: the loader state the run was restored from (`DataConfig.restore`), whose
+    steps from its own on follow the config's order from the saved sample offset.
     """
     if config.order.global_batch_size is None:
         raise ValueError(
@@ -197,13 +200,22 @@ def step_report(
             f"--step {step} is beyond the run's schedule: the config trains steps 0-"
             f"{run_steps - 1} ({run_steps} steps); give a step below {run_steps}"
         )
-    info = config.order.step_offsets(MIXTURE_ROWS).info(step)
+    if resumed_from is None:
+        mixture, order = config.train_source(), config.order
+    elif step < resumed_from["step"]:
+        raise ValueError(
+            f"--step {step} is before step {resumed_from['step']}, where the run resumed from the "
+            "state given: the earlier steps were read under the saved run's settings; inspect "
+            "them without the state, with the saved run's config"
+        )
+    else:
+        mixture, order = config.restored_source(resumed_from)
+    info = order.step_offsets(MIXTURE_ROWS).info(step)
     if info.offset + info.rows > MIXTURE_ROWS:
         raise ValueError(
             f"--step {step} is beyond the schedule: its sample offset {info.offset} passes the "
             f"mixture's last row ({MIXTURE_ROWS - 1}); give a smaller step"
         )
-    mixture = config.train_source()
     offsets = np.arange(info.offset, info.offset + info.rows, dtype=np.int64)
     stage = _stage_at(mixture, info.offset)
     starts = [s.step for s in config.stages] if config.stages else [0]
