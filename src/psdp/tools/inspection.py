@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from psdp._imports import import_optional
 from psdp import DataConfig
+from psdp._imports import import_optional
 from psdp._plan.leaves import TOKENS
 from psdp._plan.mixture import MIXTURE_ROWS
 from psdp._runtime.state import check_state
