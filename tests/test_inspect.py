@@ -177,9 +177,11 @@ def test_a_state_from_an_orbax_checkpoint_or_a_file_reads_in_words(in_run, mesh_
         state, file = read_state(where)
         assert state == states[step] and file == Path(f"ckpt/{step}/loader/metadata")
     words = describe_state(states[5])
-    assert words.splitlines()[:2] == [
+    assert words.splitlines()[:3] == [
         "resumes at step 5, sample offset 20 (steps 0-4 done)",
-        "batch size 4; in order; a short batch padded",
+        "batch size 4; in sample-offset order (the mixture shuffles); a short batch padded",
+        "source: a mixture (its rows are sample offsets); leaves: input_ids uint16 [16], "
+        "positions int32 [16], segment_ids int32 [16]",
     ]
     assert words.splitlines()[3].startswith("mixture of code (")  # its sources and their rows
     assert "  from sample offset 16: weights code 1, prose 1" in words  # stage 2 at step 4

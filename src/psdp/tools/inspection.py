@@ -378,10 +378,14 @@ def describe_state(state: Mapping[str, Any]) -> str:
         source: 64 rows; leaves: the array int32 []
     """
     state = check_state(state)
+    source = state["source"]
+    definition = source.get("definition") or {}
     batch = state["global_batch_size"]
     if isinstance(batch, list):
         batch = "; ".join(f"{size} from step {start}" for start, size in batch)
     order = f"shuffled, seed {state['seed']}" if state["shuffle"] else "in order"
+    if definition.get("sources"):  # the loader reads a mixture's offsets in order
+        order = "in sample-offset order (the mixture shuffles)"
     last = "a short batch dropped" if state["drop_last"] else "a short batch padded"
     lines = [
         f"resumes at step {state['step']}, sample offset {state['offset']}"
@@ -392,14 +396,14 @@ def describe_state(state: Mapping[str, Any]) -> str:
         if state[kind]:
             ranges = ", ".join(f"[{a}, {b})" for a, b in state[kind])
             lines.append(f"skipped {kind.split('_')[1]}: {ranges}")
-    source = state["source"]
     rows = "a stream" if source.get("rows") is None else f"{source['rows']} rows"
+    if definition.get("sources"):
+        rows = "a mixture (its rows are sample offsets)"
     leaves = ", ".join(
         f"{'the array' if k == 'None' else k} {v[0]} {v[1]}"
         for k, v in source.get("leaves", {}).items()
     )
     lines.append(f"source: {rows}; leaves: {leaves}")
-    definition = source.get("definition") or {}
     if definition.get("sources"):
         sizes = ", ".join(f"{name} ({n} rows)" for name, n in definition["sources"])
         lines.append(
