@@ -226,3 +226,18 @@ def test_a_step_of_a_run_resumed_with_another_batch_size_counts_from_the_saved_o
     )
     assert main(["inspect", "resumed.yaml", "--step", "3", "--state", "state4.json"]) == 2
     assert "--step 3 is before step 4, where the run resumed" in capsys.readouterr().err
+
+
+def test_a_store_without_a_recorded_tokenizer_decodes_only_with_the_one_given(in_run, tmp_path):
+    """A store `write_documents` made records no tokenizer: ids, unless --tokenizer is given."""
+    from psdp.sources.documents.writer import write_documents
+
+    documents, tokenizer = _streams(in_run)
+    write_documents(tmp_path / "plain", [np.array(d, np.uint16) for d in documents["code"]])
+    config = DataConfig.from_dict({"seq_len": SEQ_LEN, "order": {"global_batch_size": 2},
+                                   "sources": {"code": {"store": str(tmp_path / "plain")}}})  # fmt: skip
+    assert step_report(config, 0).decoded["code"].startswith("not decoded")
+    given = step_report(config, 0, tokenizer="tok/tokenizer.json")
+    assert given.decoded["code"].endswith("(not checked: the store records no tokenizer)")
+    segment = given.row_list[0].segments[0]
+    assert segment.text == tokenizer.decode(segment.ids, skip_special_tokens=False)

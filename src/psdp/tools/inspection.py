@@ -277,14 +277,18 @@ def _tokenizers(
         if path is None:
             how[name] = "not decoded (the config names no tokenizer: give --tokenizer)"
             continue
-        if recorded is None:
-            how[name] = f"not decoded (the store records no tokenizer to check {path!r} against)"
-            continue
         if not Path(path).exists():
             raise FileNotFoundError(
                 f"source {name!r}: the tokenizer {path!r} does not exist; give the tokenizer the "
                 "store was prepared with (--tokenizer PATH)"
             )
+        if recorded is None and given is None:
+            how[name] = f"not decoded (the store records no tokenizer to check {path!r} against)"
+            continue
+        if recorded is None:  # a Levanter cache, a remote store: the user's word for it
+            tokenizers[name] = load_tokenizer(path)
+            how[name] = f"{path} (not checked: the store records no tokenizer)"
+            continue
         if tokenizer_digest(path) != recorded:
             raise ValueError(
                 f"source {name!r}: the tokenizer {path!r} is not the one the store "
@@ -296,7 +300,8 @@ def _tokenizers(
 
 
 def _recorded_digest(store: Any) -> str | None:
-    """The tokenizer sha256 a local psdp store's manifest records (``None``: none recorded)."""
+    """The tokenizer sha256 a local store's ``psdp prepare`` manifest records (``None``: none
+    recorded, or a store in an object store, whose manifest is not read here)."""
     if not isinstance(store, str) or "://" in store:
         return None
     manifest = Path(store) / "psdp.json"
