@@ -183,7 +183,8 @@ def step_report(
     resumed_from: Mapping[str, Any] | None = None,
 ) -> StepReport:
     """What step ``step`` of ``config``'s train loader delivers: its offsets, stage, per-source
-    counts, and the rows in ``rows`` (a slice of positions in the step; ``None``: all) with each segment's tokens decoded.
+    counts, and the rows in ``rows`` (a slice of positions in the step; ``None``: all), each
+    segment's tokens decoded.
 
     ``run_steps``: the run's length, where a step at or beyond it is refused. ``tokenizer``: a
     tokenizer.json (or model folder) for every source, instead of the config's own.
@@ -248,15 +249,14 @@ def _rows(mixture: Any, offsets: np.ndarray, tokenizers: Mapping[str, Any]) -> l
     out = []
     for position, offset in enumerate(offsets.tolist()):
         name = mixture.names[int(source[position])]
-        segments = []
-        for entry in table[table["row"] == position]:  # in column order
+        segments, mine = [], table[table["row"] == position]
+        for entry in mine:  # in column order
             column, length = int(entry["column"]), int(entry["stop"] - entry["start"])
             ids = tokens[position, column : column + length].tolist()
             decoder = tokenizers.get(name)
             text = None if decoder is None else decoder.decode(ids, skip_special_tokens=False)
             segments.append(Segment(int(entry["document"]), int(entry["start"]),
                                     int(entry["stop"]), column, ids, text))  # fmt: skip
-        mine = table[table["row"] == position]
         covered = int((mine["stop"] - mine["start"] + mine["eos"]).sum())  # an added EOS: 1 more
         out.append(Row(offset, name, segments, max(0, tokens.shape[1] - covered)))
     return out
