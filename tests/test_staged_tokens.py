@@ -1,0 +1,83 @@
+"""`StagedTokens` through the loader: two stages of another ``seq_len`` each, every device shard
+of every leaf equal to tests/length_oracle.py's rows read from the sources' concatenated streams."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from psdp import DataLoader
+from psdp.sources.documents.store import DocumentStore
+from psdp.sources.views.staged import StagedTokens
+from tests.batch_checks import assert_batch_exact, expected_batch
+from tests.length_oracle import OracleLengthRun
+
+EOS = 7
+NAMES = ["web", "code"]
+STAGES = [(0, 8, {"web": 1, "code": 1}), (64, 32, {"web": 3, "code": 1})]
+SETTINGS = {"block_size": 8, "lanes": 4, "unit_tokens": 32, "seed": 5}
+
+
+def documents(seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, 90, size=40)
+    first = 1000 * (seed + 1)
+    return [first + 100 * i + np.arange(n, dtype=np.int32) % 100 for i, n in enumerate(lengths)]
+
+
+def streams(docs: list[np.ndarray]) -> dict[str, np.ndarray]:
+    """A store's stream with an EOS after each document: each position's token, document
+    (from 1) and place in its document."""
+    tokens = np.concatenate([np.append(d, EOS) for d in docs])
+    doc = np.concatenate([np.full(len(d) + 1, i + 1) for i, d in enumerate(docs)])
+    place = np.concatenate([np.arange(len(d) + 1) for d in docs])
+    return {"input_ids": tokens, "document": doc, "positions": place}
+
+
+def oracle_tables(rows: int, targets: bool) -> list[dict[str, np.ndarray]]:
+    """Each stage's rows as the loader must deliver them (the last stage's first ``rows``)."""
+    docs = [documents(i) for i in range(len(NAMES))]
+    stream = [streams(d) for d in docs]
+    tokens = [len(s["input_ids"]) for s in stream]
+    run = OracleLengthRun(NAMES, tokens, STAGES, extra=int(targets), **SETTINGS)
+    tables = []
+    starts = [start for start, _, _ in STAGES]
+    for start, stop in zip(starts, [*starts[1:], starts[-1] + rows], strict=True):
+        got = run.rows(stop)[start:]
+        table: dict[str, list] = {"input_ids": [], "segment_ids": [], "positions": []}
+        for source, places, _, _ in got:
+            s, places = stream[source], np.array(places)
+            table["input_ids"].append(s["input_ids"][places])
+            table["positions"].append(s["positions"][places])
+            new = np.ones(len(places), bool)
+            new[1:] = (np.diff(s["document"][places]) != 0) | (np.diff(places) != 1)
+            table["segment_ids"].append(np.cumsum(new))
+        tables.append({k: np.stack(v).astype(np.int32) for k, v in table.items()})
+    return tables
+
+
+def staged(targets: bool) -> StagedTokens:
+    stores = {n: DocumentStore.from_documents(documents(i)) for i, n in enumerate(NAMES)}
+    return StagedTokens(stores, STAGES, targets=targets, eos_id=EOS, **SETTINGS)
+
+
+@pytest.mark.parametrize("targets", [False, True])
+def test_two_length_stages_are_the_oracles_on_every_device(mesh_2d, targets):
+    """Stage 0 (rows of 8) in 4 steps of 16, stage 1 (rows of 32) in 16 steps of 8 with a
+    mixture of other weights, past the end of an epoch of web: every shard of every leaf is the
+    oracle's."""
+    view, tables = staged(targets), oracle_tables(128, targets)
+    for index, (batch_size, steps) in enumerate([(16, 4), (8, 8)]):
+        rows = view.stage(index)
+        table = {k: v.astype(rows.leaves[k]) for k, v in tables[index].items()}
+        settings = {"mesh": mesh_2d, "global_batch_size": batch_size}
+        with DataLoader(rows, **settings) as loader:
+            for step, batch in zip(range(steps), loader, strict=False):
+                want = expected_batch(table, step, shuffle=False, **settings)
+                assert assert_batch_exact(batch, want) == 8 * len(want)  # each leaf
+
+
+def test_a_row_past_its_stage_is_refused():
+    rows = staged(False).stage(0)
+    with pytest.raises(IndexError, match="row 64 of stage 0 is sample offset 64, where stage 1"):
+        rows.read(np.array([3, 64]))
