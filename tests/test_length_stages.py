@@ -194,3 +194,29 @@ def test_stages_by_step_must_start_on_a_block():
     assert stage_offsets([0, 3], [(0, 4), (2, 8)], 4) == (0, 16)
     with pytest.raises(ValueError, match="stage 1 starts at step 3, sample offset 12"):
         stage_offsets([0, 3], 4, 8)
+
+
+def _plan(**changes) -> LengthPlan:
+    args = {"names": ["a", "b"], "tokens": [64, 80],
+            "stages": [(0, 4, {"a": 1}), (8, 8, {"a": 1, "b": 1}), (16, 2, {"b": 1})],
+            "block_size": 2, "lanes": 2, "unit_tokens": 8, **changes}  # fmt: skip
+    return LengthPlan(args.pop("names"), args.pop("tokens"), args.pop("stages"), **args)
+
+
+def test_a_restore_may_change_only_stages_from_its_offset():
+    saved = _plan().record()
+    _plan().check_past(saved, 12)
+    # stage 2 starts at 16, after the resume offset: its length and weights may change
+    _plan(stages=[(0, 4, {"a": 1}), (8, 8, {"a": 2, "b": 2}), (14, 4, {"a": 1})]).check_past(
+        saved, 12
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"stage 1 differs .* before the resume offset 12: saved "
+        r"from offset 8 with seq_len=8 .*, now from offset 8 with seq_len=4",
+    ):
+        _plan(stages=[(0, 4, {"a": 1}), (8, 4, {"a": 1, "b": 1})]).check_past(saved, 12)
+    with pytest.raises(ValueError, match="the length stages' unit_tokens is 4"):
+        _plan(unit_tokens=4).check_past(saved, 12)
+    with pytest.raises(ValueError, match=r"resized 'b' 80 -> 90 tokens"):
+        _plan(tokens=[64, 90]).check_past(saved, 12)

@@ -21,7 +21,14 @@ import numpy as np
 
 from psdp._checks import check_int
 from psdp._plan.index_shuffle import MASK64, shuffle_each, splitmix64_array
-from psdp._plan.mixture import MixturePlan, check_block_size, source_key, stages_from
+from psdp._plan.mixture import (
+    MixturePlan,
+    check_block_size,
+    exact_weight,
+    source_change,
+    source_key,
+    stages_from,
+)
 from psdp._plan.offsets import StepOffsets
 
 #: The ``kind`` of a length-stage plan's record in a loader state.
@@ -243,6 +250,56 @@ class LengthPlan:
             "extra": self.extra,
         }
 
+    def check_past(self, saved: Mapping[str, Any], offset: int) -> None:
+        """Raises unless the saved `record` gives the samples before ``offset`` this plan gives:
+        the same sources and tokens, settings, and stages starting before ``offset`` (a stage
+        from ``offset`` on may change or be added: the lanes go on from where they stand).
+
+        Examples:
+            >>> plan = LengthPlan(("a",), (64,), ((0, 4, {"a": 1}),), block_size=1, lanes=2,
+            ...                   unit_tokens=8)
+            >>> saved = plan.record() | {"lanes": 4}
+            >>> plan.check_past(saved, 10)
+            Traceback (most recent call last):
+                ...
+            ValueError: the length stages' lanes is 2, but the saved run's was 4; every sample depends on it, so resume with the saved value (only stages starting at or after the resume offset 10 may change)
+        """
+        now = self.record()
+        if saved.get("kind") != LENGTH_STAGES_KIND:
+            raise ValueError(
+                f"the state was saved from a source recorded as {dict(saved)}, not length stages "
+                f"({LENGTH_STAGES_KIND}); resume with the source the state was saved from"
+            )
+        if saved.get("sources") != now["sources"]:
+            change = source_change(saved.get("sources"), now["sources"]).replace(" rows", " tokens")
+            raise ValueError(
+                f"the sources differ from the saved run's ({change}): now {now['sources']!r}, saved {saved.get('sources')!r} "
+                "(name, tokens an epoch); every sample depends on them, so resume with the "
+                "saved stores in the saved order"
+            )
+        for name in ("block_size", "lanes", "unit_tokens", "seed", "shuffle", "extra"):
+            if saved.get(name) != now[name]:
+                raise ValueError(
+                    f"the length stages' {name} is {now[name]!r}, but the saved run's was "
+                    f"{saved.get(name)!r}; every sample depends on it, so resume with the saved "
+                    f"value (only stages starting at or after the resume offset {offset} may "
+                    "change)"
+                )
+        past = [s for s in saved["stages"] if s[0] < offset]
+        mine = [s for s in now["stages"] if s[0] < offset]
+        for index in range(max(len(past), len(mine))):
+            was = past[index] if index < len(past) else None
+            is_ = mine[index] if index < len(mine) else None
+            if was is not None and is_ is not None and _same_stage(was, is_):
+                continue
+            raise ValueError(
+                f"stage {index} differs from the saved run's before the resume offset {offset}: "
+                f"saved {_stage_text(was, self.names)}, now {_stage_text(is_, self.names)}; its "
+                f"samples were already trained on, so keep every stage that starts before "
+                f"{offset} as saved, and edit or add stages from offset {offset} on (a multiple "
+                f"of block_size={self.block_size})"
+            )
+
     @classmethod
     def from_record(cls, record: Mapping[str, Any], context: int = 1) -> LengthPlan:
         """The plan a `record` describes.
@@ -288,6 +345,22 @@ def stage_offsets(
             )
         out.append(offset)
     return tuple(out)
+
+
+def _same_stage(saved: Sequence[Any], now: Sequence[Any]) -> bool:
+    """Two stage records ``[start, seq_len, weights]`` that read alike: one start and length,
+    weights proportional as written (their block counts are then equal)."""
+    if list(saved[:2]) != list(now[:2]) or len(saved[2]) != len(now[2]):
+        return False
+    before, after = [exact_weight(w) for w in saved[2]], [exact_weight(w) for w in now[2]]
+    return [w * sum(after) for w in before] == [w * sum(before) for w in after]
+
+
+def _stage_text(stage: Sequence[Any] | None, names: Sequence[str]) -> str:
+    if stage is None:
+        return "no such stage"
+    weights = dict(zip(names, stage[2], strict=False))
+    return f"from offset {stage[0]} with seq_len={stage[1]} and weights {weights}"
 
 
 def _seq_len(index: int, stage: Any, context: int) -> int:
