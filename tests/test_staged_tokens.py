@@ -81,3 +81,15 @@ def test_a_row_past_its_stage_is_refused():
     rows = staged(False).stage(0)
     with pytest.raises(IndexError, match="row 64 of stage 0 is sample offset 64, where stage 1"):
         rows.read(np.array([3, 64]))
+
+
+def test_bad_stages_are_refused_before_a_read_naming_the_stage_and_field():
+    stores = {n: DocumentStore.from_documents(documents(i)) for i, n in enumerate(NAMES)}
+    with pytest.raises(
+        ValueError, match="stage 0's seq_len=8 does not divide by the context axis of 3"
+    ):
+        StagedTokens(stores, STAGES, context=3, **SETTINGS)
+    with pytest.raises(ValueError, match="lanes=100 gives lanes of 18 tokens, shorter than a row"):
+        StagedTokens(stores, STAGES, **(SETTINGS | {"lanes": 100}))
+    with pytest.raises(IndexError, match="stage 2 does not exist: there are 2"):
+        StagedTokens(stores, STAGES, **SETTINGS).stage(2)
