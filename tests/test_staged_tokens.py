@@ -89,7 +89,7 @@ def test_bad_stages_are_refused_before_a_read_naming_the_stage_and_field():
         ValueError, match="stage 0's seq_len=8 does not divide by the context axis of 3"
     ):
         StagedTokens(stores, STAGES, context=3, **SETTINGS)
-    with pytest.raises(ValueError, match="lanes=100 gives lanes of 18 tokens, shorter than a row"):
+    with pytest.raises(ValueError, match="lanes=100 gives lanes of 17 tokens, shorter than a row"):
         StagedTokens(stores, STAGES, **(SETTINGS | {"lanes": 100}))
     with pytest.raises(IndexError, match="stage 2 does not exist: there are 2"):
         StagedTokens(stores, STAGES, **SETTINGS).stage(2)
