@@ -93,3 +93,21 @@ def test_bad_stages_are_refused_before_a_read_naming_the_stage_and_field():
         StagedTokens(stores, STAGES, **(SETTINGS | {"lanes": 100}))
     with pytest.raises(IndexError, match="stage 2 does not exist: there are 2"):
         StagedTokens(stores, STAGES, **SETTINGS).stage(2)
+
+
+def test_a_stage_resumed_on_another_mesh_and_batch_size_goes_on_at_its_offset(mesh_2d, mesh_1d):
+    """Stage 1 saved after 3 steps of 8 (offset 64 + 24) on the 4x2 mesh, resumed on the 8-way
+    mesh with batches of 16: its rows are the oracle's from row 24 on."""
+    view, tables = staged(True), oracle_tables(72, True)
+    rows = view.stage(1)
+    with DataLoader(rows, mesh=mesh_2d, global_batch_size=8) as loader:
+        it = iter(loader)
+        for _ in range(3):
+            next(it)
+        state = it.state()
+        it.close()
+    table = {k: v.astype(rows.leaves[k]) for k, v in tables[1].items()}
+    with DataLoader.restore(state, rows, mesh=mesh_1d, global_batch_size=16) as loader:
+        for step, batch in zip(range(3, 6), loader, strict=False):
+            want = {k: v[24 + (step - 3) * 16 : 24 + (step - 2) * 16] for k, v in table.items()}
+            assert_batch_exact(batch, {**want, "mask": np.ones(16, bool)})
