@@ -179,6 +179,7 @@ def test_a_far_offset_costs_what_a_near_one_does():
         ),
         ({"lanes": 20}, "lanes=20 gives lanes of 3 tokens, shorter than a row of 4 tokens"),
         ({"stages": [(0, 4, {"c": 1})]}, "which the mixture has no source for"),
+        ({"tokens": [64, -1]}, "source 'b' has -1 tokens an epoch"),
         ({"stages": [(0, 4)]}, "stage 0 must be (start_offset, seq_len, {name: weight})"),
     ],
 )

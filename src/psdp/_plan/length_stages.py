@@ -139,6 +139,12 @@ class LengthPlan:
         names, tokens = tuple(names), tuple(operator.index(t) for t in tokens)
         if len(names) != len(tokens):
             raise ValueError(f"{len(names)} source names but {len(tokens)} token counts")
+        for name, count in zip(names, tokens, strict=True):
+            if count < 0:
+                raise ValueError(
+                    f"source {name!r} has {count} tokens an epoch; a count of tokens is >= 0 "
+                    "(its stream's tokens, EOS included)"
+                )
         for name, value in (("lanes", lanes), ("unit_tokens", unit_tokens), ("context", context)):
             check_int(name, value, minimum=1)
         check_int("extra", extra, minimum=0)
