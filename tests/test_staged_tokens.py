@@ -111,3 +111,39 @@ def test_a_stage_resumed_on_another_mesh_and_batch_size_goes_on_at_its_offset(me
         for step, batch in zip(range(3, 6), loader, strict=False):
             want = {k: v[24 + (step - 3) * 16 : 24 + (step - 2) * 16] for k, v in table.items()}
             assert_batch_exact(batch, {**want, "mask": np.ones(16, bool)})
+
+
+@pytest.mark.parametrize("box", [slice(0, 33), slice(5, 20), slice(16, 33), np.array([30, 2, 17])])
+def test_a_window_is_the_rows_columns_and_reads_only_their_tokens(box, monkeypatch):
+    rows = staged(True).stage(1)
+    ids = np.arange(0, 40, 3)
+    whole = rows.read(ids)
+    asked = []
+    for store in (s.store for s in rows.staged.streams.values()):
+        read = store.read_ranges
+
+        def counting(starts, stops, *args, read=read, **kwargs):
+            asked.append(int(np.sum(np.asarray(stops) - np.asarray(starts))))
+            return read(starts, stops, *args, **kwargs)
+
+        monkeypatch.setattr(store, "read_ranges", counting)
+    got = rows.read_window(ids, dict.fromkeys(rows.leaves, box))
+    for leaf, values in whole.items():
+        assert np.array_equal(got[leaf], values[:, box]), leaf
+    span = np.arange(33)[box]
+    assert sum(asked) <= len(ids) * (span.max() + 1 - span.min())  # EOS tokens are not read
+
+
+def test_sequence_sharded_batches_are_the_oracles_on_every_device(mesh_context):
+    """Stage 1's rows of 32 (+ 1 target) split over ``context=2``: every shard is the oracle's."""
+    from jax.sharding import PartitionSpec as P
+
+    view, tables = staged(False), oracle_tables(64, False)
+    rows = view.stage(1)
+    table = {k: v.astype(rows.leaves[k]) for k, v in tables[1].items()}
+    spec = {k: P("data", "context") for k in rows.leaves}
+    settings = {"mesh": mesh_context, "global_batch_size": 8, "batch_spec": spec}
+    with DataLoader(rows, **settings) as loader:
+        for step, batch in zip(range(8), loader, strict=False):
+            want = expected_batch(table, step, shuffle=False, **settings)
+            assert assert_batch_exact(batch, want) == 8 * len(want)

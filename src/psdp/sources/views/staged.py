@@ -9,14 +9,15 @@ EOS tokens, stored leaves and ``positions`` are `TokenSequences`' own.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from psdp._plan.leaves import SEGMENT_IDS, Key, in_leaf_order
-from psdp._plan.length_stages import LengthPlan
+from psdp._plan.length_stages import LengthPlan, Pieces
 from psdp._plan.mixture import MIXTURE_ROWS
+from psdp._plan.windows import Box, box_parts
 from psdp.sources.base import check_ids, fresh_rows
 from psdp.sources.documents.store import DocumentStore
 from psdp.sources.views.tokens import TokenSequences
@@ -130,6 +131,49 @@ class StageRows:
 
     @fresh_rows
     def read(self, ids: np.ndarray) -> dict[Key, np.ndarray]:
+        offsets = self._offsets(ids)
+        return in_leaf_order(self._columns(offsets, 0, self.width, list(self.leaves)))
+
+    @fresh_rows
+    def read_window(self, ids: np.ndarray, columns: Mapping[Key, Box]) -> dict[Key, np.ndarray]:
+        """Some leaves, each cut to a range (or index array) of columns inside the row: only
+        those tokens are read from the stores (``segment_ids`` and ``positions`` come from the
+        stores' offsets, reading no token).
+
+        Examples:
+            >>> store = DocumentStore.from_documents([np.arange(100, 160)])
+            >>> rows = StagedTokens({"a": store}, [(0, 8, {"a": 1})], lanes=2, block_size=1,
+            ...                     shuffle=False).stage(0)
+            >>> rows.read_window(np.array([1]), {"input_ids": slice(2, 5)})["input_ids"].tolist()
+            [[132, 133, 134]]
+        """
+        offsets = self._offsets(ids)
+        by_span: dict[tuple[int, int], list[str]] = {}
+        picks: dict[str, np.ndarray | None] = {}
+        for key, box in columns.items():
+            if key not in self.leaves:
+                raise KeyError(f"{key!r} is not a leaf of {self.describe()}")
+            assert isinstance(key, str)  # a store's leaves are named
+            parts = box_parts(box)
+            if len(parts) > 1:
+                raise ValueError(f"rows of {self.describe()} have one dimension after the batch")
+            first, stop, picks[key] = _span(parts[0] if parts else slice(0, self.width))
+            if first < 0 or stop > self.width:
+                raise ValueError(
+                    f"columns [{first}, {stop}) of {self.describe()} reach past its rows' "
+                    f"{self.width} columns; a stage's row does not continue into its neighbours "
+                    "(use a pad halo, not 'continue')"
+                )
+            by_span.setdefault((first, stop), []).append(key)
+        out: dict[Key, np.ndarray] = {}
+        for (first, stop), keys in by_span.items():
+            got = self._columns(offsets, first, stop, keys)
+            for key in keys:
+                pick = picks[key]
+                out[key] = got[key] if pick is None else got[key][:, pick]
+        return in_leaf_order(out)
+
+    def _offsets(self, ids: np.ndarray) -> np.ndarray:
         ids = check_ids(ids, len(self), self.describe)
         offsets = ids + self.start
         if ids.size and offsets.max() >= self.stop:
@@ -139,39 +183,87 @@ class StageRows:
                 f"with another seq_len; stage {self.index} holds {self.stop - self.start} rows: "
                 f"read the rest from stage {self.index + 1}'s rows"
             )
-        plan = self.staged.plan
-        pieces = plan.store_pieces(offsets)
-        shape = (len(ids), self.width)
-        names = list(self.leaves)
-        out: dict[Key, np.ndarray] = {n: np.zeros(shape, d) for n, d in self.leaves.items()}
-        documents = np.zeros(shape, np.int64)
-        places = np.zeros(shape, np.int64)  # each token's place in its store's stream
-        for source, name in enumerate(self.staged.streams):
-            stream = self.staged.streams[name]
-            for size in np.unique(pieces.size[pieces.source == source]):
-                at = np.flatnonzero((pieces.source == source) & (pieces.size == size))
-                box = slice(0, int(size))
-                got = stream.read_window(
-                    pieces.start[at], dict.fromkeys([*names, SEGMENT_IDS], box)
-                )
-                rows = pieces.row[at][:, None]
-                columns = pieces.column[at][:, None] + np.arange(int(size))
+        return offsets
+
+    def _columns(
+        self, offsets: np.ndarray, first: int, stop: int, names: list[str]
+    ) -> dict[Key, np.ndarray]:
+        """Leaves ``names`` at columns ``[first, stop)`` of the rows at ``offsets``."""
+        pieces = self.staged.plan.store_pieces(offsets)
+        read = [name for name in names if name != SEGMENT_IDS]
+        out: dict[Key, np.ndarray] = {
+            n: np.zeros((len(offsets), stop - first), self.leaves[n]) for n in read
+        }
+        for leaf, (rows, columns, got) in self._pieces(pieces, first, stop, read):
+            out[leaf][rows, columns] = got
+        if SEGMENT_IDS in names:
+            out[SEGMENT_IDS] = self._segment_ids(pieces, len(offsets), stop)[:, first:]
+        return out
+
+    def _pieces(
+        self, pieces: Pieces, first: int, stop: int, names: list[str]
+    ) -> Iterator[tuple[str, tuple[np.ndarray, np.ndarray, np.ndarray]]]:
+        """Per leaf of ``names`` and group of pieces cut to columns ``[first, stop)`` of equal
+        size: (rows, columns from ``first``, the leaf's values), one window read a group."""
+        if not names:
+            return
+        for source, stream in enumerate(self.staged.streams.values()):
+            mine = _clipped(pieces, source, first, stop)
+            for size in np.unique(mine.size).tolist():
+                at = np.flatnonzero(mine.size == size)
+                got = stream.read_window(mine.start[at], dict.fromkeys(names, slice(0, size)))
+                rows = mine.row[at][:, None]
+                columns = (mine.column[at] - first)[:, None] + np.arange(size)
                 for leaf in names:
-                    out[leaf][rows, columns] = got[leaf]
+                    yield leaf, (rows, columns, got[leaf])
+
+    def _segment_ids(self, pieces: Pieces, count: int, stop: int) -> np.ndarray:
+        """Columns ``[0, stop)``' segment ids, from 1 in each row: a new one at a new document
+        or where the row jumps to another place of its stream (from offsets: no token read)."""
+        shape = (count, stop)
+        documents, places = np.zeros(shape, np.int64), np.zeros(shape, np.int64)
+        for source, stream in enumerate(self.staged.streams.values()):
+            mine = _clipped(pieces, source, 0, stop)
+            for size in np.unique(mine.size).tolist():
+                at = np.flatnonzero(mine.size == size)
+                got = stream.read_window(mine.start[at], {SEGMENT_IDS: slice(0, size)})
+                rows, span = mine.row[at][:, None], np.arange(size)
+                columns = mine.column[at][:, None] + span
                 documents[rows, columns] = got[SEGMENT_IDS]
-                places[rows, columns] = pieces.start[at][:, None] + np.arange(int(size))
-        # a segment starts at a new document, or where the row jumps to another place
+                places[rows, columns] = mine.start[at][:, None] + span  # its place in the stream
         new = np.ones(shape, bool)
         new[:, 1:] = (documents[:, 1:] != documents[:, :-1]) | (places[:, 1:] != places[:, :-1] + 1)
-        if SEGMENT_IDS in out:
-            out[SEGMENT_IDS] = np.cumsum(new, axis=1).astype(self.leaves[SEGMENT_IDS])
-        return in_leaf_order(out)
+        return np.cumsum(new, axis=1).astype(self.leaves[SEGMENT_IDS])
 
     def describe(self) -> str:
         return (
             f"stage {self.index} of {self.staged.describe()} (offsets from {self.start}, "
             f"seq_len={self.seq_len}{' + 1' if self.width > self.seq_len else ''})"
         )
+
+
+def _clipped(pieces: Pieces, source: int, first: int, stop: int) -> Pieces:
+    """Source ``source``'s pieces cut to columns ``[first, stop)`` of their rows (empty ones
+    dropped); columns stay the row's."""
+    mine = pieces.source == source
+    lo = np.maximum(pieces.column, first)
+    hi = np.minimum(pieces.column + pieces.size, stop)
+    keep = mine & (hi > lo)
+    shift = (lo - pieces.column)[keep]
+    return Pieces(pieces.row[keep], lo[keep], pieces.source[keep], pieces.epoch[keep],
+                  pieces.start[keep] + shift, (hi - lo)[keep])  # fmt: skip
+
+
+def _span(part: Any) -> tuple[int, int, np.ndarray | None]:
+    """A box's columns as a span ``[first, stop)`` and, for an index array, the columns to
+    pick from the span."""
+    if isinstance(part, slice):
+        return int(part.start or 0), int(part.stop), None
+    columns = np.asarray(part, np.int64)
+    if not columns.size:
+        return 0, 0, columns
+    first = int(columns.min())
+    return first, int(columns.max()) + 1, columns - first
 
 
 def _is_stage(stage: Any) -> bool:
