@@ -114,7 +114,7 @@ def test_a_stage_resumed_on_another_mesh_and_batch_size_goes_on_at_its_offset(me
 
 
 @pytest.mark.parametrize("box", [slice(0, 33), slice(5, 20), slice(16, 33), np.array([30, 2, 17])])
-def test_a_window_is_the_rows_columns_and_reads_only_their_tokens(box, monkeypatch):
+def test_a_window_is_the_rows_columns_and_reads_under_twice_their_tokens(box, monkeypatch):
     rows = staged(True).stage(1)
     ids = np.arange(0, 40, 3)
     whole = rows.read(ids)
@@ -131,7 +131,9 @@ def test_a_window_is_the_rows_columns_and_reads_only_their_tokens(box, monkeypat
     for leaf, values in whole.items():
         assert np.array_equal(got[leaf], values[:, box]), leaf
     span = np.arange(33)[box]
-    assert sum(asked) <= len(ids) * (span.max() + 1 - span.min())  # EOS tokens are not read
+    # a piece as wide as the window is read exactly; the others in windows rounded up to a
+    # power of two, under twice their tokens (EOS tokens are not read at all)
+    assert sum(asked) < 2 * len(ids) * (span.max() + 1 - span.min())
 
 
 def test_sequence_sharded_batches_are_the_oracles_on_every_device(mesh_context):
@@ -147,3 +149,21 @@ def test_sequence_sharded_batches_are_the_oracles_on_every_device(mesh_context):
         for step, batch in zip(range(8), loader, strict=False):
             want = expected_batch(table, step, shuffle=False, **settings)
             assert assert_batch_exact(batch, want) == 8 * len(want)
+
+
+def test_a_row_that_goes_on_at_the_next_place_keeps_its_segment():
+    """One document of 24 tokens in units of 2: where the epoch's order puts a unit right after
+    the one before it, the row goes on in the same segment; elsewhere a new segment starts."""
+    store = DocumentStore.from_documents([np.arange(100, 124)])
+    stages = [(0, 6, {"a": 1})]
+    settings = {"block_size": 1, "lanes": 1, "unit_tokens": 2}
+    found = False
+    for seed in range(20):
+        rows = StagedTokens({"a": store}, stages, seed=seed, **settings).stage(0)
+        got = rows.read(np.arange(8))["segment_ids"]
+        oracle = OracleLengthRun(["a"], [24], stages, seed=seed, **settings).rows(8)
+        for row, (_, places, _, _) in enumerate(oracle):
+            jumps = np.diff(places) != 1
+            assert got[row].tolist() == np.cumsum(np.r_[True, jumps]).tolist(), (seed, row)
+            found |= bool(np.any(~jumps[1::2]))  # a unit's end followed by the next unit
+    assert found

@@ -9,7 +9,7 @@ EOS tokens, stored leaves and ``positions`` are `TokenSequences`' own.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -136,9 +136,10 @@ class StageRows:
 
     @fresh_rows
     def read_window(self, ids: np.ndarray, columns: Mapping[Key, Box]) -> dict[Key, np.ndarray]:
-        """Some leaves, each cut to a range (or index array) of columns inside the row: only
-        those tokens are read from the stores (``segment_ids`` and ``positions`` come from the
-        stores' offsets, reading no token).
+        """Some leaves, each cut to a range (or index array) of columns inside the row, reading
+        under twice those tokens from the stores (a piece as wide as the window exactly, others in
+        windows rounded up to a power of two); ``segment_ids`` and ``positions`` come from the
+        stores' offsets, reading no token.
 
         Examples:
             >>> store = DocumentStore.from_documents([np.arange(100, 160)])
@@ -190,50 +191,44 @@ class StageRows:
     ) -> dict[Key, np.ndarray]:
         """Leaves ``names`` at columns ``[first, stop)`` of the rows at ``offsets``."""
         pieces = self.staged.plan.store_pieces(offsets)
-        read = [name for name in names if name != SEGMENT_IDS]
-        out: dict[Key, np.ndarray] = {
-            n: np.zeros((len(offsets), stop - first), self.leaves[n]) for n in read
-        }
-        for leaf, (rows, columns, got) in self._pieces(pieces, first, stop, read):
-            out[leaf][rows, columns] = got
-        if SEGMENT_IDS in names:
-            out[SEGMENT_IDS] = self._segment_ids(pieces, len(offsets), stop)[:, first:]
+        numbered = SEGMENT_IDS in names
+        asked = [n for n in names if n != SEGMENT_IDS] + ([SEGMENT_IDS] if numbered else [])
+        out = self._leaves_at(pieces, len(offsets), first, stop, asked)
+        if numbered:
+            # a row's segments count from column 0: its columns before `first` by offsets alone
+            before = self._leaves_at(pieces, len(offsets), 0, first, [SEGMENT_IDS])
+            documents = np.concatenate([before[SEGMENT_IDS], out[SEGMENT_IDS]], axis=1)
+            out[SEGMENT_IDS] = _numbered(documents, _jumps(pieces, len(offsets), stop))[:, first:]
         return out
 
-    def _pieces(
-        self, pieces: Pieces, first: int, stop: int, names: list[str]
-    ) -> Iterator[tuple[str, tuple[np.ndarray, np.ndarray, np.ndarray]]]:
-        """Per leaf of ``names`` and group of pieces cut to columns ``[first, stop)`` of equal
-        size: (rows, columns from ``first``, the leaf's values), one window read a group."""
-        if not names:
-            return
+    def _leaves_at(
+        self, pieces: Pieces, count: int, first: int, stop: int, names: list[str]
+    ) -> dict[Key, np.ndarray]:
+        """Leaves ``names`` at columns ``[first, stop)``: each source's pieces read in a few
+        window reads (whole-width pieces in one, the others by size, rounded up to a power of
+        two: fewer than twice their tokens)."""
+        shape = (count, stop - first)
+        out: dict[Key, np.ndarray] = {n: np.zeros(shape, self.leaves[n]) for n in names}
+        if not names or stop <= first:
+            return out
         for source, stream in enumerate(self.staged.streams.values()):
             mine = _clipped(pieces, source, first, stop)
-            for size in np.unique(mine.size).tolist():
-                at = np.flatnonzero(mine.size == size)
-                got = stream.read_window(mine.start[at], dict.fromkeys(names, slice(0, size)))
-                rows = mine.row[at][:, None]
-                columns = (mine.column[at] - first)[:, None] + np.arange(size)
+            bucket = np.where(mine.size == stop - first, -1, _bit_length(mine.size))
+            for key in np.unique(bucket).tolist():
+                at = np.flatnonzero(bucket == key)
+                width = int(mine.size[at].max())
+                got = stream.read_window(mine.start[at], dict.fromkeys(names, slice(0, width)))
+                if key == -1:  # whole rows of the window: one row-wise copy
+                    for leaf in names:
+                        out[leaf][mine.row[at]] = got[leaf]
+                    continue
+                span = np.arange(width)
+                valid = span < mine.size[at][:, None]
+                rows = np.broadcast_to(mine.row[at][:, None], valid.shape)[valid]
+                columns = ((mine.column[at] - first)[:, None] + span)[valid]
                 for leaf in names:
-                    yield leaf, (rows, columns, got[leaf])
-
-    def _segment_ids(self, pieces: Pieces, count: int, stop: int) -> np.ndarray:
-        """Columns ``[0, stop)``' segment ids, from 1 in each row: a new one at a new document
-        or where the row jumps to another place of its stream (from offsets: no token read)."""
-        shape = (count, stop)
-        documents, places = np.zeros(shape, np.int64), np.zeros(shape, np.int64)
-        for source, stream in enumerate(self.staged.streams.values()):
-            mine = _clipped(pieces, source, 0, stop)
-            for size in np.unique(mine.size).tolist():
-                at = np.flatnonzero(mine.size == size)
-                got = stream.read_window(mine.start[at], {SEGMENT_IDS: slice(0, size)})
-                rows, span = mine.row[at][:, None], np.arange(size)
-                columns = mine.column[at][:, None] + span
-                documents[rows, columns] = got[SEGMENT_IDS]
-                places[rows, columns] = mine.start[at][:, None] + span  # its place in the stream
-        new = np.ones(shape, bool)
-        new[:, 1:] = (documents[:, 1:] != documents[:, :-1]) | (places[:, 1:] != places[:, :-1] + 1)
-        return np.cumsum(new, axis=1).astype(self.leaves[SEGMENT_IDS])
+                    out[leaf][rows, columns] = got[leaf][valid]
+        return out
 
     def describe(self) -> str:
         return (
@@ -252,6 +247,32 @@ def _clipped(pieces: Pieces, source: int, first: int, stop: int) -> Pieces:
     shift = (lo - pieces.column)[keep]
     return Pieces(pieces.row[keep], lo[keep], pieces.source[keep], pieces.epoch[keep],
                   pieces.start[keep] + shift, (hi - lo)[keep])  # fmt: skip
+
+
+def _jumps(pieces: Pieces, count: int, stop: int) -> np.ndarray:
+    """Where a row's columns ``[0, stop)`` go on at another place of their stream: each piece's
+    first column, but where the piece before it ends right before it in the same source."""
+    out = np.zeros((count, stop), bool)
+    same_row = np.concatenate([[False], pieces.row[1:] == pieces.row[:-1]])
+    ends = np.concatenate([[-1], (pieces.start + pieces.size)[:-1]])
+    sources = np.concatenate([[-1], pieces.source[:-1]])
+    going_on = same_row & (ends == pieces.start) & (sources == pieces.source)
+    jump = ~going_on & (pieces.column < stop)
+    out[pieces.row[jump], pieces.column[jump]] = True
+    return out
+
+
+def _numbered(documents: np.ndarray, jumps: np.ndarray) -> np.ndarray:
+    """Segment ids from 1 in each row: a new one at a new document or a jump."""
+    new = jumps.copy()
+    new[:, 0] = True
+    new[:, 1:] |= documents[:, 1:] != documents[:, :-1]
+    return np.cumsum(new, axis=1, dtype=documents.dtype)
+
+
+def _bit_length(values: np.ndarray) -> np.ndarray:
+    """``int.bit_length`` of each value >= 0."""
+    return np.where(values > 0, np.floor(np.log2(np.maximum(values, 1))).astype(np.int64) + 1, 0)
 
 
 def _span(part: Any) -> tuple[int, int, np.ndarray | None]:
