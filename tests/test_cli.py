@@ -309,7 +309,7 @@ def test_python_dash_m_entry_point():
 def test_help_lists_every_subcommand(capsys):
     code, out, _ = run_cli(capsys, "--help")
     assert code == 0
-    for command in ("plan", "simulate", "bench", "write"):
+    for command in ("plan", "simulate", "bench", "write", "prepare", "index", "inspect"):
         assert f"    {command} " in out
 
 

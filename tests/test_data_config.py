@@ -385,6 +385,60 @@ def test_a_past_stage_keeps_its_offset_across_batch_size_changes(stores):
         assert loader.source.plan.record()["stages"] == second["source"]["definition"]["stages"]
 
 
+@pytest.mark.parametrize(
+    "second",
+    [
+        StageConfig(weights={"code": 1, "prose": 1}, offset=48),
+        StageConfig(weights={"code": 1, "prose": 1}, tokens=48 * SEQ_LEN),
+    ],
+    ids=["offset", "tokens"],
+)
+def test_a_stage_by_offset_or_tokens_stays_where_it_was_put(stores, caplog, second):
+    """Stage 1 at offset 48 (step 6 with batches of 8). Saved at step 2 (offset 16), resumed
+    with batches of 16: a stage at step 6 would move to offset 16 + 4 * 16 = 80; at offset 48
+    (or its tokens) it stays there, step 4 now, and the resume log says so."""
+    first = StageConfig(0, {"code": 1, "prose": 3})
+    config = replace(_config(stores, stages=True), stages=[first, second])
+    with config.build(_mesh()) as loader:
+        assert [start for start, _ in loader.source.plan.stages] == [0, 48]
+    state = _saved_state(config, 2)
+    sixteen = replace(config, order=OrderOptions(global_batch_size=16))
+    with caplog.at_level("INFO", logger="psdp"), sixteen.restore(state, _mesh()) as loader:
+        assert [start for start, _ in loader.source.plan.stages] == [0, 48]
+        assert loader.step_info(4).offset == 48
+    logged = [r.getMessage() for r in caplog.records if "DataConfig.stages" in r.getMessage()]
+    assert logged == [
+        "DataConfig.stages[0] (at step 0) starts at sample offset 0 (before the resume)",
+        f"DataConfig.stages[1] (at {second.where}) starts at sample offset 48 (step 4)",
+    ]
+    by_step = replace(sixteen, stages=[first, StageConfig(6, {"code": 1, "prose": 1})])
+    with by_step.restore(state, _mesh()) as loader:
+        assert [start for start, _ in loader.source.plan.stages] == [0, 80]
+
+
+@pytest.mark.parametrize(
+    ("stages", "message"),
+    [
+        ([{"step": 0, "offset": 0, "weights": {"code": 1}}],
+         "StageConfig sets step=0 and offset=0; a stage starts at one of step, offset or tokens"),
+        ([{"weights": {"code": 1}}, {"tokens": 40, "weights": {"prose": 1}}],
+         "the stage at tokens 40 needs a whole number of rows of seq_len=16"),
+        ([{"weights": {"code": 1}}, {"offset": 40, "weights": {"prose": 1}}],
+         "the stage at offset 40 starts at sample offset 40, which is not a multiple of "
+         "mixture.block_size=16"),
+        ([{"weights": {"code": 1}}, {"step": 8, "weights": {"prose": 1}},
+          {"offset": 32, "weights": {"code": 1}}],
+         "the stage at offset 32 starts at sample offset 32, not after the stage before it "
+         "(at step 8, offset 64)"),
+    ],
+)  # fmt: skip
+def test_a_stage_start_that_cannot_be_is_refused(stores, stages, message):
+    with pytest.raises(ValueError) as caught:
+        config = replace(_config(stores, stages=True), stages=stages)
+        config.train_source()
+    assert message in str(caught.value)
+
+
 # ------------------------------------------------------------------------------- stores
 def test_a_missing_store_names_the_prepare_command(stores, tmp_path):
     missing = str(tmp_path / "web")

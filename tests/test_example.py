@@ -83,6 +83,15 @@ def test_the_example_resumes_on_half_the_hosts_as_an_uninterrupted_run(tmp_path)
             evals[step]["held_out"], whole_evals[step]["held_out"], rtol=2e-5
         )
     assert whole[-1]["loss"] < whole[0]["loss"] - 1  # it learns
+    # the loss per source (the rows' source tag): one per source the step's rows come from, and
+    # the step's loss (their token-weighted mean) between them; equal across the two runs
+    for mine, theirs in zip(trained, whole, strict=True):
+        by_source = mine["loss_by_source"]
+        assert set(by_source) == {seg[0] for row in mine["provenance"] for seg in row}
+        assert min(by_source.values()) - 1e-5 <= mine["loss"] <= max(by_source.values()) + 1e-5
+        assert by_source.keys() == theirs["loss_by_source"].keys()
+        np.testing.assert_allclose(list(by_source.values()),
+                                   list(theirs["loss_by_source"].values()), rtol=2e-5)  # fmt: skip
 
     # the lost steps 4-6 (batch 16) delivered the rows the resume delivered again (batch 8)
     delivered, uninterrupted = rows_by_offset(killed), rows_by_offset(whole)

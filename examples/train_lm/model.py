@@ -100,12 +100,18 @@ def rms_norm(x: jax.Array, scale: jax.Array) -> jax.Array:
     return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6) * scale
 
 
-def loss_sum(model: Transformer, batch) -> tuple[jax.Array, jax.Array]:
-    """The summed next-token cross entropy and the number of tokens it covers."""
+def row_loss_sums(model: Transformer, batch) -> tuple[jax.Array, jax.Array]:
+    """Per row, the summed next-token cross entropy and the number of tokens it covers."""
     logits = model(batch["input_ids"], batch["segment_ids"], batch["positions"])
     # the packed targets: each token's next token in its segment, loss_mask 1 where it is real;
     # mask is False on the rows that pad a batch (an eval set's last one)
     weights = batch["loss_mask"].astype(jnp.float32) * batch["mask"][:, None]
     targets = batch["targets"].astype(jnp.int32)
     losses = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
-    return jnp.sum(losses * weights), jnp.sum(weights)
+    return jnp.sum(losses * weights, axis=1), jnp.sum(weights, axis=1)
+
+
+def loss_sum(model: Transformer, batch) -> tuple[jax.Array, jax.Array]:
+    """The summed next-token cross entropy and the number of tokens it covers."""
+    totals, tokens = row_loss_sums(model, batch)
+    return jnp.sum(totals), jnp.sum(tokens)

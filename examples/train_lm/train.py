@@ -1,21 +1,22 @@
 """The example's trainer, one process of a pod: `main` runs on every host after
 `jax.distributed.initialize` (`run.py` starts it on local processes with `run_pod`).
 
-It reads `train_lm.yaml` (a `DataConfig` for a two-source packed mixture with an eval set, the
-model, the steps) and flags, trains the Equinox transformer of `model.py` with optax on the
-packed batches, runs an eval round over the finite eval loader, and saves an Orbax checkpoint
-of the model, the optimizer state and the loader state every ``save_every`` steps. When the
-checkpoint folder holds one, it resumes from the latest: the loader continues at the saved
-sample offset, under the batch size the flags give now. Every step, every host checks that each
-device holds exactly its part of the batch that `batch_oracle.py` rebuilds from the stores
-without psdp (`psdp.check_consistency`); process 0 prints the step's loss and that verdict, and
-logs the step (its sample offset, loss, the delivered tokens and where each row's segments come
-from) as a line of JSON.
+It reads `train_lm.yaml` (a `DataConfig` for a two-source packed mixture with an eval set and a
+source tag per row, the model, the steps) and flags, trains the Equinox transformer of
+`model.py` with optax on the packed batches, reports the loss per source (by the rows' source
+tag), runs an eval round over the finite eval loader, and saves an Orbax checkpoint of the
+model, the optimizer state and the loader state every ``save_every`` steps. When the checkpoint
+folder holds one, it resumes from the latest: the loader continues at the saved sample offset,
+under the batch size the flags give now.
+
+The data path is three things: the loader built from the config (or restored with the model),
+iterated, and saved in the model's checkpoint (`psdp.orbax`). `checks.py` is the example's own
+verification (every device's batch against an oracle, and a log of every step's rows), which a
+trainer of your own leaves out.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 from dataclasses import dataclass, field
@@ -26,15 +27,14 @@ import draccus
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 import orbax.checkpoint as ocp
-from batch_oracle import expected_batch, store_documents
+from checks import Checks
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec
-from model import ModelConfig, Transformer, loss_sum
+from model import ModelConfig, Transformer, loss_sum, row_loss_sums
 
-from psdp import DataConfig, MeshConfig, check_consistency
+from psdp import DataConfig, MeshConfig
 from psdp.orbax import LoaderRestore, LoaderSave
 
 CONFIG = Path(__file__).with_name("train_lm.yaml")
@@ -93,12 +93,16 @@ def train(config: TrainConfig) -> dict[str, Any]:
     @eqx.filter_jit
     def train_step(state, batch):
         def mean_loss(model):
-            total, tokens = loss_sum(model, batch)
-            return total / jnp.maximum(tokens, 1)
+            totals, tokens = row_loss_sums(model, batch)
+            return jnp.sum(totals) / jnp.maximum(jnp.sum(tokens), 1), (totals, tokens)
 
-        loss, grads = eqx.filter_value_and_grad(mean_loss)(state["model"])
+        (loss, rows), grads = eqx.filter_value_and_grad(mean_loss, has_aux=True)(state["model"])
         updates, opt_state = optimizer.update(grads, state["opt_state"], state["model"])
-        return {"model": eqx.apply_updates(state["model"], updates), "opt_state": opt_state}, loss
+        # each row's loss and tokens summed by its source tag (mixture.source_leaf: source)
+        tags = jax.nn.one_hot(batch["source"], len(config.data.sources))
+        by_source = jnp.stack(rows) @ tags  # (total, tokens) x source
+        new = {"model": eqx.apply_updates(state["model"], updates), "opt_state": opt_state}
+        return new, loss, by_source
 
     sums = eqx.filter_jit(loss_sum)
     manager = ocp.CheckpointManager(
@@ -108,46 +112,36 @@ def train(config: TrainConfig) -> dict[str, Any]:
     if manager.latest_step() is None:
         loader = config.data.build(mesh, batch_axes=batch_axes)
     else:  # a restart: the model, optimizer and loader of the latest checkpoint
-        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
-        restored = manager.restore(
-            manager.latest_step(),
-            args=ocp.args.Composite(
-                model=ocp.args.StandardRestore(abstract),
-                loader=LoaderRestore(config.data, mesh=mesh, batch_axes=batch_axes),
-            ),
-        )
+        restored = manager.restore(manager.latest_step(), args=ocp.args.Composite(
+            model=ocp.args.StandardRestore(jax.tree.map(ocp.utils.to_shape_dtype_struct, state)),
+            loader=LoaderRestore(config.data, mesh=mesh, batch_axes=batch_axes),
+        ))  # fmt: skip
         state, loader = restored.model, restored.loader
-    log = Log(Path(config.log))
     evals = config.data.eval_loaders(mesh, batch_axes=batch_axes)
-    documents = {
-        name: store_documents(source.store) for name, source in config.data.sources.items()
-    }
-    losses, checked = {}, []
+    checks = Checks(config.data, config.log, check=config.check)
+    losses = {}
     with loader:
         batches = iter(loader)
-        for step in range(batches.state()["step"], config.steps):
+        for step in range(loader.start_step, config.steps):
             batch = next(batches)
-            info = loader.step_info(step)
-            rows = provenance(loader.source, np.arange(info.offset, info.offset + info.rows))
-            verdict = "not checked"
-            if config.check:  # collective: every host checks, every host gets the verdict
-                report = check_consistency(batch, oracle(batch, rows, documents, config))
-                verdict = str(report)
-                checked += [step] if report.exact else []
-            state, loss = train_step(state, batch)
+            state, loss, by_source = train_step(state, batch)
             losses[step] = float(loss)
-            log.step(step, info, rows, batch, losses[step])
-            if jax.process_index() == 0:
-                print(f"step {step:2d}  loss {losses[step]:.4f}  {verdict}", flush=True)
-            if (step + 1) % config.eval_every == 0 or step + 1 == config.steps:
-                log.write({"eval_after": step, **evaluate(sums, state["model"], evals)})
-            if (step + 1) % config.save_every == 0:
-                manager.save(
-                    step + 1,
-                    args=ocp.args.Composite(
-                        model=ocp.args.StandardSave(state), loader=LoaderSave(batches)
-                    ),
+            per_source = {
+                name: float(total / tokens)
+                for name, (total, tokens) in zip(
+                    loader.source.names, by_source.T.tolist(), strict=True
                 )
+                if tokens
+            }
+            verdict = checks.step(loader, step, batch, losses[step], per_source)
+            if jax.process_index() == 0:
+                shown = ", ".join(f"{name} {value:.4f}" for name, value in per_source.items())
+                print(f"step {step:2d}  loss {losses[step]:.4f} ({shown})  {verdict}", flush=True)
+            if (step + 1) % config.eval_every == 0 or step + 1 == config.steps:
+                checks.write({"eval_after": step, **evaluate(sums, state["model"], evals)})
+            if (step + 1) % config.save_every == 0:
+                manager.save(step + 1, args=ocp.args.Composite(
+                    model=ocp.args.StandardSave(state), loader=LoaderSave(batches)))  # fmt: skip
                 manager.wait_until_finished()  # on disk before the run may die
             if step == config.kill_at:  # every host past its last collective, then gone
                 multihost_utils.sync_global_devices("kill")
@@ -155,19 +149,7 @@ def train(config: TrainConfig) -> dict[str, Any]:
     for eval_loader in evals.values():
         eval_loader.close()
     manager.close()
-    return {"process": jax.process_index(), "losses": losses, "checked": checked}
-
-
-def oracle(batch, rows: list[list], documents, config: TrainConfig) -> dict[str, np.ndarray]:
-    """The step's global batch as the oracle rebuilds it, in the delivered leaves' dtypes; rows
-    past ``rows`` (a padded batch's) are padding, and ``mask`` says which rows are real."""
-    size = batch["input_ids"].shape[0]
-    padded = rows + [[] for _ in range(size - len(rows))]
-    expected = expected_batch(padded, documents, config.data.seq_len, config.data.view.pad_id)
-    expected["mask"] = np.arange(size) < len(rows)
-    return {
-        name: leaf.astype(batch[name].dtype) for name, leaf in expected.items() if name in batch
-    }
+    return {"process": jax.process_index(), "losses": losses, "checked": checks.checked}
 
 
 def evaluate(sums, model, evals) -> dict[str, float]:
@@ -179,38 +161,4 @@ def evaluate(sums, model, evals) -> dict[str, float]:
             batch_total, batch_tokens = sums(model, batch)
             total, tokens = total + float(batch_total), tokens + float(batch_tokens)
         out[name] = total / tokens
-    return out
-
-
-class Log:
-    """Process 0's JSON lines: each step's offset, loss, tokens and the rows' provenance."""
-
-    def __init__(self, path: Path):
-        self.path = path
-
-    def step(self, step: int, info, rows: list[list], batch, loss: float) -> None:
-        tokens = multihost_utils.process_allgather(batch["input_ids"], tiled=True)  # collective
-        self.write({
-            "processes": jax.process_count(),
-            "step": step,
-            "offset": info.offset,
-            "rows": info.rows,
-            "loss": loss,
-            "input_ids": np.asarray(tokens)[: info.rows].tolist(),
-            "provenance": rows,
-        })  # fmt: skip
-
-    def write(self, record: dict[str, Any]) -> None:
-        if jax.process_index() == 0:
-            with self.path.open("a") as f:
-                f.write(json.dumps(record) + "\n")
-
-
-def provenance(mixture, offsets: np.ndarray) -> list[list]:
-    """Each row's segments as ``[source, document, start, stop, column]``: the document's tokens
-    ``[start, stop)`` sit from ``column`` on (`Mixture.provenance`: reads no token)."""
-    out: list[list] = [[] for _ in offsets]
-    for segment in mixture.provenance(offsets):
-        fields = ("document", "start", "stop", "column")
-        out[segment["row"]].append([str(segment["source"]), *(int(segment[k]) for k in fields)])
     return out

@@ -15,6 +15,7 @@ builds the loaders.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from itertools import pairwise
@@ -26,6 +27,7 @@ from psdp._integration.mixture_config import ConfiguredMixture, MixtureConfig, S
 from psdp._integration.source_config import SourceConfig
 from psdp._integration.view_config import ViewConfig
 from psdp._plan.mixture import MIXTURE_ROWS
+from psdp._plan.offsets import StepOffsets
 from psdp._plan.options import (
     OrderOptions,
     OutputOptions,
@@ -34,6 +36,8 @@ from psdp._plan.options import (
     check_groups,
 )
 from psdp.sources.views.mixture import Mixture
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from jax.sharding import Mesh
@@ -199,6 +203,17 @@ class DataConfig:
         stores (their sizes), ``mixture``, and stages that start before the resume step; each is
         a `ValueError` naming both values.
         """
+        from psdp._runtime.state import check_state
+
+        state = check_state(state)
+        source, _ = self.restored_source(state)
+        return self._loader_config().restore(state, mesh, source=source, batch_axes=batch_axes)
+
+    def restored_source(self, state: Mapping[str, Any]) -> tuple[Mixture, OrderOptions]:
+        """The train source and order that `restore` resumes from ``state`` with (its stages
+        where the resumed run puts them, the order resuming at the state's step): what each
+        later step of the resumed run reads, known without a mesh (``psdp inspect --state``).
+        """
         from psdp._runtime.state import check_state, restored_order
 
         state = check_state(state)
@@ -206,30 +221,42 @@ class DataConfig:
         saved = [name for name, _ in (state["source"].get("definition") or {}).get("sources", [])]
         # a state saved before the sources were sorted keeps its listing order
         names = saved if sorted(saved) == sorted(self.sources) else None
-        source = self.train_source(self._resumed_stage_offsets(state, order), names)
-        return self._loader_config().restore(state, mesh, source=source, batch_axes=batch_axes)
+        return self.train_source(self._resumed_stage_offsets(state, order), names), order
 
     def _resumed_stage_offsets(
         self, state: Mapping[str, Any], order: OrderOptions
     ) -> dict[int, int]:
-        """Stage step -> sample offset on a resume: a stage before the resume step has the
-        saved run's offset (its batch sizes may have changed since), a later one the offset
-        of its step under the resumed ``order``."""
+        """Stage index -> sample offset on a resume: a stage before the resume has the saved
+        run's offset (its batch sizes may have changed since), a later one its offset under the
+        resumed ``order`` (a step's moves with the batch size; an offset's or tokens' does not).
+        Logs where each stage now starts."""
         saved = (state["source"].get("definition") or {}).get("stages", [])
         saved_past = [start for start, _ in saved if start < state["offset"]]
-        past = [s.step for s in self.stages or () if s.step < state["step"]]
+        stages = self.stages or []
+        # a step before the resume is the saved run's (the resumed order starts after it)
+        by_step = [i for i, s in enumerate(stages) if s.step is not None and s.step < state["step"]]
+        resumed = {
+            i: self._stage_offset(s, order) for i, s in enumerate(stages) if i not in by_step
+        }
+        past = sorted(by_step + [i for i, o in resumed.items() if o < state["offset"]])
         if len(past) > len(saved_past):
-            step = past[len(saved_past)]
+            stage = stages[past[len(saved_past)]]
             raise ValueError(
-                f"DataConfig.stages: the stage at step {step} starts before step "
-                f"{state['step']}, where this run resumes, but the saved run had "
-                f"{len(saved_past)} stage(s) before it: the steps before the resume were already "
-                f"trained on; start the stage at step {state['step']} or later"
+                f"DataConfig.stages: the stage at {stage.where} starts before step "
+                f"{state['step']} (offset {state['offset']}), where this run resumes, but the "
+                f"saved run had {len(saved_past)} stage(s) before it: the steps before the "
+                f"resume were already trained on; start the stage at step {state['step']} or "
+                f"later (by offset: {state['offset']} or later)"
             )
-        offsets = dict(zip(past, saved_past, strict=False))
-        for stage in self.stages or ():
-            if stage.step >= state["step"]:
-                offsets[stage.step] = self._stage_offset(stage.step, order)
+        offsets = resumed | dict(zip(past, saved_past, strict=False))
+        steps = order.step_offsets(MIXTURE_ROWS)
+        for index, stage in enumerate(stages):
+            offset = offsets[index]
+            when = "before the resume" if index in past else f"step {_step_of(steps, offset)}"
+            logger.info(
+                "DataConfig.stages[%d] (at %s) starts at sample offset %d (%s)",
+                index, stage.where, offset, when,
+            )  # fmt: skip
         return offsets
 
     def eval_loaders(
@@ -270,8 +297,9 @@ class DataConfig:
         """The training sources' views as one `Mixture` (one source: weight 1), in sorted order
         of their names: the order a YAML or ``draccus.dump`` lists them in changes nothing.
 
-        ``stage_offsets``: stage step -> its sample offset (default: the offset of the step's
-        first row under ``order``); ``names``: the sources in another order (a restore's)."""
+        ``stage_offsets``: stage index -> its sample offset (default: where the stage's step,
+        offset or tokens put it under ``order``); ``names``: the sources in another order (a
+        restore's)."""
         if not self.sources:
             raise ValueError(
                 "DataConfig.sources is empty; name at least one store, e.g. sources: {code: "
@@ -286,10 +314,10 @@ class DataConfig:
         else:
             given = stage_offsets or {}
             stages = [
-                (given[s.step] if s.step in given else self._stage_offset(s.step, self.order),
-                 s.weights)
-                for s in self.stages
-            ]  # fmt: skip
+                (given[i] if i in given else self._stage_offset(s, self.order), s.weights)
+                for i, s in enumerate(self.stages)
+            ]
+            _check_stage_order(self.stages, [start for start, _ in stages])
         return ConfiguredMixture(
             views,
             stages=stages,
@@ -359,22 +387,37 @@ class DataConfig:
             name: view if found[name] == common else again(view) for name, view in views.items()
         }
 
-    def _stage_offset(self, step: int, order: OrderOptions) -> int:
-        """The sample offset of ``step``'s first row under ``order``; a block boundary."""
-        if order.global_batch_size is None:
-            raise ValueError(
-                f"DataConfig.stages start at steps (step {step}), which need "
-                "order.global_batch_size to find their sample offsets; set it, e.g. "
-                "order: {global_batch_size: 256}"
-            )
-        offset = order.step_offsets(MIXTURE_ROWS).info(step).offset
+    def _stage_offset(self, stage: StageConfig, order: OrderOptions) -> int:
+        """The stage's first sample offset: its step's first row under ``order``, its offset,
+        or its tokens over ``seq_len``; a block boundary."""
+        kind, value = stage.start
+        if kind == "offset":
+            offset = value
+        elif kind == "tokens":
+            if self.seq_len is None or value % self.seq_len:
+                raise ValueError(
+                    f"DataConfig.stages: the stage at tokens {value} needs a whole number of "
+                    f"rows of seq_len={self.seq_len} before it, but {value} / {self.seq_len} is "
+                    f"not one; use a multiple of seq_len, e.g. tokens: "
+                    f"{value // (self.seq_len or 1) * (self.seq_len or 1)}"
+                )
+            offset = value // self.seq_len
+        else:
+            if order.global_batch_size is None:
+                raise ValueError(
+                    f"DataConfig.stages start at steps (step {value}), which need "
+                    "order.global_batch_size to find their sample offsets; set it, e.g. "
+                    "order: {global_batch_size: 256}"
+                )
+            offset = order.step_offsets(MIXTURE_ROWS).info(value).offset
         block = self.mixture.block_size
         if offset % block:
+            what = "step" if kind == "step" else kind
             raise ValueError(
-                f"DataConfig.stages: the stage at step {step} starts at sample offset {offset}, "
+                f"DataConfig.stages: the stage at {stage.where} starts at sample offset {offset}, "
                 f"which is not a multiple of mixture.block_size={block} (a block takes one "
-                f"stage's weights); start it at a step whose offset is a multiple of {block}, or "
-                f"use a block_size that divides {offset}"
+                f"stage's weights); start it at a {what} whose offset is a multiple of {block}, "
+                f"or use a block_size that divides {offset}"
             )
         return offset
 
@@ -425,11 +468,13 @@ def _stages(given: Any, sources: Mapping[str, SourceConfig]) -> list[StageConfig
         raise TypeError(
             f"DataConfig.stages must be StageConfigs or mappings, got {given!r}; {example}"
         )
-    steps = [s.step for s in stages]
-    if steps[0] != 0 or any(a >= b for a, b in pairwise(steps)):
+    steps = [s.step for s in stages if s.step is not None]
+    if stages[0].start[1] != 0 or any(a >= b for a, b in pairwise(steps)):
+        by_step = len(steps) == len(stages)
+        starts = steps if by_step else [s.where for s in stages]
         raise ValueError(
-            f"DataConfig.stages start at steps {steps}: the first must start at step 0 and the "
-            f"steps must increase; {example}"
+            f"DataConfig.stages start at {'steps ' if by_step else ''}{starts}: the first must start at step 0 and the "
+            f"starts must increase; {example}"
         )
     weighted = [n for n, s in sources.items() if s.weight is not None]
     if weighted:
@@ -442,10 +487,35 @@ def _stages(given: Any, sources: Mapping[str, SourceConfig]) -> list[StageConfig
         unknown = sorted(set(stage.weights) - set(sources))
         if unknown and sources:
             raise ValueError(
-                f"DataConfig.stages: the stage at step {stage.step} weights {unknown[0]!r}, which "
+                f"DataConfig.stages: the stage at {stage.where} weights {unknown[0]!r}, which "
                 f"is not a source (the sources are {sorted(sources)}); name sources only"
             )
     return stages
+
+
+def _check_stage_order(stages: Sequence[StageConfig], offsets: Sequence[int]) -> None:
+    """Raises where a stage does not start after the stage before it, once every start is a
+    sample offset (a step's under the batch schedule)."""
+    for index in range(1, len(stages)):
+        if offsets[index] <= offsets[index - 1]:
+            raise ValueError(
+                f"DataConfig.stages: the stage at {stages[index].where} starts at sample offset "
+                f"{offsets[index]}, not after the stage before it (at {stages[index - 1].where}, "
+                f"offset {offsets[index - 1]}); order the stages by where they start"
+            )
+
+
+def _step_of(steps: StepOffsets, offset: int) -> int:
+    """The first step whose first offset is ``offset`` or later (a bisection: a step moves the
+    offset on by at least one)."""
+    low, high = steps.start[0], steps.start[0] + max(0, offset - steps.start[1])
+    while low < high:
+        middle = (low + high) // 2
+        if steps.info(middle).offset >= offset:
+            high = middle
+        else:
+            low = middle + 1
+    return low
 
 
 def _made(kind: Any, raw: Any) -> Any:

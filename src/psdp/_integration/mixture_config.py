@@ -16,24 +16,47 @@ from psdp.sources.views.mixture import Mixture
 
 @dataclass(frozen=True)
 class StageConfig:
-    """From ``step`` on, the mixture's weights are ``weights`` (a source left out: 0).
+    """The mixture's weights are ``weights`` (a source left out: 0) from where the stage starts:
+    a ``step``, a sample ``offset`` or a count of ``tokens`` (one of them; none: step 0).
+
+    A stage by step moves with the batch size: resumed with smaller batches, a later step's
+    first sample comes earlier. A stage by offset or by tokens stays at the sample where the user
+    put it, whatever batch sizes a run takes (``docs/guides/mixtures.md``).
 
     Examples:
-        >>> StageConfig(step=1000, weights={"code": 1, "prose": 1}).step
-        1000
+        >>> StageConfig(step=1000, weights={"code": 1, "prose": 1}).start
+        ('step', 1000)
+        >>> StageConfig(weights={"code": 1}, tokens=2**30).start
+        ('tokens', 1073741824)
     """
 
-    step: int = 0
-    """The first step of the stage (the first stage starts at 0)."""
+    step: int | None = None
+    """The first step of the stage (the first stage starts at 0); or set ``offset`` or
+    ``tokens``."""
 
     weights: dict[str, float] = field(default_factory=dict)
     """Source name -> relative weight, e.g. ``{code: 1, prose: 3}``."""
 
+    offset: int | None = None
+    """The stage's first sample offset (a multiple of ``mixture.block_size``), instead of a
+    step: it stays there whatever the batch sizes."""
+
+    tokens: int | None = None
+    """The tokens of the rows before the stage (``offset * seq_len``, padding included),
+    instead of a step: it stays there whatever the batch sizes."""
+
     def __post_init__(self) -> None:
-        if not is_int(self.step) or self.step < 0:
+        given = {k: v for k in ("step", "offset", "tokens") if (v := getattr(self, k)) is not None}
+        if len(given) > 1:
             raise ValueError(
-                f"StageConfig.step must be an int >= 0, got {self.step!r}; e.g. step: 1000"
+                f"StageConfig sets {' and '.join(f'{k}={v}' for k, v in given.items())}; a stage "
+                "starts at one of step, offset or tokens: keep one"
             )
+        for name, value in given.items():
+            if not is_int(value) or value < 0:
+                raise ValueError(
+                    f"StageConfig.{name} must be an int >= 0, got {value!r}; e.g. {name}: 1000"
+                )
         bad = (
             not isinstance(self.weights, Mapping)
             or not self.weights
@@ -48,15 +71,29 @@ class StageConfig:
         )
         if bad:
             raise ValueError(
-                f"StageConfig.weights (step {self.step}) must map source names to finite "
+                f"StageConfig.weights ({self.where}) must map source names to finite "
                 f"weights >= 0, got {self.weights!r}; e.g. weights: {{code: 1, prose: 3}}"
             )
         if not any(self.weights.values()):
             raise ValueError(
-                f"StageConfig.weights (step {self.step}) are all 0 ({self.weights!r}); a stage "
+                f"StageConfig.weights ({self.where}) are all 0 ({self.weights!r}); a stage "
                 "needs a source with a weight > 0, e.g. weights: {code: 1, prose: 3}"
             )
         object.__setattr__(self, "weights", dict(self.weights))
+
+    @property
+    def start(self) -> tuple[str, int]:
+        """Where the stage starts, as given: ``("step" | "offset" | "tokens", value)``."""
+        for name in ("offset", "tokens"):
+            if getattr(self, name) is not None:
+                return name, int(getattr(self, name))
+        return "step", 0 if self.step is None else int(self.step)
+
+    @property
+    def where(self) -> str:
+        """The start in words, for messages: ``"step 1000"``, ``"offset 4096"``."""
+        kind, value = self.start
+        return f"{kind} {value}"
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
-"""The ``psdp`` command line: ``plan``, ``simulate``, ``write``, ``prepare`` and ``bench``
-(``docs/reference/cli.md``).
+"""The ``psdp`` command line: ``plan``, ``simulate``, ``write``, ``prepare``, ``index``,
+``inspect`` and ``bench`` (``docs/reference/cli.md``).
 
 Every user error, from argparse or from the library, ends as one line on stderr and exit code 2.
 """
@@ -848,6 +848,93 @@ def _bytes_per_part(given: int | None, default: int) -> int | None:
     return default if given is None else (given or None)
 
 
+# ------------------------------------------------------------------------------------ inspect
+def _add_inspect(subparsers: Subparsers) -> None:
+    parser = subparsers.add_parser(
+        "inspect",
+        help="show what step N of a data config trains on (offsets, stage, per-source counts, "
+        "its rows as text), or a saved loader state in words",
+        description=(
+            "With CONFIG (a DataConfig's YAML or JSON, or a trainer's config with a data: "
+            "section; its paths relative to the current folder) and --step N: the step's sample "
+            "offsets, its mixture stage and weights, the rows each source gives it, and each row's "
+            "segments (document, token range, column) decoded to text with the tokenizer the "
+            "store was prepared with. Reads only the step's rows. With --state CHECKPOINT: the "
+            "loader state saved there (a JSON file, or an Orbax checkpoint: a manager's folder, "
+            "a step or the item) in words; with CONFIG and --step too, the step of the run resumed from "
+            "it. docs/reference/cli.md."
+        ),
+    )
+    parser.add_argument("config", nargs="?", help="the data config (YAML or JSON)")
+    parser.add_argument("--step", type=int, help="the step to show (0 is the first)")
+    parser.add_argument(
+        "--rows", metavar="START:STOP",
+        help="show only these rows of the step (positions in it, as a Python slice; default all)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--tokenizer",
+        help="decode with this tokenizer.json (or model folder) instead of the config's; checked "
+        "against the sha256 the store records",
+    )
+    parser.add_argument(
+        "--state", metavar="CHECKPOINT",
+        help="alone: show the loader state of a JSON file or an Orbax checkpoint; with CONFIG "
+        "and --step: the run resumed from it (its later steps counted from its sample offset)",
+    )  # fmt: skip
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.set_defaults(run=_run_inspect)
+
+
+def _run_inspect(args: argparse.Namespace) -> int:
+    from psdp.tools import inspection
+
+    state = None
+    if args.state is not None:
+        try:
+            state, file = inspection.read_state(args.state)
+        except FileNotFoundError as error:
+            raise UsageError(str(error)) from None
+    if state is not None and args.config is None and args.step is None:
+        if args.json:
+            print(json.dumps({"file": str(file), "state": state}, indent=2))
+        else:
+            print(f"loader state of {file}:\n{inspection.describe_state(state)}")
+        return 0
+    if args.config is None or args.step is None:
+        raise UsageError(
+            "give a config and a step, e.g. `psdp inspect train.yaml --step 100`, or a "
+            "checkpoint, e.g. `psdp inspect --state checkpoints/`"
+        )
+    if args.step < 0:
+        raise UsageError(f"--step {args.step}: give a step >= 0, e.g. --step 100")
+    rows = _given("--rows", repr(args.rows), _row_slice, args.rows)
+    try:
+        config, run_steps = inspection.load_config(args.config)
+        report = inspection.step_report(
+            config, args.step, run_steps=run_steps, rows=rows, tokenizer=args.tokenizer,
+            resumed_from=state,
+        )  # fmt: skip
+    except (FileNotFoundError, TypeError, ImportError) as error:
+        raise UsageError(str(error)) from None
+    print(json.dumps(report.to_json(), indent=2, ensure_ascii=False) if args.json else report)
+    return 0
+
+
+def _row_slice(text: str | None) -> slice:
+    """``--rows START:STOP`` (either end may be left out) as a slice."""
+    if text is None:
+        return slice(None)
+    start, colon, stop = text.partition(":")
+    try:
+        if not colon:
+            return slice(int(start), int(start) + 1)
+        return slice(int(start) if start else None, int(stop) if stop else None)
+    except ValueError:
+        raise ValueError(
+            "give rows as START:STOP, e.g. --rows 0:4 (or one row: --rows 3)"
+        ) from None
+
+
 # ------------------------------------------------------------------------------ object stores
 def _add_endpoint(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
@@ -890,5 +977,6 @@ SUBCOMMANDS: list[Callable[[Subparsers], None]] = [
     _add_write,
     _add_prepare,
     _add_index,
+    _add_inspect,
     _add_bench,
 ]

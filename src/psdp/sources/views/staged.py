@@ -1,0 +1,291 @@
+"""`StagedTokens`: token sources read in stages of ``seq_len``, each stage a source of its own.
+
+The map is `psdp._plan.length_stages`' (``docs/concepts/length-stages.md``): a sample offset is a
+source, a lane and ranges of the source's stream. This module reads them: each stage is a
+`StageRows` whose row ``r`` is sample offset ``stage start + r`` (a loader reads it in id order,
+as a `Mixture`), its ranges read as windows of a one-token `TokenSequences` of each store, so
+EOS tokens, stored leaves and ``positions`` are `TokenSequences`' own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from psdp._plan.leaves import SEGMENT_IDS, Key, in_leaf_order
+from psdp._plan.length_stages import LengthPlan, Pieces
+from psdp._plan.mixture import MIXTURE_ROWS
+from psdp._plan.windows import Box, box_parts
+from psdp.sources.base import check_ids, fresh_rows
+from psdp.sources.documents.store import DocumentStore
+from psdp.sources.views.tokens import TokenSequences
+
+
+class StagedTokens:
+    """Documents of several stores, mixed and cut into rows whose ``seq_len`` changes by stage.
+
+    Args:
+        stores: ``{name: DocumentStore}``, all with the same leaves.
+        stages: ``[(start_offset, seq_len, {name: weight}), ...]``, the first at 0, starts
+            increasing multiples of ``block_size``.
+        lanes: lanes per source (`LengthPlan`): at least the most samples of one source a batch
+            holds, so they come from distinct places of its stream.
+        block_size, seed, shuffle: the mixture's (`Mixture`), and the keys of the unit order.
+        unit_tokens: the unit order's grain; default the longest ``seq_len``.
+        targets: one more token per row (the next row's first), for shifted targets.
+        eos_id, pad_id: as `TokenSequences`'.
+        context: the context axis every ``seq_len`` must divide by.
+
+    Examples:
+        >>> store = DocumentStore.from_documents([np.arange(100, 160)])
+        >>> staged = StagedTokens({"a": store}, [(0, 4, {"a": 1}), (4, 8, {"a": 1})],
+        ...                       lanes=2, block_size=1, shuffle=False)
+        >>> staged.stage(0).read(np.arange(4))["input_ids"][:, 0].tolist()
+        [100, 130, 104, 134]
+        >>> staged.stage(1).read(np.arange(2))["input_ids"].tolist()  # each lane goes on
+        [[108, 109, 110, 111, 112, 113, 114, 115], [138, 139, 140, 141, 142, 143, 144, 145]]
+    """
+
+    def __init__(
+        self,
+        stores: Mapping[str, DocumentStore],
+        stages: Sequence[tuple[int, int, Mapping[str, float]]],
+        *,
+        lanes: int,
+        block_size: int = 2048,
+        unit_tokens: int | None = None,
+        seed: int = 0,
+        shuffle: bool = True,
+        targets: bool = False,
+        eos_id: int | None = None,
+        pad_id: int = 0,
+        context: int = 1,
+    ) -> None:
+        if not isinstance(stores, Mapping) or not stores:
+            raise TypeError(
+                f"stores must be a non-empty dict {{name: DocumentStore}}, got {stores!r}"
+            )
+        self.streams = {
+            name: TokenSequences(store, 1, eos_id=eos_id, pad_id=pad_id)
+            for name, store in stores.items()
+        }
+        longest = max((stage[1] for stage in stages if _is_stage(stage)), default=1)
+        self.plan = LengthPlan(
+            tuple(self.streams),
+            tuple(s.stream_tokens for s in self.streams.values()),
+            stages,
+            block_size=block_size,
+            lanes=lanes,
+            unit_tokens=longest if unit_tokens is None else unit_tokens,
+            seed=seed,
+            shuffle=shuffle,
+            extra=int(targets),
+            context=context,
+        )
+        leaves = [s.leaves for s in self.streams.values()]
+        if any(other != leaves[0] for other in leaves[1:]):
+            raise ValueError(
+                f"the stores' leaves differ ({dict(zip(self.streams, leaves, strict=True))}); "
+                "a mixture's rows need the same leaves and dtypes from every store"
+            )
+        self.leaves = leaves[0]
+
+    def stage(self, index: int) -> StageRows:
+        """Stage ``index``'s rows, a source whose row ``r`` is offset ``start + r``."""
+        if not 0 <= index < len(self.plan.stages):
+            raise IndexError(f"stage {index} does not exist: there are {len(self.plan.stages)}")
+        return StageRows(self, index)
+
+    def describe(self) -> str:
+        lengths = [stage.seq_len for stage in self.plan.stages]
+        return f"StagedTokens({', '.join(self.streams)}; seq_len by stage {lengths})"
+
+
+class StageRows:
+    """One stage of a `StagedTokens`: row ``r`` is sample offset ``start + r`` of the run.
+
+    It reads its rows in id order (``orders_itself``: the plan shuffles). Its length is endless,
+    as a mixture's, so a loader never wraps back to its first row; a row past the stage's end is
+    refused, naming the stage that holds it. ``segment_ids`` number each row's segments from 1:
+    a new one at each document and wherever the row goes on at another place of its store's
+    stream (the next unit of the epoch's order, or the lane's next epoch).
+    """
+
+    orders_itself = True
+
+    def __init__(self, staged: StagedTokens, index: int) -> None:
+        stages = staged.plan.stages
+        self.staged, self.index = staged, index
+        self.start, self.seq_len = stages[index].start, stages[index].seq_len
+        self.stop = stages[index + 1].start if index + 1 < len(stages) else MIXTURE_ROWS
+        self.width = self.seq_len + staged.plan.extra
+
+    def __len__(self) -> int:
+        return MIXTURE_ROWS - self.start
+
+    @property
+    def leaves(self) -> dict[str, np.dtype]:
+        return dict(self.staged.leaves)
+
+    @fresh_rows
+    def read(self, ids: np.ndarray) -> dict[Key, np.ndarray]:
+        offsets = self._offsets(ids)
+        return in_leaf_order(self._columns(offsets, 0, self.width, list(self.leaves)))
+
+    @fresh_rows
+    def read_window(self, ids: np.ndarray, columns: Mapping[Key, Box]) -> dict[Key, np.ndarray]:
+        """Some leaves, each cut to a range (or index array) of columns inside the row, reading
+        under twice those tokens from the stores (a piece as wide as the window exactly, others in
+        windows rounded up to a power of two); ``segment_ids`` and ``positions`` come from the
+        stores' offsets, reading no token.
+
+        Examples:
+            >>> store = DocumentStore.from_documents([np.arange(100, 160)])
+            >>> rows = StagedTokens({"a": store}, [(0, 8, {"a": 1})], lanes=2, block_size=1,
+            ...                     shuffle=False).stage(0)
+            >>> rows.read_window(np.array([1]), {"input_ids": slice(2, 5)})["input_ids"].tolist()
+            [[132, 133, 134]]
+        """
+        offsets = self._offsets(ids)
+        by_span: dict[tuple[int, int], list[str]] = {}
+        picks: dict[str, np.ndarray | None] = {}
+        for key, box in columns.items():
+            if key not in self.leaves:
+                raise KeyError(f"{key!r} is not a leaf of {self.describe()}")
+            assert isinstance(key, str)  # a store's leaves are named
+            parts = box_parts(box)
+            if len(parts) > 1:
+                raise ValueError(f"rows of {self.describe()} have one dimension after the batch")
+            first, stop, picks[key] = _span(parts[0] if parts else slice(0, self.width))
+            if first < 0 or stop > self.width:
+                raise ValueError(
+                    f"columns [{first}, {stop}) of {self.describe()} reach past its rows' "
+                    f"{self.width} columns; a stage's row does not continue into its neighbours "
+                    "(use a pad halo, not 'continue')"
+                )
+            by_span.setdefault((first, stop), []).append(key)
+        out: dict[Key, np.ndarray] = {}
+        for (first, stop), keys in by_span.items():
+            got = self._columns(offsets, first, stop, keys)
+            for key in keys:
+                pick = picks[key]
+                out[key] = got[key] if pick is None else got[key][:, pick]
+        return in_leaf_order(out)
+
+    def _offsets(self, ids: np.ndarray) -> np.ndarray:
+        ids = check_ids(ids, len(self), self.describe)
+        offsets = ids + self.start
+        if ids.size and offsets.max() >= self.stop:
+            raise IndexError(
+                f"row {int(ids.max())} of stage {self.index} is sample offset "
+                f"{int(offsets.max())}, where stage {self.index + 1} starts (at {self.stop}) "
+                f"with another seq_len; stage {self.index} holds {self.stop - self.start} rows: "
+                f"read the rest from stage {self.index + 1}'s rows"
+            )
+        return offsets
+
+    def _columns(
+        self, offsets: np.ndarray, first: int, stop: int, names: list[str]
+    ) -> dict[Key, np.ndarray]:
+        """Leaves ``names`` at columns ``[first, stop)`` of the rows at ``offsets``."""
+        pieces = self.staged.plan.store_pieces(offsets)
+        numbered = SEGMENT_IDS in names
+        asked = [n for n in names if n != SEGMENT_IDS] + ([SEGMENT_IDS] if numbered else [])
+        out = self._leaves_at(pieces, len(offsets), first, stop, asked)
+        if numbered:
+            # a row's segments count from column 0: its columns before `first` by offsets alone
+            before = self._leaves_at(pieces, len(offsets), 0, first, [SEGMENT_IDS])
+            documents = np.concatenate([before[SEGMENT_IDS], out[SEGMENT_IDS]], axis=1)
+            out[SEGMENT_IDS] = _numbered(documents, _jumps(pieces, len(offsets), stop))[:, first:]
+        return out
+
+    def _leaves_at(
+        self, pieces: Pieces, count: int, first: int, stop: int, names: list[str]
+    ) -> dict[Key, np.ndarray]:
+        """Leaves ``names`` at columns ``[first, stop)``: each source's pieces read in a few
+        window reads (whole-width pieces in one, the others by size, rounded up to a power of
+        two: fewer than twice their tokens)."""
+        shape = (count, stop - first)
+        out: dict[Key, np.ndarray] = {n: np.zeros(shape, self.leaves[n]) for n in names}
+        if not names or stop <= first:
+            return out
+        for source, stream in enumerate(self.staged.streams.values()):
+            mine = _clipped(pieces, source, first, stop)
+            bucket = np.where(mine.size == stop - first, -1, _bit_length(mine.size))
+            for key in np.unique(bucket).tolist():
+                at = np.flatnonzero(bucket == key)
+                width = int(mine.size[at].max())
+                got = stream.read_window(mine.start[at], dict.fromkeys(names, slice(0, width)))
+                if key == -1:  # whole rows of the window: one row-wise copy
+                    for leaf in names:
+                        out[leaf][mine.row[at]] = got[leaf]
+                    continue
+                span = np.arange(width)
+                valid = span < mine.size[at][:, None]
+                rows = np.broadcast_to(mine.row[at][:, None], valid.shape)[valid]
+                columns = ((mine.column[at] - first)[:, None] + span)[valid]
+                for leaf in names:
+                    out[leaf][rows, columns] = got[leaf][valid]
+        return out
+
+    def describe(self) -> str:
+        return (
+            f"stage {self.index} of {self.staged.describe()} (offsets from {self.start}, "
+            f"seq_len={self.seq_len}{' + 1' if self.width > self.seq_len else ''})"
+        )
+
+
+def _clipped(pieces: Pieces, source: int, first: int, stop: int) -> Pieces:
+    """Source ``source``'s pieces cut to columns ``[first, stop)`` of their rows (empty ones
+    dropped); columns stay the row's."""
+    mine = pieces.source == source
+    lo = np.maximum(pieces.column, first)
+    hi = np.minimum(pieces.column + pieces.size, stop)
+    keep = mine & (hi > lo)
+    shift = (lo - pieces.column)[keep]
+    return Pieces(pieces.row[keep], lo[keep], pieces.source[keep], pieces.epoch[keep],
+                  pieces.start[keep] + shift, (hi - lo)[keep])  # fmt: skip
+
+
+def _jumps(pieces: Pieces, count: int, stop: int) -> np.ndarray:
+    """Where a row's columns ``[0, stop)`` go on at another place of their stream: each piece's
+    first column, but where the piece before it ends right before it in the same source."""
+    out = np.zeros((count, stop), bool)
+    same_row = np.concatenate([[False], pieces.row[1:] == pieces.row[:-1]])
+    ends = np.concatenate([[-1], (pieces.start + pieces.size)[:-1]])
+    sources = np.concatenate([[-1], pieces.source[:-1]])
+    going_on = same_row & (ends == pieces.start) & (sources == pieces.source)
+    jump = ~going_on & (pieces.column < stop)
+    out[pieces.row[jump], pieces.column[jump]] = True
+    return out
+
+
+def _numbered(documents: np.ndarray, jumps: np.ndarray) -> np.ndarray:
+    """Segment ids from 1 in each row: a new one at a new document or a jump."""
+    new = jumps.copy()
+    new[:, 0] = True
+    new[:, 1:] |= documents[:, 1:] != documents[:, :-1]
+    return np.cumsum(new, axis=1, dtype=documents.dtype)
+
+
+def _bit_length(values: np.ndarray) -> np.ndarray:
+    """``int.bit_length`` of each value >= 0."""
+    return np.where(values > 0, np.floor(np.log2(np.maximum(values, 1))).astype(np.int64) + 1, 0)
+
+
+def _span(part: Any) -> tuple[int, int, np.ndarray | None]:
+    """A box's columns as a span ``[first, stop)`` and, for an index array, the columns to
+    pick from the span."""
+    if isinstance(part, slice):
+        return int(part.start or 0), int(part.stop), None
+    columns = np.asarray(part, np.int64)
+    if not columns.size:
+        return 0, 0, columns
+    first = int(columns.min())
+    return first, int(columns.max()) + 1, columns - first
+
+
+def _is_stage(stage: Any) -> bool:
+    return isinstance(stage, Sequence) and len(stage) == 3 and isinstance(stage[1], int)
