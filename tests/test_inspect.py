@@ -80,7 +80,9 @@ def test_a_step_is_its_offsets_stage_counts_and_rows_as_the_oracles_make_them(in
 
     assert (report.offset, report.rows, report.batch_size) == (step * BATCH, BATCH, BATCH)
     stage = 1 if step >= 4 else 0
-    assert (report.stage, report.stages, report.stage_step) == (stage, 2, STAGES[stage][0])
+    assert (report.stage, report.stages) == (stage, 2)
+    assert report.stage_start == f"step {STAGES[stage][0]}"
+    assert report.stage_offset == STAGES[stage][0] * BATCH
     assert report.weights == {k: float(v) for k, v in STAGES[stage][1].items()}
 
     streams = {n: np.concatenate([np.array(d) for d in docs]) for n, docs in documents.items()}
@@ -109,7 +111,7 @@ def test_the_command_prints_the_step_and_its_json(in_run, capsys):
     assert main(["inspect", "train.yaml", "--step", "4", "--rows", "1:3"]) == 0
     text = capsys.readouterr().out
     assert text.startswith("step 4: sample offsets 16-19, 4 rows of a batch of 4\n")
-    assert "stage 2 of 2 (from step 4): weights code 1, prose 1" in text
+    assert "stage 2 of 2 (from step 4, sample offset 16): weights code 1, prose 1" in text
     assert "row 1 (sample offset 17)" in text and "row 0 " not in text and "row 3 " not in text
     assert main(["inspect", "train.yaml", "--step", "4", "--json"]) == 0
     found = json.loads(capsys.readouterr().out)
@@ -210,7 +212,8 @@ def test_a_step_of_a_run_resumed_with_another_batch_size_counts_from_the_saved_o
     )
     config, _ = load_config("resumed.yaml")
     report = step_report(config, 6, resumed_from=read_state("state4.json")[0])
-    assert (report.offset, report.rows, report.stage, report.stage_step) == (32, 8, 1, 4)
+    assert (report.offset, report.rows, report.stage, report.stage_start) == (32, 8, 1, "step 4")
+    assert report.stage_offset == 16
     documents, _ = _streams(in_run)
     rows = {n: sum(map(len, docs)) // SEQ_LEN for n, docs in documents.items()}
     oracle = OracleMixture(["code", "prose"], [rows["code"], rows["prose"]],

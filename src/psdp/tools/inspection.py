@@ -66,8 +66,9 @@ class Row:
 class StepReport:
     """What step ``step`` of a data config trains on (`step_report`); ``str()`` says it in words.
 
-    ``stage`` is the index of the mixture stage in force, ``stage_step`` the step it starts at
-    and ``weights`` its weights; ``counts`` the rows each source gives the step.
+    ``stage`` is the index of the mixture stage in force, ``stage_start`` where its config puts
+    it (``"step 4"``, ``"offset 4096"``, ``"tokens 2097152"``), ``stage_offset`` the sample offset
+    it starts at in this run, and ``weights`` its weights; ``counts`` the rows each source gives the step.
     """
 
     step: int
@@ -77,7 +78,8 @@ class StepReport:
     epoch: int
     stage: int
     stages: int
-    stage_step: int
+    stage_start: str
+    stage_offset: int
     weights: dict[str, float]
     counts: dict[str, int]
     decoded: dict[str, str] = field(default_factory=dict)
@@ -101,7 +103,8 @@ class StepReport:
         lines = [
             f"step {self.step}: sample offsets {self.offset}-{self.offset + self.rows - 1}, "
             f"{self.rows} rows of a batch of {self.batch_size}{short}",
-            f"stage {self.stage + 1} of {self.stages} (from step {self.stage_step}): weights "
+            f"stage {self.stage + 1} of {self.stages} (from {self.stage_start}, sample offset "
+            f"{self.stage_offset}): weights "
             f"{weights}",
             f"rows per source: {counts}",
             *(f"decoded {name}: {how}" for name, how in self.decoded.items()),
@@ -219,10 +222,11 @@ def step_report(
         )
     offsets = np.arange(info.offset, info.offset + info.rows, dtype=np.int64)
     stage = _stage_at(mixture, info.offset)
-    starts = [s.step for s in config.stages] if config.stages else [0]
+    starts = [s.where for s in config.stages] if config.stages else ["step 0"]
     report = StepReport(
         step=step, offset=info.offset, batch_size=info.batch_size, rows=info.rows,
-        epoch=info.epoch, stage=stage, stages=len(starts), stage_step=starts[stage],
+        epoch=info.epoch, stage=stage, stages=len(starts), stage_start=starts[stage],
+        stage_offset=int(mixture.plan.stages[stage][0]),
         weights={n: float(w) for n, w in zip(mixture.names, mixture.plan.stages[stage][1],
                                               strict=True)},
         counts=mixture.counts(info.offset, info.rows),
