@@ -38,10 +38,20 @@ requires_ray = pytest.mark.skipif(
 START_LIMIT_S = 120  # not a timing threshold: a head that never starts fails instead of hanging
 
 
+#: the ports handed out in this process: a port is free once its probe closes, so the kernel may
+#: offer it again before Ray binds it; two components given one port make `ray start` fail
+_GIVEN: set[int] = set()
+
+
 def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A free port on 127.0.0.1 that this process has not handed out before."""
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port not in _GIVEN:
+            _GIVEN.add(port)
+            return port
 
 
 @pytest.fixture(scope="session")
