@@ -52,6 +52,9 @@ example: run
 # host simulations (about 11 min). CI runs both at the lower bounds and the first at the newest.
 PYTEST_FAST := -m "not slow" -n auto --maxprocesses=4 --dist loadfile
 PYTEST_SLOW := -m slow
+# Both groups in one run, a test file per worker: the slow files (the benchmark, the example, the
+# pods) run beside the fast ones instead of after them, one collection for all (test-lower, CI).
+PYTEST_ALL := -n auto --maxprocesses=4 --dist loadfile
 
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_FAST)
@@ -76,8 +79,7 @@ docs: $(STAMP)
 	$(call make_venv,.venv-lower,$(PYTHON_LOWER),requirements/lower-py311.lock)
 
 test-lower: .venv-lower/.installed-stamp
-	.venv-lower/bin/python -m pytest $(PYTEST_FAST)
-	.venv-lower/bin/python -m pytest $(PYTEST_SLOW)
+	.venv-lower/bin/python -m pytest $(PYTEST_ALL)
 
 # The suite but its slow runs on Python 3.13 with the newest releases (as of the last `make
 # lock`); `make test-newest PYTEST_FAST=` runs all of it there.

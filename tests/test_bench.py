@@ -30,8 +30,9 @@ from psdp.tools.benchmarks import (
 from psdp.tools.cli import main as cli_main
 
 MEASURE = Path(__file__).resolve().parents[1] / "scripts" / "measure"
-# the quick benchmark run (a module fixture, charged to its first test) took 47 s under load
-pytestmark = pytest.mark.timeout(300)
+# the quick benchmark run (a module fixture, charged to its first test) took 176 s beside the rest
+# of the slow group on 2 loaded cores (its object-store figures start moto and fake-gcs servers)
+pytestmark = pytest.mark.timeout(600)
 
 
 @pytest.fixture(scope="module")
