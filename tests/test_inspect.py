@@ -244,3 +244,16 @@ def test_a_store_without_a_recorded_tokenizer_decodes_only_with_the_one_given(in
     assert given.decoded["code"].endswith("(not checked: the store records no tokenizer)")
     segment = given.row_list[0].segments[0]
     assert segment.text == tokenizer.decode(segment.ids, skip_special_tokens=False)
+
+
+def test_a_stage_given_by_tokens_is_reported_where_its_config_puts_it(in_run):
+    """The second stage at ``tokens: 256`` (16 samples of 16 tokens, step 4 at batch 4): step 4
+    is in it, step 3 is not, and the report names the stage's start as the config gives it."""
+    (in_run / "by_tokens.yaml").write_text(
+        CONFIG.replace("{step: 4, weights", f"{{tokens: {16 * SEQ_LEN}, weights")
+    )
+    config, run_steps = load_config("by_tokens.yaml")
+    before, inside = (step_report(config, s, run_steps=run_steps) for s in (3, 4))
+    assert (before.stage, before.stage_start, before.stage_offset) == (0, "step 0", 0)
+    assert (inside.stage, inside.stage_start, inside.stage_offset) == (1, "tokens 256", 16)
+    assert "(from tokens 256, sample offset 16)" in str(inside)
