@@ -553,3 +553,27 @@ def test_an_index_saved_without_its_store_is_refused_and_saved_beside_it_is_used
     assert save_pack_index_beside(store, opened, index) == str(path)
     with no_build():
         assert view_of(config(store)).plan.starts.tolist() == index.starts.tolist()
+
+
+def test_falling_offsets_of_a_levanter_cache_are_refused_naming_the_first_fall(tmp_path):
+    """`psdp index` checks the cache's offsets with the one check every reader of offsets makes
+    (`check_offsets_rise`): the error names the cache, the first document that falls, both
+    values and the fix."""
+    import tensorstore as ts
+
+    from tests.levanter_cache import levanter_spec, write_levanter_cache
+
+    docs = [{"input_ids": np.arange(1, 4 + i % 3, dtype=np.int64)} for i in range(40)]
+    write_levanter_cache(tmp_path / "cache", docs)
+    offsets = ts.open(levanter_spec({"driver": "file", "path": f"{tmp_path}/cache/input_ids/offsets/"})).result()  # fmt: skip
+    ends = offsets[1:41].read().result()
+    offsets[8].write(
+        ends[9] + 5
+    ).result()  # offsets[8] > offsets[9]: document 8 has a negative length
+    with pytest.raises(ValueError) as error:
+        indexes.build_indexes(str(tmp_path / "cache"), format="levanter", workers=1, progress=False)
+    assert str(error.value) == (
+        f"the offsets of the Levanter cache at {tmp_path}/cache must be non-decreasing, got "
+        f"offsets[8]={int(ends[9]) + 5} > offsets[9]={int(ends[8])}; the cache is damaged: build "
+        f"it again with Levanter"
+    )

@@ -36,7 +36,7 @@ from psdp.sources.documents.beside import (
     saved_document_index,
     store_digest,
 )
-from psdp.sources.documents.index import STRIDE, DocumentIndex
+from psdp.sources.documents.index import STRIDE, DocumentIndex, check_offsets_rise
 from psdp.sources.documents.store import DocumentStore
 from psdp.sources.stores.levanter_cache import open_cache_arrays
 from psdp.sources.views.pack_index import counts_of_windows, pack_index_bytes, read_pack_index
@@ -243,14 +243,9 @@ def _index_part(part: _OffsetsPart) -> tuple[int, dict[str, np.ndarray]]:
     """
     offsets = _cache_offsets(part.store if isinstance(part.store, str) else _Frozen(part.store))
     values = np.asarray(offsets[part.first : part.stop + 1].read().result(), np.int64)
+    check_offsets_rise(values, f"the Levanter cache at {part.store}", first=part.first,
+                       fix="the cache is damaged: build it again with Levanter")  # fmt: skip
     lengths = np.diff(values)
-    if (lengths < 0).any():
-        i = int(np.argmax(lengths < 0))
-        raise ValueError(
-            f"the offsets of the Levanter cache at {part.store} must be non-decreasing, got "
-            f"offsets[{part.first + i}]={int(values[i])} > offsets[{part.first + i + 1}]="
-            f"{int(values[i + 1])}; the cache is damaged: build it again with Levanter"
-        )
     result: dict[str, Any] = {
         "marks": values[: len(lengths) : STRIDE].copy(),
         "nonempty": np.add.reduceat(lengths > 0, np.arange(0, len(lengths), STRIDE)).astype(
