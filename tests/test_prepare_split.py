@@ -302,6 +302,33 @@ def test_a_remote_arrow_file_splits_at_its_batches_read_by_range_reads(
         list(read_batches(units[1], "text", str, skip_bad=False))
 
 
+def test_a_remote_arrow_stream_is_one_unit_and_a_cut_arrow_file_is_named(tmp_path):
+    """An Arrow IPC stream in an object store has no footer: one unit, read on from its start;
+    an Arrow IPC file cut short (no footer) is refused when planned, naming the object."""
+    import pyarrow as pa
+
+    from psdp.prepare import CorruptFileError
+    from psdp.tools.benchmarks.object_store import S3Server
+
+    texts = corpus.texts(500, seed=7)
+    table = pa.table({"text": texts})
+    stream = io.BytesIO()
+    with pa.ipc.new_stream(stream, table.schema) as writer:
+        for batch in table.to_batches(max_chunksize=100):
+            writer.write_batch(batch)
+    whole = corpus.write_arrow(tmp_path / "c.arrow", texts, batch_rows=100).read_bytes()
+    with S3Server() as server:
+        objects = server.objects()
+        objects.write("raw/s.arrow", stream.getvalue()).result()
+        objects.write("raw/c.arrow", whole[: len(whole) // 2]).result()
+        [unit] = plan_units([server.kvstore("raw/s.arrow")], 100)
+        values = [v for b in read_batches(unit, "text", str, skip_bad=False) for v in b.values]
+        assert values == texts
+        with pytest.raises(CorruptFileError, match=r"s3://psdp/raw/c.arrow.* cannot be opened "
+                           r"as an Arrow IPC file .*truncated or damaged"):  # fmt: skip
+            plan_units([server.kvstore("raw/c.arrow")], 100)
+
+
 # ------------------------------------------------------------------ leftovers in an object store
 def keys_below(objects, prefix="tokens/"):
     return sorted(k.decode() for k in objects.list().result() if k.decode().startswith(prefix))
