@@ -589,3 +589,19 @@ def test_the_whole_offsets_are_deprecated_with_their_range_read_as_the_fix():
     with pytest.warns(FutureWarning, match=r"DocumentStore.offsets is deprecated.*offsets_range"):
         whole = store.offsets
     assert whole.tolist() == [0, 3, 4, 8]
+
+
+def test_the_offsets_check_names_the_first_fall_of_runs_read_back_to_back():
+    """`check_offsets_rise` over runs of offsets read back to back (as `documents_touching`
+    reads blocks): the step from one run to the next is no fall, and a fall inside a run is
+    named by its document, not its place in the values read."""
+    from psdp.sources.documents.index import check_offsets_rise
+
+    runs = dict(first=np.array([0, 4096, 9000]), run_start=np.array([0, 3, 5]))
+    check_offsets_rise(np.array([0, 5, 9, 2, 4, 1, 7]), "s", **runs)
+    with pytest.raises(ValueError) as error:
+        check_offsets_rise(np.array([0, 5, 9, 2, 4, 1, 0]), "store s", **runs, fix="rewrite it")
+    assert str(error.value) == (
+        "the offsets of store s must be non-decreasing, got offsets[9000]=1 > offsets[9001]=0; "
+        "rewrite it"
+    )

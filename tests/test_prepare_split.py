@@ -245,6 +245,90 @@ def test_an_object_replaced_while_it_is_read_is_an_error_not_a_mix(tmp_path):
             list(read_batches(unit, "text", str, skip_bad=False))
 
 
+@pytest.fixture(params=["s3", "gcs"])
+def object_server(request):
+    from psdp.tools.benchmarks.object_store import GcsServer, S3Server
+
+    with S3Server() if request.param == "s3" else GcsServer() as server:
+        yield server
+
+
+def test_a_remote_arrow_file_splits_at_its_batches_read_by_range_reads(
+    tmp_path, tokenizer, monkeypatch, object_server
+):
+    """An Arrow IPC object (file format) is cut at its record batches as Parquet is at its row
+    groups: planning reads its footer and each batch's metadata (requests counted, not its
+    bodies), a task reads the footer and its own batches, never the others; the store equals an
+    unsplit run on the same file kept locally; a replaced object is an error, not a mix."""
+    texts = corpus.texts(3000, seed=36)
+    arrow = corpus.write_arrow(tmp_path / "c.arrow", texts, batch_rows=100)  # 30 batches
+    size = arrow.stat().st_size
+    objects = object_server.objects()
+    objects.write("raw/c.arrow", arrow.read_bytes()).result()
+    reads: list[tuple[int, int | None, int]] = []
+    real_read = readers._Object.read
+
+    def counted(self, start, stop):
+        got = real_read(self, start, stop)
+        reads.append((start, stop, len(got or b"")))
+        return got
+
+    monkeypatch.setattr(readers._Object, "read", counted)
+    monkeypatch.setattr(readers, "PROBE_BYTES", 4096)  # its size probed, not read whole
+    units = plan_units([object_server.kvstore("raw/c.arrow")], 1000)
+    assert [(u.row_start, u.row_stop) for u in units] == [(0, 1000), (1000, 2000), (2000, 3000)]
+    assert units[0].byte_start == 0 and units[2].byte_stop is None
+    assert sum(r[2] for r in reads) < size // 20, reads  # probes, footer, metadata: no body
+    reads.clear()
+    values = [v for b in read_batches(units[1], "text", str, skip_bad=False) for v in b.values]
+    assert values == texts[1000:2000]
+    # its magic, the footer (ours, then pyarrow's: two reads each), its 10 batches one each
+    assert len(reads) == 1 + 2 + 2 + 10, reads
+    assert sum(r[2] for r in reads) < size * 0.4, reads  # a third of the file
+
+    split = prepare(object_server.kvstore("raw/c.arrow"), tmp_path / "split",
+                    tokenizer=tokenizer, eos=EOS, workers=2, rows_per_part=1000,
+                    progress=False)  # fmt: skip
+    assert split.parts == 3
+    whole = prepare(str(arrow), tmp_path / "whole", tokenizer=tokenizer, eos=EOS, workers=1,
+                    rows_per_part=10**6, progress=False)  # fmt: skip
+    assert whole.parts == 1
+    assert stored(tmp_path / "split")[1] == stored(tmp_path / "whole")[1]
+    assert stored(tmp_path / "split")[1] == oracle(tokenizer, texts, bos=None)
+
+    objects.write("raw/c.arrow", corpus.write_arrow(tmp_path / "d.arrow", texts[::-1],
+                                                    batch_rows=100).read_bytes()).result()  # fmt: skip
+    with pytest.raises(ValueError, match=r"c.arrow.* changed while psdp prepare read it"):
+        list(read_batches(units[1], "text", str, skip_bad=False))
+
+
+def test_a_remote_arrow_stream_is_one_unit_and_a_cut_arrow_file_is_named(tmp_path):
+    """An Arrow IPC stream in an object store has no footer: one unit, read on from its start;
+    an Arrow IPC file cut short (no footer) is refused when planned, naming the object."""
+    import pyarrow as pa
+
+    from psdp.prepare import CorruptFileError
+    from psdp.tools.benchmarks.object_store import S3Server
+
+    texts = corpus.texts(500, seed=7)
+    table = pa.table({"text": texts})
+    stream = io.BytesIO()
+    with pa.ipc.new_stream(stream, table.schema) as writer:
+        for batch in table.to_batches(max_chunksize=100):
+            writer.write_batch(batch)
+    whole = corpus.write_arrow(tmp_path / "c.arrow", texts, batch_rows=100).read_bytes()
+    with S3Server() as server:
+        objects = server.objects()
+        objects.write("raw/s.arrow", stream.getvalue()).result()
+        objects.write("raw/c.arrow", whole[: len(whole) // 2]).result()
+        [unit] = plan_units([server.kvstore("raw/s.arrow")], 100)
+        values = [v for b in read_batches(unit, "text", str, skip_bad=False) for v in b.values]
+        assert values == texts
+        with pytest.raises(CorruptFileError, match=r"s3://psdp/raw/c.arrow.* cannot be opened "
+                           r"as an Arrow IPC file .*truncated or damaged"):  # fmt: skip
+            plan_units([server.kvstore("raw/c.arrow")], 100)
+
+
 # ------------------------------------------------------------------ leftovers in an object store
 def keys_below(objects, prefix="tokens/"):
     return sorted(k.decode() for k in objects.list().result() if k.decode().startswith(prefix))

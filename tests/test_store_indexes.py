@@ -553,3 +553,66 @@ def test_an_index_saved_without_its_store_is_refused_and_saved_beside_it_is_used
     assert save_pack_index_beside(store, opened, index) == str(path)
     with no_build():
         assert view_of(config(store)).plan.starts.tolist() == index.starts.tolist()
+
+
+def test_falling_offsets_of_a_levanter_cache_are_refused_naming_the_first_fall(tmp_path):
+    """`psdp index` checks the cache's offsets with the one check every reader of offsets makes
+    (`check_offsets_rise`): the error names the cache, the first document that falls, both
+    values and the fix."""
+    import tensorstore as ts
+
+    from tests.levanter_cache import levanter_spec, write_levanter_cache
+
+    docs = [{"input_ids": np.arange(1, 4 + i % 3, dtype=np.int64)} for i in range(40)]
+    write_levanter_cache(tmp_path / "cache", docs)
+    offsets = ts.open(levanter_spec({"driver": "file", "path": f"{tmp_path}/cache/input_ids/offsets/"})).result()  # fmt: skip
+    ends = offsets[1:41].read().result()
+    offsets[8].write(
+        ends[9] + 5
+    ).result()  # offsets[8] > offsets[9]: document 8 has a negative length
+    with pytest.raises(ValueError) as error:
+        indexes.build_indexes(str(tmp_path / "cache"), format="levanter", workers=1, progress=False)
+    assert str(error.value) == (
+        f"the offsets of the Levanter cache at {tmp_path}/cache must be non-decreasing, got "
+        f"offsets[8]={int(ends[9]) + 5} > offsets[9]={int(ends[8])}; the cache is damaged: build "
+        f"it again with Levanter"
+    )
+
+
+def test_parts_of_a_levanter_document_index_are_of_the_cache_they_were_built_for(
+    tmp_path, monkeypatch
+):
+    """A killed build of a Levanter cache's document index leaves its parts; the cache built
+    again in place, of the same documents, tokens and ledger (its documents in another order),
+    builds its own index and never resumes from those parts (named by what the cache holds)."""
+    from psdp.sources.documents.index import DocumentIndex
+    from tests.levanter_cache import write_levanter_cache
+
+    docs = [{"input_ids": d.astype(np.int64)} for d in documents(10_000)]
+    cache = tmp_path / "cache"
+    write_levanter_cache(cache, docs)
+    monkeypatch.setattr(indexes, "DOCUMENTS_PER_OFFSETS_PART", 4096)  # 3 parts
+    real = indexes.check_offsets_rise
+
+    def killed_at_part_2(values, where, *, first=0, **options):
+        if first == 8192:
+            raise KeyboardInterrupt  # as a kill between two parts
+        return real(values, where, first=first, **options)
+
+    monkeypatch.setattr(indexes, "check_offsets_rise", killed_at_part_2)
+    with pytest.raises(KeyboardInterrupt):
+        indexes.build_indexes(str(cache), format="levanter", workers=1, progress=False)
+    folder = cache / INDEX_DIRECTORY
+    assert len(list(folder.glob(".build-documents-*/part-*.npz"))) == 2
+
+    monkeypatch.setattr(indexes, "check_offsets_rise", real)
+    write_levanter_cache(cache, docs[::-1])  # the same size and ledger, other offsets
+    [record] = indexes.build_indexes(str(cache), format="levanter", workers=1, progress=False)
+    assert record["state"] == "built"  # not "resumed": no part of the other cache mixed in
+    write_levanter_cache(tmp_path / "fresh", docs[::-1])
+    indexes.build_indexes(str(tmp_path / "fresh"), format="levanter", workers=1, progress=False)
+    built, fresh = (DocumentIndex.load(path / INDEX_DIRECTORY / beside.DOCUMENT_INDEX)
+                    for path in (cache, tmp_path / "fresh"))  # fmt: skip
+    assert built.marks.tolist() == fresh.marks.tolist()
+    assert built.nonempty.tolist() == fresh.nonempty.tolist()
+    assert list(folder.glob(".build-documents-*")) == []

@@ -14,6 +14,7 @@ same way: its offsets read in parts of `DOCUMENTS_PER_OFFSETS_PART` documents, o
 from __future__ import annotations
 
 import functools
+import hashlib
 import io
 import os
 import time
@@ -36,7 +37,7 @@ from psdp.sources.documents.beside import (
     saved_document_index,
     store_digest,
 )
-from psdp.sources.documents.index import STRIDE, DocumentIndex
+from psdp.sources.documents.index import STRIDE, DocumentIndex, check_offsets_rise
 from psdp.sources.documents.store import DocumentStore
 from psdp.sources.stores.levanter_cache import open_cache_arrays
 from psdp.sources.views.pack_index import counts_of_windows, pack_index_bytes, read_pack_index
@@ -177,7 +178,8 @@ def _opened_with_index(
     }  # fmt: skip
 
 
-#: The subfolder of a document index build's parts (then ``<D>-<T>/``: the cache's size).
+#: The subfolder of a document index build's parts (then ``<D>-<T>-<digest>/``: the cache's
+#: size and what it holds, `_cache_digest`).
 _DOCUMENTS_BUILD = ".build-documents-"
 
 
@@ -190,6 +192,10 @@ class _OffsetsPart:
     first: int
     stop: int
     build: str
+    #: the offsets at ``first`` and ``stop`` when the build began, and the cache's ledger digest
+    #: (`open_cache_arrays`): a cache built again since is refused, never mixed in
+    edges: tuple[int, int]
+    written: str
 
 
 def _document_index(
@@ -199,13 +205,16 @@ def _document_index(
     `DOCUMENTS_PER_OFFSETS_PART` documents (each task's marks, counts of non-empty documents
     and longest saved beside the cache, so a killed build resumes), then joined. Returns it and
     whether saved parts were used."""
-    offsets = open_cache_arrays(store, (TOKENS,))[0]
+    offsets, _, _, written = open_cache_arrays(store, (TOKENS,))
     documents = int(offsets.shape[0]) - 1
-    tokens = int(offsets[documents].read().result())
-    build = f"{_DOCUMENTS_BUILD}{documents}-{tokens}/"
-    folder.delete([n for n in folder.names(_DOCUMENTS_BUILD) if not n.startswith(build)])
     step = DOCUMENTS_PER_OFFSETS_PART
-    parts = [_OffsetsPart(store, p, first, min(first + step, documents), build)
+    edges = np.array([*range(0, documents, step), documents])
+    at_edges = np.asarray(offsets[edges].read().result(), np.int64)
+    tokens = int(at_edges[-1])
+    build = f"{_DOCUMENTS_BUILD}{documents}-{tokens}-{_cache_digest(written, at_edges)}/"
+    folder.delete([n for n in folder.names(_DOCUMENTS_BUILD) if not n.startswith(build)])
+    parts = [_OffsetsPart(store, p, first, min(first + step, documents), build,
+                          (int(at_edges[p]), int(at_edges[p + 1])), written)
              for p, first in enumerate(range(0, documents, step))]  # fmt: skip
     saved = set(folder.names(build))
     done: dict[int, dict[str, np.ndarray]] = {}
@@ -241,16 +250,20 @@ def _index_part(part: _OffsetsPart) -> tuple[int, dict[str, np.ndarray]]:
     """One part of a document index (run in a worker): the offsets at the part's marks, the
     non-empty documents of each of its blocks and its longest document, saved beside the cache.
     """
-    offsets = _cache_offsets(part.store if isinstance(part.store, str) else _Frozen(part.store))
+    offsets = _cache_offsets(
+        part.store if isinstance(part.store, str) else _Frozen(part.store), part.written
+    )
     values = np.asarray(offsets[part.first : part.stop + 1].read().result(), np.int64)
-    lengths = np.diff(values)
-    if (lengths < 0).any():
-        i = int(np.argmax(lengths < 0))
+    if (int(values[0]), int(values[-1])) != part.edges:
         raise ValueError(
-            f"the offsets of the Levanter cache at {part.store} must be non-decreasing, got "
-            f"offsets[{part.first + i}]={int(values[i])} > offsets[{part.first + i + 1}]="
-            f"{int(values[i + 1])}; the cache is damaged: build it again with Levanter"
+            f"the Levanter cache at {part.store} changed while its document index was being "
+            f"built (offsets[{part.first}] and offsets[{part.stop}] are "
+            f"{(int(values[0]), int(values[-1]))}, the build began on {part.edges}); run the "
+            "command again once nothing writes the cache"
         )
+    check_offsets_rise(values, f"the Levanter cache at {part.store}", first=part.first,
+                       fix="the cache is damaged: build it again with Levanter")  # fmt: skip
+    lengths = np.diff(values)
     result: dict[str, Any] = {
         "marks": values[: len(lengths) : STRIDE].copy(),
         "nonempty": np.add.reduceat(lengths > 0, np.arange(0, len(lengths), STRIDE)).astype(
@@ -265,10 +278,28 @@ def _index_part(part: _OffsetsPart) -> tuple[int, dict[str, np.ndarray]]:
     return part.part, result
 
 
+def _cache_digest(written: str, at_edges: np.ndarray) -> str:
+    """What a cache holds, as a document index build's parts are named by it: its ledger's
+    digest and its offsets at the parts' edges (two caches of one size, even of one ledger,
+    differ there unless they hold the same documents' lengths up to the parts' edges; a part
+    also checks its own edges when it reads them)."""
+    body = written.encode() + np.ascontiguousarray(at_edges, "<i8").tobytes()
+    return hashlib.sha256(body).hexdigest()[:16]
+
+
 @functools.lru_cache(maxsize=4)
-def _cache_offsets(store: Any) -> Any:
-    """A Levanter cache's used offsets (``[0, ends...]``), opened once per worker process."""
-    return open_cache_arrays(store, (TOKENS,))[0]
+def _cache_offsets(store: Any, written: str) -> Any:
+    """A Levanter cache's used offsets (``[0, ends...]``), opened once per worker process and
+    build (``written``: the ledger digest the build began on; a cache built again since is
+    refused)."""
+    offsets, _, name, now = open_cache_arrays(store, (TOKENS,))
+    if now != written:
+        raise ValueError(
+            f"the {name} was built again while its document index was being built (its ledger "
+            f"is {now!r}, the build began on {written!r}); run the command again once nothing "
+            "writes the cache"
+        )
+    return offsets
 
 
 def _other_format(

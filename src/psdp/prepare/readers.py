@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from psdp._imports import import_optional
+from psdp.prepare import arrow_blocks
 from psdp.sources.stores.errors import retried_write
 from psdp.sources.stores.location import (
     check_reach,
@@ -82,7 +83,8 @@ class Unit:
     the spec of the object store holding the key ``path``, ``None`` for a local file.
     ``version``: the file's size (local) or generation (an object's ETag) when planned: a
     changed file is refused on resume. ``byte_start``, ``byte_stop``: a jsonl file's bytes whose
-    lines the unit reads (the lines that start in them; ``byte_stop`` ``None``: to its end).
+    lines the unit reads (the lines that start in them; ``byte_stop`` ``None``: to its end), or
+    an Arrow IPC object's whose record batches it reads (those whose messages start in them).
     ``size``: an object's size in bytes when planned (``None``: not needed, or a local file)."""
 
     path: str
@@ -420,6 +422,13 @@ class _Object:
             )
         return bytes(got.value)
 
+    def read_all(self, start: int, stop: int) -> bytes:
+        """Bytes ``[start, stop)``, all there (a range past the end is a damaged file)."""
+        got = self.read(start, stop)
+        if got is None or len(got) != stop - start:
+            raise ValueError(f"bytes [{start}, {stop}) lie past the end of {self.name}")
+        return got
+
 
 def object_size(found: _Object, known: int = 0) -> int:
     """The size of ``found`` (at least ``known`` bytes): by reads of one byte, doubling then
@@ -464,27 +473,62 @@ def _jsonl_ending(name: str) -> str | None:
 
 def _cut(unit: Unit, rows_per_part: int, bytes_per_part: int | None) -> list[Unit]:
     """A Parquet or Arrow file's row ranges of about ``rows_per_part`` rows, cut at its row
-    groups (record batches); an uncompressed jsonl file's ranges of ``bytes_per_part`` bytes.
-    One unit: a compressed jsonl file (a stream read from its start), an Arrow stream (no footer
-    to find batches by), an Arrow file in an object store (its batches' row counts are spread
-    through it: counting them reads it all)."""
+    groups (record batches; an Arrow object's also by the bytes its batches start in); an
+    uncompressed jsonl file's ranges of ``bytes_per_part`` bytes. One unit: a compressed jsonl
+    file (a stream read from its start), an Arrow stream (no footer to find batches by)."""
     if unit.kind == "jsonl":
         return _byte_ranges(unit, bytes_per_part)
     if unit.kind == "arrow" and unit.kvstore is not None:
-        return [unit]
+        return _object_batches(unit, rows_per_part)
     with _open_binary(unit) as raw:
         sizes = _group_rows(unit, raw)
     if sizes is None:
         return [unit]
-    ranges, start, stop = [], 0, 0
-    for rows in sizes:
+    return [dataclasses.replace(unit, row_start=a, row_stop=b)
+            for a, b, _, _ in _row_ranges(sizes, rows_per_part)]  # fmt: skip
+
+
+def _row_ranges(sizes: list[int], rows_per_part: int) -> list[tuple[int, int, int, int]]:
+    """Ranges ``(row_start, row_stop, group_start, group_stop)`` of about ``rows_per_part`` rows
+    of whole groups of ``sizes`` rows (at least one range)."""
+    ranges, start, stop, first = [], 0, 0, 0
+    for group, rows in enumerate(sizes):
         stop += rows
         if stop - start >= rows_per_part:
-            ranges.append((start, stop))
-            start = stop
+            ranges.append((start, stop, first, group + 1))
+            start, first = stop, group + 1
     if stop > start or not ranges:
-        ranges.append((start, stop))
-    return [dataclasses.replace(unit, row_start=a, row_stop=b) for a, b in ranges]
+        ranges.append((start, stop, first, len(sizes)))
+    return ranges
+
+
+def _object_batches(unit: Unit, rows_per_part: int) -> list[Unit]:
+    """An Arrow IPC object's row ranges at its record batches, each unit naming the bytes its
+    batches start in (so a task finds them in the footer, reading no other batch); their row
+    counts read from the footer and each batch's metadata, never a batch's body. An IPC stream
+    (no footer): one unit."""
+    with ObjectFile(unit) as raw:
+        if raw.read(len(arrow_blocks.MAGIC)) != arrow_blocks.MAGIC:
+            return [unit]
+        assert raw.size is not None, "an Arrow object's size is planned"
+        read = raw.object.read_all
+        try:
+            blocks = arrow_blocks.footer_blocks(read, raw.size)
+            with ThreadPoolExecutor(PLAN_THREADS) as pool:
+                sizes = list(pool.map(lambda b: arrow_blocks.batch_rows(read, b), blocks))
+        except ValueError as error:
+            if "changed while psdp prepare read it" in str(error):
+                raise
+            raise CorruptFileError(f"{unit.name} cannot be opened as an Arrow IPC file ({error}); "
+                                   f"{_BROKEN_FIX}") from None  # fmt: skip
+    ranges = _row_ranges(sizes, rows_per_part)
+    if len(ranges) == 1:
+        return [unit]  # whole: as an older psdp recorded it
+    starts = [0, *(blocks[g].offset for _, _, g, _ in ranges[1:])]
+    return [
+        dataclasses.replace(unit, row_start=a, row_stop=b, byte_start=start, byte_stop=stop)
+        for (a, b, _, _), start, stop in zip(ranges, starts, [*starts[1:], None], strict=True)
+    ]
 
 
 def _byte_ranges(unit: Unit, bytes_per_part: int | None) -> list[Unit]:
@@ -692,11 +736,21 @@ def _record_batches(unit: Unit, raw: Any, pa: Any) -> Iterator[Any]:
         yield from file.iter_batches(batch_size=BATCH_RECORDS, row_groups=groups)
         return
     reader = _arrow_file(unit, raw, pa)
-    if reader is None:
-        yield from pa.ipc.open_stream(raw)
+    if reader is None:  # read on from its start: buffered, not a range read per message part
+        yield from pa.ipc.open_stream(
+            io.BufferedReader(raw, READ_BYTES) if isinstance(raw, ObjectFile) else raw
+        )
         raw.seek(-len(_ARROW_EOS), os.SEEK_END)
         if raw.read(len(_ARROW_EOS)) != _ARROW_EOS:  # a stream cut between its batches
             raise _Broken("the Arrow stream has no end-of-stream marker: it is cut short")
+        return
+    if isinstance(raw, ObjectFile):  # the unit's batches found in the footer: no other is read
+        blocks = arrow_blocks.footer_blocks(raw.object.read_all, raw.size or 0)
+        for i, block in enumerate(blocks):
+            if unit.byte_start <= block.offset and (
+                unit.byte_stop is None or block.offset < unit.byte_stop
+            ):
+                yield reader.get_batch(i)
         return
     first = 0
     for i in range(reader.num_record_batches):
@@ -714,9 +768,10 @@ def _open_binary(unit: Unit) -> Any:
     if unit.kvstore is None:
         return open(unit.path, "rb")
     found = ObjectFile(unit)
-    # pyarrow reads a Parquet file's footer and column chunks each in one read: a buffer would
-    # read columns it skips; the other readers go on from where they are
-    return found if unit.kind == "parquet" else io.BufferedReader(found, READ_BYTES)
+    # pyarrow reads a Parquet file's footer and column chunks, and an Arrow file's footer and
+    # messages, each in one read: a buffer would read what it skips; jsonl goes on from where
+    # it is (an Arrow stream too: `_record_batches` buffers it)
+    return found if unit.kind != "jsonl" else io.BufferedReader(found, READ_BYTES)
 
 
 class ObjectFile(io.RawIOBase):

@@ -213,6 +213,52 @@ class DocumentIndex:
             return cls(documents, stride, saved["marks"], saved["nonempty"], longest)
 
 
+#: What `check_offsets_rise` tells a user whose store's offsets fall.
+DAMAGED = "the document store is damaged or was written with another layout; rewrite it"
+
+
+def check_offsets_rise(
+    values: np.ndarray,
+    where: str,
+    *,
+    first: int | np.ndarray = 0,
+    run_start: np.ndarray | None = None,
+    fix: str = DAMAGED,
+) -> None:
+    """Checks that document offsets never decrease (a document's length is never negative),
+    the one check every reader of offsets makes. ``values`` are ``offsets[first:first + n]``,
+    or, with ``run_start``, runs read back to back: run ``r`` starts at ``values[run_start[r]]``
+    and holds the offsets from document ``first[r]`` (no step between two runs is checked).
+
+    Raises:
+        ValueError: naming ``where``, the first document whose offsets fall and both values,
+            and ``fix``.
+
+    Examples:
+        >>> check_offsets_rise(np.array([0, 3, 3, 7]), "store s")
+        >>> check_offsets_rise(np.array([5, 9, 2]), "store s", first=10, fix="rewrite it")
+        Traceback (most recent call last):
+        ...
+        ValueError: the offsets of store s must be non-decreasing, got offsets[11]=9 > offsets[12]=2; rewrite it
+        >>> check_offsets_rise(np.array([0, 4, 2, 3]), "s", first=np.array([0, 8]),
+        ...                    run_start=np.array([0, 2]))  # two runs: [0, 4] and [2, 3]
+    """
+    # compared, not differenced: one pass, a bool per offset (the work that grows with them)
+    falls = values[1:] < values[:-1]
+    starts = np.zeros(1, np.int64) if run_start is None else np.asarray(run_start)
+    firsts = np.atleast_1d(np.asarray(first, np.int64))
+    falls[starts[1:] - 1] = False  # from one run to the next is no step
+    if not falls.any():
+        return
+    i = int(np.argmax(falls))
+    run = int(np.searchsorted(starts, i, side="right")) - 1
+    d = int(firsts[run] + i - starts[run])
+    raise ValueError(
+        f"the offsets of {where} must be non-decreasing, got offsets[{d}]={int(values[i])} > "
+        f"offsets[{d + 1}]={int(values[i + 1])}; {fix}"
+    )
+
+
 def build_index(
     read: ReadOffsets,
     num_documents: int,
@@ -236,7 +282,6 @@ def build_index(
     marks: list[np.ndarray] = []
     nonempty: list[np.ndarray] = []
     counted = longest = 0  # non-empty documents before the entry last read; the longest
-    fix = "the document store is damaged or was written with another layout; rewrite it"
     with tqdm(
         total=num_documents + 1, unit="offsets", desc=f"index {name}", disable=not progress,
         delay=1.0,
@@ -245,13 +290,8 @@ def build_index(
             # each step from the entry before it: the document across the step's edge counts
             low, stop = max(first - 1, 0), min(first + step, num_documents + 1)
             values = read(np.array([low]), np.array([stop]))
+            check_offsets_rise(values, name, first=low)
             lengths = np.diff(values)
-            if (lengths < 0).any():
-                i = int(np.argmax(lengths < 0))
-                raise ValueError(
-                    f"the offsets of {name} must be non-decreasing, got offsets[{low + i}]="
-                    f"{int(values[i])} > offsets[{low + i + 1}]={int(values[i + 1])}; {fix}"
-                )
             before = counted + np.concatenate(([0], np.cumsum(lengths > 0)))
             marks.append(values[first - low :: stride].copy())  # a view would keep the step
             nonempty.append(before[first - low :: stride].copy())
@@ -438,17 +478,7 @@ def _read_blocks(
         run = np.searchsorted(first_doc, d, side="right") - 1
         return run_start[run] + d - first_doc[run]
 
-    # compared, not differenced: one pass, a bool per offset read (the work that grows with it)
-    falls = values[1:] < values[:-1]
-    falls[run_start[1:] - 1] = False  # from one run to the next is no step
-    if falls.any():
-        i = int(np.argmax(falls))
-        run = np.searchsorted(run_start, i, side="right") - 1
-        d = int(first_doc[run] + i - run_start[run])
-        raise ValueError(
-            f"the offsets of {where} must be non-decreasing, got offsets[{d}]={int(values[i])} > "
-            f"offsets[{d + 1}]={int(values[i + 1])}; the document store is damaged: rewrite it"
-        )
+    check_offsets_rise(values, where, first=first_doc, run_start=run_start)
     at_marks = position(needed * index.stride)
     index.check_marks(needed, values[at_marks], where, _STALE)
     if not count:
