@@ -9,6 +9,7 @@ EOS tokens, stored leaves and ``positions`` are `TokenSequences`' own.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -91,6 +92,54 @@ class StagedTokens:
                 "a mixture's rows need the same leaves and dtypes from every store"
             )
         self.leaves = leaves[0]
+
+    #: a loader reads it in id order: row ``g`` is sample offset ``g`` (the plan shuffles)
+    orders_itself = True
+
+    def __len__(self) -> int:
+        return MIXTURE_ROWS
+
+    @property
+    def stage_starts(self) -> tuple[int, ...]:
+        """Each stage's first sample offset: a loader plans each stage's rows apart (their width
+        differs) and reads a step from the stage holding its offsets."""
+        return tuple(stage.start for stage in self.plan.stages)
+
+    def stage_at(self, offset: int) -> int:
+        """The stage holding sample offset ``offset``."""
+        return bisect.bisect_right(self.stage_starts, offset) - 1
+
+    @fresh_rows
+    def read(self, ids: np.ndarray) -> dict[Key, np.ndarray]:
+        """Rows at sample offsets ``ids``, all of one stage (rows of two stages differ in width).
+
+        Examples:
+            >>> store = DocumentStore.from_documents([np.arange(100, 160)])
+            >>> staged = StagedTokens({"a": store}, [(0, 4, {"a": 1}), (4, 8, {"a": 1})],
+            ...                       lanes=2, block_size=1, shuffle=False)
+            >>> staged.read(np.array([4, 5]))["input_ids"][:, :3].tolist()
+            [[108, 109, 110], [138, 139, 140]]
+        """
+        ids = check_ids(ids, len(self), self.describe)
+        if not ids.size:
+            return self.stage(0).read(ids)
+        index = self.stage_at(int(ids.min()))
+        if self.stage_at(int(ids.max())) != index:
+            raise ValueError(
+                f"sample offsets {int(ids.min())} to {int(ids.max())} of {self.describe()} lie in "
+                f"stages {index} to {self.stage_at(int(ids.max()))}, whose rows differ in "
+                "seq_len; read each stage's offsets apart (a DataLoader reads a step from one stage)"
+            )
+        return self.stage(index).read(ids - self.stage_starts[index])
+
+    def state_record(self) -> dict[str, Any]:
+        """What the samples depend on (JSON values): a loader state records it."""
+        return self.plan.record()
+
+    def check_resume(self, saved: Mapping[str, Any], offset: int) -> None:
+        """Raises unless ``saved`` (a `state_record`) gives the same samples before ``offset``:
+        only stages starting at or after the resume offset may differ."""
+        self.plan.check_past(saved, offset)
 
     def stage(self, index: int) -> StageRows:
         """Stage ``index``'s rows, a source whose row ``r`` is offset ``start + r``."""
