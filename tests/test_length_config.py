@@ -105,6 +105,10 @@ def test_a_restore_inside_a_later_stage_on_another_mesh_and_batch_is_the_oracle(
         assert offset == state["offset"]
         steps = range(saved_at, saved_at + (192 - offset) // 8)
         assert_steps_are_the_oracles(loader, steps, oracle(stages, 64), stages, mesh=mesh_1d)
+        again = loader.iter_from(saved_at + 1).state()  # saved by a loader begun in its stage
+    with restored.restore(again, mesh_2d) as loader:
+        steps = range(saved_at + 1, saved_at + 3)
+        assert_steps_are_the_oracles(loader, steps, oracle(stages, 64), stages, mesh=mesh_2d)
 
 
 def test_a_restore_may_change_a_later_stages_seq_len_but_no_earlier_one(stores, mesh_2d, mesh_1d):
