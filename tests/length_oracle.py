@@ -37,7 +37,12 @@ class OracleLengthRun:
         self.block, self.lanes, self.unit = block_size, lanes, unit_tokens
         self.seed, self.shuffle, self.extra = seed, shuffle, extra
         self.mixture = OracleMixture(
-            names, [max(1, t) for t in tokens], [(s, w) for s, _, w in stages], block_size, seed
+            names,
+            [max(1, t) for t in tokens],
+            [(s, w) for s, _, w in stages],
+            block_size,
+            seed,
+            shuffle,
         )
         self._epochs: dict[tuple[int, int], np.ndarray] = {}
 
