@@ -254,3 +254,32 @@ def test_a_row_that_goes_on_at_the_next_place_keeps_its_segment():
             assert got[row].tolist() == np.cumsum(np.r_[True, jumps]).tolist(), (seed, row)
             found |= bool(np.any(~jumps[1::2]))  # a unit's end followed by the next unit
     assert found
+
+
+def test_a_restore_on_four_hosts_gives_each_host_the_oracles_boxes(mesh_2d):
+    """Saved on one host at step 13 (inside stage 2), restored on four simulated hosts (one data
+    row each) with batches of 8: each host places exactly the oracle's boxes on its devices."""
+    from tests.fake_hosts import fake_pod, host_batch
+
+    view, tables = staged(True, THREE), oracle_tables(64, True, THREE)
+    with DataLoader(view, mesh=mesh_2d, global_batch_size=RAMP) as loader:
+        state = loader.iter_from(13).state()
+    offset = state["offset"] - 128  # stage 2's row
+    table = {k: v.astype(view.leaves[k]) for k, v in tables[2].items()}
+    layout = np.arange(4).repeat(2).reshape(4, 2)
+    with fake_pod(mesh_2d, layout) as process_of:
+        for host in range(4):
+            restored = DataLoader.restore(
+                state, view, mesh=mesh_2d, global_batch_size=8, process_index=host
+            )
+            with restored as loader:
+                for step in (13, 14, 16):
+                    first = offset + (step - 13) * 8
+                    rows = {k: v[first : first + 8] for k, v in table.items()}
+                    want = expected_batch(rows, 0, shuffle=False, mesh=mesh_2d, global_batch_size=8)
+                    for key, shards in host_batch(loader, step, process_of).items():
+                        boxes = shards.sharding.devices_indices_map(shards.shape)
+                        assert {process_of[d] for d in shards.shards} == {host}
+                        assert len(shards.shards) == 2
+                        for device, value in shards.shards.items():
+                            np.testing.assert_array_equal(value, want[key][boxes[device]])
