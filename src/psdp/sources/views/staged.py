@@ -27,16 +27,23 @@ from psdp.sources.views.tokens import TokenSequences
 class StagedTokens:
     """Documents of several stores, mixed and cut into rows whose ``seq_len`` changes by stage.
 
+    Its row ``g`` is sample offset ``g`` (``docs/concepts/length-stages.md``); one `DataLoader`
+    reads it across all its stages, each step from the stage holding its offsets (a stage must
+    start at a step's first offset). `stage` gives one stage's rows alone.
+
     Args:
         stores: ``{name: DocumentStore}``, all with the same leaves.
         stages: ``[(start_offset, seq_len, {name: weight}), ...]``, the first at 0, starts
             increasing multiples of ``block_size``.
         lanes: lanes per source (`LengthPlan`): at least the most samples of one source a batch
             holds, so they come from distinct places of its stream.
-        block_size, seed, shuffle: the mixture's (`Mixture`), and the keys of the unit order.
+        block_size: samples per mixture block (`Mixture`'s).
         unit_tokens: the unit order's grain; default the longest ``seq_len``.
+        seed: keys the mixture's blocks and the unit orders.
+        shuffle: order each source's units by key (``False``: the store's order).
         targets: one more token per row (the next row's first), for shifted targets.
-        eos_id, pad_id: as `TokenSequences`'.
+        eos_id: the token after each document (unset: none), as `TokenSequences`'.
+        pad_id: the padding token, as `TokenSequences`'.
         context: the context axis every ``seq_len`` must divide by.
 
     Examples:
