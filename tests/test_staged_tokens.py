@@ -283,3 +283,13 @@ def test_a_restore_on_four_hosts_gives_each_host_the_oracles_boxes(mesh_2d):
                         assert len(shards.shards) == 2
                         for device, value in shards.shards.items():
                             np.testing.assert_array_equal(value, want[key][boxes[device]])
+
+
+def test_a_stage_whose_seq_len_does_not_divide_by_the_context_axis_is_refused(mesh_context):
+    from jax.sharding import PartitionSpec as P
+
+    view = staged(False, [*STAGES, (128, 63, {"web": 1, "code": 3})])
+    spec = {k: P("data", "context") for k in view.leaves}
+    with pytest.raises(ValueError, match=r"length stage 2's seq_len=63 does not divide by the "
+                       r"context axis of 2 devices \(dimension 1 of leaf 'input_ids'"):  # fmt: skip
+        DataLoader(view, mesh=mesh_context, global_batch_size=RAMP, batch_spec=spec)

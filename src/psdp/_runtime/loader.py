@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -138,6 +139,7 @@ class DataLoader:
                 next(k for k, s in keys.items() if s == 0 and _batch_of(k) == first.batch_size)
             ]
             _check_continue_halos(self.plan, self.source)
+            _check_stage_context(self.plan, self.source, mesh)
             self.telemetry = Telemetry(stall_warning_s=reading.stall_warning_s)
             self._readers = {
                 k: StepReader(p, self.feed, reading.read_timeout_s, self.telemetry)
@@ -340,6 +342,31 @@ def _layout_of(mesh: Any) -> MeshLayout:
     if not isinstance(mesh, Mesh):
         raise TypeError(f"mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}")
     return as_layout(mesh)
+
+
+def _check_stage_context(plan: LoaderPlan, source: Any, mesh: Mesh) -> None:
+    """A source of length stages whose rows are split along the sequence (a leaf's dimension 1
+    over mesh axes) needs every stage's ``seq_len`` to divide by those axes' devices, so each
+    device holds whole, equal columns at every length."""
+    starts = getattr(source, "stage_starts", None)
+    if starts is None:
+        return
+    for key, spec in plan.specs.items():
+        axes = spec[1] if len(spec) > 1 else None
+        if axes is None:
+            continue
+        axes = (axes,) if isinstance(axes, str) else tuple(axes)
+        devices = math.prod(mesh.shape[a] for a in axes)
+        for index in range(len(starts)):
+            seq_len = source.stage(index).seq_len
+            if seq_len % devices:
+                raise ValueError(
+                    f"length stage {index}'s seq_len={seq_len} does not divide by the context "
+                    f"axis of {devices} devices (dimension 1 of {leaf_label(key)} split over "
+                    f"{axes}); every device holds seq_len / {devices} columns, so give the stage "
+                    f"a seq_len that is a multiple of {devices}, e.g. "
+                    f"{max(devices, seq_len // devices * devices)}"
+                )
 
 
 def _batch_of(key: Any) -> int:
