@@ -175,3 +175,10 @@ def test_bad_length_stage_fields_are_refused(stores):
         ValueError, match="stage 1's seq_len=32 does not divide by the context|lanes=100"
     ):
         DataConfig.from_dict(raw | {"lanes": 100}).train_source()
+
+
+def test_psdp_inspect_refuses_length_stages_naming_the_stage(stores):
+    from psdp.tools.inspection import step_report
+
+    with pytest.raises(ValueError, match="the stage at step 2 sets seq_len=32"):
+        step_report(config(stores), 3)
