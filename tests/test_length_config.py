@@ -163,9 +163,10 @@ def test_bad_length_stage_fields_are_refused(stores):
         DataConfig.from_dict(
             raw | {"stages": [raw["stages"][0], raw["stages"][1] | {"seq_len": 0}]}
         )
-    tokens = raw["stages"][:2] + [{"tokens": 2048, "weights": {"web": 1}, "seq_len": 64}]
-    with pytest.raises(ValueError, match="the stage at tokens 2048 starts at a token count"):
-        DataConfig.from_dict(raw | {"stages": tokens})
+    tokens = raw["stages"][:2] + [{"tokens": 2049, "weights": {"web": 1}, "seq_len": 64}]
+    with pytest.raises(ValueError, match=r"the stage at tokens 2049 \(stage 2\) needs a whole "
+                       r"number of rows of seq_len=32 after the 512 tokens"):  # fmt: skip
+        DataConfig.from_dict(raw | {"stages": tokens}).train_source()
     single = raw | {
         "stages": [{k: v for k, v in s.items() if k != "seq_len"} for s in raw["stages"]]
     }
@@ -182,3 +183,17 @@ def test_psdp_inspect_refuses_length_stages_naming_the_stage(stores):
 
     with pytest.raises(ValueError, match="the stage at step 2 sets seq_len=32"):
         step_report(config(stores), 3)
+
+
+def test_a_stage_by_tokens_counts_the_rows_of_every_length_before_it(stores, mesh_2d, mesh_1d):
+    """Stage 2 at 2560 tokens: 64 rows of 8 (512) and then 64 rows of 32 (2048), so offset
+    128, as by offset; a restore with other batch sizes keeps it there."""
+    raw = config(stores).to_dict()
+    stage = {k: v for k, v in raw["stages"][2].items() if k != "offset"} | {"tokens": 2560}
+    by_tokens = DataConfig.from_dict(raw | {"stages": [*raw["stages"][:2], stage]})
+    assert [s[0] for s in by_tokens.train_source().plan.stages] == [0, 64, 128]
+    with by_tokens.build(mesh_2d) as loader:
+        state = loader.iter_from(5).state()
+    resumed = DataConfig.from_dict(by_tokens.to_dict() | {"order": {"global_batch_size": 16}})
+    source, _ = resumed.restored_source(state)
+    assert [s[0] for s in source.plan.stages] == [0, 64, 128]

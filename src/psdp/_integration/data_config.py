@@ -258,9 +258,12 @@ class DataConfig:
         stages = self.stages or []
         # a step before the resume is the saved run's (the resumed order starts after it)
         by_step = [i for i, s in enumerate(stages) if s.step is not None and s.step < state["step"]]
-        resumed = {
-            i: self._stage_offset(s, order) for i, s in enumerate(stages) if i not in by_step
-        }
+        resumed: dict[int, int] = {}
+        for i, s in enumerate(stages):
+            if i not in by_step:  # the stages before it where the resumed run has them
+                before = [saved_past[j] if j < len(saved_past) else resumed.get(j, 0)
+                          for j in range(i)]  # fmt: skip
+                resumed[i] = self._stage_offset(s, order, before)
         past = sorted(by_step + [i for i, o in resumed.items() if o < state["offset"]])
         if len(past) > len(saved_past):
             stage = stages[past[len(saved_past)]]
@@ -337,10 +340,11 @@ class DataConfig:
             stages = [(0, weights)]
         else:
             given = stage_offsets or {}
-            stages = [
-                (given[i] if i in given else self._stage_offset(s, self.order), s.weights)
-                for i, s in enumerate(self.stages)
-            ]
+            stages = []
+            for i, s in enumerate(self.stages):
+                before = [start for start, _ in stages]
+                offset = given[i] if i in given else self._stage_offset(s, self.order, before)
+                stages.append((offset, s.weights))
             _check_stage_order(self.stages, [start for start, _ in stages])
         lengths = self._lengths()
         if lengths is not None:
@@ -426,12 +430,18 @@ class DataConfig:
             name: view if found[name] == common else again(view) for name, view in views.items()
         }
 
-    def _stage_offset(self, stage: StageConfig, order: OrderOptions) -> int:
+    def _stage_offset(
+        self, stage: StageConfig, order: OrderOptions, before: Sequence[int] = ()
+    ) -> int:
         """The stage's first sample offset: its step's first row under ``order``, its offset,
-        or its tokens over ``seq_len``; a block boundary."""
+        or its tokens over ``seq_len`` (with length stages: over the lengths of the stages
+        ``before`` it, which start at those offsets); a block boundary."""
         kind, value = stage.start
+        lengths = self._lengths()
         if kind == "offset":
             offset = value
+        elif kind == "tokens" and lengths is not None:
+            offset = _token_offset(stage, value, before, lengths)
         elif kind == "tokens":
             if self.seq_len is None or value % self.seq_len:
                 raise ValueError(
@@ -516,14 +526,6 @@ class DataConfig:
                     f"DataConfig.{name} must be an int >= 1 or unset, got {value!r}; e.g. "
                     f"{name}: 256"
                 )
-        for stage in self.stages or []:
-            if stage.start[0] == "tokens":
-                raise ValueError(
-                    f"DataConfig.stages: the stage at {stage.where} starts at a token count, "
-                    "but with length stages the rows before it differ in length, which a "
-                    "token start does not support yet; start it at its offset (the rows "
-                    "before it) or a step"
-                )
 
     def _view_record(self) -> dict[str, Any]:
         """What decides every row besides the mixture: recorded in the loader's state."""
@@ -595,6 +597,35 @@ def _stages(given: Any, sources: Mapping[str, SourceConfig]) -> list[StageConfig
                 f"is not a source (the sources are {sorted(sources)}); name sources only"
             )
     return stages
+
+
+def _token_offset(
+    stage: StageConfig, tokens: int, before: Sequence[int], lengths: Sequence[int]
+) -> int:
+    """The offset where a stage of length stages starting at a count of ``tokens`` begins: the
+    rows before it are the earlier stages' (stage ``m`` from ``before[m]``, rows of
+    ``lengths[m]``), so it is the last earlier stage's start plus the rest of the tokens over
+    that stage's ``seq_len``.
+
+    Examples:
+        >>> _token_offset(StageConfig(tokens=1024, weights={"a": 1}), 1024, [0, 64], [8, 32])
+        80
+    """
+    if not before:
+        return 0  # the first stage, which starts at 0 (checked)
+    index = len(before)
+    spent = sum((before[m + 1] - before[m]) * lengths[m] for m in range(index - 1))
+    rest, seq_len = tokens - spent, lengths[index - 1]
+    if rest < 0 or rest % seq_len:
+        nearest = before[-1] + max(0, rest) // seq_len
+        raise ValueError(
+            f"DataConfig.stages: the stage at {stage.where} (stage {index}) needs a whole number "
+            f"of rows of seq_len={seq_len} after the {spent} tokens before stage {index - 1}'s "
+            f"start (offset {before[-1]}), but {tokens} - {spent} = {rest} is not one; use "
+            f"tokens: {spent + (nearest - before[-1]) * seq_len} (offset {nearest}) or another "
+            "multiple"
+        )
+    return before[-1] + rest // seq_len
 
 
 def _stage_dict(stage: StageConfig) -> dict[str, Any]:
