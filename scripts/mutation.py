@@ -666,6 +666,20 @@ MUTANTS = [
            "    if written is not None:  # none: the digest of a store written before it was recorded",
            "    if False:  # none: the digest of a store written before it was recorded",
            "a store's digest leaves out its write: a same-size store reordered keeps its stale index"),
+    # ------------------------------------------ one loader over length stages (issue 38, item 1)
+    Mutant("LS1", "_runtime/feeds.py", "ids[ids != PAD] -= self.stage_starts[stage]",
+           "ids[ids != PAD] -= 0", "a later length stage reads its rows from its stage's row 0"),
+    Mutant("LS2", "_runtime/feeds.py", "if before.offset + before.rows > start:", "if False:",
+           "a step across a length stage's start is read with one stage's width"),
+    Mutant("LS3", "_runtime/loader.py",
+           "return loader_state(step, self.options.order, self.feed, self._record_plan)",
+           "return loader_state(step, self.options.order, self.feed, self.plan)",
+           "a state records the leaves of the stage it was saved in, not stage 0's"),
+    Mutant("LS4", "_runtime/loader.py", "state, loader._record_plan, loader.feed.rows",
+           "state, loader.plan, loader.feed.rows",
+           "a restore inside a later length stage compares that stage's leaves with stage 0's"),
+    Mutant("LS5", "_runtime/loader.py", "            if seq_len % devices:",
+           "            if False:", "a length stage's seq_len split unevenly over the context axis"),
 ]  # fmt: skip
 
 #: Single-process tests run against every mutant (the planner, reads, assembly and order).
@@ -702,6 +716,8 @@ TESTS = [
     "tests/test_loader_inputs.py",
     "tests/test_config.py",
     "tests/test_data_config.py",
+    "tests/test_staged_tokens.py",
+    "tests/test_length_config.py",
     "tests/test_store_indexes.py",
     "tests/test_spatial.py",
     "tests/test_spatial_oracle.py",

@@ -34,14 +34,14 @@ def streams(docs: list[np.ndarray]) -> dict[str, np.ndarray]:
     return {"input_ids": tokens, "document": doc, "positions": place}
 
 
-def oracle_tables(rows: int, targets: bool) -> list[dict[str, np.ndarray]]:
+def oracle_tables(rows: int, targets: bool, stages=STAGES) -> list[dict[str, np.ndarray]]:
     """Each stage's rows as the loader must deliver them (the last stage's first ``rows``)."""
     docs = [documents(i) for i in range(len(NAMES))]
     stream = [streams(d) for d in docs]
     tokens = [len(s["input_ids"]) for s in stream]
-    run = OracleLengthRun(NAMES, tokens, STAGES, extra=int(targets), **SETTINGS)
+    run = OracleLengthRun(NAMES, tokens, stages, extra=int(targets), **SETTINGS)
     tables = []
-    starts = [start for start, _, _ in STAGES]
+    starts = [start for start, _, _ in stages]
     for start, stop in zip(starts, [*starts[1:], starts[-1] + rows], strict=True):
         got = run.rows(stop)[start:]
         table: dict[str, list] = {"input_ids": [], "segment_ids": [], "positions": []}
@@ -56,9 +56,96 @@ def oracle_tables(rows: int, targets: bool) -> list[dict[str, np.ndarray]]:
     return tables
 
 
-def staged(targets: bool) -> StagedTokens:
+def staged(targets: bool, stages=STAGES) -> StagedTokens:
     stores = {n: DocumentStore.from_documents(documents(i)) for i, n in enumerate(NAMES)}
-    return StagedTokens(stores, STAGES, targets=targets, eos_id=EOS, **SETTINGS)
+    return StagedTokens(stores, stages, targets=targets, eos_id=EOS, **SETTINGS)
+
+
+#: three length stages, 8 -> 32 -> 64 tokens, the batch shrinking to keep 256 tokens a step
+THREE = [*STAGES, (128, 64, {"web": 1, "code": 3})]
+RAMP = [(0, 32), (2, 8), (10, 4)]
+
+
+def assert_steps_are_the_oracles(loader, steps, tables, stages, **settings) -> None:
+    """Every device shard of every leaf of ``steps`` is the oracle's rows at the step's offsets
+    (the stage's table, from the stage's start)."""
+    starts = [start for start, _, _ in stages]
+    for step in steps:
+        info = loader.step_info(step)
+        stage = max(k for k, start in enumerate(starts) if start <= info.offset)
+        first = info.offset - starts[stage]
+        table = {k: v[first : first + info.batch_size] for k, v in tables[stage].items()}
+        table = {k: v.astype(loader.source.leaves[k]) for k, v in table.items()}
+        want = expected_batch(
+            table, 0, shuffle=False, global_batch_size=info.batch_size, **settings
+        )
+        assert assert_batch_exact(loader.batch_at(step), want) >= len(want), step
+
+
+@pytest.mark.parametrize("targets", [False, True])
+def test_one_loader_over_three_length_stages_is_the_oracles_on_every_device(mesh_2d, targets):
+    """One DataLoader over 8 -> 32 -> 64 tokens, batches of 32, 8 then 4: each step reads its
+    stage's rows (its own plan), every shard of every leaf the oracle's, across both boundaries."""
+    view, tables = staged(targets, THREE), oracle_tables(32, targets, THREE)
+    with DataLoader(view, mesh=mesh_2d, global_batch_size=RAMP) as loader:
+        assert sorted(loader.plans) == [(b, k) for b in (4, 8, 32) for k in range(3)]
+        assert [loader.step_info(s).offset for s in (2, 10)] == [64, 128]
+        assert_steps_are_the_oracles(loader, range(18), tables, THREE, mesh=mesh_2d)
+        for step, batch in zip(range(12), loader, strict=False):  # the prefetching iterator's
+            direct = loader.batch_at(step)
+            assert all(np.array_equal(batch[k], direct[k]) for k in direct), step
+        assert np.asarray(batch["input_ids"]).shape == (4, 64 + targets)
+
+
+@pytest.mark.parametrize("saved_at", [5, 10, 13])
+def test_a_restore_inside_a_later_stage_on_another_mesh_and_batch_equals_the_oracle(
+    mesh_2d, mesh_1d, saved_at
+):
+    """Saved inside stage 1 (step 5), at stage 2's first step (10) and inside it (13) on the 4x2
+    mesh; restored on the 8-way mesh with batches of 8 (padded to 8 from 4 in stage 2's
+    schedule): every later step is the oracle's, the uninterrupted run's rows at its offsets."""
+    view, tables = staged(True, THREE), oracle_tables(64, True, THREE)
+    with DataLoader(view, mesh=mesh_2d, global_batch_size=RAMP) as loader:
+        it = loader.iter_from(saved_at - 1)
+        next(it)
+        state = it.state()
+        it.close()
+    offset = state["offset"]
+    assert state["step"] == saved_at
+    assert state["source"]["definition"]["stages"][2][:2] == [128, 64]
+    restored = DataLoader.restore(state, view, mesh=mesh_1d, global_batch_size=8)
+    with restored as loader:
+        assert loader.step_info(saved_at).offset == offset
+        steps = range(saved_at, saved_at + (192 - offset) // 8)
+        assert_steps_are_the_oracles(loader, steps, tables, THREE, mesh=mesh_1d)
+
+
+def test_a_step_across_a_length_stage_is_refused_before_a_read(mesh_2d):
+    with pytest.raises(
+        ValueError, match="length stage 1 of .* starts at sample offset 64, inside step 2 "
+    ):
+        DataLoader(staged(False), mesh=mesh_2d, global_batch_size=24)
+
+
+def test_a_restore_whose_batches_cross_a_later_stage_is_refused(mesh_2d, mesh_1d):
+    """Saved at offset 88 (stage 1): batches of 16 from there cover 120 to 135, across 128."""
+    view = staged(False, THREE)
+    with DataLoader(view, mesh=mesh_2d, global_batch_size=RAMP) as loader:
+        state = loader.iter_from(5).state()
+    assert state["offset"] == 88
+    with pytest.raises(
+        ValueError, match="length stage 2 .* offset 128, inside step 7 .*offsets 120 to 135"
+    ):
+        DataLoader.restore(state, view, mesh=mesh_1d, global_batch_size=16)
+
+
+def test_a_restore_with_a_changed_past_stage_is_refused(mesh_2d, mesh_1d):
+    view = staged(False, THREE)
+    with DataLoader(view, mesh=mesh_2d, global_batch_size=RAMP) as loader:
+        state = loader.iter_from(11).state()
+    changed = staged(False, [*STAGES, (128, 16, {"web": 1, "code": 3})])
+    with pytest.raises(ValueError, match="stage 2"):
+        DataLoader.restore(state, changed, mesh=mesh_1d, global_batch_size=8)
 
 
 @pytest.mark.parametrize("targets", [False, True])
@@ -167,3 +254,42 @@ def test_a_row_that_goes_on_at_the_next_place_keeps_its_segment():
             assert got[row].tolist() == np.cumsum(np.r_[True, jumps]).tolist(), (seed, row)
             found |= bool(np.any(~jumps[1::2]))  # a unit's end followed by the next unit
     assert found
+
+
+def test_a_restore_on_four_hosts_gives_each_host_the_oracles_boxes(mesh_2d):
+    """Saved on one host at step 13 (inside stage 2), restored on four simulated hosts (one data
+    row each) with batches of 8: each host places exactly the oracle's boxes on its devices."""
+    from tests.fake_hosts import fake_pod, host_batch
+
+    view, tables = staged(True, THREE), oracle_tables(64, True, THREE)
+    with DataLoader(view, mesh=mesh_2d, global_batch_size=RAMP) as loader:
+        state = loader.iter_from(13).state()
+    offset = state["offset"] - 128  # stage 2's row
+    table = {k: v.astype(view.leaves[k]) for k, v in tables[2].items()}
+    layout = np.arange(4).repeat(2).reshape(4, 2)
+    with fake_pod(mesh_2d, layout) as process_of:
+        for host in range(4):
+            restored = DataLoader.restore(
+                state, view, mesh=mesh_2d, global_batch_size=8, process_index=host
+            )
+            with restored as loader:
+                for step in (13, 14, 16):
+                    first = offset + (step - 13) * 8
+                    rows = {k: v[first : first + 8] for k, v in table.items()}
+                    want = expected_batch(rows, 0, shuffle=False, mesh=mesh_2d, global_batch_size=8)
+                    for key, shards in host_batch(loader, step, process_of).items():
+                        boxes = shards.sharding.devices_indices_map(shards.shape)
+                        assert {process_of[d] for d in shards.shards} == {host}
+                        assert len(shards.shards) == 2
+                        for device, value in shards.shards.items():
+                            np.testing.assert_array_equal(value, want[key][boxes[device]])
+
+
+def test_a_stage_whose_seq_len_does_not_divide_by_the_context_axis_is_refused(mesh_context):
+    from jax.sharding import PartitionSpec as P
+
+    view = staged(False, [*STAGES, (128, 63, {"web": 1, "code": 3})])
+    spec = {k: P("data", "context") for k in view.leaves}
+    with pytest.raises(ValueError, match=r"length stage 2's seq_len=63 does not divide by the "
+                       r"context axis of 2 devices \(dimension 1 of leaf 'input_ids'"):  # fmt: skip
+        DataLoader(view, mesh=mesh_context, global_batch_size=RAMP, batch_spec=spec)

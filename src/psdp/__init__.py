@@ -56,6 +56,7 @@ from psdp.sources import MemmapSource as MemmapSource
 from psdp.sources import Mixture as Mixture
 from psdp.sources import PackedSequences as PackedSequences
 from psdp.sources import Source as Source
+from psdp.sources import StagedTokens as StagedTokens
 from psdp.sources import StreamReader as StreamReader
 from psdp.sources import StreamSource as StreamSource
 from psdp.sources import TokenSequences as TokenSequences
@@ -125,6 +126,7 @@ __all__ = [
     "Source",
     "SourceConfig",
     "StageConfig",
+    "StagedTokens",
     "StepInfo",
     "StreamReader",
     "StreamSource",

@@ -23,7 +23,12 @@ from typing import TYPE_CHECKING, Any
 
 from psdp._checks import is_int
 from psdp._integration.loader_config import LoaderConfig
-from psdp._integration.mixture_config import ConfiguredMixture, MixtureConfig, StageConfig
+from psdp._integration.mixture_config import (
+    ConfiguredMixture,
+    ConfiguredStages,
+    MixtureConfig,
+    StageConfig,
+)
 from psdp._integration.source_config import SourceConfig
 from psdp._integration.view_config import ViewConfig
 from psdp._plan.mixture import MIXTURE_ROWS
@@ -35,7 +40,6 @@ from psdp._plan.options import (
     ShardingOptions,
     check_groups,
 )
-from psdp.sources.views.mixture import Mixture
 
 logger = logging.getLogger(__name__)
 
@@ -99,6 +103,15 @@ class DataConfig:
     reading: ReadingOptions = field(default_factory=ReadingOptions)
     """prefetch, read_threads, timeouts, retries (train and eval)."""
 
+    lanes: int | None = None
+    """With length stages (a stage that sets ``seq_len``): the lanes each source is read in, at
+    least the most rows of one source a batch holds, e.g. the largest global_batch_size
+    (``docs/concepts/length-stages.md``); unset without them."""
+
+    unit_tokens: int | None = None
+    """With length stages: the grain of each source's epoch order, in tokens (unset: the
+    longest stage's seq_len)."""
+
     def __post_init__(self) -> None:
         object.__setattr__(self, "sources", _sources("sources", self.sources))
         object.__setattr__(self, "eval", _sources("eval", self.eval))
@@ -136,8 +149,11 @@ class DataConfig:
             )
         if self.stages is not None:
             object.__setattr__(self, "stages", _stages(self.stages, self.sources))
-        elif self.sources and not any(
-            1 if s.weight is None else s.weight for s in self.sources.values()
+        self._check_lengths()
+        if (
+            self.stages is None
+            and self.sources
+            and not any(1 if s.weight is None else s.weight for s in self.sources.values())
         ):
             raise ValueError(
                 "DataConfig.sources: every weight is 0 "
@@ -151,13 +167,18 @@ class DataConfig:
         groups = LoaderConfig(**{n: getattr(self, n) for n in _GROUPS}).to_dict()
         return {
             "sources": {n: asdict(s) for n, s in self.sources.items()},
-            "stages": None if self.stages is None else [asdict(s) for s in self.stages],
+            "stages": None if self.stages is None else [_stage_dict(s) for s in self.stages],
             "seq_len": self.seq_len,
             "view": asdict(self.view),
             "mixture": asdict(self.mixture),
             "eval": {n: asdict(s) for n, s in self.eval.items()},
             "eval_batch_size": self.eval_batch_size,
             **{n: groups[n] for n in _GROUPS},
+            **{
+                n: getattr(self, n)
+                for n in ("lanes", "unit_tokens")
+                if getattr(self, n) is not None
+            },
         }
 
     @classmethod
@@ -180,6 +201,8 @@ class DataConfig:
             eval=dict(raw.get("eval") or {}),
             eval_batch_size=raw.get("eval_batch_size"),
             **{n: getattr(groups, n) for n in _GROUPS},
+            lanes=raw.get("lanes"),
+            unit_tokens=raw.get("unit_tokens"),
         )
 
     # --------------------------------------------------------------------------- loaders
@@ -209,7 +232,7 @@ class DataConfig:
         source, _ = self.restored_source(state)
         return self._loader_config().restore(state, mesh, source=source, batch_axes=batch_axes)
 
-    def restored_source(self, state: Mapping[str, Any]) -> tuple[Mixture, OrderOptions]:
+    def restored_source(self, state: Mapping[str, Any]) -> tuple[Any, OrderOptions]:
         """The train source and order that `restore` resumes from ``state`` with (its stages
         where the resumed run puts them, the order resuming at the state's step): what each
         later step of the resumed run reads, known without a mesh (``psdp inspect --state``).
@@ -231,13 +254,16 @@ class DataConfig:
         resumed ``order`` (a step's moves with the batch size; an offset's or tokens' does not).
         Logs where each stage now starts."""
         saved = (state["source"].get("definition") or {}).get("stages", [])
-        saved_past = [start for start, _ in saved if start < state["offset"]]
+        saved_past = [stage[0] for stage in saved if stage[0] < state["offset"]]
         stages = self.stages or []
         # a step before the resume is the saved run's (the resumed order starts after it)
         by_step = [i for i, s in enumerate(stages) if s.step is not None and s.step < state["step"]]
-        resumed = {
-            i: self._stage_offset(s, order) for i, s in enumerate(stages) if i not in by_step
-        }
+        resumed: dict[int, int] = {}
+        for i, s in enumerate(stages):
+            if i not in by_step:  # the stages before it where the resumed run has them
+                before = [saved_past[j] if j < len(saved_past) else resumed.get(j, 0)
+                          for j in range(i)]  # fmt: skip
+                resumed[i] = self._stage_offset(s, order, before)
         past = sorted(by_step + [i for i, o in resumed.items() if o < state["offset"]])
         if len(past) > len(saved_past):
             stage = stages[past[len(saved_past)]]
@@ -293,9 +319,10 @@ class DataConfig:
         self,
         stage_offsets: Mapping[int, int] | None = None,
         names: Sequence[str] | None = None,
-    ) -> Mixture:
+    ) -> Any:
         """The training sources' views as one `Mixture` (one source: weight 1), in sorted order
-        of their names: the order a YAML or ``draccus.dump`` lists them in changes nothing.
+        of their names: the order a YAML or ``draccus.dump`` lists them in changes nothing. With
+        length stages (a stage sets ``seq_len``), a `StagedTokens` of the stores instead.
 
         ``stage_offsets``: stage index -> its sample offset (default: where the stage's step,
         offset or tokens put it under ``order``); ``names``: the sources in another order (a
@@ -313,11 +340,27 @@ class DataConfig:
             stages = [(0, weights)]
         else:
             given = stage_offsets or {}
-            stages = [
-                (given[i] if i in given else self._stage_offset(s, self.order), s.weights)
-                for i, s in enumerate(self.stages)
-            ]
+            stages = []
+            for i, s in enumerate(self.stages):
+                before = [start for start, _ in stages]
+                offset = given[i] if i in given else self._stage_offset(s, self.order, before)
+                stages.append((offset, s.weights))
             _check_stage_order(self.stages, [start for start, _ in stages])
+        lengths = self._lengths()
+        if lengths is not None:
+            return ConfiguredStages(
+                {name: view.store for name, view in views.items()},
+                [(start, n, w) for (start, w), n in zip(stages, lengths, strict=True)],
+                lanes=self.lanes,
+                block_size=self.mixture.block_size,
+                unit_tokens=self.unit_tokens,
+                seed=self.mixture.seed,
+                shuffle=self.mixture.shuffle,
+                targets=self.view.targets,
+                eos_id=self.view.eos_id,
+                pad_id=self.view.pad_id,
+                view=self._view_record(),
+            )
         return ConfiguredMixture(
             views,
             stages=stages,
@@ -387,12 +430,18 @@ class DataConfig:
             name: view if found[name] == common else again(view) for name, view in views.items()
         }
 
-    def _stage_offset(self, stage: StageConfig, order: OrderOptions) -> int:
+    def _stage_offset(
+        self, stage: StageConfig, order: OrderOptions, before: Sequence[int] = ()
+    ) -> int:
         """The stage's first sample offset: its step's first row under ``order``, its offset,
-        or its tokens over ``seq_len``; a block boundary."""
+        or its tokens over ``seq_len`` (with length stages: over the lengths of the stages
+        ``before`` it, which start at those offsets); a block boundary."""
         kind, value = stage.start
+        lengths = self._lengths()
         if kind == "offset":
             offset = value
+        elif kind == "tokens" and lengths is not None:
+            offset = _token_offset(stage, value, before, lengths)
         elif kind == "tokens":
             if self.seq_len is None or value % self.seq_len:
                 raise ValueError(
@@ -420,6 +469,63 @@ class DataConfig:
                 f"or use a block_size that divides {offset}"
             )
         return offset
+
+    def _lengths(self) -> list[int] | None:
+        """Each stage's seq_len, where a stage sets one (length stages); else ``None``."""
+        if not self.stages or all(s.seq_len is None for s in self.stages):
+            return None
+        lengths = [self.seq_len or 0]
+        for stage in self.stages[1:]:
+            lengths.append(lengths[-1] if stage.seq_len is None else stage.seq_len)
+        return lengths
+
+    def _check_lengths(self) -> None:
+        """Length stages' own rules, each naming the stage and the field, before a store opens."""
+        given = [s for s in self.stages or [] if s.seq_len is not None]
+        if not given:
+            for name in ("lanes", "unit_tokens"):
+                if getattr(self, name) is not None:
+                    raise ValueError(
+                        f"DataConfig.{name}={getattr(self, name)!r} is set, but no stage sets "
+                        "seq_len (it reads length stages only); drop it, or give a stage its "
+                        "seq_len, e.g. stages: [{step: 0, weights: {code: 1}}, {step: 1000, "
+                        "weights: {code: 1}, seq_len: 32768}]"
+                    )
+            return
+        stage = self.stages[0]  # type: ignore[index]
+        first = next((s for s in self.stages[1:] if s.seq_len is not None), given[0])  # type: ignore[index]
+        if stage.seq_len is not None and stage.seq_len != self.seq_len:
+            raise ValueError(
+                f"DataConfig.stages: the first stage (at {stage.where}) sets seq_len="
+                f"{stage.seq_len}, but DataConfig.seq_len={self.seq_len!r} is the first stage's; "
+                f"drop the stage's seq_len or set seq_len: {stage.seq_len}"
+            )
+        wrong = [
+            (f"view.packing={self.view.packing!r}", "a packed source would continue at its "
+             "next unpacked document, which is not built yet; drop view.packing")
+            if self.view.packing is not None else None,
+            (f"mixture.source_leaf={self.mixture.source_leaf!r}", "length stages add no source "
+             "leaf yet; drop mixture.source_leaf") if self.mixture.source_leaf else None,
+        ]  # fmt: skip
+        for what, fix in filter(None, wrong):
+            raise ValueError(
+                f"DataConfig.stages: the stage at {first.where} sets seq_len={first.seq_len} "
+                f"(length stages), with {what}: {fix}"
+            )
+        if self.lanes is None:
+            raise ValueError(
+                f"DataConfig.lanes is unset, but the stage at {first.where} sets seq_len="
+                f"{first.seq_len}: length stages read each source in lanes, at least the most "
+                "rows of one source a batch holds (docs/concepts/length-stages.md); set it, "
+                "e.g. lanes: 256 for batches of up to 256 rows"
+            )
+        for name in ("lanes", "unit_tokens"):
+            value = getattr(self, name)
+            if value is not None and (not is_int(value) or value < 1):
+                raise ValueError(
+                    f"DataConfig.{name} must be an int >= 1 or unset, got {value!r}; e.g. "
+                    f"{name}: 256"
+                )
 
     def _view_record(self) -> dict[str, Any]:
         """What decides every row besides the mixture: recorded in the loader's state."""
@@ -491,6 +597,43 @@ def _stages(given: Any, sources: Mapping[str, SourceConfig]) -> list[StageConfig
                 f"is not a source (the sources are {sorted(sources)}); name sources only"
             )
     return stages
+
+
+def _token_offset(
+    stage: StageConfig, tokens: int, before: Sequence[int], lengths: Sequence[int]
+) -> int:
+    """The offset where a stage of length stages starting at a count of ``tokens`` begins: the
+    rows before it are the earlier stages' (stage ``m`` from ``before[m]``, rows of
+    ``lengths[m]``), so it is the last earlier stage's start plus the rest of the tokens over
+    that stage's ``seq_len``.
+
+    Examples:
+        >>> _token_offset(StageConfig(tokens=1024, weights={"a": 1}), 1024, [0, 64], [8, 32])
+        80
+    """
+    if not before:
+        return 0  # the first stage, which starts at 0 (checked)
+    index = len(before)
+    spent = sum((before[m + 1] - before[m]) * lengths[m] for m in range(index - 1))
+    rest, seq_len = tokens - spent, lengths[index - 1]
+    if rest < 0 or rest % seq_len:
+        nearest = before[-1] + max(0, rest) // seq_len
+        raise ValueError(
+            f"DataConfig.stages: the stage at {stage.where} (stage {index}) needs a whole number "
+            f"of rows of seq_len={seq_len} after the {spent} tokens before stage {index - 1}'s "
+            f"start (offset {before[-1]}), but {tokens} - {spent} = {rest} is not one; use "
+            f"tokens: {spent + (nearest - before[-1]) * seq_len} (offset {nearest}) or another "
+            "multiple"
+        )
+    return before[-1] + rest // seq_len
+
+
+def _stage_dict(stage: StageConfig) -> dict[str, Any]:
+    """A stage as YAML values: ``seq_len`` only where set (a length stage)."""
+    out = asdict(stage)
+    if out["seq_len"] is None:
+        del out["seq_len"]
+    return out
 
 
 def _check_stage_order(stages: Sequence[StageConfig], offsets: Sequence[int]) -> None:

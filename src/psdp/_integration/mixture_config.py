@@ -1,6 +1,7 @@
 """The mixture's sections of a `DataConfig`: `StageConfig` (weights from a step on),
-`MixtureConfig` (blocks and seed), and `ConfiguredMixture`, the `Mixture` a config builds, which
-records the config's view so that a restore refuses a changed one.
+`MixtureConfig` (blocks and seed), and `ConfiguredMixture` (`ConfiguredStages` with length
+stages), the source a config builds, which records the config's view so that a restore refuses a
+changed one.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 
 from psdp._checks import is_int
 from psdp.sources.views.mixture import Mixture
+from psdp.sources.views.staged import StagedTokens
 
 
 @dataclass(frozen=True)
@@ -45,12 +47,21 @@ class StageConfig:
     """The tokens of the rows before the stage (``offset * seq_len``, padding included),
     instead of a step: it stays there whatever the batch sizes."""
 
+    seq_len: int | None = None
+    """The stage's tokens per row (a length stage, ``docs/concepts/length-stages.md``); unset:
+    the stage before's (the first stage's: ``DataConfig.seq_len``)."""
+
     def __post_init__(self) -> None:
         given = {k: v for k in ("step", "offset", "tokens") if (v := getattr(self, k)) is not None}
         if len(given) > 1:
             raise ValueError(
                 f"StageConfig sets {' and '.join(f'{k}={v}' for k, v in given.items())}; a stage "
                 "starts at one of step, offset or tokens: keep one"
+            )
+        if self.seq_len is not None and (not is_int(self.seq_len) or self.seq_len < 1):
+            raise ValueError(
+                f"StageConfig.seq_len ({self.where}) must be an int >= 1 or unset, got "
+                f"{self.seq_len!r}; e.g. seq_len: 32768"
             )
         for name, value in given.items():
             if not is_int(value) or value < 0:
@@ -147,6 +158,42 @@ class MixtureConfig:
             )
 
 
+class ConfiguredStages(StagedTokens):
+    """A `StagedTokens` whose state record holds the config's view too (`ConfiguredMixture`'s
+    rule: a restore refuses a changed first ``seq_len`` or view)."""
+
+    def __init__(self, stores: Mapping[str, Any], stages: Any, *, view: dict[str, Any],
+                 **kwargs: Any) -> None:  # fmt: skip
+        super().__init__(stores, stages, **kwargs)
+        self.view = view
+
+    def state_record(self) -> dict[str, Any]:
+        return {**super().state_record(), "view": self.view}
+
+    def check_resume(self, saved: Mapping[str, Any], offset: int) -> None:
+        check_view(self.view, saved)
+        super().check_resume(saved, offset)
+
+
+def check_view(view: Mapping[str, Any], saved: Mapping[str, Any]) -> None:
+    """Raises unless the saved state record's ``"view"`` is ``view``, naming the field."""
+    had = saved.get("view")
+    if had is None:
+        raise ValueError(
+            f"the state was saved from a source without a data config's view ({dict(saved)}); "
+            "resume it with the source it was saved from (DataLoader.restore)"
+        )
+    for name, now in view.items():
+        then = had.get(name)
+        if then != now:
+            where = "DataConfig.seq_len" if name == "seq_len" else f"DataConfig.view.{name}"
+            raise ValueError(
+                f"{where} is {now!r}, but the run was saved with {then!r}; every row depends "
+                f"on it, so resume with {name}: {then!r} (a restore may change the batch "
+                "size, skips, later stages, eval sets, sharding, output and reading)"
+            )
+
+
 class ConfiguredMixture(Mixture):
     """A `Mixture` whose state record holds the config's view too, so a restore refuses a
     changed ``seq_len`` or view even where the sources' lengths happen to stay the same."""
@@ -159,19 +206,5 @@ class ConfiguredMixture(Mixture):
         return {**super().state_record(), "view": self.view}
 
     def check_resume(self, saved: Mapping[str, Any], offset: int) -> None:
-        had = saved.get("view")
-        if had is None:
-            raise ValueError(
-                f"the state was saved from a source without a data config's view ({dict(saved)}); "
-                "resume it with the source it was saved from (DataLoader.restore)"
-            )
-        for name, now in self.view.items():
-            then = had.get(name)
-            if then != now:
-                where = "DataConfig.seq_len" if name == "seq_len" else f"DataConfig.view.{name}"
-                raise ValueError(
-                    f"{where} is {now!r}, but the run was saved with {then!r}; every row depends "
-                    f"on it, so resume with {name}: {then!r} (a restore may change the batch "
-                    "size, skips, later stages, eval sets, sharding, output and reading)"
-                )
+        check_view(self.view, saved)
         super().check_resume(saved, offset)

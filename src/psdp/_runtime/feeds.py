@@ -3,10 +3,11 @@
 
 from __future__ import annotations
 
+import bisect
 import functools
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -24,6 +25,9 @@ from psdp.sources import ArraySource, StreamReader, StreamSource, as_source
 from psdp.sources.base import reads_fresh_rows
 
 logger = logging.getLogger(__name__)
+
+#: a plan's key: the batch size, or ``(batch size, length stage)`` for a source of length stages
+PlanKey = int | tuple[int, int]
 
 
 class Feed(Protocol):
@@ -51,7 +55,17 @@ class Feed(Protocol):
         """One row per leaf, ``(1, ...)``: the leaves' names, shapes and dtypes."""
         ...
 
-    def start(self, plans: Mapping[int, LoaderPlan], namespace: str | None) -> None:
+    def plan_keys(self, batch_sizes: Sequence[int]) -> dict[PlanKey, int]:
+        """The plans a run needs, each key with the length stage whose row it is planned for:
+        one per batch size (stage 0), or for a source of length stages (`StagedTokens`), one per
+        batch size and stage (``(batch_size, stage)``)."""
+        ...
+
+    def plan_key(self, info: StepInfo) -> PlanKey:
+        """The key of the plan that reads the step at ``info``."""
+        ...
+
+    def start(self, plans: Mapping[PlanKey, LoaderPlan], namespace: str | None) -> None:
         """Ready to read steps with the plan of their batch size (``plans``: batch size ->
         plan; ``namespace``: the hosts' agreement, if several)."""
         ...
@@ -117,17 +131,35 @@ class RandomAccessFeed:
         # a self-ordered source is endless in practice: its length is a bound no run reaches
         self.ends_short = self.order.pads if not ordered else endless_pads(order)
         self.fresh = reads_fresh_rows(source)  # other reads may be views of memory they refill
-        self._plans: Mapping[int, LoaderPlan] = {}
+        self._plans: Mapping[PlanKey, LoaderPlan] = {}
         # a step's info is asked for by the loader and by the read: walk the schedule once
         self.step_info = functools.lru_cache(maxsize=64)(self.order.step_info)
+        #: where each length stage starts (rows of another width each), or ``None``: one width
+        self.stage_starts: tuple[int, ...] | None = None
+        if ordered and getattr(source, "stage_starts", None) is not None:
+            self.stage_starts = tuple(source.stage_starts)
+            check_stage_steps(self.offsets, self.stage_starts, source.describe())
 
-    def probe(self) -> dict[Key, np.ndarray]:
+    def probe(self, stage: int = 0) -> dict[Key, np.ndarray]:
+        """Row 0 of the source (of length stage ``stage``'s rows, for `StagedTokens`)."""
+        first = 0 if self.stage_starts is None else self.stage_starts[stage]
         try:
-            return leaves_of(self.source.read(np.zeros(1, np.int64)))
+            return leaves_of(self.source.read(np.full(1, first, np.int64)))
         except StopIteration as err:
-            raise stray_stop_iteration("the first read (row 0)", self.source) from err
+            raise stray_stop_iteration(f"the first read (row {first})", self.source) from err
 
-    def start(self, plans: Mapping[int, LoaderPlan], namespace: str | None) -> None:
+    def plan_keys(self, batch_sizes: Sequence[int]) -> dict[PlanKey, int]:
+        if self.stage_starts is None:
+            return dict.fromkeys(batch_sizes, 0)
+        stages = range(len(self.stage_starts))
+        return {(b, k): k for b in batch_sizes for k in stages}
+
+    def plan_key(self, info: StepInfo) -> PlanKey:
+        if self.stage_starts is None:
+            return info.batch_size
+        return info.batch_size, bisect.bisect_right(self.stage_starts, info.offset) - 1
+
+    def start(self, plans: Mapping[PlanKey, LoaderPlan], namespace: str | None) -> None:
         self._plans = plans
 
     def read_threads(self, requested: int | None) -> int:
@@ -137,7 +169,7 @@ class RandomAccessFeed:
         """The physical batch's source row ids at ``step`` (`PAD` for padding); reads nothing."""
         assert self.order is not None
         info = self.step_info(step)
-        plan = self._plans[info.batch_size]
+        plan = self._plans[self.plan_key(info)]
         ids = np.full(plan.physical_batch_size, PAD, np.int64)
         ids[plan.real_positions[: info.rows]] = self.order.rows(info)
         return ids
@@ -149,15 +181,58 @@ class RandomAccessFeed:
                 f"the loader's {epochs} of {self.rows} rows ended: step {step} is past its last "
                 f"step, {self.end_step - 1} (a new iterator makes another pass)"
             )
-        return self.ids(step), self.source
+        ids = self.ids(step)
+        if self.stage_starts is None:
+            return ids, self.source
+        # a length stage's rows are a source of their own, row r at offset start + r
+        stage = self.plan_key(self.step_info(step))[1]  # type: ignore[index]
+        ids[ids != PAD] -= self.stage_starts[stage]
+        return ids, self.source.stage(stage)
 
     def what_is_read(self, step: int) -> str:
-        plan = self._plans[self.step_info(step).batch_size]
+        plan = self._plans[self.plan_key(self.step_info(step))]
         read = self.ids(step)[plan.read_positions]
         return f"{len(read)} rows (ids {preview_ids(read)})"
 
     def close(self) -> None:
         pass
+
+
+def check_stage_steps(offsets: StepOffsets, starts: Sequence[int], source: str) -> None:
+    """Raises unless each length stage after the resume point starts at a step's first offset
+    (a step's rows have one width): the first step at or past the stage's start is found by a
+    bisection over the steps (each covers at least one offset), and the step before it must end
+    at or before the start.
+
+    Examples:
+        >>> check_stage_steps(StepOffsets.create(None, [(0, 16), (4, 8)]), [0, 64], "s")
+        >>> check_stage_steps(StepOffsets.create(None, 24), [0, 64], "s")
+        Traceback (most recent call last):
+            ...
+        ValueError: length stage 1 of s starts at sample offset 64, inside step 2 (offsets 48 to 71, global_batch_size=24): a step's rows have one seq_len, so start the stage at a step's first offset (batch sizes that divide the stage's start, or a batch schedule that changes where it starts)
+    """
+    step0, offset0 = offsets.start
+    for index, start in enumerate(starts):
+        if start <= offset0:
+            continue  # the run resumes past it: no step of this loader crosses it
+        low, high = step0, step0 + start - offset0
+        while low < high:  # the first step whose offset is >= start
+            middle = (low + high) // 2
+            if offsets.info(middle).offset >= start:
+                high = middle
+            else:
+                low = middle + 1
+        if low == step0:
+            continue
+        before = offsets.info(low - 1)
+        if before.offset + before.rows > start:
+            raise ValueError(
+                f"length stage {index} of {source} starts at sample offset {start}, inside step "
+                f"{before.step} (offsets {before.offset} to {before.offset + before.rows - 1}, "
+                f"global_batch_size={before.batch_size}): a step's rows have one seq_len, so "
+                "start the stage at a step's first offset (batch sizes that divide the stage's "
+                "start, or a batch schedule that changes where it starts)"
+            )
 
 
 def suggested_block(source: Any) -> int | None:
@@ -238,7 +313,7 @@ class StreamFeed:
             None, order.global_batch_size, skip_steps=order.skip_steps, start=order.start
         )
         self.step_info = functools.lru_cache(maxsize=64)(self.offsets.info)
-        self._plans: Mapping[int, LoaderPlan] = {}
+        self._plans: Mapping[PlanKey, LoaderPlan] = {}
         self._shard = (0, 1)
         self._reader: StreamReader | None = None
         self._lock = threading.Lock()
@@ -253,7 +328,13 @@ class StreamFeed:
             raise ValueError(f"the stream {self.source.describe()} is empty; it needs elements")
         return leaves_of(rows)
 
-    def start(self, plans: Mapping[int, LoaderPlan], namespace: str | None) -> None:
+    def plan_keys(self, batch_sizes: Sequence[int]) -> dict[PlanKey, int]:
+        return dict.fromkeys(batch_sizes, 0)
+
+    def plan_key(self, info: StepInfo) -> PlanKey:
+        return info.batch_size
+
+    def start(self, plans: Mapping[PlanKey, LoaderPlan], namespace: str | None) -> None:
         shards = {plan.stream_shard for plan in plans.values()}
         assert len(shards) == 1 and None not in shards  # the uids do not depend on the batch size
         self._plans, self._shard = plans, shards.pop()  # type: ignore[assignment]

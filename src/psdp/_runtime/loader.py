@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -107,41 +108,51 @@ class DataLoader:
             self.source, self.order = self.feed.source, self.feed.order
             self.process_index = check_own_process(layout, process_index)
             reading = self.options.reading
-            first_row = read_first_row(self.feed, reading)
             order = self.options.order
-            #: the frozen plan of this host's steps, per batch size of the schedule
+            batch_sizes = [s.batch_size for s in stages_of(order.global_batch_size)]  # type: ignore[arg-type]
+            keys = self.feed.plan_keys(batch_sizes)
+            # each length stage's rows have their own width: one first row per stage
+            first_rows = {k: read_first_row(self.feed, reading, k) for k in set(keys.values())}
+            #: the frozen plan of this host's steps, per batch size of the schedule (and length
+            #: stage, for `StagedTokens`: ``(batch size, stage)``)
             self.plans = {
-                stage.batch_size: LoaderPlan.create(
-                    first_row,
+                key: LoaderPlan.create(
+                    first_rows[stage],
                     mesh,
                     dataclasses.replace(
                         self.options,
-                        order=dataclasses.replace(order, global_batch_size=stage.batch_size),
+                        order=dataclasses.replace(order, global_batch_size=_batch_of(key)),
                     ),
                     self.process_index,
                     layout=layout,
                     stream=self.feed.stream,
                     ends_short=self.feed.ends_short,
                 )
-                for stage in stages_of(order.global_batch_size)  # type: ignore[arg-type]
+                for key, stage in keys.items()
             }
             self.start_step = order.start[0]
             #: the plan of the first step (`plans` has every batch size's)
-            self.plan = self.plans[self.feed.step_info(self.start_step).batch_size]
+            first = self.feed.step_info(self.start_step)
+            self.plan = self.plans[self.feed.plan_key(first)]
+            #: the plan whose leaves a state records: length stage 0's, whatever the step
+            self._record_plan = self.plans[
+                next(k for k, s in keys.items() if s == 0 and _batch_of(k) == first.batch_size)
+            ]
             _check_continue_halos(self.plan, self.source)
+            _check_stage_context(self.plan, self.source, mesh)
             self.telemetry = Telemetry(stall_warning_s=reading.stall_warning_s)
             self._readers = {
-                b: StepReader(p, self.feed, reading.read_timeout_s, self.telemetry)
-                for b, p in self.plans.items()
+                k: StepReader(p, self.feed, reading.read_timeout_s, self.telemetry)
+                for k, p in self.plans.items()
             }
-            self._assemblers = {b: BatchAssembler(p) for b, p in self.plans.items()}
+            self._assemblers = {k: BatchAssembler(p) for k, p in self.plans.items()}
             self._iterators = Iterators()
             self._lock = threading.Lock()
             self._closed = False
             self._direct_reads = 0  # batch_at calls, numbered alike on every host (stream ends)
             self._iterations = 0  # iterators started, numbered alike on every host (stream ends)
         namespace = agree(
-            agreed_settings(self.options.order, self.feed, self.plan),
+            agreed_settings(self.options.order, self.feed, self._record_plan),
             layout.processes,
             f"built DataLoader {self.name!r}",
         )
@@ -183,7 +194,7 @@ class DataLoader:
     def leaf(self, key: str | None = None) -> LeafAssembler:
         """The `LeafAssembler` of one leaf at the first step's batch size: its global shape,
         sharding and windows."""
-        return self._assemblers[self.step_info(self.start_step).batch_size].leaves[key]
+        return self._assemblers[self.feed.plan_key(self.step_info(self.start_step))].leaves[key]
 
     def halo_mask(self, key: str | None = None, dim: int | None = None) -> jax.Array:
         """Which positions of a windowed leaf's dimension ``dim`` are halo positions (``True``),
@@ -210,11 +221,11 @@ class DataLoader:
 
     def _batch(self, step: int, run: str, stop: Callable[[], bool]) -> Batch:
         """The batch of ``step`` for the read named ``run`` (an iterator, or a direct call)."""
-        batch_size = self.step_info(step).batch_size
+        key = self.feed.plan_key(self.step_info(step))
         started = time.perf_counter()
-        ids, buffers = self._readers[batch_size].read_step(step, run, stop)
+        ids, buffers = self._readers[key].read_step(step, run, stop)
         read = time.perf_counter()
-        batch = self._assemblers[batch_size].assemble(ids, buffers)
+        batch = self._assemblers[key].assemble(ids, buffers)
         self.telemetry.record_read(read - started, time.perf_counter() - read)
         return batch
 
@@ -281,7 +292,7 @@ class DataLoader:
         return self._state_at(self._iterators.next_step(self.start_step))
 
     def _state_at(self, step: int) -> dict[str, Any]:
-        return loader_state(step, self.options.order, self.feed, self.plan)
+        return loader_state(step, self.options.order, self.feed, self._record_plan)
 
     @classmethod
     def restore(
@@ -300,7 +311,7 @@ class DataLoader:
             order = restored_order(state, kwargs)
         loader = cls(source, mesh=mesh, order=order, **kwargs)
         try:
-            check_restored(state, loader.plan, loader.feed.rows, loader.name, loader.source)
+            check_restored(state, loader._record_plan, loader.feed.rows, loader.name, loader.source)
         except BaseException:
             loader.close()
             raise
@@ -331,6 +342,36 @@ def _layout_of(mesh: Any) -> MeshLayout:
     if not isinstance(mesh, Mesh):
         raise TypeError(f"mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}")
     return as_layout(mesh)
+
+
+def _check_stage_context(plan: LoaderPlan, source: Any, mesh: Mesh) -> None:
+    """A source of length stages whose rows are split along the sequence (a leaf's dimension 1
+    over mesh axes) needs every stage's ``seq_len`` to divide by those axes' devices, so each
+    device holds whole, equal columns at every length."""
+    starts = getattr(source, "stage_starts", None)
+    if starts is None:
+        return
+    for key, spec in plan.specs.items():
+        axes = spec[1] if len(spec) > 1 else None
+        if axes is None:
+            continue
+        axes = (axes,) if isinstance(axes, str) else tuple(axes)
+        devices = math.prod(mesh.shape[a] for a in axes)
+        for index in range(len(starts)):
+            seq_len = source.stage(index).seq_len
+            if seq_len % devices:
+                raise ValueError(
+                    f"length stage {index}'s seq_len={seq_len} does not divide by the context "
+                    f"axis of {devices} devices (dimension 1 of {leaf_label(key)} split over "
+                    f"{axes}); every device holds seq_len / {devices} columns, so give the stage "
+                    f"a seq_len that is a multiple of {devices}, e.g. "
+                    f"{max(devices, seq_len // devices * devices)}"
+                )
+
+
+def _batch_of(key: Any) -> int:
+    """The batch size of a plan's key (``batch size`` or ``(batch size, stage)``)."""
+    return key if isinstance(key, int) else key[0]
 
 
 def _check_continue_halos(plan: LoaderPlan, source: Any) -> None:

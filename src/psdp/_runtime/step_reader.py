@@ -3,6 +3,7 @@ time out (``docs/concepts/loader.md``; the errors and retries: ``docs/reference/
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 import threading
@@ -270,10 +271,11 @@ class StepReader:
         return out, borrowed
 
 
-def read_first_row(feed: Any, reading: ReadingOptions) -> dict[Key, np.ndarray]:
+def read_first_row(feed: Any, reading: ReadingOptions, stage: int = 0) -> dict[Key, np.ndarray]:
     """The row a loader reads when it is built, for its leaves' names, shapes and dtypes: retried
     like a step's reads, and bounded like the first step's (``first_read_timeout_s``, else
-    ``read_timeout_s``; unset: no limit).
+    ``read_timeout_s``; unset: no limit). ``stage``: the length stage whose first row it is
+    (`StagedTokens`' rows differ in width by stage).
 
     Examples:
         >>> from psdp._plan.options import OrderOptions
@@ -285,11 +287,13 @@ def read_first_row(feed: Any, reading: ReadingOptions) -> dict[Key, np.ndarray]:
     limit = reading.first_read_timeout_s or reading.read_timeout_s
     name = "first_read_timeout_s" if reading.first_read_timeout_s else "read_timeout_s"
     where = "the first read (row 0, for the leaves' shapes)"
+    if stage:
+        where = f"the first read of length stage {stage} (for its leaves' shapes)"
     jitter = random.Random()
     abandoned = threading.Event()  # set on timeout: the abandoned read stops retrying
     return with_timeout(
         lambda: retried(
-            feed.probe,
+            functools.partial(feed.probe, stage) if stage else feed.probe,
             where,
             feed.source,
             reading.read_attempts,

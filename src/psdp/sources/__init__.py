@@ -40,6 +40,7 @@ from psdp.sources.views.mixture import Mixture as Mixture
 from psdp.sources.views.pack_index import pack_index_beside as pack_index_beside
 from psdp.sources.views.pack_index import save_pack_index_beside as save_pack_index_beside
 from psdp.sources.views.packed import PackedSequences as PackedSequences
+from psdp.sources.views.staged import StagedTokens as StagedTokens
 from psdp.sources.views.tokens import TokenSequences as TokenSequences
 
 if TYPE_CHECKING:  # imported on first use below: tensorstore is slow to import
@@ -97,6 +98,7 @@ __all__ = [
     "PackedSequences",
     "Rows",
     "Source",
+    "StagedTokens",
     "StreamReader",
     "StreamSource",
     "SupportsReadWindow",

@@ -194,6 +194,13 @@ def step_report(
     ``resumed_from``: the loader state the run was restored from (`DataConfig.restore`), whose
     steps from its own on follow the config's order from the saved sample offset.
     """
+    lengths = [s for s in config.stages or [] if s.seq_len is not None]
+    if lengths:
+        raise ValueError(
+            f"the config has length stages (the stage at {lengths[0].where} sets seq_len="
+            f"{lengths[0].seq_len}), which psdp inspect does not report yet (it reads a "
+            "mixture's rows of one seq_len); inspect a config without the stages' seq_len"
+        )
     if config.order.global_batch_size is None:
         raise ValueError(
             "the config's order.global_batch_size is unset, so its steps have no sample offsets; "

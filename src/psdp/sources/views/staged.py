@@ -9,6 +9,7 @@ EOS tokens, stored leaves and ``positions`` are `TokenSequences`' own.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -26,16 +27,23 @@ from psdp.sources.views.tokens import TokenSequences
 class StagedTokens:
     """Documents of several stores, mixed and cut into rows whose ``seq_len`` changes by stage.
 
+    Its row ``g`` is sample offset ``g`` (``docs/concepts/length-stages.md``); one `DataLoader`
+    reads it across all its stages, each step from the stage holding its offsets (a stage must
+    start at a step's first offset). `stage` gives one stage's rows alone.
+
     Args:
         stores: ``{name: DocumentStore}``, all with the same leaves.
         stages: ``[(start_offset, seq_len, {name: weight}), ...]``, the first at 0, starts
             increasing multiples of ``block_size``.
         lanes: lanes per source (`LengthPlan`): at least the most samples of one source a batch
             holds, so they come from distinct places of its stream.
-        block_size, seed, shuffle: the mixture's (`Mixture`), and the keys of the unit order.
+        block_size: samples per mixture block (`Mixture`'s).
         unit_tokens: the unit order's grain; default the longest ``seq_len``.
+        seed: keys the mixture's blocks and the unit orders.
+        shuffle: order each source's units by key (``False``: the store's order).
         targets: one more token per row (the next row's first), for shifted targets.
-        eos_id, pad_id: as `TokenSequences`'.
+        eos_id: the token after each document (unset: none), as `TokenSequences`'.
+        pad_id: the padding token, as `TokenSequences`'.
         context: the context axis every ``seq_len`` must divide by.
 
     Examples:
@@ -91,6 +99,54 @@ class StagedTokens:
                 "a mixture's rows need the same leaves and dtypes from every store"
             )
         self.leaves = leaves[0]
+
+    #: a loader reads it in id order: row ``g`` is sample offset ``g`` (the plan shuffles)
+    orders_itself = True
+
+    def __len__(self) -> int:
+        return MIXTURE_ROWS
+
+    @property
+    def stage_starts(self) -> tuple[int, ...]:
+        """Each stage's first sample offset: a loader plans each stage's rows apart (their width
+        differs) and reads a step from the stage holding its offsets."""
+        return tuple(stage.start for stage in self.plan.stages)
+
+    def stage_at(self, offset: int) -> int:
+        """The stage holding sample offset ``offset``."""
+        return bisect.bisect_right(self.stage_starts, offset) - 1
+
+    @fresh_rows
+    def read(self, ids: np.ndarray) -> dict[Key, np.ndarray]:
+        """Rows at sample offsets ``ids``, all of one stage (rows of two stages differ in width).
+
+        Examples:
+            >>> store = DocumentStore.from_documents([np.arange(100, 160)])
+            >>> staged = StagedTokens({"a": store}, [(0, 4, {"a": 1}), (4, 8, {"a": 1})],
+            ...                       lanes=2, block_size=1, shuffle=False)
+            >>> staged.read(np.array([4, 5]))["input_ids"][:, :3].tolist()
+            [[108, 109, 110], [138, 139, 140]]
+        """
+        ids = check_ids(ids, len(self), self.describe)
+        if not ids.size:
+            return self.stage(0).read(ids)
+        index = self.stage_at(int(ids.min()))
+        if self.stage_at(int(ids.max())) != index:
+            raise ValueError(
+                f"sample offsets {int(ids.min())} to {int(ids.max())} of {self.describe()} lie in "
+                f"stages {index} to {self.stage_at(int(ids.max()))}, whose rows differ in "
+                "seq_len; read each stage's offsets apart (a DataLoader reads a step from one stage)"
+            )
+        return self.stage(index).read(ids - self.stage_starts[index])
+
+    def state_record(self) -> dict[str, Any]:
+        """What the samples depend on (JSON values): a loader state records it."""
+        return self.plan.record()
+
+    def check_resume(self, saved: Mapping[str, Any], offset: int) -> None:
+        """Raises unless ``saved`` (a `state_record`) gives the same samples before ``offset``:
+        only stages starting at or after the resume offset may differ."""
+        self.plan.check_past(saved, offset)
 
     def stage(self, index: int) -> StageRows:
         """Stage ``index``'s rows, a source whose row ``r`` is offset ``start + r``."""
