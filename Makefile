@@ -62,21 +62,17 @@ test: $(STAMP)
 test-slow: $(STAMP)
 	$(PY) -m pytest $(PYTEST_SLOW)
 
-# LINT_VENV: the venv the lint tools and the docs build run from (.venv; CI names .venv-newest,
-# whose lock also holds the docs extra, so that CI builds two venvs, not three).
-LINT_VENV ?= $(VENV)
-
-lint: $(LINT_VENV)/.installed-stamp
-	$(LINT_VENV)/bin/ruff check src tests scripts examples conftest.py
-	$(LINT_VENV)/bin/ruff format --check src tests scripts examples conftest.py
-	$(LINT_VENV)/bin/mypy
-	$(MAKE) docs LINT_VENV=$(LINT_VENV)
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests scripts examples conftest.py
+	$(VENV)/bin/ruff format --check src tests scripts examples conftest.py
+	$(VENV)/bin/mypy
+	$(MAKE) docs
 
 # The documentation site (docs/, mkdocs.yml) with its API reference generated from the docstrings,
 # into site/; --strict: a warning (a broken link or anchor, a docstring mkdocstrings cannot read)
 # fails the build. `make lint` runs it, so CI does.
-docs: $(LINT_VENV)/.installed-stamp
-	$(LINT_VENV)/bin/mkdocs build --strict --quiet
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict --quiet
 
 # The suite on Python 3.11 with every dependency and extra at its declared lower bound.
 .venv-lower/.installed-stamp: pyproject.toml requirements/lower-py311.lock
@@ -86,9 +82,9 @@ test-lower: .venv-lower/.installed-stamp
 	.venv-lower/bin/python -m pytest $(PYTEST_ALL)
 
 # The suite but its slow runs on Python 3.13 with the newest releases (as of the last `make
-# lock`); `make test-newest PYTEST_FAST=` runs all of it there. With the docs extra: CI lints here.
+# lock`); `make test-newest PYTEST_FAST=` runs all of it there.
 .venv-newest/.installed-stamp: pyproject.toml requirements/newest-py313.lock
-	$(call make_venv,.venv-newest,$(PYTHON_NEWEST),requirements/newest-py313.lock,$(DEV_EXTRAS))
+	$(call make_venv,.venv-newest,$(PYTHON_NEWEST),requirements/newest-py313.lock)
 
 test-newest: .venv-newest/.installed-stamp
 	.venv-newest/bin/python -m pytest $(PYTEST_FAST)
@@ -114,7 +110,7 @@ check-install: .venv-lower/.installed-stamp
 lock:
 	$(PYTHON) scripts/lock.py lock requirements/dev-py311.lock $(PYTHON) --extras $(DEV_EXTRAS)
 	$(PYTHON) scripts/lock.py lock requirements/lower-py311.lock $(PYTHON_LOWER) --lower-bounds
-	$(PYTHON) scripts/lock.py lock requirements/newest-py313.lock $(PYTHON_NEWEST) --extras $(DEV_EXTRAS)
+	$(PYTHON) scripts/lock.py lock requirements/newest-py313.lock $(PYTHON_NEWEST)
 	$(PYTHON) scripts/lock.py lock requirements/levanter-py311.lock $(PYTHON) --extras levanter,dev
 
 clean:

@@ -5,8 +5,7 @@ pyproject.toml declares ranges; a lock pins one resolved set of every package fo
 - ``dev-py311.lock``: ``make run``, ``make test``, ``make lint`` and ``make docs`` (the newest
   releases on 3.11, with the ``docs`` extra);
 - ``lower-py311.lock``: ``make test-lower``, every dependency and extra at its lower bound;
-- ``newest-py313.lock``: ``make test-newest`` and CI's ``make lint LINT_VENV=.venv-newest``, the
-  newest releases on Python 3.13 (with the ``docs`` extra).
+- ``newest-py313.lock``: ``make test-newest``, the newest releases on Python 3.13.
 
 pip resolves each (``pip install --dry-run --report``) in a throwaway venv of that Python, from the
 package registry; the Makefile installs with ``pip install -c LOCK``. ``check-install`` asks pip

@@ -29,10 +29,9 @@ LOCKS = sorted((ROOT / "requirements").glob("*.lock"))
 HEAVY = ["equinox", "grain", "haliax", "orbax", "tensorstore"]
 
 
-#: extras of tools, not of users: ``dev`` in every lock, ``docs`` in the locks of the venvs that
-#: lint (the Makefile's DEV_EXTRAS: the dev venv, and the newest venv that CI lints in); neither
-#: has lower bounds to test
-TOOLS = {"dev": (), "docs": ("dev-py311.lock", "newest-py313.lock")}
+#: extras of tools, not of users: ``dev`` in every lock, ``docs`` in the dev lock only (the
+#: Makefile's DEV_EXTRAS); neither has lower bounds to test
+TOOLS = {"dev": None, "docs": "dev-py311.lock"}
 #: user extras that cannot share a venv with the others, each tested in a venv of its own lock
 #: (Levanter pins jax < 0.11 and installs its own haliax build): not in the lower-bound job
 SEPARATE = {"levanter": "levanter-py311.lock"}
@@ -49,7 +48,7 @@ def declared(*, with_dev: bool, lock: str | None = None) -> list[Requirement]:
         for name, reqs in extras.items()
         if (own is None and name not in TOOLS and name not in SEPARATE)
         or (with_dev and name == "dev")
-        or (own is None and lock in TOOLS.get(name, ()))
+        or (own is None and lock and TOOLS.get(name) == lock)
         or name == own
         for r in reqs
     ]
