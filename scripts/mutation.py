@@ -449,8 +449,8 @@ MUTANTS = [
     Mutant("DS5", "sources/documents/store.py", "    if unknown:\n        raise ValueError(\n            f\"leaves={names!r}",
            "    if False:\n        raise ValueError(\n            f\"leaves={names!r}", "leaves= naming a leaf it lacks"),
     # -------------------------------------------------- finite loaders (epochs, eval_loader)
-    Mutant("EV1", "_plan/offsets.py", "if self.info(middle).offset >= target:",
-           "if self.info(middle).offset > target:", "a finite run ends a step late"),
+    Mutant("EV1", "_plan/offsets.py", "if self.info(middle).offset >= offset:",
+           "if self.info(middle).offset > offset:", "a finite run ends a step late"),
     Mutant("EV2", "_runtime/feeds.py", "if self.end_step is not None and step >= self.end_step:",
            "if self.end_step is not None and step > self.end_step:", "one batch past the last epoch"),
     Mutant("EV3", "_runtime/state.py", 'finite = {} if order.epochs is None else {"epochs": order.epochs}',

@@ -32,7 +32,6 @@ from psdp._integration.mixture_config import (
 from psdp._integration.source_config import SourceConfig
 from psdp._integration.view_config import ViewConfig
 from psdp._plan.mixture import MIXTURE_ROWS
-from psdp._plan.offsets import StepOffsets
 from psdp._plan.options import (
     OrderOptions,
     OutputOptions,
@@ -278,7 +277,7 @@ class DataConfig:
         steps = order.step_offsets(MIXTURE_ROWS)
         for index, stage in enumerate(stages):
             offset = offsets[index]
-            when = "before the resume" if index in past else f"step {_step_of(steps, offset)}"
+            when = "before the resume" if index in past else f"step {steps.step_at(offset)}"
             logger.info(
                 "DataConfig.stages[%d] (at %s) starts at sample offset %d (%s)",
                 index, stage.where, offset, when,
@@ -646,19 +645,6 @@ def _check_stage_order(stages: Sequence[StageConfig], offsets: Sequence[int]) ->
                 f"{offsets[index]}, not after the stage before it (at {stages[index - 1].where}, "
                 f"offset {offsets[index - 1]}); order the stages by where they start"
             )
-
-
-def _step_of(steps: StepOffsets, offset: int) -> int:
-    """The first step whose first offset is ``offset`` or later (a bisection: a step moves the
-    offset on by at least one)."""
-    low, high = steps.start[0], steps.start[0] + max(0, offset - steps.start[1])
-    while low < high:
-        middle = (low + high) // 2
-        if steps.info(middle).offset >= offset:
-            high = middle
-        else:
-            low = middle + 1
-    return low
 
 
 def _made(kind: Any, raw: Any) -> Any:

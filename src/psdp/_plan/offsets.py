@@ -190,11 +190,21 @@ class StepOffsets:
             (3, 4)
         """
         assert self.num_rows is not None  # a stream has no epochs
-        target = epochs * self.num_rows
-        low, high = self.start[0], self.start[0] + max(0, target - self.start[1])
+        return self.step_at(epochs * self.num_rows)
+
+    def step_at(self, offset: int) -> int:
+        """The first step from ``start`` whose first offset is ``offset`` or later. A bisection
+        over `info`: a step covers at least one offset, so it lies within ``offset - start
+        offset`` steps of the start.
+
+        Examples:
+            >>> StepOffsets.create(10, 4).step_at(5), StepOffsets.create(10, 4).step_at(8)
+            (2, 2)
+        """
+        low, high = self.start[0], self.start[0] + max(0, offset - self.start[1])
         while low < high:
             middle = (low + high) // 2
-            if self.info(middle).offset >= target:
+            if self.info(middle).offset >= offset:
                 high = middle
             else:
                 low = middle + 1
