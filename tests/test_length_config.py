@@ -14,7 +14,13 @@ import pytest
 from psdp import DataConfig
 from psdp.sources.documents.writer import write_documents
 from tests.length_oracle import OracleLengthRun
-from tests.test_staged_tokens import EOS, assert_steps_are_the_oracles, documents, streams
+from tests.test_staged_tokens import (
+    EOS,
+    assert_steps_are_the_oracles,
+    documents,
+    stage_tables,
+    streams,
+)
 
 #: sorted as DataConfig lists them; code's documents are test_staged_tokens' second store's
 NAMES = ["code", "web"]
@@ -58,19 +64,7 @@ def oracle(stages, rows: int) -> list[dict[str, np.ndarray]]:
     stream = [streams(DOCS[n]) for n in NAMES]
     run = OracleLengthRun(NAMES, [len(s["input_ids"]) for s in stream], stages, extra=1,
                           **SETTINGS)  # fmt: skip
-    starts = [start for start, _, _ in stages]
-    tables = []
-    for start, stop in zip(starts, [*starts[1:], starts[-1] + rows], strict=True):
-        table: dict[str, list] = {"input_ids": [], "segment_ids": [], "positions": []}
-        for source, places, _, _ in run.rows(stop)[start:]:
-            s, places = stream[source], np.array(places)
-            table["input_ids"].append(s["input_ids"][places])
-            table["positions"].append(s["positions"][places])
-            new = np.ones(len(places), bool)
-            new[1:] = (np.diff(s["document"][places]) != 0) | (np.diff(places) != 1)
-            table["segment_ids"].append(np.cumsum(new))
-        tables.append({k: np.stack(v).astype(np.int32) for k, v in table.items()})
-    return tables
+    return stage_tables(run, stream, stages, rows)
 
 
 def stages_of(last: int = 64):

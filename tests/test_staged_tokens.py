@@ -40,12 +40,19 @@ def oracle_tables(rows: int, targets: bool, stages=STAGES) -> list[dict[str, np.
     stream = [streams(d) for d in docs]
     tokens = [len(s["input_ids"]) for s in stream]
     run = OracleLengthRun(NAMES, tokens, stages, extra=int(targets), **SETTINGS)
+    return stage_tables(run, stream, stages, rows)
+
+
+def stage_tables(run: OracleLengthRun, stream: list[dict[str, np.ndarray]], stages,
+                 rows: int) -> list[dict[str, np.ndarray]]:  # fmt: skip
+    """Each stage's rows of ``run`` (the last stage's first ``rows``) as leaves: the stream's
+    tokens and positions at the oracle's store places, a new segment at each new document or
+    jump in the stream."""
     tables = []
     starts = [start for start, _, _ in stages]
     for start, stop in zip(starts, [*starts[1:], starts[-1] + rows], strict=True):
-        got = run.rows(stop)[start:]
         table: dict[str, list] = {"input_ids": [], "segment_ids": [], "positions": []}
-        for source, places, _, _ in got:
+        for source, places, _, _ in run.rows(stop)[start:]:
             s, places = stream[source], np.array(places)
             table["input_ids"].append(s["input_ids"][places])
             table["positions"].append(s["positions"][places])
