@@ -255,6 +255,25 @@ def test_dict_and_yaml_round_trip():
     assert draccus.load(TrainerConfig, io.StringIO(draccus.dump(trainer))) == trainer
 
 
+def test_this_sessions_fields_round_trip_too():
+    """A packing cap, an unshuffled mixture with a source leaf and stages by offset and by
+    tokens: through dicts, JSON and draccus YAML to an equal config."""
+    newer = replace(
+        FULL,
+        stages=[
+            StageConfig(weights={"code": 1, "prose": 3}),
+            StageConfig(offset=4096, weights={"code": 1, "prose": 1}),
+            StageConfig(tokens=2**21, weights={"code": 1}),
+        ],
+        view=replace(FULL.view, max_segments=8),
+        mixture=replace(FULL.mixture, shuffle=False, source_leaf="source"),
+    )
+    assert DataConfig.from_dict(newer.to_dict()) == newer
+    assert DataConfig.from_dict(json.loads(json.dumps(newer.to_dict()))) == newer
+    trainer = TrainerConfig(data=newer, num_train_steps=3)
+    assert draccus.load(TrainerConfig, io.StringIO(draccus.dump(trainer))) == trainer
+
+
 def test_yaml_file_and_flags(tmp_path):
     path = tmp_path / "train.yaml"
     path.write_text(draccus.dump(TrainerConfig(data=FULL)))
