@@ -921,7 +921,10 @@ def test_a_store_that_keeps_dropping_reads_fails_naming_the_url(server, proxy, m
         source.calls = 0
         with pytest.raises(TransientReadError, match=url(server, path)) as caught:
             loader.batch_at(1)
-    assert source.calls == 3 and proxy.faults[fault] >= 3
+    # One fault per try is not promised: a try may fail on a read that an earlier try started
+    # and TensorStore shares between them (reads of one chunk in flight are joined), so the
+    # tries are counted at the source and the proxy only shows that the store was failing.
+    assert source.calls == 3 and proxy.faults[fault] >= 1
     assert any("(try 3 of 3)" in note for note in caught.value.__notes__)
 
 
