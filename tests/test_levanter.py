@@ -9,6 +9,7 @@ semantics psdp's `TokenSequences` shares (concatenate, then split).
 
 from __future__ import annotations
 
+import json
 from itertools import islice
 
 import jax
@@ -31,12 +32,13 @@ from levanter.store.cache import SerialCacheWriter, TreeCache  # noqa: E402
 import psdp  # noqa: E402
 import psdp.levanter  # noqa: E402
 from psdp.levanter import LevanterLoader, data_config  # noqa: E402
+from psdp.tools.pod import PodError, run_pod  # noqa: E402
 from tests.meshes import mesh_of  # noqa: E402
+from tests.pod_targets_levanter import BATCH, EOS, SAVE_EVERY, SEQ_LEN, VOCAB, train  # noqa: E402
 
 # Levanter and its haliax call jax APIs that jax 0.10 deprecates: their business, not psdp's
 pytestmark = pytest.mark.filterwarnings("ignore:jax[.].* is deprecated:DeprecationWarning")
 
-SEQ_LEN, BATCH, EOS, VOCAB = 16, 8, 1, 64
 STEPS = 20  # the training steps compared (the cache holds 36 whole steps)
 MAPPING = {"batch": "data"}
 
@@ -105,9 +107,10 @@ def test_batches_equal_levanters_loader(cache: str) -> None:
         assert any(int(m.attn_mask.segment_ids[0].array.max()) > 0 for m, _ in steps)
 
 
-def test_resume_on_another_host_counts_as_uninterrupted(cache: str) -> None:
-    """Killed after step 2 and resumed at step 3 on a mesh whose devices are in another
-    order (another host's): steps 3.. are the uninterrupted run's, row for row."""
+def test_resume_at_a_step_on_other_devices_equals_the_uninterrupted_run(cache: str) -> None:
+    """In one process: an iterator closed after step 2, and a new loader on a mesh whose
+    devices are in another order started at step 3: steps 3.. are the uninterrupted run's,
+    row for row (the real kill on a pod is the test below)."""
     Pos = hax.Axis("position", SEQ_LEN)
     kwargs = dict(Pos=Pos, batch_size=BATCH, axis_resources=MAPPING, eos_id=EOS)
     with LevanterLoader.from_cache(cache, mesh=mesh_of(("data",), (8,)), **kwargs) as whole:
@@ -115,7 +118,7 @@ def test_resume_on_another_host_counts_as_uninterrupted(cache: str) -> None:
     with LevanterLoader.from_cache(cache, mesh=mesh_of(("data",), (8,)), **kwargs) as first:
         run = first.iter_from_step(0)
         seen = [np.asarray(next(run).tokens.array) for _ in range(3)]
-        run.close()  # killed here
+        run.close()
     devices = np.array(jax.devices()[::-1])
     other = jax.sharding.Mesh(devices, ("data",))
     with LevanterLoader.from_cache(cache, mesh=other, **kwargs) as resumed:
@@ -123,6 +126,63 @@ def test_resume_on_another_host_counts_as_uninterrupted(cache: str) -> None:
     assert len(seen) == len(uninterrupted)
     for got, want in zip(seen, uninterrupted, strict=True):
         np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.timeout(720)  # three pods of at most 200 s, and a minute
+def test_resume_on_another_host_counts_as_uninterrupted(cache: str, tmp_path) -> None:
+    """A 2-process pod (2 CPU devices each) trains a tiny Llama under Levanter's `Trainer` on
+    psdp's `LevanterLoader`; Levanter's checkpointer saves step 4 and every host is SIGKILLed,
+    its loader reading ahead. One process with 4 devices restarts it as `train_lm` does
+    (``initial_state`` loads the checkpoint, the loader starts at ``state.step``): every step's
+    batch, on either side of the kill, is the uninterrupted run's (one process, 4 devices), row
+    for row, and so is every loss after the restore."""
+    killed, whole = tmp_path / "killed", tmp_path / "whole"
+    killed.mkdir(), whole.mkdir()
+    run = dict(cache=cache, steps=STEPS)
+    with pytest.raises(PodError, match="killed by signal SIGKILL"):
+        run_pod(train, num_processes=2, devices_per_process=2, timeout_s=200,
+                args=dict(run, run_dir=str(killed), record="before", kill_after_save=True))  # fmt: skip
+    (resumed,) = run_pod(train, num_processes=1, devices_per_process=4, timeout_s=200,
+                         args=dict(run, run_dir=str(killed), record="after",
+                                   kill_after_save=False))  # fmt: skip
+    assert resumed["first_step"] == SAVE_EVERY + 1  # step 4's checkpoint: 5 steps done
+    run_pod(train, num_processes=1, devices_per_process=4, timeout_s=200,
+            args=dict(run, run_dir=str(whole), record="whole", kill_after_save=False))  # fmt: skip
+    before, after = _trained(killed, "before", 2), _trained(killed, "after", 1)
+    uninterrupted = _trained(whole, "whole", 1)
+    assert sorted(uninterrupted) == list(range(STEPS))
+    # the pod trained steps 0..4 and the restore took up at 5: no step lost or trained twice
+    assert sorted(before) == list(range(SAVE_EVERY + 1))
+    assert sorted(after) == list(range(SAVE_EVERY + 1, STEPS))
+    for step in range(STEPS):
+        loss, rows = after[step] if step in after else before[step]
+        np.testing.assert_array_equal(rows, uninterrupted[step][1], err_msg=f"step {step}")
+    for step, (loss, _) in after.items():  # the same model state, data and devices
+        assert loss == uninterrupted[step][0], step
+    for step in range(SAVE_EVERY + 1):  # a 2-process pod: its sums may round differently
+        np.testing.assert_allclose(before[step][0], uninterrupted[step][0], rtol=1e-5)
+
+
+def _trained(run_dir, record: str, processes: int) -> dict[int, tuple[float, np.ndarray]]:
+    """Step -> (loss, the step's rows) from the records of `train`'s hosts: each host wrote the
+    rows on its devices, so every row of a step comes from exactly one host."""
+    losses: dict[int, set[float]] = {}
+    rows: dict[int, dict[int, list]] = {}
+    for process in range(processes):
+        for line in (run_dir / f"{record}.p{process}.jsonl").read_text().splitlines():
+            entry = json.loads(line)
+            losses.setdefault(entry["step"], set()).add(entry["loss"])
+            rows.setdefault(entry["step"], {}).update(
+                {int(k): v for k, v in entry["rows"].items()})  # fmt: skip
+    out = {}
+    for step, by_start in rows.items():
+        (loss,) = losses[step]  # every host saw the same loss
+        batch = np.concatenate([np.asarray(by_start[k]) for k in sorted(by_start)])
+        assert batch.shape == (BATCH, SEQ_LEN), (step, batch.shape)
+        out[step] = (loss, batch)
+    return out
 
 
 def test_eval_loader_weights_padding_rows_zero(cache: str) -> None:

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from psdp import DataLoader, DocumentStore, Mixture, PackedSequences, TokenSequences
+from psdp.tools.benchmarks import object_tokens_levanter as levanter
 from psdp.tools.benchmarks.common import Sizes, cpu_mesh
 from psdp.tools.benchmarks.object_store import FaultProxy, GcsServer, S3Server
 from psdp.tools.benchmarks.stall import stall_run
@@ -154,6 +155,13 @@ def bench_object_tokens(sizes: Sizes, workdir: Path) -> dict[str, Any]:
         local = _measure(job, lambda n: DocumentStore.open(workdir / f"store-{n}"), parts, None,
                          sizes, mesh)  # fmt: skip
         out.append({"job": job, "store": LOCAL, "latency_ms": 0.0, **local})
+    with_levanter = levanter.installed()  # Levanter's reader, a row beside psdp's (its module)
+    measures = dict(seq_len=sizes.object_token_seq_len, batch=sizes.object_token_batch,
+                    steps=sizes.object_token_steps, stall_steps=sizes.object_token_stall_steps,
+                    mesh=mesh, step_ms=STEP_MS, seed=SEED)  # fmt: skip
+    if with_levanter:
+        row = levanter.local_row(DocumentStore.open(workdir / "store-a"), workdir, **measures)
+        out.append({"job": levanter.JOB, "store": LOCAL, "latency_ms": 0.0, **row})
     for where, server_class in servers().items():
         with server_class() as server, FaultProxy(server.endpoint) as proxy:
             for name, paths in inputs.items():  # the same parts as the local store's
@@ -163,11 +171,19 @@ def bench_object_tokens(sizes: Sizes, workdir: Path) -> dict[str, Any]:
             def remote(name: str, server: Any = server, proxy: FaultProxy = proxy) -> Any:
                 return DocumentStore.open(server.kvstore(f"{name}/", proxy.endpoint))
 
+            levanter_root = None  # Levanter reads s3:// (AWS_ENDPOINT_URL); gs:// not here
+            if with_levanter and server_class is S3Server:
+                levanter_root = levanter.write_s3_cache(DocumentStore.open(workdir / "store-a"),
+                                                        server)  # fmt: skip
             for latency_ms in sizes.object_token_latency_ms:
                 proxy.latency_s = latency_ms / 1e3
                 for job in JOBS:
                     row = _measure(job, remote, parts, proxy, sizes, mesh)
                     out.append({"job": job, "store": where, "latency_ms": latency_ms, **row})
+                if levanter_root is not None:
+                    row = levanter.s3_row(levanter_root, proxy, **measures)
+                    out.append({"job": levanter.JOB, "store": where, "latency_ms": latency_ms,
+                                **row})  # fmt: skip
     for row in out:  # tokens/s against the same job on the local store
         local = next(r for r in out if r["job"] == row["job"] and r["store"] == LOCAL)
         row["ratio"] = row["mtokens_per_s"] / local["mtokens_per_s"]
@@ -185,7 +201,8 @@ def bench_object_tokens(sizes: Sizes, workdir: Path) -> dict[str, Any]:
             "chunk_runs: the runs of input_ids chunks those steps' rows touch; mtokens_per_s: "
             "real tokens through the iterator with no trainer; wait_N: the trainer's share of "
             "time in next() behind an N ms step; read_threads: what the loader grew to. The "
-            "proxy and moto run on the loader's cores"
+            "proxy and moto run on the loader's cores; "
+            + (levanter.ROWS_NOTE if with_levanter else levanter.NOT_INSTALLED)
         ),
         "rows": out,
     }
