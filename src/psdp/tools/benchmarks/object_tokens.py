@@ -160,6 +160,7 @@ def bench_object_tokens(sizes: Sizes, workdir: Path) -> dict[str, Any]:
                     steps=sizes.object_token_steps, stall_steps=sizes.object_token_stall_steps,
                     mesh=mesh, step_ms=STEP_MS, seed=SEED)  # fmt: skip
     if with_levanter:
+        measures["tokenizer"] = levanter.tokenizer_folder(Path(tokenizer))
         row = levanter.local_row(DocumentStore.open(workdir / "store-a"), workdir, **measures)
         out.append({"job": levanter.JOB, "store": LOCAL, "latency_ms": 0.0, **row})
     for where, server_class in servers().items():

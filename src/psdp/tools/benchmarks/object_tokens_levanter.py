@@ -83,14 +83,25 @@ def write_cache(store: DocumentStore, root: str) -> None:
     with SerialCacheWriter(f"{root}/train", exemplar) as writer:
         for first in range(0, store.num_documents, WRITE_BATCH):
             last = min(first + WRITE_BATCH, store.num_documents)
-            ids = store.read_ranges(offsets[first:last], offsets[first + 1 : last + 1])
-            writer.write_batch([{"input_ids": np.asarray(d, dtype=np.int64)}
-                                for d in ids["input_ids"]])  # fmt: skip
+            starts, stops = offsets[first:last], offsets[first + 1 : last + 1]
+            flat = store.read_ranges(starts, stops, ["input_ids"])["input_ids"]
+            documents = np.split(flat.astype(np.int64), np.cumsum(stops - starts)[:-1])
+            writer.write_batch([{"input_ids": d} for d in documents])
+
+
+def tokenizer_folder(tokenizer_json: Path) -> str:
+    """The figure's ``tokenizer.json`` as a folder Levanter's data config loads (its
+    ``tokenizer:`` takes a Hugging Face name or folder), beside it."""
+    from transformers import PreTrainedTokenizerFast
+
+    folder = tokenizer_json.parent / "levanter-tokenizer"
+    PreTrainedTokenizerFast(tokenizer_file=str(tokenizer_json)).save_pretrained(str(folder))
+    return str(folder)
 
 
 def measure(
-    root: str, proxy: Any, seq_len: int, batch: int, steps: int, stall_steps: int, mesh: Any,
-    step_ms: tuple[float, ...], seed: int,
+    root: str, proxy: Any, tokenizer: str, seq_len: int, batch: int, steps: int,
+    stall_steps: int, mesh: Any, step_ms: tuple[float, ...], seed: int,
 ) -> dict[str, Any]:  # fmt: skip
     """The figure's columns for Levanter's pipeline over the cache at ``root``: requests and
     KiB per step at ``proxy`` (``None``: a local cache) while steps ``1..steps`` are read one at
@@ -98,7 +109,7 @@ def measure(
     dataset for them); tokens/s through Levanter's loader with no trainer; the wait behind each
     simulated step of ``step_ms``. Every measure starts as a fresh host (a fresh TensorStore
     cache)."""
-    with _pipeline(root, seq_len, batch, mesh, seed) as (dataset, _):
+    with _pipeline(root, tokenizer, seq_len, batch, mesh, seed) as (dataset, _):
         rows = dataset.as_sync_dataset()
         rows.get_batch(list(range(batch)))  # start-up: the ledger, the offsets, connections
         if proxy is not None:
@@ -107,7 +118,7 @@ def measure(
             rows.get_batch(list(range(step * batch, (step + 1) * batch)))
         requests = 0 if proxy is None else sum(proxy.requests.values())
         received = 0 if proxy is None else proxy.bytes_sent
-    with _pipeline(root, seq_len, batch, mesh, seed) as (_, loader):
+    with _pipeline(root, tokenizer, seq_len, batch, mesh, seed) as (_, loader):
         it = _Closing(loader.iter_from_step(0))
         jax.block_until_ready(next(it))
         started = time.perf_counter()
@@ -121,7 +132,7 @@ def measure(
         "mtokens_per_s": steps * batch * seq_len / seconds / 1e6,  # every row is full
     }
     for ms in step_ms:
-        with _pipeline(root, seq_len, batch, mesh, seed) as (_, loader):
+        with _pipeline(root, tokenizer, seq_len, batch, mesh, seed) as (_, loader):
             row[f"wait_{ms:g}ms"] = stall_run(_AsPsdp(loader), ms / 1e3, stall_steps)[
                 "wait_fraction"]  # fmt: skip
     return row
@@ -129,7 +140,7 @@ def measure(
 
 @contextlib.contextmanager
 def _pipeline(
-    root: str, seq_len: int, batch: int, mesh: Any, seed: int
+    root: str, tokenizer: str, seq_len: int, batch: int, mesh: Any, seed: int
 ) -> Iterator[tuple[Any, Any]]:
     """Levanter's training dataset of the cache at ``root`` and its ``DataLoader``, as
     ``train_lm`` builds them, in a fresh TensorStore cache."""
@@ -142,15 +153,13 @@ def _pipeline(
     # Levanter keeps one TensorStore context (its cache) per process: a new host starts empty
     jagged_array._READ_CONTEXT = None
     data = LmDataConfig(
-        tokenizer="passthrough", vocab_size=1 << 16, cache_dir=None,
+        tokenizer=tokenizer, cache_dir=None,
         components={"a": DatasetComponent(cache_dir=root)}, train_weights={"a": 1.0},
     )  # fmt: skip
     Pos = hax.Axis("position", seq_len)
     dataset = data.train_set(Pos, BatchSchedule(batch), key=jax.random.PRNGKey(seed))
     mapping = {"batch": mesh.axis_names[0]}
-    loader = DataLoader(dataset, batch, mesh=mesh, axis_resources=mapping)
-    with hax.partitioning.set_mesh(mesh), hax.axis_mapping(mapping):
-        yield dataset, loader
+    yield dataset, DataLoader(dataset, batch, mesh=mesh, axis_resources=mapping)
 
 
 class _AsPsdp:
