@@ -101,6 +101,19 @@ def test_write_and_read_back_exactly(server):
     assert all(k.startswith(f"exact/{meta['data_prefix']}") for k in keys - {"exact/psdp.json"})
 
 
+def test_a_head_through_the_proxy_says_the_objects_length(server, proxy):
+    """fsspec (s3fs, which Levanter reads a cache's ledger with) takes an object's size from a
+    HEAD's Content-Length: the proxy passes the server's on, with no body."""
+    if gcs(server):
+        pytest.skip("GCS's JSON API reads an object's size from its metadata, not a HEAD")
+    import boto3  # moto's own dependency: a signed HEAD, as s3fs sends it
+
+    server.objects().write(b"head/object", b"x" * 1234).result()
+    client = boto3.client("s3", endpoint_url=proxy.endpoint)
+    assert client.head_object(Bucket=server.bucket, Key="head/object")["ContentLength"] == 1234
+    assert proxy.requests["HEAD"] == 1
+
+
 def test_a_file_url_is_a_local_directory(tmp_path):
     data = rows(10)
     url = f"file://{tmp_path}/ds"

@@ -486,7 +486,11 @@ def _handler_for(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
             for name, value in headers.items():
                 if name.lower() not in ("content-length", "connection", "transfer-encoding"):
                     self.send_header(name, value)
-            self.send_header("Content-Length", str(len(payload)))
+            length = str(len(payload))
+            if self.command == "HEAD":  # no body, but the object's length (fsspec's size)
+                length = next((v for n, v in headers.items() if n.lower() == "content-length"),
+                              length)  # fmt: skip
+            self.send_header("Content-Length", length)
             self.end_headers()
             if self.command != "HEAD":
                 self.wfile.write(payload)
