@@ -22,6 +22,7 @@ from psdp.tools.benchmarks import (
     baselines,
     grain_loops,
     multihost,
+    object_tokens_levanter,
     throughput,
     token_checks,
     token_loops,
@@ -101,6 +102,15 @@ def test_each_figure_has_the_rows_the_issue_asks_for(quick_report):
     resume = figures["resume"]["rows"]
     assert [r["prefetch"] for r in resume if "prefetch" in r] == list(benchmarks.QUICK.rss_prefetch)
     assert all(r["bound_batches"] == r["prefetch"] + 2 for r in resume if "prefetch" in r)
+    # Levanter's reader: a row beside psdp's where Levanter is installed, a word where it is not
+    with_levanter = object_tokens_levanter.installed()
+    levanter_rows = [
+        r for r in figures["object_tokens"]["rows"] if r["job"] == object_tokens_levanter.JOB
+    ]
+    assert bool(levanter_rows) == with_levanter
+    assert (
+        object_tokens_levanter.NOT_INSTALLED in figures["object_tokens"]["note"]
+    ) != with_levanter
     pod = figures["multihost"]["rows"]
     assert {r["read_ms"] for r in pod} == set(benchmarks.QUICK.pod_read_ms)
     for (

@@ -327,3 +327,23 @@ def test_bad_input_names_the_fix(cache: str) -> None:
     levanter_data = SimpleNamespace(cache_dir=None, components={"web": padded})
     with pytest.raises(ValueError, match=r"has pack: 'pad'; psdp packs a component with pack: "):
         data_config(levanter_data, seq_len=SEQ_LEN)
+
+
+@pytest.mark.slow  # moto's server in a process of its own
+def test_the_object_store_figures_levanter_cache_is_the_stores_documents_read_via_the_proxy():
+    """Figure 9's Levanter rows: the cache it writes to S3 holds the psdp store's documents, in
+    order, and Levanter reads its arrays (TensorStore, the endpoint from ``AWS_ENDPOINT_URL``)
+    through the figure's proxy, where the requests are counted."""
+    from psdp.tools.benchmarks import object_tokens_levanter as figure
+    from psdp.tools.benchmarks.object_store import FaultProxy, S3Server
+
+    rng = np.random.default_rng(1)
+    docs = [rng.integers(0, 60_000, n).astype(np.uint16) for n in rng.integers(1, 50, 30)]
+    with S3Server() as server, FaultProxy(server.endpoint) as proxy:
+        root = figure.write_s3_cache(psdp.DocumentStore.from_documents(docs), server)
+        assert proxy.requests == {}  # written straight to the server
+        with figure.s3_endpoint(proxy.endpoint):
+            cache = TreeCache.load(f"{root}/train", {"input_ids": np.zeros((0,), np.int64)})
+            got = cache.get_batch_sync(list(range(len(docs))))
+        assert proxy.requests["GET"] > 0
+    assert [g["input_ids"].tolist() for g in got] == [d.tolist() for d in docs]

@@ -78,12 +78,12 @@ def write_cache(store: DocumentStore, root: str) -> None:
     (a folder or an ``s3://`` URL), written by Levanter's ``SerialCacheWriter``."""
     from levanter.store.cache import SerialCacheWriter
 
-    offsets = store.offsets
     exemplar = {"input_ids": np.zeros((0,), dtype=np.int64)}
     with SerialCacheWriter(f"{root}/train", exemplar) as writer:
         for first in range(0, store.num_documents, WRITE_BATCH):
             last = min(first + WRITE_BATCH, store.num_documents)
-            starts, stops = offsets[first:last], offsets[first + 1 : last + 1]
+            offsets = store.offsets_range(first, last + 1)
+            starts, stops = offsets[:-1], offsets[1:]
             flat = store.read_ranges(starts, stops, ["input_ids"])["input_ids"]
             documents = np.split(flat.astype(np.int64), np.cumsum(stops - starts)[:-1])
             writer.write_batch([{"input_ids": d} for d in documents])
