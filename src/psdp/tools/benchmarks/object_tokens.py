@@ -1,8 +1,9 @@
 """Figure 9, the token path from an object store: `TokenSequences` and a packed 3:1 `Mixture`, each
 read with psdp's defaults from a `psdp prepare` store in moto's S3 (and in fake-gcs-server, where
 the emulator is installed) through a `FaultProxy` adding ``latency_ms`` to every request, side by
-side with the same job on the same store on local disk (``docs/measurements/token-path.md``,
-"From an object store").
+side with the same job on the same store on local disk, and with Levanter's own reader on the
+same documents where Levanter is installed (`object_tokens_levanter`)
+(``docs/measurements/token-path.md``, "From an object store").
 
 Every setting opens fresh stores and a fresh loader, as a host does at start-up, then measures:
 

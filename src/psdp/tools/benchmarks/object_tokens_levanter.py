@@ -41,7 +41,8 @@ ROWS_NOTE = (
     f"{JOB}: the first store's documents in a Levanter cache (int64 ids, as Levanter writes "
     "them), read by LmDataConfig.train_set (its block shuffle) and Levanter's DataLoader "
     "(prefetch 32); its requests and KiB per step are those of each step's rows read one at a "
-    "time; on S3 only (Levanter reads gs:// with gcsfs, which this emulator's auth refuses)"
+    "time; on S3 only (Levanter's gs:// path, gcsfs for the ledger, is not pointed at the GCS "
+    "emulator here)"
 )
 #: The S3 path of the cache in the emulator's bucket (its ``train`` split inside).
 S3_ROOT = "levanter/a"
