@@ -199,6 +199,9 @@ def test_eval_loader_weights_padding_rows_zero(cache: str) -> None:
         _assert_same_batch(mine, other)
 
 
+@pytest.mark.timeout(
+    300
+)  # two Llama compiles under Levanter's Trainer: 120 s cut it on 2 busy cores
 def test_losses_equal_levanters_for_20_steps(cache: str, tmp_path, monkeypatch) -> None:
     """A tiny Llama trained by Levanter's `Trainer` on its own loader, then on psdp's."""
     monkeypatch.chdir(tmp_path)  # Levanter writes logs/ into the working directory
