@@ -15,11 +15,12 @@ from typing import Any
 
 import numpy as np
 
-from psdp._plan.leaves import SEGMENT_IDS, Key, in_leaf_order
+from psdp._plan.leaves import POSITIONS, SEGMENT_IDS, Key, in_leaf_order
 from psdp._plan.length_stages import LengthPlan, Pieces
 from psdp._plan.mixture import MIXTURE_ROWS
 from psdp._plan.windows import Box, box_parts
 from psdp.sources.base import check_ids, fresh_rows
+from psdp.sources.documents.index import ranges
 from psdp.sources.documents.store import DocumentStore
 from psdp.sources.views.tokens import TokenSequences
 
@@ -193,8 +194,8 @@ class StageRows:
     @fresh_rows
     def read_window(self, ids: np.ndarray, columns: Mapping[Key, Box]) -> dict[Key, np.ndarray]:
         """Some leaves, each cut to a range (or index array) of columns inside the row, reading
-        under twice those tokens from the stores (a piece as wide as the window exactly, others in
-        windows rounded up to a power of two); ``segment_ids`` and ``positions`` come from the
+        exactly those columns' tokens from the stores (one range per piece of a row: a row
+        across a unit or an epoch is two); ``segment_ids`` and ``positions`` come from the
         stores' offsets, reading no token.
 
         Examples:
@@ -245,45 +246,73 @@ class StageRows:
     def _columns(
         self, offsets: np.ndarray, first: int, stop: int, names: list[str]
     ) -> dict[Key, np.ndarray]:
-        """Leaves ``names`` at columns ``[first, stop)`` of the rows at ``offsets``."""
+        """Leaves ``names`` at columns ``[first, stop)`` of the rows at ``offsets``, reading
+        exactly those columns' tokens: one store range per piece."""
         pieces = self.staged.plan.store_pieces(offsets)
+        count = len(offsets)
         numbered = SEGMENT_IDS in names
-        asked = [n for n in names if n != SEGMENT_IDS] + ([SEGMENT_IDS] if numbered else [])
-        out = self._leaves_at(pieces, len(offsets), first, stop, asked)
+        asked = [n for n in names if n != SEGMENT_IDS]
+        if numbered and POSITIONS not in asked:
+            asked.append(POSITIONS)
+        out = self._leaves_at(pieces, count, first, stop, asked)
         if numbered:
-            # a row's segments count from column 0: its columns before `first` by offsets alone
-            before = self._leaves_at(pieces, len(offsets), 0, first, [SEGMENT_IDS])
-            documents = np.concatenate([before[SEGMENT_IDS], out[SEGMENT_IDS]], axis=1)
-            out[SEGMENT_IDS] = _numbered(documents, _jumps(pieces, len(offsets), stop))[:, first:]
+            # a segment starts at a document's first token and where the row goes on at another
+            # place of the stream; the ones before `first` are counted from the offsets alone
+            new = _jumps(pieces, count, first, stop) | (out[POSITIONS] == 0)
+            before = self._segments_before(pieces, count, first)
+            dtype = self.leaves[SEGMENT_IDS]
+            out[SEGMENT_IDS] = np.cumsum(new, axis=1, dtype=dtype) + before.astype(dtype)[:, None]
+            if POSITIONS not in names:
+                del out[POSITIONS]
         return out
 
     def _leaves_at(
         self, pieces: Pieces, count: int, first: int, stop: int, names: list[str]
     ) -> dict[Key, np.ndarray]:
-        """Leaves ``names`` at columns ``[first, stop)``: each source's pieces read in a few
-        window reads (whole-width pieces in one, the others by size, rounded up to a power of
-        two: fewer than twice their tokens)."""
+        """Leaves ``names`` at columns ``[first, stop)``: each source's pieces cut to them and
+        read in one `TokenSequences.read_spans`, exactly their tokens."""
         shape = (count, stop - first)
-        out: dict[Key, np.ndarray] = {n: np.zeros(shape, self.leaves[n]) for n in names}
         if not names or stop <= first:
+            return {n: np.zeros(shape, self.leaves[n]) for n in names}
+        mine = _clipped(pieces, first, stop)
+        streams = list(self.staged.streams.values())
+        used = np.unique(mine.source).tolist()
+        if len(used) == 1:  # the pieces in row and column order tile the window: no placing
+            got = streams[used[0]].read_spans(mine.start, mine.start + mine.size, names)
+            return {n: got[n].reshape(shape) for n in names}
+        out = {n: np.zeros(shape, self.leaves[n]) for n in names}
+        flat = {n: leaf.reshape(-1) for n, leaf in out.items()}
+        before = np.cumsum(mine.size) - mine.size  # each piece's place in the window, row after row
+        for source in used:
+            at = mine.source == source
+            got = streams[source].read_spans(mine.start[at], mine.start[at] + mine.size[at], names)
+            places = ranges(before[at], mine.size[at])
+            for name in names:
+                flat[name][places] = got[name]
+        return out
+
+    def _segments_before(self, pieces: Pieces, count: int, first: int) -> np.ndarray:
+        """Each row's segments in its columns ``[0, first)``: the documents starting there and
+        the places where the row goes on elsewhere, from the stores' offsets (no token read)."""
+        out = np.zeros(count, np.int64)
+        if first <= 0:
             return out
+        new = ~_going_on(pieces)
+        kept = (pieces.column < first) & (pieces.size > 0)
+        mine = _clipped(pieces, 0, first)  # the pieces starting before `first`, in order
+        new = new[kept]
         for source, stream in enumerate(self.staged.streams.values()):
-            mine = _clipped(pieces, source, first, stop)
-            bucket = np.where(mine.size == stop - first, -1, _bit_length(mine.size))
-            for key in np.unique(bucket).tolist():
-                at = np.flatnonzero(bucket == key)
-                width = int(mine.size[at].max())
-                got = stream.read_window(mine.start[at], dict.fromkeys(names, slice(0, width)))
-                if key == -1:  # whole rows of the window: one row-wise copy
-                    for leaf in names:
-                        out[leaf][mine.row[at]] = got[leaf]
-                    continue
-                span = np.arange(width)
-                valid = span < mine.size[at][:, None]
-                rows = np.broadcast_to(mine.row[at][:, None], valid.shape)[valid]
-                columns = ((mine.column[at] - first)[:, None] + span)[valid]
-                for leaf in names:
-                    out[leaf][rows, columns] = got[leaf][valid]
+            at = np.flatnonzero(mine.source == source)
+            if not at.size:
+                continue
+            lo = mine.start[at]
+            docs = stream.store.documents_touching(lo, lo + mine.size[at], eos=stream.eos_id is not None)
+            piece = np.repeat(np.arange(at.size), docs.count)
+            starting = (docs.stop > docs.start) & (docs.stream_start >= lo[piece])
+            at_lo = starting & (docs.stream_start == lo[piece])
+            starts = np.bincount(piece, starting, at.size)
+            starts += new[at] & (np.bincount(piece, at_lo, at.size) == 0)
+            out += np.bincount(mine.row[at], starts, count).astype(np.int64)
         return out
 
     def describe(self) -> str:
@@ -293,42 +322,33 @@ class StageRows:
         )
 
 
-def _clipped(pieces: Pieces, source: int, first: int, stop: int) -> Pieces:
-    """Source ``source``'s pieces cut to columns ``[first, stop)`` of their rows (empty ones
-    dropped); columns stay the row's."""
-    mine = pieces.source == source
+def _clipped(pieces: Pieces, first: int, stop: int) -> Pieces:
+    """The pieces cut to columns ``[first, stop)`` of their rows (empty ones dropped); columns
+    stay the row's."""
     lo = np.maximum(pieces.column, first)
     hi = np.minimum(pieces.column + pieces.size, stop)
-    keep = mine & (hi > lo)
+    keep = hi > lo
     shift = (lo - pieces.column)[keep]
     return Pieces(pieces.row[keep], lo[keep], pieces.source[keep], pieces.epoch[keep],
                   pieces.start[keep] + shift, (hi - lo)[keep])  # fmt: skip
 
 
-def _jumps(pieces: Pieces, count: int, stop: int) -> np.ndarray:
-    """Where a row's columns ``[0, stop)`` go on at another place of their stream: each piece's
-    first column, but where the piece before it ends right before it in the same source."""
-    out = np.zeros((count, stop), bool)
+def _going_on(pieces: Pieces) -> np.ndarray:
+    """Whether each piece goes on right where the piece before it in its row ends, in the same
+    source's stream (so no new segment starts at its first column)."""
     same_row = np.concatenate([[False], pieces.row[1:] == pieces.row[:-1]])
     ends = np.concatenate([[-1], (pieces.start + pieces.size)[:-1]])
     sources = np.concatenate([[-1], pieces.source[:-1]])
-    going_on = same_row & (ends == pieces.start) & (sources == pieces.source)
-    jump = ~going_on & (pieces.column < stop)
-    out[pieces.row[jump], pieces.column[jump]] = True
+    return same_row & (ends == pieces.start) & (sources == pieces.source)
+
+
+def _jumps(pieces: Pieces, count: int, first: int, stop: int) -> np.ndarray:
+    """Where columns ``[first, stop)`` of each row go on at another place of their stream
+    (relative to ``first``): each piece's first column, but where the piece goes on."""
+    out = np.zeros((count, stop - first), bool)
+    jump = ~_going_on(pieces) & (pieces.column >= first) & (pieces.column < stop)
+    out[pieces.row[jump], pieces.column[jump] - first] = True
     return out
-
-
-def _numbered(documents: np.ndarray, jumps: np.ndarray) -> np.ndarray:
-    """Segment ids from 1 in each row: a new one at a new document or a jump."""
-    new = jumps.copy()
-    new[:, 0] = True
-    new[:, 1:] |= documents[:, 1:] != documents[:, :-1]
-    return np.cumsum(new, axis=1, dtype=documents.dtype)
-
-
-def _bit_length(values: np.ndarray) -> np.ndarray:
-    """``int.bit_length`` of each value >= 0."""
-    return np.where(values > 0, np.floor(np.log2(np.maximum(values, 1))).astype(np.int64) + 1, 0)
 
 
 def _span(part: Any) -> tuple[int, int, np.ndarray | None]:
