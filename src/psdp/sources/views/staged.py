@@ -306,7 +306,9 @@ class StageRows:
             if not at.size:
                 continue
             lo = mine.start[at]
-            docs = stream.store.documents_touching(lo, lo + mine.size[at], eos=stream.eos_id is not None)
+            docs = stream.store.documents_touching(
+                lo, lo + mine.size[at], eos=stream.eos_id is not None
+            )
             piece = np.repeat(np.arange(at.size), docs.count)
             starting = (docs.stop > docs.start) & (docs.stream_start >= lo[piece])
             at_lo = starting & (docs.stream_start == lo[piece])

@@ -190,7 +190,9 @@ class TokenSequences:
         names = list(self._dtypes) if leaves is None else list(leaves)
         unknown = [name for name in names if name not in self._dtypes]
         if unknown:
-            raise KeyError(f"{unknown} are not leaves of {self.describe()}: it has {list(self._dtypes)}")
+            raise KeyError(
+                f"{unknown} are not leaves of {self.describe()}: it has {list(self._dtypes)}"
+            )
         out: dict[str, np.ndarray] = {}
         size = hi - lo
         total = int(size.sum())
