@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from psdp._plan.leaves import POSITIONS, SEGMENT_IDS, Key, in_leaf_order
+from psdp._plan.leaves import SEGMENT_IDS, Key, in_leaf_order
 from psdp._plan.length_stages import LengthPlan, Pieces
 from psdp._plan.mixture import MIXTURE_ROWS
 from psdp._plan.windows import Box, box_parts
@@ -250,20 +250,9 @@ class StageRows:
         exactly those columns' tokens: one store range per piece."""
         pieces = self.staged.plan.store_pieces(offsets)
         count = len(offsets)
-        numbered = SEGMENT_IDS in names
-        asked = [n for n in names if n != SEGMENT_IDS]
-        if numbered and POSITIONS not in asked:
-            asked.append(POSITIONS)
-        out = self._leaves_at(pieces, count, first, stop, asked)
-        if numbered:
-            # a segment starts at a document's first token and where the row goes on at another
-            # place of the stream; the ones before `first` are counted from the offsets alone
-            new = _jumps(pieces, count, first, stop) | (out[POSITIONS] == 0)
-            before = self._segments_before(pieces, count, first)
-            dtype = self.leaves[SEGMENT_IDS]
-            out[SEGMENT_IDS] = np.cumsum(new, axis=1, dtype=dtype) + before.astype(dtype)[:, None]
-            if POSITIONS not in names:
-                del out[POSITIONS]
+        out = self._leaves_at(pieces, count, first, stop, [n for n in names if n != SEGMENT_IDS])
+        if SEGMENT_IDS in names:
+            out[SEGMENT_IDS] = self._segment_ids(pieces, count, first, stop)
         return out
 
     def _leaves_at(
@@ -282,7 +271,7 @@ class StageRows:
             return {n: got[n].reshape(shape) for n in names}
         out = {n: np.zeros(shape, self.leaves[n]) for n in names}
         flat = {n: leaf.reshape(-1) for n, leaf in out.items()}
-        before = np.cumsum(mine.size) - mine.size  # each piece's place in the window, row after row
+        before = np.cumsum(mine.size) - mine.size  # each piece's place in the window
         for source in used:
             at = mine.source == source
             got = streams[source].read_spans(mine.start[at], mine.start[at] + mine.size[at], names)
@@ -291,31 +280,52 @@ class StageRows:
                 flat[name][places] = got[name]
         return out
 
-    def _segments_before(self, pieces: Pieces, count: int, first: int) -> np.ndarray:
-        """Each row's segments in its columns ``[0, first)``: the documents starting there and
-        the places where the row goes on elsewhere, from the stores' offsets (no token read)."""
-        out = np.zeros(count, np.int64)
-        if first <= 0:
-            return out
-        new = ~_going_on(pieces)
-        kept = (pieces.column < first) & (pieces.size > 0)
-        mine = _clipped(pieces, 0, first)  # the pieces starting before `first`, in order
-        new = new[kept]
+    def _segment_ids(self, pieces: Pieces, count: int, first: int, stop: int) -> np.ndarray:
+        """``segment_ids`` at columns ``[first, stop)``, numbered from 1 at column 0 of each
+        row: from the stores' offsets alone, per part of a document (no token read)."""
+        jumps = ~_going_on(pieces)
+        before = np.zeros(count, np.int64)
+        if first > 0:  # the segments starting in columns [0, first)
+            row, _, _, new = self._parts(pieces, jumps, 0, first)
+            before = np.bincount(row, new, count).astype(np.int64)
+        row, place, size, new = self._parts(pieces, jumps, first, stop)
+        order = np.argsort(place, kind="stable")
+        row, size, new = row[order], size[order], new[order]
+        per_row = np.bincount(row, new, count).astype(np.int64)
+        number = np.cumsum(new) - (np.cumsum(per_row) - per_row)[row] + before[row]
+        dtype = self.leaves[SEGMENT_IDS]
+        return np.repeat(number.astype(dtype), size).reshape(count, stop - first)
+
+    def _parts(
+        self, pieces: Pieces, jumps: np.ndarray, first: int, stop: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The parts of documents in columns ``[first, stop)`` of the rows: each one's row, its
+        place in the window (row after row), its size, and whether a segment starts at it (a
+        document's first token, or a piece's first column where the row goes on elsewhere)."""
+        keep = np.minimum(pieces.column + pieces.size, stop) > np.maximum(pieces.column, first)
+        jump = (jumps & (pieces.column >= first))[keep]  # a piece cut at `first` goes on there
+        mine = _clipped(pieces, first, stop)
+        before = np.cumsum(mine.size) - mine.size
+        parts = []
         for source, stream in enumerate(self.staged.streams.values()):
             at = np.flatnonzero(mine.source == source)
             if not at.size:
                 continue
             lo = mine.start[at]
-            docs = stream.store.documents_touching(
-                lo, lo + mine.size[at], eos=stream.eos_id is not None
-            )
-            piece = np.repeat(np.arange(at.size), docs.count)
-            starting = (docs.stop > docs.start) & (docs.stream_start >= lo[piece])
-            at_lo = starting & (docs.stream_start == lo[piece])
-            starts = np.bincount(piece, starting, at.size)
-            starts += new[at] & (np.bincount(piece, at_lo, at.size) == 0)
-            out += np.bincount(mine.row[at], starts, count).astype(np.int64)
-        return out
+            hi = lo + mine.size[at]
+            eos = stream.eos_id is not None
+            docs = stream.store.documents_touching(lo, hi, eos=eos)
+            span = np.repeat(np.arange(at.size), docs.count)
+            length = docs.stop - docs.start
+            start = np.maximum(docs.stream_start, lo[span])
+            size = np.minimum(docs.stream_start + length + (eos & (length > 0)), hi[span]) - start
+            held = size > 0  # not an empty document
+            span, start, size = span[held], start[held], size[held]
+            opens = np.concatenate([[True], span[1:] != span[:-1]])  # a span's first part
+            new = (docs.stream_start[held] >= lo[span]) | (opens & jump[at][span])
+            place = before[at][span] + start - lo[span]
+            parts.append((mine.row[at][span], place, size, new))
+        return tuple(np.concatenate(a) for a in zip(*parts, strict=True))  # type: ignore[return-value]
 
     def describe(self) -> str:
         return (
@@ -342,15 +352,6 @@ def _going_on(pieces: Pieces) -> np.ndarray:
     ends = np.concatenate([[-1], (pieces.start + pieces.size)[:-1]])
     sources = np.concatenate([[-1], pieces.source[:-1]])
     return same_row & (ends == pieces.start) & (sources == pieces.source)
-
-
-def _jumps(pieces: Pieces, count: int, first: int, stop: int) -> np.ndarray:
-    """Where columns ``[first, stop)`` of each row go on at another place of their stream
-    (relative to ``first``): each piece's first column, but where the piece goes on."""
-    out = np.zeros((count, stop - first), bool)
-    jump = ~_going_on(pieces) & (pieces.column >= first) & (pieces.column < stop)
-    out[pieces.row[jump], pieces.column[jump] - first] = True
-    return out
 
 
 def _span(part: Any) -> tuple[int, int, np.ndarray | None]:
