@@ -188,8 +188,8 @@ class StageRows:
 
     @fresh_rows
     def read(self, ids: np.ndarray) -> dict[Key, np.ndarray]:
-        offsets = self._offsets(ids)
-        return in_leaf_order(self._columns(offsets, 0, self.width, list(self.leaves)))
+        pieces = self.staged.plan.store_pieces(self._offsets(ids))
+        return in_leaf_order(self._columns(pieces, len(ids), 0, self.width, list(self.leaves)))
 
     @fresh_rows
     def read_window(self, ids: np.ndarray, columns: Mapping[Key, Box]) -> dict[Key, np.ndarray]:
@@ -206,6 +206,7 @@ class StageRows:
             [[132, 133, 134]]
         """
         offsets = self._offsets(ids)
+        pieces = self.staged.plan.store_pieces(offsets)  # once for every span of columns
         by_span: dict[tuple[int, int], list[str]] = {}
         picks: dict[str, np.ndarray | None] = {}
         for key, box in columns.items():
@@ -225,7 +226,7 @@ class StageRows:
             by_span.setdefault((first, stop), []).append(key)
         out: dict[Key, np.ndarray] = {}
         for (first, stop), keys in by_span.items():
-            got = self._columns(offsets, first, stop, keys)
+            got = self._columns(pieces, len(offsets), first, stop, keys)
             for key in keys:
                 pick = picks[key]
                 out[key] = got[key] if pick is None else got[key][:, pick]
@@ -244,12 +245,10 @@ class StageRows:
         return offsets
 
     def _columns(
-        self, offsets: np.ndarray, first: int, stop: int, names: list[str]
+        self, pieces: Pieces, count: int, first: int, stop: int, names: list[str]
     ) -> dict[Key, np.ndarray]:
-        """Leaves ``names`` at columns ``[first, stop)`` of the rows at ``offsets``, reading
-        exactly those columns' tokens: one store range per piece."""
-        pieces = self.staged.plan.store_pieces(offsets)
-        count = len(offsets)
+        """Leaves ``names`` at columns ``[first, stop)`` of the ``count`` rows made of
+        ``pieces``, reading exactly those columns' tokens: one store range per piece."""
         out = self._leaves_at(pieces, count, first, stop, [n for n in names if n != SEGMENT_IDS])
         if SEGMENT_IDS in names:
             out[SEGMENT_IDS] = self._segment_ids(pieces, count, first, stop)

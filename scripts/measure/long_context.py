@@ -1,0 +1,232 @@
+"""Length stages at seq_len 131,072 x context 4 against the same job at 4,096: per-host tokens/s
+and bytes read per host per step (issue 38's goal; docs/measurements/tokens.md, "Long context").
+
+The job: one `StagedTokens` over a memmap store (documents of log-normal lengths, ``uint16`` ids
+in ``.npy`` files opened with ``mmap_mode="r"``, no EOS), two stages: ``seq_len`` 4,096 with a
+global batch of 256, then 131,072 with a batch of 8 (the same 2^20 tokens a step). A
+``data=2 x context=4`` mesh of fake CPU devices, one device a host: `tests/fake_hosts.py` plans,
+reads and cuts exactly one host's boxes in this process, the whole loader but JAX's last
+placement. Every leaf (``input_ids``, ``segment_ids``, ``positions``) is ``P("data",
+"context")``, ``input_ids`` with a pad halo of ``--halo`` columns, so a host holds 131,072 tokens
+a step at both lengths. `TokenSequences` at both lengths (rows in a shuffled order, the same
+mesh and leaves) is the reference: it reads a window of a row as one range of the store.
+
+1. Checked first, on every host, at one step of each length: each shard of every leaf equals
+   the whole rows (``read``) at its box (tests/batch_checks.py's expected batch, halo included),
+   and, through a counting store, the ``input_ids`` tokens the host reads are exactly its rows
+   times its columns plus halos (clipped to the row), each token once.
+2. Timed: the hosts of data row 0 (context shards 0 to 3), ``--steps`` steps of each job per
+   round, the jobs in turn, ``--rounds`` rounds; wall and CPU milliseconds per step (one read at
+   a time, ``batch_at``: no prefetch hides a slow read). Per-host tokens/s: the host's 131,072
+   tokens over the median wall time. The goal: 131,072's over 4,096's >= 0.8.
+
+    python scripts/measure/long_context.py [--steps 4] [--rounds 3] [--halo 64] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests.fake_hosts
+
+from psdp.tools.benchmarks.common import ask_for_cpu_devices
+
+ask_for_cpu_devices(8)
+
+from jax.sharding import PartitionSpec as P  # noqa: E402
+from tests.batch_checks import expected_batch  # noqa: E402
+from tests.fake_hosts import fake_pod, host_batch  # noqa: E402
+from tests.meshes import mesh_of  # noqa: E402
+from tests.pod_targets_tokens import CountingStore  # noqa: E402
+
+from psdp import DataLoader, DocumentStore, StagedTokens, TokenSequences  # noqa: E402
+
+DATA, CONTEXT = 2, 4
+LONG, SHORT = 131_072, 4096
+STEP_TOKENS = 2**20  # a step's tokens at both lengths
+LANES = STEP_TOKENS // SHORT  # the most samples a batch holds
+LEAVES = ("input_ids", "segment_ids", "positions")
+ITEMSIZE = 2  # uint16 ids
+
+
+def corpus(folder: Path, tokens: int, seed: int = 0) -> tuple[Path, Path]:
+    """``offsets.npy`` and ``tokens.npy`` of about ``tokens`` tokens in documents of log-normal
+    lengths (mean ~900, at most 64k)."""
+    rng = np.random.default_rng(seed)
+    lengths = np.clip(rng.lognormal(6.3, 1.0, tokens // 400), 1, 65_536).astype(np.int64)
+    lengths = lengths[: int(np.searchsorted(np.cumsum(lengths), tokens)) + 1]
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    paths = folder / "offsets.npy", folder / "tokens.npy"
+    np.save(paths[0], offsets)
+    np.save(paths[1], rng.integers(0, 65_536, int(offsets[-1]), dtype=np.uint16))
+    return paths
+
+
+def store_of(paths: tuple[Path, Path], kind: type[DocumentStore] = DocumentStore) -> Any:
+    offsets, tokens = (np.load(p, mmap_mode="r") for p in paths)
+    return kind.from_arrays(offsets, {"input_ids": tokens})
+
+
+def jobs(store: DocumentStore, long_from: int) -> dict[str, tuple[Any, Any, int]]:
+    """name -> (source, global batch schedule, a first step of the job)."""
+    staged = StagedTokens(
+        {"a": store}, [(0, SHORT, {"a": 1}), (long_from * LANES, LONG, {"a": 1})],
+        lanes=LANES, block_size=STEP_TOKENS // LONG, seed=3,
+    )  # fmt: skip
+    ramp = [(0, LANES), (long_from, STEP_TOKENS // LONG)]
+    return {
+        f"StagedTokens {SHORT:,}": (staged, ramp, 0),
+        f"StagedTokens {LONG:,}": (staged, ramp, long_from),
+        f"TokenSequences {SHORT:,}": (TokenSequences(store, SHORT), STEP_TOKENS // SHORT, 0),
+        f"TokenSequences {LONG:,}": (TokenSequences(store, LONG), STEP_TOKENS // LONG, 0),
+    }
+
+
+def settings(halo: int, mesh: Any) -> dict[str, Any]:
+    return {"mesh": mesh, "batch_spec": {k: P("data", "context") for k in LEAVES},
+            "halo": {"input_ids": halo} if halo else 0, "seed": 1}  # fmt: skip
+
+
+def share(loader: Any, step: int, host: int, halo: int) -> int:
+    """The ``input_ids`` tokens host ``host`` holds at ``step``: its rows times its columns plus
+    halos, clipped to the row."""
+    info = loader.step_info(step)
+    width = STEP_TOKENS // info.batch_size  # the step's seq_len
+    c, rows = host % CONTEXT, info.batch_size // DATA
+    w = width // CONTEXT
+    return rows * (min(width, (c + 1) * w + halo) - max(0, c * w - halo))
+
+
+def check(paths: tuple[Path, Path], halo: int, long_from: int, mesh: Any) -> dict[str, Any]:
+    """Every host: its shards of one step of each job equal the whole rows at their boxes, and
+    its ``input_ids`` reads are exactly its share (`share`), each token once."""
+    layout = np.arange(DATA * CONTEXT).reshape(DATA, CONTEXT)
+    out: dict[str, Any] = {}
+    with fake_pod(mesh, layout) as process_of:
+        for host in range(DATA * CONTEXT):
+            store = store_of(paths, CountingStore)
+            for name, (source, batch, first) in jobs(store, long_from).items():
+                with DataLoader(source, global_batch_size=batch, process_index=host,
+                                **settings(halo, mesh)) as loader:  # fmt: skip
+                    step = first + 1
+                    info = loader.step_info(step)
+                    ids = np.arange(info.batch_size) + info.offset  # it orders itself
+                    store.ranges.clear()
+                    got = host_batch(loader, step, process_of)
+                    read = sorted(t for _, a, b in store.ranges for t in range(a, b))
+                    assert len(read) == len(set(read)), (name, host, "a token read twice")
+                    assert len(read) == share(loader, step, host, halo), (name, host, len(read))
+                    if isinstance(source, StagedTokens):
+                        rows = source.read(ids)
+                        want = expected_batch(rows, 0, shuffle=False, global_batch_size=info.batch_size,
+                                              **settings(halo, mesh))  # fmt: skip
+                        for key, shards in got.items():
+                            boxes = shards.sharding.devices_indices_map(shards.shape)
+                            for device, value in shards.shards.items():
+                                np.testing.assert_array_equal(value, want[key][boxes[device]])
+                    out.setdefault(name, {})[host] = len(read) * ITEMSIZE
+    return out
+
+
+def timed(paths: tuple[Path, Path], halo: int, long_from: int, mesh: Any, steps: int,
+          rounds: int) -> dict[str, Any]:  # fmt: skip
+    """Wall and CPU ms per step of each job on the hosts of data row 0, in interleaved rounds."""
+    layout = np.arange(DATA * CONTEXT).reshape(DATA, CONTEXT)
+    store = store_of(paths)
+    wall: dict[str, list[float]] = {}
+    cpu: dict[str, list[float]] = {}
+    with fake_pod(mesh, layout) as process_of:
+        loaders = {
+            (name, host): (
+                DataLoader(
+                    source, global_batch_size=batch, process_index=host, **settings(halo, mesh)
+                ),
+                first,
+            )  # fmt: skip
+            for name, (source, batch, first) in jobs(store, long_from).items()
+            for host in range(CONTEXT)
+        }
+        for (_, _), (loader, first) in loaders.items():
+            host_batch(loader, first, process_of)  # warm: page cache and plans
+        for r in range(rounds):
+            for (name, _), (loader, first) in loaders.items():
+                for step in range(first + 1 + r * steps, first + 1 + (r + 1) * steps):
+                    w, c = time.perf_counter(), time.process_time()
+                    host_batch(loader, step, process_of)
+                    wall.setdefault(name, []).append(1000 * (time.perf_counter() - w))
+                    cpu.setdefault(name, []).append(1000 * (time.process_time() - c))
+        for loader, _ in loaders.values():
+            loader.close()
+    host_tokens = STEP_TOKENS // DATA // CONTEXT
+    return {
+        name: {
+            "wall_ms": statistics.median(wall[name]),
+            "wall_ms_range": [min(wall[name]), max(wall[name])],
+            "cpu_ms": statistics.median(cpu[name]),
+            "tokens_per_s": host_tokens / statistics.median(wall[name]) * 1000,
+        }
+        for name in wall
+    }
+
+
+def measure(steps: int, rounds: int, halo: int, tokens: int) -> dict[str, Any]:
+    mesh = mesh_of(("data", "context"), (DATA, CONTEXT))
+    long_from = 4 * steps * rounds  # the short stage's steps, then the long one's
+    with tempfile.TemporaryDirectory(prefix="psdp-long-") as tmp:
+        paths = corpus(Path(tmp), tokens)
+        stored = int(np.load(paths[0], mmap_mode="r")[-1])
+        bytes_read = check(paths, halo, long_from, mesh)
+        times = timed(paths, halo, long_from, mesh, steps, rounds)
+    return {"tokens": stored, "halo": halo, "steps": steps, "rounds": rounds,
+            "bytes": bytes_read, "times": times}  # fmt: skip
+
+
+def table(result: dict[str, Any]) -> str:
+    halo, times = result["halo"], result["times"]
+    lines = [
+        f"data={DATA} x context={CONTEXT}, one host a device; {STEP_TOKENS:,} tokens a step "
+        f"({STEP_TOKENS // DATA // CONTEXT:,} a host); memmap store of {result['tokens']:,} "
+        f"uint16 tokens; input_ids with a pad halo of {halo}; {result['rounds']} rounds of "
+        f"{result['steps']} steps a job per host, hosts of data row 0",
+        "",
+        "| job | wall ms a step (median, range) | CPU ms a step | tokens/s a host | input_ids bytes a host a step (every host) | = its columns + halos |",
+        "|---|---:|---:|---:|---:|---|",
+    ]  # fmt: skip
+    for name, t in times.items():
+        got = sorted(set(result["bytes"][name].values()))
+        lines.append(
+            f"| {name} | {t['wall_ms']:.1f} ({t['wall_ms_range'][0]:.1f}-"
+            f"{t['wall_ms_range'][1]:.1f}) | {t['cpu_ms']:.1f} | {t['tokens_per_s'] / 1e6:.1f} M | "
+            f"{', '.join(f'{b:,}' for b in got)} | exactly |"
+        )
+    short, long = (times[f"StagedTokens {n:,}"]["tokens_per_s"] for n in (SHORT, LONG))
+    lines += ["", f"StagedTokens per-host tokens/s, {LONG:,} over {SHORT:,}: {long / short:.2f} "
+              f"(goal >= 0.8: {'met' if long / short >= 0.8 else 'not met'})"]  # fmt: skip
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--steps", type=int, default=4, help="timed steps a job a round a host")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--halo", type=int, default=64, help="input_ids' pad halo (columns)")
+    parser.add_argument("--tokens", type=int, default=40_000_000, help="the store's tokens")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    result = measure(args.steps, args.rounds, args.halo, args.tokens)
+    print(json.dumps(result, indent=1) if args.json else table(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
