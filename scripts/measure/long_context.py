@@ -52,9 +52,6 @@ from tests.pod_targets_tokens import CountingStore  # noqa: E402
 from psdp import DataLoader, DocumentStore, StagedTokens, TokenSequences  # noqa: E402
 
 DATA, CONTEXT = 2, 4
-LONG, SHORT = 131_072, 4096
-STEP_TOKENS = 2**20  # a step's tokens at both lengths
-LANES = STEP_TOKENS // SHORT  # the most samples a batch holds
 LEAVES = ("input_ids", "segment_ids", "positions")
 ITEMSIZE = 2  # uint16 ids
 
@@ -77,18 +74,19 @@ def store_of(paths: tuple[Path, Path], kind: type[DocumentStore] = DocumentStore
     return kind.from_arrays(offsets, {"input_ids": tokens})
 
 
-def jobs(store: DocumentStore, long_from: int) -> dict[str, tuple[Any, Any, int]]:
+def jobs(store: DocumentStore, lengths: Lengths, long_from: int) -> dict[str, tuple[Any, Any, int]]:
     """name -> (source, global batch schedule, a first step of the job)."""
+    short, long, step = lengths
     staged = StagedTokens(
-        {"a": store}, [(0, SHORT, {"a": 1}), (long_from * LANES, LONG, {"a": 1})],
-        lanes=LANES, block_size=STEP_TOKENS // LONG, seed=3,
+        {"a": store}, [(0, short, {"a": 1}), (long_from * step // short, long, {"a": 1})],
+        lanes=step // short, block_size=step // long, seed=3,
     )  # fmt: skip
-    ramp = [(0, LANES), (long_from, STEP_TOKENS // LONG)]
+    ramp = [(0, step // short), (long_from, step // long)]
     return {
-        f"StagedTokens {SHORT:,}": (staged, ramp, 0),
-        f"StagedTokens {LONG:,}": (staged, ramp, long_from),
-        f"TokenSequences {SHORT:,}": (TokenSequences(store, SHORT), STEP_TOKENS // SHORT, 0),
-        f"TokenSequences {LONG:,}": (TokenSequences(store, LONG), STEP_TOKENS // LONG, 0),
+        f"StagedTokens {short:,}": (staged, ramp, 0),
+        f"StagedTokens {long:,}": (staged, ramp, long_from),
+        f"TokenSequences {short:,}": (TokenSequences(store, short), step // short, 0),
+        f"TokenSequences {long:,}": (TokenSequences(store, long), step // long, 0),
     }
 
 
@@ -97,17 +95,19 @@ def settings(halo: int, mesh: Any) -> dict[str, Any]:
             "halo": {"input_ids": halo} if halo else 0, "seed": 1}  # fmt: skip
 
 
-def share(loader: Any, step: int, host: int, halo: int) -> int:
+def share(loader: Any, step: int, host: int, halo: int, step_tokens: int) -> int:
     """The ``input_ids`` tokens host ``host`` holds at ``step``: its rows times its columns plus
     halos, clipped to the row."""
     info = loader.step_info(step)
-    width = STEP_TOKENS // info.batch_size  # the step's seq_len
+    width = step_tokens // info.batch_size  # the step's seq_len
     c, rows = host % CONTEXT, info.batch_size // DATA
     w = width // CONTEXT
     return rows * (min(width, (c + 1) * w + halo) - max(0, c * w - halo))
 
 
-def check(paths: tuple[Path, Path], halo: int, long_from: int, mesh: Any) -> dict[str, Any]:
+def check(
+    paths: tuple[Path, Path], lengths: Lengths, halo: int, long_from: int, mesh: Any
+) -> dict[str, Any]:
     """Every host: its shards of one step of each job equal the whole rows at their boxes, and
     its ``input_ids`` reads are exactly its share (`share`), each token once."""
     layout = np.arange(DATA * CONTEXT).reshape(DATA, CONTEXT)
@@ -115,7 +115,7 @@ def check(paths: tuple[Path, Path], halo: int, long_from: int, mesh: Any) -> dic
     with fake_pod(mesh, layout) as process_of:
         for host in range(DATA * CONTEXT):
             store = store_of(paths, CountingStore)
-            for name, (source, batch, first) in jobs(store, long_from).items():
+            for name, (source, batch, first) in jobs(store, lengths, long_from).items():
                 with DataLoader(source, global_batch_size=batch, process_index=host,
                                 **settings(halo, mesh)) as loader:  # fmt: skip
                     step = first + 1
@@ -125,7 +125,11 @@ def check(paths: tuple[Path, Path], halo: int, long_from: int, mesh: Any) -> dic
                     got = host_batch(loader, step, process_of)
                     read = sorted(t for _, a, b in store.ranges for t in range(a, b))
                     assert len(read) == len(set(read)), (name, host, "a token read twice")
-                    assert len(read) == share(loader, step, host, halo), (name, host, len(read))
+                    assert len(read) == share(loader, step, host, halo, lengths[2]), (
+                        name,
+                        host,
+                        len(read),
+                    )
                     if isinstance(source, StagedTokens):
                         rows = source.read(ids)
                         want = expected_batch(rows, 0, shuffle=False, global_batch_size=info.batch_size,
@@ -138,8 +142,8 @@ def check(paths: tuple[Path, Path], halo: int, long_from: int, mesh: Any) -> dic
     return out
 
 
-def timed(paths: tuple[Path, Path], halo: int, long_from: int, mesh: Any, steps: int,
-          rounds: int) -> dict[str, Any]:  # fmt: skip
+def timed(paths: tuple[Path, Path], lengths: Lengths, halo: int, long_from: int, mesh: Any,
+          steps: int, rounds: int) -> dict[str, Any]:  # fmt: skip
     """Wall and CPU ms per step of each job on the hosts of data row 0, in interleaved rounds."""
     layout = np.arange(DATA * CONTEXT).reshape(DATA, CONTEXT)
     store = store_of(paths)
@@ -153,7 +157,7 @@ def timed(paths: tuple[Path, Path], halo: int, long_from: int, mesh: Any, steps:
                 ),
                 first,
             )  # fmt: skip
-            for name, (source, batch, first) in jobs(store, long_from).items()
+            for name, (source, batch, first) in jobs(store, lengths, long_from).items()
             for host in range(CONTEXT)
         }
         for (_, _), (loader, first) in loaders.items():
@@ -167,51 +171,99 @@ def timed(paths: tuple[Path, Path], halo: int, long_from: int, mesh: Any, steps:
                     cpu.setdefault(name, []).append(1000 * (time.process_time() - c))
         for loader, _ in loaders.values():
             loader.close()
-    host_tokens = STEP_TOKENS // DATA // CONTEXT
+    host_tokens = lengths[2] // DATA // CONTEXT
     return {
         name: {
             "wall_ms": statistics.median(wall[name]),
             "wall_ms_range": [min(wall[name]), max(wall[name])],
             "cpu_ms": statistics.median(cpu[name]),
             "tokens_per_s": host_tokens / statistics.median(wall[name]) * 1000,
+            "cpu_tokens_per_s": host_tokens / statistics.median(cpu[name]) * 1000,
         }
         for name in wall
     }
 
 
-def measure(steps: int, rounds: int, halo: int, tokens: int) -> dict[str, Any]:
+def read_speed(paths: tuple[Path, Path], rows: int, seq_len: int, rounds: int) -> dict[str, Any]:
+    """CPU ms of ``read`` (whole rows, ``segment_ids`` and ``positions``) of ``rows`` rows of
+    ``seq_len`` tokens: `StagedTokens` (one stage) against `TokenSequences`' rows in a random
+    order, interleaved, after checking one batch of each against the other's rows."""
+    store = store_of(paths)
+    staged = StagedTokens({"a": store}, [(0, seq_len, {"a": 1})], lanes=rows, block_size=rows,
+                          seed=3).stage(0)  # fmt: skip
+    plain = TokenSequences(store, seq_len)
+    rng = np.random.default_rng(0)
+    ms: dict[str, list[float]] = {"StagedTokens": [], "TokenSequences": []}
+    for r in range(rounds):
+        ids = np.arange(rows) + r * rows
+        picked = rng.choice(len(plain), rows, replace=False)
+        for name, source, which in (
+            ("StagedTokens", staged, ids),
+            ("TokenSequences", plain, picked),
+        ):
+            c = time.process_time()
+            got = source.read(which)
+            ms[name].append(1000 * (time.process_time() - c))
+            assert got["input_ids"].shape == (rows, seq_len), name
+    return {name: statistics.median(v) for name, v in ms.items()}
+
+
+#: (short seq_len, long seq_len, tokens a step)
+Lengths = tuple[int, int, int]
+
+
+def measure(steps: int, rounds: int, halo: int, tokens: int,
+            lengths: Lengths = (4096, 131_072, 2**20)) -> dict[str, Any]:  # fmt: skip
     mesh = mesh_of(("data", "context"), (DATA, CONTEXT))
     long_from = 4 * steps * rounds  # the short stage's steps, then the long one's
     with tempfile.TemporaryDirectory(prefix="psdp-long-") as tmp:
         paths = corpus(Path(tmp), tokens)
         stored = int(np.load(paths[0], mmap_mode="r")[-1])
-        bytes_read = check(paths, halo, long_from, mesh)
-        times = timed(paths, halo, long_from, mesh, steps, rounds)
+        bytes_read = check(paths, lengths, halo, long_from, mesh)
+        times = timed(paths, lengths, halo, long_from, mesh, steps, rounds)
+        speed = read_speed(paths, lengths[2] // lengths[0], lengths[0], 4 * rounds)
     return {"tokens": stored, "halo": halo, "steps": steps, "rounds": rounds,
-            "bytes": bytes_read, "times": times}  # fmt: skip
+            "lengths": list(lengths), "bytes": bytes_read, "times": times, "read": speed}  # fmt: skip
+
+
+def ratios(result: dict[str, Any]) -> dict[str, float]:
+    """StagedTokens' per-host tokens/s at the long length over the short one's, by wall and by
+    CPU time."""
+    short, long, _ = result["lengths"]
+    at = {n: result["times"][f"StagedTokens {n:,}"] for n in (short, long)}
+    return {k: at[long][k] / at[short][k] for k in ("tokens_per_s", "cpu_tokens_per_s")}
 
 
 def table(result: dict[str, Any]) -> str:
     halo, times = result["halo"], result["times"]
+    short, long, step = result["lengths"]
     lines = [
-        f"data={DATA} x context={CONTEXT}, one host a device; {STEP_TOKENS:,} tokens a step "
-        f"({STEP_TOKENS // DATA // CONTEXT:,} a host); memmap store of {result['tokens']:,} "
+        f"data={DATA} x context={CONTEXT}, one host a device; {step:,} tokens a step "
+        f"({step // DATA // CONTEXT:,} a host); memmap store of {result['tokens']:,} "
         f"uint16 tokens; input_ids with a pad halo of {halo}; {result['rounds']} rounds of "
         f"{result['steps']} steps a job per host, hosts of data row 0",
         "",
-        "| job | wall ms a step (median, range) | CPU ms a step | tokens/s a host | input_ids bytes a host a step (every host) | = its columns + halos |",
-        "|---|---:|---:|---:|---:|---|",
+        "| job | wall ms a step (median, range) | CPU ms a step | tokens/s a host (wall) | tokens/s a host (CPU) | input_ids bytes a host a step (every host) | = its columns + halos |",
+        "|---|---:|---:|---:|---:|---:|---|",
     ]  # fmt: skip
     for name, t in times.items():
         got = sorted(set(result["bytes"][name].values()))
         lines.append(
             f"| {name} | {t['wall_ms']:.1f} ({t['wall_ms_range'][0]:.1f}-"
             f"{t['wall_ms_range'][1]:.1f}) | {t['cpu_ms']:.1f} | {t['tokens_per_s'] / 1e6:.1f} M | "
-            f"{', '.join(f'{b:,}' for b in got)} | exactly |"
+            f"{t['cpu_tokens_per_s'] / 1e6:.1f} M | {', '.join(f'{b:,}' for b in got)} | exactly |"
         )
-    short, long = (times[f"StagedTokens {n:,}"]["tokens_per_s"] for n in (SHORT, LONG))
-    lines += ["", f"StagedTokens per-host tokens/s, {LONG:,} over {SHORT:,}: {long / short:.2f} "
-              f"(goal >= 0.8: {'met' if long / short >= 0.8 else 'not met'})"]  # fmt: skip
+    r = ratios(result)
+    met = "met" if min(r.values()) >= 0.8 else "not met"
+    read = result["read"]
+    lines += [
+        "",
+        f"StagedTokens per-host tokens/s, {long:,} over {short:,}: {r['tokens_per_s']:.2f} by "
+        f"wall time, {r['cpu_tokens_per_s']:.2f} by CPU time (goal >= 0.8: {met})",
+        "",
+        f"read() of {step // short} whole rows of {short:,} (with segment_ids and positions), CPU ms: "
+        f"StagedTokens {read['StagedTokens']:.1f}, TokenSequences {read['TokenSequences']:.1f}",
+    ]  # fmt: skip
     return "\n".join(lines)
 
 
