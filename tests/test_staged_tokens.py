@@ -395,3 +395,50 @@ def test_a_stage_whose_seq_len_does_not_divide_by_the_context_axis_is_refused(me
     with pytest.raises(ValueError, match=r"length stage 2's seq_len=63 does not divide by the "
                        r"context axis of 2 devices \(dimension 1 of leaf 'input_ids'"):  # fmt: skip
         DataLoader(view, mesh=mesh_context, global_batch_size=RAMP, batch_spec=spec)
+
+
+class _Remote:
+    """A flat array that is not a numpy array: a store of it waits on storage."""
+
+    def __init__(self, values: np.ndarray) -> None:
+        self.values, self.shape, self.dtype = values, values.shape, values.dtype
+
+    def __getitem__(self, where):
+        return self.values[where]
+
+
+def test_a_store_that_waits_on_storage_gives_the_loader_storages_read_threads():
+    from psdp import OrderOptions
+    from psdp._runtime.feeds import open_feed
+
+    docs = documents(0)
+    offsets = np.concatenate([[0], np.cumsum([len(d) for d in docs])])
+    flat = np.concatenate(docs)
+    local = DocumentStore.from_arrays(offsets, {"input_ids": flat})
+    remote = DocumentStore.from_arrays(offsets, {"input_ids": _Remote(flat)})
+    for store, waits, threads in ((local, False, 1), (remote, True, 4)):
+        view = StagedTokens({"web": store, "code": local}, STAGES, **SETTINGS)
+        assert view.reads_storage is waits and view.stage(1).reads_storage is waits
+        assert open_feed(view, OrderOptions(global_batch_size=8)).read_threads(None) == threads
+
+
+@pytest.mark.slow  # 4 s: 8 hosts x 4 jobs, then timed
+def test_the_long_context_script_checks_and_measures_at_small_lengths():
+    """scripts/measure/long_context.py at seq_len 64 -> 512 (its own run takes half a minute):
+    every host's bytes are its columns plus halos, each job timed, the ratios and read times
+    reported."""
+    import runpy
+    from pathlib import Path
+
+    script = runpy.run_path(
+        str(Path(__file__).parents[1] / "scripts/measure/long_context.py"), run_name="long_context"
+    )
+    result = script["measure"](1, 1, 4, 40_000, lengths=(64, 512, 2048))
+    assert set(result["times"]) == {
+        f"{v} {n}" for v in ("StagedTokens", "TokenSequences") for n in (64, 512)
+    }
+    # host (d, c) of data=2 x context=4: 16 rows x 16 columns (+ 4 halo inside the row) at 64
+    assert sorted(set(result["bytes"]["StagedTokens 64"].values())) == [16 * 20 * 2, 16 * 24 * 2]
+    assert sorted(set(result["bytes"]["StagedTokens 512"].values())) == [2 * 132 * 2, 2 * 136 * 2]
+    assert set(script["ratios"](result)) == {"tokens_per_s", "cpu_tokens_per_s"}
+    assert "read() of 32 whole rows of 64" in script["table"](result)

@@ -108,6 +108,18 @@ class StagedTokens:
         return MIXTURE_ROWS
 
     @property
+    def reads_storage(self) -> bool:
+        """Whether some store waits on storage (the loader then reads several steps at once by
+        default), as a `Mixture`'s.
+
+        Examples:
+            >>> store = DocumentStore.from_documents([np.arange(100, 160)])
+            >>> StagedTokens({"a": store}, [(0, 4, {"a": 1})], lanes=2, block_size=1).reads_storage
+            False
+        """
+        return any(stream.reads_storage for stream in self.streams.values())
+
+    @property
     def stage_starts(self) -> tuple[int, ...]:
         """Each stage's first sample offset: a loader plans each stage's rows apart (their width
         differs) and reads a step from the stage holding its offsets."""
@@ -181,6 +193,11 @@ class StageRows:
 
     def __len__(self) -> int:
         return MIXTURE_ROWS - self.start
+
+    @property
+    def reads_storage(self) -> bool:
+        """Its `StagedTokens`' ``reads_storage``."""
+        return self.staged.reads_storage
 
     @property
     def leaves(self) -> dict[str, np.dtype]:
