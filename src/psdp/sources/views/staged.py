@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
-from psdp._plan.leaves import SEGMENT_IDS, Key, in_leaf_order
+from psdp._plan.leaves import POSITIONS, SEGMENT_IDS, Key, in_leaf_order
 from psdp._plan.length_stages import LengthPlan, Pieces
 from psdp._plan.mixture import MIXTURE_ROWS
 from psdp._plan.windows import Box, box_parts
@@ -266,9 +266,10 @@ class StageRows:
     ) -> dict[Key, np.ndarray]:
         """Leaves ``names`` at columns ``[first, stop)`` of the ``count`` rows made of
         ``pieces``, reading exactly those columns' tokens: one store range per piece."""
-        out = self._leaves_at(pieces, count, first, stop, [n for n in names if n != SEGMENT_IDS])
-        if SEGMENT_IDS in names:
-            out[SEGMENT_IDS] = self._segment_ids(pieces, count, first, stop)
+        computed = [n for n in names if n in (SEGMENT_IDS, POSITIONS)]
+        out = self._leaves_at(pieces, count, first, stop, [n for n in names if n not in computed])
+        if computed:
+            out.update(self._computed(pieces, count, first, stop, computed))
         return out
 
     def _leaves_at(
@@ -296,32 +297,44 @@ class StageRows:
                 flat[name][places] = got[name]
         return out
 
-    def _segment_ids(self, pieces: Pieces, count: int, first: int, stop: int) -> np.ndarray:
-        """``segment_ids`` at columns ``[first, stop)``, numbered from 1 at column 0 of each
-        row: from the stores' offsets alone, per part of a document (no token read)."""
-        jumps = ~_going_on(pieces)
+    def _computed(
+        self, pieces: Pieces, count: int, first: int, stop: int, names: list[str]
+    ) -> dict[Key, np.ndarray]:
+        """``segment_ids`` and ``positions`` at columns ``[first, stop)``, from the stores'
+        offsets alone (no token read), per part of a document: segments numbered from 1 at
+        column 0 of each row (those before ``first`` counted), positions each token's place in
+        its document."""
+        shape = (count, stop - first)
+        if stop <= first:
+            return {n: np.zeros(shape, self.leaves[n]) for n in names}
+        numbered = SEGMENT_IDS in names
+        parts = self._parts(pieces, 0 if numbered else first, stop)
         before = np.zeros(count, np.int64)
-        if first > 0:  # the segments starting in columns [0, first)
-            row, _, _, new = self._parts(pieces, jumps, 0, first)
-            before = np.bincount(row, new, count).astype(np.int64)
-        row, place, size, new = self._parts(pieces, jumps, first, stop)
-        order = np.argsort(place, kind="stable")
-        row, size, new = row[order], size[order], new[order]
-        per_row = np.bincount(row, new, count).astype(np.int64)
-        number = np.cumsum(new) - (np.cumsum(per_row) - per_row)[row] + before[row]
-        dtype = self.leaves[SEGMENT_IDS]
-        return np.repeat(number.astype(dtype), size).reshape(count, stop - first)
+        if numbered and first > 0:  # count the segments starting before the window, then cut
+            early = parts.column < first
+            before = np.bincount(parts.row[early], parts.new[early], count).astype(np.int64)
+            parts = _cut(parts, first)
+        if len(self.staged.streams) > 1:  # each source's parts in order: all of them in order
+            parts = _Parts(*(a[np.lexsort((parts.column, parts.row))] for a in parts))
+        out: dict[Key, np.ndarray] = {}
+        if numbered:
+            per_row = np.bincount(parts.row, parts.new, count).astype(np.int64)
+            number = np.cumsum(parts.new) - (np.cumsum(per_row) - per_row)[parts.row]
+            number = (number + before[parts.row]).astype(self.leaves[SEGMENT_IDS])
+            out[SEGMENT_IDS] = np.repeat(number, parts.size).reshape(shape)
+        if POSITIONS in names:
+            dtype = self.leaves[POSITIONS]
+            work = dtype if count * (stop - first) < 2**31 else np.dtype(np.int64)
+            out[POSITIONS] = ranges(parts.within, parts.size, work).astype(dtype).reshape(shape)
+        return out
 
-    def _parts(
-        self, pieces: Pieces, jumps: np.ndarray, first: int, stop: int
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """The parts of documents in columns ``[first, stop)`` of the rows: each one's row, its
-        place in the window (row after row), its size, and whether a segment starts at it (a
-        document's first token, or a piece's first column where the row goes on elsewhere)."""
+    def _parts(self, pieces: Pieces, first: int, stop: int) -> _Parts:
+        """The parts of documents in columns ``[first, stop)`` of the rows, each source's in
+        row and column order (one `DocumentStore.documents_touching` a source)."""
         keep = np.minimum(pieces.column + pieces.size, stop) > np.maximum(pieces.column, first)
-        jump = (jumps & (pieces.column >= first))[keep]  # a piece cut at `first` goes on there
+        # a piece starts a segment where the row goes on elsewhere; one cut at `first` goes on
+        jump = (~_going_on(pieces) & (pieces.column >= first))[keep]
         mine = _clipped(pieces, first, stop)
-        before = np.cumsum(mine.size) - mine.size
         parts = []
         for source, stream in enumerate(self.staged.streams.values()):
             at = np.flatnonzero(mine.source == source)
@@ -338,16 +351,38 @@ class StageRows:
             held = size > 0  # not an empty document
             span, start, size = span[held], start[held], size[held]
             opens = np.concatenate([[True], span[1:] != span[:-1]])  # a span's first part
-            new = (docs.stream_start[held] >= lo[span]) | (opens & jump[at][span])
-            place = before[at][span] + start - lo[span]
-            parts.append((mine.row[at][span], place, size, new))
-        return tuple(np.concatenate(a) for a in zip(*parts, strict=True))  # type: ignore[return-value]
+            doc_start = docs.stream_start[held]
+            new = (doc_start >= lo[span]) | (opens & jump[at][span])
+            column = mine.column[at][span] + start - lo[span]
+            parts.append(_Parts(mine.row[at][span], column, size, new, start - doc_start))
+        return _Parts(*(np.concatenate(a) for a in zip(*parts, strict=True)))
 
     def describe(self) -> str:
         return (
             f"stage {self.index} of {self.staged.describe()} (offsets from {self.start}, "
             f"seq_len={self.seq_len}{' + 1' if self.width > self.seq_len else ''})"
         )
+
+
+class _Parts(NamedTuple):
+    """Parts of documents in rows: part ``i`` is ``size[i]`` tokens of row ``row[i]`` from
+    column ``column[i]``, from place ``within[i]`` of its document; ``new[i]``: a segment
+    starts at its first column."""
+
+    row: np.ndarray
+    column: np.ndarray
+    size: np.ndarray
+    new: np.ndarray
+    within: np.ndarray
+
+
+def _cut(parts: _Parts, first: int) -> _Parts:
+    """The parts cut to columns ``first`` on; a part cut there starts no segment there."""
+    keep = parts.column + parts.size > first
+    column = np.maximum(parts.column, first)[keep]
+    shift = column - parts.column[keep]
+    return _Parts(parts.row[keep], column, parts.size[keep] - shift,
+                  parts.new[keep] & (shift == 0), parts.within[keep] + shift)  # fmt: skip
 
 
 def _clipped(pieces: Pieces, first: int, stop: int) -> Pieces:
