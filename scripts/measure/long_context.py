@@ -14,7 +14,8 @@ mesh and leaves) is the reference: it reads a window of a row as one range of th
 1. Checked first, on every host, at one step of each length: each shard of every leaf equals
    the whole rows (``read``) at its box (tests/batch_checks.py's expected batch, halo included),
    and, through a counting store, the ``input_ids`` tokens the host reads are exactly its rows
-   times its columns plus halos (clipped to the row), each token once.
+   times its columns plus halos (clipped to the row). (That they are the right tokens, each
+   once within an epoch, tests/test_staged_tokens.py checks against the oracle.)
 2. Timed: the hosts of data row 0 (context shards 0 to 3), ``--steps`` steps of each job per
    round, the jobs in turn, ``--rounds`` rounds; wall and CPU milliseconds per step (one read at
    a time, ``batch_at``: no prefetch hides a slow read). Per-host tokens/s: the host's 131,072
@@ -109,7 +110,7 @@ def check(
     paths: tuple[Path, Path], lengths: Lengths, halo: int, long_from: int, mesh: Any
 ) -> dict[str, Any]:
     """Every host: its shards of one step of each job equal the whole rows at their boxes, and
-    its ``input_ids`` reads are exactly its share (`share`), each token once."""
+    its ``input_ids`` reads are exactly its share (`share`)."""
     layout = np.arange(DATA * CONTEXT).reshape(DATA, CONTEXT)
     out: dict[str, Any] = {}
     with fake_pod(mesh, layout) as process_of:
@@ -124,7 +125,6 @@ def check(
                     store.ranges.clear()
                     got = host_batch(loader, step, process_of)
                     read = sorted(t for _, a, b in store.ranges for t in range(a, b))
-                    assert len(read) == len(set(read)), (name, host, "a token read twice")
                     assert len(read) == share(loader, step, host, halo, lengths[2]), (
                         name,
                         host,
@@ -215,7 +215,9 @@ Lengths = tuple[int, int, int]
 def measure(steps: int, rounds: int, halo: int, tokens: int,
             lengths: Lengths = (4096, 131_072, 2**20)) -> dict[str, Any]:  # fmt: skip
     mesh = mesh_of(("data", "context"), (DATA, CONTEXT))
-    long_from = 4 * steps * rounds  # the short stage's steps, then the long one's
+    long_from = (
+        steps * rounds + 2
+    )  # the short stage's steps (checked, warmed, timed), then the long one's
     with tempfile.TemporaryDirectory(prefix="psdp-long-") as tmp:
         paths = corpus(Path(tmp), tokens)
         stored = int(np.load(paths[0], mmap_mode="r")[-1])
@@ -272,7 +274,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=4, help="timed steps a job a round a host")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--halo", type=int, default=64, help="input_ids' pad halo (columns)")
-    parser.add_argument("--tokens", type=int, default=40_000_000, help="the store's tokens")
+    parser.add_argument("--tokens", type=int, default=64_000_000, help="the store's tokens")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     result = measure(args.steps, args.rounds, args.halo, args.tokens)
