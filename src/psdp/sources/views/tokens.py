@@ -202,8 +202,8 @@ class TokenSequences:
             return self.store.read_ranges(lo, hi, stored) if stored else out
         pieces = _Pieces.of(self.store, lo, hi, self._eos)
         if SEGMENT_IDS in names:
-            ids = (pieces.docs.doc + 1).astype(self._dtypes[SEGMENT_IDS])
-            out[SEGMENT_IDS] = np.repeat(ids, pieces.size)
+            numbers = (pieces.docs.doc + 1).astype(self._dtypes[SEGMENT_IDS])
+            out[SEGMENT_IDS] = np.repeat(numbers, pieces.size)
         if POSITIONS in names:
             out[POSITIONS] = pieces.positions(self._dtypes[POSITIONS])
         if not stored:
