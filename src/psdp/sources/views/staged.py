@@ -286,7 +286,7 @@ class StageRows:
         if len(used) == 1:  # the pieces in row and column order tile the window: no placing
             got = streams[used[0]].read_spans(mine.start, mine.start + mine.size, names)
             return {n: got[n].reshape(shape) for n in names}
-        out = {n: np.zeros(shape, self.leaves[n]) for n in names}
+        out: dict[Key, np.ndarray] = {n: np.zeros(shape, self.leaves[n]) for n in names}
         flat = {n: leaf.reshape(-1) for n, leaf in out.items()}
         before = np.cumsum(mine.size) - mine.size  # each piece's place in the window
         for source in used:
