@@ -172,6 +172,17 @@ def test_two_length_stages_are_the_oracles_on_every_device(mesh_2d, targets):
                 assert assert_batch_exact(batch, want) == 8 * len(want)  # each leaf
 
 
+def test_no_rows_read_as_empty_leaves():
+    view = staged(True)
+    for got in (view.read(np.zeros(0, int)), view.stage(1).read_window(
+            np.zeros(0, int), {"segment_ids": slice(2, 5), "input_ids": slice(1, 3)})):  # fmt: skip
+        assert {k: v.shape[1:] for k, v in got.items()} in (
+            {"input_ids": (9,), "segment_ids": (9,), "positions": (9,)},
+            {"input_ids": (2,), "segment_ids": (3,)},
+        )
+        assert all(v.shape[0] == 0 for v in got.values())
+
+
 def test_a_row_past_its_stage_is_refused():
     rows = staged(False).stage(0)
     with pytest.raises(IndexError, match="row 64 of stage 0 is sample offset 64, where stage 1"):

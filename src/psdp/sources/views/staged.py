@@ -205,7 +205,7 @@ class StageRows:
 
     @fresh_rows
     def read(self, ids: np.ndarray) -> dict[Key, np.ndarray]:
-        pieces = self.staged.plan.store_pieces(self._offsets(ids))
+        pieces = self._pieces(self._offsets(ids))
         return in_leaf_order(self._columns(pieces, len(ids), 0, self.width, list(self.leaves)))
 
     @fresh_rows
@@ -223,7 +223,7 @@ class StageRows:
             [[132, 133, 134]]
         """
         offsets = self._offsets(ids)
-        pieces = self.staged.plan.store_pieces(offsets)  # once for every span of columns
+        pieces = self._pieces(offsets)  # once for every span of columns
         by_span: dict[tuple[int, int], list[str]] = {}
         picks: dict[str, np.ndarray | None] = {}
         for key, box in columns.items():
@@ -260,6 +260,12 @@ class StageRows:
                 f"read the rest from stage {self.index + 1}'s rows"
             )
         return offsets
+
+    def _pieces(self, offsets: np.ndarray) -> Pieces:
+        """The rows at ``offsets`` as ranges of the stores (`LengthPlan.store_pieces`)."""
+        if not offsets.size:  # no rows: no pieces (the plan's map wants one at least)
+            return Pieces(*(np.zeros(0, np.int64) for _ in Pieces._fields))
+        return self.staged.plan.store_pieces(offsets)
 
     def _columns(
         self, pieces: Pieces, count: int, first: int, stop: int, names: list[str]
@@ -335,7 +341,8 @@ class StageRows:
         # a piece starts a segment where the row goes on elsewhere; one cut at `first` goes on
         jump = (~_going_on(pieces) & (pieces.column >= first))[keep]
         mine = _clipped(pieces, first, stop)
-        parts = []
+        none = np.zeros(0, np.int64)
+        parts = [_Parts(none, none, none, np.zeros(0, bool), none)]  # no rows: no parts
         for source, stream in enumerate(self.staged.streams.values()):
             at = np.flatnonzero(mine.source == source)
             if not at.size:
