@@ -3,8 +3,10 @@
 The map is `psdp._plan.length_stages`' (``docs/concepts/length-stages.md``): a sample offset is a
 source, a lane and ranges of the source's stream. This module reads them: each stage is a
 `StageRows` whose row ``r`` is sample offset ``stage start + r`` (a loader reads it in id order,
-as a `Mixture`), its ranges read as windows of a one-token `TokenSequences` of each store, so
-EOS tokens, stored leaves and ``positions`` are `TokenSequences`' own.
+as a `Mixture`). A read, of whole rows or of a window of columns, takes exactly its columns'
+tokens: each store's ranges in one `TokenSequences.read_spans` (one store range per piece of a
+row), so EOS tokens and stored leaves are `TokenSequences`' own; ``segment_ids`` and
+``positions`` come from the stores' offsets alone, per part of a document.
 """
 
 from __future__ import annotations
