@@ -29,8 +29,8 @@ from psdp.sources.base import SupportsReadWindow as SupportsReadWindow
 from psdp.sources.documents.beside import LengthBounds as LengthBounds
 from psdp.sources.documents.beside import PackSettings as PackSettings
 from psdp.sources.documents.index import DocumentIndex as DocumentIndex
-from psdp.sources.documents.store import DocumentStore as DocumentStore
 from psdp.sources.documents.selected import SelectedDocuments as SelectedDocuments
+from psdp.sources.documents.store import DocumentStore as DocumentStore
 from psdp.sources.documents.store import FlatArray as FlatArray
 from psdp.sources.stores.adapt import as_source as as_source
 from psdp.sources.stores.grain import GrainRecords as GrainRecords

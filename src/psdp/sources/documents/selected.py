@@ -23,7 +23,7 @@ import json
 import threading
 import zipfile
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -107,10 +107,8 @@ class SelectedDocuments(DocumentStore):
             ValueError: no document of ``store`` is selected.
         """
         bounds = LengthBounds(min_length, max_length)
-        blocks, head = [], None
-        for rows, head in selection_pass(store, bounds, progress=False):
-            blocks.append(rows)
-        assert head is not None  # the pass ends with the head
+        blocks: list[np.ndarray] = []
+        head = selection_pass(store, bounds, lambda _, rows: blocks.append(rows), progress=False)
         _check_selects(head, bounds, store.name, "")
         return cls(store, bounds, _head_index(head), blocks.__getitem__)
 
@@ -292,13 +290,18 @@ class _SelectedLeaf:
 
 
 def selection_pass(
-    store: DocumentStore, bounds: LengthBounds, *, progress: bool = True
-) -> Iterator[tuple[np.ndarray, dict[str, Any] | None]]:
-    """One pass over ``store``'s offsets (`PASS_DOCUMENTS` at a time): yields each block of
-    selected documents (`BLOCK` rows of ``[id, start, source start]``) with ``None``, then the
-    last block (shorter, maybe empty) with the head: the counts, the store's shortest and
-    longest document, and the selection's index arrays (``marks``, ``nonempty``). Memory: a
-    block and a step of offsets, whatever the store's size."""
+    store: DocumentStore,
+    bounds: LengthBounds,
+    keep_block: Callable[[int, np.ndarray], None],
+    *,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """One pass over ``store``'s offsets (`PASS_DOCUMENTS` at a time) that hands each block of
+    selected documents to ``keep_block(k, rows)`` (`BLOCK` rows of ``[id, start, source
+    start]``, the last one shorter, maybe empty). Returns the head: the counts, the store's
+    shortest and longest document, and the selection's index arrays (``marks``,
+    ``nonempty``). Memory: a block and a step of offsets, whatever the store's size."""
+    blocks = 0
     total = store.num_documents
     pending: list[np.ndarray] = []
     held = selected = tokens = nonempty = longest = source_longest = 0
@@ -333,14 +336,16 @@ def selection_pass(
             held += len(rows)
             while held >= BLOCK:
                 block, pending, held = _cut(pending, held)
-                yield block, None
+                keep_block(blocks, block)
+                blocks += 1
             bar.update(stop - first)
     head = {
         "documents": selected, "tokens": tokens, "longest": longest, "shortest": shortest,
         "source_longest": source_longest, "marks": np.array([*marks, tokens], np.int64),
         "nonempty": np.array([*counts, nonempty], np.int64),
     }  # fmt: skip
-    yield (np.concatenate(pending) if pending else np.zeros((0, 3), np.int64)), head
+    keep_block(blocks, np.concatenate(pending) if pending else np.zeros((0, 3), np.int64))
+    return head
 
 
 def _cut(pending: list[np.ndarray], held: int) -> tuple[np.ndarray, list[np.ndarray], int]:
@@ -369,12 +374,13 @@ def build_length_index(
             pass
     stem = bounds.file_name.removesuffix(".npz")
     blocks = f"{stem}-{digest.rsplit(':', 1)[-1][:16]}/"
-    head = None
-    for k, (rows, head) in enumerate(selection_pass(store, bounds, progress=progress)):
+
+    def write(k: int, rows: np.ndarray) -> None:
         body = io.BytesIO()
         np.save(body, rows)
         folder.write(f"{blocks}block-{k:07d}.npy", body.getvalue())
-    assert head is not None  # the pass ends with the head
+
+    head = selection_pass(store, bounds, write, progress=progress)
     header = {key: value for key, value in head.items() if key not in ("marks", "nonempty")}
     header.update(format=FORMAT, version=VERSION, store=digest, blocks=blocks, block=BLOCK,
                   min_length=bounds.min_length, max_length=bounds.max_length)  # fmt: skip
@@ -424,10 +430,11 @@ def _check_selects(head: dict[str, Any], bounds: LengthBounds, name: str, built:
 
 def _local_block(folder: IndexFolder, blocks: str) -> Callable[[int], np.ndarray]:
     """A local store's block ``k``, memory-mapped (its pages read as a batch needs them)."""
-    assert folder.local is not None
+    local = folder.local
+    assert local is not None
 
     def block(k: int) -> np.ndarray:
-        path = folder.local / f"{blocks}block-{k:07d}.npy"
+        path = local / f"{blocks}block-{k:07d}.npy"
         try:
             return np.load(path, mmap_mode="r")
         except FileNotFoundError:
