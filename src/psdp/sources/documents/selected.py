@@ -240,6 +240,9 @@ class _Blocks:
         d = np.asarray(d, np.int64)
         out = np.full(d.shape, self.tokens, np.int64)
         inside = d < self.selected
+        if column == START:  # the first start is 0: a store's open reads no block
+            out[d == 0] = 0
+            inside &= d != 0
         blocks = d // BLOCK
         for k in np.unique(blocks[inside]).tolist():
             at = inside & (blocks == k)
