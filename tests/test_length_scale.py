@@ -121,9 +121,11 @@ def opened(directory: Path) -> tuple[SelectedDocuments, Selection, list[int], li
         files.append(name)
         return real_read(folder, name)
 
-    with mock.patch.object(IndexFolder, "read", counted_read):
-        with mock.patch.object(selected, "_local_block", counted_block):
-            selection = SelectedDocuments.beside(str(directory), store, min_length=MIN_LENGTH)
+    with (
+        mock.patch.object(IndexFolder, "read", counted_read),
+        mock.patch.object(selected, "_local_block", counted_block),
+    ):
+        selection = SelectedDocuments.beside(str(directory), store, min_length=MIN_LENGTH)
     return selection, oracle, blocks, files
 
 
