@@ -13,11 +13,19 @@ import shutil
 import numpy as np
 import pytest
 
-from psdp import DataConfig, DocumentStore, Mixture, TokenSequences, write_documents
+from psdp import (
+    DataConfig,
+    DocumentStore,
+    Mixture,
+    StagedTokens,
+    TokenSequences,
+    write_documents,
+)
 from psdp._integration.source_config import SourceConfig
 from psdp.prepare import build_indexes
 from psdp.sources import LengthBounds, SelectedDocuments
 from psdp.sources.documents import selected
+from psdp.sources.documents.beside import IndexFolder
 from psdp.sources.stores.location import INDEX_DIRECTORY
 from psdp.tools.cli import main
 
@@ -192,3 +200,44 @@ def test_bad_flags_are_one_line_naming_them(tmp_path, capsys):
     assert "--min-length 9 --max-length 3: max_length=3 is below min_length=9" in (
         capsys.readouterr().err
     )
+
+
+def test_stages_read_a_selection_as_they_read_its_documents_stored_alone():
+    """`StagedTokens` (length stages) takes a selection as a store: its rows are those of the
+    selected documents written as a store of their own."""
+    lengths = lengths_of(200, seed=5)
+    store = in_memory(lengths)
+    long = SelectedDocuments.select(store, min_length=30)
+    ids = np.flatnonzero(lengths >= 30)
+    starts = np.concatenate([[0], np.cumsum(lengths)])
+    alone = DocumentStore.from_documents([np.arange(starts[d], starts[d + 1]) for d in ids])
+    stages = [(0, 8, {"all": 1, "long": 1}), (16, 32, {"all": 1, "long": 3})]
+
+    def rows(long_store: DocumentStore) -> list:
+        staged = StagedTokens({"all": store, "long": long_store}, stages, lanes=4, block_size=8,
+                              eos_id=-1)  # fmt: skip
+        return [staged.stage(s).read(np.arange(16))["input_ids"].tolist() for s in (0, 1)]
+
+    assert rows(long) == rows(alone)
+
+
+def test_an_object_store_reads_the_blocks_the_local_store_maps(tmp_path):
+    """The blocks read whole through the index folder (an object store's way) hold what the
+    local memory maps hold."""
+    lengths = np.random.default_rng(6).integers(1, 60, 300)
+    store = written(tmp_path / "s", lengths)
+    [record] = build_indexes(store, lengths=[LengthBounds(30)], progress=False)
+    head, _ = selected.read_length_head((tmp_path / "s" / INDEX_DIRECTORY /
+                                         "length-30-any.npz").read_bytes(), "", "")  # fmt: skip
+    folder = IndexFolder(store)
+    local = selected._local_block(folder, head["blocks"])
+    remote = selected._remote_block(folder, head["blocks"])
+    blocks = -(-record["documents"] // selected.BLOCK)
+    assert blocks > 2
+    for k in range(blocks):
+        assert np.asarray(local(k)).tolist() == remote(k).tolist()
+    shutil.rmtree(tmp_path / "s" / INDEX_DIRECTORY / head["blocks"])
+    with pytest.raises(FileNotFoundError, match=r"block-0000000.npy is missing: the length index"):
+        remote(0)
+    with pytest.raises(FileNotFoundError, match=r"block-0000000.npy is missing: the length index"):
+        local(0)
