@@ -40,7 +40,7 @@ def small_blocks(monkeypatch):
     monkeypatch.setattr(selected, "BLOCK", 16)
     monkeypatch.setattr(selected, "STRIDE", 4)
     monkeypatch.setattr(selected, "PASS_DOCUMENTS", 50)
-    monkeypatch.setattr(selected, "CACHED_BLOCKS", 2)
+    monkeypatch.setattr(selected, "CACHED_BLOCKS", {"remote": 2, "local": 2})
 
 
 def lengths_of(count: int, seed: int) -> np.ndarray:

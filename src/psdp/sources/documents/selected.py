@@ -34,10 +34,12 @@ from psdp.sources.documents.index import STRIDE, DocumentIndex, documents_touchi
 from psdp.sources.documents.store import DocumentStore
 
 #: Selected documents per block file (a multiple of the index's stride, so that a search inside
-#: one block of the index reads one block file): 1.5 MiB a block.
-BLOCK = 1 << 16
-#: Blocks a host keeps in memory (a remote store's; a local one's are memory-mapped).
-CACHED_BLOCKS = 16
+#: one block of the index reads one block file): 384 KiB a block.
+BLOCK = 1 << 14
+#: Blocks a host keeps: an object store's read whole (48 MiB at most), a local store's memory
+#: maps (address space only: the pages a batch touched). A search visits each block a batch
+#: needs ~log2(4096) times, so a batch's blocks (one or two a row) must fit.
+CACHED_BLOCKS = {"remote": 128, "local": 8192}
 #: Store offsets read per step of the selection pass (8 MiB of int64).
 PASS_DOCUMENTS = 1 << 20
 #: What a length index's head file says it is, and its layout's version.
@@ -193,8 +195,9 @@ class SelectedDocuments(DocumentStore):
         in order (a range across selected documents is one range a document). The last
         mapping is kept: every leaf of one read asks for the same ranges."""
         key = np.concatenate([starts, stops]).astype(np.int64).tobytes()
-        if self._mapped is not None and self._mapped[0] == key:
-            return self._mapped[1]
+        last = self._mapped  # another thread may replace it
+        if last is not None and last[0] == key:
+            return last[1]
         got = documents_touching(
             self.index, self._blocks.column(START), self._blocks.read, starts, stops, eos=False,
             where=self.name,
@@ -213,7 +216,7 @@ class SelectedDocuments(DocumentStore):
 
 
 class _Blocks:
-    """The selection's blocks, read by ``block(k)``: its columns gathered, the last blocks read
+    """The selection's blocks, read by ``block(k)``: its columns gathered, the blocks last read
     kept (`CACHED_BLOCKS`)."""
 
     def __init__(self, block: Callable[[int], np.ndarray], selected: int, tokens: int,
@@ -230,7 +233,7 @@ class _Blocks:
         rows = self._block(k)
         with self._lock:
             self._kept[k] = rows
-            if len(self._kept) > CACHED_BLOCKS:
+            if len(self._kept) > CACHED_BLOCKS["remote" if self.remote else "local"]:
                 self._kept.popitem(last=False)
         return rows
 
