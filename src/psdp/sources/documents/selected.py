@@ -230,7 +230,7 @@ class _Blocks:
             if k in self._kept:
                 self._kept.move_to_end(k)
                 return self._kept[k]
-        rows = self._block(k)
+        rows = np.asarray(self._block(k))  # a memory map as a plain view: cheaper to index
         with self._lock:
             self._kept[k] = rows
             if len(self._kept) > CACHED_BLOCKS["remote" if self.remote else "local"]:
@@ -247,9 +247,12 @@ class _Blocks:
             out[d == 0] = 0
             inside &= d != 0
         blocks = d // BLOCK
-        for k in np.unique(blocks[inside]).tolist():
-            at = inside & (blocks == k)
-            out[at] = self._get(k)[d[at] - k * BLOCK, column]
+        wanted = np.flatnonzero(inside)
+        wanted = wanted[np.argsort(blocks[wanted], kind="stable")]  # grouped by block, sorted
+        for at in np.split(wanted, np.flatnonzero(np.diff(blocks[wanted])) + 1):
+            if len(at):
+                k = int(blocks[at[0]])
+                out[at] = self._get(k)[d[at] - k * BLOCK, column]
         return out
 
     def read(self, starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
