@@ -241,3 +241,26 @@ def test_an_object_store_reads_the_blocks_the_local_store_maps(tmp_path):
         remote(0)
     with pytest.raises(FileNotFoundError, match=r"block-0000000.npy is missing: the length index"):
         local(0)
+
+
+def test_a_levanter_cache_is_selected_in_place(tmp_path):
+    """``psdp index CACHE --format levanter --min-length N``: the cache's document index and its
+    length index, then a source with ``format: levanter`` and ``min_length`` reads its long
+    documents."""
+    from tests.levanter_cache import write_levanter_cache
+
+    lengths = np.random.default_rng(7).integers(1, 60, 120)
+    starts = np.concatenate([[0], np.cumsum(lengths)])
+    docs = [{"input_ids": np.arange(starts[d], starts[d + 1])} for d in range(len(lengths))]
+    write_levanter_cache(tmp_path / "cache", docs)
+    cache = str(tmp_path / "cache")
+    flags = ["--format", "levanter", "--min-length", "30", "--no-progress"]
+    assert main(["index", cache, *flags]) == 0
+    config = DataConfig(
+        sources={"long": SourceConfig(store=cache, format="levanter", min_length=30)}, seq_len=8
+    )
+    long = config.train_source().sources["long"].store
+    ids = np.flatnonzero(lengths >= 30)
+    assert long.document_ids(0, long.num_documents).tolist() == ids.tolist()
+    tokens = np.concatenate([docs[d]["input_ids"] for d in ids])
+    assert long.read_ranges([0], [len(tokens)])["input_ids"].tolist() == tokens.tolist()
