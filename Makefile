@@ -25,13 +25,11 @@ STAMP := $(VENV)/.installed-stamp
 setup: $(STAMP)
 
 # A fresh venv whenever pyproject.toml or the lock changes, so nothing outside the lock lingers.
-# --no-compile: pip would byte-compile all ~17,000 .py files of a venv (87 s of CPU for the lower
-# venv's, over half of its build); Python compiles the ~2,400 a run imports when it first does.
 define make_venv
 rm -rf $(1)
 $(2) -m venv $(1)
-$(1)/bin/python -m pip install --quiet --no-compile --upgrade pip
-$(1)/bin/python -m pip install --quiet --no-compile -c $(3) -e '.[$(or $(4),$(EXTRAS))]'
+$(1)/bin/python -m pip install --quiet --upgrade pip
+$(1)/bin/python -m pip install --quiet -c $(3) -e '.[$(or $(4),$(EXTRAS))]'
 touch $(1)/.installed-stamp
 endef
 
