@@ -85,6 +85,26 @@ def test_a_damaged_chunk_is_refused_on_first_read(tmp_path):
         store.read_ranges([4096], [4100])
 
 
+def test_a_damaged_stored_checksum_is_refused_with_both_values(tmp_path):
+    docs = corpus(3, 50)
+    path = write_documents(tmp_path / "s", docs, tokens_per_chunk=256,
+                           tokens_per_shard=4096, progress=False)  # fmt: skip
+    flat = np.concatenate(docs)
+    last = (len(flat) - 1) // 256  # the part's last chunk, in the last shard
+    shard = path / "tokens" / "input_ids" / "c" / str(last // 16)
+    data = bytearray(shard.read_bytes())
+    at = last % 16 * (512 + 4)  # the chunk's 256 uint16, then its crc32c
+    computed = mapped._crc32c(np.frombuffer(bytes(data[at : at + 512]), np.uint8))
+    data[at + 512] ^= 0x01  # the stored checksum, not the values
+    shard.write_bytes(bytes(data))
+    tokens = read_documents(path).leaves["input_ids"]
+    np.testing.assert_array_equal(tokens.read_ranges(np.array([0]), np.array([9])), flat[:9])
+    stored = computed ^ 0x01
+    with pytest.raises(ValueError, match=rf"chunk {last % 16} of shard {last // 16} .* \(stored "
+                       rf"{stored:#010x}, computed {computed:#010x}\).*rewrite"):  # fmt: skip
+        tokens.read_ranges(np.array([10, len(flat) - 3]), np.array([20, len(flat)]))
+
+
 def test_compressed_chunks_are_read_through_tensorstore(tmp_path):
     docs = corpus(4, 50)
     path = write_documents(tmp_path / "s", docs, compression="zstd", progress=False)
@@ -123,10 +143,11 @@ def test_only_the_chunks_a_read_touches_are_read_and_checked(tmp_path, monkeypat
     got = tokens.read_ranges(np.array([4096, 4096 + 600]), np.array([4100, 4096 + 700]))
     np.testing.assert_array_equal(got, flat[np.r_[4096:4100, 4696:4796]])
     assert tokens.take(np.array([4096 + 4 * 256 + 1])).tolist() == [flat[4096 + 1025]]
-    # shard 1's index (16 entries of 16 bytes), then chunks 0, 2 and 4: each checked once
-    assert counting.sizes == [256, 512, 512, 512]
+    # shard 1's index (16 entries of 16 bytes), then chunks 0, 2 and 4 (each with its 4-byte
+    # checksum): each checked once
+    assert counting.sizes == [256, 516, 516, 516]
     tokens.read_ranges(np.array([4096]), np.array([4096 + 256]))
-    assert counting.sizes == [256, 512, 512, 512]
+    assert counting.sizes == [256, 516, 516, 516]
     with pytest.raises(ValueError, match=r"chunk 3 of shard 1 of .*input_ids.* damaged.*rewrite"):
         tokens.read_ranges(np.array([4096 + 3 * 256 + 5]), np.array([4096 + 3 * 256 + 6]))
     with pytest.raises(ValueError, match="chunk 3 of shard 1"):  # refused again, never returned
