@@ -640,7 +640,7 @@ MUTANTS = [
            "            self._verify(number, chunk)  # before any of the chunks' bytes are copied",
            "            pass", "a mapped range read returns a chunk's bytes unchecked"),
     Mutant("LT8", "sources/documents/mapped.py",
-           "                self._verify(number, local[here] // p.per_chunk)", "                pass",
+           "        self._verify(part, chunk)  # before any of the chunks' values are read", "",
            "a mapped probe (take) returns a chunk's bytes unchecked"),
     Mutant("LT9", "sources/documents/mapped.py", "todo = chunks[~checked[chunks]]",
            "todo = chunks", "every read checks its chunks again (the record ignored)"),

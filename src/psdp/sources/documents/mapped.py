@@ -123,6 +123,8 @@ class MappedShards:
         ]
         # each mapped shard's chunk sizes without their checksums
         self._sizes: dict[tuple[int, int], list[int]] = {}
+        # each mapped shard's values as rows of a chunk (`_shard`)
+        self._rows: dict[tuple[int, int], np.ndarray] = {}
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -183,6 +185,14 @@ class MappedShards:
                 "it with write_documents"
             )
         mapped = (data, offsets.astype(np.int64))
+        # the shard's values over the map as rows of a chunk each (a row's stride steps over
+        # the checksum), for a probe's gather; none where a short last chunk leaves too few
+        # bytes for a whole row
+        item = self.dtype.itemsize
+        if (chunks - 1) * stride + p.per_chunk * item <= len(data):
+            rows = np.ndarray((chunks, p.per_chunk), self.dtype, data, 0, (stride, item))
+            with self._lock:
+                self._rows.setdefault(key, rows)
         with self._lock:
             self._sizes.setdefault(key, (nbytes.astype(np.int64) - 4 * p.checksum).tolist())
             return self._shards.setdefault(key, mapped)
@@ -227,14 +237,6 @@ class MappedShards:
             )
         with self._lock:
             checked[todo] = True
-
-    def _gather_shard(self, mapped: tuple[np.ndarray, np.ndarray], at: np.ndarray,
-                      per_chunk: int) -> np.ndarray:  # fmt: skip
-        """The values at the shard-local positions ``at``."""
-        data, offsets = mapped
-        item = self.dtype.itemsize
-        byte = offsets[at // per_chunk] + (at % per_chunk) * item
-        return data[byte[:, None] + np.arange(item)].reshape(-1).view(self.dtype)
 
     def _pieces(self, lo: int, hi: int) -> list[tuple[np.ndarray, int, int]]:
         """``[lo, hi)`` as (mapped bytes, first byte, byte count) pieces, chunk by chunk."""
@@ -320,22 +322,38 @@ class MappedShards:
         """``self[d]`` for an int64 index array ``d`` (a search's probes: cheap as memory)."""
         d = np.asarray(d, np.int64)
         flat = d.reshape(-1)
+        if len(self.parts) == 1:  # the common case: no search for the part
+            return self._take_part(0, flat).reshape(d.shape)
         out = np.empty(len(flat), self.dtype)
         part = np.searchsorted(self._starts, flat, side="right") - 1
         for number in np.unique(part).tolist():
-            p = self.parts[number]
             mine = part == number
-            local = flat[mine] - self._starts[number]
-            shard = local // p.per_shard
-            got = np.empty(len(local), out.dtype)
-            for s in np.unique(shard).tolist():
-                here = shard == s
-                mapped = self._shard(number, s)
-                self._verify(number, local[here] // p.per_chunk)
-                got[here] = self._gather_shard(mapped, local[here] - s * p.per_shard,
-                                               p.per_chunk)  # fmt: skip
-            out[mine] = got
+            out[mine] = self._take_part(number, flat[mine] - self._starts[number])
         return out.reshape(d.shape)
+
+    def _take_part(self, part: int, local: np.ndarray) -> np.ndarray:
+        """The values of the part at its positions ``local``, their chunks checked first."""
+        p = self.parts[part]
+        chunk, within = np.divmod(local, p.per_chunk)
+        self._verify(part, chunk)  # before any of the chunks' values are read
+        per_shard = p.per_shard // p.per_chunk
+        shard, row = np.divmod(chunk, per_shard)
+        if len(self._checked[part]) <= per_shard or shard.min() == shard.max():  # one shard
+            return self._gather(part, int(shard[0]), row, within)
+        out = np.empty(len(local), self.dtype)
+        for s in np.unique(shard).tolist():
+            here = shard == s
+            out[here] = self._gather(part, s, row[here], within[here])
+        return out
+
+    def _gather(self, part: int, shard: int, row: np.ndarray, within: np.ndarray) -> np.ndarray:
+        """The values at ``within`` of the shard's chunks ``row``: one gather over its rows."""
+        data, offsets = self._shard(part, shard)
+        rows = self._rows.get((part, shard))
+        if rows is not None:
+            return rows[row, within]
+        byte = offsets[row] + within * self.dtype.itemsize  # a short last chunk: byte by byte
+        return data[byte[:, None] + np.arange(self.dtype.itemsize)].reshape(-1).view(self.dtype)
 
 
 class MappedOffsets:
