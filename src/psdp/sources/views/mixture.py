@@ -6,7 +6,9 @@ read per mixed source, rows scattered back in the order of the ids.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -155,9 +157,14 @@ class Mixture:
         # the batch does not touch
         by_source = np.lexsort((rows, source))
         present, firsts = np.unique(source[by_source], return_index=True)
-        for index, positions in zip(present, np.split(by_source, firsts[1:]), strict=True):
-            name = self.names[index]
-            got = read(self.sources[name], rows[positions])
+        groups = [
+            (self.names[index], positions)
+            for index, positions in zip(
+                present.tolist(), np.split(by_source, firsts[1:]), strict=True
+            )
+        ]
+        reads = [partial(read, self.sources[name], rows[positions]) for name, positions in groups]
+        for (name, positions), got in zip(groups, self._run(reads), strict=True):
             for key in keys:
                 value = np.asarray(got[key])
                 if key not in out:
@@ -165,6 +172,37 @@ class Mixture:
                 self._check_rows(name, key, value, len(positions), out[key])
                 out[key][positions] = value
         return out
+
+    def _run(self, reads: list[Callable[[], Any]]) -> list[Any]:
+        """The results of ``reads`` (one a source), in order: at once, each but the first on a
+        thread of its own, where a source waits on storage (a read then costs the slowest
+        source's round trips, not their sum); one after the other otherwise. The first error
+        is raised once all are done."""
+        if len(reads) < 2 or not self.reads_storage:
+            return [read() for read in reads]
+        results: list[Any] = [None] * len(reads)
+        errors: list[BaseException | None] = [None] * len(reads)
+
+        def run(i: int) -> None:
+            try:
+                results[i] = reads[i]()
+            except BaseException as error:  # raised on the calling thread below
+                errors[i] = error
+
+        # daemon threads, as the loader's own: a read that never returns cannot hold up exit
+        threads = [
+            threading.Thread(target=run, args=(i,), name=f"psdp-mixture-read-{i}", daemon=True)
+            for i in range(1, len(reads))
+        ]
+        for thread in threads:
+            thread.start()
+        run(0)
+        for thread in threads:
+            thread.join()
+        for error in errors:
+            if error is not None:
+                raise error
+        return results
 
     def _check_rows(
         self, name: str, key: Key, value: np.ndarray, ids: int, out: np.ndarray
