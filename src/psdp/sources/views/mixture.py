@@ -173,7 +173,7 @@ class Mixture:
                 out[key][positions] = value
         return out
 
-    def _run(self, reads: list[Callable[[], Any]]) -> list[Any]:
+    def _run(self, reads: Sequence[Callable[[], Any]]) -> list[Any]:
         """The results of ``reads`` (one a source), in order: at once, each but the first on a
         thread of its own, where a source waits on storage (a read then costs the slowest
         source's round trips, not their sum); one after the other otherwise. The first error
