@@ -164,7 +164,9 @@ class Mixture:
             )
         ]
         reads = [partial(read, self.sources[name], rows[positions]) for name, positions in groups]
-        for (name, positions), got in zip(groups, self._run(reads), strict=True):
+        # only the sources read (a mixture of thousands reads a few a step)
+        storage = any(getattr(self.sources[name], "reads_storage", False) for name, _ in groups)
+        for (name, positions), got in zip(groups, _run(reads, storage), strict=True):
             for key in keys:
                 value = np.asarray(got[key])
                 if key not in out:
@@ -172,37 +174,6 @@ class Mixture:
                 self._check_rows(name, key, value, len(positions), out[key])
                 out[key][positions] = value
         return out
-
-    def _run(self, reads: Sequence[Callable[[], Any]]) -> list[Any]:
-        """The results of ``reads`` (one a source), in order: at once, each but the first on a
-        thread of its own, where a source waits on storage (a read then costs the slowest
-        source's round trips, not their sum); one after the other otherwise. The first error
-        is raised once all are done."""
-        if len(reads) < 2 or not self.reads_storage:
-            return [read() for read in reads]
-        results: list[Any] = [None] * len(reads)
-        errors: list[BaseException | None] = [None] * len(reads)
-
-        def run(i: int) -> None:
-            try:
-                results[i] = reads[i]()
-            except BaseException as error:  # raised on the calling thread below
-                errors[i] = error
-
-        # daemon threads, as the loader's own: a read that never returns cannot hold up exit
-        threads = [
-            threading.Thread(target=run, args=(i,), name=f"psdp-mixture-read-{i}", daemon=True)
-            for i in range(1, len(reads))
-        ]
-        for thread in threads:
-            thread.start()
-        run(0)
-        for thread in threads:
-            thread.join()
-        for error in errors:
-            if error is not None:
-                raise error
-        return results
 
     def _check_rows(
         self, name: str, key: Key, value: np.ndarray, ids: int, out: np.ndarray
@@ -337,3 +308,35 @@ def _check_source_leaf(name: Any, leaves: Mapping[Key, Any]) -> None:
             f"source_leaf={name!r}, but the sources already have a leaf {name!r}; pick another "
             "source_leaf name"
         )
+
+
+def _run(reads: Sequence[Callable[[], Any]], storage: bool) -> list[Any]:
+    """The results of ``reads`` (one a source), in order: at once, each but the first on a
+    thread of its own, where a source waits on storage (``storage``: a read then costs the slowest
+    source's round trips, not their sum); one after the other otherwise. The first error
+    is raised once all are done."""
+    if len(reads) < 2 or not storage:
+        return [read() for read in reads]
+    results: list[Any] = [None] * len(reads)
+    errors: list[BaseException | None] = [None] * len(reads)
+
+    def run(i: int) -> None:
+        try:
+            results[i] = reads[i]()
+        except BaseException as error:  # raised on the calling thread below
+            errors[i] = error
+
+    # daemon threads, as the loader's own: a read that never returns cannot hold up exit
+    threads = [
+        threading.Thread(target=run, args=(i,), name=f"psdp-mixture-read-{i}", daemon=True)
+        for i in range(1, len(reads))
+    ]
+    for thread in threads:
+        thread.start()
+    run(0)
+    for thread in threads:
+        thread.join()
+    for error in errors:
+        if error is not None:
+            raise error
+    return results
