@@ -49,6 +49,7 @@ def test_mapped_reads_equal_the_written_tokens(tmp_path, checksum):
     np.testing.assert_array_equal(stored.offsets.take(probes), offsets[probes])
     probes = rng.integers(0, len(flat), (9, 11))  # one gather over many shards' chunks
     np.testing.assert_array_equal(stored.leaves["input_ids"].take(probes), flat[probes])
+    assert stored.leaves["input_ids"].take(np.zeros((0, 3), np.int64)).shape == (0, 3)
     np.testing.assert_array_equal(store.offsets_range(0, len(offsets)), offsets)
 
 

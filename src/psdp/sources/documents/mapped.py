@@ -334,6 +334,8 @@ class MappedShards:
     def _take_part(self, part: int, local: np.ndarray) -> np.ndarray:
         """The values of the part at its positions ``local``, their chunks checked first."""
         p = self.parts[part]
+        if not len(local):
+            return np.empty(0, self.dtype)
         chunk, within = np.divmod(local, p.per_chunk)
         self._verify(part, chunk)  # before any of the chunks' values are read
         per_shard = p.per_shard // p.per_chunk
