@@ -19,6 +19,7 @@ from psdp import ArraySource, Mixture, OrderOptions
 from psdp._plan.index_shuffle import shuffle_each
 from psdp._plan.mixture import MixturePlan, block_counts, stage_counts, stages_from
 from psdp._runtime.feeds import open_feed
+from psdp.sources.views.mixture import SOURCE_READS_AT_ONCE
 from tests import shuffle_oracle
 from tests.batch_checks import CountingSource, token_table
 from tests.mixture_oracle import OracleMixture, largest_remainder
@@ -255,6 +256,23 @@ def test_sources_that_wait_on_storage_are_read_at_once(storage):
     sources[NAMES[1]].fail = True  # one source's error is raised once every read is done
     with pytest.raises(OSError, match="refused"):
         mix.read(ids)
+
+
+def test_at_most_source_reads_at_once_threads_read_a_step():
+    names = [f"s{i}" for i in range(SOURCE_READS_AT_ONCE + 3)]
+    sources = {
+        name: WaitingSource({"tokens": token_table(5, 4) + 10_000_000 * i})
+        for i, name in enumerate(names)
+    }
+    mix = Mixture(sources, weights=dict.fromkeys(names, 1), block_size=len(names), seed=1)
+    for s in sources.values():
+        s.reads_storage = True
+        s.threads.clear()
+    got = mix.read(np.arange(len(names)))  # one row of each source
+    assert sorted(got["tokens"][:, 0] // 10_000_000) == list(range(len(names)))
+    threads = [t for s in sources.values() for t in s.threads]
+    assert len(threads) == len(names)
+    assert len(set(threads)) == SOURCE_READS_AT_ONCE
 
 
 def test_read_window_reads_each_source_s_columns_once():

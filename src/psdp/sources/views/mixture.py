@@ -29,6 +29,9 @@ from psdp.sources.views.provenance import provenance_dtype
 
 #: The dtype of the ``source_leaf`` tags.
 TAG_DTYPE = np.dtype(np.int32)
+#: The most sources of one read read at once (a step of a mixture of many stores may touch
+#: dozens, and the loader runs up to 32 reads at once): the rest wait their turn on these.
+SOURCE_READS_AT_ONCE = 8
 
 
 class Mixture:
@@ -311,25 +314,28 @@ def _check_source_leaf(name: Any, leaves: Mapping[Key, Any]) -> None:
 
 
 def _run(reads: Sequence[Callable[[], Any]], storage: bool) -> list[Any]:
-    """The results of ``reads`` (one a source), in order: at once, each but the first on a
-    thread of its own, where a source waits on storage (``storage``: a read then costs the slowest
-    source's round trips, not their sum); one after the other otherwise. The first error
-    is raised once all are done."""
+    """The results of ``reads`` (one a source), in order: where a source waits on storage
+    (``storage``), at once on up to `SOURCE_READS_AT_ONCE` threads (the calling one and daemon
+    threads of their own), so a read costs the slowest source's round trips, not their sum; one
+    after the other otherwise. The first error is raised once all are done."""
     if len(reads) < 2 or not storage:
         return [read() for read in reads]
     results: list[Any] = [None] * len(reads)
     errors: list[BaseException | None] = [None] * len(reads)
 
-    def run(i: int) -> None:
-        try:
-            results[i] = reads[i]()
-        except BaseException as error:  # raised on the calling thread below
-            errors[i] = error
+    at_once = min(len(reads), SOURCE_READS_AT_ONCE)
+
+    def run(first: int) -> None:  # reads first, first + at_once, ... one after the other
+        for i in range(first, len(reads), at_once):
+            try:
+                results[i] = reads[i]()
+            except BaseException as error:  # raised on the calling thread below
+                errors[i] = error
 
     # daemon threads, as the loader's own: a read that never returns cannot hold up exit
     threads = [
         threading.Thread(target=run, args=(i,), name=f"psdp-mixture-read-{i}", daemon=True)
-        for i in range(1, len(reads))
+        for i in range(1, at_once)
     ]
     for thread in threads:
         thread.start()
