@@ -29,10 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import tensorstore as ts
 
 from psdp import DataLoader, DocumentStore, Mixture, PackedSequences, TokenSequences
-from psdp.sources.documents.format import CACHE_BYTES
 from psdp.tools.benchmarks import object_tokens_levanter as levanter
 from psdp.tools.benchmarks.common import Sizes, cpu_mesh
 from psdp.tools.benchmarks.object_store import FaultProxy, GcsServer, S3Server
@@ -155,7 +153,7 @@ def bench_object_tokens(sizes: Sizes, workdir: Path) -> dict[str, Any]:
     parts = {name: part_starts(workdir / f"store-{name}") for name in inputs}
     out: list[dict[str, Any]] = []
     for job in JOBS:
-        local = _measure(job, lambda n, **o: DocumentStore.open(workdir / f"store-{n}", **o), parts, None,
+        local = _measure(job, lambda n: DocumentStore.open(workdir / f"store-{n}"), parts, None,
                          sizes, mesh)  # fmt: skip
         out.append({"job": job, "store": LOCAL, "latency_ms": 0.0, **local})
     with_levanter = levanter.installed()  # Levanter's reader, a row beside psdp's (its module)
@@ -172,8 +170,10 @@ def bench_object_tokens(sizes: Sizes, workdir: Path) -> dict[str, Any]:
                 prepare(paths, server.kvstore(f"{name}/"), tokenizer=tokenizer, workers=1,
                         progress=False)  # fmt: skip
 
-            def remote(name: str, server: Any = server, proxy: FaultProxy = proxy, **o: Any) -> Any:
-                return DocumentStore.open(server.kvstore(f"{name}/", proxy.endpoint), **o)
+            def remote(name: str, server: Any = server, proxy: FaultProxy = proxy) -> Any:
+                return DocumentStore.open(
+                    server.kvstore(f"{name}/", proxy.endpoint), context=_cold()
+                )
 
             levanter_root = None  # Levanter reads s3:// (AWS_ENDPOINT_URL); gs:// not here
             if with_levanter and server_class is S3Server:
@@ -214,7 +214,7 @@ def bench_object_tokens(sizes: Sizes, workdir: Path) -> dict[str, Any]:
 
 def _measure(
     job: str,
-    open_store: Callable[..., DocumentStore],
+    open_store: Callable[[str], DocumentStore],
     parts: dict[str, list[int]],
     proxy: FaultProxy | None,
     sizes: Sizes,
@@ -257,7 +257,7 @@ def _measure(
 @contextmanager
 def _loader(
     job: str,
-    open_store: Callable[..., DocumentStore],
+    open_store: Callable[[str], DocumentStore],
     parts: dict[str, list[int]],
     sizes: Sizes,
     mesh: Any,
@@ -268,11 +268,7 @@ def _loader(
     with ExitStack() as stack:
         touched: list[int] = []
         names = ("a",) if job == JOBS[0] else tuple(WEIGHTS)
-        # a host at start-up: its stores share one new cache (a process's `documents_context`),
-        # not the cache that the settings before this one filled
-        context = ts.Context({"cache_pool": {"total_bytes_limit": CACHE_BYTES}})
-        stores = {name: _recording(open_store(name, context=context), parts[name], touched)
-                  for name in names}  # fmt: skip
+        stores = {name: _recording(open_store(name), parts[name], touched) for name in names}
         if job == JOBS[0]:
             view: Any = TokenSequences(stores["a"], seq)
             options: dict[str, Any] = {"seed": SEED}
@@ -284,6 +280,17 @@ def _loader(
         )
 
         yield loader, touched
+
+
+def _cold() -> Any:
+    """A TensorStore context of a store's own, with psdp's cache: each measure's loader starts
+    cold, as a new host does (with the process's shared cache, a measure would read the steps
+    an earlier one fetched from memory)."""
+    import tensorstore as ts
+
+    from psdp.sources.documents.format import CACHE_BYTES
+
+    return ts.Context({"cache_pool": {"total_bytes_limit": CACHE_BYTES}})
 
 
 def _recording(store: DocumentStore, parts: list[int], touched: list[int]) -> DocumentStore:
