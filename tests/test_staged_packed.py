@@ -26,16 +26,16 @@ def documents(seed: int) -> list[np.ndarray]:
     return [first + 20 * i + np.arange(n, dtype=np.int32) % 20 for i, n in enumerate(lengths)]
 
 
-def tables(rows: int) -> list[dict[str, np.ndarray]]:
+def tables(rows: int, stages=STAGES, names=NAMES) -> list[dict[str, np.ndarray]]:
     """Each stage's packed rows as the loader must deliver them (the last stage's first
     ``rows``), laid out from the oracle's pieces: tokens then EOS, a segment and positions
     from 0 per piece, padding 0."""
-    docs = [documents(i) for i in range(len(NAMES))]
+    docs = [documents(NAMES.index(n)) for n in names]
     slots = [[len(d) + (len(d) > 0) for d in ds] for ds in docs]
-    run = OraclePackedRun(NAMES, slots, STAGES, **SETTINGS)
-    starts = [start for start, _, _ in STAGES]
+    run = OraclePackedRun(names, slots, stages, **SETTINGS)
+    starts = [start for start, _, _ in stages]
     out = []
-    for (start, seq_len, _), stop in zip(STAGES, [*starts[1:], starts[-1] + rows], strict=True):
+    for (start, seq_len, _), stop in zip(stages, [*starts[1:], starts[-1] + rows], strict=True):
         leaves = ("input_ids", "segment_ids", "positions", "loss_mask")
         table = {k: np.zeros((stop - start, seq_len), np.int32) for k in leaves}
         for r, (source, pieces, _) in enumerate(run.rows(stop)[start:]):

@@ -190,6 +190,26 @@ class PackedLengthPlan:
             self._cursors[(source, lane, k)] = at
         return at
 
+    def lowered_cut(self) -> tuple[int, int, int, int] | None:
+        """The first stage that lowers ``seq_len`` below a document of a source it weights:
+        ``(stage, source, document, its slots)``, or ``None``. Such a stage cuts (splits,
+        truncates or drops) documents the stage before held whole; `DataConfig` refuses it.
+
+        Examples:
+            >>> PackedLengthPlan(("a",), ([3, 9],), ((0, 16, {"a": 1}), (1, 8, {"a": 1})),
+            ...                  block_size=1, lanes=1, long_documents="split").lowered_cut()
+            (1, 0, 1, 9)
+        """
+        for index in range(1, len(self.stages)):
+            seq_len = self.stages[index].seq_len
+            if seq_len >= self.stages[index - 1].seq_len:
+                continue
+            for s, weight in enumerate(self.stages[index].weights):
+                if weight > 0 and len(self.lengths[s]) and self.lengths[s].max() > seq_len:
+                    longest = int(np.argmax(self.lengths[s]))
+                    return index, s, longest, int(self.lengths[s][longest])
+        return None
+
     def record(self) -> dict[str, Any]:
         """What the samples depend on, as JSON values (a loader state keeps it)."""
         return {
