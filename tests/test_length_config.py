@@ -172,11 +172,27 @@ def test_bad_length_stage_fields_are_refused(stores):
         DataConfig.from_dict(raw | {"lanes": 100}).train_source()
 
 
-def test_psdp_inspect_refuses_length_stages_naming_the_stage(stores):
+def test_psdp_inspect_reports_a_length_stage_step_as_the_oracle(stores):
+    """Step 5 (offsets 88-95, stage 1, rows of 32 + 1): its stage, seq_len, counts, and each
+    row's segments at the oracle's tokens and positions."""
     from psdp.tools.inspection import step_report
 
-    with pytest.raises(ValueError, match="the stage at step 2 sets seq_len=32"):
-        step_report(config(stores), 3)
+    report = step_report(config(stores), 5)
+    assert (report.stage, report.seq_len, report.offset, report.rows) == (1, 32, 88, 8)
+    assert "(from step 2, sample offset 64): seq_len 32, weights code 1, web 3" in str(report)
+    table = {k: v[88 - 64 : 96 - 64] for k, v in oracle(stages_of(), 32)[1].items()}
+    run = OracleLengthRun(NAMES, [len(streams(DOCS[n])["input_ids"]) for n in NAMES],
+                          stages_of(), extra=1, **SETTINGS)  # fmt: skip
+    sources = [NAMES[s] for s, *_ in run.rows(96)[88:96]]
+    assert report.counts == {n: sources.count(n) for n in NAMES}
+    for r, row in enumerate(report.row_list):
+        assert row.source == sources[r]
+        assert sum(s.stop - s.start + (s.stop == len(DOCS[row.source][s.document]))
+                   for s in row.segments) + row.padding == 33  # fmt: skip
+        for segment in row.segments:
+            columns = slice(segment.column, segment.column + len(segment.ids))
+            assert segment.ids == table["input_ids"][r, columns].tolist()
+            assert table["positions"][r, segment.column] == segment.start
 
 
 def test_a_stage_by_tokens_counts_the_rows_of_every_length_before_it(stores, mesh_2d, mesh_1d):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 
 import draccus
+import numpy as np
 import pytest
 
 from psdp import DataConfig
@@ -90,3 +91,28 @@ def test_a_stage_that_lowers_seq_len_below_a_packed_document_is_refused(stores):
                        r"source '(web|code)' \(\d+ tokens with its EOS\), so packing would "
                        r"split"):  # fmt: skip
         DataConfig.from_dict(raw).train_source()
+
+
+def test_psdp_inspect_reports_a_packed_length_stage_step_as_the_oracle(stores):
+    """Step 13 (offsets 140-143, stage 2, 32 slots): its stage and seq_len, and each row's
+    segments the oracle's pieces (document, tokens, column), its padding the slots left."""
+    from psdp.tools.inspection import step_report
+    from tests.length_oracle import OraclePackedRun
+    from tests.test_staged_packed import SETTINGS
+
+    report = step_report(config(stores), 13)
+    assert (report.stage, report.seq_len, report.offset, report.rows) == (2, 32, 140, 4)
+    docs = {"web": documents(0), "code": documents(1)}
+    slots = [[len(d) + 1 for d in docs[n]] for n in NAMES]
+    expected = OraclePackedRun(NAMES, slots, STAGES, **SETTINGS).rows(144)[140:]
+    for row, (source, pieces, _) in zip(report.row_list, expected, strict=True):
+        assert row.source == NAMES[source]
+        got = [(s.document, s.start, s.column) for s in row.segments]
+        columns = np.cumsum([0] + [size for _, _, size in pieces])[:-1].tolist()
+        assert got == [(d, first, c) for (d, first, _), c in zip(pieces, columns, strict=True)]
+        assert row.padding == 32 - sum(size for *_, size in pieces)
+        for segment in row.segments:
+            assert (
+                segment.ids
+                == docs[row.source][segment.document][segment.start : segment.stop].tolist()
+            )

@@ -21,6 +21,7 @@ from psdp._plan.mixture import MIXTURE_ROWS
 from psdp._plan.windows import Box, box_parts
 from psdp.sources.base import check_ids, fresh_rows
 from psdp.sources.documents.store import DocumentStore
+from psdp.sources.views.provenance import provenance_table
 from psdp.sources.views.tokens import TokenSequences
 
 
@@ -138,6 +139,61 @@ class StagedTokens:
                 "seq_len; read each stage's offsets apart (a DataLoader reads a step from one stage)"
             )
         return self.stage(index).read(ids - self.stage_starts[index])
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The sources, in the plan's order (a position in it is a source number)."""
+        return self.plan.names
+
+    def counts(self, offset: int, count: int) -> dict[str, int]:
+        """Samples each source gives at offsets ``[offset, offset + count)``, reading nothing
+        (`Mixture.counts`')."""
+        return dict(zip(self.names, map(int, self.plan.mixture.counts_between(offset, count)),
+                        strict=True))  # fmt: skip
+
+    def locate(self, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The source (a position in `names`) of each sample offset, and its sample number in
+        that source."""
+        _, source, sample = self.plan.mixture.slots(np.asarray(offsets, np.int64).reshape(-1))
+        return source, sample
+
+    def provenance(self, offsets: np.ndarray) -> np.ndarray:
+        """Where every segment of the rows at sample ``offsets`` comes from: a
+        `provenance_table` row per (piece of the stream, document), in row then column order;
+        reads no token (each store's offsets, once).
+
+        Examples:
+            >>> store = DocumentStore.from_documents([np.arange(100, 110), np.arange(5)])
+            >>> staged = StagedTokens({"a": store}, [(0, 4, {"a": 1}), (2, 8, {"a": 1})],
+            ...                       lanes=1, block_size=1, shuffle=False)
+            >>> table = staged.provenance(np.array([2]))  # the lane ends: on in epoch 1
+            >>> table[["row", "column", "document", "start", "stop"]].tolist()
+            [(0, 0, 0, 8, 10), (0, 2, 1, 0, 5), (0, 7, 0, 0, 1)]
+        """
+        offsets = np.asarray(offsets, np.int64).reshape(-1)
+        pieces = self.plan.store_pieces(offsets)
+        columns: list[list[int]] = [[] for _ in range(6)]
+        for source, stream in enumerate(self.streams.values()):
+            documents = stream.store.offsets_range(0, stream.store.num_documents + 1)
+            sizes = np.diff(documents)
+            slots = sizes + (sizes > 0) if stream.eos_id is not None else sizes
+            firsts = np.concatenate([[0], np.cumsum(slots)])  # each document's stream position
+            for i in np.flatnonzero(pieces.source == source).tolist():
+                first, stop = int(pieces.start[i]), int(pieces.start[i] + pieces.size[i])
+                d = int(np.searchsorted(firsts, first, side="right")) - 1
+                while d < len(sizes) and firsts[d] < stop:
+                    low, high = max(first, firsts[d]), min(stop, firsts[d + 1])
+                    if high > low:
+                        for at, value in enumerate((
+                            pieces.row[i], pieces.column[i] + low - first, d, low - firsts[d],
+                            min(high - firsts[d], sizes[d]), high - firsts[d] > sizes[d],
+                        )):  # fmt: skip
+                            columns[at].append(int(value))
+                    d += 1
+        row, column, document, start, stop_, eos = (np.array(c, np.int64) for c in columns)
+        order = np.lexsort((column, row))
+        return provenance_table(row[order], column[order], document[order], start[order],
+                                stop_[order], eos[order].astype(bool))  # fmt: skip
 
     def state_record(self) -> dict[str, Any]:
         """What the samples depend on (JSON values): a loader state records it."""
