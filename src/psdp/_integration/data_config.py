@@ -353,7 +353,8 @@ class DataConfig:
             common: dict[str, Any] = {"lanes": self.lanes, "block_size": self.mixture.block_size,
                       "seed": self.mixture.seed, "shuffle": self.mixture.shuffle,
                       "targets": self.view.targets, "eos_id": self.view.eos_id,
-                      "pad_id": self.view.pad_id, "view": self._view_record()}  # fmt: skip
+                      "pad_id": self.view.pad_id, "view": self._view_record(),
+                      "source_leaf": self.mixture.source_leaf}  # fmt: skip
             if self.view.packing is None:
                 return ConfiguredStages(stores, staged, unit_tokens=self.unit_tokens, **common)
             packed = ConfiguredPackedStages(
@@ -513,8 +514,6 @@ class DataConfig:
             (f"unit_tokens={self.unit_tokens!r}", "a packed source's lanes are lanes of "
              "documents, not of units of tokens; drop unit_tokens")
             if packed and self.unit_tokens is not None else None,
-            (f"mixture.source_leaf={self.mixture.source_leaf!r}", "length stages add no source "
-             "leaf yet; drop mixture.source_leaf") if self.mixture.source_leaf else None,
         ]  # fmt: skip
         for what, fix in filter(None, wrong):
             raise ValueError(

@@ -21,6 +21,7 @@ from psdp._plan.mixture import MIXTURE_ROWS
 from psdp._plan.windows import Box, box_parts
 from psdp.sources.base import check_ids, fresh_rows
 from psdp.sources.documents.store import DocumentStore
+from psdp.sources.views.mixture import TAG_DTYPE
 from psdp.sources.views.provenance import provenance_table
 from psdp.sources.views.tokens import TokenSequences
 
@@ -46,6 +47,8 @@ class StagedTokens:
         eos_id: the token after each document (unset: none), as `TokenSequences`'.
         pad_id: the padding token, as `TokenSequences`'.
         context: the context axis every ``seq_len`` must divide by.
+        source_leaf: the name of an int32 leaf added to each row: its source's position in the
+            stores (as `Mixture`'s); ``None``: none.
 
     Examples:
         >>> store = DocumentStore.from_documents([np.arange(100, 160)])
@@ -71,6 +74,7 @@ class StagedTokens:
         eos_id: int | None = None,
         pad_id: int = 0,
         context: int = 1,
+        source_leaf: str | None = None,
     ) -> None:
         if not isinstance(stores, Mapping) or not stores:
             raise TypeError(
@@ -99,7 +103,8 @@ class StagedTokens:
                 f"the stores' leaves differ ({dict(zip(self.streams, leaves, strict=True))}); "
                 "a mixture's rows need the same leaves and dtypes from every store"
             )
-        self.leaves = leaves[0]
+        self.leaves = with_source_leaf(leaves[0], source_leaf)
+        self.source_leaf = source_leaf
 
     #: a loader reads it in id order: row ``g`` is sample offset ``g`` (the plan shuffles)
     orders_itself = True
@@ -244,7 +249,7 @@ class StageRows:
     @fresh_rows
     def read(self, ids: np.ndarray) -> dict[Key, np.ndarray]:
         offsets = self._offsets(ids)
-        return in_leaf_order(self._columns(offsets, 0, self.width, list(self.leaves)))
+        return self._tagged(offsets, self._read_at(offsets, None), None)
 
     @fresh_rows
     def read_window(self, ids: np.ndarray, columns: Mapping[Key, Box]) -> dict[Key, np.ndarray]:
@@ -261,6 +266,29 @@ class StageRows:
             [[132, 133, 134]]
         """
         offsets = self._offsets(ids)
+        tag = self.staged.source_leaf
+        wanted = {k: v for k, v in columns.items() if tag is None or k != tag}
+        return self._tagged(offsets, self._read_at(offsets, wanted), columns)
+
+    def _tagged(
+        self, offsets: np.ndarray, out: dict[Key, np.ndarray], columns: Mapping[Key, Box] | None
+    ) -> dict[Key, np.ndarray]:
+        """``out`` with the source leaf (where one is asked for): each row's source, read from
+        the plan alone."""
+        tag = self.staged.source_leaf
+        if tag is not None and (columns is None or tag in columns):
+            _, source, _ = self.staged.plan.mixture.slots(offsets)
+            out[tag] = source.astype(TAG_DTYPE)
+        return in_leaf_order(out)
+
+    def _read_at(
+        self, offsets: np.ndarray, columns: Mapping[Key, Box] | None
+    ) -> dict[Key, np.ndarray]:
+        """The store leaves of the rows at ``offsets``: whole (``columns=None``), or each cut
+        to its columns."""
+        if columns is None:
+            names = [n for n in self.leaves if n != self.staged.source_leaf]
+            return self._columns(offsets, 0, self.width, names)
         by_span: dict[tuple[int, int], list[str]] = {}
         picks: dict[str, np.ndarray | None] = {}
         for key, box in columns.items():
@@ -284,7 +312,7 @@ class StageRows:
             for key in keys:
                 pick = picks[key]
                 out[key] = got[key] if pick is None else got[key][:, pick]
-        return in_leaf_order(out)
+        return out
 
     def _offsets(self, ids: np.ndarray) -> np.ndarray:
         ids = check_ids(ids, len(self), self.describe)
@@ -347,6 +375,27 @@ class StageRows:
             f"stage {self.index} of {self.staged.describe()} (offsets from {self.start}, "
             f"seq_len={self.seq_len}{' + 1' if self.width > self.seq_len else ''})"
         )
+
+
+def with_source_leaf(leaves: Mapping[str, np.dtype], name: str | None) -> dict[str, np.dtype]:
+    """The leaves of rows that carry a source leaf ``name`` (int32) too, checked to be new.
+
+    Examples:
+        >>> with_source_leaf({"input_ids": np.dtype(np.int32)}, "input_ids")
+        Traceback (most recent call last):
+            ...
+        ValueError: source_leaf='input_ids', but the stores already have a leaf 'input_ids'; pick another source_leaf name, e.g. source_leaf='source'
+    """
+    if name is None:
+        return dict(leaves)
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"source_leaf must be a leaf name (a non-empty str) or None, got {name!r}")
+    if name in leaves:
+        raise ValueError(
+            f"source_leaf={name!r}, but the stores already have a leaf {name!r}; pick another "
+            "source_leaf name, e.g. source_leaf='source'"
+        )
+    return {**leaves, name: TAG_DTYPE}
 
 
 def _clipped(pieces: Pieces, source: int, first: int, stop: int) -> Pieces:

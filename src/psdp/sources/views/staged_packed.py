@@ -13,14 +13,13 @@ from typing import Any
 
 import numpy as np
 
-from psdp._plan.leaves import Key, in_leaf_order
+from psdp._plan.leaves import Key
 from psdp._plan.packed_stages import PackedLengthPlan
 from psdp._plan.packing import segment_lengths
 from psdp._plan.windows import Box
-from psdp.sources.base import fresh_rows
 from psdp.sources.documents.store import DocumentStore
 from psdp.sources.views.packed import PlacedRows
-from psdp.sources.views.staged import StagedTokens, StageRows
+from psdp.sources.views.staged import StagedTokens, StageRows, with_source_leaf
 
 
 class StagedPacked(StagedTokens):
@@ -45,6 +44,7 @@ class StagedPacked(StagedTokens):
         eos_id: the token after each document (unset: none).
         pad_id: the padding token.
         context: the context axis every ``seq_len`` must divide by.
+        source_leaf: the name of an int32 leaf added to each row: its source's position.
 
     Examples:
         >>> store = DocumentStore.from_documents(
@@ -74,6 +74,7 @@ class StagedPacked(StagedTokens):
         eos_id: int | None = None,
         pad_id: int = 0,
         context: int = 1,
+        source_leaf: str | None = None,
     ) -> None:
         if not isinstance(stores, Mapping) or not stores:
             raise TypeError(
@@ -95,7 +96,8 @@ class StagedPacked(StagedTokens):
                 f"the stores' leaves differ ({leaves}); a mixture's rows need the same leaves "
                 "and dtypes from every store"
             )
-        self.leaves = first
+        self.leaves = with_source_leaf(first, source_leaf)
+        self.source_leaf = source_leaf
 
     def stage(self, index: int) -> PackedStageRows:
         """Stage ``index``'s rows, a source whose row ``r`` is offset ``start + r``."""
@@ -159,32 +161,18 @@ class PackedStageRows(StageRows):
         self.stop = stages[index + 1].start if index + 1 < len(stages) else len(staged)
         self.width = self.seq_len
 
-    @fresh_rows
-    def read(self, ids: np.ndarray) -> dict[Key, np.ndarray]:
-        return self._read(self._offsets(ids), None)
-
-    @fresh_rows
-    def read_window(self, ids: np.ndarray, columns: Mapping[Key, Box]) -> dict[Key, np.ndarray]:
-        """Some leaves, each cut to a range (or index array) of columns: `PackedSequences`'
-        `read_window` on each source's rows.
-
-        Examples:
-            >>> store = DocumentStore.from_documents([np.arange(1, 6), np.arange(6, 9)])
-            >>> rows = StagedPacked({"a": store}, [(0, 8, {"a": 1})], lanes=1, block_size=1,
-            ...                     shuffle=False).stage(0)
-            >>> rows.read_window(np.array([0]), {"input_ids": slice(3, 7)})["input_ids"].tolist()
-            [[4, 5, 6, 7]]
-        """
-        return self._read(self._offsets(ids), columns)
-
-    def _read(self, offsets: np.ndarray, columns: Mapping[Key, Box] | None) -> dict[Key, Any]:
+    def _read_at(
+        self, offsets: np.ndarray, columns: Mapping[Key, Box] | None
+    ) -> dict[Key, np.ndarray]:
+        """The store and packing leaves of the packed rows at ``offsets`` (whole, or each cut
+        to its columns): `PlacedRows`' reads of each source's rows."""
         staged = self.staged
         pieces = staged.plan.pieces(offsets)
         out: dict[Key, np.ndarray] = {}
         if not len(offsets):
             rows = staged._rows(next(iter(staged.stores)), self.seq_len)
             got = rows.read(offsets) if columns is None else rows.read_window(offsets, columns)
-            return dict(got.items())
+            return {k: v for k, v in got.items() if k != staged.source_leaf}
         for s, name in enumerate(staged.stores):
             mine = pieces.source == s
             if not mine.any():
@@ -198,7 +186,7 @@ class PackedStageRows(StageRows):
                 if key not in out:
                     out[key] = np.zeros((len(offsets), *value.shape[1:]), value.dtype)
                 out[key][ids] = value
-        return in_leaf_order(out)
+        return out
 
     def describe(self) -> str:
         return (
