@@ -90,3 +90,14 @@ def test_a_stage_that_lowers_seq_len_below_a_document_is_refused_unless_told():
     with pytest.raises(ValueError, match=r"stage 1's seq_len=8 is shorter than document \d+ of "
                        r"source 'web' \(\d+ tokens"):  # fmt: skip
         StagedPacked(stores, STAGES, eos_id=EOS, **settings)
+
+
+def test_a_source_leaf_is_each_packed_rows_source():
+    stores = {n: DocumentStore.from_documents(documents(i)) for i, n in enumerate(NAMES)}
+    view = StagedPacked(stores, STAGES, eos_id=EOS, source_leaf="src", **SETTINGS)
+    slots = [[len(d) + 1 for d in documents(i)] for i in range(len(NAMES))]
+    sources = [s for s, *_ in OraclePackedRun(NAMES, slots, STAGES, **SETTINGS).rows(136)]
+    assert view.leaves["src"] == np.int32
+    assert view.stage(1).read(np.arange(8, 16))["src"].tolist() == sources[72:80]
+    window = view.stage(2).read_window(np.arange(8), {"src": slice(None), "input_ids": slice(0, 4)})
+    assert window["src"].tolist() == sources[128:136] and window["input_ids"].shape == (8, 4)
