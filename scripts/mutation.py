@@ -680,6 +680,18 @@ MUTANTS = [
            "a restore inside a later length stage compares that stage's leaves with stage 0's"),
     Mutant("LS5", "_runtime/loader.py", "            if seq_len % devices:",
            "            if False:", "a length stage's seq_len split unevenly over the context axis"),
+    # ------------------------------------------------ packed length stages (issue 38, item 1)
+    Mutant("PS1", "_plan/packed_stages.py",
+           "token = int(plan.piece_start[piece]) + (at.token if doc == 0 else 0)",
+           "token = int(plan.piece_start[piece])",
+           "a stage that starts inside a split document goes on from its token 0 again"),
+    Mutant("PS2", "_plan/packed_stages.py",
+           "at = self._advance(source, lane, at, self.stages[k].seq_len, int(rows))",
+           "at = self._advance(source, lane, at, self.stages[k + 1].seq_len, int(rows))",
+           "a lane's cursor at a stage's start advanced by rows of the new length"),
+    Mutant("PS3", "sources/views/packed.py",
+           "self._column[piece], within + 1, eos)", "self._column[piece], within + 2, eos)",
+           "a staged packed row numbers its segments from 2"),
 ]  # fmt: skip
 
 #: Single-process tests run against every mutant (the planner, reads, assembly and order).
@@ -718,6 +730,9 @@ TESTS = [
     "tests/test_data_config.py",
     "tests/test_staged_tokens.py",
     "tests/test_length_config.py",
+    "tests/test_packed_stages.py",
+    "tests/test_staged_packed.py",
+    "tests/test_packed_length_config.py",
     "tests/test_store_indexes.py",
     "tests/test_spatial.py",
     "tests/test_spatial_oracle.py",
