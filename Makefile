@@ -1,7 +1,8 @@
 # The two set-up commands of the README: `make run` and `make test`. Both create .venv themselves.
 # Every venv installs psdp (editable) with all its extras at the exact versions of a lock file under
 # requirements/ (`make lock` writes them from pyproject.toml's ranges: scripts/lock.py).
-# CI (.ci/run) runs `make lint`, then the suite at the lower bounds and at the newest releases.
+# CI (.ci/run) runs `make lint` beside the venv builds (make -j2), then the suite at the lower
+# bounds and at the newest releases.
 
 # The interpreter of Python $(1): on PATH, else pyenv's (its shims answer only for the active one).
 python_of = $(firstword $(foreach p,$(shell command -v python$(1)) \

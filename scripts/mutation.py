@@ -347,9 +347,9 @@ MUTANTS = [
            "a position past the stream's end counted as inside"),
     Mutant("T8", "sources/views/tokens.py", "if self._eos or SEGMENT_IDS in names or POSITIONS in names:",
            "if True:", "input_ids alone (no EOS) searches documents it does not need"),
-    Mutant("T9", "sources/views/tokens.py", "        docs = store.documents_touching(window.lo, window.hi, eos=eos)",
-           "        np.searchsorted(window.lo, np.arange(int((window.hi - window.lo).sum())))\n"
-           "        docs = store.documents_touching(window.lo, window.hi, eos=eos)",
+    Mutant("T9", "sources/views/tokens.py", "        docs = store.documents_touching(lo, hi, eos=eos)",
+           "        np.searchsorted(lo, np.arange(int((hi - lo).sum())))\n"
+           "        docs = store.documents_touching(lo, hi, eos=eos)",
            "a search per token"),
     # ------------------------------------------------ the document index (document_index.py)
     Mutant("DI1", "sources/documents/index.py", "marks.append(values[first - low :: stride].copy())",
@@ -640,10 +640,18 @@ MUTANTS = [
            "            self._verify(number, chunk)  # before any of the chunks' bytes are copied",
            "            pass", "a mapped range read returns a chunk's bytes unchecked"),
     Mutant("LT8", "sources/documents/mapped.py",
-           "                self._verify(number, local[here] // p.per_chunk)", "                pass",
+           "        self._verify(part, chunk)  # before any of the chunks' values are read", "",
            "a mapped probe (take) returns a chunk's bytes unchecked"),
     Mutant("LT9", "sources/documents/mapped.py", "todo = chunks[~checked[chunks]]",
            "todo = chunks", "every read checks its chunks again (the record ignored)"),
+    Mutant("LT11", "sources/views/mixture.py", "    if len(reads) < 2 or not storage:",
+           "    if True:", "a mixture's sources that wait on storage read one after the other"),
+    Mutant("LT12", "_runtime/prefetch.py",
+           "counted = steps + 1 >= TIMED_READS or self._rate_before is None",
+           "counted = steps + 1 >= TIMED_READS",
+           "the first growth of the read threads waits for a window of steps (start-up waits)"),
+    Mutant("LT13", "sources/documents/mapped.py", "bad = np.flatnonzero(np.array(got) != CHECKED)",
+           "bad = np.flatnonzero(np.array(got) == -1)", "a chunk failing its crc32c is returned"),
     Mutant("LT10", "sources/documents/mapped.py",
            "if p.index_checksum and _crc32c(table_bytes) != int(index[-4:].view(\"<u4\")[0]):",
            "if False:", "a damaged shard index used unchecked"),
@@ -692,6 +700,11 @@ MUTANTS = [
     Mutant("PS3", "sources/views/packed.py",
            "self._column[piece], within + 1, eos)", "self._column[piece], within + 2, eos)",
            "a staged packed row numbers its segments from 2"),
+    # ------------------------------- exact column reads at long context (issue 38, item 3)
+    Mutant("LC1", "sources/views/staged.py", "parts.new[keep] & (shift == 0)", "parts.new[keep]",
+           "a document cut at a window's first column starts a segment there"),
+    Mutant("LC2", "sources/views/staged.py", "new = (doc_start >= lo[span]) | (opens & jump[at][span])",
+           "new = doc_start >= lo[span]", "a row that goes on at another place keeps its segment"),
 ]  # fmt: skip
 
 #: Single-process tests run against every mutant (the planner, reads, assembly and order).

@@ -310,6 +310,20 @@ def _npy(path: Path) -> str:
     return str(path)
 
 
+def _length_source(tmp: Path, min_length: int, build: bool) -> DataConfig:
+    """A config whose source ``long`` is a store's documents of ``min_length`` tokens or more
+    (the store's are 2 to 9), its length index built beside the store if ``build``."""
+    from psdp.prepare import build_indexes
+    from psdp.sources import LengthBounds
+
+    store = str(tmp / "docs")
+    write_documents(store, [np.arange(n) for n in (2, 9, 5)], progress=False)
+    if build:
+        build_indexes(store, lengths=[LengthBounds(min_length)], progress=False)
+    return DataConfig(sources={"long": SourceConfig(store=store, min_length=min_length)},
+                      seq_len=4)  # fmt: skip
+
+
 def _data_store(tmp: Path, name: str = "code", lengths=(5, 9, 3, 12, 7, 20, 6, 11)) -> str:
     """A small document store for the data config's rows (written once per path)."""
     path = tmp / name
@@ -1886,6 +1900,27 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
             "'tokens': 7,",
             "the index says {'sequences': 2, 'tokens': 8,",
             "delete the index to build it again",
+        ],
+    ),  # fmt: skip
+    (
+        "a length source that selects no document",
+        lambda tmp: _length_source(tmp, min_length=8192, build=True).train_source(),
+        ValueError,
+        [
+            "source 'long': min_length=8192 selects no document of",
+            "its documents have 2 to 9 tokens",
+            "choose bounds inside that range",
+        ],
+    ),  # fmt: skip
+    (
+        "a length source whose length index was never built",
+        lambda tmp: _length_source(tmp, min_length=4, build=False).train_source(),
+        FileNotFoundError,
+        [
+            "source 'long': no length index beside",
+            "for min_length=4",
+            "build it once with `psdp index",
+            "--min-length 4`",
         ],
     ),  # fmt: skip
     (

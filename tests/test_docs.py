@@ -271,7 +271,7 @@ def test_the_runnable_blocks_are_found():
         "guides/prepare.md": 1,
         "guides/tokens.md": 3,
         "guides/packing.md": 9,
-        "guides/mixtures.md": 4,
+        "guides/mixtures.md": 5,
         "guides/stores.md": 2,
         "guides/custom-sources.md": 2,
         "guides/streams.md": 0,

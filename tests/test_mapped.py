@@ -10,7 +10,7 @@ import tensorstore as ts
 
 from psdp import DocumentStore, write_documents
 from psdp.sources.documents import mapped
-from psdp.sources.documents.format import read_documents
+from psdp.sources.documents.format import join_stored, read_documents
 from psdp.sources.documents.mapped import MappedShards
 from psdp.sources.documents.store import join_documents
 
@@ -47,6 +47,9 @@ def test_mapped_reads_equal_the_written_tokens(tmp_path, checksum):
     offsets = np.concatenate([[0], np.cumsum([len(d) for d in docs])])
     probes = rng.integers(0, len(offsets), (7, 5))
     np.testing.assert_array_equal(stored.offsets.take(probes), offsets[probes])
+    probes = rng.integers(0, len(flat), (9, 11))  # one gather over many shards' chunks
+    np.testing.assert_array_equal(stored.leaves["input_ids"].take(probes), flat[probes])
+    assert stored.leaves["input_ids"].take(np.zeros((0, 3), np.int64)).shape == (0, 3)
     np.testing.assert_array_equal(store.offsets_range(0, len(offsets)), offsets)
 
 
@@ -70,6 +73,10 @@ def test_parts_read_back_to_back(tmp_path):
         got = store.read_ranges(starts, stops)["input_ids"]
         want = np.concatenate([flat[a:b] for a, b in zip(starts, stops, strict=True)])
         np.testing.assert_array_equal(got, want)
+    joined = join_stored(paths, name="joined").leaves["input_ids"]
+    assert isinstance(joined, MappedShards)
+    probes = rng.integers(0, len(flat), (5, 10))  # one gather from every part's shards
+    np.testing.assert_array_equal(joined.take(probes), flat[probes])
 
 
 def test_a_damaged_chunk_is_refused_on_first_read(tmp_path):
@@ -83,6 +90,47 @@ def test_a_damaged_chunk_is_refused_on_first_read(tmp_path):
     store.read_ranges([0], [100])  # shard 0: fine
     with pytest.raises(ValueError, match="damaged"):
         store.read_ranges([4096], [4100])
+
+
+def test_a_damaged_stored_checksum_is_refused_with_both_values(tmp_path):
+    docs = corpus(3, 50)
+    path = write_documents(tmp_path / "s", docs, tokens_per_chunk=256,
+                           tokens_per_shard=4096, progress=False)  # fmt: skip
+    flat = np.concatenate(docs)
+    last = (len(flat) - 1) // 256  # the part's last chunk, in the last shard
+    shard = path / "tokens" / "input_ids" / "c" / str(last // 16)
+    data = bytearray(shard.read_bytes())
+    at = last % 16 * (512 + 4)  # the chunk's 256 uint16, then its crc32c
+    computed = mapped._crc32c(np.frombuffer(bytes(data[at : at + 512]), np.uint8))
+    data[at + 512] ^= 0x01  # the stored checksum, not the values
+    shard.write_bytes(bytes(data))
+    tokens = read_documents(path).leaves["input_ids"]
+    np.testing.assert_array_equal(tokens.read_ranges(np.array([0]), np.array([9])), flat[:9])
+    stored = computed ^ 0x01
+    with pytest.raises(ValueError, match=rf"chunk {last % 16} of shard {last // 16} .* \(stored "
+                       rf"{stored:#010x}, computed {computed:#010x}\).*rewrite"):  # fmt: skip
+        tokens.read_ranges(np.array([10, len(flat) - 3]), np.array([20, len(flat)]))
+
+
+def test_a_short_last_chunk_is_read_and_checked(tmp_path):
+    # another tool may store the array's last chunk short (only its values, then the checksum)
+    flat = np.arange(4096 + 10, dtype=np.uint16)
+    path = write_documents(tmp_path / "s", [flat], tokens_per_chunk=256, tokens_per_shard=4096,
+                           progress=False)  # fmt: skip
+    shard = path / "tokens" / "input_ids" / "c" / "1"
+    values = shard.read_bytes()[:20]  # the 10 values of the shard's one chunk
+    crc = lambda b: mapped._crc32c(np.frombuffer(b, np.uint8)).to_bytes(4, "little")  # noqa: E731
+    table = np.full((16, 2), 2**64 - 1, "<u8")
+    table[0] = 0, 24
+    shard.write_bytes(values + crc(values) + table.tobytes() + crc(table.tobytes()))
+    tokens = read_documents(path).leaves["input_ids"]
+    probes = np.array([4100, 3, 4105, 4096])  # no whole row of 256 over the short chunk's map
+    np.testing.assert_array_equal(tokens.take(probes), flat[probes])
+    got = tokens.read_ranges(np.array([4090, 4100]), np.array([4106, 4103]))
+    np.testing.assert_array_equal(got, flat[np.r_[4090:4106, 4100:4103]])
+    shard.write_bytes(values[:-1] + b"\xff" + crc(values) + table.tobytes() + crc(table.tobytes()))
+    with pytest.raises(ValueError, match="chunk 0 of shard 1 .* damaged"):
+        read_documents(path).leaves["input_ids"].take(np.array([4105]))
 
 
 def test_compressed_chunks_are_read_through_tensorstore(tmp_path):
@@ -123,10 +171,11 @@ def test_only_the_chunks_a_read_touches_are_read_and_checked(tmp_path, monkeypat
     got = tokens.read_ranges(np.array([4096, 4096 + 600]), np.array([4100, 4096 + 700]))
     np.testing.assert_array_equal(got, flat[np.r_[4096:4100, 4696:4796]])
     assert tokens.take(np.array([4096 + 4 * 256 + 1])).tolist() == [flat[4096 + 1025]]
-    # shard 1's index (16 entries of 16 bytes), then chunks 0, 2 and 4: each checked once
-    assert counting.sizes == [256, 512, 512, 512]
+    # shard 1's index (16 entries of 16 bytes), then chunks 0, 2 and 4 (each with its 4-byte
+    # checksum): each checked once
+    assert counting.sizes == [256, 516, 516, 516]
     tokens.read_ranges(np.array([4096]), np.array([4096 + 256]))
-    assert counting.sizes == [256, 512, 512, 512]
+    assert counting.sizes == [256, 516, 516, 516]
     with pytest.raises(ValueError, match=r"chunk 3 of shard 1 of .*input_ids.* damaged.*rewrite"):
         tokens.read_ranges(np.array([4096 + 3 * 256 + 5]), np.array([4096 + 3 * 256 + 6]))
     with pytest.raises(ValueError, match="chunk 3 of shard 1"):  # refused again, never returned

@@ -5,6 +5,7 @@ map itself, counts without reading, and one batched read per source."""
 from __future__ import annotations
 
 import sys
+import threading
 import tracemalloc
 from dataclasses import replace
 from fractions import Fraction
@@ -18,6 +19,7 @@ from psdp import ArraySource, Mixture, OrderOptions
 from psdp._plan.index_shuffle import shuffle_each
 from psdp._plan.mixture import MixturePlan, block_counts, stage_counts, stages_from
 from psdp._runtime.feeds import open_feed
+from psdp.sources.views.mixture import SOURCE_READS_AT_ONCE
 from tests import shuffle_oracle
 from tests.batch_checks import CountingSource, token_table
 from tests.mixture_oracle import OracleMixture, largest_remainder
@@ -210,6 +212,67 @@ def test_read_is_one_batched_read_per_source_in_the_order_of_the_ids():
         np.testing.assert_array_equal(got[key], want)
     assert got["source"].dtype == np.int32
     assert got["source"].tolist() == source[ids].tolist()
+
+
+class WaitingSource(ArraySource):
+    """A source that waits on storage: each read meets the other sources' at a barrier, so the
+    reads of one mixture read finish only if they run at once."""
+
+    reads_storage = True
+
+    def __init__(self, data):
+        super().__init__(data)
+        self.barrier, self.fail, self.threads = None, False, []
+
+    def read(self, ids):
+        self.threads.append(threading.current_thread())
+        if self.barrier is not None:  # raises BrokenBarrierError after its timeout if alone
+            self.barrier.wait()
+        if self.fail:
+            raise OSError("the object store refused the read")
+        return super().read(ids)
+
+
+@pytest.mark.parametrize("storage", [True, False])
+def test_sources_that_wait_on_storage_are_read_at_once(storage):
+    data = _sources()
+    sources = {name: WaitingSource(d) for name, d in data.items()}
+    mix = Mixture(sources, stages=STAGES, block_size=64, seed=5)
+    barrier = threading.Barrier(3 if storage else 1, timeout=30)
+    for s in sources.values():
+        s.reads_storage = storage  # in memory: read one after the other on this thread
+        s.barrier = barrier
+        s.threads.clear()
+    ids = np.array([1500, 3, 700, 64, 2, 1999, 0, 640, 1281])
+    got = mix.read(ids)
+    source, row = _oracle().sequence(2000)
+    want = np.stack([data[NAMES[source[g]]]["tokens"][row[g]] for g in ids])
+    np.testing.assert_array_equal(got["tokens"], want)
+    threads = [t for s in sources.values() for t in s.threads]
+    assert len(threads) == 3
+    assert len(set(threads)) == (3 if storage else 1)
+    assert threading.current_thread() in threads
+    barrier.reset()
+    sources[NAMES[1]].fail = True  # one source's error is raised once every read is done
+    with pytest.raises(OSError, match="refused"):
+        mix.read(ids)
+
+
+def test_at_most_source_reads_at_once_threads_read_a_step():
+    names = [f"s{i}" for i in range(SOURCE_READS_AT_ONCE + 3)]
+    sources = {
+        name: WaitingSource({"tokens": token_table(5, 4) + 10_000_000 * i})
+        for i, name in enumerate(names)
+    }
+    mix = Mixture(sources, weights=dict.fromkeys(names, 1), block_size=len(names), seed=1)
+    for s in sources.values():
+        s.reads_storage = True
+        s.threads.clear()
+    got = mix.read(np.arange(len(names)))  # one row of each source
+    assert sorted(got["tokens"][:, 0] // 10_000_000) == list(range(len(names)))
+    threads = [t for s in sources.values() for t in s.threads]
+    assert len(threads) == len(names)
+    assert len(set(threads)) == SOURCE_READS_AT_ONCE
 
 
 def test_read_window_reads_each_source_s_columns_once():

@@ -5,6 +5,8 @@ here asserts a time."""
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 import tensorstore as ts
@@ -116,6 +118,25 @@ def test_read_threads_grow_to_cover_the_measured_reads_and_stop_when_it_does_not
             items.record_read(5.0, 0.01)
         assert items.adapt(step_s=0.0, rate=9.0) == 12
         assert [next(items) for _ in range(3)] == [0, 1, 2]
+
+
+def test_the_first_growth_follows_the_first_wait_not_a_window_of_steps():
+    # cold first reads are the slowest: a consumer that waits at its second step gets more
+    # threads at once, not after TIMED_READS steps (step 1 is held until the consumer waits)
+    released = threading.Event()
+
+    def produce(step):
+        if step == 1:
+            released.wait(30)
+        return step
+
+    with Prefetcher(produce, start=0, depth=2, name="t", read_threads=2,
+                    max_read_threads=32) as items:  # fmt: skip
+        assert next(items) == 0  # its read was timed before it was handed out
+        threading.Timer(0.05, released.set).start()
+        assert next(items) == 1  # waited: step 1 was held
+        assert items.read_threads == 4  # doubled, by steps_in_flight of the timed reads
+        assert [next(items) for _ in range(3)] == [2, 3, 4]
 
 
 def test_fixed_read_threads_never_grow():

@@ -11,6 +11,7 @@ from psdp.sources.documents.store import DocumentStore
 from psdp.sources.views.staged import StagedTokens
 from tests.batch_checks import assert_batch_exact, expected_batch
 from tests.length_oracle import OracleLengthRun
+from tests.pod_targets_tokens import CountingStore
 
 EOS = 7
 NAMES = ["web", "code"]
@@ -171,6 +172,17 @@ def test_two_length_stages_are_the_oracles_on_every_device(mesh_2d, targets):
                 assert assert_batch_exact(batch, want) == 8 * len(want)  # each leaf
 
 
+def test_no_rows_read_as_empty_leaves():
+    view = staged(True)
+    for got in (view.read(np.zeros(0, int)), view.stage(1).read_window(
+            np.zeros(0, int), {"segment_ids": slice(2, 5), "input_ids": slice(1, 3)})):  # fmt: skip
+        assert {k: v.shape[1:] for k, v in got.items()} in (
+            {"input_ids": (9,), "segment_ids": (9,), "positions": (9,)},
+            {"input_ids": (2,), "segment_ids": (3,)},
+        )
+        assert all(v.shape[0] == 0 for v in got.values())
+
+
 def test_a_row_past_its_stage_is_refused():
     rows = staged(False).stage(0)
     with pytest.raises(IndexError, match="row 64 of stage 0 is sample offset 64, where stage 1"):
@@ -208,26 +220,121 @@ def test_a_stage_resumed_on_another_mesh_and_batch_size_goes_on_at_its_offset(me
 
 
 @pytest.mark.parametrize("box", [slice(0, 33), slice(5, 20), slice(16, 33), np.array([30, 2, 17])])
-def test_a_window_is_the_rows_columns_and_reads_under_twice_their_tokens(box, monkeypatch):
-    rows = staged(True).stage(1)
+def test_a_window_is_the_rows_columns_and_reads_exactly_their_tokens(box):
+    """Stage 1's rows (32 + 1 target) of offsets across an epoch's end of web: a window's every
+    leaf is the whole rows' columns, and the stores read exactly the window's span of columns
+    of each row, once (EOS tokens are not stored)."""
+    stores = {n: CountingStore.from_documents(documents(i)) for i, n in enumerate(NAMES)}
+    rows = StagedTokens(stores, STAGES, targets=True, eos_id=EOS, **SETTINGS).stage(1)
     ids = np.arange(0, 40, 3)
     whole = rows.read(ids)
-    asked = []
-    for store in (s.store for s in rows.staged.streams.values()):
-        read = store.read_ranges
-
-        def counting(starts, stops, *args, read=read, **kwargs):
-            asked.append(int(np.sum(np.asarray(stops) - np.asarray(starts))))
-            return read(starts, stops, *args, **kwargs)
-
-        monkeypatch.setattr(store, "read_ranges", counting)
+    for store in stores.values():
+        store.ranges.clear()
     got = rows.read_window(ids, dict.fromkeys(rows.leaves, box))
     for leaf, values in whole.items():
         assert np.array_equal(got[leaf], values[:, box]), leaf
     span = np.arange(33)[box]
-    # a piece as wide as the window is read exactly; the others in windows rounded up to a
-    # power of two, under twice their tokens (EOS tokens are not read at all)
-    assert sum(asked) < 2 * len(ids) * (span.max() + 1 - span.min())
+    first, stop = int(span.min()), int(span.max()) + 1
+    read, want = (
+        _store_tokens(stores),
+        _oracle_tokens(64 + ids, {r: (first, stop) for r in range(len(ids))}, True),
+    )
+    assert read == want and sum(len(t) for t in want.values()) > len(ids)
+
+
+def _store_tokens(stores) -> dict[str, list[int]]:
+    """Each store's tokens of ``input_ids`` read since its ranges were cleared, sorted."""
+    return {
+        n: sorted(t for leaf, a, b in s.ranges if leaf == "input_ids" for t in range(a, b))
+        for n, s in stores.items()
+    }
+
+
+def _oracle_tokens(offsets, columns, targets: bool, stages=STAGES) -> dict[str, list[int]]:
+    """The store tokens (EOS left out) of columns ``columns[i] = (first, stop)`` of the row at
+    ``offsets[i]``, per store, sorted: what a host whose rows those are must read, once."""
+    docs = [documents(i) for i in range(len(NAMES))]
+    stream = [streams(d) for d in docs]
+    run = OracleLengthRun(NAMES, [len(s["input_ids"]) for s in stream], stages,
+                          extra=int(targets), **SETTINGS)  # fmt: skip
+    rows = run.rows(int(max(offsets)) + 1)
+    out: dict[str, list[int]] = {n: [] for n in NAMES}
+    for i, (first, stop) in columns.items():
+        source, places, _, _ = rows[int(offsets[i])]
+        s, places = stream[source], np.array(places)[first:stop]
+        places = places[s["input_ids"][places] != EOS]
+        out[NAMES[source]] += (places - (s["document"][places] - 1)).tolist()  # EOS before
+    return {n: sorted(t) for n, t in out.items()}
+
+
+@pytest.mark.slow  # 3 s: four hosts' loaders over three stages
+def test_each_host_of_a_context_mesh_reads_exactly_its_columns_and_halos(halo=2):
+    """data=2 x context=4, one device a host, three length stages (rows of 8, 32, 64): at a step
+    of each stage, the shards of every leaf on four hosts (both edges of data row 0, the inner
+    shards of row 1) are the oracle's, and each host's stores read exactly
+    the tokens of its rows' columns plus a pad halo of ``halo`` (clipped to the row), once."""
+    from jax.sharding import PartitionSpec as P
+
+    from tests.fake_hosts import fake_pod, host_batch
+    from tests.meshes import mesh_of
+
+    mesh = mesh_of(("data", "context"), (2, 4))
+    tables = oracle_tables(8, False, THREE)
+    spec = {k: P("data", "context") for k in ("input_ids", "loss_mask", "segment_ids", "positions")}
+    halos = dict.fromkeys(("input_ids", "loss_mask"), halo) if halo else 0
+    settings = {"mesh": mesh, "global_batch_size": RAMP, "batch_spec": spec, "halo": halos}
+    layout = np.arange(8).reshape(2, 4)
+    with fake_pod(mesh, layout) as process_of:
+        for host in (0, 3, 5, 6):  # both edges of data row 0, the inner shards of row 1
+            stores = {n: CountingStore.from_documents(_masked(documents(i)))
+                      for i, n in enumerate(NAMES)}  # fmt: skip
+            view = StagedTokens(stores, THREE, eos_id=EOS, **SETTINGS)
+            with DataLoader(view, process_index=host, **settings) as loader:
+                for step in (1, 5, 11):  # stages 0, 1 and 2
+                    info, stage = (
+                        loader.step_info(step),
+                        view.stage_at(loader.step_info(step).offset),
+                    )
+                    first = info.offset - THREE[stage][0]
+                    table = {
+                        k: v[first : first + info.batch_size] for k, v in tables[stage].items()
+                    }
+                    table["loss_mask"] = (table["input_ids"] % 3 == 0).astype(np.uint8)
+                    table = {k: v.astype(view.leaves[k]) for k, v in table.items()}
+                    want = expected_batch(table, 0, shuffle=False, **{
+                        **settings, "global_batch_size": info.batch_size})  # fmt: skip
+                    for store in stores.values():
+                        store.ranges.clear()
+                    got = host_batch(loader, step, process_of)
+                    for key, shards in got.items():
+                        boxes = shards.sharding.devices_indices_map(shards.shape)
+                        assert {process_of[d] for d in shards.shards} == {host}
+                        for device, value in shards.shards.items():
+                            np.testing.assert_array_equal(value, want[key][boxes[device]])
+                    width = THREE[stage][1]
+                    rows, c = boxes[device][0], host % 4
+                    lo, hi = max(0, c * width // 4 - halo), min(width, (c + 1) * width // 4 + halo)
+                    columns = {r: (lo, hi) for r in range(*rows.indices(info.batch_size))}
+                    want_tokens = _oracle_tokens(info.offset + np.arange(info.batch_size), columns,
+                                                 False, THREE)  # fmt: skip
+                    assert _store_tokens(stores) == want_tokens, (host, step)
+                    mask = [
+                        (a, b)
+                        for s in stores.values()
+                        for leaf, a, b in s.ranges
+                        if leaf == "loss_mask"
+                    ]
+                    ids = [
+                        (a, b)
+                        for s in stores.values()
+                        for leaf, a, b in s.ranges
+                        if leaf == "input_ids"
+                    ]
+                    assert sorted(mask) == sorted(ids), (host, step)
+
+
+def _masked(docs: list[np.ndarray]) -> list[dict[str, np.ndarray]]:
+    return [{"input_ids": d, "loss_mask": (d % 3 == 0).astype(np.uint8)} for d in docs]
 
 
 def test_sequence_sharded_batches_are_the_oracles_on_every_device(mesh_context):
@@ -300,3 +407,50 @@ def test_a_stage_whose_seq_len_does_not_divide_by_the_context_axis_is_refused(me
     with pytest.raises(ValueError, match=r"length stage 2's seq_len=63 does not divide by the "
                        r"context axis of 2 devices \(dimension 1 of leaf 'input_ids'"):  # fmt: skip
         DataLoader(view, mesh=mesh_context, global_batch_size=RAMP, batch_spec=spec)
+
+
+class _Remote:
+    """A flat array that is not a numpy array: a store of it waits on storage."""
+
+    def __init__(self, values: np.ndarray) -> None:
+        self.values, self.shape, self.dtype = values, values.shape, values.dtype
+
+    def __getitem__(self, where):
+        return self.values[where]
+
+
+def test_a_store_that_waits_on_storage_gives_the_loader_storages_read_threads():
+    from psdp import OrderOptions
+    from psdp._runtime.feeds import open_feed
+
+    docs = documents(0)
+    offsets = np.concatenate([[0], np.cumsum([len(d) for d in docs])])
+    flat = np.concatenate(docs)
+    local = DocumentStore.from_arrays(offsets, {"input_ids": flat})
+    remote = DocumentStore.from_arrays(offsets, {"input_ids": _Remote(flat)})
+    for store, waits, threads in ((local, False, 1), (remote, True, 4)):
+        view = StagedTokens({"web": store, "code": local}, STAGES, **SETTINGS)
+        assert view.reads_storage is waits and view.stage(1).reads_storage is waits
+        assert open_feed(view, OrderOptions(global_batch_size=8)).read_threads(None) == threads
+
+
+@pytest.mark.slow  # 4 s: 8 hosts x 4 jobs, then timed
+def test_the_long_context_script_checks_and_measures_at_small_lengths():
+    """scripts/measure/long_context.py at seq_len 64 -> 512 (its own run takes half a minute):
+    every host's bytes are its columns plus halos, each job timed, the ratios and read times
+    reported."""
+    import runpy
+    from pathlib import Path
+
+    script = runpy.run_path(
+        str(Path(__file__).parents[1] / "scripts/measure/long_context.py"), run_name="long_context"
+    )
+    result = script["measure"](1, 1, 4, 40_000, lengths=(64, 512, 2048))
+    assert set(result["times"]) == {
+        f"{v} {n}" for v in ("StagedTokens", "TokenSequences") for n in (64, 512)
+    }
+    # host (d, c) of data=2 x context=4: 16 rows x 16 columns (+ 4 halo inside the row) at 64
+    assert sorted(set(result["bytes"]["StagedTokens 64"].values())) == [16 * 20 * 2, 16 * 24 * 2]
+    assert sorted(set(result["bytes"]["StagedTokens 512"].values())) == [2 * 132 * 2, 2 * 136 * 2]
+    assert set(script["ratios"](result)) == {"tokens_per_s", "cpu_tokens_per_s"}
+    assert "read() of 32 whole rows of 64" in script["table"](result)

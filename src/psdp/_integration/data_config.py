@@ -400,12 +400,28 @@ class DataConfig:
 
         assert self.seq_len is not None and self.view.packing is not None
         assert self.view.window is not None
+        if source.length_bounds() is not None:  # psdp index builds no pack index of a selection
+            return self._selection_pack_index(source, store)
         settings = PackSettings(
             self.seq_len, self.view.window, self.view.packing, self.view.long_documents,
             self.view.seed, eos=self.view.eos_id is not None,
             max_segments=self.view.max_segments,
         )  # fmt: skip
         return pack_index_beside(source.store, store, settings, format=source.format)
+
+    def _selection_pack_index(self, source: SourceConfig, store: Any) -> None:
+        """``None`` (planned at start-up) for a small selection by length; a larger one is
+        refused: no pack index is built for a selection yet."""
+        from psdp.sources.documents.beside import IN_MEMORY_DOCUMENTS
+
+        if store.num_documents <= IN_MEMORY_DOCUMENTS:
+            return None
+        raise ValueError(
+            f"packing in windows reads a pack index, which psdp index does not build for a "
+            f"selection by length ({source.length_bounds()}: {store.num_documents:,} documents,"
+            f" more than {IN_MEMORY_DOCUMENTS:,} to plan at start-up on every host); read this "
+            "source concatenated then split (view.packing unset), or narrow the selection"
+        )
 
     def _common_ids(self, views: dict[str, Any]) -> dict[str, Any]:
         """The views with their stores' token ids read as one dtype, so that they mix: numpy's

@@ -17,6 +17,7 @@ from psdp._checks import is_int
 
 if TYPE_CHECKING:
     from psdp.sources import DocumentStore
+    from psdp.sources.documents.beside import LengthBounds
 
 #: The manifest ``format`` of a store that ``psdp prepare`` writes (``docs/guides/prepare.md``).
 PREPARED_FORMAT = "psdp.document_parts"
@@ -79,6 +80,15 @@ class SourceConfig:
     rows_per_part: int | None = None
     """Parquet/Arrow rows per part of ``psdp prepare`` (``--rows-per-part``; unset: its
     default)."""
+
+    min_length: int | None = None
+    """Only the store's documents of at least this many tokens (unset: no lower bound), read
+    through the length index ``psdp index STORE --min-length N`` built beside the store; e.g.
+    a long-document source of a long-context stage (``docs/guides/mixtures.md``)."""
+
+    max_length: int | None = None
+    """Only the store's documents of at most this many tokens (unset: no upper bound), as for
+    ``min_length`` (``psdp index STORE --max-length N``)."""
 
     def __post_init__(self) -> None:
         example = "e.g. store: tokens/code"
@@ -144,6 +154,7 @@ class SourceConfig:
                 "inputs and tokenizer too, or drop them"
             )
         self._check_prepare_settings()
+        self.length_bounds()  # checked now, not when the store opens
         if self.inputs is not None:
             object.__setattr__(self, "inputs", list(self.inputs))
 
@@ -187,6 +198,29 @@ class SourceConfig:
                 "tokenizer too, or drop them"
             )
 
+    def length_bounds(self) -> LengthBounds | None:
+        """The `LengthBounds` of ``min_length`` and ``max_length``, or ``None`` (every document).
+
+        Examples:
+            >>> SourceConfig(store="tokens/web", min_length=8192).length_bounds()
+            LengthBounds(min_length=8192, max_length=None)
+        """
+        if self.min_length is None and self.max_length is None:
+            return None
+        from psdp.sources.documents.beside import LengthBounds
+
+        for name in ("min_length", "max_length"):
+            value = getattr(self, name)
+            if value is not None and (not is_int(value) or value < 0):
+                raise ValueError(
+                    f"SourceConfig.{name} of {self.store!r} must be a token count (an int >= 0) "
+                    f"or unset, got {value!r}; e.g. {name}: 8192"
+                )
+        try:
+            return LengthBounds(self.min_length, self.max_length)
+        except ValueError as error:
+            raise ValueError(f"SourceConfig of {self.store!r}: {error}") from None
+
     def prepare_command(self) -> str:
         """The ``psdp prepare`` command that makes this store (placeholders where the config
         does not say its inputs and tokenizer)."""
@@ -227,7 +261,27 @@ class SourceConfig:
 
     def open(self, role: str) -> DocumentStore:
         """The store, or an error naming the ``psdp prepare`` command when it is missing,
-        unfinished or stale (``role``, e.g. ``source 'code'``, names it)."""
+        unfinished or stale (``role``, e.g. ``source 'code'``, names it); with ``min_length``
+        or ``max_length``, its documents of those lengths (`SelectedDocuments`), or an error
+        naming the ``psdp index`` command when their length index is missing or stale, or the
+        field when they are none."""
+        store = self._open_store(role)
+        bounds = self.length_bounds()
+        if bounds is None:
+            return store
+        from psdp.sources import SelectedDocuments
+
+        try:
+            return SelectedDocuments.beside(
+                self.store, store, min_length=bounds.min_length, max_length=bounds.max_length,
+                format=self.format,
+            )  # fmt: skip
+        except FileNotFoundError as error:
+            raise FileNotFoundError(f"{role}: {error}") from None
+        except ValueError as error:
+            raise ValueError(f"{role}: {error}") from None
+
+    def _open_store(self, role: str) -> DocumentStore:
         from psdp.sources import DocumentStore
 
         if self.format == "levanter":

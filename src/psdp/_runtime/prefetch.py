@@ -241,12 +241,15 @@ class Prefetcher(Generic[T]):
             del item  # the consumer owns it now; do not keep it alive while waiting
 
     def _adapt_after(self, step_s: float, waited: bool) -> None:
-        """Counts a step at the current threads; once `TIMED_READS` are counted and the consumer
-        waited, `adapt` with their rate."""
+        """Counts a step at the current threads; when the consumer waited, `adapt` with their
+        rate: at once before the first growth (the first reads, cold, are the slowest: waiting
+        for `TIMED_READS` steps there is what start-up waits on), after `TIMED_READS` steps
+        since a growth (the rate at the new threads, for `GAIN`)."""
         now = self._returned_at or 0.0
         since, steps = self._window or (now, 0)
         self._window = (since, steps + 1)
-        if waited and steps + 1 >= TIMED_READS and now > since:
+        counted = steps + 1 >= TIMED_READS or self._rate_before is None
+        if waited and counted and now > since:
             threads = self.read_threads
             if self.adapt(step_s, (steps + 1) / (now - since)) != threads:
                 self._window = (now, 0)
@@ -280,7 +283,9 @@ class Prefetcher(Generic[T]):
         if error is not None:
             self._close(f"step {step} raised {type(error).__name__}")
             raise error
-        if self.max_read_threads is not None and step_s is not None:
+        if self.max_read_threads is not None and step_s is None:
+            self._window = (self._returned_at, 0)  # the consumer's steps count from its first
+        elif self.max_read_threads is not None and step_s is not None:
             self._adapt_after(step_s, waited=not ready)
         if self._observer is not None:
             self._observer(step, self.last_wait_s, ready)

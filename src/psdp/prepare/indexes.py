@@ -31,6 +31,7 @@ from psdp.prepare.engines import engine_named
 from psdp.sources.documents.beside import (
     DOCUMENT_INDEX,
     IndexFolder,
+    LengthBounds,
     PackSettings,
     document_index_bytes,
     index_command,
@@ -38,6 +39,7 @@ from psdp.sources.documents.beside import (
     store_digest,
 )
 from psdp.sources.documents.index import STRIDE, DocumentIndex, check_offsets_rise
+from psdp.sources.documents.selected import build_length_index
 from psdp.sources.documents.store import DocumentStore
 from psdp.sources.stores.levanter_cache import open_cache_arrays
 from psdp.sources.views.pack_index import counts_of_windows, pack_index_bytes, read_pack_index
@@ -71,6 +73,7 @@ def build_indexes(
     store: str | os.PathLike[str] | Mapping[str, Any],
     packs: Iterable[PackSettings] = (),
     *,
+    lengths: Iterable[LengthBounds] = (),
     format: str = "psdp",
     workers: int | None = None,
     engine: str = "local",
@@ -78,13 +81,16 @@ def build_indexes(
     progress: bool = True,
 ) -> list[dict[str, Any]]:
     """Builds the store's indexes beside it: a Levanter cache's document index (a psdp store
-    commits its own), and a pack index per packing of ``packs``; one that is already there and
-    up to date is kept. Returns one record per index: its file, ``"built"``, ``"resumed"`` or
-    ``"up to date"``, and its counts.
+    commits its own), a pack index per packing of ``packs`` and a length index per selection of
+    ``lengths``; one that is already there and up to date is kept. Returns one record per
+    index: its file, ``"built"``, ``"resumed"`` or ``"up to date"``, and its counts.
 
     Args:
         store: the store (a path, URL or kvstore spec), as a `DataConfig` source names it.
         packs: the packings in windows to index (`PackSettings`, e.g. ``PackSettings(4096, 4096)``).
+        lengths: the selections by length to index (`LengthBounds`, e.g.
+            ``LengthBounds(min_length=8192)``: one pass over the offsets each; what
+            `SelectedDocuments.beside` and a `DataConfig` source with ``min_length`` open).
         format: ``"psdp"`` or ``"levanter"`` (a Levanter cache's split directory).
         workers: local processes (default: one per CPU, at most one per 4 million documents);
             ``engine="ray"``: ignored.
@@ -106,11 +112,16 @@ def build_indexes(
         raise ValueError(
             f"format={format!r} must be one of {list(FORMATS)}; e.g. format='levanter'"
         )
-    packs = list(packs)
+    packs, lengths = list(packs), list(lengths)
     for settings in packs:
         if not isinstance(settings, PackSettings):
             raise TypeError(
                 f"packs holds {settings!r}; give PackSettings, e.g. PackSettings(4096, 4096)"
+            )
+    for bounds in lengths:
+        if not isinstance(bounds, LengthBounds):
+            raise TypeError(
+                f"lengths holds {bounds!r}; give LengthBounds, e.g. LengthBounds(min_length=8192)"
             )
     folder = IndexFolder(store)
     records = []
@@ -128,6 +139,14 @@ def build_indexes(
         records.append({
             "index": folder.where(settings.file_name), "state": state, "windows": len(index.tokens),
             "sequences": len(index), "efficiency": round(index.efficiency, 6),
+            "seconds": round(time.perf_counter() - started, 3),
+        })  # fmt: skip
+    for bounds in lengths:
+        started = time.perf_counter()
+        state, head = build_length_index(store, opened, bounds, progress=progress)
+        records.append({
+            "index": folder.where(bounds.file_name), "state": state,
+            "documents": head["documents"], "tokens": head["tokens"],
             "seconds": round(time.perf_counter() - started, 3),
         })  # fmt: skip
     return records

@@ -6,6 +6,7 @@
   no random access, read shard by shard),
   `as_source`, object-store locations and retries, a Levanter cache's arrays.
 - `documents/`: token documents stored flat and their indexes: `DocumentStore`,
+  `SelectedDocuments` (a store's documents selected by length),
   `DocumentIndex`, `write_documents`, `open_levanter_cache`.
 - `views/`: rows made from documents: `TokenSequences`, `PackedSequences`, `Mixture`,
   provenance, MaxText's leaves (`MaxTextRows`).
@@ -25,8 +26,10 @@ from psdp.sources.base import IndexableSource as IndexableSource
 from psdp.sources.base import Rows as Rows
 from psdp.sources.base import Source as Source
 from psdp.sources.base import SupportsReadWindow as SupportsReadWindow
+from psdp.sources.documents.beside import LengthBounds as LengthBounds
 from psdp.sources.documents.beside import PackSettings as PackSettings
 from psdp.sources.documents.index import DocumentIndex as DocumentIndex
+from psdp.sources.documents.selected import SelectedDocuments as SelectedDocuments
 from psdp.sources.documents.store import DocumentStore as DocumentStore
 from psdp.sources.documents.store import FlatArray as FlatArray
 from psdp.sources.stores.adapt import as_source as as_source
@@ -92,12 +95,14 @@ __all__ = [
     "GrainRecords",
     "GrainSource",
     "IndexableSource",
+    "LengthBounds",
     "MaxTextRows",
     "MemmapSource",
     "Mixture",
     "PackSettings",
     "PackedSequences",
     "Rows",
+    "SelectedDocuments",
     "Source",
     "StagedPacked",
     "StagedTokens",

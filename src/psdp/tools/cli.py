@@ -788,6 +788,20 @@ def _packs(args: argparse.Namespace) -> list[Any]:
     return [_given("--pack", text, parsed, text) for text in args.pack]
 
 
+def _lengths(args: argparse.Namespace) -> list[Any]:
+    """``--min-length``/``--max-length`` as one `LengthBounds` (none if neither is given)."""
+    from psdp.sources.documents.beside import LengthBounds
+
+    if args.min_length is None and args.max_length is None:
+        return []
+    try:
+        return [LengthBounds(args.min_length, args.max_length)]
+    except (TypeError, ValueError) as error:
+        flags = [("--min-length", args.min_length), ("--max-length", args.max_length)]
+        given = " ".join(f"{name} {value}" for name, value in flags if value is not None)
+        raise UsageError(f"{given}: {error}", "psdp index") from None
+
+
 def _add_index(subparsers: Subparsers) -> None:
     parser = subparsers.add_parser(
         "index",
@@ -795,7 +809,8 @@ def _add_index(subparsers: Subparsers) -> None:
         description=(
             "Build the indexes of STORE (a psdp store, or a Levanter cache with --format "
             "levanter; local, s3:// or gs://) beside it, in STORE/psdp-index/: a Levanter "
-            "cache's document index, and the pack index of each --pack. In parallel (local "
+            "cache's document index, the pack index of each --pack, and the length index of "
+            "--min-length/--max-length (docs/guides/mixtures.md). In parallel (local "
             "processes, or --engine ray), resumable (a killed run keeps its finished parts), "
             "each index written whole. A DataConfig finds them there and checks them; an "
             "index that is up to date is kept. docs/guides/packing.md."
@@ -804,6 +819,15 @@ def _add_index(subparsers: Subparsers) -> None:
     parser.add_argument("store", help="the store: a directory, URL or kvstore spec (JSON)")
     parser.add_argument("--format", choices=["psdp", "levanter"], default="psdp")
     _add_pack_flags(parser, "build the pack index of this packing in windows")
+    group = parser.add_argument_group("length indexes (docs/guides/mixtures.md)")
+    group.add_argument(
+        "--min-length", dest="min_length", type=int, metavar="N",
+        help="index the documents of at least N tokens, for a source with min_length: N",
+    )  # fmt: skip
+    group.add_argument(
+        "--max-length", dest="max_length", type=int, metavar="N",
+        help="index the documents of at most N tokens (max_length: N); with --min-length, both",
+    )  # fmt: skip
     parser.add_argument(
         "--workers", type=int,
         help="local worker processes (default: one per core, at most one per 4 million documents)",
@@ -819,17 +843,18 @@ def _add_index(subparsers: Subparsers) -> None:
 def _run_index(args: argparse.Namespace) -> int:
     from psdp.prepare.indexes import build_indexes
 
-    packs = _packs(args)
-    if not packs and args.format == "psdp":
+    packs, lengths = _packs(args), _lengths(args)
+    if not packs and not lengths and args.format == "psdp":
         raise UsageError(
             "a psdp store commits its document index with its documents: name a packing to "
-            "index, e.g. --pack 4096,4096 (SEQ_LEN,WINDOW), or --format levanter for a "
-            "Levanter cache's document index",
+            "index, e.g. --pack 4096,4096 (SEQ_LEN,WINDOW), a selection by length, e.g. "
+            "--min-length 8192, or --format levanter for a Levanter cache's document index",
             "psdp index",
         )
     try:
         records = build_indexes(
-            _store("STORE", args.store, args.endpoint), packs, format=args.format,
+            _store("STORE", args.store, args.endpoint), packs, lengths=lengths,
+            format=args.format,
             workers=args.workers, engine=args.engine, ray_address=args.ray_address,
             progress=not (args.no_progress or args.json),
         )  # fmt: skip
@@ -838,8 +863,11 @@ def _run_index(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(records, indent=2))
     for record in [] if args.json else records:
-        counts = "".join(f", {record[k]:,} {k}" for k in ("windows", "sequences") if k in record)
+        counts = "".join(f", {record[k]:,} {k}" for k in ("windows", "sequences", "documents",
+                                                           "tokens") if k in record)  # fmt: skip
         print(f"{record['index']}: {record['state']}{counts} ({record['seconds']:.1f} s)")
+        if record.get("documents") == 0:  # a length index: a source of it would be refused
+            print(f"  warning: {record['index']} selects no document", file=sys.stderr)
     return 0
 
 

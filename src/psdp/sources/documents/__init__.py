@@ -3,11 +3,13 @@
 `DocumentStore` (`store`) reads token ranges of documents; `DocumentIndex` (`index`) is what a
 host keeps of their offsets; `write_documents` (`writer`) writes a store, which `format` reads
 back (and `parts` joins, for a parted store of `psdp prepare`); `open_levanter_cache`
-(`levanter`) reads a Levanter token cache in place as a store.
+(`levanter`) reads a Levanter token cache in place as a store; `SelectedDocuments` (`selected`)
+is a store's documents selected by length, itself a store, read through the length index
+`beside` keeps with the store's other indexes.
 
 May import: `psdp._plan`, psdp's helper modules, `psdp.sources.base`, `stores` and this folder;
 never `views` or a layer above `sources` (``tests/test_layers.py`` checks it). Inside it:
-`index`, `parts` and `format` <- `store` <- `levanter`, `writer`.
+`index`, `parts` and `format` <- `store` <- `beside` <- `selected`, `levanter`, `writer`.
 
 ``psdp.sources.documents`` was the module of `DocumentStore` in the previous release: its names
 still work here, with a warning, for one release (``psdp._deprecated``).

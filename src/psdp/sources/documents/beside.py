@@ -6,6 +6,8 @@ Layout, below the store (a psdp store or a Levanter cache, local or in an object
 
     psdp-index/documents.npz           the store's DocumentIndex (a Levanter cache has none)
     psdp-index/pack-<settings>.npz     a PackIndex per packing (`PackSettings.file_name`)
+    psdp-index/length-<bounds>.npz     a selection by length (`LengthBounds.file_name`), whose
+    psdp-index/length-<bounds>-<store>/  blocks of selected documents it names
     psdp-index/.build-<name>-<store>/  the finished parts of a build in progress (resume)
 
 Each file is written whole, in one commit (a local file renamed into place; one PUT on an object
@@ -119,18 +121,80 @@ class PackSettings:
         return " ".join(words)
 
 
-def index_command(store: Any, format: str = "psdp", packs: tuple[PackSettings, ...] = ()) -> str:
+@dataclass(frozen=True)
+class LengthBounds:
+    """A selection of a store's documents by length: those of at least ``min_length`` and at
+    most ``max_length`` tokens (both inclusive; ``None``: no bound on that side), as a length
+    index is built for it (``psdp index --min-length N``) and a `DataConfig` source names it.
+
+    Examples:
+        >>> bounds = LengthBounds(min_length=8192)
+        >>> bounds.file_name, bounds.flags(), bounds.fields()
+        ('length-8192-any.npz', '--min-length 8192', 'min_length=8192')
+        >>> LengthBounds(max_length=100).selects(np.array([0, 5, 100, 101])).tolist()
+        [True, True, True, False]
+    """
+
+    min_length: int | None = None
+    max_length: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("min_length", "max_length"):
+            if getattr(self, name) is not None:
+                check_int(name, getattr(self, name), minimum=0)
+        if self.min_length is None and self.max_length is None:
+            raise ValueError(
+                "a length selection needs min_length or max_length (tokens, inclusive), got "
+                "neither; e.g. min_length=8192"
+            )
+        low, high = self.min_length or 0, self.max_length
+        if high is not None and high < low:
+            raise ValueError(
+                f"max_length={high} is below min_length={low}: no document could be selected; "
+                "give max_length >= min_length (both inclusive)"
+            )
+
+    def selects(self, lengths: np.ndarray) -> np.ndarray:
+        """Whether each document of these ``lengths`` is selected."""
+        keep = lengths >= (self.min_length or 0)
+        return keep if self.max_length is None else keep & (lengths <= self.max_length)
+
+    @property
+    def file_name(self) -> str:
+        """The length index's file in ``psdp-index/``, named by the bounds."""
+        high = "any" if self.max_length is None else self.max_length
+        return f"length-{self.min_length or 0}-{high}.npz"
+
+    def fields(self) -> str:
+        """The bounds as a `DataConfig` source sets them, for messages."""
+        given = [(n, getattr(self, n)) for n in ("min_length", "max_length")]
+        return ", ".join(f"{n}={v}" for n, v in given if v is not None)
+
+    def flags(self) -> str:
+        """The ``psdp index`` flags that build this selection's index."""
+        given = [(n, getattr(self, n)) for n in ("min_length", "max_length")]
+        return " ".join(f"--{n.replace('_', '-')} {v}" for n, v in given if v is not None)
+
+
+def index_command(
+    store: Any,
+    format: str = "psdp",
+    packs: tuple[PackSettings, ...] = (),
+    lengths: tuple[LengthBounds, ...] = (),
+) -> str:
     """The ``psdp index`` command that builds a store's indexes beside it.
 
     Examples:
         >>> index_command("gs://bucket/code", "levanter", (PackSettings(4096, 4096),))
         'psdp index gs://bucket/code --format levanter --pack 4096,4096'
+        >>> index_command("tokens/web", lengths=(LengthBounds(8192),))
+        'psdp index tokens/web --min-length 8192'
     """
     where = store if isinstance(store, str) else str(dict(store))
     words = ["psdp index", shlex.quote(os.fspath(where))]
     if format != "psdp":
         words.append(f"--format {format}")
-    return " ".join(words + [p.flags() for p in packs])
+    return " ".join(words + [p.flags() for p in packs] + [b.flags() for b in lengths])
 
 
 def store_digest(index: DocumentIndex, written: str | None = None) -> str:
@@ -183,6 +247,11 @@ class IndexFolder:
         self._local = None if location.local is None else Path(location.local) / INDEX_DIRECTORY
         self._location = location
         self._kvstore: Any = None
+
+    @property
+    def local(self) -> Path | None:
+        """The folder on this machine's file system, or ``None`` (an object store)."""
+        return self._local
 
     def where(self, name: str) -> str:
         """The file ``name``, for messages."""

@@ -35,6 +35,12 @@ def _crc32c(data: np.ndarray) -> int:
     return int(google_crc32c.value(data))
 
 
+#: The CRC-32C of any bytes followed by their own CRC-32C (little-endian): a chunk and its
+#: stored checksum agree if and only if the checksum of both is this constant (a property of
+#: the CRC), so a check is one call over the chunk's bytes and the 4 after them.
+CHECKED = 0x48674BC7
+
+
 @dataclass(frozen=True)
 class Part:
     """One zarr3 array of the joined array: its directory, its TensorStore array (its length),
@@ -117,6 +123,8 @@ class MappedShards:
         ]
         # each mapped shard's chunk sizes without their checksums
         self._sizes: dict[tuple[int, int], list[int]] = {}
+        # each mapped shard's values as rows of a chunk (`_shard`)
+        self._rows: dict[tuple[int, int], np.ndarray] = {}
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -177,6 +185,14 @@ class MappedShards:
                 "it with write_documents"
             )
         mapped = (data, offsets.astype(np.int64))
+        # the shard's values over the map as rows of a chunk each (a row's stride steps over
+        # the checksum), for a probe's gather; none where a short last chunk leaves too few
+        # bytes for a whole row
+        item = self.dtype.itemsize
+        if (chunks - 1) * stride + p.per_chunk * item <= len(data):
+            rows = np.ndarray((chunks, p.per_chunk), self.dtype, data, 0, (stride, item))
+            with self._lock:
+                self._rows.setdefault(key, rows)
         with self._lock:
             self._sizes.setdefault(key, (nbytes.astype(np.int64) - 4 * p.checksum).tolist())
             return self._shards.setdefault(key, mapped)
@@ -191,32 +207,36 @@ class MappedShards:
         todo = chunks[~checked[chunks]]
         if not len(todo):
             return
+        todo = np.unique(todo)
         per_shard = p.per_shard // p.per_chunk
-        # one chunk at a time in plain Python: a step's new chunks lie mostly in different
-        # shards, where grouping them costs more numpy calls (~1 µs each) than it saves
-        for chunk in np.unique(todo).tolist():
-            shard, k = divmod(chunk, per_shard)
-            data, offsets = self._shard(part, shard)
-            start = int(offsets[k])
-            end = start + self._sizes[(part, shard)][k]
-            stored = int.from_bytes(data[end : end + 4], "little")
-            computed = _crc32c(data[start:end])
-            if computed != stored:
-                raise ValueError(
-                    f"chunk {k} of shard {shard} of {p.directory} of {self._where} fails its "
-                    f"crc32c checksum (stored {stored:#010x}, computed {computed:#010x}); the "
-                    "store is damaged: rewrite it with write_documents"
-                )
-            with self._lock:
-                checked[chunk] = True
-
-    def _gather_shard(self, mapped: tuple[np.ndarray, np.ndarray], at: np.ndarray,
-                      per_chunk: int) -> np.ndarray:  # fmt: skip
-        """The values at the shard-local positions ``at``."""
-        data, offsets = mapped
-        item = self.dtype.itemsize
-        byte = offsets[at // per_chunk] + (at % per_chunk) * item
-        return data[byte[:, None] + np.arange(item)].reshape(-1).view(self.dtype)
+        shard, k = np.divmod(todo, per_shard)
+        maps = {s: self._shard(part, s)[0] for s in np.unique(shard).tolist()}
+        # chunk k of a shard is at byte k * stride, all of stride bytes but perhaps the part's
+        # last, which may be stored short (checked when the shard was mapped)
+        stride = p.per_chunk * self.dtype.itemsize + 4
+        start = k * stride
+        end = start + stride  # the chunk and its checksum
+        if todo[-1] == len(checked) - 1:
+            end[-1] = start[-1] + self._sizes[(part, int(shard[-1]))][-1] + 4
+        # one call a chunk over its bytes and its stored checksum, whose crc32c is a constant
+        # if and only if they agree (`CHECKED`): no Python per chunk but the slice and the call
+        got = [
+            google_crc32c.value(maps[s][a:b])
+            for s, a, b in zip(shard.tolist(), start.tolist(), end.tolist(), strict=True)
+        ]
+        bad = np.flatnonzero(np.array(got) != CHECKED)
+        if len(bad):
+            first = int(bad[0])
+            data, a, b = maps[int(shard[first])], int(start[first]), int(end[first])
+            stored = int.from_bytes(data[b - 4 : b].tobytes(), "little")
+            computed = _crc32c(data[a : b - 4])
+            raise ValueError(
+                f"chunk {int(k[first])} of shard {int(shard[first])} of {p.directory} of "
+                f"{self._where} fails its crc32c checksum (stored {stored:#010x}, computed "
+                f"{computed:#010x}); the store is damaged: rewrite it with write_documents"
+            )
+        with self._lock:
+            checked[todo] = True
 
     def _pieces(self, lo: int, hi: int) -> list[tuple[np.ndarray, int, int]]:
         """``[lo, hi)`` as (mapped bytes, first byte, byte count) pieces, chunk by chunk."""
@@ -302,22 +322,40 @@ class MappedShards:
         """``self[d]`` for an int64 index array ``d`` (a search's probes: cheap as memory)."""
         d = np.asarray(d, np.int64)
         flat = d.reshape(-1)
+        if len(self.parts) == 1:  # the common case: no search for the part
+            return self._take_part(0, flat).reshape(d.shape)
         out = np.empty(len(flat), self.dtype)
         part = np.searchsorted(self._starts, flat, side="right") - 1
         for number in np.unique(part).tolist():
-            p = self.parts[number]
             mine = part == number
-            local = flat[mine] - self._starts[number]
-            shard = local // p.per_shard
-            got = np.empty(len(local), out.dtype)
-            for s in np.unique(shard).tolist():
-                here = shard == s
-                mapped = self._shard(number, s)
-                self._verify(number, local[here] // p.per_chunk)
-                got[here] = self._gather_shard(mapped, local[here] - s * p.per_shard,
-                                               p.per_chunk)  # fmt: skip
-            out[mine] = got
+            out[mine] = self._take_part(number, flat[mine] - self._starts[number])
         return out.reshape(d.shape)
+
+    def _take_part(self, part: int, local: np.ndarray) -> np.ndarray:
+        """The values of the part at its positions ``local``, their chunks checked first."""
+        p = self.parts[part]
+        if not len(local):
+            return np.empty(0, self.dtype)
+        chunk, within = np.divmod(local, p.per_chunk)
+        self._verify(part, chunk)  # before any of the chunks' values are read
+        per_shard = p.per_shard // p.per_chunk
+        shard, row = np.divmod(chunk, per_shard)
+        if len(self._checked[part]) <= per_shard or shard.min() == shard.max():  # one shard
+            return self._gather(part, int(shard[0]), row, within)
+        out = np.empty(len(local), self.dtype)
+        for s in np.unique(shard).tolist():
+            here = shard == s
+            out[here] = self._gather(part, s, row[here], within[here])
+        return out
+
+    def _gather(self, part: int, shard: int, row: np.ndarray, within: np.ndarray) -> np.ndarray:
+        """The values at ``within`` of the shard's chunks ``row``: one gather over its rows."""
+        data, offsets = self._shard(part, shard)
+        rows = self._rows.get((part, shard))
+        if rows is not None:
+            return rows[row, within]
+        byte = offsets[row] + within * self.dtype.itemsize  # a short last chunk: byte by byte
+        return data[byte[:, None] + np.arange(self.dtype.itemsize)].reshape(-1).view(self.dtype)
 
 
 class MappedOffsets:

@@ -6,7 +6,9 @@ read per mixed source, rows scattered back in the order of the ids.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -27,6 +29,9 @@ from psdp.sources.views.provenance import provenance_dtype
 
 #: The dtype of the ``source_leaf`` tags.
 TAG_DTYPE = np.dtype(np.int32)
+#: The most sources of one read read at once (a step of a mixture of many stores may touch
+#: dozens, and the loader runs up to 32 reads at once): the rest wait their turn on these.
+SOURCE_READS_AT_ONCE = 8
 
 
 class Mixture:
@@ -155,9 +160,16 @@ class Mixture:
         # the batch does not touch
         by_source = np.lexsort((rows, source))
         present, firsts = np.unique(source[by_source], return_index=True)
-        for index, positions in zip(present, np.split(by_source, firsts[1:]), strict=True):
-            name = self.names[index]
-            got = read(self.sources[name], rows[positions])
+        groups = [
+            (self.names[index], positions)
+            for index, positions in zip(
+                present.tolist(), np.split(by_source, firsts[1:]), strict=True
+            )
+        ]
+        reads = [partial(read, self.sources[name], rows[positions]) for name, positions in groups]
+        # only the sources read (a mixture of thousands reads a few a step)
+        storage = any(getattr(self.sources[name], "reads_storage", False) for name, _ in groups)
+        for (name, positions), got in zip(groups, _run(reads, storage), strict=True):
             for key in keys:
                 value = np.asarray(got[key])
                 if key not in out:
@@ -299,3 +311,38 @@ def _check_source_leaf(name: Any, leaves: Mapping[Key, Any]) -> None:
             f"source_leaf={name!r}, but the sources already have a leaf {name!r}; pick another "
             "source_leaf name"
         )
+
+
+def _run(reads: Sequence[Callable[[], Any]], storage: bool) -> list[Any]:
+    """The results of ``reads`` (one a source), in order: where a source waits on storage
+    (``storage``), at once on up to `SOURCE_READS_AT_ONCE` threads (the calling one and daemon
+    threads of their own), so a read costs the slowest source's round trips, not their sum; one
+    after the other otherwise. The first error is raised once all are done."""
+    if len(reads) < 2 or not storage:
+        return [read() for read in reads]
+    results: list[Any] = [None] * len(reads)
+    errors: list[BaseException | None] = [None] * len(reads)
+
+    at_once = min(len(reads), SOURCE_READS_AT_ONCE)
+
+    def run(first: int) -> None:  # reads first, first + at_once, ... one after the other
+        for i in range(first, len(reads), at_once):
+            try:
+                results[i] = reads[i]()
+            except BaseException as error:  # raised on the calling thread below
+                errors[i] = error
+
+    # daemon threads, as the loader's own: a read that never returns cannot hold up exit
+    threads = [
+        threading.Thread(target=run, args=(i,), name=f"psdp-mixture-read-{i}", daemon=True)
+        for i in range(1, at_once)
+    ]
+    for thread in threads:
+        thread.start()
+    run(0)
+    for thread in threads:
+        thread.join()
+    for error in errors:
+        if error is not None:
+            raise error
+    return results

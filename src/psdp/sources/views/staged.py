@@ -3,23 +3,26 @@
 The map is `psdp._plan.length_stages`' (``docs/concepts/length-stages.md``): a sample offset is a
 source, a lane and ranges of the source's stream. This module reads them: each stage is a
 `StageRows` whose row ``r`` is sample offset ``stage start + r`` (a loader reads it in id order,
-as a `Mixture`), its ranges read as windows of a one-token `TokenSequences` of each store, so
-EOS tokens, stored leaves and ``positions`` are `TokenSequences`' own.
+as a `Mixture`). A read, of whole rows or of a window of columns, takes exactly its columns'
+tokens: each store's ranges in one `TokenSequences.read_spans` (one store range per piece of a
+row), so EOS tokens and stored leaves are `TokenSequences`' own; ``segment_ids`` and
+``positions`` come from the stores' offsets alone, per part of a document.
 """
 
 from __future__ import annotations
 
 import bisect
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
-from psdp._plan.leaves import SEGMENT_IDS, Key, in_leaf_order
+from psdp._plan.leaves import POSITIONS, SEGMENT_IDS, Key, in_leaf_order
 from psdp._plan.length_stages import LengthPlan, Pieces
 from psdp._plan.mixture import MIXTURE_ROWS
 from psdp._plan.windows import Box, box_parts
 from psdp.sources.base import check_ids, fresh_rows
+from psdp.sources.documents.index import ranges
 from psdp.sources.documents.store import DocumentStore
 from psdp.sources.views.mixture import TAG_DTYPE
 from psdp.sources.views.provenance import provenance_table
@@ -111,6 +114,18 @@ class StagedTokens:
 
     def __len__(self) -> int:
         return MIXTURE_ROWS
+
+    @property
+    def reads_storage(self) -> bool:
+        """Whether some store waits on storage (the loader then reads several steps at once by
+        default), as a `Mixture`'s.
+
+        Examples:
+            >>> store = DocumentStore.from_documents([np.arange(100, 160)])
+            >>> StagedTokens({"a": store}, [(0, 4, {"a": 1})], lanes=2, block_size=1).reads_storage
+            False
+        """
+        return any(stream.reads_storage for stream in self.streams.values())
 
     @property
     def stage_starts(self) -> tuple[int, ...]:
@@ -243,6 +258,11 @@ class StageRows:
         return MIXTURE_ROWS - self.start
 
     @property
+    def reads_storage(self) -> bool:
+        """Its `StagedTokens`' ``reads_storage``."""
+        return self.staged.reads_storage
+
+    @property
     def leaves(self) -> dict[str, np.dtype]:
         return dict(self.staged.leaves)
 
@@ -254,8 +274,8 @@ class StageRows:
     @fresh_rows
     def read_window(self, ids: np.ndarray, columns: Mapping[Key, Box]) -> dict[Key, np.ndarray]:
         """Some leaves, each cut to a range (or index array) of columns inside the row, reading
-        under twice those tokens from the stores (a piece as wide as the window exactly, others in
-        windows rounded up to a power of two); ``segment_ids`` and ``positions`` come from the
+        exactly those columns' tokens from the stores (one range per piece of a row: a row
+        across a unit or an epoch is two); ``segment_ids`` and ``positions`` come from the
         stores' offsets, reading no token.
 
         Examples:
@@ -286,9 +306,10 @@ class StageRows:
     ) -> dict[Key, np.ndarray]:
         """The store leaves of the rows at ``offsets``: whole (``columns=None``), or each cut
         to its columns."""
+        pieces = self._pieces(offsets)  # once for every span of columns
         if columns is None:
             names = [n for n in self.leaves if n != self.staged.source_leaf]
-            return self._columns(offsets, 0, self.width, names)
+            return self._columns(pieces, len(offsets), 0, self.width, names)
         by_span: dict[tuple[int, int], list[str]] = {}
         picks: dict[str, np.ndarray | None] = {}
         for key, box in columns.items():
@@ -308,7 +329,7 @@ class StageRows:
             by_span.setdefault((first, stop), []).append(key)
         out: dict[Key, np.ndarray] = {}
         for (first, stop), keys in by_span.items():
-            got = self._columns(offsets, first, stop, keys)
+            got = self._columns(pieces, len(offsets), first, stop, keys)
             for key in keys:
                 pick = picks[key]
                 out[key] = got[key] if pick is None else got[key][:, pick]
@@ -326,49 +347,108 @@ class StageRows:
             )
         return offsets
 
+    def _pieces(self, offsets: np.ndarray) -> Pieces:
+        """The rows at ``offsets`` as ranges of the stores (`LengthPlan.store_pieces`)."""
+        if not offsets.size:  # no rows: no pieces (the plan's map wants one at least)
+            return Pieces(*(np.zeros(0, np.int64) for _ in Pieces._fields))
+        return self.staged.plan.store_pieces(offsets)
+
     def _columns(
-        self, offsets: np.ndarray, first: int, stop: int, names: list[str]
+        self, pieces: Pieces, count: int, first: int, stop: int, names: list[str]
     ) -> dict[Key, np.ndarray]:
-        """Leaves ``names`` at columns ``[first, stop)`` of the rows at ``offsets``."""
-        pieces = self.staged.plan.store_pieces(offsets)
-        numbered = SEGMENT_IDS in names
-        asked = [n for n in names if n != SEGMENT_IDS] + ([SEGMENT_IDS] if numbered else [])
-        out = self._leaves_at(pieces, len(offsets), first, stop, asked)
-        if numbered:
-            # a row's segments count from column 0: its columns before `first` by offsets alone
-            before = self._leaves_at(pieces, len(offsets), 0, first, [SEGMENT_IDS])
-            documents = np.concatenate([before[SEGMENT_IDS], out[SEGMENT_IDS]], axis=1)
-            out[SEGMENT_IDS] = _numbered(documents, _jumps(pieces, len(offsets), stop))[:, first:]
+        """Leaves ``names`` at columns ``[first, stop)`` of the ``count`` rows made of
+        ``pieces``, reading exactly those columns' tokens: one store range per piece."""
+        computed = [n for n in names if n in (SEGMENT_IDS, POSITIONS)]
+        out = self._leaves_at(pieces, count, first, stop, [n for n in names if n not in computed])
+        if computed:
+            out.update(self._computed(pieces, count, first, stop, computed))
         return out
 
     def _leaves_at(
         self, pieces: Pieces, count: int, first: int, stop: int, names: list[str]
     ) -> dict[Key, np.ndarray]:
-        """Leaves ``names`` at columns ``[first, stop)``: each source's pieces read in a few
-        window reads (whole-width pieces in one, the others by size, rounded up to a power of
-        two: fewer than twice their tokens)."""
+        """Leaves ``names`` at columns ``[first, stop)``: each source's pieces cut to them and
+        read in one `TokenSequences.read_spans`, exactly their tokens."""
         shape = (count, stop - first)
-        out: dict[Key, np.ndarray] = {n: np.zeros(shape, self.leaves[n]) for n in names}
         if not names or stop <= first:
-            return out
-        for source, stream in enumerate(self.staged.streams.values()):
-            mine = _clipped(pieces, source, first, stop)
-            bucket = np.where(mine.size == stop - first, -1, _bit_length(mine.size))
-            for key in np.unique(bucket).tolist():
-                at = np.flatnonzero(bucket == key)
-                width = int(mine.size[at].max())
-                got = stream.read_window(mine.start[at], dict.fromkeys(names, slice(0, width)))
-                if key == -1:  # whole rows of the window: one row-wise copy
-                    for leaf in names:
-                        out[leaf][mine.row[at]] = got[leaf]
-                    continue
-                span = np.arange(width)
-                valid = span < mine.size[at][:, None]
-                rows = np.broadcast_to(mine.row[at][:, None], valid.shape)[valid]
-                columns = ((mine.column[at] - first)[:, None] + span)[valid]
-                for leaf in names:
-                    out[leaf][rows, columns] = got[leaf][valid]
+            return {n: np.zeros(shape, self.leaves[n]) for n in names}
+        mine = _clipped(pieces, first, stop)
+        streams = list(self.staged.streams.values())
+        used = np.unique(mine.source).tolist()
+        if len(used) == 1:  # the pieces in row and column order tile the window: no placing
+            got = streams[used[0]].read_spans(mine.start, mine.start + mine.size, names)
+            return {n: got[n].reshape(shape) for n in names}
+        out: dict[Key, np.ndarray] = {n: np.zeros(shape, self.leaves[n]) for n in names}
+        flat = {n: leaf.reshape(-1) for n, leaf in out.items()}
+        before = np.cumsum(mine.size) - mine.size  # each piece's place in the window
+        for source in used:
+            at = mine.source == source
+            got = streams[source].read_spans(mine.start[at], mine.start[at] + mine.size[at], names)
+            places = ranges(before[at], mine.size[at])
+            for name in names:
+                flat[name][places] = got[name]
         return out
+
+    def _computed(
+        self, pieces: Pieces, count: int, first: int, stop: int, names: list[str]
+    ) -> dict[Key, np.ndarray]:
+        """``segment_ids`` and ``positions`` at columns ``[first, stop)``, from the stores'
+        offsets alone (no token read), per part of a document: segments numbered from 1 at
+        column 0 of each row (those before ``first`` counted), positions each token's place in
+        its document."""
+        shape = (count, stop - first)
+        if stop <= first:
+            return {n: np.zeros(shape, self.leaves[n]) for n in names}
+        numbered = SEGMENT_IDS in names
+        parts = self._parts(pieces, 0 if numbered else first, stop)
+        before = np.zeros(count, np.int64)
+        if numbered and first > 0:  # count the segments starting before the window, then cut
+            early = parts.column < first
+            before = np.bincount(parts.row[early], parts.new[early], count).astype(np.int64)
+            parts = _cut(parts, first)
+        if len(self.staged.streams) > 1:  # each source's parts in order: all of them in order
+            parts = _Parts(*(a[np.lexsort((parts.column, parts.row))] for a in parts))
+        out: dict[Key, np.ndarray] = {}
+        if numbered:
+            per_row = np.bincount(parts.row, parts.new, count).astype(np.int64)
+            number = np.cumsum(parts.new) - (np.cumsum(per_row) - per_row)[parts.row]
+            number = (number + before[parts.row]).astype(self.leaves[SEGMENT_IDS])
+            out[SEGMENT_IDS] = np.repeat(number, parts.size).reshape(shape)
+        if POSITIONS in names:
+            dtype = self.leaves[POSITIONS]
+            work = dtype if count * (stop - first) < 2**31 else np.dtype(np.int64)
+            out[POSITIONS] = ranges(parts.within, parts.size, work).astype(dtype).reshape(shape)
+        return out
+
+    def _parts(self, pieces: Pieces, first: int, stop: int) -> _Parts:
+        """The parts of documents in columns ``[first, stop)`` of the rows, each source's in
+        row and column order (one `DocumentStore.documents_touching` a source)."""
+        keep = np.minimum(pieces.column + pieces.size, stop) > np.maximum(pieces.column, first)
+        # a piece starts a segment where the row goes on elsewhere; one cut at `first` goes on
+        jump = (~_going_on(pieces) & (pieces.column >= first))[keep]
+        mine = _clipped(pieces, first, stop)
+        none = np.zeros(0, np.int64)
+        parts = [_Parts(none, none, none, np.zeros(0, bool), none)]  # no rows: no parts
+        for source, stream in enumerate(self.staged.streams.values()):
+            at = np.flatnonzero(mine.source == source)
+            if not at.size:
+                continue
+            lo = mine.start[at]
+            hi = lo + mine.size[at]
+            eos = stream.eos_id is not None
+            docs = stream.store.documents_touching(lo, hi, eos=eos)
+            span = np.repeat(np.arange(at.size), docs.count)
+            length = docs.stop - docs.start
+            start = np.maximum(docs.stream_start, lo[span])
+            size = np.minimum(docs.stream_start + length + (eos & (length > 0)), hi[span]) - start
+            held = size > 0  # not an empty document
+            span, start, size = span[held], start[held], size[held]
+            opens = np.concatenate([[True], span[1:] != span[:-1]])  # a span's first part
+            doc_start = docs.stream_start[held]
+            new = (doc_start >= lo[span]) | (opens & jump[at][span])
+            column = mine.column[at][span] + start - lo[span]
+            parts.append(_Parts(mine.row[at][span], column, size, new, start - doc_start))
+        return _Parts(*(np.concatenate(a) for a in zip(*parts, strict=True)))
 
     def describe(self) -> str:
         return (
@@ -398,42 +478,45 @@ def with_source_leaf(leaves: Mapping[str, np.dtype], name: str | None) -> dict[s
     return {**leaves, name: TAG_DTYPE}
 
 
-def _clipped(pieces: Pieces, source: int, first: int, stop: int) -> Pieces:
-    """Source ``source``'s pieces cut to columns ``[first, stop)`` of their rows (empty ones
-    dropped); columns stay the row's."""
-    mine = pieces.source == source
+class _Parts(NamedTuple):
+    """Parts of documents in rows: part ``i`` is ``size[i]`` tokens of row ``row[i]`` from
+    column ``column[i]``, from place ``within[i]`` of its document; ``new[i]``: a segment
+    starts at its first column."""
+
+    row: np.ndarray
+    column: np.ndarray
+    size: np.ndarray
+    new: np.ndarray
+    within: np.ndarray
+
+
+def _cut(parts: _Parts, first: int) -> _Parts:
+    """The parts cut to columns ``first`` on; a part cut there starts no segment there."""
+    keep = parts.column + parts.size > first
+    column = np.maximum(parts.column, first)[keep]
+    shift = column - parts.column[keep]
+    return _Parts(parts.row[keep], column, parts.size[keep] - shift,
+                  parts.new[keep] & (shift == 0), parts.within[keep] + shift)  # fmt: skip
+
+
+def _clipped(pieces: Pieces, first: int, stop: int) -> Pieces:
+    """The pieces cut to columns ``[first, stop)`` of their rows (empty ones dropped); columns
+    stay the row's."""
     lo = np.maximum(pieces.column, first)
     hi = np.minimum(pieces.column + pieces.size, stop)
-    keep = mine & (hi > lo)
+    keep = hi > lo
     shift = (lo - pieces.column)[keep]
     return Pieces(pieces.row[keep], lo[keep], pieces.source[keep], pieces.epoch[keep],
                   pieces.start[keep] + shift, (hi - lo)[keep])  # fmt: skip
 
 
-def _jumps(pieces: Pieces, count: int, stop: int) -> np.ndarray:
-    """Where a row's columns ``[0, stop)`` go on at another place of their stream: each piece's
-    first column, but where the piece before it ends right before it in the same source."""
-    out = np.zeros((count, stop), bool)
+def _going_on(pieces: Pieces) -> np.ndarray:
+    """Whether each piece goes on right where the piece before it in its row ends, in the same
+    source's stream (so no new segment starts at its first column)."""
     same_row = np.concatenate([[False], pieces.row[1:] == pieces.row[:-1]])
     ends = np.concatenate([[-1], (pieces.start + pieces.size)[:-1]])
     sources = np.concatenate([[-1], pieces.source[:-1]])
-    going_on = same_row & (ends == pieces.start) & (sources == pieces.source)
-    jump = ~going_on & (pieces.column < stop)
-    out[pieces.row[jump], pieces.column[jump]] = True
-    return out
-
-
-def _numbered(documents: np.ndarray, jumps: np.ndarray) -> np.ndarray:
-    """Segment ids from 1 in each row: a new one at a new document or a jump."""
-    new = jumps.copy()
-    new[:, 0] = True
-    new[:, 1:] |= documents[:, 1:] != documents[:, :-1]
-    return np.cumsum(new, axis=1, dtype=documents.dtype)
-
-
-def _bit_length(values: np.ndarray) -> np.ndarray:
-    """``int.bit_length`` of each value >= 0."""
-    return np.where(values > 0, np.floor(np.log2(np.maximum(values, 1))).astype(np.int64) + 1, 0)
+    return same_row & (ends == pieces.start) & (sources == pieces.source)
 
 
 def _span(part: Any) -> tuple[int, int, np.ndarray | None]:

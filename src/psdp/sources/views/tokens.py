@@ -12,7 +12,7 @@ documents' boundaries with a handful of numpy calls for the whole batch. A windo
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -154,6 +154,77 @@ class TokenSequences:
             boxes[key] = parts[0] if parts else slice(0, self.width)
         return self._read(ids, boxes)
 
+    def read_spans(
+        self, starts: Any, stops: Any, leaves: Sequence[str] | None = None
+    ) -> dict[str, np.ndarray]:
+        """Leaves ``leaves`` (default all) at stream positions ``[starts[i], stops[i])`` for
+        every ``i``, concatenated in order. Each span's tokens are one range of the store, read
+        exactly (EOS tokens are not stored); ``segment_ids`` (the document's index plus one) and
+        ``positions`` read no token.
+
+        Examples:
+            >>> store = DocumentStore.from_documents([np.array([11, 12, 13]), np.array([21, 22])])
+            >>> rows = TokenSequences(store, 3, eos_id=0)  # stream: 11 12 13 0 21 22 0
+            >>> got = rows.read_spans([2, 0], [5, 1])
+            >>> got["input_ids"].tolist(), got["segment_ids"].tolist(), got["positions"].tolist()
+            ([13, 0, 21, 11], [1, 1, 2, 1], [2, 3, 0, 0])
+        """
+        lo, hi = np.asarray(starts), np.asarray(stops)
+        if (
+            lo.ndim != 1 or lo.shape != hi.shape
+            or (lo.size and not (np.issubdtype(lo.dtype, np.integer) and np.issubdtype(hi.dtype, np.integer)))
+        ):  # fmt: skip
+            raise TypeError(
+                f"starts and stops must be 1-D integer arrays of one length, got shapes "
+                f"{lo.shape} and {hi.shape} of {lo.dtype} and {hi.dtype}"
+            )
+        lo, hi = lo.astype(np.int64), hi.astype(np.int64)
+        bad = (lo < 0) | (hi < lo) | (hi > self.stream_tokens)
+        if bad.any():
+            at = int(np.argmax(bad))
+            raise ValueError(
+                f"span {at} of {self.describe()} is [{int(lo[at])}, {int(hi[at])}); a span needs "
+                f"0 <= start <= stop <= {self.stream_tokens} (the stream's tokens): read spans "
+                "inside the stream"
+            )
+        names = list(self._dtypes) if leaves is None else list(leaves)
+        unknown = [name for name in names if name not in self._dtypes]
+        if unknown:
+            raise KeyError(
+                f"{unknown} are not leaves of {self.describe()}: it has {list(self._dtypes)}"
+            )
+        out: dict[str, np.ndarray] = {}
+        size = hi - lo
+        total = int(size.sum())
+        stored = [name for name in names if name in self.store.leaves]
+        if not (self._eos or SEGMENT_IDS in names or POSITIONS in names):
+            # no EOS: stream positions are token positions, and a span one range of the store
+            return self.store.read_ranges(lo, hi, stored) if stored else out
+        pieces = _Pieces.of(self.store, lo, hi, self._eos)
+        if SEGMENT_IDS in names:
+            numbers = (pieces.docs.doc + 1).astype(self._dtypes[SEGMENT_IDS])
+            out[SEGMENT_IDS] = np.repeat(numbers, pieces.size)
+        if POSITIONS in names:
+            out[POSITIONS] = pieces.positions(self._dtypes[POSITIONS])
+        if not stored:
+            return out
+        before = np.cumsum(size) - size  # each span's first place in the concatenation
+        begin, count, eos_rows, eos_columns = pieces.token_ranges(lo, lo, hi, self._eos)
+        held = count > 0
+        got = self.store.read_ranges(begin[held], begin[held] + count[held], stored)
+        if not len(eos_rows):
+            return out | got
+        token = np.ones(total, bool)
+        eos_at = before[eos_rows] + eos_columns
+        token[eos_at] = False
+        for name, values in got.items():
+            leaf = np.zeros(total, values.dtype)
+            leaf[token] = values
+            if name == TOKENS:
+                leaf[eos_at] = self.eos_id
+            out[name] = leaf
+        return out
+
     def _read(self, ids: np.ndarray, boxes: Mapping[Key, Any]) -> dict[Key, np.ndarray]:
         """Each leaf's columns of rows ``ids``; one window per distinct span of columns."""
         by_span: dict[tuple[int, int], list[str]] = {}
@@ -177,13 +248,13 @@ class TokenSequences:
         out: dict[str, np.ndarray] = {}
         stored = [name for name in names if name in self.store.leaves]
         if self._eos or SEGMENT_IDS in names or POSITIONS in names:
-            pieces = _Pieces.of(self.store, window, self._eos)
+            pieces = _Pieces.of(self.store, window.lo, window.hi, self._eos)
             if SEGMENT_IDS in names:
                 ids = (pieces.docs.doc + 1).astype(self._dtypes[SEGMENT_IDS])
                 out[SEGMENT_IDS] = window.placed(np.repeat(ids, pieces.size), 0)
             if POSITIONS in names:
                 out[POSITIONS] = window.placed(pieces.positions(self._dtypes[POSITIONS]), 0)
-            tokens = pieces.token_ranges(window, self._eos)
+            tokens = pieces.token_ranges(window.starts, window.lo, window.hi, self._eos)
         else:  # no EOS: stream positions are token positions
             none = np.zeros(0, np.int64)
             tokens = (window.lo, window.hi - window.lo, none, none)
@@ -225,7 +296,7 @@ class TokenSequences:
         """
         ids = check_ids(ids, self._len, self.describe)
         window = _Window.of(ids * self.seq_len, self.width, self.stream_tokens)
-        p = _Pieces.of(self.store, window, self._eos)
+        p = _Pieces.of(self.store, window.lo, window.hi, self._eos)
         stop = np.minimum(p.within + p.size, p.length)
         column = p.docs.stream_start + p.within - window.starts[p.row]
         return provenance_table(p.row, column, p.docs.doc, np.minimum(p.within, p.length), stop,
@@ -300,13 +371,14 @@ class _Pieces:
     size: np.ndarray  # the piece's stream positions (an EOS included)
 
     @classmethod
-    def of(cls, store: DocumentStore, window: _Window, eos: bool) -> _Pieces:
-        docs = store.documents_touching(window.lo, window.hi, eos=eos)
-        row = np.repeat(np.arange(len(window.starts)), docs.count)
+    def of(cls, store: DocumentStore, lo: np.ndarray, hi: np.ndarray, eos: bool) -> _Pieces:
+        """The pieces of stream ranges ``[lo[i], hi[i])``, range ``i`` their row."""
+        docs = store.documents_touching(lo, hi, eos=eos)
+        row = np.repeat(np.arange(len(lo)), docs.count)
         length = docs.stop - docs.start
         eos_at = docs.stream_start + length
-        first = np.maximum(docs.stream_start, window.lo[row])
-        size = np.minimum(eos_at + (eos & (length > 0)), window.hi[row]) - first
+        first = np.maximum(docs.stream_start, lo[row])
+        size = np.minimum(eos_at + (eos & (length > 0)), hi[row]) - first
         return cls(docs, row, length, eos_at, first - docs.stream_start, size)
 
     def positions(self, dtype: np.dtype) -> np.ndarray:
@@ -319,13 +391,16 @@ class _Pieces:
             dtype, copy=False
         )
 
-    def token_ranges(self, window: _Window, eos: bool) -> _TokenRanges:
-        """Each row's tokens, one range of the store: documents are back to back there."""
-        rows = len(window.starts)
+    def token_ranges(
+        self, starts: np.ndarray, lo: np.ndarray, hi: np.ndarray, eos: bool
+    ) -> _TokenRanges:
+        """Each row's tokens, one range of the store (documents are back to back there): row
+        ``i`` is stream positions ``[lo[i], hi[i])``, its columns counted from ``starts[i]``."""
+        rows = len(starts)
         has_eos = eos & (self.length > 0) & (self.within + self.size > self.length)
         eos_rows = self.row[has_eos]
-        eos_columns = self.eos_at[has_eos] - window.starts[eos_rows]
-        count = window.hi - window.lo - np.bincount(eos_rows, minlength=rows)
+        eos_columns = self.eos_at[has_eos] - starts[eos_rows]
+        count = hi - lo - np.bincount(eos_rows, minlength=rows)
         touched = self.docs.count > 0
         firsts = (np.cumsum(self.docs.count) - self.docs.count)[touched]
         begin = np.zeros(rows, np.int64)

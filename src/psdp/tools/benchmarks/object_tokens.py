@@ -161,7 +161,9 @@ def bench_object_tokens(sizes: Sizes, workdir: Path) -> dict[str, Any]:
                         progress=False)  # fmt: skip
 
             def remote(name: str, server: Any = server, proxy: FaultProxy = proxy) -> Any:
-                return DocumentStore.open(server.kvstore(f"{name}/", proxy.endpoint))
+                return DocumentStore.open(
+                    server.kvstore(f"{name}/", proxy.endpoint), context=_cold()
+                )
 
             for latency_ms in sizes.object_token_latency_ms:
                 proxy.latency_s = latency_ms / 1e3
@@ -259,6 +261,17 @@ def _loader(
         )
 
         yield loader, touched
+
+
+def _cold() -> Any:
+    """A TensorStore context of a store's own, with psdp's cache: each measure's loader starts
+    cold, as a new host does (with the process's shared cache, a measure would read the steps
+    an earlier one fetched from memory)."""
+    import tensorstore as ts
+
+    from psdp.sources.documents.format import CACHE_BYTES
+
+    return ts.Context({"cache_pool": {"total_bytes_limit": CACHE_BYTES}})
 
 
 def _recording(store: DocumentStore, parts: list[int], touched: list[int]) -> DocumentStore:
