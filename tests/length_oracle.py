@@ -102,3 +102,114 @@ class OracleLengthRun:
                 cursors[lane] += length
                 j += 1
         return out
+
+
+DOCS_TAG = 0x646F632D6F726465  # documented in docs/concepts/length-stages.md, "Packed sources"
+
+
+class NoRow(Exception):
+    """A lane's part of an epoch packs no row (every document dropped)."""
+
+
+class OraclePackedRun:
+    """The packed rows of offsets ``[0, count)`` of a run with length stages: each source's
+    epochs as lists of its non-empty documents in the documented keyed order, cut into lanes, and
+    each source's samples walked one by one in sample order, each packing greedily from a
+    document cursor per lane (epoch, position, token), instead of the plan's cached pack plans.
+    A row: ``(source, [(document, first token, tokens), ...], seq_len)``."""
+
+    def __init__(
+        self,
+        names: Sequence[str],
+        lengths: Sequence[Sequence[int]],
+        stages: Sequence[tuple[int, int, Mapping[str, float]]],
+        block_size: int,
+        lanes: int,
+        seed: int = 0,
+        shuffle: bool = True,
+        long_documents: str | None = None,
+        max_segments: int | None = None,
+    ):
+        self.names, self.lengths = list(names), [list(a) for a in lengths]
+        self.stages, self.block, self.lanes = list(stages), block_size, lanes
+        self.seed, self.shuffle = seed, shuffle
+        self.long = long_documents or "split"
+        self.cap = max_segments
+        self.kept = [[d for d, n in enumerate(a) if n > 0] for a in self.lengths]
+        self.mixture = OracleMixture(
+            names, [max(1, len(k)) for k in self.kept], [(s, w) for s, _, w in stages],
+            block_size, seed, shuffle,
+        )  # fmt: skip
+
+    def seq_len(self, offset: int) -> int:
+        return [n for start, n, _ in self.stages if start <= offset][-1]
+
+    def lane(self, source: int, lane: int, epoch: int) -> list[int]:
+        """The store documents of lane ``lane``'s part of epoch ``epoch``, in order."""
+        kept = self.kept[source]
+        n = len(kept)
+        order = list(range(n))
+        if self.shuffle:
+            digest = hashlib.blake2b(self.names[source].encode(), digest_size=8).digest()
+            key = splitmix64(splitmix64(self.seed) ^ int.from_bytes(digest, "little"))
+            key = splitmix64(key ^ DOCS_TAG ^ epoch)
+            order = [index_shuffle(n, key, i) for i in range(n)]
+        return [kept[order[p]] for p in range(lane * n // self.lanes, (lane + 1) * n // self.lanes)]
+
+    def pack(self, source: int, cursor: list[int], seq_len: int) -> list[tuple[int, int, int]]:
+        """One row from ``cursor`` = [epoch, position, token] (moved past the row): documents
+        taken in order while they fit, dropped ones skipped, never past the lane's epoch end."""
+        lane_docs = self.lane(source, cursor[3], cursor[0])
+        row: list[tuple[int, int, int]] = []
+        room = seq_len
+        for _ in range(10**6):
+            if cursor[1] == len(lane_docs):
+                if row:
+                    return row
+                cursor[:3] = [cursor[0] + 1, 0, 0]
+                lane_docs = self.lane(source, cursor[3], cursor[0])
+                if self.long == "drop" and all(
+                    self.lengths[source][d] > seq_len for d in lane_docs
+                ):
+                    raise NoRow(f"lane {cursor[3]} of source {source}, epoch {cursor[0]}")
+                continue
+            doc = lane_docs[cursor[1]]
+            rest = self.lengths[source][doc] - cursor[2]
+            if rest > seq_len and self.long == "drop":
+                cursor[1:3] = [cursor[1] + 1, 0]
+                continue
+            if self.cap is not None and len(row) == self.cap:
+                return row
+            if rest > seq_len and not row:  # a long document in an empty row: its next seq_len
+                row.append((doc, cursor[2], seq_len))
+                if self.long == "truncate":
+                    cursor[1:3] = [cursor[1] + 1, 0]
+                else:
+                    cursor[2] += seq_len
+                return row
+            if rest > room:
+                return row
+            row.append((doc, cursor[2], rest))
+            room -= rest
+            cursor[1:3] = [cursor[1] + 1, 0]
+        raise AssertionError("a row never ended")
+
+    def rows(self, count: int) -> list[tuple[int, list[tuple[int, int, int]], int]]:
+        """``(source, pieces, seq_len)`` of offsets ``[0, count)``, ``count`` a multiple of the
+        block: each source's samples walked in sample order, a cursor per lane."""
+        assert count % self.block == 0
+        source, _ = self.mixture.sequence(count)
+        sample = self.mixture.samples(count)
+        by_sample = {
+            (int(s), int(j)): g for g, (s, j) in enumerate(zip(source, sample, strict=False))
+        }
+        out: list = [None] * count
+        for s in range(len(self.names)):
+            cursors = [[0, 0, 0, lane] for lane in range(self.lanes)]
+            j = 0
+            while (s, j) in by_sample:
+                g = by_sample[(s, j)]
+                length = self.seq_len(g)
+                out[g] = (s, self.pack(s, cursors[j % self.lanes], length), length)
+                j += 1
+        return out

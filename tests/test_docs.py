@@ -264,7 +264,7 @@ def test_the_runnable_blocks_are_found():
         "concepts/mesh.md": 0,
         "concepts/loader.md": 2,
         "concepts/order-and-resume.md": 1,
-        "concepts/length-stages.md": 0,
+        "concepts/length-stages.md": 1,
         "concepts/partitioning.md": 10,
         "concepts/architecture.md": 0,
         "guides/install.md": 0,

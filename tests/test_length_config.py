@@ -136,7 +136,6 @@ def test_a_single_length_state_does_not_restore_into_length_stages(stores, mesh_
     [
         ({"lanes": None}, r"DataConfig.lanes is unset, but the stage at step 2 sets seq_len=32"),
         ({"view": {"packing": "best_fit"}}, r"stage at step 2 sets seq_len=32 .*view.packing"),
-        ({"mixture": {"block_size": 8, "source_leaf": "src"}}, r"step 2 .*mixture.source_leaf"),
         ({"lanes": 0}, r"DataConfig.lanes must be an int >= 1 or unset, got 0"),
         (
             {"seq_len": 16},
@@ -172,11 +171,46 @@ def test_bad_length_stage_fields_are_refused(stores):
         DataConfig.from_dict(raw | {"lanes": 100}).train_source()
 
 
-def test_psdp_inspect_refuses_length_stages_naming_the_stage(stores):
+def test_psdp_inspect_reports_a_length_stage_step_as_the_oracle(stores):
+    """Step 5 (offsets 88-95, stage 1, rows of 32 + 1): its stage, seq_len, counts, and each
+    row's segments at the oracle's tokens and positions."""
     from psdp.tools.inspection import step_report
 
-    with pytest.raises(ValueError, match="the stage at step 2 sets seq_len=32"):
-        step_report(config(stores), 3)
+    report = step_report(config(stores), 5)
+    assert (report.stage, report.seq_len, report.offset, report.rows) == (1, 32, 88, 8)
+    assert "(from step 2, sample offset 64): seq_len 32, weights code 1, web 3" in str(report)
+    table = {k: v[88 - 64 : 96 - 64] for k, v in oracle(stages_of(), 32)[1].items()}
+    run = OracleLengthRun(NAMES, [len(streams(DOCS[n])["input_ids"]) for n in NAMES],
+                          stages_of(), extra=1, **SETTINGS)  # fmt: skip
+    sources = [NAMES[s] for s, *_ in run.rows(96)[88:96]]
+    assert report.counts == {n: sources.count(n) for n in NAMES}
+    for r, row in enumerate(report.row_list):
+        assert row.source == sources[r]
+        assert sum(s.stop - s.start + (s.stop == len(DOCS[row.source][s.document]))
+                   for s in row.segments) + row.padding == 33  # fmt: skip
+        for segment in row.segments:
+            columns = slice(segment.column, segment.column + len(segment.ids))
+            assert segment.ids == table["input_ids"][r, columns].tolist()
+            assert table["positions"][r, segment.column] == segment.start
+
+
+def test_a_source_leaf_tags_each_row_of_every_stage_with_its_source(stores, mesh_2d):
+    """mixture.source_leaf with length stages: every step's ``src`` leaf is the oracle's source
+    of each row (code 0, web 1), in stages 0, 1 and 2; a name the stores have is refused."""
+    raw = config(stores).to_dict()
+    made = DataConfig.from_dict(raw | {"mixture": {"block_size": 8, "seed": 5,
+                                                   "source_leaf": "src"}})  # fmt: skip
+    run = OracleLengthRun(NAMES, [len(streams(DOCS[n])["input_ids"]) for n in NAMES],
+                          stages_of(), extra=1, **SETTINGS)  # fmt: skip
+    sources = [source for source, *_ in run.rows(160)]
+    with made.build(mesh_2d) as loader:
+        for step in (0, 1, 2, 9, 10, 13):
+            info = loader.step_info(step)
+            want = sources[info.offset : info.offset + info.batch_size]
+            assert np.asarray(loader.batch_at(step)["src"]).tolist() == want, step
+    with pytest.raises(ValueError, match="source_leaf='input_ids', but the stores already"):
+        DataConfig.from_dict(raw | {"mixture": {"block_size": 8, "source_leaf": "input_ids"}}
+                             ).train_source()  # fmt: skip
 
 
 def test_a_stage_by_tokens_counts_the_rows_of_every_length_before_it(stores, mesh_2d, mesh_1d):

@@ -56,6 +56,7 @@ from psdp.sources import MemmapSource as MemmapSource
 from psdp.sources import Mixture as Mixture
 from psdp.sources import PackedSequences as PackedSequences
 from psdp.sources import Source as Source
+from psdp.sources import StagedPacked as StagedPacked
 from psdp.sources import StagedTokens as StagedTokens
 from psdp.sources import StreamReader as StreamReader
 from psdp.sources import StreamSource as StreamSource
@@ -126,6 +127,7 @@ __all__ = [
     "Source",
     "SourceConfig",
     "StageConfig",
+    "StagedPacked",
     "StagedTokens",
     "StepInfo",
     "StreamReader",

@@ -25,6 +25,7 @@ from psdp._checks import is_int
 from psdp._integration.loader_config import LoaderConfig
 from psdp._integration.mixture_config import (
     ConfiguredMixture,
+    ConfiguredPackedStages,
     ConfiguredStages,
     MixtureConfig,
     StageConfig,
@@ -347,19 +348,21 @@ class DataConfig:
             _check_stage_order(self.stages, [start for start, _ in stages])
         lengths = self._lengths()
         if lengths is not None:
-            return ConfiguredStages(
-                {name: view.store for name, view in views.items()},
-                [(start, n, w) for (start, w), n in zip(stages, lengths, strict=True)],
-                lanes=self.lanes,
-                block_size=self.mixture.block_size,
-                unit_tokens=self.unit_tokens,
-                seed=self.mixture.seed,
-                shuffle=self.mixture.shuffle,
-                targets=self.view.targets,
-                eos_id=self.view.eos_id,
-                pad_id=self.view.pad_id,
-                view=self._view_record(),
-            )
+            stores = {name: view.store for name, view in views.items()}
+            staged = [(start, n, w) for (start, w), n in zip(stages, lengths, strict=True)]
+            common: dict[str, Any] = {"lanes": self.lanes, "block_size": self.mixture.block_size,
+                      "seed": self.mixture.seed, "shuffle": self.mixture.shuffle,
+                      "targets": self.view.targets, "eos_id": self.view.eos_id,
+                      "pad_id": self.view.pad_id, "view": self._view_record(),
+                      "source_leaf": self.mixture.source_leaf}  # fmt: skip
+            if self.view.packing is None:
+                return ConfiguredStages(stores, staged, unit_tokens=self.unit_tokens, **common)
+            packed = ConfiguredPackedStages(
+                stores, staged, long_documents=self.view.long_documents,
+                max_segments=self.view.max_segments, **common,
+            )  # fmt: skip
+            self._check_lowered(packed, listed)
+            return packed
         return ConfiguredMixture(
             views,
             stages=stages,
@@ -515,12 +518,18 @@ class DataConfig:
                 f"{stage.seq_len}, but DataConfig.seq_len={self.seq_len!r} is the first stage's; "
                 f"drop the stage's seq_len or set seq_len: {stage.seq_len}"
             )
+        packed = self.view.packing is not None
         wrong = [
-            (f"view.packing={self.view.packing!r}", "a packed source would continue at its "
-             "next unpacked document, which is not built yet; drop view.packing")
-            if self.view.packing is not None else None,
-            (f"mixture.source_leaf={self.mixture.source_leaf!r}", "length stages add no source "
-             "leaf yet; drop mixture.source_leaf") if self.mixture.source_leaf else None,
+            (f"view.packing={self.view.packing!r}", "a packed source's lanes pack greedily "
+             "(each row takes the next documents that fit); use packing: greedy")
+            if packed and self.view.packing != "greedy" else None,
+            (f"view.window={self.view.window!r}", "a packed source's lanes plan their own "
+             "packing (no pack index); drop view.window") if packed and self.view.window else None,
+            (f"view.seed={self.view.seed!r}", "the documents' order is keyed by mixture.seed; "
+             "drop view.seed") if packed and self.view.seed is not None else None,
+            (f"unit_tokens={self.unit_tokens!r}", "a packed source's lanes are lanes of "
+             "documents, not of units of tokens; drop unit_tokens")
+            if packed and self.unit_tokens is not None else None,
         ]  # fmt: skip
         for what, fix in filter(None, wrong):
             raise ValueError(
@@ -541,6 +550,24 @@ class DataConfig:
                     f"DataConfig.{name} must be an int >= 1 or unset, got {value!r}; e.g. "
                     f"{name}: 256"
                 )
+
+    def _check_lowered(self, packed: Any, names: Sequence[str]) -> None:
+        """A packed view's stage that lowers ``seq_len`` below a document it weights would cut
+        documents the stage before held whole: refused, naming the stage and the field."""
+        cut = packed.plan.lowered_cut()
+        if cut is None:
+            return
+        index, source, document, slots = cut
+        assert self.stages is not None
+        stage, before = self.stages[index], packed.plan.stages[index - 1].seq_len
+        raise ValueError(
+            f"DataConfig.stages: the stage at {stage.where} lowers seq_len from {before} to "
+            f"{packed.plan.stages[index].seq_len} on a packed view (view.packing="
+            f"{self.view.packing!r}), below document {document} of source {names[source]!r} "
+            f"({slots} tokens{' with its EOS' if self.view.eos_id is not None else ''}), so "
+            f"packing would {self.view.long_documents} documents the stage before held whole; "
+            f"give that stage a seq_len >= {slots}, or keep seq_len from rising and falling"
+        )
 
     def _view_record(self) -> dict[str, Any]:
         """What decides every row besides the mixture: recorded in the loader's state."""

@@ -14,6 +14,7 @@ from typing import Any
 from psdp._checks import is_int
 from psdp.sources.views.mixture import Mixture
 from psdp.sources.views.staged import StagedTokens
+from psdp.sources.views.staged_packed import StagedPacked
 
 
 @dataclass(frozen=True)
@@ -173,6 +174,10 @@ class ConfiguredStages(StagedTokens):
     def check_resume(self, saved: Mapping[str, Any], offset: int) -> None:
         check_view(self.view, saved)
         super().check_resume(saved, offset)
+
+
+class ConfiguredPackedStages(ConfiguredStages, StagedPacked):
+    """A `StagedPacked` whose state record holds the config's view too (`ConfiguredStages`')."""
 
 
 def check_view(view: Mapping[str, Any], saved: Mapping[str, Any]) -> None:

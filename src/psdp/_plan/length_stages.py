@@ -151,7 +151,7 @@ class LengthPlan:
         given = list(stages)
         if not given:
             raise ValueError("stages=[] has no stage; the first stage must start at offset 0")
-        lengths = [_seq_len(index, stage, context) for index, stage in enumerate(given)]
+        lengths = [stage_seq_len(index, stage, context) for index, stage in enumerate(given)]
         block_size = check_block_size(block_size)
         weights = stages_from(names, None, [(s[0], s[2]) for s in given], block_size)
         set_ = object.__setattr__
@@ -270,41 +270,10 @@ class LengthPlan:
                 ...
             ValueError: the length stages' lanes is 2, but the saved run's was 4; every sample depends on it, so resume with the saved value (only stages starting at or after the resume offset 10 may change)
         """
-        now = self.record()
-        if saved.get("kind") != LENGTH_STAGES_KIND:
-            raise ValueError(
-                f"the state was saved from a source recorded as {dict(saved)}, not length stages "
-                f"({LENGTH_STAGES_KIND}); resume with the source the state was saved from"
-            )
-        if saved.get("sources") != now["sources"]:
-            change = source_change(saved.get("sources"), now["sources"]).replace(" rows", " tokens")
-            raise ValueError(
-                f"the sources differ from the saved run's ({change}): now {now['sources']!r}, saved {saved.get('sources')!r} "
-                "(name, tokens an epoch); every sample depends on them, so resume with the "
-                "saved stores in the saved order"
-            )
-        for name in ("block_size", "lanes", "unit_tokens", "seed", "shuffle", "extra"):
-            if saved.get(name) != now[name]:
-                raise ValueError(
-                    f"the length stages' {name} is {now[name]!r}, but the saved run's was "
-                    f"{saved.get(name)!r}; every sample depends on it, so resume with the saved "
-                    f"value (only stages starting at or after the resume offset {offset} may "
-                    "change)"
-                )
-        past = [s for s in saved["stages"] if s[0] < offset]
-        mine = [s for s in now["stages"] if s[0] < offset]
-        for index in range(max(len(past), len(mine))):
-            was = past[index] if index < len(past) else None
-            is_ = mine[index] if index < len(mine) else None
-            if was is not None and is_ is not None and _same_stage(was, is_):
-                continue
-            raise ValueError(
-                f"stage {index} differs from the saved run's before the resume offset {offset}: "
-                f"saved {_stage_text(was, self.names)}, now {_stage_text(is_, self.names)}; its "
-                f"samples were already trained on, so keep every stage that starts before "
-                f"{offset} as saved, and edit or add stages from offset {offset} on (a multiple "
-                f"of block_size={self.block_size})"
-            )
+        check_stages_past(
+            self.record(), saved, offset, self.names, self.block_size,
+            ("block_size", "lanes", "unit_tokens", "seed", "shuffle", "extra"),
+        )  # fmt: skip
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any], context: int = 1) -> LengthPlan:
@@ -353,6 +322,54 @@ def stage_offsets(
     return tuple(out)
 
 
+def check_stages_past(
+    now: Mapping[str, Any],
+    saved: Mapping[str, Any],
+    offset: int,
+    names: Sequence[str],
+    block_size: int,
+    settings: Sequence[str],
+) -> None:
+    """Raises unless a saved length-stage record gives the samples before ``offset`` that the
+    record ``now`` gives: the same ``kind``, sources, ``settings`` and stages starting before
+    ``offset`` (`LengthPlan.check_past`; a packed plan's too)."""
+    kind = now["kind"]
+    if saved.get("kind") != kind:
+        raise ValueError(
+            f"the state was saved from a source recorded as {dict(saved)}, not length stages "
+            f"({kind}); resume with the source the state was saved from"
+        )
+    if saved.get("sources") != now["sources"]:
+        change = source_change(saved.get("sources"), now["sources"]).replace(" rows", " tokens")
+        raise ValueError(
+            f"the sources differ from the saved run's ({change}): now {now['sources']!r}, saved {saved.get('sources')!r} "
+            "(name, tokens an epoch); every sample depends on them, so resume with the "
+            "saved stores in the saved order"
+        )
+    for name in settings:
+        if saved.get(name) != now[name]:
+            raise ValueError(
+                f"the length stages' {name} is {now[name]!r}, but the saved run's was "
+                f"{saved.get(name)!r}; every sample depends on it, so resume with the saved "
+                f"value (only stages starting at or after the resume offset {offset} may "
+                "change)"
+            )
+    past = [s for s in saved["stages"] if s[0] < offset]
+    mine = [s for s in now["stages"] if s[0] < offset]
+    for index in range(max(len(past), len(mine))):
+        was = past[index] if index < len(past) else None
+        is_ = mine[index] if index < len(mine) else None
+        if was is not None and is_ is not None and _same_stage(was, is_):
+            continue
+        raise ValueError(
+            f"stage {index} differs from the saved run's before the resume offset {offset}: "
+            f"saved {_stage_text(was, names)}, now {_stage_text(is_, names)}; its "
+            f"samples were already trained on, so keep every stage that starts before "
+            f"{offset} as saved, and edit or add stages from offset {offset} on (a multiple "
+            f"of block_size={block_size})"
+        )
+
+
 def _same_stage(saved: Sequence[Any], now: Sequence[Any]) -> bool:
     """Two stage records ``[start, seq_len, weights]`` that read alike: one start and length,
     weights proportional as written (their block counts are then equal)."""
@@ -369,7 +386,8 @@ def _stage_text(stage: Sequence[Any] | None, names: Sequence[str]) -> str:
     return f"from offset {stage[0]} with seq_len={stage[1]} and weights {weights}"
 
 
-def _seq_len(index: int, stage: Any, context: int) -> int:
+def stage_seq_len(index: int, stage: Any, context: int) -> int:
+    """Stage ``index``'s ``seq_len``, checked: an int >= 1 dividing by ``context``."""
     if not isinstance(stage, Sequence) or len(stage) != 3:
         raise TypeError(
             f"stage {index} must be (start_offset, seq_len, {{name: weight}}), got {stage!r}"

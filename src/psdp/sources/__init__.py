@@ -44,6 +44,7 @@ from psdp.sources.views.pack_index import pack_index_beside as pack_index_beside
 from psdp.sources.views.pack_index import save_pack_index_beside as save_pack_index_beside
 from psdp.sources.views.packed import PackedSequences as PackedSequences
 from psdp.sources.views.staged import StagedTokens as StagedTokens
+from psdp.sources.views.staged_packed import StagedPacked as StagedPacked
 from psdp.sources.views.tokens import TokenSequences as TokenSequences
 
 if TYPE_CHECKING:  # imported on first use below: tensorstore is slow to import
@@ -103,6 +104,7 @@ __all__ = [
     "Rows",
     "SelectedDocuments",
     "Source",
+    "StagedPacked",
     "StagedTokens",
     "StreamReader",
     "StreamSource",

@@ -85,6 +85,8 @@ class StepReport:
     decoded: dict[str, str] = field(default_factory=dict)
     """source -> how its tokens were decoded (the tokenizer's path, or why they were not)."""
     row_list: list[Row] = field(default_factory=list)
+    seq_len: int | None = None
+    """The stage's seq_len where the config has length stages (``None``: the config's one)."""
 
     def to_json(self) -> dict[str, Any]:
         """The report as JSON values (``psdp inspect --json``)."""
@@ -104,8 +106,8 @@ class StepReport:
             f"step {self.step}: sample offsets {self.offset}-{self.offset + self.rows - 1}, "
             f"{self.rows} rows of a batch of {self.batch_size}{short}",
             f"stage {self.stage + 1} of {self.stages} (from {self.stage_start}, sample offset "
-            f"{self.stage_offset}): weights "
-            f"{weights}",
+            f"{self.stage_offset}): "
+            f"{'' if self.seq_len is None else f'seq_len {self.seq_len}, '}weights {weights}",
             f"rows per source: {counts}",
             *(f"decoded {name}: {how}" for name, how in self.decoded.items()),
         ]
@@ -194,13 +196,6 @@ def step_report(
     ``resumed_from``: the loader state the run was restored from (`DataConfig.restore`), whose
     steps from its own on follow the config's order from the saved sample offset.
     """
-    lengths = [s for s in config.stages or [] if s.seq_len is not None]
-    if lengths:
-        raise ValueError(
-            f"the config has length stages (the stage at {lengths[0].where} sets seq_len="
-            f"{lengths[0].seq_len}), which psdp inspect does not report yet (it reads a "
-            "mixture's rows of one seq_len); inspect a config without the stages' seq_len"
-        )
     if config.order.global_batch_size is None:
         raise ValueError(
             "the config's order.global_batch_size is unset, so its steps have no sample offsets; "
@@ -228,15 +223,15 @@ def step_report(
             f"mixture's last row ({MIXTURE_ROWS - 1}); give a smaller step"
         )
     offsets = np.arange(info.offset, info.offset + info.rows, dtype=np.int64)
-    stage = _stage_at(mixture, info.offset)
+    stages = [_stage_of(s) for s in mixture.plan.stages]
+    stage = int(np.searchsorted([s[0] for s in stages], info.offset, side="right")) - 1
     starts = [s.where for s in config.stages] if config.stages else ["step 0"]
     report = StepReport(
         step=step, offset=info.offset, batch_size=info.batch_size, rows=info.rows,
         epoch=info.epoch, stage=stage, stages=len(starts), stage_start=starts[stage],
-        stage_offset=int(mixture.plan.stages[stage][0]),
-        weights={n: float(w) for n, w in zip(mixture.names, mixture.plan.stages[stage][1],
-                                              strict=True)},
-        counts=mixture.counts(info.offset, info.rows),
+        stage_offset=int(stages[stage][0]),
+        weights={n: float(w) for n, w in zip(mixture.names, stages[stage][1], strict=True)},
+        counts=mixture.counts(info.offset, info.rows), seq_len=stages[stage][2],
     )  # fmt: skip
     chosen = offsets if rows is None else offsets[rows]
     tokenizers, decoded = _tokenizers(config, mixture.names, tokenizer)
@@ -245,9 +240,12 @@ def step_report(
     return report
 
 
-def _stage_at(mixture: Any, offset: int) -> int:
-    starts = [start for start, _ in mixture.plan.stages]
-    return int(np.searchsorted(starts, offset, side="right")) - 1
+def _stage_of(stage: Any) -> tuple[int, Sequence[float], int | None]:
+    """A plan's stage as ``(start, weights, seq_len)``: a mixture's ``(start, weights)`` (no
+    length of its own: ``None``), or a length stage (``LengthStage``)."""
+    if len(stage) == 2:
+        return stage[0], stage[1], None
+    return stage.start, stage.weights, stage.seq_len
 
 
 def _rows(mixture: Any, offsets: np.ndarray, tokenizers: Mapping[str, Any]) -> list[Row]:

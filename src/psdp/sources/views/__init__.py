@@ -6,7 +6,8 @@
 `pack_index` (what they read is planned, pure, in `psdp._plan.packing` and
 `psdp._plan.pack_windows`); `Mixture` (`mixture`) reads weighted sources as one (its pure map:
 `psdp._plan.mixture`); `StagedTokens` (`staged`) reads them in stages of
-another ``seq_len`` (its pure map: `psdp._plan.length_stages`); `provenance` says where each delivered segment came from.
+another ``seq_len`` (its pure map: `psdp._plan.length_stages`), `StagedPacked` (`staged_packed`)
+packed (its pure map: `psdp._plan.packed_stages`); `provenance` says where each delivered segment came from.
 
 May import: `psdp._plan`, psdp's helper modules, `psdp.sources.base`, `stores`, `documents` and
 this folder; never a layer above `sources` (``tests/test_layers.py`` checks it).

@@ -118,23 +118,26 @@ class PackedSequences:
         window: int | None = None,
         index: str | os.PathLike[str] | PackIndex | None = None,
     ):
-        check_view_of(store, "PackedSequences", pad_id=pad_id, eos_id=eos_id)
-        _check_targets(store, targets)
-        self.store, self.seq_len, self.pad_id = store, seq_len, pad_id
-        self.targets, self.eos_id, self.max_segments = targets, eos_id, max_segments
-        computed = {SEGMENT_IDS: np.dtype(np.int32), POSITIONS: np.dtype(np.int32),
-                    LOSS_MASK: store.leaves.get(LOSS_MASK, np.dtype(np.uint8))}  # fmt: skip
-        if targets:
-            computed[TARGETS] = store.leaves[TOKENS]
-        #: The leaves of every row and their dtypes (the store's, then the computed ones).
-        self.leaves: dict[str, np.dtype] = chosen_leaves(
-            {**store.leaves, **computed}, leaves, "PackedSequences"
-        )
+        self._view_of(store, seq_len, pad_id, targets, eos_id, leaves, "PackedSequences")
+        self.max_segments = max_segments
         self.plan: PackPlan | PackIndex
         if window is None:
             self.plan = self._plan_whole(strategy, long_documents, seed, index)
         else:
             self.plan = self._open_index(window, strategy, long_documents, seed, index)
+
+    def _view_of(self, store, seq_len, pad_id, targets, eos_id, leaves, name) -> None:
+        """The settings and leaves of a view of ``store`` (checked; no plan)."""
+        check_view_of(store, name, pad_id=pad_id, eos_id=eos_id)
+        _check_targets(store, targets)
+        self.store, self.seq_len, self.pad_id = store, seq_len, pad_id
+        self.targets, self.eos_id = targets, eos_id
+        computed = {SEGMENT_IDS: np.dtype(np.int32), POSITIONS: np.dtype(np.int32),
+                    LOSS_MASK: store.leaves.get(LOSS_MASK, np.dtype(np.uint8))}  # fmt: skip
+        if targets:
+            computed[TARGETS] = store.leaves[TOKENS]
+        #: The leaves of every row and their dtypes (the store's, then the computed ones).
+        self.leaves: dict[str, np.dtype] = chosen_leaves({**store.leaves, **computed}, leaves, name)
 
     def _plan_whole(self, strategy, long_documents, seed, index) -> PackPlan:
         """The whole corpus's plan (its offsets kept for the reads)."""
@@ -398,6 +401,62 @@ class PackedSequences:
 
     def __repr__(self) -> str:
         return self.describe()
+
+
+class PlacedRows(PackedSequences):
+    """Rows of ``seq_len`` slots of a store whose pieces were placed elsewhere, read as
+    `PackedSequences` reads its own (its leaves, EOS, targets and column windows): the reads of
+    a packing planned outside this module (`StagedPacked`'s stages).
+
+    Row ``r`` holds the pieces with ``row == r``, in column order: ``size`` slots of document
+    ``document`` from its slot ``start`` (its EOS, where ``eos_id`` is set, its last slot), at
+    column ``column``. ``offsets`` are the store's document offsets (``offsets_range``).
+
+    Examples:
+        >>> store = DocumentStore.from_documents([np.arange(1, 6), np.arange(6, 9)])
+        >>> offsets = store.offsets_range(0, 3)
+        >>> rows = PlacedRows(store, 4, offsets, rows=2, row=[0, 1, 1], document=[0, 0, 1],
+        ...                   start=[0, 4, 0], size=[4, 1, 3], column=[0, 0, 1])
+        >>> rows.read(np.array([1, 0]))["input_ids"].tolist()
+        [[5, 6, 7, 8], [1, 2, 3, 4]]
+    """
+
+    def __init__(
+        self, store: DocumentStore, seq_len: int, offsets: np.ndarray, *, rows: int,
+        row: Any, document: Any, start: Any, size: Any, column: Any, pad_id: int = 0,
+        targets: bool = False, eos_id: int | None = None, leaves: Sequence[str] | None = None,
+    ) -> None:  # fmt: skip
+        self._view_of(store, seq_len, pad_id, targets, eos_id, leaves, "PlacedRows")
+        self.max_segments, self._offsets, self._rows = None, offsets, rows
+        arrays = [np.asarray(a, np.int64).reshape(-1) for a in (row, document, start, size, column)]
+        order = np.lexsort((arrays[4], arrays[0]))
+        self._row, self._doc, self._start, self._size, self._column = (a[order] for a in arrays)
+        counts = np.bincount(self._row, minlength=rows)
+        self._firsts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+
+    def __len__(self) -> int:
+        return self._rows
+
+    @property
+    def io_block(self) -> int | None:
+        return None
+
+    def _pieces(self, ids: np.ndarray) -> _Pieces:
+        first = self._firsts[ids]
+        counts = self._firsts[ids + 1] - first
+        rows = np.repeat(np.arange(len(ids)), counts)
+        within = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
+        piece = first[rows] + within
+        doc, start, count = self._doc[piece], self._start[piece], self._size[piece]
+        token = self._offsets[doc] + start
+        if self.eos_id is None:
+            eos = np.zeros(len(piece), bool)
+        else:  # a document's EOS is the slot after its last token: its last piece's last slot
+            eos = start + count > self._offsets[doc + 1] - self._offsets[doc]
+        return _Pieces(rows, doc, start, token, count, self._column[piece], within + 1, eos)
+
+    def describe(self) -> str:
+        return f"PlacedRows({self._rows} rows of {self.seq_len}; {self.store.describe()})"
 
 
 _DERIVED = (SEGMENT_IDS, POSITIONS, LOSS_MASK, TARGETS)

@@ -24,6 +24,8 @@ from psdp._plan.windows import Box, box_parts
 from psdp.sources.base import check_ids, fresh_rows
 from psdp.sources.documents.index import ranges
 from psdp.sources.documents.store import DocumentStore
+from psdp.sources.views.mixture import TAG_DTYPE
+from psdp.sources.views.provenance import provenance_table
 from psdp.sources.views.tokens import TokenSequences
 
 
@@ -48,6 +50,8 @@ class StagedTokens:
         eos_id: the token after each document (unset: none), as `TokenSequences`'.
         pad_id: the padding token, as `TokenSequences`'.
         context: the context axis every ``seq_len`` must divide by.
+        source_leaf: the name of an int32 leaf added to each row: its source's position in the
+            stores (as `Mixture`'s); ``None``: none.
 
     Examples:
         >>> store = DocumentStore.from_documents([np.arange(100, 160)])
@@ -73,6 +77,7 @@ class StagedTokens:
         eos_id: int | None = None,
         pad_id: int = 0,
         context: int = 1,
+        source_leaf: str | None = None,
     ) -> None:
         if not isinstance(stores, Mapping) or not stores:
             raise TypeError(
@@ -101,7 +106,8 @@ class StagedTokens:
                 f"the stores' leaves differ ({dict(zip(self.streams, leaves, strict=True))}); "
                 "a mixture's rows need the same leaves and dtypes from every store"
             )
-        self.leaves = leaves[0]
+        self.leaves = with_source_leaf(leaves[0], source_leaf)
+        self.source_leaf = source_leaf
 
     #: a loader reads it in id order: row ``g`` is sample offset ``g`` (the plan shuffles)
     orders_itself = True
@@ -153,6 +159,61 @@ class StagedTokens:
                 "seq_len; read each stage's offsets apart (a DataLoader reads a step from one stage)"
             )
         return self.stage(index).read(ids - self.stage_starts[index])
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The sources, in the plan's order (a position in it is a source number)."""
+        return self.plan.names
+
+    def counts(self, offset: int, count: int) -> dict[str, int]:
+        """Samples each source gives at offsets ``[offset, offset + count)``, reading nothing
+        (`Mixture.counts`')."""
+        return dict(zip(self.names, map(int, self.plan.mixture.counts_between(offset, count)),
+                        strict=True))  # fmt: skip
+
+    def locate(self, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The source (a position in `names`) of each sample offset, and its sample number in
+        that source."""
+        _, source, sample = self.plan.mixture.slots(np.asarray(offsets, np.int64).reshape(-1))
+        return source, sample
+
+    def provenance(self, offsets: np.ndarray) -> np.ndarray:
+        """Where every segment of the rows at sample ``offsets`` comes from: a
+        `provenance_table` row per (piece of the stream, document), in row then column order;
+        reads no token (each store's offsets, once).
+
+        Examples:
+            >>> store = DocumentStore.from_documents([np.arange(100, 110), np.arange(5)])
+            >>> staged = StagedTokens({"a": store}, [(0, 4, {"a": 1}), (2, 8, {"a": 1})],
+            ...                       lanes=1, block_size=1, shuffle=False)
+            >>> table = staged.provenance(np.array([2]))  # the lane ends: on in epoch 1
+            >>> table[["row", "column", "document", "start", "stop"]].tolist()
+            [(0, 0, 0, 8, 10), (0, 2, 1, 0, 5), (0, 7, 0, 0, 1)]
+        """
+        offsets = np.asarray(offsets, np.int64).reshape(-1)
+        pieces = self.plan.store_pieces(offsets)
+        columns: list[list[int]] = [[] for _ in range(6)]
+        for source, stream in enumerate(self.streams.values()):
+            documents = stream.store.offsets_range(0, stream.store.num_documents + 1)
+            sizes = np.diff(documents)
+            slots = sizes + (sizes > 0) if stream.eos_id is not None else sizes
+            firsts = np.concatenate([[0], np.cumsum(slots)])  # each document's stream position
+            for i in np.flatnonzero(pieces.source == source).tolist():
+                first, stop = int(pieces.start[i]), int(pieces.start[i] + pieces.size[i])
+                d = int(np.searchsorted(firsts, first, side="right")) - 1
+                while d < len(sizes) and firsts[d] < stop:
+                    low, high = max(first, firsts[d]), min(stop, firsts[d + 1])
+                    if high > low:
+                        for at, value in enumerate((
+                            pieces.row[i], pieces.column[i] + low - first, d, low - firsts[d],
+                            min(high - firsts[d], sizes[d]), high - firsts[d] > sizes[d],
+                        )):  # fmt: skip
+                            columns[at].append(int(value))
+                    d += 1
+        row, column, document, start, stop_, eos = (np.array(c, np.int64) for c in columns)
+        order = np.lexsort((column, row))
+        return provenance_table(row[order], column[order], document[order], start[order],
+                                stop_[order], eos[order].astype(bool))  # fmt: skip
 
     def state_record(self) -> dict[str, Any]:
         """What the samples depend on (JSON values): a loader state records it."""
@@ -207,8 +268,8 @@ class StageRows:
 
     @fresh_rows
     def read(self, ids: np.ndarray) -> dict[Key, np.ndarray]:
-        pieces = self._pieces(self._offsets(ids))
-        return in_leaf_order(self._columns(pieces, len(ids), 0, self.width, list(self.leaves)))
+        offsets = self._offsets(ids)
+        return self._tagged(offsets, self._read_at(offsets, None), None)
 
     @fresh_rows
     def read_window(self, ids: np.ndarray, columns: Mapping[Key, Box]) -> dict[Key, np.ndarray]:
@@ -225,7 +286,30 @@ class StageRows:
             [[132, 133, 134]]
         """
         offsets = self._offsets(ids)
+        tag = self.staged.source_leaf
+        wanted = {k: v for k, v in columns.items() if tag is None or k != tag}
+        return self._tagged(offsets, self._read_at(offsets, wanted), columns)
+
+    def _tagged(
+        self, offsets: np.ndarray, out: dict[Key, np.ndarray], columns: Mapping[Key, Box] | None
+    ) -> dict[Key, np.ndarray]:
+        """``out`` with the source leaf (where one is asked for): each row's source, read from
+        the plan alone."""
+        tag = self.staged.source_leaf
+        if tag is not None and (columns is None or tag in columns):
+            _, source, _ = self.staged.plan.mixture.slots(offsets)
+            out[tag] = source.astype(TAG_DTYPE)
+        return in_leaf_order(out)
+
+    def _read_at(
+        self, offsets: np.ndarray, columns: Mapping[Key, Box] | None
+    ) -> dict[Key, np.ndarray]:
+        """The store leaves of the rows at ``offsets``: whole (``columns=None``), or each cut
+        to its columns."""
         pieces = self._pieces(offsets)  # once for every span of columns
+        if columns is None:
+            names = [n for n in self.leaves if n != self.staged.source_leaf]
+            return self._columns(pieces, len(offsets), 0, self.width, names)
         by_span: dict[tuple[int, int], list[str]] = {}
         picks: dict[str, np.ndarray | None] = {}
         for key, box in columns.items():
@@ -249,7 +333,7 @@ class StageRows:
             for key in keys:
                 pick = picks[key]
                 out[key] = got[key] if pick is None else got[key][:, pick]
-        return in_leaf_order(out)
+        return out
 
     def _offsets(self, ids: np.ndarray) -> np.ndarray:
         ids = check_ids(ids, len(self), self.describe)
@@ -371,6 +455,27 @@ class StageRows:
             f"stage {self.index} of {self.staged.describe()} (offsets from {self.start}, "
             f"seq_len={self.seq_len}{' + 1' if self.width > self.seq_len else ''})"
         )
+
+
+def with_source_leaf(leaves: Mapping[str, np.dtype], name: str | None) -> dict[str, np.dtype]:
+    """The leaves of rows that carry a source leaf ``name`` (int32) too, checked to be new.
+
+    Examples:
+        >>> with_source_leaf({"input_ids": np.dtype(np.int32)}, "input_ids")
+        Traceback (most recent call last):
+            ...
+        ValueError: source_leaf='input_ids', but the stores already have a leaf 'input_ids'; pick another source_leaf name, e.g. source_leaf='source'
+    """
+    if name is None:
+        return dict(leaves)
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"source_leaf must be a leaf name (a non-empty str) or None, got {name!r}")
+    if name in leaves:
+        raise ValueError(
+            f"source_leaf={name!r}, but the stores already have a leaf {name!r}; pick another "
+            "source_leaf name, e.g. source_leaf='source'"
+        )
+    return {**leaves, name: TAG_DTYPE}
 
 
 class _Parts(NamedTuple):
