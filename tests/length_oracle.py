@@ -163,15 +163,18 @@ class OraclePackedRun:
         row: list[tuple[int, int, int]] = []
         room = seq_len
         for _ in range(10**6):
+            # at the start of a lane's part of an epoch (the run's first included)
+            if (
+                cursor[1:3] == [0, 0]
+                and self.long == "drop"
+                and all(self.lengths[source][d] > seq_len for d in lane_docs)
+            ):
+                raise NoRow(f"lane {cursor[3]} of source {source}, epoch {cursor[0]}")
             if cursor[1] == len(lane_docs):
                 if row:
                     return row
                 cursor[:3] = [cursor[0] + 1, 0, 0]
                 lane_docs = self.lane(source, cursor[3], cursor[0])
-                if self.long == "drop" and all(
-                    self.lengths[source][d] > seq_len for d in lane_docs
-                ):
-                    raise NoRow(f"lane {cursor[3]} of source {source}, epoch {cursor[0]}")
                 continue
             doc = lane_docs[cursor[1]]
             rest = self.lengths[source][doc] - cursor[2]

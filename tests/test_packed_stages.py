@@ -77,6 +77,20 @@ split_across = {
 @given(runs())
 @example(split_across)
 @example(split_across | {"long_documents": "drop", "max_segments": 2, "shuffle": False})
+@example(
+    {
+        "names": ["s0", "s1"],
+        "lengths": [[1, 1, 1, 0], [1, 5, 1, 0]],  # epoch 0 drops lane 0
+        "stages": [(0, 4, {"s0": 1, "s1": 1})],
+        "block_size": 4,
+        "lanes": 2,
+        "seed": 0,
+        "shuffle": True,
+        "long_documents": "drop",
+        "max_segments": None,
+        "blocks": 1,
+    }
+)
 def test_rows_are_the_oracles(run):
     count = run["blocks"] * run["block_size"]
     plan, oracle = plan_of(run), oracle_of(run)
