@@ -148,12 +148,8 @@ class LengthPlan:
         for name, value in (("lanes", lanes), ("unit_tokens", unit_tokens), ("context", context)):
             check_int(name, value, minimum=1)
         check_int("extra", extra, minimum=0)
-        given = list(stages)
-        if not given:
-            raise ValueError("stages=[] has no stage; the first stage must start at offset 0")
-        lengths = [stage_seq_len(index, stage, context) for index, stage in enumerate(given)]
-        block_size = check_block_size(block_size)
-        weights = stages_from(names, None, [(s[0], s[2]) for s in given], block_size)
+        checked, weights, block_size = length_stages(names, stages, block_size, context)
+        lengths = [stage.seq_len for stage in checked]
         set_ = object.__setattr__
         fields: dict[str, Any] = {
             "names": names, "tokens": tokens, "block_size": block_size, "lanes": int(lanes),
@@ -162,8 +158,7 @@ class LengthPlan:
         }  # fmt: skip
         for attribute, value in fields.items():
             set_(self, attribute, value)
-        stages_ = zip(weights, lengths, strict=True)
-        set_(self, "stages", tuple(LengthStage(s, n, w) for (s, w), n in stages_))
+        set_(self, "stages", checked)
         _check_sources(self)
         # the mixture counts samples only: its "rows" are never read
         set_(self, "mixture", MixturePlan(names, tuple(max(1, t) for t in tokens), weights,
@@ -384,6 +379,21 @@ def _stage_text(stage: Sequence[Any] | None, names: Sequence[str]) -> str:
         return "no such stage"
     weights = dict(zip(names, stage[2], strict=False))
     return f"from offset {stage[0]} with seq_len={stage[1]} and weights {weights}"
+
+
+def length_stages(
+    names: Sequence[str], stages: Sequence[Any], block_size: int, context: int
+) -> tuple[tuple[LengthStage, ...], tuple[tuple[int, tuple[float, ...]], ...], int]:
+    """Checked stages ``[(start_offset, seq_len, {name: weight}), ...]``: their `LengthStage`s,
+    the mixture's weight stages ``(start, weights)`` and the checked ``block_size``."""
+    given = list(stages)
+    if not given:
+        raise ValueError("stages=[] has no stage; the first stage must start at offset 0")
+    seq_lens = [stage_seq_len(index, stage, context) for index, stage in enumerate(given)]
+    block_size = check_block_size(block_size)
+    weights = stages_from(names, None, [(s[0], s[2]) for s in given], block_size)
+    pairs = zip(weights, seq_lens, strict=True)
+    return tuple(LengthStage(s, n, w) for (s, w), n in pairs), weights, block_size
 
 
 def stage_seq_len(index: int, stage: Any, context: int) -> int:

@@ -26,8 +26,8 @@ import numpy as np
 
 from psdp._checks import check_int
 from psdp._plan.index_shuffle import shuffle_each, splitmix64
-from psdp._plan.length_stages import LengthStage, check_stages_past, stage_seq_len
-from psdp._plan.mixture import MixturePlan, check_block_size, source_key, stages_from
+from psdp._plan.length_stages import LengthStage, check_stages_past, length_stages
+from psdp._plan.mixture import MixturePlan, source_key
 from psdp._plan.packing import LONG_DOCUMENTS, PackPlan, check_max_segments, plan_window
 
 #: The ``kind`` of a packed length-stage plan's record in a loader state.
@@ -131,12 +131,7 @@ class PackedLengthPlan:
                 f"{list(LONG_DOCUMENTS)}, got {long_documents!r}"
             )
         check_max_segments(max_segments)
-        given = list(stages)
-        if not given:
-            raise ValueError("stages=[] has no stage; the first stage must start at offset 0")
-        seq_lens = [stage_seq_len(index, stage, context) for index, stage in enumerate(given)]
-        block_size = check_block_size(block_size)
-        weights = stages_from(names, None, [(s[0], s[2]) for s in given], block_size)
+        checked, weights, block_size = length_stages(names, stages, block_size, context)
         kept = tuple(np.flatnonzero(a > 0) for a in arrays)
         set_ = object.__setattr__
         fields: dict[str, Any] = {
@@ -149,8 +144,7 @@ class PackedLengthPlan:
         }  # fmt: skip
         for attribute, value in fields.items():
             set_(self, attribute, value)
-        pairs = zip(weights, seq_lens, strict=True)
-        set_(self, "stages", tuple(LengthStage(s, n, w) for (s, w), n in pairs))
+        set_(self, "stages", checked)
         self._check_sources()
         set_(self, "mixture", MixturePlan(names, tuple(max(1, d) for d in self.documents),
                                           weights, block_size, self.seed, self.shuffle))  # fmt: skip
