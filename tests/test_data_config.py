@@ -274,6 +274,26 @@ def test_this_sessions_fields_round_trip_too():
     assert draccus.load(TrainerConfig, io.StringIO(draccus.dump(trainer))) == trainer
 
 
+def test_length_stages_and_length_selected_sources_round_trip():
+    """Stages that set ``seq_len`` (with ``lanes``) over a packed view, and a
+    source selected by length, through dicts, JSON and draccus YAML to an equal config."""
+    longer = replace(
+        FULL,
+        sources={**FULL.sources, "long": SourceConfig(store="tokens/code", min_length=8192,
+                                                      max_length=2**20)},
+        stages=[
+            StageConfig(weights={"code": 1, "prose": 3, "long": 0}),
+            StageConfig(offset=4096, seq_len=1024, weights={"code": 1, "prose": 1, "long": 2}),
+        ],
+        view=replace(FULL.view, packing="greedy", window=None, seed=None),
+        lanes=64,
+    )  # fmt: skip
+    assert DataConfig.from_dict(longer.to_dict()) == longer
+    assert DataConfig.from_dict(json.loads(json.dumps(longer.to_dict()))) == longer
+    trainer = TrainerConfig(data=longer, num_train_steps=3)
+    assert draccus.load(TrainerConfig, io.StringIO(draccus.dump(trainer))) == trainer
+
+
 def test_yaml_file_and_flags(tmp_path):
     path = tmp_path / "train.yaml"
     path.write_text(draccus.dump(TrainerConfig(data=FULL)))
