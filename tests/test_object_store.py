@@ -583,18 +583,22 @@ def test_a_write_outliving_the_stores_retries_is_retried_by_psdp(
 
 def test_a_read_whose_reply_is_cut_mid_way_is_retried(server, proxy, mesh_1d):
     """A reply cut mid-way is transient for a read too: the loader tries again and reads the
-    rows exactly."""
+    rows exactly. The proxy cuts one GET only; a try that follows the failed one at once can
+    still join its entries' reads while TensorStore delivers their error one entry at a time
+    (seen in CI with no backoff), so the loader waits between tries as it does by default, and
+    the test asks for a second try, not for exactly two."""
     data = rows(32, seed=72)
     write_dataset(spec(server, "cut-read/"), data, rows_per_shard=8, progress=False)
     source = CountingReads(spec(server, "cut-read/", proxy))
-    with DataLoader(source, mesh=mesh_1d, global_batch_size=8, shuffle=False, read_attempts=2,
-                    retry_backoff_s=None) as loader:  # fmt: skip
-        proxy.fail("cut", tries=1, where="/tokens/c/1/", method="GET")  # rows 8-15
+    with DataLoader(source, mesh=mesh_1d, global_batch_size=8, shuffle=False, read_attempts=4,
+                    retry_backoff_s=0.01) as loader:  # fmt: skip
+        # rows 8-15: the first GET of their shard is cut, whichever of its entries it reads
+        proxy.fail("cut", tries=1, where="/tokens/c/1/", method="GET", by_range=False)
         source.calls = 0
         np.testing.assert_array_equal(
             np.asarray(loader.batch_at(1)["tokens"]), data["tokens"][8:16]
         )
-    assert proxy.faults["cut"] == 1 and source.calls == 2  # the shard is one GET, cut once
+    assert proxy.faults["cut"] == 1 and source.calls >= 2
 
 
 # -------------------------------------------------------------------------------- the pod

@@ -317,7 +317,7 @@ class FaultProxy:
         #: conditional writes, forwarded one at a time (``generations``)
         self.commit_lock = threading.Lock()
         self._lock = threading.Lock()
-        self._rules: list[tuple[str, int, str, str]] = []
+        self._rules: list[tuple[str, int, str, str, bool]] = []
         self._tries: Counter[tuple[str, str, str]] = Counter()
         self._holds: list[Hold] = []
         self.requests: Counter[str] = Counter()
@@ -332,7 +332,9 @@ class FaultProxy:
             target=self._server.serve_forever, name="psdp-fault-proxy", daemon=True
         )
 
-    def fail(self, fault: str, tries: int, where: str = "", method: str = "GET") -> None:
+    def fail(
+        self, fault: str, tries: int, where: str = "", method: str = "GET", by_range: bool = True
+    ) -> None:
         """The first ``tries`` tries of every distinct request (method, path, byte range) whose
         path (unquoted: a GCS upload's holds ``name=<key>``) holds ``where`` get ``fault``; later tries go through. ``fault`` is ``"drop"`` (the
         connection reset, no answer), ``"503"`` (S3's ``SlowDown``), ``"lost"`` (forwarded, so
@@ -342,10 +344,12 @@ class FaultProxy:
         are counted on their own, so the faults do not depend on the order of requests; the
         parts of a GCS request that change from try to try (a read's ``tensorstore=`` nonce, the
         generation a rewritten object's upload is conditioned on) are not part of what makes it
-        distinct."""
+        distinct. ``by_range=False`` leaves the byte range out too: the tries of an object are
+        then counted together, however a client splits its reads of it into ranges (TensorStore
+        coalesces a shard's entries into ranges that depend on what is in flight)."""
         assert fault in ("drop", "503", "lost", "cut"), fault
         with self._lock:
-            self._rules.append((fault, tries, where, method))
+            self._rules.append((fault, tries, where, method, by_range))
 
     def hold(self, method: str, where: str) -> Hold:
         """Stops the next ``method`` request whose path holds ``where`` before it is forwarded,
@@ -376,9 +380,9 @@ class FaultProxy:
         """The fault for this try of a request (``None``: forward it); counts it."""
         with self._lock:
             self.requests[method] += 1
-            for fault, tries, where, rule_method in self._rules:
+            for fault, tries, where, rule_method, by_range in self._rules:
                 if method == rule_method and where in path:
-                    key = (method, _VARYING.sub("", path), byte_range or "")
+                    key = (method, _VARYING.sub("", path), (by_range and byte_range) or "")
                     self._tries[key] += 1
                     if self._tries[key] <= tries:
                         self.faults[fault] += 1
