@@ -156,7 +156,11 @@ class SelectedDocuments(DocumentStore):
             )
         fix = f"build it again with `{command}` (it replaces the file)"
         head, index_arrays = read_length_head(data, folder.where(bounds.file_name), fix)
-        if (head["min_length"], head["max_length"]) != (bounds.min_length, bounds.max_length):
+        # min_length 0 and unset select alike and share the file name: one index serves both
+        if (head["min_length"] or 0, head["max_length"]) != (
+            bounds.min_length or 0,
+            bounds.max_length,
+        ):
             raise ValueError(
                 f"the length index {folder.where(bounds.file_name)} is of min_length="
                 f"{head['min_length']}, max_length={head['max_length']}, not {bounds.fields()}"
