@@ -25,3 +25,66 @@ def test_an_index_of_min_length_0_serves_a_source_that_leaves_min_length_unset(t
         selected = config.train_source().sources["s"].store
         ids = selected.document_ids(0, selected.num_documents)
         assert ids.tolist() == np.flatnonzero(lengths <= 100).tolist()
+
+
+def _unique_store(tmp_path, seed: int = 1, documents: int = 60) -> tuple[str, np.ndarray]:
+    """A store whose stream (no EOS) is the tokens 1, 2, ..., T: a token's value is its place."""
+    lengths = np.random.default_rng(seed).integers(1, 60, documents)
+    tokens = np.arange(1, lengths.sum() + 1, dtype=np.int32)
+    store = str(tmp_path / f"unique{seed}")
+    docs = np.split(tokens, np.cumsum(lengths)[:-1])
+    write_documents(store, [{"input_ids": d} for d in docs], progress=False)
+    return store, tokens
+
+
+def _lane_rows(tokens: np.ndarray, lengths: list[int], lanes: int, extra: int) -> list[np.ndarray]:
+    """One source read in ``lanes`` lanes of its stream (store order, no shuffle): sample ``g``
+    is lane ``g % lanes``'s next ``lengths[g]`` tokens (plus ``extra``), a lane wrapping to its
+    own start in the next epoch (docs/concepts/length-stages.md, "The model")."""
+    total, cursor, rows = len(tokens), [0] * lanes, []
+    for g, length in enumerate(lengths):
+        lane = g % lanes
+        start, stop = lane * total // lanes, (lane + 1) * total // lanes
+        places = np.arange(cursor[lane], cursor[lane] + length + extra) % (stop - start)
+        rows.append(tokens[start + places])
+        cursor[lane] += length
+    return rows
+
+
+def _staged_config(store: str, batch, stages, **extra) -> DataConfig:
+    return DataConfig.from_dict(
+        {
+            "sources": {"a": {"store": store}},
+            "seq_len": 8,
+            "view": {"targets": True},
+            "mixture": {"block_size": 4, "shuffle": False},
+            "order": {"global_batch_size": batch},
+            "lanes": 4,
+            "stages": stages,
+            **extra,
+        }
+    )
+
+
+def test_a_restore_may_lengthen_a_later_stage_when_unit_tokens_is_unset(tmp_path, mesh_1d):
+    """unit_tokens unset is the longest seq_len; a restore that lengthens a later stage (which
+    the docs allow) changed it, and was refused for a unit_tokens the user never set. The
+    resumed rows are the saved run's units, each lane going on where it stood."""
+    store, tokens = _unique_store(tmp_path)
+    stages = [
+        {"step": 0, "weights": {"a": 1}},
+        {"offset": 64, "weights": {"a": 1}, "seq_len": 32},
+        {"offset": 96, "weights": {"a": 1}, "seq_len": 16},
+    ]
+    with _staged_config(store, [[0, 16], [4, 8]], stages).build(mesh_1d) as loader:
+        state = loader.iter_from(5).state()  # offset 72, inside stage 1
+    assert state["offset"] == 72
+    longer = [*stages[:2], {**stages[2], "seq_len": 48}]
+    lengths = [8] * 64 + [32] * 32 + [48] * 16
+    want = _lane_rows(tokens, lengths, 4, extra=1)
+    with _staged_config(store, 8, longer).restore(state, mesh_1d) as loader:
+        batches = loader.iter_from(5)
+        got = [row for _ in range(5) for row in np.asarray(next(batches)["input_ids"])]
+    assert len(got) == 40
+    for offset, row in enumerate(got, 72):
+        np.testing.assert_array_equal(row, want[offset], err_msg=f"sample offset {offset}")

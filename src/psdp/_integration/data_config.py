@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
@@ -110,7 +110,7 @@ class DataConfig:
 
     unit_tokens: int | None = None
     """With length stages: the grain of each source's epoch order, in tokens (unset: the
-    longest stage's seq_len)."""
+    longest stage's seq_len; on a restore, the saved run's)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sources", _sources("sources", self.sources))
@@ -244,7 +244,13 @@ class DataConfig:
         saved = [name for name, _ in (state["source"].get("definition") or {}).get("sources", [])]
         # a state saved before the sources were sorted keeps its listing order
         names = saved if sorted(saved) == sorted(self.sources) else None
-        return self.train_source(self._resumed_stage_offsets(state, order), names), order
+        config = self
+        recorded = (state["source"].get("definition") or {}).get("unit_tokens")
+        if self.unit_tokens is None and recorded is not None and self._lengths() is not None:
+            # unset is the longest seq_len, which a later stage changed on this resume may move;
+            # every sample depends on the saved grain, so unset resumes with it
+            config = replace(self, unit_tokens=recorded)
+        return config.train_source(self._resumed_stage_offsets(state, order), names), order
 
     def _resumed_stage_offsets(
         self, state: Mapping[str, Any], order: OrderOptions
