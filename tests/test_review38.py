@@ -88,3 +88,29 @@ def test_a_restore_may_lengthen_a_later_stage_when_unit_tokens_is_unset(tmp_path
     assert len(got) == 40
     for offset, row in enumerate(got, 72):
         np.testing.assert_array_equal(row, want[offset], err_msg=f"sample offset {offset}")
+
+
+def test_a_length_index_of_a_levanter_cache_rebuilt_in_another_order_is_refused(tmp_path):
+    """A Levanter cache's identity is its ledger (counts and metadata, no tokens): the same
+    documents rebuilt in another order keep it, and keep the size and every 4,096th offset. The
+    length index of the old order was taken as current, and the source read a 12-token document
+    and half of a long one as its "long documents" (silently). Now the first read of a block of
+    the selection checks its documents' places against the store's offsets, and refuses (here
+    at the build, before a batch)."""
+    import pytest
+
+    from tests.levanter_cache import write_levanter_cache
+
+    root = str(tmp_path / "train")
+    docs = [np.arange(100 * i, 100 * i + n, dtype=np.int32) for i, n in enumerate([10, 50, 12, 45])]
+    write_levanter_cache(root, [{"input_ids": d} for d in docs])
+    build_indexes(root, lengths=[LengthBounds(min_length=40)], format="levanter", progress=False)
+    source = SourceConfig(store=root, format="levanter", min_length=40)
+    config = DataConfig(sources={"long": source}, seq_len=8)
+    long = config.train_source().sources["long"].store
+    np.testing.assert_array_equal(
+        long.read_ranges([0], [95])["input_ids"], np.concatenate([docs[1], docs[3]])
+    )
+    write_levanter_cache(root, [{"input_ids": docs[i]} for i in (0, 2, 1, 3)])  # 1 and 2 swapped
+    with pytest.raises(ValueError, match=r"length index .* is stale.*psdp index"):
+        config.train_source()  # the view's first look at the selection reads block 0

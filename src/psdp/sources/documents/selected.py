@@ -73,6 +73,7 @@ class SelectedDocuments(DocumentStore):
         block: Callable[[int], np.ndarray],
         *,
         remote: bool = False,
+        checked: str | None = None,
     ):
         """Use `select` or `beside`.
 
@@ -83,8 +84,13 @@ class SelectedDocuments(DocumentStore):
             block: ``block(k)``: the ``(n, 3)`` int64 rows of selected documents
                 ``[k * BLOCK, ...)`` (`ID`, `START`, `SOURCE_START`).
             remote: whether reading a block waits on storage.
+            checked: where the blocks were read from and how to build them again: each block
+                is checked against the store's offsets when first read (``None``: made now,
+                from them).
         """
         self.source, self.bounds = source, bounds
+        if checked is not None:
+            block = _checked(block, source, index, checked)
         self._blocks = _Blocks(block, index.num_documents, index.num_tokens, remote)
         self._mapped: tuple[bytes, tuple[np.ndarray, np.ndarray]] | None = None
         leaves = {
@@ -177,7 +183,8 @@ class SelectedDocuments(DocumentStore):
         blocks = head["blocks"]
         read = _local_block(folder, blocks) if folder.local else _remote_block(folder, blocks)
         index = _head_index(head, index_arrays)
-        return cls(store, bounds, index, read, remote=not folder.local)
+        checked = f"the length index {folder.where(bounds.file_name)} is stale ({{}}); {fix}"
+        return cls(store, bounds, index, read, remote=not folder.local, checked=checked)
 
     def document_ids(self, start: int, stop: int) -> np.ndarray:
         """The store's ids of selected documents ``[start, stop)`` (int64, increasing).
@@ -439,6 +446,43 @@ def _check_selects(head: dict[str, Any], bounds: LengthBounds, name: str, built:
         f"{head['shortest']} to {head['source_longest']} tokens; choose bounds inside that range,"
         " or drop the source"
     )
+
+
+def _checked(
+    block: Callable[[int], np.ndarray], store: DocumentStore, index: DocumentIndex, stale: str
+) -> Callable[[int], np.ndarray]:
+    """``block``, each block checked against ``store``'s offsets (one read of two per selected
+    document): the store's identity (`store_digest`) misses a store rewritten with the same
+    size, every 4,096th offset and write record (a Levanter cache's ledger holds no tokens: the
+    same documents in another order keep it), whose selected documents then lie elsewhere."""
+
+    def read(k: int) -> np.ndarray:
+        rows = np.asarray(block(k))
+        if not len(rows):
+            return rows
+        ids = rows[:, ID]
+        places = store._read_offsets(ids, ids + 2).reshape(-1, 2)
+        # each selected document's end in the store: the next one's start in the selection,
+        # then the selection's end for the last; a block's last ends where the next block says
+        starts = np.append(rows[:, START], index.num_tokens)
+        ends = rows[:, SOURCE_START] + np.diff(starts)
+        if k * BLOCK + len(rows) < index.num_documents:
+            ends[-1] = places[-1, 1]  # in the next block: its start is checked there
+        wrong = np.flatnonzero((places[:, 0] != rows[:, SOURCE_START]) | (places[:, 1] != ends))
+        if len(wrong):
+            i = int(wrong[0])
+            raise ValueError(
+                stale.format(
+                    f"its selected document {k * BLOCK + i} is the store's document "
+                    f"{int(ids[i])} at tokens {int(rows[i, SOURCE_START])}-{int(ends[i])}, but "
+                    f"the store has that document at {int(places[i, 0])}-{int(places[i, 1])}: "
+                    "the store changed since the index was built, keeping its size and write "
+                    "record"
+                )
+            )
+        return rows
+
+    return read
 
 
 def _local_block(folder: IndexFolder, blocks: str) -> Callable[[int], np.ndarray]:
