@@ -114,3 +114,44 @@ def test_a_length_index_of_a_levanter_cache_rebuilt_in_another_order_is_refused(
     write_levanter_cache(root, [{"input_ids": docs[i]} for i in (0, 2, 1, 3)])  # 1 and 2 swapped
     with pytest.raises(ValueError, match=r"length index .* is stale.*psdp index"):
         config.train_source()  # the view's first look at the selection reads block 0
+
+
+def test_a_packed_stage_may_not_cut_a_sources_documents_by_way_of_a_stage_without_it(tmp_path):
+    """64 (a) -> 16 (a and b) is refused: documents of a that stage 0 held whole would be split.
+    64 (a) -> 16 (b only) -> 16 (a) splits the same documents, but stage 2 is no shorter than
+    stage 1 and stage 1 reads no a: it was taken."""
+    import pytest
+
+    rng = np.random.default_rng(5)
+    stores = {}
+    for name, longest in (("a", 30), ("b", 6)):
+        stores[name] = str(tmp_path / name)
+        docs = [rng.integers(1, 100, n).astype(np.int32) for n in rng.integers(1, longest, 40)]
+        docs[8] = np.arange(1, 30, dtype=np.int32)  # 29 tokens, 30 slots with its EOS
+        write_documents(stores[name], [{"input_ids": d[:longest]} for d in docs], progress=False)
+
+    def config(stages) -> DataConfig:
+        return DataConfig.from_dict(
+            {
+                "sources": {n: {"store": s} for n, s in stores.items()},
+                "seq_len": 64,
+                "view": {"packing": "greedy", "eos_id": 0},
+                "mixture": {"block_size": 4},
+                "order": {"global_batch_size": 4},
+                "lanes": 2,
+                "stages": stages,
+            }
+        )
+
+    first = {"step": 0, "weights": {"a": 1}}
+    direct = [first, {"step": 4, "weights": {"a": 1, "b": 1}, "seq_len": 16}]
+    around = [
+        first,
+        {"step": 4, "weights": {"b": 1}, "seq_len": 16},
+        {"step": 8, "weights": {"a": 1}},
+    ]
+    message = r"the stage at step \d lowers seq_len from 64 to 16 .* document 8 of source 'a' \(30"
+    for stages in (direct, around):
+        with pytest.raises(ValueError, match=message):
+            config(stages).train_source()
+    config([first, {"step": 4, "weights": {"b": 1}, "seq_len": 16}]).train_source()  # b: short

@@ -559,19 +559,19 @@ class DataConfig:
 
     def _check_lowered(self, packed: Any, names: Sequence[str]) -> None:
         """A packed view's stage that lowers ``seq_len`` below a document it weights would cut
-        documents the stage before held whole: refused, naming the stage and the field."""
+        documents an earlier stage held whole: refused, naming the stage and the field."""
         cut = packed.plan.lowered_cut()
         if cut is None:
             return
-        index, source, document, slots = cut
+        index, source, document, slots, before = cut
         assert self.stages is not None
-        stage, before = self.stages[index], packed.plan.stages[index - 1].seq_len
+        stage = self.stages[index]
         raise ValueError(
             f"DataConfig.stages: the stage at {stage.where} lowers seq_len from {before} to "
             f"{packed.plan.stages[index].seq_len} on a packed view (view.packing="
             f"{self.view.packing!r}), below document {document} of source {names[source]!r} "
             f"({slots} tokens{' with its EOS' if self.view.eos_id is not None else ''}), so "
-            f"packing would {self.view.long_documents} documents the stage before held whole; "
+            f"packing would {self.view.long_documents} documents an earlier stage held whole; "
             f"give that stage a seq_len >= {slots}, or keep seq_len from rising and falling"
         )
 

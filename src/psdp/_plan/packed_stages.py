@@ -184,24 +184,31 @@ class PackedLengthPlan:
             self._cursors[(source, lane, k)] = at
         return at
 
-    def lowered_cut(self) -> tuple[int, int, int, int] | None:
+    def lowered_cut(self) -> tuple[int, int, int, int, int] | None:
         """The first stage that lowers ``seq_len`` below a document of a source it weights:
-        ``(stage, source, document, its slots)``, or ``None``. Such a stage cuts (splits,
-        truncates or drops) documents the stage before held whole; `DataConfig` refuses it.
+        ``(stage, source, document, its slots, the longer seq_len)``, or ``None``. Lowered: shorter
+        than the stage before, or than an earlier stage that weights the source (a stage
+        between that reads other sources changes nothing for its lanes). Such a stage cuts
+        (splits, truncates or drops) documents an earlier stage held whole; `DataConfig`
+        refuses it.
 
         Examples:
             >>> PackedLengthPlan(("a",), ([3, 9],), ((0, 16, {"a": 1}), (1, 8, {"a": 1})),
             ...                  block_size=1, lanes=1, long_documents="split").lowered_cut()
-            (1, 0, 1, 9)
+            (1, 0, 1, 9, 16)
         """
-        for index in range(1, len(self.stages)):
-            seq_len = self.stages[index].seq_len
-            if seq_len >= self.stages[index - 1].seq_len:
-                continue
-            for s, weight in enumerate(self.stages[index].weights):
-                if weight > 0 and len(self.lengths[s]) and self.lengths[s].max() > seq_len:
-                    longest = int(np.argmax(self.lengths[s]))
-                    return index, s, longest, int(self.lengths[s][longest])
+        longest = [0] * len(self.names)  # each source's longest seq_len in a stage weighting it
+        for index, stage in enumerate(self.stages):
+            before = self.stages[index - 1].seq_len if index else 0
+            for s, weight in enumerate(stage.weights):
+                if weight <= 0:
+                    continue
+                longer = max(before, longest[s])
+                lengths = self.lengths[s]
+                if stage.seq_len < longer and len(lengths) and lengths.max() > stage.seq_len:
+                    document = int(np.argmax(lengths))
+                    return index, s, document, int(lengths[document]), longer
+                longest[s] = max(longest[s], stage.seq_len)
         return None
 
     def record(self) -> dict[str, Any]:
