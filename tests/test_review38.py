@@ -155,3 +155,30 @@ def test_a_packed_stage_may_not_cut_a_sources_documents_by_way_of_a_stage_withou
         with pytest.raises(ValueError, match=message):
             config(stages).train_source()
     config([first, {"step": 4, "weights": {"b": 1}, "seq_len": 16}]).train_source()  # b: short
+
+
+def test_a_restore_refuses_a_stage_by_offset_moved_before_the_resume(tmp_path, mesh_1d):
+    """The docs: stages that start before the resume step may not change (a ValueError naming
+    both values). A stage by offset moved from 64 to 72, both before the resume at 104, was
+    taken silently: the run went on with 64 while its config said 72 (and a later stage by
+    tokens counted from 64)."""
+    import pytest
+
+    store, _ = _unique_store(tmp_path)
+    stages = [
+        {"step": 0, "weights": {"a": 1}},
+        {"offset": 64, "weights": {"a": 1}, "seq_len": 32},
+        {"offset": 96, "weights": {"a": 1}, "seq_len": 16},
+    ]
+    with _staged_config(store, 8, stages).build(mesh_1d) as loader:
+        state = loader.iter_from(13).state()
+    assert state["offset"] == 104
+    moved = [stages[0], {**stages[1], "offset": 72}, stages[2]]
+    message = r"the stage at offset 72 starts at sample offset 72, .* saved run started it at 64"
+    with pytest.raises(ValueError, match=message):
+        _staged_config(store, 8, moved).restore(state, mesh_1d)
+    tokens = [stages[0], stages[1], {"tokens": 64 * 8 + 36 * 32, "weights": {"a": 1}}]
+    with pytest.raises(ValueError, match=r"the stage at tokens 1664 starts at sample offset 100"):
+        _staged_config(store, 8, tokens).restore(state, mesh_1d)  # 100, not the saved 96
+    with _staged_config(store, 8, stages).restore(state, mesh_1d) as loader:  # unchanged: taken
+        assert loader.step_info(13).offset == 104

@@ -257,8 +257,9 @@ class DataConfig:
     ) -> dict[int, int]:
         """Stage index -> sample offset on a resume: a stage before the resume has the saved
         run's offset (its batch sizes may have changed since), a later one its offset under the
-        resumed ``order`` (a step's moves with the batch size; an offset's or tokens' does not).
-        Logs where each stage now starts."""
+        resumed ``order`` (a step's moves with the batch size; an offset's or tokens' does not,
+        so one before the resume must be where the saved run had it). Logs where each stage now
+        starts."""
         saved = (state["source"].get("definition") or {}).get("stages", [])
         saved_past = [stage[0] for stage in saved if stage[0] < state["offset"]]
         stages = self.stages or []
@@ -280,6 +281,17 @@ class DataConfig:
                 f"resume were already trained on; start the stage at step {state['step']} or "
                 f"later (by offset: {state['offset']} or later)"
             )
+        for i, saved_at in zip(past, saved_past, strict=False):
+            if (
+                i in resumed and resumed[i] != saved_at
+            ):  # by offset or tokens: where the user put it
+                raise ValueError(
+                    f"DataConfig.stages: the stage at {stages[i].where} starts at sample offset "
+                    f"{resumed[i]}, before step {state['step']} (offset {state['offset']}), where "
+                    f"this run resumes, but the saved run started it at {saved_at}: the steps "
+                    f"before the resume were already trained on; put it back at offset "
+                    f"{saved_at}, or edit stages from offset {state['offset']} on"
+                )
         offsets = resumed | dict(zip(past, saved_past, strict=False))
         steps = order.step_offsets(MIXTURE_ROWS)
         for index, stage in enumerate(stages):
