@@ -282,9 +282,8 @@ class DataConfig:
                 f"later (by offset: {state['offset']} or later)"
             )
         for i, saved_at in zip(past, saved_past, strict=False):
-            if (
-                i in resumed and resumed[i] != saved_at
-            ):  # by offset or tokens: where the user put it
+            # a stage by offset or tokens is where the user put it, not moved by the batch sizes
+            if i in resumed and resumed[i] != saved_at:
                 raise ValueError(
                     f"DataConfig.stages: the stage at {stages[i].where} starts at sample offset "
                     f"{resumed[i]}, before step {state['step']} (offset {state['offset']}), where "
