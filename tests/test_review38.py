@@ -5,6 +5,7 @@ computed here with numpy, never by the code under test."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from psdp import DataConfig, write_documents
 from psdp._integration.source_config import SourceConfig
@@ -90,28 +91,30 @@ def test_a_restore_may_lengthen_a_later_stage_when_unit_tokens_is_unset(tmp_path
         np.testing.assert_array_equal(row, want[offset], err_msg=f"sample offset {offset}")
 
 
-def test_a_length_index_of_a_levanter_cache_rebuilt_in_another_order_is_refused(tmp_path):
+@pytest.mark.parametrize("short", [1, 200], ids=["dense", "sparse"])
+def test_a_length_index_of_a_levanter_cache_rebuilt_in_another_order_is_refused(tmp_path, short):
     """A Levanter cache's identity is its ledger (counts and metadata, no tokens): the same
     documents rebuilt in another order keep it, and keep the size and every 4,096th offset. The
     length index of the old order was taken as current, and the source read a 12-token document
     and half of a long one as its "long documents" (silently). Now the first read of a block of
     the selection checks its documents' places against the store's offsets, and refuses (here
-    at the build, before a batch)."""
-    import pytest
-
+    at the build, before a batch). ``short`` 12-token documents lie between the long ones: a
+    dense selection's offsets are one range read, a sparse one's a range per document."""
     from tests.levanter_cache import write_levanter_cache
 
     root = str(tmp_path / "train")
-    docs = [np.arange(100 * i, 100 * i + n, dtype=np.int32) for i, n in enumerate([10, 50, 12, 45])]
+    lengths = [10, 50, *[12] * short, 45]
+    docs = [np.arange(1000 * i, 1000 * i + n, dtype=np.int32) for i, n in enumerate(lengths)]
     write_levanter_cache(root, [{"input_ids": d} for d in docs])
     build_indexes(root, lengths=[LengthBounds(min_length=40)], format="levanter", progress=False)
     source = SourceConfig(store=root, format="levanter", min_length=40)
     config = DataConfig(sources={"long": source}, seq_len=8)
     long = config.train_source().sources["long"].store
     np.testing.assert_array_equal(
-        long.read_ranges([0], [95])["input_ids"], np.concatenate([docs[1], docs[3]])
+        long.read_ranges([0], [95])["input_ids"], np.concatenate([docs[1], docs[-1]])
     )
-    write_levanter_cache(root, [{"input_ids": docs[i]} for i in (0, 2, 1, 3)])  # 1 and 2 swapped
+    swapped = [0, 2, 1, *range(3, len(docs))]  # documents 1 (50 tokens) and 2 (12) swapped
+    write_levanter_cache(root, [{"input_ids": docs[i]} for i in swapped])
     with pytest.raises(ValueError, match=r"length index .* is stale.*psdp index"):
         config.train_source()  # the view's first look at the selection reads block 0
 
@@ -120,8 +123,6 @@ def test_a_packed_stage_may_not_cut_a_sources_documents_by_way_of_a_stage_withou
     """64 (a) -> 16 (a and b) is refused: documents of a that stage 0 held whole would be split.
     64 (a) -> 16 (b only) -> 16 (a) splits the same documents, but stage 2 is no shorter than
     stage 1 and stage 1 reads no a: it was taken."""
-    import pytest
-
     rng = np.random.default_rng(5)
     stores = {}
     for name, longest in (("a", 30), ("b", 6)):
@@ -162,8 +163,6 @@ def test_a_restore_refuses_a_stage_by_offset_moved_before_the_resume(tmp_path, m
     both values). A stage by offset moved from 64 to 72, both before the resume at 104, was
     taken silently: the run went on with 64 while its config said 72 (and a later stage by
     tokens counted from 64)."""
-    import pytest
-
     store, _ = _unique_store(tmp_path)
     stages = [
         {"step": 0, "weights": {"a": 1}},
