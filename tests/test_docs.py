@@ -273,7 +273,7 @@ def test_the_runnable_blocks_are_found():
         "guides/tokens.md": 3,
         "guides/packing.md": 9,
         "guides/mixtures.md": 5,
-        "guides/long-context.md": 9,  # a store, the YAML, its arithmetic and check, a scaled run
+        "guides/long-context.md": 10,  # a store, the YAML, its arithmetic and check, a scaled run
         "guides/stores.md": 2,
         "guides/custom-sources.md": 2,
         "guides/streams.md": 0,
