@@ -334,7 +334,10 @@ def test_psdp_shell_sessions_print_what_the_doc_shows(doc, tmp_path, monkeypatch
 
 def test_the_shell_sessions_are_found():
     found = {doc: len(shell_sessions(doc)) for doc in COVERED}
-    assert {doc: n for doc, n in found.items() if n} == {"concepts/mesh.md": 2, "guides/long-context.md": 1}
+    assert {doc: n for doc, n in found.items() if n} == {
+        "concepts/mesh.md": 2,
+        "guides/long-context.md": 1,
+    }
 
 
 #: what in a doc needs 8 devices: a python block's mesh, or a trainer command's mesh flag
