@@ -455,6 +455,24 @@ def test_a_stage_by_offset_or_tokens_stays_where_it_was_put(stores, caplog, seco
         assert [start for start, _ in loader.source.plan.stages] == [0, 80]
 
 
+def test_the_resume_log_says_a_stage_lands_inside_a_step(stores, caplog):
+    """Resumed at offset 16 with batches of 12, the stage at offset 48 falls inside step 4
+    (offsets 40 to 51): the log says so, not "step 5" (the first step after it)."""
+    first = StageConfig(0, {"code": 1, "prose": 3})
+    config = replace(
+        _config(stores, stages=True), stages=[first, StageConfig(offset=48, weights={"code": 1})]
+    )
+    state = _saved_state(config, 2)
+    twelve = replace(config, order=OrderOptions(global_batch_size=12))
+    with caplog.at_level("INFO", logger="psdp"), twelve.restore(state, _mesh()):
+        pass
+    logged = [r.getMessage() for r in caplog.records if "DataConfig.stages[1]" in r.getMessage()]
+    assert logged == [
+        "DataConfig.stages[1] (at offset 48) starts at sample offset 48 (inside step 4, offsets "
+        "40 to 51)"
+    ]
+
+
 @pytest.mark.parametrize(
     ("stages", "message"),
     [

@@ -39,6 +39,7 @@ COVERED = [
     "guides/tokens.md",
     "guides/packing.md",
     "guides/mixtures.md",
+    "guides/long-context.md",
     "guides/stores.md",
     "guides/custom-sources.md",
     "guides/streams.md",
@@ -272,6 +273,7 @@ def test_the_runnable_blocks_are_found():
         "guides/tokens.md": 3,
         "guides/packing.md": 9,
         "guides/mixtures.md": 5,
+        "guides/long-context.md": 10,  # a store, the YAML, its arithmetic and check, a scaled run
         "guides/stores.md": 2,
         "guides/custom-sources.md": 2,
         "guides/streams.md": 0,
@@ -332,7 +334,10 @@ def test_psdp_shell_sessions_print_what_the_doc_shows(doc, tmp_path, monkeypatch
 
 def test_the_shell_sessions_are_found():
     found = {doc: len(shell_sessions(doc)) for doc in COVERED}
-    assert {doc: n for doc, n in found.items() if n} == {"concepts/mesh.md": 2}
+    assert {doc: n for doc, n in found.items() if n} == {
+        "concepts/mesh.md": 2,
+        "guides/long-context.md": 1,
+    }
 
 
 #: what in a doc needs 8 devices: a python block's mesh, or a trainer command's mesh flag

@@ -295,7 +295,7 @@ class DataConfig:
         steps = order.step_offsets(MIXTURE_ROWS)
         for index, stage in enumerate(stages):
             offset = offsets[index]
-            when = "before the resume" if index in past else f"step {steps.step_at(offset)}"
+            when = "before the resume" if index in past else _step_text(steps, offset)
             logger.info(
                 "DataConfig.stages[%d] (at %s) starts at sample offset %d (%s)",
                 index, stage.where, offset, when,
@@ -685,6 +685,27 @@ def _token_offset(
             "multiple"
         )
     return before[-1] + rest // seq_len
+
+
+def _step_text(steps: Any, offset: int) -> str:
+    """Where ``offset`` falls in the run's steps, for the resume log: ``"step 12"`` where it
+    starts a step, else the step that holds it (a length stage there is refused at that step).
+
+    Examples:
+        >>> from psdp._plan.offsets import StepOffsets
+        >>> _step_text(StepOffsets.create(None, 8), 16), _step_text(StepOffsets.create(None, 8), 20)
+        ('step 2', 'inside step 2, offsets 16 to 23')
+    """
+    step = steps.step_at(offset)
+    inside = steps.info(max(step - 1, steps.start[0]))
+    if (
+        steps.info(step).offset == offset
+        or not inside.offset < offset < inside.offset + inside.rows
+    ):
+        return f"step {step}"  # or the first step after it, where a skip passes over it
+    return (
+        f"inside step {inside.step}, offsets {inside.offset} to {inside.offset + inside.rows - 1}"
+    )
 
 
 def _stage_dict(stage: StageConfig) -> dict[str, Any]:
