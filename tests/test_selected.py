@@ -221,6 +221,50 @@ def test_stages_read_a_selection_as_they_read_its_documents_stored_alone():
     assert rows(long) == rows(alone)
 
 
+@pytest.mark.parametrize("view", ["tokens", "packed", "staged", "staged_packed"])
+def test_provenance_names_a_selected_document_by_its_id_in_the_store(view):
+    """Every view's provenance names a selected source's documents as the store the user
+    opened numbers them (a checker looks them up there, `psdp inspect` prints them): each
+    segment's delivered tokens are the store's tokens of that document, from the token values
+    alone (token ``t`` of the store is ``t``)."""
+    from psdp import PackedSequences, StagedPacked
+
+    lengths = lengths_of(200, seed=6)
+    store = in_memory(lengths)
+    long = SelectedDocuments.select(store, min_length=30)
+    stages = [(0, 64, {"long": 1}), (8, 128, {"long": 1})]
+    source = {
+        "tokens": lambda: TokenSequences(long, 32, eos_id=-1),
+        "packed": lambda: PackedSequences(long, seq_len=64, eos_id=-1),
+        "staged": lambda: StagedTokens({"long": long}, stages, lanes=2, block_size=4, eos_id=-1),
+        "staged_packed": lambda: StagedPacked(
+            {"long": long}, stages, lanes=2, block_size=4, eos_id=-1
+        ),
+    }[view]()
+    ids = np.arange(12)
+    table = source.provenance(ids)
+    if view.startswith("staged"):  # row g is sample offset g: 8 of stage 0, then of stage 1
+        rows = np.concatenate(
+            [
+                source.stage(0).read(np.arange(8))["input_ids"],
+                source.stage(1).read(np.arange(4))["input_ids"][:, :64],
+            ]
+        )
+    else:
+        rows = source.read(ids)["input_ids"]
+    starts = np.concatenate([[0], np.cumsum(lengths)])
+    checked = 0
+    for seg in table:
+        if seg["column"] + seg["stop"] - seg["start"] > 64:
+            continue  # past the 64 columns kept of a stage-1 row
+        got = rows[seg["row"], seg["column"] : seg["column"] + seg["stop"] - seg["start"]]
+        assert lengths[seg["document"]] >= 30
+        want = starts[seg["document"]] + np.arange(seg["start"], seg["stop"])
+        np.testing.assert_array_equal(got, want)
+        checked += 1
+    assert checked >= 12
+
+
 def test_an_object_store_reads_the_blocks_the_local_store_maps(tmp_path):
     """The blocks read whole through the index folder (an object store's way) hold what the
     local memory maps hold."""

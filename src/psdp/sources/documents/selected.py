@@ -201,6 +201,22 @@ class SelectedDocuments(DocumentStore):
             )
         return self._blocks.take(np.arange(start, stop, dtype=np.int64), ID)
 
+    def source_ids(self, docs: Any) -> np.ndarray:
+        """The store's ids of selected documents ``docs`` (any order).
+
+        Examples:
+            >>> store = DocumentStore.from_documents([np.arange(n) for n in [3, 9, 1, 12]])
+            >>> SelectedDocuments.select(store, min_length=4).source_ids([1, 0]).tolist()
+            [3, 1]
+        """
+        docs = np.asarray(docs, np.int64)
+        if docs.size and not 0 <= docs.min() <= docs.max() < self.num_documents:
+            raise ValueError(
+                f"source_ids needs documents in [0, {self.num_documents}), got "
+                f"{int(docs.min())} to {int(docs.max())}"
+            )
+        return self._blocks.take(docs, ID)
+
     def source_ranges(self, starts: np.ndarray, stops: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The store's token ranges that hold the selection's ranges ``[starts[i], stops[i])``,
         in order (a range across selected documents is one range a document). The last

@@ -196,6 +196,16 @@ class DocumentStore:
         """The number of documents (`num_documents`)."""
         return self.num_documents
 
+    def source_ids(self, docs: Any) -> np.ndarray:
+        """The ids that name documents ``docs`` in the store a user opened: themselves here; a
+        `SelectedDocuments` maps its own numbers to its store's (what provenance reports).
+
+        Examples:
+            >>> DocumentStore.from_documents([np.arange(3)]).source_ids([0]).tolist()
+            [0]
+        """
+        return np.asarray(docs, np.int64)
+
     def offsets_range(self, start: int, stop: int) -> np.ndarray:
         """``offsets[start:stop]`` as an int64 array the caller owns (one range read).
 

@@ -392,7 +392,9 @@ class PackedSequences:
         """
         ids = check_ids(ids, len(self), self.describe)
         p = self._pieces(ids)
-        return provenance_table(p.row, p.column, p.doc, p.start, p.start + p.slots - p.eos, p.eos)
+        document = self.store.source_ids(p.doc)
+        return provenance_table(p.row, p.column, document, p.start, p.start + p.slots - p.eos,
+                                p.eos)  # fmt: skip
 
     def describe(self) -> str:
         targets = ", targets" if self.targets else ""

@@ -17,7 +17,8 @@ def provenance_dtype(name_chars: int = 1) -> np.dtype:
 
     Fields: ``row`` (a position in the ids asked for), ``column`` (the segment's first column in
     its row), ``source`` (the mixed source's name; ``""`` for a view read alone), ``document``
-    (its index in the source's store), ``start`` and ``stop`` (the document's tokens
+    (its id in the store the source names; for a source selected by length, the store's id, not
+    its place in the selection), ``start`` and ``stop`` (the document's tokens
     ``[start, stop)`` the segment holds) and ``eos`` (whether the segment ends with the view's
     EOS token, one more column after them).
     """

@@ -192,28 +192,24 @@ class StagedTokens:
         """
         offsets = np.asarray(offsets, np.int64).reshape(-1)
         pieces = self.plan.store_pieces(offsets)
-        columns: list[list[int]] = [[] for _ in range(6)]
+        parts = [provenance_table(*([np.zeros(0, np.int64)] * 5), np.zeros(0, bool))]
         for source, stream in enumerate(self.streams.values()):
-            documents = stream.store.offsets_range(0, stream.store.num_documents + 1)
-            sizes = np.diff(documents)
-            slots = sizes + (sizes > 0) if stream.eos_id is not None else sizes
-            firsts = np.concatenate([[0], np.cumsum(slots)])  # each document's stream position
-            for i in np.flatnonzero(pieces.source == source).tolist():
-                first, stop = int(pieces.start[i]), int(pieces.start[i] + pieces.size[i])
-                d = int(np.searchsorted(firsts, first, side="right")) - 1
-                while d < len(sizes) and firsts[d] < stop:
-                    low, high = max(first, firsts[d]), min(stop, firsts[d + 1])
-                    if high > low:
-                        for at, value in enumerate((
-                            pieces.row[i], pieces.column[i] + low - first, d, low - firsts[d],
-                            min(high - firsts[d], sizes[d]), high - firsts[d] > sizes[d],
-                        )):  # fmt: skip
-                            columns[at].append(int(value))
-                    d += 1
-        row, column, document, start, stop_, eos = (np.array(c, np.int64) for c in columns)
-        order = np.lexsort((column, row))
-        return provenance_table(row[order], column[order], document[order], start[order],
-                                stop_[order], eos[order].astype(bool))  # fmt: skip
+            at = np.flatnonzero(pieces.source == source)
+            first, stop = pieces.start[at], pieces.start[at] + pieces.size[at]
+            eos = stream.eos_id is not None
+            got = stream.store.documents_touching(first, stop, eos=eos)  # their offsets only
+            of = np.repeat(np.arange(len(at)), got.count)
+            size = got.stop - got.start
+            end = got.stream_start + size + (size > 0) * eos  # each document's slots' end
+            low, high = np.maximum(first[of], got.stream_start), np.minimum(stop[of], end)
+            keep = high > low
+            parts.append(provenance_table(
+                pieces.row[at][of], pieces.column[at][of] + low - first[of],
+                stream.store.source_ids(got.doc), low - got.stream_start,
+                np.minimum(high - got.stream_start, size), high - got.stream_start > size,
+            )[keep])  # fmt: skip
+        table = np.concatenate(parts)
+        return table[np.lexsort((table["column"], table["row"]))]
 
     def state_record(self) -> dict[str, Any]:
         """What the samples depend on (JSON values): a loader state records it."""

@@ -299,7 +299,8 @@ class TokenSequences:
         p = _Pieces.of(self.store, window.lo, window.hi, self._eos)
         stop = np.minimum(p.within + p.size, p.length)
         column = p.docs.stream_start + p.within - window.starts[p.row]
-        return provenance_table(p.row, column, p.docs.doc, np.minimum(p.within, p.length), stop,
+        document = self.store.source_ids(p.docs.doc)
+        return provenance_table(p.row, column, document, np.minimum(p.within, p.length), stop,
                                 p.within + p.size > p.length)  # fmt: skip
 
     def describe(self) -> str:
