@@ -192,7 +192,8 @@ class StagedTokens:
         """
         offsets = np.asarray(offsets, np.int64).reshape(-1)
         pieces = self.plan.store_pieces(offsets)
-        parts = [provenance_table(*([np.zeros(0, np.int64)] * 5), np.zeros(0, bool))]
+        none = np.zeros(0, np.int64)
+        parts = [provenance_table(none, none, none, none, none, none.astype(bool))]
         for source, stream in enumerate(self.streams.values()):
             at = np.flatnonzero(pieces.source == source)
             first, stop = pieces.start[at], pieces.start[at] + pieces.size[at]
