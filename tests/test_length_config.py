@@ -225,3 +225,40 @@ def test_a_stage_by_tokens_counts_the_rows_of_every_length_before_it(stores, mes
     resumed = DataConfig.from_dict(by_tokens.to_dict() | {"order": {"global_batch_size": 16}})
     source, _ = resumed.restored_source(state)
     assert [s[0] for s in source.plan.stages] == [0, 64, 128]
+
+
+@pytest.mark.parametrize(
+    ("batch", "warned"),
+    [
+        ("[[0, 32], [2, 8], [10, 4]]", None),  # the batch changes where each length does
+        ("16", None),  # a constant batch is a choice: tokens per step grow with seq_len
+        ("[[0, 32], [2, 8], [12, 4]]", "stages[2] (at offset 128) changes seq_len from 32 to "
+         "64 at step 10, but order.global_batch_size keeps 8 rows there (its schedule changes "
+         "at steps [2, 12]), so a step's tokens go from 256 to 512"),
+    ],
+)  # fmt: skip
+def test_a_length_stage_where_a_batch_schedule_keeps_its_size_is_warned_about(
+    stores, caplog, batch, warned
+):
+    with caplog.at_level("WARNING", logger="psdp"):
+        config(stores, batch=batch).train_source()
+    got = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert got == ([] if warned is None else [f"DataConfig.{warned}; if the batch size was "
+                   "meant to change with seq_len, move that change to step 10"])  # fmt: skip
+
+
+def test_a_resume_that_moves_a_later_length_stage_off_the_schedules_change_is_warned_about(
+    stores, mesh_2d, caplog
+):
+    """Resumed at step 3 with batches of 4 from there: stage 2 (by offset 128) now starts at
+    step 17, where the schedule (changes at 2 and 3) keeps 4 rows; the stages before the
+    resume are not warned about again."""
+    with config(stores).build(mesh_2d) as loader:
+        state = loader.iter_from(3).state()
+    resumed = config(stores, batch="[[0, 32], [2, 8], [3, 4]]")
+    with caplog.at_level("WARNING", logger="psdp"):
+        source, _ = resumed.restored_source(state)
+    assert [s[0] for s in source.plan.stages] == [0, 64, 128]
+    [message] = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert message.startswith("DataConfig.stages[2] (at offset 128) changes seq_len from 32 to "
+                              "64 at step 17, but order.global_batch_size keeps 4 rows there")

@@ -300,6 +300,7 @@ class DataConfig:
                 "DataConfig.stages[%d] (at %s) starts at sample offset %d (%s)",
                 index, stage.where, offset, when,
             )  # fmt: skip
+        self._warn_batch_unchanged(offsets, order, after=state["offset"])
         return offsets
 
     def eval_loaders(
@@ -363,6 +364,8 @@ class DataConfig:
                 offset = given[i] if i in given else self._stage_offset(s, self.order, before)
                 stages.append((offset, s.weights))
             _check_stage_order(self.stages, [start for start, _ in stages])
+            if not given:  # a restore's offsets were checked against its own order
+                self._warn_batch_unchanged(dict(enumerate(s for s, _ in stages)), self.order)
         lengths = self._lengths()
         if lengths is not None:
             stores = {name: view.store for name, view in views.items()}
@@ -504,6 +507,38 @@ class DataConfig:
                 f"or use a block_size that divides {offset}"
             )
         return offset
+
+    def _warn_batch_unchanged(
+        self, offsets: Mapping[int, int], order: OrderOptions, after: int = 0
+    ) -> None:
+        """Warns where a length stage (from sample offset ``after`` on) changes ``seq_len`` at a
+        step where a batch *schedule* keeps its size: a schedule shows the batch was meant to
+        follow the lengths, and a resume at another batch size moves stages declared by offset
+        or tokens to other steps while the schedule's steps stay (``docs/guides/long-context.md``).
+        A constant batch size is a choice, never warned about."""
+        lengths, stages = self._lengths(), self.stages or []
+        if lengths is None or not isinstance(order.global_batch_size, list | tuple):
+            return
+        steps = order.step_offsets(MIXTURE_ROWS)
+        changes = [step for step, _ in order.global_batch_size][1:]
+        for index in range(1, len(lengths)):
+            offset = offsets[index]
+            if lengths[index] == lengths[index - 1] or offset < after:
+                continue
+            step = steps.step_at(offset)
+            if step <= steps.start[0] or steps.info(step).offset != offset:
+                continue  # the run's first step, or inside a step: refused where it is read
+            rows = steps.info(step).batch_size
+            if steps.info(step - 1).batch_size == rows:
+                logger.warning(
+                    "DataConfig.stages[%d] (at %s) changes seq_len from %d to %d at step %d, "
+                    "but order.global_batch_size keeps %d rows there (its schedule changes at "
+                    "steps %s), so a step's tokens go from %d to %d; if the batch size was "
+                    "meant to change with seq_len, move that change to step %d",
+                    index, stages[index].where,
+                    lengths[index - 1], lengths[index], step, rows, changes,
+                    rows * lengths[index - 1], rows * lengths[index], step,
+                )  # fmt: skip
 
     def _lengths(self) -> list[int] | None:
         """Each stage's seq_len, where a stage sets one (length stages); else ``None``."""
