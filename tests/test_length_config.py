@@ -260,5 +260,7 @@ def test_a_resume_that_moves_a_later_length_stage_off_the_schedules_change_is_wa
         source, _ = resumed.restored_source(state)
     assert [s[0] for s in source.plan.stages] == [0, 64, 128]
     [message] = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
-    assert message.startswith("DataConfig.stages[2] (at offset 128) changes seq_len from 32 to "
-                              "64 at step 17, but order.global_batch_size keeps 4 rows there")
+    assert message.startswith(
+        "DataConfig.stages[2] (at offset 128) changes seq_len from 32 to "
+        "64 at step 17, but order.global_batch_size keeps 4 rows there"
+    )
