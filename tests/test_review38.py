@@ -181,3 +181,39 @@ def test_a_restore_refuses_a_stage_by_offset_moved_before_the_resume(tmp_path, m
         _staged_config(store, 8, tokens).restore(state, mesh_1d)  # 100, not the saved 96
     with _staged_config(store, 8, stages).restore(state, mesh_1d) as loader:  # unchanged: taken
         assert loader.step_info(13).offset == 104
+
+
+@pytest.mark.parametrize("packing", [None, "greedy"])
+def test_a_source_shorter_than_the_first_stages_row_reads_in_a_later_shorter_stage(
+    tmp_path, packing
+):
+    """A source of 40 tokens weighted only from a stage of 8-token rows, after a first stage of
+    64: the config opened every source as a view of the first stage's 64 tokens first (a packed
+    one: a greedy plan of all its documents), and refused it (no stage named) before the
+    stages' own views were made. Its stage-1 rows are
+    runs of its stream (tokens 10001 to 10040), never another source's."""
+    big, _ = _unique_store(tmp_path)
+    small = str(tmp_path / "small")
+    write_documents(small, [{"input_ids": np.arange(10001 + 8 * d, 10009 + 8 * d,
+                                                    dtype=np.int32)} for d in range(5)],
+                    progress=False)  # fmt: skip
+    raw = {
+        "sources": {"big": {"store": big}, "small": {"store": small}},
+        "seq_len": 64, "lanes": 2, "mixture": {"block_size": 4, "seed": 3},
+        "order": {"global_batch_size": 4},
+        "stages": [{"step": 0, "weights": {"big": 1}},
+                   {"step": 2, "seq_len": 8, "weights": {"big": 1, "small": 1}}],
+    }  # fmt: skip
+    if packing:  # big's documents (up to 59 tokens) may not be cut by 8-token rows: unweighted
+        raw["view"] = {"packing": packing}
+        raw["stages"][1]["weights"] = {"small": 1}
+    else:
+        raw["unit_tokens"] = 8
+    source = DataConfig.from_dict(raw).train_source()
+    assert [stage.start for stage in source.plan.stages] == [0, 8]
+    rows = source.stage(1).read(np.arange(16))["input_ids"]
+    mine = rows[(rows > 10000).any(axis=1)]
+    assert len(mine) == (16 if packing else 8)  # weights 1:1 over 16 rows, or small alone
+    for row in mine:
+        real = row[row > 0]
+        assert (real > 10000).all() and (real <= 10040).all()

@@ -32,6 +32,7 @@ from psdp._integration.mixture_config import (
 )
 from psdp._integration.source_config import SourceConfig
 from psdp._integration.view_config import ViewConfig
+from psdp._plan.leaves import TOKENS
 from psdp._plan.mixture import MIXTURE_ROWS
 from psdp._plan.options import (
     OrderOptions,
@@ -351,8 +352,15 @@ class DataConfig:
                 "{store: tokens/code}}"
             )
         listed = sorted(self.sources) if names is None else list(names)
-        views = {name: self._view(self.sources[name], f"source {name!r}") for name in listed}
-        views = self._common_ids(views)
+        lengths = self._lengths()
+        if lengths is None:
+            views = {name: self._view(self.sources[name], f"source {name!r}") for name in listed}
+            views = self._common_ids(views)
+        else:  # the stages' own views read the stores: no view of stage 0's seq_len alone
+            opened = {name: self.sources[name].open(f"source {name!r}") for name in listed}
+            tokens = self._common_dtype(opened)
+            stores = {name: s if tokens is None else s.with_dtypes({TOKENS: tokens})
+                      for name, s in opened.items()}  # fmt: skip
         if self.stages is None:
             weights = {n: 1.0 if s.weight is None else s.weight for n, s in self.sources.items()}
             stages = [(0, weights)]
@@ -366,9 +374,7 @@ class DataConfig:
             _check_stage_order(self.stages, [start for start, _ in stages])
             if not given:  # a restore's offsets were checked against its own order
                 self._warn_batch_unchanged(dict(enumerate(s for s, _ in stages)), self.order)
-        lengths = self._lengths()
         if lengths is not None:
-            stores = {name: view.store for name, view in views.items()}
             staged = [(start, n, w) for (start, w), n in zip(stages, lengths, strict=True)]
             common: dict[str, Any] = {"lanes": self.lanes, "block_size": self.mixture.block_size,
                       "seed": self.mixture.seed, "shuffle": self.mixture.shuffle,
@@ -447,16 +453,10 @@ class DataConfig:
         """The views with their stores' token ids read as one dtype, so that they mix: numpy's
         common type of theirs (uint16 and int32: int32), int32 where that would be 64-bit
         (JAX's default holds no int64); each read checked (`DocumentStore.with_dtypes`)."""
-        import numpy as np
 
-        from psdp._plan.leaves import TOKENS
-
-        found = {name: view.store.leaves[TOKENS] for name, view in views.items()}
-        if len(set(found.values())) < 2:
+        common = self._common_dtype({name: view.store for name, view in views.items()})
+        if common is None:
             return views
-        common = np.result_type(*found.values())
-        if common.itemsize == 8:
-            common = np.dtype(np.int32)
 
         def again(view: Any) -> Any:  # the same view over the store read as ``common``
             kwargs = self.view.view_kwargs()
@@ -465,8 +465,21 @@ class DataConfig:
             return type(view)(view.store.with_dtypes({TOKENS: common}), self.seq_len, **kwargs)
 
         return {
-            name: view if found[name] == common else again(view) for name, view in views.items()
+            name: view if view.store.leaves[TOKENS] == common else again(view)
+            for name, view in views.items()
         }
+
+    @staticmethod
+    def _common_dtype(stores: Mapping[str, Any]) -> Any:
+        """The token dtype the stores' ids are read as so that they mix (`_common_ids`'
+        rule), or ``None`` where they already share one."""
+        import numpy as np
+
+        found = {store.leaves[TOKENS] for store in stores.values()}
+        if len(found) < 2:
+            return None
+        common = np.result_type(*found)
+        return np.dtype(np.int32) if common.itemsize == 8 else common
 
     def _stage_offset(
         self, stage: StageConfig, order: OrderOptions, before: Sequence[int] = ()
@@ -564,6 +577,12 @@ class DataConfig:
             return
         stage = self.stages[0]  # type: ignore[index]
         first = next((s for s in self.stages[1:] if s.seq_len is not None), given[0])  # type: ignore[index]
+        if self.seq_len is None:
+            raise ValueError(
+                f"DataConfig.seq_len is unset, but the stage at {first.where} sets seq_len="
+                f"{first.seq_len} (length stages): DataConfig.seq_len is the first stage's; set "
+                "it, e.g. seq_len: 4096"
+            )
         if stage.seq_len is not None and stage.seq_len != self.seq_len:
             raise ValueError(
                 f"DataConfig.stages: the first stage (at {stage.where}) sets seq_len="
