@@ -8,9 +8,11 @@ documents of `MIN_LENGTH` tokens or more (``min_length``, read through the store
 Token ``t`` of the store's stream is ``FIRST + t`` (an EOS after each document), so every token
 names its place and a token delivered twice shows as a repeated value.
 
-Each host appends one JSON line per step to ``<run_dir>/<record>.p<process>.jsonl``: the step and
-every shard of every leaf this host's devices hold (by its box in the global array), written
-before the step is trained on, so a pod that is killed still leaves what it delivered.
+The same run is read twice side by side, by one pod: concatenate-then-split (``tokens``) and
+packed (``view.packing: greedy``). Each host writes one JSON line per step to
+``<run_dir>/<record>-<view>.p<process>.jsonl``: the step and every shard of every leaf this
+host's devices hold (by its box in the global array), written before the step is trained on, so
+a pod that is killed still leaves what it delivered.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ import io
 import json
 import os
 import signal
+from itertools import pairwise
 from pathlib import Path
+from typing import Any
 
 import jax
 import numpy as np
@@ -28,7 +32,7 @@ from tests.length_oracle import OracleLengthRun, OraclePackedRun
 
 EOS, FIRST, MIN_LENGTH = 7, 100, 40
 NAMES = ["long", "web"]  # sorted, as DataConfig lists its sources
-SETTINGS = {"block_size": 8, "lanes": 4, "seed": 5}
+BLOCK, LANES, SEED = 8, 4, 5
 UNIT_TOKENS = 64
 #: (first sample offset, seq_len, weights): the weights shift toward ``long`` in the last stage
 STAGES = [(0, 8, {"web": 3, "long": 1}), (64, 32, {"web": 1, "long": 1}),
@@ -41,26 +45,26 @@ def documents() -> list[np.ndarray]:
     """30 documents of 1 to 89 tokens; the store's token ``t`` is ``FIRST + t``."""
     lengths = np.random.default_rng(11).integers(1, 90, size=30)
     starts = np.concatenate([[0], np.cumsum(lengths)])
-    return [FIRST + np.arange(a, b, dtype=np.int32) for a, b in zip(starts[:-1], starts[1:])]
+    return [FIRST + np.arange(a, b, dtype=np.int32) for a, b in pairwise(starts)]
 
 
 def config_text(store: str, packed: bool) -> str:
     """The run's `DataConfig` as YAML: stages by offset, so they stay where they are put
     whatever batch sizes a resume picks."""
-    view = "{packing: greedy, long_documents: split, eos_id: %d}" % EOS
+    view = f"{{packing: greedy, long_documents: split, eos_id: {EOS}}}"
     if not packed:
-        view = "{eos_id: %d, targets: true}\nunit_tokens: %d" % (EOS, UNIT_TOKENS)
+        view = f"{{eos_id: {EOS}, targets: true}}\nunit_tokens: {UNIT_TOKENS}"
     (a, _, wa), (b, lb, wb), (c, lc, wc) = STAGES
-    weights = ["{%s}" % ", ".join(f"{k}: {v}" for k, v in w.items()) for w in (wa, wb, wc)]
+    weights = [f"{{{', '.join(f'{k}: {v}' for k, v in w.items())}}}" for w in (wa, wb, wc)]
     return f"""
 sources:
   web: {{store: {store}}}
   long: {{store: {store}, min_length: {MIN_LENGTH}}}
 seq_len: {STAGES[0][1]}
 view: {view}
-mixture: {{block_size: {SETTINGS["block_size"]}, seed: {SETTINGS["seed"]}}}
+mixture: {{block_size: {BLOCK}, seed: {SEED}}}
 order: {{global_batch_size: [[0, 16], [4, 8], [12, 4]]}}
-lanes: {SETTINGS["lanes"]}
+lanes: {LANES}
 stages:
   - {{offset: {a}, weights: {weights[0]}}}
   - {{offset: {b}, weights: {weights[1]}, seq_len: {lb}}}
@@ -106,41 +110,50 @@ def shards(batch: dict) -> dict[str, dict[str, list]]:
     return out
 
 
-def train(run_dir: str, config: str, batch, mesh_shape: list[int], steps: int,
+def train(run_dir: str, configs: dict[str, str], batch, mesh_shape: list[int], steps: int,
           kill_at: int | None, record: str) -> dict:  # fmt: skip
-    """The trainer guide's loop on this pod: a restart (``loader.json`` under ``run_dir``)
-    restores the saved state, with ``batch`` as the new batch size; process 0 saves the
-    iterator's state after every `SAVE_EVERY`-th step. At step ``kill_at`` (its batch taken, the
-    loader reading the next ones ahead, the step not saved) every host SIGKILLs itself."""
+    """The trainer guide's loop on this pod, for each config of ``configs`` side by side (one
+    pod serves both views): a restart (``loader-<name>.json`` under ``run_dir``) restores the
+    saved state, with ``batch`` as the new batch size; process 0 saves each iterator's state
+    after every `SAVE_EVERY`-th step. At step ``kill_at`` (its batches taken, the loaders
+    reading the next ones ahead, the step not saved) every host SIGKILLs itself."""
+    from contextlib import ExitStack
+
     from jax.experimental import multihost_utils
     from jax.sharding import Mesh
 
     me = jax.process_index()
     mesh = Mesh(np.array(jax.devices()).reshape(mesh_shape), ("data", "model")[: len(mesh_shape)])
-    made = load_config(config, batch)
-    saved = Path(run_dir) / "loader.json"
-    if saved.exists():  # a restart: continue where the checkpoint left off
-        state = json.loads(saved.read_text())
-        loader = made.restore(state, mesh)
-    else:
-        loader = made.build(mesh)
-    first = loader.start_step
-    with loader, (Path(run_dir) / f"{record}.p{me}.jsonl").open("w") as out:
-        batches = iter(loader)
+    with ExitStack() as stack:
+        runs = {}
+        for name, text in configs.items():
+            made = load_config(text, batch)
+            saved = Path(run_dir) / f"loader-{name}.json"
+            if saved.exists():  # a restart: continue where the checkpoint left off
+                state = json.loads(saved.read_text())
+                loader = stack.enter_context(made.restore(state, mesh))
+            else:
+                loader = stack.enter_context(made.build(mesh))
+            out = stack.enter_context((Path(run_dir) / f"{record}-{name}.p{me}.jsonl").open("w"))
+            runs[name] = (loader.start_step, iter(loader), saved, out)
+        (first,) = {start for start, *_ in runs.values()}
         for step in range(first, steps):
-            got = next(batches)  # train_state = train_step(train_state, batch)
-            out.write(json.dumps({"step": step, "shards": shards(got)}) + "\n")
-            out.flush()
+            for _, batches, _, out in runs.values():
+                got = next(batches)  # train_state = train_step(train_state, batch)
+                out.write(json.dumps({"step": step, "shards": shards(got)}) + "\n")
+                out.flush()
             if step == kill_at:
-                # every host has written its record of the steps it took; the loader's
+                # every host has written its record of the steps it took; the loaders'
                 # prefetch is reading the next steps when the kill comes
                 multihost_utils.sync_global_devices("every host recorded its steps")
                 os.kill(os.getpid(), signal.SIGKILL)
             if (step + 1) % SAVE_EVERY == 0 and me == 0:  # save the model here, too
-                partial = saved.with_suffix(".partial")
-                partial.write_text(json.dumps(batches.state()))
-                os.replace(partial, saved)  # a kill mid-write leaves the last whole state
-        batches.close()
+                for _, batches, saved, _ in runs.values():
+                    partial = saved.with_suffix(".partial")
+                    partial.write_text(json.dumps(batches.state()))
+                    os.replace(partial, saved)  # a kill mid-write leaves the last whole state
+        for _, batches, _, _ in runs.values():
+            batches.close()
     return {"process": me, "first_step": first}
 
 
@@ -164,7 +177,7 @@ def streams() -> dict[str, dict[str, np.ndarray]]:
     return out
 
 
-def oracle_rows(count: int, packed: bool) -> tuple[dict[str, np.ndarray], list, list[int]]:
+def oracle_rows(count: int, packed: bool) -> tuple[dict[str, np.ndarray], list[Any], list[int]]:
     """The leaves of sample offsets ``[0, count)`` (one row each, padded to the longest
     length), the oracle's rows: ``(source, places, epochs, seq_len)`` of each offset (packed:
     ``(source, pieces, seq_len)``), and each offset's lane (its sample number in its source,
@@ -176,7 +189,9 @@ def oracle_rows(count: int, packed: bool) -> tuple[dict[str, np.ndarray], list, 
     table = {k: np.zeros((count, width), np.int32) for k in names}
     if packed:
         slots = [[len(d) + 1 for d in chosen()[n]] for n in NAMES]
-        packed_run = OraclePackedRun(NAMES, slots, STAGES, **SETTINGS, long_documents="split")
+        packed_run = OraclePackedRun(
+            NAMES, slots, STAGES, BLOCK, LANES, SEED, long_documents="split"
+        )
         rows = packed_run.rows(count)
         for g, (source, pieces, _) in enumerate(rows):
             s, starts = stream_list[source], np.flatnonzero(stream_list[source]["positions"] == 0)
@@ -191,20 +206,20 @@ def oracle_rows(count: int, packed: bool) -> tuple[dict[str, np.ndarray], list, 
                 column += size
         return table, rows, lanes_of(packed_run.mixture.samples(count))
     tokens = [len(s["input_ids"]) for s in stream_list]
-    run = OracleLengthRun(NAMES, tokens, STAGES, unit_tokens=UNIT_TOKENS, extra=1, **SETTINGS)
-    rows = run.rows(count)
-    for g, (source, places, _, _) in enumerate(rows):
-        s, places = stream_list[source], np.array(places)
+    run = OracleLengthRun(NAMES, tokens, STAGES, BLOCK, LANES, UNIT_TOKENS, SEED, extra=1)
+    token_rows = run.rows(count)
+    for g, (source, row_places, _, _) in enumerate(token_rows):
+        s, places = stream_list[source], np.array(row_places)
         new = np.ones(len(places), bool)
         new[1:] = (np.diff(s["document"][places]) != 0) | (np.diff(places) != 1)
         table["input_ids"][g, : len(places)] = s["input_ids"][places]
         table["positions"][g, : len(places)] = s["positions"][places]
         table["segment_ids"][g, : len(places)] = np.cumsum(new)
-    return table, rows, lanes_of(run.mixture.samples(count))
+    return table, token_rows, lanes_of(run.mixture.samples(count))
 
 
 def lanes_of(samples: np.ndarray) -> list[int]:
-    return (samples % SETTINGS["lanes"]).tolist()
+    return (samples % LANES).tolist()
 
 
 def packed_epochs(rows: list) -> list[list[int]]:
@@ -213,8 +228,8 @@ def packed_epochs(rows: list) -> list[list[int]]:
     pieces matched, document by document and token by token, against the lane's documents of
     epoch 0, then of epoch 1, ... (`OraclePackedRun.lane`); a piece anywhere else fails."""
     slots = [[len(d) + 1 for d in chosen()[n]] for n in NAMES]
-    run = OraclePackedRun(NAMES, slots, STAGES, **SETTINGS, long_documents="split")
-    lanes = SETTINGS["lanes"]
+    run = OraclePackedRun(NAMES, slots, STAGES, BLOCK, LANES, SEED, long_documents="split")
+    lanes = LANES
     # per (source, lane): [epoch, index in the lane's documents, token in the document]
     cursor = {(s, lane): [0, 0, 0] for s in range(len(NAMES)) for lane in range(lanes)}
     sample = run.mixture.samples(len(rows))  # each offset's sample number in its source

@@ -102,7 +102,7 @@ def assert_once_per_epoch(rows, lanes, epochs, tokens: list[np.ndarray]) -> None
         reached[(source, lane)] = max(reached.get((source, lane), 0), *tagged)
     for s, name in enumerate(target.NAMES):
         whole = Counter(stream[name]["input_ids"].tolist())
-        left = min(reached[(s, lane)] for lane in range(target.SETTINGS["lanes"]))
+        left = min(reached[(s, lane)] for lane in range(target.LANES))
         assert left >= 1, name  # every lane went past the source's first epoch
         for epoch in sorted(e for source, e in by_epoch if source == s):
             got = by_epoch[(s, epoch)]
@@ -111,46 +111,59 @@ def assert_once_per_epoch(rows, lanes, epochs, tokens: list[np.ndarray]) -> None
                 assert got == whole, (name, epoch, whole - got)  # nothing skipped
 
 
-@pytest.mark.timeout(600)
-@pytest.mark.parametrize("packed", [False, True], ids=["tokens", "packed"])
-def test_three_length_stages_killed_in_each_and_resumed_on_other_hosts_are_exact(
-    tmp_path, mesh_2d, packed
-):
-    store = str(write_documents(tmp_path / "store",
-                                [{"input_ids": d} for d in target.documents()], progress=False))
+@pytest.fixture(scope="module")
+def killed_three_times(tmp_path_factory) -> tuple[Path, dict[str, str]]:
+    """The run's directory after the three killed pods, and the two views' configs (one pod
+    runs both, so the pods are started once)."""
+    root = tmp_path_factory.mktemp("length_pod")
+    store = str(write_documents(root / "store", [{"input_ids": d} for d in target.documents()],
+                                progress=False))  # fmt: skip
     build_indexes(store, lengths=[LengthBounds(min_length=target.MIN_LENGTH)], progress=False)
-    text = target.config_text(store, packed)
-    run_dir = tmp_path / "run"
+    configs = {view: target.config_text(store, view == "packed") for view in VIEWS}
+    run_dir = root / "run"
     run_dir.mkdir()
-    table, rows, lanes = target.oracle_rows(END_OFFSET, packed)
-    kept: dict[int, dict[str, np.ndarray]] = {}
-    saved_steps = []
-    for k, (hosts, devices, mesh, batch, kill_at, first, offset) in enumerate(RUNS):
-        args = {"run_dir": str(run_dir), "config": text, "batch": batch, "mesh_shape": mesh,
+    for k, (hosts, devices, mesh, batch, kill_at, _, _) in enumerate(RUNS):
+        args = {"run_dir": str(run_dir), "configs": configs, "batch": batch, "mesh_shape": mesh,
                 "steps": END, "kill_at": kill_at, "record": f"run{k}"}  # fmt: skip
         with pytest.raises(PodError) as killed:
             run_pod(target.train, num_processes=hosts, devices_per_process=devices, args=args,
                     timeout_s=240)  # fmt: skip
         assert "SIGKILL" in killed.value.reason or "-9" in killed.value.reason, killed.value
-        run = records(run_dir, f"run{k}")
-        assert sorted(run) == list(range(hosts))
-        assembled = assert_every_shard(run, table, first, offset, batch or 16, packed)
-        assert max(assembled) == kill_at  # each host delivered up to its kill
-        saved_steps.append(json.loads((run_dir / "loader.json").read_text())["step"])
-        kept |= {s: v for s, v in assembled.items() if s < (RUNS + [LAST])[k + 1][5]}
-    # each resume began at the last state process 0 saved before the kill
-    assert saved_steps == [RUNS[1][5], RUNS[2][5], LAST[5]]
-    *_, mesh, batch, _, first, offset = LAST
-    result = target.train(str(run_dir), text, batch, mesh, END, None, "last")
+    *_, mesh, batch, _, first, _ = LAST
+    result = target.train(str(run_dir), configs, batch, mesh, END, None, "last")
     assert result == {"process": 0, "first_step": first}
-    kept |= assert_every_shard(records(run_dir, "last"), table, first, offset, batch, packed)
+    return run_dir, configs
+
+
+VIEWS = ["tokens", "packed"]
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("view", VIEWS)
+def test_three_length_stages_killed_in_each_and_resumed_on_other_hosts_are_exact(
+    killed_three_times, mesh_2d, view
+):
+    run_dir, configs = killed_three_times
+    packed = view == "packed"
+    table, rows, lanes = target.oracle_rows(END_OFFSET, packed)
+    kept: dict[int, dict[str, np.ndarray]] = {}
+    for k, (hosts, _, _, batch, kill_at, first, offset) in enumerate([*RUNS, LAST]):
+        run = records(run_dir, f"run{k}-{view}" if k < len(RUNS) else f"last-{view}")
+        assert sorted(run) == list(range(hosts or 1))
+        assembled = assert_every_shard(run, table, first, offset, batch or 16, packed)
+        assert max(assembled) == (kill_at if kill_at is not None else END - 1)
+        # what the run delivered up to the state saved before its kill (it began the next run)
+        until = ([*RUNS, LAST][k + 1][5]) if k < len(RUNS) else END
+        kept |= {s: v for s, v in assembled.items() if s < until}
     assert sorted(kept) == list(range(END))
+    # the last saved state: the last run's, after step 27 (every second step, as the guide's)
+    assert json.loads((run_dir / f"loader-{view}.json").read_text())["step"] == END
 
     # an uninterrupted run in one process, with the batch sizes the runs kept
-    config = target.load_config(text, SCHEDULE)
+    config = target.load_config(configs[view], SCHEDULE)
     with config.build(mesh_2d) as loader:
-        for step, batch in zip(range(END), loader, strict=False):
-            for leaf, value in batch.items():
+        for step, got in zip(range(END), loader, strict=False):
+            for leaf, value in got.items():
                 assert np.array_equal(np.asarray(value), kept[step][leaf]), (step, leaf)
 
     # every token once per epoch: the delivered rows in offset order, tagged by the oracle
@@ -158,7 +171,7 @@ def test_three_length_stages_killed_in_each_and_resumed_on_other_hosts_are_exact
     assert len(delivered) == len(rows) == END_OFFSET
     if packed:
         epochs = [np.repeat(e, [size for *_, size in pieces]).tolist()
-                  for e, (_, pieces, _) in zip(target.packed_epochs(rows), rows, strict=True)]
+                  for e, (_, pieces, _) in zip(target.packed_epochs(rows), rows, strict=True)]  # fmt: skip
     else:
         epochs = [tagged[:seq_len] for _, _, tagged, seq_len in rows]
     tokens = [row[: len(e)] for row, e in zip(delivered, epochs, strict=True)]
