@@ -21,6 +21,7 @@ import io
 import json
 import os
 import signal
+import time
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -116,7 +117,7 @@ def train(run_dir: str, configs: dict[str, str], batch, mesh_shape: list[int], s
     pod serves both views): a restart (``loader-<name>.json`` under ``run_dir``) restores the
     saved state, with ``batch`` as the new batch size; process 0 saves each iterator's state
     after every `SAVE_EVERY`-th step. At step ``kill_at`` (its batches taken, the loaders
-    reading the next ones ahead, the step not saved) every host SIGKILLs itself."""
+    holding the next ones, read ahead, the step not saved) every host SIGKILLs itself."""
     from contextlib import ExitStack
 
     from jax.experimental import multihost_utils
@@ -143,8 +144,10 @@ def train(run_dir: str, configs: dict[str, str], batch, mesh_shape: list[int], s
                 out.write(json.dumps({"step": step, "shards": shards(got)}) + "\n")
                 out.flush()
             if step == kill_at:
-                # every host has written its record of the steps it took; the loaders'
-                # prefetch is reading the next steps when the kill comes
+                # the kill comes once each loader has read the next step ahead (run 1's is in
+                # the next stage) and every host has recorded the steps it took
+                ahead = {name: read_ahead(batches) for name, (_, batches, _, _) in runs.items()}
+                (Path(run_dir) / f"{record}.p{me}.killed").write_text(json.dumps(ahead))
                 multihost_utils.sync_global_devices("every host recorded its steps")
                 os.kill(os.getpid(), signal.SIGKILL)
             if (step + 1) % SAVE_EVERY == 0 and me == 0:  # save the model here, too
@@ -155,6 +158,16 @@ def train(run_dir: str, configs: dict[str, str], batch, mesh_shape: list[int], s
         for _, batches, _, _ in runs.values():
             batches.close()
     return {"process": me, "first_step": first}
+
+
+def read_ahead(batches, timeout_s: float = 120.0) -> int:
+    """Waits until the iterator's prefetch holds at least the next step's batch, read and
+    waiting; returns how many steps it holds."""
+    deadline = time.monotonic() + timeout_s
+    while batches.ready < 1:
+        assert time.monotonic() < deadline, "the loader read no step ahead"
+        time.sleep(0.01)
+    return int(batches.ready)
 
 
 # ------------------------------------------------------------------------------ the oracle

@@ -40,6 +40,8 @@ END = 28
 #: the uninterrupted run's batch sizes: each run's where it is kept (up to the next resume)
 SCHEDULE = [[0, 16], [2, 8], [12, 4], [16, 8]]
 END_OFFSET = 128 + (END - 16) * 8
+#: the run read twice, by one pod: concatenate-then-split and packed (``view.packing: greedy``)
+VIEWS = ["tokens", "packed"]
 
 
 def records(run_dir: Path, record: str) -> dict[int, dict[int, dict]]:
@@ -129,13 +131,13 @@ def killed_three_times(tmp_path_factory) -> tuple[Path, dict[str, str]]:
             run_pod(target.train, num_processes=hosts, devices_per_process=devices, args=args,
                     timeout_s=240)  # fmt: skip
         assert "SIGKILL" in killed.value.reason or "-9" in killed.value.reason, killed.value
+        for p in range(hosts):  # each loader had read a step ahead when its host was killed
+            ahead = json.loads((run_dir / f"run{k}.p{p}.killed").read_text())
+            assert sorted(ahead) == sorted(VIEWS) and min(ahead.values()) >= 1, (k, p, ahead)
     *_, mesh, batch, _, first, _ = LAST
     result = target.train(str(run_dir), configs, batch, mesh, END, None, "last")
     assert result == {"process": 0, "first_step": first}
     return run_dir, configs
-
-
-VIEWS = ["tokens", "packed"]
 
 
 @pytest.mark.timeout(600)
