@@ -92,20 +92,23 @@ def assert_every_shard(run: dict, table, first_step: int, first_offset: int, bat
 def assert_once_per_epoch(rows, lanes, epochs, tokens: list[np.ndarray]) -> None:
     """Each source's delivered tokens (the rows' first ``seq_len``, the shifted target left out;
     packed, the rows' pieces), tagged with the oracle's epochs: no token of the store's stream
-    twice in an epoch, every epoch that each lane has left delivered whole, and each source
-    through at least its first epoch across the three stages."""
+    twice in an epoch, every epoch that each lane has left delivered whole (one at least, read
+    by rows of two lengths or more), nothing else."""
     stream = target.streams()
     by_epoch: dict[tuple[int, int], Counter] = {}
+    lengths: dict[tuple[int, int], set[int]] = {}  # the seq_lens that read each epoch
     reached: dict[tuple[int, int], int] = {}  # (source, lane): the last epoch it read
     for row, lane, tagged, delivered in zip(rows, lanes, epochs, tokens, strict=True):
         source = row[0]
         for epoch, token in zip(tagged, delivered, strict=True):
             by_epoch.setdefault((source, epoch), Counter())[int(token)] += 1
+            lengths.setdefault((source, epoch), set()).add(row[-1])
         reached[(source, lane)] = max(reached.get((source, lane), 0), *tagged)
     for s, name in enumerate(target.NAMES):
         whole = Counter(stream[name]["input_ids"].tolist())
         left = min(reached[(s, lane)] for lane in range(target.LANES))
         assert left >= 1, name  # every lane went past the source's first epoch
+        assert any(len(lengths[(s, e)]) > 1 for e in range(left)), name  # across stages
         for epoch in sorted(e for source, e in by_epoch if source == s):
             got = by_epoch[(s, epoch)]
             assert not got - whole, (name, epoch, got - whole)  # nothing twice, nothing foreign
@@ -145,6 +148,9 @@ def killed_three_times(tmp_path_factory) -> tuple[Path, dict[str, str]]:
 def test_three_length_stages_killed_in_each_and_resumed_on_other_hosts_are_exact(
     killed_three_times, mesh_2d, view
 ):
+    """Every host's every shard of the three killed runs and the last resume is the oracle's;
+    the steps each run kept (up to the state it left) are an uninterrupted run's, batch for
+    batch; every token once per epoch across the stages."""
     run_dir, configs = killed_three_times
     packed = view == "packed"
     table, rows, lanes = target.oracle_rows(END_OFFSET, packed)
@@ -165,6 +171,7 @@ def test_three_length_stages_killed_in_each_and_resumed_on_other_hosts_are_exact
     config = target.load_config(configs[view], SCHEDULE)
     with config.build(mesh_2d) as loader:
         for step, got in zip(range(END), loader, strict=False):
+            assert sorted(got) == sorted(kept[step]), step
             for leaf, value in got.items():
                 assert np.array_equal(np.asarray(value), kept[step][leaf]), (step, leaf)
 
