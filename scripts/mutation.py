@@ -771,6 +771,7 @@ POD_TESTS = [
     "tests/test_spatial_pod.py",
     "tests/test_eval_pod.py",
     "tests/test_orbax_pod.py",
+    "tests/test_length_pod.py",
 ]
 
 
