@@ -331,8 +331,11 @@ def check_stages_past(
     kind = now["kind"]
     if saved.get("kind") != kind:
         raise ValueError(
-            f"the state was saved from a source recorded as {dict(saved)}, not length stages "
-            f"({kind}); resume with the source the state was saved from"
+            f"the state was saved from a source of kind {saved.get('kind')!r}, not {kind!r} "
+            "(this run's length stages): every sample before the resume depends on how that "
+            "source ordered them, so a run cannot switch into or out of length stages, nor "
+            "between packed and unpacked ones, at a resume; resume with the source the state "
+            "was saved from"
         )
     if saved.get("sources") != now["sources"]:
         change = source_change(saved.get("sources"), now["sources"]).replace(" rows", " tokens")
