@@ -6,7 +6,7 @@ One source of ``--documents`` documents, lengths drawn log-normal (seed 0, ``exp
 slots, about 1,100 on average), ``lanes=256``, shuffled, ``long_documents="split"``, two stages:
 ``seq_len`` 4,096 from offset 0, then 32,768 from offset 256 x 200 (batches of 256 rows, one row
 per lane). It times `PackedLengthPlan.pieces` alone (no token is read), each on a fresh plan,
-``--repeats`` times, and prints the range of each:
+``--repeats`` times, and prints the range of each (wall and CPU seconds):
 
 - ``first batch``: offsets ``[0, 256)`` of a fresh plan (every lane's first rows);
 - ``next batch``: offsets ``[256, 512)`` of that plan;
@@ -41,41 +41,50 @@ def plan_of(lengths: np.ndarray) -> PackedLengthPlan:
                             seed=0, long_documents="split")  # fmt: skip
 
 
-def seconds(began: float) -> float:
-    return time.perf_counter() - began
+class Clock:
+    """Wall and CPU seconds since it started (the machine may be shared: CPU is steadier)."""
+
+    def __init__(self) -> None:
+        self.wall, self.cpu = time.perf_counter(), time.process_time()
+
+    def took(self) -> tuple[float, float]:
+        return time.perf_counter() - self.wall, time.process_time() - self.cpu
 
 
-def once(lengths: np.ndarray, times: dict[str, list[float]]) -> None:
+def once(lengths: np.ndarray, times: dict[str, list[tuple[float, float]]]) -> None:
     """One of each measurement, each on a fresh plan, appended to ``times``."""
-    began = time.perf_counter()
+    clock = Clock()
     plan = plan_of(lengths)
-    times["build"].append(seconds(began))
-    began = time.perf_counter()
+    times["build"].append(clock.took())
+    clock = Clock()
     plan.pieces(np.arange(BATCH))
-    times["first"].append(seconds(began))
-    began = time.perf_counter()
+    times["first"].append(clock.took())
+    clock = Clock()
     plan.pieces(np.arange(BATCH, 2 * BATCH))
-    times["next"].append(seconds(began))
+    times["next"].append(clock.took())
     batch = np.arange(RESTORE_AT, RESTORE_AT + BATCH)
     fresh = plan_of(lengths)
-    began = time.perf_counter()
+    clock = Clock()
     expected = fresh.pieces(batch)
-    times["repack"].append(seconds(began))
+    times["repack"].append(clock.took())
     if not hasattr(fresh, "resume_cursors"):
         return  # psdp before cursors
-    began = time.perf_counter()
+    clock = Clock()
     cursors = fresh.resume_cursors(RESTORE_AT)
-    times["save"].append(seconds(began))
+    times["save"].append(clock.took())
     seeded = plan_of(lengths)
-    began = time.perf_counter()
+    clock = Clock()
     seeded.seed_cursors(cursors, RESTORE_AT)
     got = seeded.pieces(batch)
-    times["seeded"].append(seconds(began))
+    times["seeded"].append(clock.took())
     assert all(np.array_equal(a, b) for a, b in zip(got, expected, strict=True))
 
 
-def span(times: list[float]) -> str:
-    return f"{min(times):.3f} to {max(times):.3f} s" if times else "-"
+def span(times: list[tuple[float, float]]) -> str:
+    if not times:
+        return "-"
+    wall, cpu = zip(*times, strict=True)
+    return f"{min(wall):.3f} to {max(wall):.3f} s (CPU {min(cpu):.3f} to {max(cpu):.3f} s)"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -87,7 +96,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     lengths = np.maximum(1, rng.lognormal(6.5, 1.0, args.documents).astype(np.int64))
     print(f"{args.documents} documents, {int(lengths.sum())} slots, lanes={LANES}, "
           f"seq_len 4096 then 32768 from offset {STAGE_2}")  # fmt: skip
-    times: dict[str, list[float]] = {k: [] for k in ("build", "first", "next", "repack", "save",
+    times: dict[str, list[tuple[float, float]]] = {k: [] for k in ("build", "first", "next", "repack", "save",
                                                      "seeded")}  # fmt: skip
     for _ in range(args.repeats):
         once(lengths, times)

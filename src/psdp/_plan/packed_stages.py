@@ -35,7 +35,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from psdp._checks import check_int, is_int
-from psdp._plan.index_shuffle import shuffle_each, splitmix64
+from psdp._plan.index_shuffle import IndexShuffle, shuffle_each, splitmix64, splitmix64_array
 from psdp._plan.length_stages import LengthStage, check_stages_past, length_stages
 from psdp._plan.mixture import MixturePlan, source_key
 from psdp._plan.packing import LONG_DOCUMENTS, PackPlan, check_max_segments, plan_window
@@ -45,7 +45,7 @@ PACKED_STAGES_KIND = "psdp.packed-length-stages/1"
 _DOCS_TAG = 0x646F632D6F726465  # "doc-orde": the document orders' keys apart from the others'
 #: Documents a lane's packing plans at once (`PackedLengthPlan`'s ``chunk_documents``): a chunk
 #: is a few ms of greedy packing, and at seq_len 4,096 hundreds of rows.
-CHUNK_DOCUMENTS = 1024
+CHUNK_DOCUMENTS = 512
 
 
 class PackedPieces(NamedTuple):
@@ -130,6 +130,8 @@ class PackedLengthPlan:
     #: chunks keyed (source, lane, cursor, seq_len), least recently used first
     _chunks: OrderedDict = field(init=False, repr=False, compare=False)
     _lock: Any = field(init=False, repr=False, compare=False)
+    #: per source, the key its epochs' document orders derive from
+    _keys: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
     def __init__(
         self,
@@ -173,6 +175,7 @@ class PackedLengthPlan:
             "documents": tuple(len(k) for k in kept),
             "tokens": tuple(int(a.sum()) for a in arrays), "kept": kept,
             "_walks": {}, "_chunks": OrderedDict(), "_lock": threading.RLock(),
+            "_keys": tuple(source_key(operator.index(seed), n) ^ _DOCS_TAG for n in names),
         }  # fmt: skip
         for attribute, value in fields.items():
             set_(self, attribute, value)
@@ -227,9 +230,9 @@ class PackedLengthPlan:
             stage, rows = self._rows_before(offset)
             at = []
             for s in range(len(self.names)):
-                for lane in range(self.lanes):
-                    cursor = self._cursor_at(s, lane, stage, int(rows[s, lane]))
-                    at.append([*cursor, *self._document_at(s, lane, cursor)])
+                cursors = [self._cursor_at(s, n, stage, int(rows[s, n])) for n in range(self.lanes)]
+                found = self._documents_at(s, cursors)
+                at.extend([*c, *d] for c, d in zip(cursors, found, strict=True))
         body = {"offset": offset, "at": at}
         return {**body, "digest": self._digest(body)}
 
@@ -276,11 +279,13 @@ class PackedLengthPlan:
             )
         with self._lock:
             stage, rows = self._rows_before(offset)
-            for i, (epoch, position, token, document, size) in enumerate(saved["at"]):
-                s, lane = divmod(i, self.lanes)
-                cursor = Cursor(epoch, position, token)
-                self._check_cursor(s, lane, cursor, (document, size), fix)
-                self._remember(s, lane, stage, int(rows[s, lane]), cursor, fix)
+            for s in range(len(self.names)):
+                mine = saved["at"][s * self.lanes : (s + 1) * self.lanes]
+                cursors = [Cursor(*map(int, c[:3])) for c in mine]
+                found = self._documents_at(s, cursors)
+                for lane, (cursor, c, there) in enumerate(zip(cursors, mine, found, strict=True)):
+                    self._check_cursor(s, lane, cursor, (int(c[3]), int(c[4])), there, fix)
+                    self._remember(s, lane, stage, int(rows[s, lane]), cursor, fix)
         return True
 
     def lowered_cut(self) -> tuple[int, int, int, int] | None:
@@ -451,17 +456,26 @@ class PackedLengthPlan:
             before + self.lanes - 1 - lanes
         ) // self.lanes
 
-    def _document_at(self, source: int, lane: int, at: Cursor) -> tuple[int, int]:
-        """The store number and slots of the document at ``at`` (``(-1, 0)`` past the lane's
-        documents: a lane with none)."""
-        count = self.documents[source]
-        first, stop = lane * count // self.lanes, (lane + 1) * count // self.lanes
-        if not 0 <= at.position < stop - first or at.epoch < 0:
-            return -1, 0
-        position = first + at.position
-        document = int(self.kept[source][self._epoch_order(source, at.epoch, position,
-                                                            position + 1)[0]])  # fmt: skip
-        return document, int(self.lengths[source][document])
+    def _documents_at(self, source: int, cursors: Sequence[Cursor]) -> list[tuple[int, int]]:
+        """The store number and slots of the document at each lane's cursor (lane ``i``'s at
+        ``cursors[i]``; ``(-1, 0)`` off the lane's documents), the epoch orders evaluated at
+        once."""
+        count, lanes = self.documents[source], np.arange(len(cursors))
+        first = lanes * count // self.lanes
+        size = (lanes + 1) * count // self.lanes - first
+        epoch = np.array([c.epoch for c in cursors], np.int64)
+        position = np.array([c.position for c in cursors], np.int64)
+        valid = (epoch >= 0) & (position >= 0) & (position < size)
+        where = first + np.where(valid, position, 0)
+        if self.shuffle and valid.any():
+            keys = splitmix64_array(
+                np.uint64(self._keys[source]) ^ np.maximum(epoch, 0).astype(np.uint64)
+            )
+            where = shuffle_each(where, max(count, 1), keys)
+        document = self.kept[source][np.where(valid, where, 0)] if count else where
+        sizes = self.lengths[source][document] if count else where
+        return [(int(d), int(n)) if ok else (-1, 0)
+                for d, n, ok in zip(document, sizes, valid, strict=True)]  # fmt: skip
 
     def _digest(self, body: Mapping[str, Any]) -> str:
         """A digest of cursors and what they depend on: this plan's record but its stages,
@@ -476,9 +490,10 @@ class PackedLengthPlan:
         return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
 
     def _check_cursor(self, source: int, lane: int, at: Cursor, saved: tuple[int, int],
-                      fix: str) -> None:  # fmt: skip
-        """Raises unless a saved cursor lies on one of the lane's documents, the one saved."""
-        document, size = self._document_at(source, lane, at)
+                      there: tuple[int, int], fix: str) -> None:  # fmt: skip
+        """Raises unless a saved cursor lies on one of the lane's documents (``there``: the
+        plan's document at it, and its slots), the one saved."""
+        document, size = there
         ok = (
             (document, size) == tuple(saved)
             and at.epoch >= 0
@@ -515,8 +530,8 @@ class PackedLengthPlan:
         positions = np.arange(first, stop, dtype=np.int64)
         if not self.shuffle:
             return positions
-        key = splitmix64(source_key(self.seed, self.names[source]) ^ _DOCS_TAG ^ epoch)
-        return shuffle_each(positions, self.documents[source], key)
+        key = splitmix64(self._keys[source] ^ epoch)
+        return IndexShuffle(self.documents[source], key)(positions)
 
     def _check_sources(self) -> None:
         """Raises where a stage weights a source with fewer documents than lanes, or (with
