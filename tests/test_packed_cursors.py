@@ -20,6 +20,14 @@ from tests.test_staged_packed import STAGES, staged, tables
 from tests.test_staged_tokens import RAMP, assert_steps_are_the_oracles
 
 chunks = st.integers(1, 3)
+#: stage 1 (seq_len 4) starts at token 8 of document 1 (30 slots): a chunk of it alone closes
+#: 5 rows, and the next chunk starts at its token 28
+inside_a_split_document = {
+    "names": ["a"], "lengths": [[3, 30, 2]],
+    "stages": [(0, 8, {"a": 1}), (2, 4, {"a": 1}), (9, 8, {"a": 1})], "block_size": 1,
+    "lanes": 1, "seed": 0, "shuffle": False, "long_documents": "split", "max_segments": None,
+    "blocks": 12,
+}  # fmt: skip
 
 
 def plan_of(run: dict, chunk: int) -> PackedLengthPlan:
@@ -33,6 +41,7 @@ def plan_of(run: dict, chunk: int) -> PackedLengthPlan:
 @example(split_across, 1)
 @example(split_across | {"long_documents": "drop", "max_segments": 2, "shuffle": False}, 2)
 @example(split_across | {"long_documents": "truncate", "shuffle": False}, 1)
+@example(inside_a_split_document, 1)
 def test_rows_packed_in_chunks_are_the_oracles(run, chunk):
     """Chunks of 1 to 3 documents (each chunk's last row carried to the next, split documents
     cut inside a chunk and across one) give every row the oracle gives."""
