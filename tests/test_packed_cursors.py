@@ -13,6 +13,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from psdp import DataLoader
+from psdp._plan import packed_stages
 from psdp._plan.packed_stages import PackedLengthPlan
 from tests.length_oracle import NoRow
 from tests.test_packed_stages import oracle_of, rows_of, runs, split_across
@@ -165,3 +166,17 @@ def test_a_loader_state_carries_the_cursors_and_a_tampered_one_is_refused(mesh_1
     del tampered["source"]["definition"]["cursors"]
     with DataLoader.restore(tampered, staged(), mesh=mesh_1d, global_batch_size=8) as loader:
         assert_steps_are_the_oracles(loader, range(13, 15), tables(64), STAGES, mesh=mesh_1d)
+
+
+@pytest.mark.parametrize("run", [split_across, inside_a_split_document])
+def test_rows_are_the_oracles_keeping_one_cursor_a_lane(monkeypatch, run):
+    """With only the latest known cursor kept (and a stage's start), rows read in any order
+    are still the oracle's: a row before the kept cursors is walked to from the stage's
+    start."""
+    monkeypatch.setattr(packed_stages, "KEPT_CURSORS", 1)
+    count = run["blocks"] * run["block_size"]
+    expected = [p for _, p, _ in oracle_of(run).rows(count)]
+    plan = plan_of(run, 1)
+    order = np.random.default_rng(0).permutation(count)
+    assert [rows_of(plan, np.array([g]))[0] for g in order] == [expected[g] for g in order]
+    assert max(len(rows) for rows, _ in plan._walks.values()) <= 3

@@ -44,8 +44,11 @@ from psdp._plan.packing import LONG_DOCUMENTS, PackPlan, check_max_segments, pla
 PACKED_STAGES_KIND = "psdp.packed-length-stages/1"
 _DOCS_TAG = 0x646F632D6F726465  # "doc-orde": the document orders' keys apart from the others'
 #: Documents a lane's packing plans at once (`PackedLengthPlan`'s ``chunk_documents``): a chunk
-#: is a few ms of greedy packing, and at seq_len 4,096 hundreds of rows.
+#: is about a ms of greedy packing, and at seq_len 4,096 over a hundred rows.
 CHUNK_DOCUMENTS = 512
+#: Known cursors kept per lane and stage: the stage's start and the latest ones walked (a row
+#: before them is found from the stage's start again), so memory does not grow with the run.
+KEPT_CURSORS = 64
 
 
 class PackedPieces(NamedTuple):
@@ -392,6 +395,9 @@ class PackedLengthPlan:
             if j == len(rows) or rows[j] != first:
                 rows.insert(j, first)
                 cursors.insert(j, cursor)
+                if len(rows) > 2 * KEPT_CURSORS:
+                    keep = 1 if rows[0] == 0 else 0
+                    del rows[keep:-KEPT_CURSORS], cursors[keep:-KEPT_CURSORS]
 
     def _chunk(self, source: int, lane: int, at: Cursor, seq_len: int) -> _Chunk:
         """The greedy plan of a lane's documents from ``at`` (document 0 of the plan is the one
