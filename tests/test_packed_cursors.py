@@ -37,7 +37,7 @@ def plan_of(run: dict, chunk: int) -> PackedLengthPlan:
                             **kwargs)  # fmt: skip
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(runs(), chunks)
 @example(split_across, 1)
 @example(split_across | {"long_documents": "drop", "max_segments": 2, "shuffle": False}, 2)
@@ -58,7 +58,7 @@ def test_rows_packed_in_chunks_are_the_oracles(run, chunk):
     assert got == [pieces for _, pieces, _ in expected]
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=20, deadline=None)
 @given(runs(), chunks, st.data())
 def test_any_offset_in_chunks_is_computed_alone(run, chunk, data):
     count = run["blocks"] * run["block_size"]
@@ -86,7 +86,7 @@ def walked_before(plan: PackedLengthPlan, offset: int) -> list[tuple[int, int, i
     return out
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(runs(), chunks, chunks, st.data())
 @example(split_across, 1, 2, None)
 def test_a_restore_from_saved_cursors_is_the_oracles_and_packs_nothing_before(
