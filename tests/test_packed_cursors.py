@@ -137,9 +137,11 @@ def test_cursors_not_of_the_plan_are_refused_and_another_offsets_ignored():
         plan_of(run | {"seed": 8}, 2).seed_cursors(cursors, 20)
     # the same counts of documents and tokens, and so the same record, but other lengths
     other = run | {"lengths": [run["lengths"][0][::-1], run["lengths"][1]]}
+    refused = plan_of(other, 2)
     with pytest.raises(ValueError, match=r"packing cursor of lane \d of source 'web', "
                        r"Cursor\(.*\) on document \d+ of \d+ slots, is not one of this plan's"):  # fmt: skip
-        plan_of(other, 2).seed_cursors(cursors, 20)
+        refused.seed_cursors(cursors, 20)
+    assert refused._walks == {}  # no cursor of a refused state is used
     fresh = plan_of(run, 2)
     assert not fresh.seed_cursors(cursors, 24)  # saved at 20: the restore at 24 re-packs
     assert rows_of(fresh, np.arange(24, 40)) == [p for _, p, _ in oracle_of(run).rows(40)[24:]]

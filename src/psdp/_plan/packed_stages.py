@@ -280,15 +280,18 @@ class PackedLengthPlan:
                 "digest differs: they were saved by a plan of other documents, lanes, seed, "
                 f"stages or packing before offset {offset}, or edited); {fix}"
             )
+        checked = []
+        for s in range(len(self.names)):  # every cursor checked before any is used
+            mine = saved["at"][s * self.lanes : (s + 1) * self.lanes]
+            cursors = [Cursor(*map(int, c[:3])) for c in mine]
+            found = self._documents_at(s, cursors)
+            for lane, (cursor, c, there) in enumerate(zip(cursors, mine, found, strict=True)):
+                self._check_cursor(s, lane, cursor, (int(c[3]), int(c[4])), there, fix)
+                checked.append((s, lane, cursor))
         with self._lock:
             stage, rows = self._rows_before(offset)
-            for s in range(len(self.names)):
-                mine = saved["at"][s * self.lanes : (s + 1) * self.lanes]
-                cursors = [Cursor(*map(int, c[:3])) for c in mine]
-                found = self._documents_at(s, cursors)
-                for lane, (cursor, c, there) in enumerate(zip(cursors, mine, found, strict=True)):
-                    self._check_cursor(s, lane, cursor, (int(c[3]), int(c[4])), there, fix)
-                    self._remember(s, lane, stage, int(rows[s, lane]), cursor, fix)
+            for s, lane, cursor in checked:
+                self._remember(s, lane, stage, int(rows[s, lane]), cursor, fix)
         return True
 
     def lowered_cut(self) -> tuple[int, int, int, int] | None:
