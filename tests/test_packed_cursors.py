@@ -6,6 +6,7 @@ plan's are refused (docs/concepts/length-stages.md, "Packed sources")."""
 from __future__ import annotations
 
 import json
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -21,6 +22,8 @@ from tests.test_staged_packed import STAGES, staged, tables
 from tests.test_staged_tokens import RAMP, assert_steps_are_the_oracles
 
 chunks = st.integers(1, 3)
+#: how far a walk's chunks may grow (1: every chunk as small as asked)
+growths = st.sampled_from([1, 2, 64])
 #: stage 1 (seq_len 4) starts at token 8 of document 1 (30 slots): a chunk of it alone closes
 #: 5 rows, and the next chunk starts at its token 28
 inside_a_split_document = {
@@ -31,6 +34,11 @@ inside_a_split_document = {
 }  # fmt: skip
 
 
+def growing(growth: int):
+    """Chunks that grow along a walk up to ``growth`` times the first (`CHUNK_GROWTH`)."""
+    return mock.patch.object(packed_stages, "CHUNK_GROWTH", growth)
+
+
 def plan_of(run: dict, chunk: int) -> PackedLengthPlan:
     kwargs = {k: v for k, v in run.items() if k not in ("names", "lengths", "stages", "blocks")}
     return PackedLengthPlan(run["names"], run["lengths"], run["stages"], chunk_documents=chunk,
@@ -38,29 +46,31 @@ def plan_of(run: dict, chunk: int) -> PackedLengthPlan:
 
 
 @settings(max_examples=30, deadline=None)
-@given(runs(), chunks)
-@example(split_across, 1)
-@example(split_across | {"long_documents": "drop", "max_segments": 2, "shuffle": False}, 2)
-@example(split_across | {"long_documents": "truncate", "shuffle": False}, 1)
-@example(inside_a_split_document, 1)
-def test_rows_packed_in_chunks_are_the_oracles(run, chunk):
-    """Chunks of 1 to 3 documents (each chunk's last row carried to the next, split documents
-    cut inside a chunk and across one) give every row the oracle gives."""
+@given(runs(), chunks, growths)
+@example(split_across, 1, 1)
+@example(split_across | {"long_documents": "drop", "max_segments": 2, "shuffle": False}, 2, 1)
+@example(split_across | {"long_documents": "truncate", "shuffle": False}, 1, 2)
+@example(inside_a_split_document, 1, 1)
+def test_rows_packed_in_chunks_are_the_oracles(run, chunk, growth):
+    """Chunks of 1 to 3 documents, growing along a walk or not (each chunk's last row carried
+    to the next, split documents cut inside a chunk and across one) give every row the oracle
+    gives."""
     count = run["blocks"] * run["block_size"]
     plan = plan_of(run, chunk)
     try:
         expected = oracle_of(run).rows(count)
     except NoRow:
-        with pytest.raises(ValueError, match="packs no row"):
+        with pytest.raises(ValueError, match="packs no row"), growing(growth):
             plan.pieces(np.arange(count))
         return
-    got = rows_of(plan, np.arange(count))
+    with growing(growth):
+        got = rows_of(plan, np.arange(count))
     assert got == [pieces for _, pieces, _ in expected]
 
 
 @settings(max_examples=20, deadline=None)
-@given(runs(), chunks, st.data())
-def test_any_offset_in_chunks_is_computed_alone(run, chunk, data):
+@given(runs(), chunks, growths, st.data())
+def test_any_offset_in_chunks_is_computed_alone(run, chunk, growth, data):
     count = run["blocks"] * run["block_size"]
     try:
         whole = [p for _, p, _ in oracle_of(run).rows(count)]
@@ -68,7 +78,8 @@ def test_any_offset_in_chunks_is_computed_alone(run, chunk, data):
         return
     fresh = plan_of(run, chunk)
     for g in data.draw(st.permutations(range(count)), label="order")[: max(1, count // 3)]:
-        assert rows_of(fresh, np.array([g]))[0] == whole[g], g
+        with growing(growth):
+            assert rows_of(fresh, np.array([g]))[0] == whole[g], g
 
 
 def walked_before(plan: PackedLengthPlan, offset: int) -> list[tuple[int, int, int, int]]:
@@ -87,10 +98,16 @@ def walked_before(plan: PackedLengthPlan, offset: int) -> list[tuple[int, int, i
 
 
 @settings(max_examples=30, deadline=None)
-@given(runs(), chunks, chunks, st.data())
-@example(split_across, 1, 2, None)
+@given(runs(), chunks, chunks, growths, st.data())
+@example(split_across, 1, 2, 1, None)
+@example(  # a block's samples out of row order: offset 7, after a restore at 6, is row 4
+    {"names": ["s0"], "lengths": [[1, 1, 0]], "stages": [(0, 4, {"s0": 1})], "block_size": 4,
+     "lanes": 1, "seed": 0, "shuffle": True, "long_documents": None, "max_segments": None,
+     "blocks": 3},
+    1, 1, 1, None,
+)  # fmt: skip
 def test_a_restore_from_saved_cursors_is_the_oracles_and_packs_nothing_before(
-    run, saved_chunk, chunk, data
+    run, saved_chunk, chunk, growth, data
 ):
     """Cursors saved at any offset (as JSON) seed a fresh plan, whose rows from there are the
     oracle's, and which knows no cursor of a row before them: nothing before was packed."""
@@ -101,15 +118,16 @@ def test_a_restore_from_saved_cursors_is_the_oracles_and_packs_nothing_before(
         return
     offset = count // 2 if data is None else data.draw(st.integers(0, count), label="offset")
     saving = plan_of(run, saved_chunk)
-    rows_of(saving, np.arange(offset))  # the saving run read up to its offset
-    cursors = json.loads(json.dumps(saving.resume_cursors(offset)))
-    assert len(cursors["at"]) == len(run["names"]) * run["lanes"]
-    fresh = plan_of(run, chunk)
-    assert fresh.seed_cursors(cursors, offset)
-    assert rows_of(fresh, np.arange(offset, count)) == expected[offset:]
-    assert walked_before(fresh, offset) == []
-    # a plan that never read a row saves the same cursors
-    assert plan_of(run, chunk).resume_cursors(offset) == cursors
+    with growing(growth):
+        rows_of(saving, np.arange(offset))  # the saving run read up to its offset
+        cursors = json.loads(json.dumps(saving.resume_cursors(offset)))
+        assert len(cursors["at"]) == len(run["names"]) * run["lanes"]
+        fresh = plan_of(run, chunk)
+        assert fresh.seed_cursors(cursors, offset)
+        assert rows_of(fresh, np.arange(offset, count)) == expected[offset:]
+        assert walked_before(fresh, offset) == []
+        # a plan that never read a row saves the same cursors
+        assert plan_of(run, chunk).resume_cursors(offset) == cursors
 
 
 def test_a_restore_from_cursors_may_start_a_new_stage_at_its_offset():

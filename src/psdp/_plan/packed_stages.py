@@ -49,6 +49,10 @@ CHUNK_DOCUMENTS = 512
 #: Known cursors kept per lane and stage: the stage's start and the latest ones walked (a row
 #: before them is found from the stage's start again), so memory does not grow with the run.
 KEPT_CURSORS = 64
+#: A walk past several chunks doubles each next one, up to this many times ``chunk_documents``
+#: (a far row, such as a restore's without cursors, costs what packing the documents does, not
+#: a chunk's overhead per ``chunk_documents``).
+CHUNK_GROWTH = 64
 
 
 class PackedPieces(NamedTuple):
@@ -133,6 +137,8 @@ class PackedLengthPlan:
     #: chunks keyed (source, lane, cursor, seq_len), least recently used first
     _chunks: OrderedDict = field(init=False, repr=False, compare=False)
     _lock: Any = field(init=False, repr=False, compare=False)
+    #: the documents the cached chunks hold (the cache is bounded by it)
+    _held: list = field(init=False, repr=False, compare=False)
     #: per source, the key its epochs' document orders derive from
     _keys: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
@@ -177,7 +183,7 @@ class PackedLengthPlan:
             "context": int(context), "chunk_documents": int(chunk_documents),
             "documents": tuple(len(k) for k in kept),
             "tokens": tuple(int(a.sum()) for a in arrays), "kept": kept,
-            "_walks": {}, "_chunks": OrderedDict(), "_lock": threading.RLock(),
+            "_walks": {}, "_chunks": OrderedDict(), "_lock": threading.RLock(), "_held": [0],
             "_keys": tuple(source_key(operator.index(seed), n) ^ _DOCS_TAG for n in names),
         }  # fmt: skip
         for attribute, value in fields.items():
@@ -386,14 +392,15 @@ class PackedLengthPlan:
             cursors.insert(0, start)
             i = 0
         first, cursor = rows[i], cursors[i]
-        seq_len = self.stages[stage].seq_len
+        seq_len, documents = self.stages[stage].seq_len, self.chunk_documents
         while True:
             if exact and first == row:
                 return first, cursor, None
-            chunk = self._chunk(source, lane, cursor, seq_len)
+            chunk = self._chunk(source, lane, cursor, seq_len, documents)
             if row < first + chunk.rows:
                 return first, cursor, chunk
             first, cursor = first + chunk.rows, chunk.after
+            documents = min(2 * documents, CHUNK_GROWTH * self.chunk_documents)
             j = bisect.bisect_left(rows, first)
             if j == len(rows) or rows[j] != first:
                 rows.insert(j, first)
@@ -402,11 +409,11 @@ class PackedLengthPlan:
                     keep = 1 if rows[0] == 0 else 0
                     del rows[keep:-KEPT_CURSORS], cursors[keep:-KEPT_CURSORS]
 
-    def _chunk(self, source: int, lane: int, at: Cursor, seq_len: int) -> _Chunk:
+    def _chunk(self, source: int, lane: int, at: Cursor, seq_len: int, documents: int) -> _Chunk:
         """The greedy plan of a lane's documents from ``at`` (document 0 of the plan is the one
-        at ``at``, from its token ``at.token``): ``chunk_documents`` of them, doubled until a
-        row is final (a row before the chunk's last, or any at the end of the lane's part of
-        the epoch)."""
+        at ``at``, from its token ``at.token``): ``documents`` of them, doubled until a row is
+        final (a row before the chunk's last, or any at the end of the lane's part of the
+        epoch). A cached chunk from ``at`` serves, whatever its size."""
         key = (source, lane, at, seq_len)
         if key in self._chunks:
             self._chunks.move_to_end(key)
@@ -414,7 +421,7 @@ class PackedLengthPlan:
         count = self.documents[source]
         first, size = lane * count // self.lanes, (lane + 1) * count // self.lanes
         size -= first
-        wanted = self.chunk_documents
+        wanted = documents
         while True:
             stop = min(at.position + wanted, size)
             order = self.kept[source][
@@ -445,9 +452,13 @@ class PackedLengthPlan:
                 f"long_documents={self.long_documents!r} drops them; use fewer lanes, a longer "
                 "seq_len or long_documents='split'"
             )
-        if len(self._chunks) >= 2 * self.lanes * len(self.names) * len(self.stages) + 64:
-            self._chunks.popitem(last=False)  # bounded: the chunks in use, a few per lane
+        # bounded by documents: the chunks in use are about one a lane (two across a stage's
+        # start) of chunk_documents; a long walk's larger ones leave soon
+        limit = max(4 * self.lanes * len(self.names), 2 * CHUNK_GROWTH) * self.chunk_documents
+        while self._chunks and self._held[0] + len(order) > limit:
+            self._held[0] -= len(self._chunks.popitem(last=False)[1].order)
         self._chunks[key] = chunk
+        self._held[0] += len(order)
         return chunk
 
     def _rows_before(self, offset: int) -> tuple[int, np.ndarray]:
