@@ -237,7 +237,7 @@ class PackedLengthPlan:
         offset = operator.index(offset)
         with self._lock:
             stage, rows = self._rows_before(offset)
-            at = []
+            at: list[list[int]] = []
             for s in range(len(self.names)):
                 cursors = [self._cursor_at(s, n, stage, int(rows[s, n])) for n in range(self.lanes)]
                 found = self._documents_at(s, cursors)
