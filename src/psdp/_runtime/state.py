@@ -47,16 +47,23 @@ ORDER_FIELDS = (
 CHANGEABLE = ("global_batch_size", "skip_steps", "skip_offsets", "drop_last", "epochs")
 
 
-def fingerprint(rows: int | None, plan: LoaderPlan, source: Any = None) -> dict[str, Any]:
+def fingerprint(
+    rows: int | None, plan: LoaderPlan, source: Any = None, offset: int | None = None
+) -> dict[str, Any]:
     """What a state records of its source: its length (``None`` for a stream), its leaves, a
     stream's number of shards, and what a source with a ``state_record()`` method says decides
-    its rows (a `Mixture`'s definition), under ``"definition"``."""
-    found = {"rows": rows, "leaves": plan.leaf_shapes()}
+    its rows (a `Mixture`'s definition), under ``"definition"``; at a state's ``offset``, a
+    source with a ``state_cursors(offset)`` method adds what lets a restore there start
+    cheaply (`StagedPacked`'s lanes' cursors), under the definition's ``"cursors"``."""
+    found: dict[str, Any] = {"rows": rows, "leaves": plan.leaf_shapes()}
     if plan.stream_shard is not None:
         found["stream_shards"] = plan.stream_shard[1]
     record = getattr(source, "state_record", None)
     if record is not None:
         found["definition"] = record()
+        cursors = getattr(source, "state_cursors", None)
+        if offset is not None and cursors is not None:
+            found["definition"]["cursors"] = cursors(offset)
     return found
 
 
@@ -75,12 +82,13 @@ def loader_state(step: int, order: OrderOptions, feed: Any, plan: LoaderPlan) ->
         >>> loader_state(5, options.order, feed, plan)
         {'format': 'psdp.loader/2', 'step': 5, 'offset': 40, 'global_batch_size': 8, 'skip_steps': [], 'skip_offsets': [], 'seed': 3, 'shuffle': True, 'drop_last': False, 'io_block': None, 'window_blocks': 16, 'source': {'rows': 64, 'leaves': {'None': ['int32', []]}}}
     """
+    offset = int(feed.offsets.resume_offset(step))
     return {
         "format": STATE_FORMAT,
         "step": int(step),
-        "offset": int(feed.offsets.resume_offset(step)),
+        "offset": offset,
         **order_record(order, feed),
-        "source": fingerprint(feed.rows, plan, feed.source),
+        "source": fingerprint(feed.rows, plan, feed.source, offset),
     }
 
 

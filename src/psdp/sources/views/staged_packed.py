@@ -135,6 +135,32 @@ class StagedPacked(StagedTokens):
         joined = np.concatenate(tables)
         return joined[np.lexsort((joined["column"], joined["row"]))]
 
+    def probe_row(self, stage: int) -> dict[Key, np.ndarray]:
+        """A row of stage ``stage``'s leaves (names, shapes, dtypes) holding no document: a
+        loader's probe of each stage, which so packs no lane up to the stage's start.
+
+        Examples:
+            >>> store = DocumentStore.from_documents([np.arange(1, 4)])
+            >>> staged = StagedPacked({"a": store}, [(0, 8, {"a": 1}), (2, 4, {"a": 1})],
+            ...                       lanes=1, block_size=1)
+            >>> staged.probe_row(1)["input_ids"].tolist()
+            [[0, 0, 0, 0]]
+        """
+        return self.stage(stage).probe_row()
+
+    def state_cursors(self, offset: int) -> dict[str, Any]:
+        """Each source's lanes' cursors at sample ``offset`` (`PackedLengthPlan.resume_cursors`):
+        a loader state carries them, so a restore there packs from them, not from the run's
+        start (O(sources x lanes) ints)."""
+        return self.plan.resume_cursors(offset)
+
+    def check_resume(self, saved: Mapping[str, Any], offset: int) -> None:
+        """`StagedTokens.check_resume`, then the saved cursors, if any, checked and used
+        (`PackedLengthPlan.seed_cursors`: refused where they are not this plan's)."""
+        super().check_resume(saved, offset)
+        if "cursors" in saved:
+            self.plan.seed_cursors(saved["cursors"], offset)
+
     def describe(self) -> str:
         lengths = [stage.seq_len for stage in self.plan.stages]
         return f"StagedPacked({', '.join(self.stores)}; seq_len by stage {lengths})"
@@ -187,6 +213,14 @@ class PackedStageRows(StageRows):
                     out[key] = np.zeros((len(offsets), *value.shape[1:]), value.dtype)
                 out[key][ids] = value
         return out
+
+    def probe_row(self) -> dict[Key, np.ndarray]:
+        """A row of this stage's leaves holding no document (`StagedPacked.probe_row`)."""
+        staged = self.staged
+        rows = staged._rows(next(iter(staged.stores)), self.seq_len, None, 1)
+        read = rows.read(np.zeros(1, np.int64))
+        got: dict[Key, np.ndarray] = {k: v for k, v in read.items() if k != staged.source_leaf}
+        return self._tagged(np.full(1, self.start, np.int64), got, None)
 
     def describe(self) -> str:
         return (
