@@ -462,8 +462,10 @@ MUTANTS = [
     Mutant("EV7", "_runtime/feeds.py", "else self.offsets.end_step(order.epochs)",
            "else self.offsets.end_step(1)", "epochs=2 ends after one pass"),
     # ----------------------------------------------------------------------------- prepare/
-    Mutant("PP1", "sources/documents/parts.py", "out[low - start :] = rest + self.first_token[part]",
-           "out[low - start :] = rest", "a part's offsets not shifted by the tokens before it"),
+    Mutant("PP1", "sources/documents/parts.py",
+           "np.asarray(future.result(), np.int64) + self.first_token[part]",
+           "np.asarray(future.result(), np.int64)",
+           "a part's offsets not shifted by the tokens before it"),
     Mutant("PP2", "prepare/parts.py", "json.dumps(meta, indent=1, sort_keys=True)",
            "json.dumps(meta, indent=1)", "an appended manifest in another key order"),
     Mutant("PP3", "prepare/parts.py", 'elif meta.get("key") != dict(key):', "elif False:",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -112,6 +113,21 @@ def test_a_head_through_the_proxy_says_the_objects_length(server, proxy):
     client = boto3.client("s3", endpoint_url=proxy.endpoint)
     assert client.head_object(Bucket=server.bucket, Key="head/object")["ContentLength"] == 1234
     assert proxy.requests["HEAD"] == 1
+
+
+def test_the_proxy_takes_a_burst_of_connections_as_an_object_store_does():
+    """TensorStore opens a connection per request in flight, tens at once. With socketserver's
+    listen backlog (5) the kernel dropped those past the accept thread's pace, and the client
+    tried each again only after 1 s: a second's stall in the loader's reads that no object store
+    gives. 64 connections are taken at once here by a proxy that accepts none yet."""
+    proxy = FaultProxy("127.0.0.1:1")  # listening from construction; never started
+    try:
+        port = int(proxy.endpoint.rsplit(":", 1)[1])
+        taken = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(64)]
+        for connection in taken:
+            connection.close()
+    finally:
+        proxy.__exit__(None, None, None)
 
 
 def test_a_file_url_is_a_local_directory(tmp_path):

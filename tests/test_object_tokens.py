@@ -156,3 +156,43 @@ def test_a_loader_grows_only_when_read_threads_is_unset(server, proxy, mesh_1d):
             loader.iter_from(0) as it,
         ):  # fmt: skip
             assert (it.read_threads, it.max_read_threads) == (4, limit)
+
+
+def test_a_parted_stores_offsets_ranges_are_read_in_one_round_trip(server, proxy):
+    """The offsets of a remote ``psdp prepare`` store (`PartedOffsets`) are read one range per
+    run of blocks that a read's rows touch (`DocumentStore.documents_touching`); every range's
+    request goes out before any answer comes: the second range's reaches the proxy while the
+    first one's is held there (read one after the other, each range cost a round trip of its
+    own, and the second never would)."""
+    from psdp.sources.documents.index import build_index
+    from psdp.sources.documents.parts import PartedOffsets
+
+    parts = []
+    for number in range(2):  # two parts of 19 documents of 3 tokens: 20 offsets, chunks of 8
+        spec = {"driver": "zarr3", "kvstore": server.kvstore(f"parted-offsets-{number}/")}
+        written = ts.open(spec, create=True, delete_existing=True, dtype=ts.int64, shape=[20],
+                          chunk_layout=ts.ChunkLayout(chunk_shape=[8])).result()  # fmt: skip
+        written.write(np.arange(20, dtype=np.int64) * 3).result()
+        through = {**spec, "kvstore": server.kvstore(f"parted-offsets-{number}/", proxy.endpoint)}
+        parts.append(ts.open(through, read=True, context=ts.Context()).result())  # no cache
+    offsets = PartedOffsets(parts)
+    whole = offsets[0:39]  # a DocumentIndex of 4 documents a block: far ranges, two runs
+    index = build_index(lambda a, b: whole[a[0] : b[0]], 38, stride=4, name="p", progress=False)
+    store = DocumentStore.from_arrays(offsets, {"input_ids": np.zeros(114, np.uint16)},
+                                      index=index)  # fmt: skip
+    first = proxy.hold("GET", "parted-offsets-0/c/0")  # blocks 0 and 7: two ranges
+    second = proxy.hold("GET", "parted-offsets-1/c/1")
+    got: dict[str, object] = {}
+    thread = threading.Thread(
+        target=lambda: got.setdefault("touched", store.documents_touching([6, 90], [9, 93]))
+    )
+    thread.start()
+    try:
+        assert first.reached.wait(60), "the first range's read never came"
+        assert second.reached.wait(30), "the second range waited for the first one's answer"
+    finally:
+        first.release()
+        second.release()
+        thread.join(60)
+    touched = got["touched"]
+    assert touched.doc.tolist() == [2, 30] and touched.start.tolist() == [6, 90]

@@ -325,7 +325,7 @@ class FaultProxy:
         self.bytes_sent = 0
         #: kept-alive connections to the target, closed on exit
         self.pool: queue.LifoQueue[http.client.HTTPConnection] = queue.LifoQueue()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
+        self._server = _Listening(("127.0.0.1", 0), _handler_for(self))
         self._server.daemon_threads = True
         self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
         self._thread = threading.Thread(
@@ -411,6 +411,16 @@ class FaultProxy:
         self._server.server_close()
         while not self.pool.empty():
             self.pool.get_nowait().close()
+
+
+class _Listening(ThreadingHTTPServer):
+    """The proxy's server, with a listen backlog an object store's endpoint has: TensorStore
+    opens a connection per request in flight, tens at once, and with socketserver's 5 the
+    kernel drops the connections past the accept thread's pace, each retried by the client
+    only after 1 s (TCP's first SYN retransmission): a stall of a second that no object store
+    gives, and the loader's wait behind it (``docs/measurements/token-path.md``)."""
+
+    request_queue_size = 1024
 
 
 class Hold:
