@@ -8,7 +8,7 @@ pieces read by `PlacedRows`, so leaves, EOS, targets and column windows are `Pac
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -119,15 +119,9 @@ class StagedPacked(StagedTokens):
         offsets = np.asarray(offsets, np.int64).reshape(-1)
         pieces = self.plan.pieces(offsets)
         tables = []
-        for s, name in enumerate(self.stores):
-            mine = pieces.source == s
-            if not mine.any():
-                continue
-            given = (pieces.row[mine], pieces.document[mine], pieces.start[mine],
-                     pieces.size[mine], pieces.column[mine])  # fmt: skip
-            ids = np.unique(pieces.row[mine])
-            table = self._rows(name, 1 + int(pieces.column.max(initial=0) + pieces.size.max(
-                initial=0)), given, len(offsets)).provenance(ids)  # fmt: skip
+        width = 1 + int(pieces.column.max(initial=0) + pieces.size.max(initial=0))
+        for rows, ids in self._source_rows(pieces, width, len(offsets)):
+            table = rows.provenance(ids)
             table["row"] = ids[table["row"]]
             tables.append(table)
         if not tables:
@@ -165,6 +159,18 @@ class StagedPacked(StagedTokens):
         lengths = [stage.seq_len for stage in self.plan.stages]
         return f"StagedPacked({', '.join(self.stores)}; seq_len by stage {lengths})"
 
+    def _source_rows(
+        self, pieces: Any, seq_len: int, count: int
+    ) -> Iterator[tuple[PlacedRows, np.ndarray]]:
+        """Per source that ``pieces`` (`PackedLengthPlan.pieces` of ``count`` offsets) hold:
+        a `PlacedRows` of its pieces, rows ``seq_len`` wide, and the rows it fills."""
+        for s, name in enumerate(self.stores):
+            mine = pieces.source == s
+            if mine.any():
+                given = (pieces.row[mine], pieces.document[mine], pieces.start[mine],
+                         pieces.size[mine], pieces.column[mine])  # fmt: skip
+                yield self._rows(name, seq_len, given, count), np.unique(pieces.row[mine])
+
     def _rows(self, name: str, seq_len: int, pieces: Any = None, count: int = 0) -> PlacedRows:
         """A `PlacedRows` of store ``name`` holding ``pieces`` (rows ``[0, count)``)."""
         empty = np.zeros(0, np.int64)
@@ -199,14 +205,7 @@ class PackedStageRows(StageRows):
             rows = staged._rows(next(iter(staged.stores)), self.seq_len)
             got = rows.read(offsets) if columns is None else rows.read_window(offsets, columns)
             return {k: v for k, v in got.items() if k != staged.source_leaf}
-        for s, name in enumerate(staged.stores):
-            mine = pieces.source == s
-            if not mine.any():
-                continue
-            given = (pieces.row[mine], pieces.document[mine], pieces.start[mine],
-                     pieces.size[mine], pieces.column[mine])  # fmt: skip
-            rows = staged._rows(name, self.seq_len, given, len(offsets))
-            ids = np.unique(pieces.row[mine])
+        for rows, ids in staged._source_rows(pieces, self.seq_len, len(offsets)):
             got = rows.read(ids) if columns is None else rows.read_window(ids, columns)
             for key, value in got.items():
                 if key not in out:
