@@ -17,6 +17,14 @@ from tests.shuffle_oracle import GOLDEN, index_shuffle, splitmix64
 UNIT_TAG = 0x756E69742D6F7264  # documented in docs/concepts/length-stages.md
 
 
+def offsets_by_sample(mixture: OracleMixture, count: int) -> dict[tuple[int, int], int]:
+    """``(source, sample)`` -> the offset in ``[0, count)`` that reads it, from the mixture
+    oracle's sequence of sources and their sample numbers."""
+    source, _ = mixture.sequence(count)
+    sample = mixture.samples(count)
+    return {(int(s), int(j)): g for g, (s, j) in enumerate(zip(source, sample, strict=False))}
+
+
 class OracleLengthRun:
     """The rows of offsets ``[0, count)`` of a run with length stages, each as store positions."""
 
@@ -85,11 +93,7 @@ class OracleLengthRun:
         """``(source, tokens, epochs, seq_len)`` of offsets ``[0, count)``, ``count`` a multiple
         of the block: each source's samples are walked in sample order, lane cursors kept."""
         assert count % self.block == 0
-        source, _ = self.mixture.sequence(count)
-        sample = self.mixture.samples(count)
-        by_sample = {
-            (int(s), int(j)): g for g, (s, j) in enumerate(zip(source, sample, strict=False))
-        }
+        by_sample = offsets_by_sample(self.mixture, count)
         out: list = [None] * count
         for s in range(len(self.names)):
             cursors = [0] * self.lanes
@@ -201,11 +205,7 @@ class OraclePackedRun:
         """``(source, pieces, seq_len)`` of offsets ``[0, count)``, ``count`` a multiple of the
         block: each source's samples walked in sample order, a cursor per lane."""
         assert count % self.block == 0
-        source, _ = self.mixture.sequence(count)
-        sample = self.mixture.samples(count)
-        by_sample = {
-            (int(s), int(j)): g for g, (s, j) in enumerate(zip(source, sample, strict=False))
-        }
+        by_sample = offsets_by_sample(self.mixture, count)
         out: list = [None] * count
         for s in range(len(self.names)):
             cursors = [[0, 0, 0, lane] for lane in range(self.lanes)]
