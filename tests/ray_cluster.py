@@ -56,12 +56,15 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="session")
 def ray_engine(tmp_path_factory):
-    """A `RayEngine` joined to a fresh head by its address; the head is stopped at the end."""
+    """A `RayEngine` joined to a fresh head by its address; the head is stopped at the end. Its
+    log goes to pytest's temporary folder; Ray's session to a short directory of its own, as in
+    `two_nodes` (pytest's folder grows with the run count, past a socket path's 107 bytes)."""
     import ray
 
     from psdp.prepare.ray_engine import RayEngine
 
     tmp = tmp_path_factory.mktemp("ray")
+    session = tempfile.mkdtemp(prefix="psdp-ray-")
     port = _free_port()
     ports = {  # every port of its own, so that another cluster on this machine never collides
         f"--{name}": _free_port()
@@ -70,7 +73,7 @@ def ray_engine(tmp_path_factory):
     }  # fmt: skip
     command = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block",
                f"--port={port}", "--node-ip-address=127.0.0.1", "--num-cpus=2",
-               "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={tmp}",
+               "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={session}",
                *(f"{name}={value}" for name, value in ports.items())]  # fmt: skip
     log = tmp / "head.log"
     # A head stopped by SIGTERM first "drains" its node for 30 s (for Ray Serve's proxies, which
@@ -94,6 +97,7 @@ def ray_engine(tmp_path_factory):
         assert not ray.is_initialized(), "the engine opened the session, so it closes it"
     finally:
         _stop(head)
+        shutil.rmtree(session, ignore_errors=True)
 
 
 def _node_ports() -> list[str]:
