@@ -67,7 +67,13 @@ def installed() -> bool:
 
 def cache_url(server: Any) -> str:
     """The URL of the figure's Levanter cache in ``server``'s bucket (an `S3Server` or a
-    `GcsServer`): ``s3://`` or ``gs://``, as Levanter names a cache in either store."""
+    `GcsServer`): ``s3://`` or ``gs://``, as Levanter names a cache in either store.
+
+    Examples:
+        >>> from psdp.tools.benchmarks.object_store import S3Server
+        >>> cache_url(S3Server(bucket="corpus"))  # not started: only its bucket and kind
+        's3://corpus/levanter/a'
+    """
     scheme = {"s3": "s3", "gcs": "gs"}[server.kvstore("")["driver"]]
     return f"{scheme}://{server.bucket}/{CACHE_PATH}"
 
