@@ -97,6 +97,11 @@ def endpoint(url: str, at: str) -> Iterator[None]:
     else:
         from google.oauth2.credentials import Credentials  # gcsfs's, Levanter's dependency
 
+        if GCS_TOKEN_VARIABLE not in os.environ:
+            raise RuntimeError(
+                f"Levanter's reads of {url} need the emulator's token in {GCS_TOKEN_VARIABLE}, "
+                "which is not set; open the endpoint inside a started GcsServer (it sets it)"
+            )
         variables = {GCS_ENDPOINT_VARIABLE: at}
         # an object: given the token as a string, gcsfs would look up its expiry online
         token = Credentials(os.environ[GCS_TOKEN_VARIABLE])
