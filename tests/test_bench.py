@@ -108,6 +108,9 @@ def test_each_figure_has_the_rows_the_issue_asks_for(quick_report):
         r for r in figures["object_tokens"]["rows"] if r["job"] == object_tokens_levanter.JOB
     ]
     assert bool(levanter_rows) == with_levanter
+    if with_levanter:  # beside psdp's on every store: local disk, S3 and GCS
+        stores = {r["store"] for r in figures["object_tokens"]["rows"]}
+        assert {r["store"] for r in levanter_rows} == stores
     assert (
         object_tokens_levanter.NOT_INSTALLED in figures["object_tokens"]["note"]
     ) != with_levanter

@@ -332,21 +332,26 @@ def test_bad_input_names_the_fix(cache: str) -> None:
         data_config(levanter_data, seq_len=SEQ_LEN)
 
 
-@pytest.mark.slow  # moto's server in a process of its own
-def test_the_object_store_figures_levanter_cache_is_the_stores_documents_read_via_the_proxy():
-    """Figure 9's Levanter rows: the cache it writes to S3 holds the psdp store's documents, in
-    order, and Levanter reads its arrays (TensorStore, the endpoint from ``AWS_ENDPOINT_URL``)
-    through the figure's proxy, where the requests are counted."""
+@pytest.mark.slow  # an emulator in a process of its own
+@pytest.mark.parametrize("emulator", ["S3Server", "GcsServer"])
+def test_the_object_store_figures_levanter_cache_is_the_stores_documents_read_via_the_proxy(
+    emulator: str,
+) -> None:
+    """Figure 9's Levanter rows: the cache it writes to S3 or GCS holds the psdp store's
+    documents, in order, and Levanter reads its arrays (TensorStore) and its ledger (s3fs,
+    gcsfs) through the figure's proxy, where the requests are counted."""
+    from psdp.tools.benchmarks import object_store
     from psdp.tools.benchmarks import object_tokens_levanter as figure
-    from psdp.tools.benchmarks.object_store import FaultProxy, S3Server
 
     rng = np.random.default_rng(1)
     docs = [rng.integers(0, 60_000, n).astype(np.uint16) for n in rng.integers(1, 50, 30)]
-    with S3Server() as server, FaultProxy(server.endpoint) as proxy:
-        root = figure.write_s3_cache(psdp.DocumentStore.from_documents(docs), server)
+    server_class = getattr(object_store, emulator)
+    with server_class() as server, object_store.FaultProxy(server.endpoint) as proxy:
+        root = figure.write_remote_cache(psdp.DocumentStore.from_documents(docs), server)
         assert proxy.requests == {}  # written straight to the server
-        with figure.s3_endpoint(proxy.endpoint):
+        proxy.fail("503", 1, where="shard_ledger.json")  # the ledger: its reads tried again
+        with figure.endpoint(root, proxy.endpoint):
             cache = TreeCache.load(f"{root}/train", {"input_ids": np.zeros((0,), np.int64)})
             got = cache.get_batch_sync(list(range(len(docs))))
-        assert proxy.requests["GET"] > 0
+        assert proxy.faults["503"] > 0 and proxy.requests["GET"] > proxy.faults["503"]
     assert [g["input_ids"].tolist() for g in got] == [d.tolist() for d in docs]

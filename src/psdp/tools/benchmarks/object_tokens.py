@@ -175,17 +175,18 @@ def bench_object_tokens(sizes: Sizes, workdir: Path) -> dict[str, Any]:
                     server.kvstore(f"{name}/", proxy.endpoint), context=_cold()
                 )
 
-            levanter_root = None  # Levanter reads s3:// (AWS_ENDPOINT_URL); gs:// not here
-            if with_levanter and server_class is S3Server:
-                levanter_root = levanter.write_s3_cache(DocumentStore.open(workdir / "store-a"),
-                                                        server)  # fmt: skip
+            levanter_root = None
+            if with_levanter:
+                levanter_root = levanter.write_remote_cache(
+                    DocumentStore.open(workdir / "store-a"), server
+                )
             for latency_ms in sizes.object_token_latency_ms:
                 proxy.latency_s = latency_ms / 1e3
                 for job in JOBS:
                     row = _measure(job, remote, parts, proxy, sizes, mesh)
                     out.append({"job": job, "store": where, "latency_ms": latency_ms, **row})
                 if levanter_root is not None:
-                    row = levanter.s3_row(levanter_root, proxy, **measures)
+                    row = levanter.remote_row(levanter_root, proxy, **measures)
                     out.append({"job": levanter.JOB, "store": where, "latency_ms": latency_ms,
                                 **row})  # fmt: skip
     for row in out:  # tokens/s against the same job on the local store

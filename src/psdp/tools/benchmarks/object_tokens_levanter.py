@@ -1,14 +1,14 @@
 """Levanter's reader in figure 9: the same documents as the figure's first store, in a Levanter
 cache (written by Levanter's own ``SerialCacheWriter``: int64 ids, TensorStore zarr3), read by
-Levanter's own pipeline with its defaults, on local disk and from the same S3 emulator through
-the same `FaultProxy` (``docs/measurements/token-path.md``, "From an object store").
+Levanter's own pipeline with its defaults, on local disk and from the same S3 and GCS emulators
+through the same `FaultProxy` (``docs/measurements/token-path.md``, "From an object store").
 
 Levanter's pipeline is what ``train_lm`` builds from a data section with one cached component:
 ``LmDataConfig.train_set`` (its default block shuffle, its mixture of one) and Levanter's
 ``DataLoader`` (its default prefetch of 32 batches) on the figure's mesh, rows of the figure's
 ``seq_len`` cut as its ``TokenSeqDataset`` cuts them (concatenate, then split: the job of psdp's
-``TokenSequences`` row). Levanter reads ``s3://`` URLs from ``AWS_ENDPOINT_URL`` (TensorStore's
-spec and fsspec's), so that variable points at the proxy while it reads.
+``TokenSequences`` row). Levanter reads a cache's arrays with TensorStore and its ledger with
+fsspec (s3fs, gcsfs); `endpoint` points both at the proxy while it reads.
 
 Levanter is optional: `installed` says whether it is here, and the figure leaves these rows out
 (and says so) where it is not.
@@ -22,11 +22,14 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import jax
 import numpy as np
 
 from psdp import DocumentStore
+from psdp.sources.stores.location import GCS_ENDPOINT_VARIABLE
+from psdp.tools.benchmarks.object_store import GCS_ENVIRONMENT
 from psdp.tools.benchmarks.stall import stall_run
 
 #: The job's name in the figure's rows.
@@ -41,11 +44,14 @@ ROWS_NOTE = (
     f"{JOB}: the first store's documents in a Levanter cache (int64 ids, as Levanter writes "
     "them), read by LmDataConfig.train_set (its block shuffle) and Levanter's DataLoader "
     "(prefetch 32); its requests and KiB per step are those of each step's rows read one at a "
-    "time; on S3 only (Levanter's gs:// path, gcsfs for the ledger, is not pointed at the GCS "
-    "emulator here)"
+    "time; on S3 and GCS its arrays (TensorStore) and its ledger (s3fs, gcsfs) go through the "
+    "same proxy as psdp's"
 )
-#: The S3 path of the cache in the emulator's bucket (its ``train`` split inside).
-S3_ROOT = "levanter/a"
+#: The path of the cache in an emulator's bucket (its ``train`` split inside).
+CACHE_PATH = "levanter/a"
+#: The variable of the bearer token TensorStore's gcs driver sends (`GCS_ENVIRONMENT`'s one
+#: key), which gcsfs is given too.
+GCS_TOKEN_VARIABLE = next(iter(GCS_ENVIRONMENT))
 #: Documents per batch written to the cache, as a cache builder appends them.
 WRITE_BATCH = 1024
 
@@ -59,19 +65,61 @@ def installed() -> bool:
     return True
 
 
+def cache_url(server: Any) -> str:
+    """The URL of the figure's Levanter cache in ``server``'s bucket (an `S3Server` or a
+    `GcsServer`): ``s3://`` or ``gs://``, as Levanter names a cache in either store.
+
+    Examples:
+        >>> from psdp.tools.benchmarks.object_store import S3Server
+        >>> cache_url(S3Server(bucket="corpus"))  # not started: only its bucket and kind
+        's3://corpus/levanter/a'
+    """
+    scheme = {"s3": "s3", "gcs": "gs"}[server.kvstore("")["driver"]]
+    return f"{scheme}://{server.bucket}/{CACHE_PATH}"
+
+
 @contextlib.contextmanager
-def s3_endpoint(endpoint: str) -> Iterator[None]:
-    """``AWS_ENDPOINT_URL`` set to ``endpoint`` (moto's own, or a proxy's) for Levanter's reads
-    and writes of ``s3://`` URLs, then put back."""
-    saved = os.environ.get("AWS_ENDPOINT_URL")
-    os.environ["AWS_ENDPOINT_URL"] = endpoint
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop("AWS_ENDPOINT_URL", None)
-        else:
-            os.environ["AWS_ENDPOINT_URL"] = saved
+def endpoint(url: str, at: str) -> Iterator[None]:
+    """Levanter's reads and writes of the object-store URL ``url`` sent to ``at`` (an
+    emulator's endpoint, or a proxy's in front of it) inside, what was set before after.
+
+    ``s3://``: ``AWS_ENDPOINT_URL``, which Levanter passes to TensorStore and s3fs reads.
+    ``gs://``: ``TENSORSTORE_GCS_HTTP_URL`` for the arrays (TensorStore's gcs driver), and for
+    the ledger (gcsfs) fsspec's defaults for ``gs``: ``endpoint_url`` and the bearer token that
+    TensorStore sends (``GOOGLE_AUTH_TOKEN_FOR_TESTING``, set by `GcsServer`), so that gcsfs
+    looks for no Google credentials (its default search asks a metadata server). Levanter's
+    filesystems made before are dropped on the way in and out: an instance that fsspec keeps
+    would still send to the endpoint it was made for."""
+    import fsspec
+
+    if url.startswith("s3://"):
+        variables, defaults = {"AWS_ENDPOINT_URL": at}, {}
+    else:
+        from google.oauth2.credentials import Credentials  # gcsfs's, Levanter's dependency
+
+        if GCS_TOKEN_VARIABLE not in os.environ:
+            raise RuntimeError(
+                f"Levanter's reads of {url} need the emulator's token in {GCS_TOKEN_VARIABLE}, "
+                "which is not set; open the endpoint inside a started GcsServer (it sets it)"
+            )
+        variables = {GCS_ENDPOINT_VARIABLE: at}
+        # an object: given the token as a string, gcsfs would look up its expiry online
+        token = Credentials(os.environ[GCS_TOKEN_VARIABLE])
+        defaults = {"gs": {"endpoint_url": at, "token": token}}
+    with mock.patch.dict(os.environ, variables), mock.patch.dict(fsspec.config.conf, defaults):
+        fresh_filesystems(url)
+        try:
+            yield
+        finally:
+            fresh_filesystems(url)
+
+
+def fresh_filesystems(url: str) -> None:
+    """Drops the fsspec filesystems of ``url``'s protocol that fsspec keeps for reuse, so that
+    the next is made anew, as on a new host, with the endpoint set now."""
+    import fsspec
+
+    fsspec.get_filesystem_class(fsspec.utils.get_protocol(url)).clear_instance_cache()
 
 
 def write_cache(store: DocumentStore, root: str) -> None:
@@ -153,6 +201,7 @@ def _pipeline(
 
     # Levanter keeps one TensorStore context (its cache) per process: a new host starts empty
     jagged_array._READ_CONTEXT = None
+    fresh_filesystems(root)  # and fsspec's filesystems, with their listings
     data = LmDataConfig(
         tokenizer=tokenizer, cache_dir=None,
         components={"a": DatasetComponent(cache_dir=root)}, train_weights={"a": 1.0},
@@ -201,17 +250,17 @@ def local_row(store: DocumentStore, workdir: Path, **measures: Any) -> dict[str,
     return measure(root, None, **measures)
 
 
-def write_s3_cache(store: DocumentStore, server: Any) -> str:
-    """``store``'s documents as a Levanter cache in ``server``'s bucket (an `S3Server`, written
-    straight to it), and its URL."""
-    root = f"s3://{server.bucket}/{S3_ROOT}"
-    with s3_endpoint(server.endpoint):
+def write_remote_cache(store: DocumentStore, server: Any) -> str:
+    """``store``'s documents as a Levanter cache in ``server``'s bucket (an `S3Server` or a
+    `GcsServer`, written straight to it), and its URL."""
+    root = cache_url(server)
+    with endpoint(root, server.endpoint):
         write_cache(store, root)
     return root
 
 
-def s3_row(root: str, proxy: Any, **measures: Any) -> dict[str, Any]:
-    """The figure's row of Levanter's pipeline on the S3 cache at ``root``, read through
-    ``proxy`` (a `FaultProxy` in front of the server)."""
-    with s3_endpoint(proxy.endpoint):
+def remote_row(root: str, proxy: Any, **measures: Any) -> dict[str, Any]:
+    """The figure's row of Levanter's pipeline on the cache at the ``s3://`` or ``gs://`` URL
+    ``root``, read through ``proxy`` (a `FaultProxy` in front of the server)."""
+    with endpoint(root, proxy.endpoint):
         return measure(root, proxy, **measures)
