@@ -10,7 +10,9 @@ semantics psdp's `TokenSequences` shares (concatenate, then split).
 from __future__ import annotations
 
 import json
+import socket
 from itertools import islice
+from unittest import mock
 
 import jax
 import numpy as np
@@ -346,7 +348,17 @@ def test_the_object_store_figures_levanter_cache_is_the_stores_documents_read_vi
     rng = np.random.default_rng(1)
     docs = [rng.integers(0, 60_000, n).astype(np.uint16) for n in rng.integers(1, 50, 30)]
     server_class = getattr(object_store, emulator)
-    with server_class() as server, object_store.FaultProxy(server.endpoint) as proxy:
+    resolve, hosts = socket.getaddrinfo, []  # every name looked up in this process
+
+    def recording(host, *args, **kwargs):
+        hosts.append(host)
+        return resolve(host, *args, **kwargs)
+
+    with (
+        server_class() as server,
+        object_store.FaultProxy(server.endpoint) as proxy,
+        mock.patch("socket.getaddrinfo", recording),
+    ):
         root = figure.write_remote_cache(psdp.DocumentStore.from_documents(docs), server)
         assert proxy.requests == {}  # written straight to the server
         proxy.fail("503", 1, where="shard_ledger.json")  # the ledger: its reads tried again
@@ -354,4 +366,7 @@ def test_the_object_store_figures_levanter_cache_is_the_stores_documents_read_vi
             cache = TreeCache.load(f"{root}/train", {"input_ids": np.zeros((0,), np.int64)})
             got = cache.get_batch_sync(list(range(len(docs))))
         assert proxy.faults["503"] > 0 and proxy.requests["GET"] > proxy.faults["503"]
+    # nothing beyond this machine: not even the metadata server's name (Levanter's gs://
+    # filesystem asks it for the VM's region, `endpoint` says there is none)
+    assert hosts and set(hosts) <= {"127.0.0.1", "localhost"}, hosts
     assert [g["input_ids"].tolist() for g in got] == [d.tolist() for d in docs]
