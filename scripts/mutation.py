@@ -654,6 +654,8 @@ MUTANTS = [
            "the first growth of the read threads waits for a window of steps (start-up waits)"),
     Mutant("LT13", "sources/documents/mapped.py", "bad = np.flatnonzero(np.array(got) != CHECKED)",
            "bad = np.flatnonzero(np.array(got) == -1)", "a chunk failing its crc32c is returned"),
+    Mutant("LT14", "sources/documents/mapped.py", "            MAPS.admit(self, key)",
+           "            pass", "every shard file stays mapped (past vm.max_map_count reads fail)"),
     Mutant("LT10", "sources/documents/mapped.py",
            "if p.index_checksum and _crc32c(table_bytes) != int(index[-4:].view(\"<u4\")[0]):",
            "if False:", "a damaged shard index used unchecked"),

@@ -205,3 +205,38 @@ def test_without_checksums_chunks_are_read_unchecked(tmp_path, monkeypatch):
     # only the shard indexes' checksums (offsets' one shard, input_ids' shards 0 to 2), which
     # a store without chunk checksums still writes; no chunk (512 bytes) checked
     assert sorted(counting.sizes) == [16, 256, 256, 256]
+
+
+def mapped_files(directory) -> list[str]:
+    """The files under ``directory`` that this process maps now (Linux's /proc/self/maps)."""
+    with open("/proc/self/maps") as maps:
+        return [line.split()[-1] for line in maps if f"{directory}/" in line]
+
+
+@pytest.mark.parametrize("checksum", [True, False])
+def test_a_process_maps_at_most_the_limits_shard_files(tmp_path, monkeypatch, checksum):
+    """Each map is one of the process's memory areas, which Linux caps (vm.max_map_count): past
+    `MAPS.limit` the oldest maps are let go, and reads that need them again map them again,
+    every value still exact and checked."""
+    monkeypatch.setattr(mapped, "MAPS", mapped.MapLimit(3))
+    docs = corpus(2, 300)  # ~135,000 tokens: 33 shards of ids, each read below
+    path = write_documents(tmp_path / "s", docs, tokens_per_chunk=256, tokens_per_shard=4096,
+                           checksum=checksum, progress=False)  # fmt: skip
+    store = DocumentStore.open(path)
+    flat = np.concatenate(docs)
+    rng = np.random.default_rng(3)
+    seen = set()
+    for _ in range(3):  # every shard read, let go, and read again
+        for first in range(0, len(flat), 4096):
+            starts = np.array([first, *rng.integers(0, len(flat), 3)])
+            stops = np.minimum(len(flat), starts + 300)
+            got = store.read_ranges(starts, stops)["input_ids"]
+            want = np.concatenate([flat[a:b] for a, b in zip(starts, stops, strict=True)])
+            np.testing.assert_array_equal(got, want)
+            held = mapped_files(tmp_path / "s")
+            seen.update(held)
+            assert len(held) <= 3, held
+    assert len([name for name in seen if "/input_ids/" in name]) == -(-len(flat) // 4096)
+    probes = rng.integers(0, len(flat), (9, 11))  # a gather over many shards, maps let go
+    np.testing.assert_array_equal(read_documents(path).leaves["input_ids"].take(probes),
+                                  flat[probes])  # fmt: skip

@@ -13,6 +13,12 @@ read first touches the chunk, before any of its bytes are copied. A store writte
 ``checksum=False`` has no checksum to check: its chunks are read unchecked, as a memmap's
 would be. A store whose layout differs (compressed, other chunks) is read through TensorStore
 as before.
+
+Each map is one of the process's memory areas, which Linux caps (``vm.max_map_count``, 65,530
+by default): a process holds at most `MAPS.limit` shard files mapped, all stores together, and
+lets the oldest go first (a read maps it again when it needs it). Without the bound, a run over
+a store of 2^20-token shards (the default) failed once its reads had touched ~65,000 shard
+files, ~69 billion tokens of one leaf (fewer with several leaves or stores).
 """
 
 from __future__ import annotations
@@ -20,6 +26,8 @@ from __future__ import annotations
 import mmap
 import os
 import threading
+import weakref
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +47,47 @@ def _crc32c(data: np.ndarray) -> int:
 #: stored checksum agree if and only if the checksum of both is this constant (a property of
 #: the CRC), so a check is one call over the chunk's bytes and the 4 after them.
 CHECKED = 0x48674BC7
+
+
+class MapLimit:
+    """The shard files mapped in this process, oldest first, all `MappedShards` together: past
+    ``limit``, the oldest are let go (their maps close once no read holds them).
+
+    Examples:
+        >>> limit = MapLimit(2)
+        >>> class Owner:
+        ...     def release(self, key):
+        ...         print("released", key)
+        >>> owner = Owner()
+        >>> for key in range(3):
+        ...     limit.admit(owner, key)
+        released 0
+    """
+
+    def __init__(self, limit: int):
+        if limit < 1:
+            raise ValueError(f"a map limit must be at least 1, not {limit}")
+        self.limit = limit
+        self._held: OrderedDict[tuple[Any, Any], None] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def admit(self, owner: Any, key: Any) -> None:
+        """Count ``owner``'s new map ``key``; let the oldest go (``owner.release(key)`` of each,
+        outside this lock) while more than ``limit`` are held."""
+        with self._lock:
+            self._held[(weakref.ref(owner), key)] = None
+            let_go = []
+            while len(self._held) > self.limit:
+                (ref, old), _ = self._held.popitem(last=False)
+                let_go.append((ref(), old))
+        for held_by, old in let_go:
+            if held_by is not None:  # else its owner is gone, and its maps with it
+                held_by.release(old)
+
+
+#: Shard files mapped at once in this process: 8,192 of the 65,530 memory areas Linux allows a
+#: process by default (``vm.max_map_count``), the rest left to Python, jax and the others.
+MAPS = MapLimit(8192)
 
 
 @dataclass(frozen=True)
@@ -116,13 +165,15 @@ class MappedShards:
         lengths = [int(p.array.shape[0]) for p in self.parts]
         self._starts = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
         self.shape = (int(self._starts[-1]),)
+        # the shards mapped now (at most `MAPS.limit` in the process), their bytes and chunks'
+        # offsets
         self._shards: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
         # each part's chunks whose checksum was verified (set under the lock): each checked once
         self._checked = [
             np.zeros(-(-n // p.per_chunk), bool) for n, p in zip(lengths, self.parts, strict=True)
         ]
-        # each mapped shard's chunk sizes without their checksums
-        self._sizes: dict[tuple[int, int], list[int]] = {}
+        # each part's last chunk's size without its checksum (it may be short), once mapped
+        self._last_size: dict[int, int] = {}
         # each mapped shard's values as rows of a chunk (`_shard`)
         self._rows: dict[tuple[int, int], np.ndarray] = {}
         self._lock = threading.Lock()
@@ -189,13 +240,25 @@ class MappedShards:
         # the checksum), for a probe's gather; none where a short last chunk leaves too few
         # bytes for a whole row
         item = self.dtype.itemsize
+        rows = None
         if (chunks - 1) * stride + p.per_chunk * item <= len(data):
             rows = np.ndarray((chunks, p.per_chunk), self.dtype, data, 0, (stride, item))
-            with self._lock:
-                self._rows.setdefault(key, rows)
         with self._lock:
-            self._sizes.setdefault(key, (nbytes.astype(np.int64) - 4 * p.checksum).tolist())
-            return self._shards.setdefault(key, mapped)
+            if stop == length:  # the part's last shard: its last chunk may be short
+                self._last_size[part] = int(nbytes[-1]) - 4 * p.checksum
+            found = self._shards.setdefault(key, mapped)
+            if found is mapped and rows is not None:
+                self._rows[key] = rows
+        if found is mapped:  # mapped here, not by another thread meanwhile: counted
+            MAPS.admit(self, key)
+        return found
+
+    def release(self, key: tuple[int, int]) -> None:
+        """Let the map of shard ``key`` go (`MAPS`); a read holding it keeps it open until it
+        ends, and a later read maps the shard again."""
+        with self._lock:
+            self._shards.pop(key, None)
+            self._rows.pop(key, None)
 
     def _verify(self, part: int, chunks: np.ndarray) -> None:
         """Check the crc32c of each of the part's chunks ``chunks`` (numbered from the part's
@@ -217,7 +280,7 @@ class MappedShards:
         start = k * stride
         end = start + stride  # the chunk and its checksum
         if todo[-1] == len(checked) - 1:
-            end[-1] = start[-1] + self._sizes[(part, int(shard[-1]))][-1] + 4
+            end[-1] = start[-1] + self._last_size[part] + 4
         # one call a chunk over its bytes and its stored checksum, whose crc32c is a constant
         # if and only if they agree (`CHECKED`): no Python per chunk but the slice and the call
         got = [
