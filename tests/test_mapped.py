@@ -4,6 +4,9 @@ read (compressed chunks) is read through TensorStore as before."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+
 import numpy as np
 import pytest
 import tensorstore as ts
@@ -213,6 +216,16 @@ def mapped_files(directory) -> list[str]:
         return [line.split()[-1] for line in maps if f"{directory}/" in line]
 
 
+def open_files(directory) -> list[str]:
+    """The files under ``directory`` that this process holds a descriptor of now."""
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # the listing's own descriptor is gone
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            found += [target] if target.startswith(f"{directory}/") else []
+    return found
+
+
 @pytest.mark.parametrize("checksum", [True, False])
 def test_a_process_maps_at_most_the_limits_shard_files(tmp_path, monkeypatch, checksum):
     """Each map is one of the process's memory areas, which Linux caps (vm.max_map_count): past
@@ -236,7 +249,26 @@ def test_a_process_maps_at_most_the_limits_shard_files(tmp_path, monkeypatch, ch
             held = mapped_files(tmp_path / "s")
             seen.update(held)
             assert len(held) <= 3, held
+            # a descriptor per map before Python 3.13, none after
+            assert len(open_files(tmp_path / "s")) <= (3 if mapped.HOLDS_DESCRIPTOR else 0)
     assert len([name for name in seen if "/input_ids/" in name]) == -(-len(flat) // 4096)
     probes = rng.integers(0, len(flat), (9, 11))  # a gather over many shards, maps let go
     np.testing.assert_array_equal(read_documents(path).leaves["input_ids"].take(probes),
                                   flat[probes])  # fmt: skip
+
+
+def test_the_map_limit_leaves_most_descriptors_to_others(monkeypatch):
+    """Where each map holds a file descriptor, a process maps at most a quarter of its open-file
+    limit (at least 16); else, and never more than, 8,192."""
+    monkeypatch.setattr(mapped.resource, "getrlimit", lambda _: (1024, 4096))
+    monkeypatch.setattr(mapped, "HOLDS_DESCRIPTOR", True)
+    assert mapped.map_limit() == 256
+    monkeypatch.setattr(mapped.resource, "getrlimit", lambda _: (40, 4096))
+    assert mapped.map_limit() == 16
+    monkeypatch.setattr(mapped.resource, "getrlimit", lambda _: (10**6, 10**6))
+    assert mapped.map_limit() == 8192
+    monkeypatch.setattr(mapped, "HOLDS_DESCRIPTOR", False)
+    monkeypatch.setattr(mapped.resource, "getrlimit", lambda _: (1024, 4096))
+    assert mapped.map_limit() == 8192
+    with pytest.raises(ValueError, match="at least 1, not 0"):
+        mapped.MapLimit(0)

@@ -15,16 +15,19 @@ would be. A store whose layout differs (compressed, other chunks) is read throug
 as before.
 
 Each map is one of the process's memory areas, which Linux caps (``vm.max_map_count``, 65,530
-by default): a process holds at most `MAPS.limit` shard files mapped, all stores together, and
-lets the oldest go first (a read maps it again when it needs it). Without the bound, a run over
-a store of 2^20-token shards (the default) failed once its reads had touched ~65,000 shard
-files, ~69 billion tokens of one leaf (fewer with several leaves or stores).
+by default), and before Python 3.13 holds a file descriptor (``ulimit -n``, often 1,024): a
+process holds at most `MAPS.limit` shard files mapped (`map_limit`), all stores together, and
+lets the oldest go first (a read maps it again when it needs it). Without the bound, a run
+failed once its reads had touched as many shard files as its descriptors allowed (measured:
+at 19,993 of 70,000 shards under a limit of 20,000 descriptors), 2^20 tokens each by default.
 """
 
 from __future__ import annotations
 
 import mmap
 import os
+import resource
+import sys
 import threading
 import weakref
 from collections import OrderedDict
@@ -85,9 +88,37 @@ class MapLimit:
                 held_by.release(old)
 
 
-#: Shard files mapped at once in this process: 8,192 of the 65,530 memory areas Linux allows a
-#: process by default (``vm.max_map_count``), the rest left to Python, jax and the others.
-MAPS = MapLimit(8192)
+#: Python's mmap before 3.13 holds a duplicate of the mapped file's descriptor while it is open.
+HOLDS_DESCRIPTOR = sys.version_info < (3, 13)
+
+
+def map_limit() -> int:
+    """Shard files a process may keep mapped: 8,192 of the 65,530 memory areas Linux allows a
+    process by default (``vm.max_map_count``), the rest left to Python, jax and the others;
+    where each map holds a file descriptor (`HOLDS_DESCRIPTOR`), at most a quarter of the
+    process's open-file limit (``ulimit -n``, often 1,024), the rest left to sockets and files.
+
+    Examples:
+        >>> 16 <= map_limit() <= 8192
+        True
+    """
+    limit = 8192
+    if HOLDS_DESCRIPTOR:
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != resource.RLIM_INFINITY:
+            limit = min(limit, max(16, soft // 4))
+    return limit
+
+
+#: The shard files mapped in this process (`map_limit`, read when psdp is imported).
+MAPS = MapLimit(map_limit())
+
+
+def _map(file: Any) -> mmap.mmap:
+    """A read-only map of the whole open ``file``, holding no descriptor where Python allows."""
+    if sys.version_info >= (3, 13):  # `HOLDS_DESCRIPTOR` is False
+        return mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ, trackfd=False)
+    return mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
 
 
 @dataclass(frozen=True)
@@ -210,7 +241,7 @@ class MappedShards:
                 )
             # a plain array over the map (np.memmap costs ~0.25 ms to open, and makes a memmap
             # object per slice); the array holds the map open after the file is closed
-            data = np.frombuffer(mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ), np.uint8)
+            data = np.frombuffer(_map(file), np.uint8)
         index = data[len(data) - index_bytes :]
         table_bytes = index[: index_bytes - 4 * p.index_checksum]
         if p.index_checksum and _crc32c(table_bytes) != int(index[-4:].view("<u4")[0]):
