@@ -43,6 +43,10 @@ GCS_ENDPOINT_VARIABLE = "TENSORSTORE_GCS_HTTP_URL"
 #: seconds, naming its endpoint, instead of after TensorStore's own budget for every request (32
 #: tries up to 32 s apart: many minutes).
 REACH_RETRIES = {"max_retries": 5, "initial_delay": "200ms", "max_delay": "2s"}
+#: The most seconds that first request waits for an answer, tries included: TensorStore sets no
+#: deadline on a request that gets none (a hung server, packets dropped after the handshake), so
+#: without it an open waits for good.
+REACH_TIMEOUT_S = 30.0
 _RETRIES_RESOURCE = {"s3": "s3_request_retries", "gcs": "gcs_request_retries"}
 #: Where each object store's credentials come from, for messages.
 _CREDENTIALS = {
@@ -318,11 +322,15 @@ def check_reach(spec: Mapping[str, Any], name: str, context: ts.Context | None =
         return
     probe = spec if resource in spec else {**spec, resource: REACH_RETRIES}
     started = time.monotonic()
+    gcs = spec.get("driver") == "gcs"
     try:
-        ts.KvStore.open(probe, context=context).result().read(b"psdp.json").result()
+        read = ts.KvStore.open(probe, context=context).result().read(b"psdp.json")
+        read.result(timeout=REACH_TIMEOUT_S)
+    except TimeoutError:
+        read.cancel()
+        message = f"no answer within {REACH_TIMEOUT_S} s"
     except ValueError as error:
         message = redacted_message(str(error))
-        gcs = spec.get("driver") == "gcs"
         if message.split(":", 1)[0] in ("PERMISSION_DENIED", "UNAUTHENTICATED"):
             raise PermissionError(
                 f"{name} refused the credentials of this process: {message}. Check the "
@@ -331,20 +339,22 @@ def check_reach(spec: Mapping[str, Any], name: str, context: ts.Context | None =
             ) from None
         if not is_transient_status(message):
             return
-        named = gcs_endpoint() if gcs else spec.get("endpoint")
-        itself = "Google Cloud Storage" if gcs else "AWS S3"
-        endpoint = "" if named else f" (no endpoint is set: this is {itself} itself)"
-        where = (
-            f"the environment ({GCS_ENDPOINT_VARIABLE})"
-            if gcs
-            else "a kvstore spec's \"endpoint\", the environment "
-            f"({' or '.join(ENDPOINT_VARIABLES)})"
-        )
-        raise ValueError(
-            f"cannot reach {name}{endpoint}: {message} (gave up after "
-            f"{time.monotonic() - started:.1f} s). Check that the endpoint is up and reachable "
-            f"from here, or name another: the psdp command's --endpoint URL, or {where}"
-        ) from None
+    else:
+        return
+    named = gcs_endpoint() if gcs else spec.get("endpoint")
+    itself = "Google Cloud Storage" if gcs else "AWS S3"
+    endpoint = "" if named else f" (no endpoint is set: this is {itself} itself)"
+    where = (
+        f"the environment ({GCS_ENDPOINT_VARIABLE})"
+        if gcs
+        else "a kvstore spec's \"endpoint\", the environment "
+        f"({' or '.join(ENDPOINT_VARIABLES)})"
+    )
+    raise ValueError(
+        f"cannot reach {name}{endpoint}: {message} (gave up after "
+        f"{time.monotonic() - started:.1f} s). Check that the endpoint is up and reachable "
+        f"from here, or name another: the psdp command's --endpoint URL, or {where}"
+    ) from None
 
 
 def list_keys(store: ts.KvStore, prefix: str = "") -> list[str]:
