@@ -25,6 +25,7 @@ from psdp._plan.leaves import TOKENS
 from psdp.sources.documents.index import DocumentIndex
 from psdp.sources.documents.mapped import MappedOffsets, MappedShards, Part, layout_of
 from psdp.sources.documents.parts import PARTS_DIRECTORY, PARTS_FORMAT, PARTS_VERSION, PartedOffsets
+from psdp.sources.stores.errors import retried_write
 from psdp.sources.stores.location import (
     DATA_PREFIX,
     GCS_ENDPOINT_VARIABLE,
@@ -348,7 +349,10 @@ def _open(
 ) -> ts.TensorStore:
     spec = {"driver": "zarr3", "kvstore": kvstore, "fill_missing_data_reads": False, **options}
     try:
-        array = ts.open(spec, read=True, open=True, context=context).result()
+        array = retried_write(
+            lambda: ts.open(spec, read=True, open=True, context=context).result(),
+            f"opening {kvstore.get('path')} of {where}",
+        )
     except ValueError as error:
         raise ValueError(
             f"cannot open {kvstore.get('path')} of the document store {where}: {error}; the "

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import os
+import random
 import re
 import time
 import urllib.parse
@@ -24,7 +25,12 @@ from typing import Any
 
 import tensorstore as ts
 
-from psdp.sources.stores.errors import is_transient_status
+from psdp.sources.stores.errors import (
+    WRITE_ATTEMPTS,
+    WRITE_BACKOFF_S,
+    backoff_s,
+    is_transient_status,
+)
 
 #: The start of the prefix (below the dataset) that one write of a remote dataset fills.
 DATA_PREFIX = "psdp-data-"
@@ -323,14 +329,17 @@ def check_reach(spec: Mapping[str, Any], name: str, context: ts.Context | None =
     probe = spec if resource in spec else {**spec, resource: REACH_RETRIES}
     started = time.monotonic()
     gcs = spec.get("driver") == "gcs"
-    try:
-        read = ts.KvStore.open(probe, context=context).result().read(b"psdp.json")
-        read.result(timeout=REACH_TIMEOUT_S)
-    except TimeoutError:
-        read.cancel()
-        message = f"no answer within {REACH_TIMEOUT_S} s"
-    except ValueError as error:
-        message = redacted_message(str(error))
+    for attempt in range(1, WRITE_ATTEMPTS + 1):
+        try:
+            read = ts.KvStore.open(probe, context=context).result().read(b"psdp.json")
+            read.result(timeout=max(0.0, started + REACH_TIMEOUT_S - time.monotonic()))
+            return
+        except TimeoutError:
+            read.cancel()
+            message = f"no answer within {REACH_TIMEOUT_S} s"
+            break
+        except ValueError as error:
+            message = redacted_message(str(error))
         if message.split(":", 1)[0] in ("PERMISSION_DENIED", "UNAUTHENTICATED"):
             raise PermissionError(
                 f"{name} refused the credentials of this process: {message}. Check the "
@@ -339,8 +348,10 @@ def check_reach(spec: Mapping[str, Any], name: str, context: ts.Context | None =
             ) from None
         if not is_transient_status(message):
             return
-    else:
-        return
+        if not message.startswith("UNKNOWN") or attempt == WRITE_ATTEMPTS:
+            break  # TensorStore's own retries are spent, or psdp's
+        # a reply cut off mid-way, which TensorStore does not retry: tried again as a read is
+        time.sleep(backoff_s(attempt, WRITE_BACKOFF_S, random.uniform(0.5, 1.0)))
     named = gcs_endpoint() if gcs else spec.get("endpoint")
     itself = "Google Cloud Storage" if gcs else "AWS S3"
     endpoint = "" if named else f" (no endpoint is set: this is {itself} itself)"

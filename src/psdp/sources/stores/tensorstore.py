@@ -21,7 +21,7 @@ from psdp._checks import check_int, preview_ids
 from psdp._plan.leaves import SINGLE_LEAF, Key, in_leaf_order
 from psdp._plan.windows import Box
 from psdp.sources.base import Rows, check_ids, fresh_rows
-from psdp.sources.stores.errors import TransientReadError, is_transient_status
+from psdp.sources.stores.errors import TransientReadError, is_transient_status, retried_write
 from psdp.sources.stores.location import (
     DATA_PREFIX,
     Location,
@@ -443,7 +443,10 @@ def _file_kvstore(path: Path) -> dict[str, str]:
 
 def _open_array(spec: dict[str, Any], context: ts.Context, where: str) -> ts.TensorStore:
     try:
-        return ts.open(spec, read=True, open=True, context=context).result()
+        return retried_write(
+            lambda: ts.open(spec, read=True, open=True, context=context).result(),
+            f"opening {where}",
+        )
     except ValueError as error:
         raise ValueError(
             f"cannot open {where} as a TensorStore array: {error}; check the path or spec "
