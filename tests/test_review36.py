@@ -126,3 +126,21 @@ def test_an_open_whose_first_reply_is_cut_is_retried(server, proxy):
         TensorStoreSource(f"{base}-rows").read(np.arange(16))["tokens"], rows
     )
     assert proxy.faults["cut"] == 2
+
+
+def test_a_metadata_read_whose_reply_is_cut_is_retried(server, proxy, monkeypatch):
+    """As above for the read of ``psdp.json`` that follows the reach check (taken out here, so
+    that the cut falls on that read): it was not tried again, so a cut reply failed the open.
+    ~1 s per store."""
+    monkeypatch.setattr(location, "check_reach", lambda *args, **kwargs: None)
+    docs = [np.arange(2 + d, dtype=np.int32) for d in range(10)]
+    rows = np.arange(16 * 2, dtype=np.int32).reshape(16, 2)
+    base = f"{scheme(server)}://psdp/cut-read-meta"
+    write_documents(f"{base}-docs", docs, progress=False)
+    write_dataset(f"{base}-rows", {"tokens": rows}, rows_per_shard=8, progress=False)
+    proxy.fail("cut", tries=1, where="psdp.json", by_range=False)
+    store = DocumentStore.open(f"{base}-docs")
+    assert store.num_documents == 10
+    source = TensorStoreSource(f"{base}-rows")
+    np.testing.assert_array_equal(source.read(np.arange(16))["tokens"], rows)
+    assert proxy.faults["cut"] == 2

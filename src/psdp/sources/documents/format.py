@@ -32,6 +32,7 @@ from psdp.sources.stores.location import (
     Location,
     locate,
     open_kvstore,
+    redacted_message,
 )
 from psdp.sources.stores.tensorstore import COMMITTED, METADATA_FILE
 
@@ -201,7 +202,17 @@ def _read_metadata(
             return {"driver": "file", "path": f"{root}/{name}/"}
 
         return text, str(meta_file), local, {}
-    got = open_kvstore(location, context).read(METADATA_FILE.encode()).result()
+    store = open_kvstore(location, context)
+    try:
+        got = retried_write(
+            lambda: store.read(METADATA_FILE.encode()).result(),
+            f"reading {location.name}{METADATA_FILE}",
+        )
+    except ValueError as error:
+        raise ValueError(
+            f"cannot read {location.name}{METADATA_FILE}: {redacted_message(str(error))}; "
+            "check the credentials in the environment, the endpoint and the bucket"
+        ) from None
     if got.state != "value":
         raise FileNotFoundError(f"no document store at {location.name}: no {METADATA_FILE}")
     text = bytes(got.value)

@@ -31,6 +31,7 @@ from psdp.sources.stores.location import (
     list_keys,
     locate,
     open_kvstore,
+    redacted_message,
 )
 
 #: The metadata file of a psdp dataset directory; `write_dataset` writes it last.
@@ -388,10 +389,14 @@ def _read_remote_metadata(
     """The checked ``psdp.json`` of a remote dataset (``None`` if there is none), and its
     generation (which changes when a write commits there)."""
     try:
-        got = store.read(METADATA_FILE.encode()).result()
+        got = retried_write(
+            lambda: store.read(METADATA_FILE.encode()).result(),
+            f"reading {location.name}{METADATA_FILE}",
+        )
     except ValueError as error:
         raise ValueError(
-            f"cannot read {location.name}{METADATA_FILE}: {error}; check the credentials in "
+            f"cannot read {location.name}{METADATA_FILE}: {redacted_message(str(error))}; "
+            "check the credentials in "
             "the environment, the endpoint and the bucket"
         ) from error
     generation = bytes(got.stamp.generation)
