@@ -24,6 +24,7 @@ from psdp.tools.benchmarks.object_store import (
     GcsServer,
     S3Server,
 )
+from psdp.tools.cli import main
 
 
 @contextlib.contextmanager
@@ -144,3 +145,19 @@ def test_a_metadata_read_whose_reply_is_cut_is_retried(server, proxy, monkeypatc
     source = TensorStoreSource(f"{base}-rows")
     np.testing.assert_array_equal(source.read(np.arange(16))["tokens"], rows)
     assert proxy.faults["cut"] == 2
+
+
+def test_prepare_into_a_bucket_that_does_not_exist_names_it(server, tmp_path, capsys):
+    """``psdp prepare --output`` into a missing bucket printed the store's bare answer
+    (``NOT_FOUND: Not Found [http_response_code='404'] ...``), naming no URL and no fix, while
+    `write_documents` there says the bucket does not exist. ~1 s per store."""
+    from tests import prepare_corpus as corpus
+
+    tokenizer = corpus.train_tokenizer(tmp_path / "tokenizer.json")
+    corpus.write_jsonl(tmp_path / "a.jsonl", corpus.texts(5, seed=1))
+    output = f"{scheme(server)}://no-such-bucket/tokens"
+    code = main(["prepare", str(tmp_path / "a.jsonl"), "--output", output, "--tokenizer",
+                 str(tokenizer), "--eos", "1", "--no-progress", "--endpoint", server.endpoint])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"{output}/" in err and "does not exist" in err and "Create it" in err, err

@@ -370,8 +370,8 @@ def check_reach(spec: Mapping[str, Any], name: str, context: ts.Context | None =
 
 def list_keys(store: ts.KvStore, prefix: str = "") -> list[str]:
     """The keys below ``prefix`` of ``store`` (one paginated LIST), as strings; a
-    `FileNotFoundError` naming the store if S3 says its bucket does not exist (S3 answers a read
-    there as if the object were missing: the LIST is where it tells)."""
+    `FileNotFoundError` naming the store if its bucket does not exist (S3 and GCS answer a read
+    there as if the object were missing: the LIST is where they tell, with a 404)."""
     if prefix:
         keys = store.list(ts.KvStore.KeyRange(prefix, prefix[:-1] + chr(ord(prefix[-1]) + 1)))
     else:
@@ -385,6 +385,8 @@ def list_keys(store: ts.KvStore, prefix: str = "") -> list[str]:
             why = "does not exist"
         elif "missing <ListBucketResult>" in str(error):
             why = "does not exist, or its endpoint is not an S3 server"
+        elif str(error).startswith("NOT_FOUND:"):  # GCS: a LIST in a bucket is never a 404
+            why = "does not exist"
         else:
             raise
         name = describe_kvstore(store.spec().to_json())
