@@ -161,3 +161,23 @@ def test_prepare_into_a_bucket_that_does_not_exist_names_it(server, tmp_path, ca
     err = capsys.readouterr().err
     assert code == 2, err
     assert f"{output}/" in err and "does not exist" in err and "Create it" in err, err
+
+
+def test_the_index_command_named_for_a_spec_is_one_the_cli_takes():
+    """A store given as a kvstore spec (what ``s3://`` with ``--endpoint`` becomes) was named in
+    the command to run as a Python dict (``'{'"'"'bucket'"'"': ...``), which ``psdp index``
+    refuses as not JSON; it is the spec's JSON, any endpoint password hidden. Instant."""
+    import json
+    import shlex
+
+    from psdp.sources.documents.beside import PackSettings, index_command
+
+    spec = {"driver": "s3", "bucket": "b", "path": "t/", "endpoint": "http://me:pw@127.0.0.1:9"}
+    words = shlex.split(index_command(spec, "levanter", (PackSettings(16, 8),)))
+    assert words[:2] == ["psdp", "index"] and words[3:] == [
+        "--format",
+        "levanter",
+        "--pack",
+        "16,8",
+    ]
+    assert json.loads(words[2]) == {**spec, "endpoint": "http://me:***@127.0.0.1:9"}
