@@ -181,3 +181,50 @@ def test_the_index_command_named_for_a_spec_is_one_the_cli_takes():
         "16,8",
     ]
     assert json.loads(words[2]) == {**spec, "endpoint": "http://me:***@127.0.0.1:9"}
+
+
+def test_the_pack_index_in_a_bucket_is_required_built_found_and_checked(server, capsys):
+    """The config path on each store, through the documented commands: a large store without
+    its pack index fails fast naming ``psdp index URL --pack ...`` (no host builds it); the
+    command with ``--endpoint`` builds it beside the store; a config loads it (no build) and
+    plans as the API does; the index copied beside another store of the same size (the same
+    documents in another order) is refused, naming the command. ~2 s per store."""
+    from unittest import mock
+
+    from psdp import DataConfig, PackedSequences
+    from psdp._integration.source_config import SourceConfig
+    from psdp._integration.view_config import ViewConfig
+    from psdp.sources.views import pack_index
+
+    rng = np.random.default_rng(3)
+    docs = [rng.integers(1, 1000, rng.integers(1, 90), dtype=np.int32) for _ in range(1000)]
+    url, other = f"{scheme(server)}://psdp/big", f"{scheme(server)}://psdp/big-reversed"
+    for where, written in ((url, docs), (other, docs[::-1])):
+        write_documents(
+            server.kvstore(where.split("psdp/", 1)[1] + "/") if scheme(server) == "s3" else where,
+            written, progress=False,
+        )  # fmt: skip
+
+    def view(store: str) -> PackedSequences:
+        config = DataConfig(sources={"web": SourceConfig(store=store)}, seq_len=64,
+                            view=ViewConfig(packing="best_fit", window=32))  # fmt: skip
+        return config.train_source().sources["web"]
+
+    built = mock.patch.object(pack_index, "build_pack_index", side_effect=AssertionError("built"))
+    with (
+        mock.patch.object(pack_index, "IN_MEMORY_DOCUMENTS", 999),
+        built,
+        mock.patch.dict("os.environ", {"AWS_ENDPOINT_URL_S3": server.endpoint}),
+    ):
+        with pytest.raises(FileNotFoundError, match=f"`psdp index {url} --pack 64,32`"):
+            view(url)
+        assert main(["index", url, "--pack", "64,32", "--no-progress", "--endpoint",
+                     server.endpoint, "--workers", "1"]) == 0  # fmt: skip
+        fresh = PackedSequences(DocumentStore.open(url), 64, window=32)
+        assert view(url).plan.starts.tolist() == fresh.plan.starts.tolist()
+        objects = server.objects()
+        for key in [k for k in objects.list().result() if k.startswith(b"big/psdp-index/")]:
+            objects.write(b"big-reversed/" + key[4:], objects.read(key).result().value).result()
+        with pytest.raises(ValueError, match=f"`psdp index {other} --pack 64,32`"):
+            view(other)
+    capsys.readouterr()
