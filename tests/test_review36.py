@@ -228,3 +228,21 @@ def test_the_pack_index_in_a_bucket_is_required_built_found_and_checked(server, 
         with pytest.raises(ValueError, match=f"`psdp index {other} --pack 64,32`"):
             view(other)
     capsys.readouterr()
+
+
+def test_an_object_is_named_by_its_url_then_the_endpoint(server):
+    """A damaged ``psdp.json`` was named ``s3://psdp/x/ (endpoint http://...)psdp.json``: the
+    endpoint inside the object's URL. It is ``s3://psdp/x/psdp.json (endpoint ...)``, for a
+    dataset and a document store. ~1 s per store."""
+    base = f"{scheme(server)}://psdp/garbled"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("AWS_ENDPOINT_URL_S3", server.endpoint)
+        write_documents(f"{base}-docs", [np.arange(4, dtype=np.int32)], progress=False)
+        write_dataset(f"{base}-rows", np.arange(8, dtype=np.int32), progress=False)
+        objects = server.objects()
+        for kind in ("docs", "rows"):
+            objects.write(f"garbled-{kind}/psdp.json", b'{"format": ').result()
+        for kind, open_ in (("docs", DocumentStore.open), ("rows", TensorStoreSource)):
+            with pytest.raises(ValueError) as caught:
+                open_(f"{base}-{kind}")
+            assert f"{base}-{kind}/psdp.json (endpoint {server.endpoint})" in str(caught.value)

@@ -259,8 +259,10 @@ class IndexFolder:
         return self._local
 
     def where(self, name: str) -> str:
-        """The file ``name``, for messages."""
-        return f"{self.name}/{name}"
+        """The file ``name``, for messages (its URL, then an object store's endpoint)."""
+        from psdp.sources.stores.location import INDEX_DIRECTORY
+
+        return self._location.named(f"{INDEX_DIRECTORY}/{name}")
 
     def _remote(self) -> Any:
         if self._kvstore is None:

@@ -206,11 +206,11 @@ def _read_metadata(
     try:
         got = retried_write(
             lambda: store.read(METADATA_FILE.encode()).result(),
-            f"reading {location.name}{METADATA_FILE}",
+            f"reading {location.named(METADATA_FILE)}",
         )
     except ValueError as error:
         raise ValueError(
-            f"cannot read {location.name}{METADATA_FILE}: {redacted_message(str(error))}; "
+            f"cannot read {location.named(METADATA_FILE)}: {redacted_message(str(error))}; "
             "check the credentials in the environment, the endpoint and the bucket"
         ) from None
     if got.state != "value":
@@ -224,7 +224,7 @@ def _read_metadata(
     def remote(name: str) -> dict[str, Any]:
         return location.below(f"{prefix}{name}/")
 
-    return text, f"{location.name}{METADATA_FILE}", remote, COMMITTED
+    return text, location.named(METADATA_FILE), remote, COMMITTED
 
 
 def _open_arrays(

@@ -79,6 +79,19 @@ class Location:
     kvstore: dict[str, Any] | None
     name: str
 
+    def named(self, key: str) -> str:
+        """The name of the object ``key`` below this place, for messages: its URL, then the
+        endpoint (``s3://b/x/psdp.json (endpoint ...)``), or its path.
+
+        Examples:
+            >>> locate({"driver": "s3", "bucket": "corpora", "path": "x/",
+            ...         "endpoint": "http://127.0.0.1:9"}).named("psdp.json")
+            's3://corpora/x/psdp.json (endpoint http://127.0.0.1:9)'
+        """
+        if self.kvstore is None:
+            return str(Path(self.name) / key)
+        return describe_kvstore({**self.kvstore, "path": self.kvstore.get("path", "") + key})
+
     def below(self, relative: str) -> dict[str, Any]:
         """The kvstore spec to open the prefix ``relative`` (``""`` or ending in ``/``) below
         this one with, its credentials named (`environment_credentials`)."""

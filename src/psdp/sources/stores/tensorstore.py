@@ -391,18 +391,18 @@ def _read_remote_metadata(
     try:
         got = retried_write(
             lambda: store.read(METADATA_FILE.encode()).result(),
-            f"reading {location.name}{METADATA_FILE}",
+            f"reading {location.named(METADATA_FILE)}",
         )
     except ValueError as error:
         raise ValueError(
-            f"cannot read {location.name}{METADATA_FILE}: {redacted_message(str(error))}; "
+            f"cannot read {location.named(METADATA_FILE)}: {redacted_message(str(error))}; "
             "check the credentials in "
             "the environment, the endpoint and the bucket"
         ) from error
     generation = bytes(got.stamp.generation)
     if got.state != "value":
         return None, generation
-    return parse_metadata(bytes(got.value), f"{location.name}{METADATA_FILE}"), generation
+    return parse_metadata(bytes(got.value), location.named(METADATA_FILE)), generation
 
 
 def _metadata_problem(meta: Any) -> str | None:
