@@ -246,3 +246,29 @@ def test_an_object_is_named_by_its_url_then_the_endpoint(server):
             with pytest.raises(ValueError) as caught:
                 open_(f"{base}-{kind}")
             assert f"{base}-{kind}/psdp.json (endpoint {server.endpoint})" in str(caught.value)
+
+
+def test_a_document_index_read_is_retried_and_its_damage_names_the_store(server, proxy):
+    """The read of a document store's index on open: a cut reply failed the open (not tried
+    again), and a truncated index shard raised TensorStore's bare ``DATA_LOSS`` naming only the
+    key (on S3: no bucket, no endpoint). ~1 s per store."""
+    docs = [np.arange(2 + d, dtype=np.int32) for d in range(30)]
+    url = f"{scheme(server)}://psdp/index-read"
+    write_documents(url, docs, progress=False)
+    proxy.fail("cut", tries=1, where="/index/c/", by_range=False)
+    store = DocumentStore.open(url)
+    assert store.num_documents == 30 and proxy.faults["cut"] == 1
+    url = f"{url}-truncated"  # another store: this process trusts what it read (immutable)
+    write_documents(url, docs, progress=False)
+    objects = server.objects()
+    (key,) = [
+        k
+        for k in objects.list().result()
+        if k.startswith(b"index-read-truncated/") and b"/index/c/" in k
+    ]
+    whole = objects.read(key).result().value
+    objects.write(key, whole[: len(whole) // 2]).result()
+    with pytest.raises(ValueError, match="DATA_LOSS") as caught:
+        DocumentStore.open(url)
+    assert f"{url}/ (endpoint {proxy.endpoint})" in str(caught.value)
+    assert "rewrite" in str(caught.value)

@@ -91,7 +91,9 @@ def read_documents(path: Any, *, context: ts.Context | None = None) -> StoredDoc
         offsets = _mapped([(root / "offsets", offsets)], location.name)
     index = None  # a store written before the index was recorded: built by a pass on open
     if "index_stride" in meta:
-        index = _read_index(_open(kvstore("index"), context, location.name, options, rank=2), meta)
+        index = _read_index(
+            _open(kvstore("index"), context, location.name, options, rank=2), meta, location.name
+        )
     # the index was committed with the offsets, and its ends match the metadata's counts
     return StoredDocuments(offsets, arrays, location.name, index, spot_check=False,
                            written=_written(meta, where))  # fmt: skip
@@ -271,8 +273,14 @@ def _mapped(parts: list[tuple[Path, ts.TensorStore]], name: str) -> Any:
     )
 
 
-def _read_index(array: ts.TensorStore, meta: dict[str, Any]) -> DocumentIndex:
-    rows = np.asarray(array.read().result())
+def _read_index(array: ts.TensorStore, meta: dict[str, Any], where: str) -> DocumentIndex:
+    try:
+        rows = np.asarray(retried_write(lambda: array.read().result(), f"reading {where}'s index"))
+    except ValueError as error:
+        raise ValueError(
+            f"cannot read the document index of {where}: {redacted_message(str(error))}; the "
+            "store is damaged or incomplete: rewrite it"
+        ) from None
     try:
         return DocumentIndex(
             meta["num_documents"], meta["index_stride"], rows[:, 0], rows[:, 1],
