@@ -49,9 +49,9 @@ GCS_ENDPOINT_VARIABLE = "TENSORSTORE_GCS_HTTP_URL"
 #: seconds, naming its endpoint, instead of after TensorStore's own budget for every request (32
 #: tries up to 32 s apart: many minutes).
 REACH_RETRIES = {"max_retries": 5, "initial_delay": "200ms", "max_delay": "2s"}
-#: The most seconds that first request waits for an answer, tries included: TensorStore sets no
-#: deadline on a request that gets none (a hung server, packets dropped after the handshake), so
-#: without it an open waits for good.
+#: The most seconds that first request waits for an answer, its tries included (a spec's own
+#: request retries too): TensorStore sets no deadline on a request that gets none (a hung
+#: server, packets dropped after the handshake), so without it an open waits for good.
 REACH_TIMEOUT_S = 30.0
 _RETRIES_RESOURCE = {"s3": "s3_request_retries", "gcs": "gcs_request_retries"}
 #: Where each object store's credentials come from, for messages.
@@ -349,7 +349,7 @@ def check_reach(spec: Mapping[str, Any], name: str, context: ts.Context | None =
             return
         except TimeoutError:
             read.cancel()
-            message = f"no answer within {REACH_TIMEOUT_S} s"
+            message = f"no answer within {REACH_TIMEOUT_S} s, its tries included"
             break
         except ValueError as error:
             message = redacted_message(str(error))
