@@ -272,3 +272,38 @@ def test_a_document_index_read_is_retried_and_its_damage_names_the_store(server,
         DocumentStore.open(url)
     assert f"{url}/ (endpoint {proxy.endpoint})" in str(caught.value)
     assert "rewrite" in str(caught.value)
+
+
+def test_a_commit_whose_metadata_was_deleted_meanwhile_is_a_lost_race_not_a_missing_bucket(
+    server, proxy
+):
+    """An overwrite conditions its commit on the ``psdp.json`` it found; deleted meanwhile (by
+    another run's clean-up, as when two ``psdp prepare`` runs share an output), the commit is
+    the lost race it is (the other write's doing, this one's objects deleted), never a missing
+    bucket. Passed when written: a guard (both emulators fail the condition, no 404). ~1 s per
+    store."""
+    import threading
+
+    url = f"{scheme(server)}://psdp/deleted-under"
+    write_dataset(url, np.arange(8, dtype=np.int32), progress=False)
+    held = proxy.hold("POST" if scheme(server) == "gs" else "PUT", "deleted-under/psdp.json")
+    outcome: list[BaseException | None] = []
+
+    def overwrite() -> None:
+        try:
+            write_dataset(url, np.arange(16, dtype=np.int32), overwrite=True, progress=False)
+            outcome.append(None)
+        except BaseException as error:  # the test looks at it
+            outcome.append(error)
+
+    writer = threading.Thread(target=overwrite)
+    writer.start()
+    assert held.reached.wait(60)
+    import tensorstore as ts
+
+    key = "deleted-under/psdp.json"
+    server.objects().delete_range(ts.KvStore.KeyRange(key, key + "\0")).result()
+    held.release()
+    writer.join(60)
+    (error,) = outcome
+    assert isinstance(error, FileExistsError) and "another write" in str(error), repr(error)
