@@ -79,7 +79,11 @@ def server(request):
 
 @pytest.fixture
 def proxy(server, monkeypatch):
-    """A `FaultProxy` in front of ``server``, where every ``s3://``/``gs://`` URL goes."""
+    """A `FaultProxy` in front of ``server``, where every ``s3://``/``gs://`` URL goes; psdp's
+    pause before a store request's next try 10 ms (0.5 s by default)."""
+    from psdp.sources.stores import errors
+
+    monkeypatch.setattr(errors, "WRITE_BACKOFF_S", 0.01)
     with FaultProxy(server.endpoint) as p:
         monkeypatch.setenv("AWS_ENDPOINT_URL_S3", p.endpoint)
         monkeypatch.setenv(location.GCS_ENDPOINT_VARIABLE, p.endpoint)

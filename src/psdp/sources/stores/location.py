@@ -25,12 +25,8 @@ from typing import Any
 
 import tensorstore as ts
 
-from psdp.sources.stores.errors import (
-    WRITE_ATTEMPTS,
-    WRITE_BACKOFF_S,
-    backoff_s,
-    is_transient_status,
-)
+from psdp.sources.stores import errors
+from psdp.sources.stores.errors import WRITE_ATTEMPTS, backoff_s, is_transient_status
 
 #: The start of the prefix (below the dataset) that one write of a remote dataset fills.
 DATA_PREFIX = "psdp-data-"
@@ -364,7 +360,7 @@ def check_reach(spec: Mapping[str, Any], name: str, context: ts.Context | None =
         if not message.startswith("UNKNOWN") or attempt == WRITE_ATTEMPTS:
             break  # TensorStore's own retries are spent, or psdp's
         # a reply cut off mid-way, which TensorStore does not retry: tried again as a read is
-        time.sleep(backoff_s(attempt, WRITE_BACKOFF_S, random.uniform(0.5, 1.0)))
+        time.sleep(backoff_s(attempt, errors.WRITE_BACKOFF_S, random.uniform(0.5, 1.0)))
     named = gcs_endpoint() if gcs else spec.get("endpoint")
     itself = "Google Cloud Storage" if gcs else "AWS S3"
     endpoint = "" if named else f" (no endpoint is set: this is {itself} itself)"
