@@ -30,7 +30,7 @@ from psdp.prepare.readers import Unit
 from psdp.sources.documents.parts import PARTS_DIRECTORY, PARTS_FORMAT, PARTS_VERSION, index_key
 from psdp.sources.documents.store import join_documents
 from psdp.sources.stores.errors import is_transient_store_error, retried_write
-from psdp.sources.stores.location import DATA_PREFIX, Location, locate, open_kvstore
+from psdp.sources.stores.location import DATA_PREFIX, Location, list_keys, locate, open_kvstore
 from psdp.sources.stores.tensorstore import METADATA_FILE
 
 Manifest = dict[str, Any]
@@ -127,8 +127,8 @@ class Output:
         self.generation = bytes(got.stamp.generation)
         if got.state != "value":
             keys = [  # a TensorStore lock file is no content: a write was cut short there
-                k for k in retried_write(lambda: self.store.list().result(), f"listing {self.name}")
-                if not k.startswith(b".") and not k.endswith(b".__lock")
+                k for k in retried_write(lambda: list_keys(self.store), f"listing {self.name}")
+                if not k.startswith(".") and not k.endswith(".__lock")
             ]  # fmt: skip
             if keys:
                 raise FileExistsError(
@@ -156,7 +156,18 @@ class Output:
         """Replaces the manifest if it is still the one last read or written, else raises."""
         # keys sorted: the same manifest is the same bytes, however it was reached
         body = (json.dumps(meta, indent=1, sort_keys=True) + "\n").encode()
-        generation = retried_write(lambda: self._swap(body), f"committing {self._manifest}")
+        try:
+            generation = retried_write(lambda: self._swap(body), f"committing {self._manifest}")
+        except ValueError as error:
+            if not str(error).startswith("NOT_FOUND:"):
+                raise
+            # a write is answered 404 only where its bucket is missing (GCS lists and reads
+            # there as in an empty bucket: the first write is where it tells)
+            raise FileNotFoundError(
+                f"cannot write {self.name}: the store answered a write with 404 Not Found: the "
+                f"bucket {(self.location.kvstore or {}).get('bucket')!r} does not exist. Create "
+                "it, or check the URL or spec (the bucket is the first part of the URL)"
+            ) from None
         if not generation:
             raise FileExistsError(
                 f"another psdp prepare wrote {self.name} while this one ran (its manifest "

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
 import shlex
 from collections.abc import Mapping
@@ -34,6 +35,7 @@ from psdp._checks import check_int
 from psdp._plan.pack_windows import PackKey
 from psdp._plan.packing import check_packing_options
 from psdp.sources.documents.index import DocumentIndex
+from psdp.sources.stores.location import redacted_message
 
 #: The document index's file in it (for a store that has none of its own: a Levanter cache).
 DOCUMENT_INDEX = "documents.npz"
@@ -189,8 +191,11 @@ def index_command(
         'psdp index gs://bucket/code --format levanter --pack 4096,4096'
         >>> index_command("tokens/web", lengths=(LengthBounds(8192),))
         'psdp index tokens/web --min-length 8192'
+        >>> print(index_command({"driver": "s3", "bucket": "b", "path": "web/"}))
+        psdp index '{"driver": "s3", "bucket": "b", "path": "web/"}'
     """
-    where = store if isinstance(store, str) else str(dict(store))
+    # a spec as the JSON the command line takes (an endpoint's password hidden)
+    where = store if isinstance(store, str) else redacted_message(json.dumps(dict(store)))
     words = ["psdp index", shlex.quote(os.fspath(where))]
     if format != "psdp":
         words.append(f"--format {format}")
@@ -254,8 +259,10 @@ class IndexFolder:
         return self._local
 
     def where(self, name: str) -> str:
-        """The file ``name``, for messages."""
-        return f"{self.name}/{name}"
+        """The file ``name``, for messages (its URL, then an object store's endpoint)."""
+        from psdp.sources.stores.location import INDEX_DIRECTORY
+
+        return self._location.named(f"{INDEX_DIRECTORY}/{name}")
 
     def _remote(self) -> Any:
         if self._kvstore is None:

@@ -25,12 +25,14 @@ from psdp._plan.leaves import TOKENS
 from psdp.sources.documents.index import DocumentIndex
 from psdp.sources.documents.mapped import MappedOffsets, MappedShards, Part, layout_of
 from psdp.sources.documents.parts import PARTS_DIRECTORY, PARTS_FORMAT, PARTS_VERSION, PartedOffsets
+from psdp.sources.stores.errors import retried_write
 from psdp.sources.stores.location import (
     DATA_PREFIX,
     GCS_ENDPOINT_VARIABLE,
     Location,
     locate,
     open_kvstore,
+    redacted_message,
 )
 from psdp.sources.stores.tensorstore import COMMITTED, METADATA_FILE
 
@@ -89,7 +91,9 @@ def read_documents(path: Any, *, context: ts.Context | None = None) -> StoredDoc
         offsets = _mapped([(root / "offsets", offsets)], location.name)
     index = None  # a store written before the index was recorded: built by a pass on open
     if "index_stride" in meta:
-        index = _read_index(_open(kvstore("index"), context, location.name, options, rank=2), meta)
+        index = _read_index(
+            _open(kvstore("index"), context, location.name, options, rank=2), meta, location.name
+        )
     # the index was committed with the offsets, and its ends match the metadata's counts
     return StoredDocuments(offsets, arrays, location.name, index, spot_check=False,
                            written=_written(meta, where))  # fmt: skip
@@ -200,7 +204,17 @@ def _read_metadata(
             return {"driver": "file", "path": f"{root}/{name}/"}
 
         return text, str(meta_file), local, {}
-    got = open_kvstore(location, context).read(METADATA_FILE.encode()).result()
+    store = open_kvstore(location, context)
+    try:
+        got = retried_write(
+            lambda: store.read(METADATA_FILE.encode()).result(),
+            f"reading {location.named(METADATA_FILE)}",
+        )
+    except ValueError as error:
+        raise ValueError(
+            f"cannot read {location.named(METADATA_FILE)}: {redacted_message(str(error))}; "
+            "check the credentials in the environment, the endpoint and the bucket"
+        ) from None
     if got.state != "value":
         raise FileNotFoundError(f"no document store at {location.name}: no {METADATA_FILE}")
     text = bytes(got.value)
@@ -212,7 +226,7 @@ def _read_metadata(
     def remote(name: str) -> dict[str, Any]:
         return location.below(f"{prefix}{name}/")
 
-    return text, f"{location.name}{METADATA_FILE}", remote, COMMITTED
+    return text, location.named(METADATA_FILE), remote, COMMITTED
 
 
 def _open_arrays(
@@ -259,8 +273,14 @@ def _mapped(parts: list[tuple[Path, ts.TensorStore]], name: str) -> Any:
     )
 
 
-def _read_index(array: ts.TensorStore, meta: dict[str, Any]) -> DocumentIndex:
-    rows = np.asarray(array.read().result())
+def _read_index(array: ts.TensorStore, meta: dict[str, Any], where: str) -> DocumentIndex:
+    try:
+        rows = np.asarray(retried_write(lambda: array.read().result(), f"reading {where}'s index"))
+    except ValueError as error:
+        raise ValueError(
+            f"cannot read the document index of {where}: {redacted_message(str(error))}; the "
+            "store is damaged or incomplete: rewrite it"
+        ) from None
     try:
         return DocumentIndex(
             meta["num_documents"], meta["index_stride"], rows[:, 0], rows[:, 1],
@@ -348,7 +368,10 @@ def _open(
 ) -> ts.TensorStore:
     spec = {"driver": "zarr3", "kvstore": kvstore, "fill_missing_data_reads": False, **options}
     try:
-        array = ts.open(spec, read=True, open=True, context=context).result()
+        array = retried_write(
+            lambda: ts.open(spec, read=True, open=True, context=context).result(),
+            f"opening {kvstore.get('path')} of {where}",
+        )
     except ValueError as error:
         raise ValueError(
             f"cannot open {kvstore.get('path')} of the document store {where}: {error}; the "

@@ -28,6 +28,8 @@ TRANSIENT_STATUS = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED", "A
 #: 8, "Weird server reply", a reply cut off or garbled mid-way (a dropped connection).
 TRANSIENT_CURL_CODES = ("8",)
 _CURL_CODE = re.compile(r"^UNKNOWN: .*CURL error .*?\[curl_code='(\d+)'\]", re.S)
+#: The same failure as TensorStore's gcs driver reports it, with curl's text and no code.
+_CURL_TEXT = re.compile(r"^UNKNOWN: .*CURL error Weird server reply\b", re.S)
 #: The longest pause between two tries of a read or write, however many tries came before.
 MAX_BACKOFF_S = 60.0
 #: Tries of each request of a write (the first included), and the pause after the first failed
@@ -62,11 +64,15 @@ def is_transient_status(message: str) -> bool:
         True
         >>> is_transient_status('NOT_FOUND: chunk {8, 0} in "UNAVAILABLE/c/1/0" is missing')
         False
+        >>> is_transient_status("UNKNOWN: Error reading gs://b/x: CURL error Weird server reply")
+        True
     """
     if message.split(":", 1)[0].strip() in TRANSIENT_STATUS:
         return True
     code = _CURL_CODE.match(message)
-    return code is not None and code.group(1) in TRANSIENT_CURL_CODES
+    if code is not None:
+        return code.group(1) in TRANSIENT_CURL_CODES
+    return _CURL_TEXT.match(message) is not None
 
 
 def is_transient_store_error(error: BaseException) -> bool:
@@ -92,7 +98,8 @@ def backoff_s(attempt: int, base_s: float | None, draw: float) -> float:
 
 
 def retried_write(operation: Callable[[], T], what: str) -> T:
-    """``operation()``, one request (or one batch of requests) of a write to a store, tried again
+    """``operation()``, one request (or one batch of requests) of a write to a store (or of an
+    open: every object it reads is immutable), tried again
     while it fails with a transient store error (`is_transient_store_error`), up to
     `WRITE_ATTEMPTS` tries with `backoff_s` pauses from `WRITE_BACKOFF_S`, as the loader retries a
     read; any other error, or the last try's, is raised. ``operation`` must be safe to repeat

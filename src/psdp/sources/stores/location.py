@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import os
+import random
 import re
 import time
 import urllib.parse
@@ -24,7 +25,8 @@ from typing import Any
 
 import tensorstore as ts
 
-from psdp.sources.stores.errors import is_transient_status
+from psdp.sources.stores import errors
+from psdp.sources.stores.errors import WRITE_ATTEMPTS, backoff_s, is_transient_status
 
 #: The start of the prefix (below the dataset) that one write of a remote dataset fills.
 DATA_PREFIX = "psdp-data-"
@@ -43,6 +45,10 @@ GCS_ENDPOINT_VARIABLE = "TENSORSTORE_GCS_HTTP_URL"
 #: seconds, naming its endpoint, instead of after TensorStore's own budget for every request (32
 #: tries up to 32 s apart: many minutes).
 REACH_RETRIES = {"max_retries": 5, "initial_delay": "200ms", "max_delay": "2s"}
+#: The most seconds that first request waits for an answer, its tries included (a spec's own
+#: request retries too): TensorStore sets no deadline on a request that gets none (a hung
+#: server, packets dropped after the handshake), so without it an open waits for good.
+REACH_TIMEOUT_S = 30.0
 _RETRIES_RESOURCE = {"s3": "s3_request_retries", "gcs": "gcs_request_retries"}
 #: Where each object store's credentials come from, for messages.
 _CREDENTIALS = {
@@ -68,6 +74,19 @@ class Location:
     local: Path | None
     kvstore: dict[str, Any] | None
     name: str
+
+    def named(self, key: str) -> str:
+        """The name of the object ``key`` below this place, for messages: its URL, then the
+        endpoint (``s3://b/x/psdp.json (endpoint ...)``), or its path.
+
+        Examples:
+            >>> locate({"driver": "s3", "bucket": "corpora", "path": "x/",
+            ...         "endpoint": "http://127.0.0.1:9"}).named("psdp.json")
+            's3://corpora/x/psdp.json (endpoint http://127.0.0.1:9)'
+        """
+        if self.kvstore is None:
+            return str(Path(self.name) / key)
+        return describe_kvstore({**self.kvstore, "path": self.kvstore.get("path", "") + key})
 
     def below(self, relative: str) -> dict[str, Any]:
         """The kvstore spec to open the prefix ``relative`` (``""`` or ending in ``/``) below
@@ -318,11 +337,18 @@ def check_reach(spec: Mapping[str, Any], name: str, context: ts.Context | None =
         return
     probe = spec if resource in spec else {**spec, resource: REACH_RETRIES}
     started = time.monotonic()
-    try:
-        ts.KvStore.open(probe, context=context).result().read(b"psdp.json").result()
-    except ValueError as error:
-        message = redacted_message(str(error))
-        gcs = spec.get("driver") == "gcs"
+    gcs = spec.get("driver") == "gcs"
+    for attempt in range(1, WRITE_ATTEMPTS + 1):
+        try:
+            read = ts.KvStore.open(probe, context=context).result().read(b"psdp.json")
+            read.result(timeout=max(0.0, started + REACH_TIMEOUT_S - time.monotonic()))
+            return
+        except TimeoutError:
+            read.cancel()
+            message = f"no answer within {REACH_TIMEOUT_S} s, its tries included"
+            break
+        except ValueError as error:
+            message = redacted_message(str(error))
         if message.split(":", 1)[0] in ("PERMISSION_DENIED", "UNAUTHENTICATED"):
             raise PermissionError(
                 f"{name} refused the credentials of this process: {message}. Check the "
@@ -331,26 +357,30 @@ def check_reach(spec: Mapping[str, Any], name: str, context: ts.Context | None =
             ) from None
         if not is_transient_status(message):
             return
-        named = gcs_endpoint() if gcs else spec.get("endpoint")
-        itself = "Google Cloud Storage" if gcs else "AWS S3"
-        endpoint = "" if named else f" (no endpoint is set: this is {itself} itself)"
-        where = (
-            f"the environment ({GCS_ENDPOINT_VARIABLE})"
-            if gcs
-            else "a kvstore spec's \"endpoint\", the environment "
-            f"({' or '.join(ENDPOINT_VARIABLES)})"
-        )
-        raise ValueError(
-            f"cannot reach {name}{endpoint}: {message} (gave up after "
-            f"{time.monotonic() - started:.1f} s). Check that the endpoint is up and reachable "
-            f"from here, or name another: the psdp command's --endpoint URL, or {where}"
-        ) from None
+        if not message.startswith("UNKNOWN") or attempt == WRITE_ATTEMPTS:
+            break  # TensorStore's own retries are spent, or psdp's
+        # a reply cut off mid-way, which TensorStore does not retry: tried again as a read is
+        time.sleep(backoff_s(attempt, errors.WRITE_BACKOFF_S, random.uniform(0.5, 1.0)))
+    named = gcs_endpoint() if gcs else spec.get("endpoint")
+    itself = "Google Cloud Storage" if gcs else "AWS S3"
+    endpoint = "" if named else f" (no endpoint is set: this is {itself} itself)"
+    where = (
+        f"the environment ({GCS_ENDPOINT_VARIABLE})"
+        if gcs
+        else "a kvstore spec's \"endpoint\", the environment "
+        f"({' or '.join(ENDPOINT_VARIABLES)})"
+    )
+    raise ValueError(
+        f"cannot reach {name}{endpoint}: {message} (gave up after "
+        f"{time.monotonic() - started:.1f} s). Check that the endpoint is up and reachable "
+        f"from here, or name another: the psdp command's --endpoint URL, or {where}"
+    ) from None
 
 
 def list_keys(store: ts.KvStore, prefix: str = "") -> list[str]:
     """The keys below ``prefix`` of ``store`` (one paginated LIST), as strings; a
-    `FileNotFoundError` naming the store if S3 says its bucket does not exist (S3 answers a read
-    there as if the object were missing: the LIST is where it tells)."""
+    `FileNotFoundError` naming the store if its bucket does not exist (S3 and GCS answer a read
+    there as if the object were missing: the LIST is where they tell, with a 404)."""
     if prefix:
         keys = store.list(ts.KvStore.KeyRange(prefix, prefix[:-1] + chr(ord(prefix[-1]) + 1)))
     else:
@@ -364,6 +394,8 @@ def list_keys(store: ts.KvStore, prefix: str = "") -> list[str]:
             why = "does not exist"
         elif "missing <ListBucketResult>" in str(error):
             why = "does not exist, or its endpoint is not an S3 server"
+        elif str(error).startswith("NOT_FOUND:"):  # GCS: a LIST in a bucket is never a 404
+            why = "does not exist"
         else:
             raise
         name = describe_kvstore(store.spec().to_json())

@@ -21,7 +21,7 @@ from psdp._checks import check_int, preview_ids
 from psdp._plan.leaves import SINGLE_LEAF, Key, in_leaf_order
 from psdp._plan.windows import Box
 from psdp.sources.base import Rows, check_ids, fresh_rows
-from psdp.sources.stores.errors import TransientReadError, is_transient_status
+from psdp.sources.stores.errors import TransientReadError, is_transient_status, retried_write
 from psdp.sources.stores.location import (
     DATA_PREFIX,
     Location,
@@ -31,6 +31,7 @@ from psdp.sources.stores.location import (
     list_keys,
     locate,
     open_kvstore,
+    redacted_message,
 )
 
 #: The metadata file of a psdp dataset directory; `write_dataset` writes it last.
@@ -388,16 +389,20 @@ def _read_remote_metadata(
     """The checked ``psdp.json`` of a remote dataset (``None`` if there is none), and its
     generation (which changes when a write commits there)."""
     try:
-        got = store.read(METADATA_FILE.encode()).result()
+        got = retried_write(
+            lambda: store.read(METADATA_FILE.encode()).result(),
+            f"reading {location.named(METADATA_FILE)}",
+        )
     except ValueError as error:
         raise ValueError(
-            f"cannot read {location.name}{METADATA_FILE}: {error}; check the credentials in "
+            f"cannot read {location.named(METADATA_FILE)}: {redacted_message(str(error))}; "
+            "check the credentials in "
             "the environment, the endpoint and the bucket"
         ) from error
     generation = bytes(got.stamp.generation)
     if got.state != "value":
         return None, generation
-    return parse_metadata(bytes(got.value), f"{location.name}{METADATA_FILE}"), generation
+    return parse_metadata(bytes(got.value), location.named(METADATA_FILE)), generation
 
 
 def _metadata_problem(meta: Any) -> str | None:
@@ -443,7 +448,10 @@ def _file_kvstore(path: Path) -> dict[str, str]:
 
 def _open_array(spec: dict[str, Any], context: ts.Context, where: str) -> ts.TensorStore:
     try:
-        return ts.open(spec, read=True, open=True, context=context).result()
+        return retried_write(
+            lambda: ts.open(spec, read=True, open=True, context=context).result(),
+            f"opening {where}",
+        )
     except ValueError as error:
         raise ValueError(
             f"cannot open {where} as a TensorStore array: {error}; check the path or spec "
