@@ -7,7 +7,11 @@ tests start (``psdp.tools.benchmarks.object_store``)."""
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 
@@ -311,3 +315,54 @@ def test_a_commit_whose_metadata_was_deleted_meanwhile_is_a_lost_race_not_a_miss
     writer.join(60)
     (error,) = outcome
     assert isinstance(error, FileExistsError) and "another write" in str(error), repr(error)
+
+
+def test_psdp_sets_the_stall_limits_the_environment_leaves_unset():
+    """TensorStore ends a request that stalls (connected, no bytes moving) only where these are
+    set; psdp sets JAX's values on import, and keeps the environment's own."""
+    env = {k: v for k, v in os.environ.items() if k not in location.STALL_LIMITS}
+    env["TENSORSTORE_CURL_LOW_SPEED_TIME_SECONDS"] = "7"
+    shown = subprocess.run(
+        [sys.executable, "-c", "import os, psdp; print(sorted((k, os.environ[k]) for k in "
+         "psdp.sources.stores.location.STALL_LIMITS))"],  # fmt: skip
+        env=env, capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert shown.strip() == str(
+        [
+            ("TENSORSTORE_CURL_LOW_SPEED_LIMIT_BYTES", "256"),
+            ("TENSORSTORE_CURL_LOW_SPEED_TIME_SECONDS", "7"),
+        ]  # fmt: skip
+    )
+
+
+STALLED_READ = """
+import json, sys
+import numpy as np
+from psdp import DocumentStore
+store = DocumentStore.open(sys.argv[1])
+offsets = store.offsets_range(0, store.num_documents + 1)
+tokens = store.read_ranges(offsets[:-1], offsets[1:])["input_ids"]
+print(json.dumps(tokens.tolist()))
+"""
+
+
+@pytest.mark.slow  # a process of its own, and a stall of 1 s
+@pytest.mark.timeout(120)
+def test_a_read_that_stalls_is_ended_and_tried_again(server, proxy, tmp_path):
+    """A read whose connection stays open with no byte moving waited for good (the loader's
+    read_timeout_s is unset by default): with the stall limits (psdp's default 60 s; 1 s here,
+    in a process of its own, as TensorStore reads them when it starts) the stalled try ends and
+    the next one reads the tokens, exact."""
+    docs = [np.arange(2 + d, dtype=np.int32) for d in range(30)]
+    url = f"{scheme(server)}://psdp/stalled-read"
+    write_documents(url, docs, progress=False)
+    held = proxy.hold("GET", "/tokens/input_ids/c/")  # never released until the end: a stall
+    env = {**os.environ, "TENSORSTORE_CURL_LOW_SPEED_TIME_SECONDS": "1"}
+    try:
+        done = subprocess.run([sys.executable, "-c", STALLED_READ, url], env=env,
+                              capture_output=True, text=True, timeout=100)  # fmt: skip
+    finally:
+        held.release()
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert held.reached.is_set()  # the first try of the tokens' chunk was the one stalled
+    assert json.loads(done.stdout.splitlines()[-1]) == np.concatenate(docs).tolist()

@@ -49,6 +49,16 @@ REACH_RETRIES = {"max_retries": 5, "initial_delay": "200ms", "max_delay": "2s"}
 #: request retries too): TensorStore sets no deadline on a request that gets none (a hung
 #: server, packets dropped after the handshake), so without it an open waits for good.
 REACH_TIMEOUT_S = 30.0
+#: A request that moves fewer than 256 bytes in 60 s fails (and is tried again) instead of
+#: waiting for good: TensorStore's curl transport sets no such limit unless these are set, as JAX
+#: sets them on TPU VMs (the same values). psdp sets each that is unset when it is imported,
+#: before its first request; a value the environment gives is kept.
+STALL_LIMITS = {
+    "TENSORSTORE_CURL_LOW_SPEED_TIME_SECONDS": "60",
+    "TENSORSTORE_CURL_LOW_SPEED_LIMIT_BYTES": "256",
+}
+for _name, _value in STALL_LIMITS.items():
+    os.environ.setdefault(_name, _value)
 _RETRIES_RESOURCE = {"s3": "s3_request_retries", "gcs": "gcs_request_retries"}
 #: Where each object store's credentials come from, for messages.
 _CREDENTIALS = {
