@@ -57,13 +57,15 @@ def write_remote(
             writer.wait_for_writes()  # a write landing after the delete would leave objects
         _delete_prefix(store, prefix)
         if isinstance(error, ValueError) and _write_not_found(str(error)):
-            # a write is answered 404 only when its bucket is missing (GCS reads of a missing
-            # bucket look like reads of missing objects, so the open could not tell)
+            # a write is answered 404 where its bucket is missing (GCS reads of a missing
+            # bucket look like reads of missing objects, so the open could not tell), or where
+            # another writer of the same place deleted what this one was writing
             raise FileNotFoundError(
                 f"cannot write {location.name}: the store answered a write with 404 Not Found: "
-                f"the bucket {(location.kvstore or {}).get('bucket')!r} does not exist. Create "
-                "it, or "
-                "check the URL or spec (the bucket is the first part of the URL)"
+                f"the bucket {(location.kvstore or {}).get('bucket')!r} does not exist, or "
+                "another write of the same place (a second psdp prepare of one output) deleted "
+                "what this one wrote meanwhile. Create it, or check the URL or spec (the "
+                "bucket is the first part of the URL), or write one output at a time"
             ) from error
         raise
     if replaced and replaced != prefix:
