@@ -366,3 +366,19 @@ def test_a_read_that_stalls_is_ended_and_tried_again(server, proxy, tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     assert held.reached.is_set()  # the first try of the tokens' chunk was the one stalled
     assert json.loads(done.stdout.splitlines()[-1]) == np.concatenate(docs).tolist()
+
+
+def test_prepare_from_a_bucket_that_does_not_exist_names_it(server, tmp_path, capsys):
+    """``psdp prepare`` of an input in a missing bucket: on GCS, which lists a missing bucket as
+    an empty one, the error said only that no object matched the input. ~1 s per store."""
+    from tests import prepare_corpus as corpus
+
+    tokenizer = corpus.train_tokenizer(tmp_path / "tokenizer.json")
+    source = f"{scheme(server)}://no-such-bucket/raw/*.jsonl"
+    code = main(["prepare", source, "--output", str(tmp_path / "out"), "--tokenizer",
+                 str(tokenizer), "--eos", "1", "--no-progress", "--endpoint", server.endpoint])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert (
+        "no-such-bucket" in err and "bucket" in err.replace("no-such-bucket", "") and "exist" in err
+    ), err

@@ -358,7 +358,9 @@ def _remote_files(given: Any, bytes_per_part: int | None) -> list[Unit]:
     names = [k for k in list_keys(store) if "/" not in k and fnmatch.fnmatchcase(k, pattern)]
     if not names:
         raise FileNotFoundError(
-            f"no object matches the input {describe_kvstore(spec)}; check the URL or pattern"
+            f"no object matches the input {describe_kvstore(spec)}; check the URL or pattern, "
+            f"and that the bucket {spec.get('bucket')!r} exists (GCS lists a missing bucket "
+            "as an empty one)"
         )
 
     def planned(name: str) -> Unit:
