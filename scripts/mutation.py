@@ -571,6 +571,8 @@ MUTANTS = [
            "probe = spec", "the first request gets TensorStore's minutes of retries"),
     Mutant("QR6", "sources/stores/location.py", 'return where if "endpoint" in where else {**where, "endpoint": endpoint}',
            "return where", "--endpoint ignored"),
+    Mutant("QR9", "sources/stores/location.py", "    os.environ.setdefault(_name, _value)",
+           "    pass", "no stall limit: a read whose connection stalls waits for good"),
     Mutant("QR7", "sources/documents/writer.py", "len(rows), len(rows), codecs,", "1 << 16, 1 << 16, codecs,",
            "a 1 MiB index chunk for any store"),
     # ------------------------------------------------------------- prepare/ (issue 35, store)
@@ -765,6 +767,7 @@ TESTS = [
     "tests/test_spatial_oracle.py",
     "tests/test_reads.py",
     "tests/test_object_store_retries.py",
+    "tests/test_review36.py",
     "tests/test_eval.py",
     "tests/test_object_tokens.py",
     "tests/test_mapped.py",
