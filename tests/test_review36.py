@@ -319,12 +319,13 @@ def test_a_commit_whose_metadata_was_deleted_meanwhile_is_a_lost_race_not_a_miss
 
 def test_psdp_sets_the_stall_limits_the_environment_leaves_unset():
     """TensorStore ends a request that stalls (connected, no bytes moving) only where these are
-    set; psdp sets JAX's values on import, and keeps the environment's own."""
+    set; psdp sets JAX's values with its store code (before its first request), and keeps the
+    environment's own."""
     env = {k: v for k, v in os.environ.items() if k not in location.STALL_LIMITS}
     env["TENSORSTORE_CURL_LOW_SPEED_TIME_SECONDS"] = "7"
     shown = subprocess.run(
-        [sys.executable, "-c", "import os, psdp; print(sorted((k, os.environ[k]) for k in "
-         "psdp.sources.stores.location.STALL_LIMITS))"],  # fmt: skip
+        [sys.executable, "-c", "import os, psdp.sources.stores.location as where; print(sorted("
+         "(k, os.environ[k]) for k in where.STALL_LIMITS))"],  # fmt: skip
         env=env, capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
     assert shown.strip() == str(

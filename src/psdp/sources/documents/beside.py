@@ -35,7 +35,6 @@ from psdp._checks import check_int
 from psdp._plan.pack_windows import PackKey
 from psdp._plan.packing import check_packing_options
 from psdp.sources.documents.index import DocumentIndex
-from psdp.sources.stores.location import redacted_message
 
 #: The document index's file in it (for a store that has none of its own: a Levanter cache).
 DOCUMENT_INDEX = "documents.npz"
@@ -194,6 +193,8 @@ def index_command(
         >>> print(index_command({"driver": "s3", "bucket": "b", "path": "web/"}))
         psdp index '{"driver": "s3", "bucket": "b", "path": "web/"}'
     """
+    from psdp.sources.stores.location import redacted_message  # tensorstore: not at import
+
     # a spec as the JSON the command line takes (an endpoint's password hidden)
     where = store if isinstance(store, str) else redacted_message(json.dumps(dict(store)))
     words = ["psdp index", shlex.quote(os.fspath(where))]

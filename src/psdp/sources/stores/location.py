@@ -51,8 +51,8 @@ REACH_RETRIES = {"max_retries": 5, "initial_delay": "200ms", "max_delay": "2s"}
 REACH_TIMEOUT_S = 30.0
 #: A request that moves fewer than 256 bytes in 60 s fails (and is tried again) instead of
 #: waiting for good: TensorStore's curl transport sets no such limit unless these are set, as JAX
-#: sets them on TPU VMs (the same values). psdp sets each that is unset when it is imported,
-#: before its first request; a value the environment gives is kept.
+#: sets them on TPU VMs (the same values). psdp sets each that is unset when this module is
+#: imported (with psdp's first store, before its first request); the environment's own are kept.
 STALL_LIMITS = {
     "TENSORSTORE_CURL_LOW_SPEED_TIME_SECONDS": "60",
     "TENSORSTORE_CURL_LOW_SPEED_LIMIT_BYTES": "256",
