@@ -34,7 +34,7 @@ from psdp.sources.stores.location import (
     open_kvstore,
     redacted_message,
 )
-from psdp.sources.stores.tensorstore import COMMITTED, METADATA_FILE
+from psdp.sources.stores.tensorstore import COMMITTED, METADATA_FILE, read_metadata_object
 
 #: The ``format`` and ``version`` of a document store's ``psdp.json``.
 DOCUMENTS_FORMAT = "psdp.documents"
@@ -204,17 +204,7 @@ def _read_metadata(
             return {"driver": "file", "path": f"{root}/{name}/"}
 
         return text, str(meta_file), local, {}
-    store = open_kvstore(location, context)
-    try:
-        got = retried_write(
-            lambda: store.read(METADATA_FILE.encode()).result(),
-            f"reading {location.named(METADATA_FILE)}",
-        )
-    except ValueError as error:
-        raise ValueError(
-            f"cannot read {location.named(METADATA_FILE)}: {redacted_message(str(error))}; "
-            "check the credentials in the environment, the endpoint and the bucket"
-        ) from None
+    got = read_metadata_object(open_kvstore(location, context), location)
     if got.state != "value":
         raise FileNotFoundError(f"no document store at {location.name}: no {METADATA_FILE}")
     text = bytes(got.value)

@@ -383,22 +383,28 @@ def parse_metadata(text: str | bytes, where: str) -> dict[str, Any]:
     return meta
 
 
-def _read_remote_metadata(
-    store: ts.KvStore, location: Location
-) -> tuple[dict[str, Any] | None, bytes]:
-    """The checked ``psdp.json`` of a remote dataset (``None`` if there is none), and its
-    generation (which changes when a write commits there)."""
+def read_metadata_object(store: ts.KvStore, location: Location) -> Any:
+    """The read of ``psdp.json`` at the remote ``location`` (``store`` opened there, its state
+    ``"missing"`` where there is none), tried again on a transient error; any other is a
+    `ValueError` naming the object, its endpoint's password hidden."""
     try:
-        got = retried_write(
+        return retried_write(
             lambda: store.read(METADATA_FILE.encode()).result(),
             f"reading {location.named(METADATA_FILE)}",
         )
     except ValueError as error:
         raise ValueError(
             f"cannot read {location.named(METADATA_FILE)}: {redacted_message(str(error))}; "
-            "check the credentials in "
-            "the environment, the endpoint and the bucket"
-        ) from error
+            "check the credentials in the environment, the endpoint and the bucket"
+        ) from None
+
+
+def _read_remote_metadata(
+    store: ts.KvStore, location: Location
+) -> tuple[dict[str, Any] | None, bytes]:
+    """The checked ``psdp.json`` of a remote dataset (``None`` if there is none), and its
+    generation (which changes when a write commits there)."""
+    got = read_metadata_object(store, location)
     generation = bytes(got.stamp.generation)
     if got.state != "value":
         return None, generation
