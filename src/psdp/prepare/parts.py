@@ -30,7 +30,14 @@ from psdp.prepare.readers import Unit
 from psdp.sources.documents.parts import PARTS_DIRECTORY, PARTS_FORMAT, PARTS_VERSION, index_key
 from psdp.sources.documents.store import join_documents
 from psdp.sources.stores.errors import is_transient_store_error, retried_write
-from psdp.sources.stores.location import DATA_PREFIX, Location, list_keys, locate, open_kvstore
+from psdp.sources.stores.location import (
+    DATA_PREFIX,
+    Location,
+    list_keys,
+    locate,
+    open_kvstore,
+    write_not_found,
+)
 from psdp.sources.stores.tensorstore import METADATA_FILE
 
 Manifest = dict[str, Any]
@@ -161,13 +168,7 @@ class Output:
         except ValueError as error:
             if not str(error).startswith("NOT_FOUND:"):
                 raise
-            # a write is answered 404 only where its bucket is missing (GCS lists and reads
-            # there as in an empty bucket: the first write is where it tells)
-            raise FileNotFoundError(
-                f"cannot write {self.name}: the store answered a write with 404 Not Found: the "
-                f"bucket {(self.location.kvstore or {}).get('bucket')!r} does not exist. Create "
-                "it, or check the URL or spec (the bucket is the first part of the URL)"
-            ) from None
+            raise write_not_found(self.location) from None
         if not generation:
             raise FileExistsError(
                 f"another psdp prepare wrote {self.name} while this one ran (its manifest "

@@ -387,6 +387,23 @@ def check_reach(spec: Mapping[str, Any], name: str, context: ts.Context | None =
     ) from None
 
 
+def write_not_found(location: Location, other_cause: str = "") -> FileNotFoundError:
+    """The error for a write to ``location`` answered 404 Not Found: S3 and GCS answer so where
+    the bucket is missing (GCS lists and reads there as in an empty bucket, so a write is where
+    it tells); ``other_cause``, where there is one, is named beside it.
+
+    Examples:
+        >>> print(write_not_found(locate("s3://corpora/web")))
+        cannot write s3://corpora/web/: the store answered a write with 404 Not Found: the bucket 'corpora' does not exist. Create it, or check the URL or spec (the bucket is the first part of the URL)
+    """
+    bucket = (location.kvstore or {}).get("bucket")
+    return FileNotFoundError(
+        f"cannot write {location.name}: the store answered a write with 404 Not Found: the "
+        f"bucket {bucket!r} does not exist{other_cause}. Create it, or check the URL or spec "
+        "(the bucket is the first part of the URL)"
+    )
+
+
 def list_keys(store: ts.KvStore, prefix: str = "") -> list[str]:
     """The keys below ``prefix`` of ``store`` (one paginated LIST), as strings; a
     `FileNotFoundError` naming the store if its bucket does not exist (S3 and GCS answer a read

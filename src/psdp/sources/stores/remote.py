@@ -26,6 +26,7 @@ from psdp.sources.stores.location import (
     Location,
     list_keys,
     open_kvstore,
+    write_not_found,
 )
 from psdp.sources.stores.tensorstore import METADATA_FILE
 
@@ -57,15 +58,12 @@ def write_remote(
             writer.wait_for_writes()  # a write landing after the delete would leave objects
         _delete_prefix(store, prefix)
         if isinstance(error, ValueError) and _write_not_found(str(error)):
-            # a write is answered 404 where its bucket is missing (GCS reads of a missing
-            # bucket look like reads of missing objects, so the open could not tell), or where
-            # another writer of the same place deleted what this one was writing
-            raise FileNotFoundError(
-                f"cannot write {location.name}: the store answered a write with 404 Not Found: "
-                f"the bucket {(location.kvstore or {}).get('bucket')!r} does not exist, or "
-                "another write of the same place (a second psdp prepare of one output) deleted "
-                "what this one wrote meanwhile. Create it, or check the URL or spec (the "
-                "bucket is the first part of the URL), or write one output at a time"
+            # a missing bucket (`write_not_found`), or another writer of the same place that
+            # deleted what this one was writing
+            raise write_not_found(
+                location,
+                ", or another write of the same place (a second psdp prepare of one output) "
+                "deleted what this one wrote meanwhile (write one output at a time)",
             ) from error
         raise
     if replaced and replaced != prefix:
