@@ -98,22 +98,35 @@ def scheme(server) -> str:
     return "gs" if isinstance(server, GcsServer) else "s3"
 
 
+def write_both(server, name: str, count: int, width: int) -> tuple[str, list, np.ndarray]:
+    """A document store of ``count`` documents at ``<base>-docs`` and a dataset of ``8 x width``
+    rows at ``<base>-rows``, both written straight to ``server``: ``base``, the documents, the
+    rows."""
+    docs = [np.arange(3 + d, dtype=np.int32) for d in range(count)]
+    rows = np.arange(8 * width * width, dtype=np.int32).reshape(8 * width, width)
+    base = f"{scheme(server)}://psdp/{name}"
+    write_documents(f"{base}-docs", docs, progress=False)
+    write_dataset(f"{base}-rows", {"tokens": rows}, rows_per_shard=8, progress=False)
+    return base, docs, rows
+
+
+def assert_both_read_exactly(base: str, docs: list, rows: np.ndarray) -> None:
+    """Both stores of `write_both`, opened again, read back exactly."""
+    store = DocumentStore.open(f"{base}-docs")
+    got = store.read_ranges([0], [store.num_tokens])["input_ids"]
+    assert got.tolist() == np.concatenate(docs).tolist()
+    source = TensorStoreSource(f"{base}-rows")
+    np.testing.assert_array_equal(source.read(np.arange(len(rows)))["tokens"], rows)
+
+
 def test_an_open_whose_metadata_reply_is_cut_is_retried_not_called_damage(server, proxy):
     """Opening a document store (or a dataset) whose array metadata's first reply is cut mid-way
     (curl's "Weird server reply": transient, as the object-store guide says) said "the store is
     damaged or incomplete: rewrite it" about a healthy store. Each open is tried again and reads
     the exact documents and rows. ~1 s per store."""
-    docs = [np.arange(3 + d, dtype=np.int32) for d in range(20)]
-    rows = np.arange(32 * 4, dtype=np.int32).reshape(32, 4)
-    base = f"{scheme(server)}://psdp/cut-open"
-    write_documents(f"{base}-docs", docs, progress=False)
-    write_dataset(f"{base}-rows", {"tokens": rows}, rows_per_shard=8, progress=False)
+    written = write_both(server, "cut-open", count=20, width=4)
     proxy.fail("cut", tries=1, where="zarr.json", by_range=False)
-    store = DocumentStore.open(f"{base}-docs")
-    got = store.read_ranges([0], [store.num_tokens])["input_ids"]
-    assert got.tolist() == np.concatenate(docs).tolist()
-    source = TensorStoreSource(f"{base}-rows")
-    np.testing.assert_array_equal(source.read(np.arange(32))["tokens"], rows)
+    assert_both_read_exactly(*written)
     assert proxy.faults["cut"] >= 4  # index, offsets, input_ids; tokens
 
 
@@ -121,19 +134,9 @@ def test_an_open_whose_first_reply_is_cut_is_retried(server, proxy):
     """The first reply of each ``psdp.json`` read cut mid-way: the reach check took the cut for
     an endpoint that cannot be reached ("cannot reach ... gave up after 0.0 s") on the first
     try. Each read is tried again; the store opens and reads exactly. ~1 s per store."""
-    docs = [np.arange(2 + d, dtype=np.int32) for d in range(10)]
-    rows = np.arange(16 * 2, dtype=np.int32).reshape(16, 2)
-    base = f"{scheme(server)}://psdp/cut-meta"
-    write_documents(f"{base}-docs", docs, progress=False)
-    write_dataset(f"{base}-rows", {"tokens": rows}, rows_per_shard=8, progress=False)
+    written = write_both(server, "cut-meta", count=10, width=2)
     proxy.fail("cut", tries=1, where="psdp.json", by_range=False)
-    store = DocumentStore.open(f"{base}-docs")
-    assert store.read_ranges([0], [store.num_tokens])["input_ids"].tolist() == (
-        np.concatenate(docs).tolist()
-    )
-    np.testing.assert_array_equal(
-        TensorStoreSource(f"{base}-rows").read(np.arange(16))["tokens"], rows
-    )
+    assert_both_read_exactly(*written)
     assert proxy.faults["cut"] == 2
 
 
@@ -142,16 +145,9 @@ def test_a_metadata_read_whose_reply_is_cut_is_retried(server, proxy, monkeypatc
     that the cut falls on that read): it was not tried again, so a cut reply failed the open.
     ~1 s per store."""
     monkeypatch.setattr(location, "check_reach", lambda *args, **kwargs: None)
-    docs = [np.arange(2 + d, dtype=np.int32) for d in range(10)]
-    rows = np.arange(16 * 2, dtype=np.int32).reshape(16, 2)
-    base = f"{scheme(server)}://psdp/cut-read-meta"
-    write_documents(f"{base}-docs", docs, progress=False)
-    write_dataset(f"{base}-rows", {"tokens": rows}, rows_per_shard=8, progress=False)
+    written = write_both(server, "cut-read-meta", count=10, width=2)
     proxy.fail("cut", tries=1, where="psdp.json", by_range=False)
-    store = DocumentStore.open(f"{base}-docs")
-    assert store.num_documents == 10
-    source = TensorStoreSource(f"{base}-rows")
-    np.testing.assert_array_equal(source.read(np.arange(16))["tokens"], rows)
+    assert_both_read_exactly(*written)
     assert proxy.faults["cut"] == 2
 
 
