@@ -1,6 +1,6 @@
 """A Ray cluster for the tests: a head of 2 CPUs on 127.0.0.1, started once per test session; and
 `two_nodes`, a head and a second node (``ray start --address``) with its own resources, started
-and stopped by the test that uses it.
+and stopped by the test that uses it (and started again where Ray gave up on a node under load).
 
 The head runs as ``ray start --head`` in a subprocess, and the tests join it by address, as a user
 joins a multi-node cluster (``docs/guides/prepare.md``, "On a Ray cluster"). Not ``ray.init()`` here: it
@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -107,9 +108,14 @@ def _node_ports() -> list[str]:
     return [f"--{name}={_free_port()}" for name in names]
 
 
-def _start_node(options: list[str], log, env) -> subprocess.Popen:
+class StartTimedOut(AssertionError):
+    """A node that Ray itself gave up on: its raylet did not register with the GCS within the 30 s
+    that `ray start` waits (a constant in ray/_private/node.py), which a loaded machine can exceed."""
+
+
+def _start_node(options: list[str], log, env, session: str) -> subprocess.Popen:
     """``ray start --block`` with ``options``, in its own process group; returns once the node
-    says it runs (or fails, showing its log)."""
+    says it runs, or fails showing its log and the tails of Ray's own logs in ``session``."""
     command = [sys.executable, "-m", "ray.scripts.scripts", "start", "--block",
                "--node-ip-address=127.0.0.1", "--disable-usage-stats", *_node_ports(),
                *options]  # fmt: skip
@@ -121,9 +127,21 @@ def _start_node(options: list[str], log, env) -> subprocess.Popen:
     while "Ray runtime started" not in log.read_text():
         if node.poll() is not None or time.monotonic() > deadline:
             _stop(node)
-            raise AssertionError(f"ray start {options} did not start:\n{log.read_text()}")
+            text = log.read_text()
+            failure = StartTimedOut if "timed out during startup" in text else AssertionError
+            raise failure(f"ray start {options} did not start:\n{text}{_ray_logs(session)}")
         time.sleep(0.2)
     return node
+
+
+def _ray_logs(session: str, lines: int = 15) -> str:
+    """The last ``lines`` of every non-empty log of the GCS and the raylets in ``session``."""
+    tails = []
+    for path in sorted(Path(session).glob("session_*/logs/*")):
+        if path.name.startswith(("gcs_server", "raylet")) and path.stat().st_size:
+            tail = path.read_text(errors="replace").splitlines()[-lines:]
+            tails.append(f"\n--- {path.name} (last {len(tail)} lines) ---\n" + "\n".join(tail))
+    return "".join(tails)
 
 
 #: What a process of a multi-node cluster (a node, or a driver joining it) needs: Ray refuses a
@@ -131,29 +149,45 @@ def _start_node(options: list[str], log, env) -> subprocess.Popen:
 TWO_NODES_ENVIRONMENT = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1"}
 
 
+#: How many times `two_nodes` starts a cluster whose node Ray gave up on (`StartTimedOut`).
+START_TRIES = 3
+
+
 @contextlib.contextmanager
 def two_nodes(tmp, head_cpus=0, node_cpus=2):
     """A head of ``head_cpus`` CPUs and a second node joined to it by address, with
-    ``node_cpus`` CPUs and a resource of its own (``second_node: 1``), both on 127.0.0.1:
-    yields the head's address; both are stopped (and every process they started) on exit. Their
-    logs go to ``tmp``; Ray's session to a short directory of its own (a socket's path has at most
-    107 bytes), deleted on exit."""
-    port = _free_port()
-    session = tempfile.mkdtemp(prefix="psdp-ray-")
+    ``node_cpus`` CPUs and a resource of its own (``second_node: 1``): yields the head's address;
+    both are stopped (and every process they started) on exit. Ray gives a node of a multi-node
+    cluster the address of the machine's interface: both are on this machine, and every address
+    named here is 127.0.0.1. A cluster whose node Ray gave up on under load is stopped and started
+    afresh, at most `START_TRIES` times; any other failure fails at once. Their logs go to ``tmp``;
+    Ray's session to a short directory of its own (a socket's path has at most 107 bytes), deleted
+    on exit."""
     env = {**os.environ, **TWO_NODES_ENVIRONMENT, "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
-    nodes = []
-    try:
-        nodes.append(_start_node(
-            ["--head", f"--port={port}", f"--num-cpus={head_cpus}", "--include-dashboard=false",
-             f"--dashboard-port={_free_port()}", f"--temp-dir={session}"], tmp / "head.log", env))  # fmt: skip
-        nodes.append(_start_node(
-            [f"--address=127.0.0.1:{port}", f"--num-cpus={node_cpus}",
-             '--resources={"second_node": 1}'], tmp / "second.log", env))  # fmt: skip
-        yield f"127.0.0.1:{port}"
-    finally:
-        for node in reversed(nodes):
-            _stop(node)
-        shutil.rmtree(session, ignore_errors=True)
+    for attempt in range(1, START_TRIES + 1):
+        port = _free_port()
+        session = tempfile.mkdtemp(prefix="psdp-ray-")
+        nodes = []
+        try:
+            try:
+                nodes.append(_start_node(
+                    ["--head", f"--port={port}", f"--num-cpus={head_cpus}",
+                     "--include-dashboard=false", f"--dashboard-port={_free_port()}",
+                     f"--temp-dir={session}"], tmp / f"head-{attempt}.log", env, session))  # fmt: skip
+                nodes.append(_start_node(
+                    [f"--address=127.0.0.1:{port}", f"--num-cpus={node_cpus}",
+                     '--resources={"second_node": 1}'], tmp / f"second-{attempt}.log", env,
+                    session))  # fmt: skip
+            except StartTimedOut:
+                if attempt == START_TRIES:
+                    raise
+                continue  # the finally below stops what started
+            yield f"127.0.0.1:{port}"
+            return
+        finally:
+            for node in reversed(nodes):
+                _stop(node)
+            shutil.rmtree(session, ignore_errors=True)
 
 
 def _stop(head: subprocess.Popen) -> None:
