@@ -272,3 +272,70 @@ def test_the_map_limit_leaves_most_descriptors_to_others(monkeypatch):
     assert mapped.map_limit() == 8192
     with pytest.raises(ValueError, match="at least 1, not 0"):
         mapped.MapLimit(0)
+
+
+def test_a_shard_mapped_again_is_checked_again(tmp_path, monkeypatch):
+    """What a process remembers of its checks goes with the shard's map: a chunk damaged on disk
+    after its shard was let go (`MAPS`) is refused when a read maps the shard again, never
+    returned as checked; the same read of a healthy chunk is checked once per map."""
+    monkeypatch.setattr(mapped, "MAPS", mapped.MapLimit(1))
+    flat = np.arange(3 * 4096, dtype=np.uint16)
+    path = write_documents(tmp_path / "s", [flat], tokens_per_chunk=256, tokens_per_shard=4096,
+                           progress=False)  # fmt: skip
+    counting = CountingCrc(mapped.google_crc32c)
+    monkeypatch.setattr(mapped, "google_crc32c", counting)
+    tokens = read_documents(path).leaves["input_ids"]
+    for _ in range(2):  # shard 0's chunks 0 and 1, then shard 2's chunk 0, which lets shard 0 go
+        np.testing.assert_array_equal(tokens.read_ranges(np.array([10]), np.array([300])),
+                                      flat[10:300])  # fmt: skip
+        np.testing.assert_array_equal(tokens.take(np.array([8200])), flat[[8200]])
+    # each time: shard 0's index and its 2 chunks, then shard 2's index and its chunk
+    assert counting.sizes == [256, 516, 516, 256, 516] * 2
+    shard = path / "tokens" / "input_ids" / "c" / "0"
+    with shard.open("r+b") as file:  # shard 0 is not mapped now: damaged in place on disk
+        file.seek(5 * 2)
+        file.write(b"\xff\xff")
+    with pytest.raises(ValueError, match="chunk 0 of shard 0 .* damaged"):
+        tokens.read_ranges(np.array([4]), np.array([6]))
+
+
+def test_what_a_process_remembers_of_its_checks_does_not_grow_with_the_store():
+    """Opening a leaf of 10^12 tokens allocates nothing per chunk (a flag a chunk of the whole
+    store was 244 MB): its checks are remembered per shard mapped, at most `MAPS.limit`."""
+    import tracemalloc
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    part = mapped.Part(Path("/nonexistent"), SimpleNamespace(shape=(10**12,)), per_chunk=4096,
+                       per_shard=2**20, checksum=True, index_checksum=True)  # fmt: skip
+    tracemalloc.start()
+    try:
+        leaf = MappedShards([part] * 4, np.uint32, "a store of 4 x 10^12 tokens")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(leaf) == 4 * 10**12
+    assert peak < 2**16, peak
+
+
+@pytest.mark.parametrize("read", ["read_ranges", "take"])
+def test_a_read_over_several_shards_checks_each_shards_own_chunks(tmp_path, read):
+    """Chunk 3 of shard 0 checked says nothing of chunk 3 of shard 1: one read over both refuses
+    the damaged one."""
+    flat = np.arange(3 * 4096, dtype=np.uint16)
+    path = write_documents(tmp_path / "s", [flat], tokens_per_chunk=256, tokens_per_shard=4096,
+                           progress=False)  # fmt: skip
+    shard = path / "tokens" / "input_ids" / "c" / "1"
+    with shard.open("r+b") as file:  # chunk 3 of shard 1: 256 uint16, then its crc32c
+        file.seek(3 * (512 + 4) + 10)
+        file.write(b"\xff")
+    tokens = read_documents(path).leaves["input_ids"]
+    first = 3 * 256 + 7  # in chunk 3 of shard 0: checked by this read
+    np.testing.assert_array_equal(tokens.read_ranges(np.array([first]), np.array([first + 2])),
+                                  flat[first : first + 2])  # fmt: skip
+    both = np.array([first, 4096 + first, 8192 + 5])
+    with pytest.raises(ValueError, match="chunk 3 of shard 1 .* damaged"):
+        if read == "take":
+            tokens.take(both)
+        else:
+            tokens.read_ranges(both, both + 2)

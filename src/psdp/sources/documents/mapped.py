@@ -8,8 +8,8 @@ array is a zarr3 ``sharding_indexed`` array of uncompressed chunks (``bytes``, t
 ``crc32c`` checksum by default), so a chunk is its little-endian values at the offset its
 shard's index gives. Nothing unverified is returned, and a host reads only what its rows
 touch: a shard's index (the bytes at the file's end) is checked against its checksum and the
-layout when a read first touches the shard, and each chunk's crc32c (``google-crc32c``) when a
-read first touches the chunk, before any of its bytes are copied. A store written with
+layout when a read maps the shard, and each chunk's crc32c (``google-crc32c``) when a read first
+touches the chunk since its shard was mapped, before any of its bytes are copied. A store written with
 ``checksum=False`` has no checksum to check: its chunks are read unchecked, as a memmap's
 would be. A store whose layout differs (compressed, other chunks) is read through TensorStore
 as before.
@@ -17,9 +17,12 @@ as before.
 Each map is one of the process's memory areas, which Linux caps (``vm.max_map_count``, 65,530
 by default), and before Python 3.13 holds a file descriptor (``ulimit -n``, often 1,024): a
 process holds at most `MAPS.limit` shard files mapped (`map_limit`), all stores together, and
-lets the oldest go first (a read maps it again when it needs it). Without the bound, a run
-failed once its reads had touched as many shard files as its descriptors allowed (measured:
-at 19,993 of 70,000 shards under a limit of 20,000 descriptors), 2^20 tokens each by default.
+lets the oldest go first (a read maps it again when it needs it, and checks it again). Without
+the bound, a run failed once its reads had touched as many shard files as its descriptors
+allowed (measured: at 19,993 of 70,000 shards under a limit of 20,000 descriptors), 2^20 tokens
+each by default. What a process remembers of its checks lives with the maps, so its memory is
+bounded by `MAPS.limit` too, whatever the store's size (a flag a chunk of the whole store was
+244 MB a leaf at 10^12 tokens).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import google_crc32c
 import numpy as np
@@ -121,6 +124,21 @@ def _map(file: Any) -> mmap.mmap:
     return mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
 
 
+class Mapped(NamedTuple):
+    """A shard file mapped: its bytes, the byte offset of each of its chunks, its values as rows
+    of a chunk (a row's stride steps over the checksum; ``None`` where a short last chunk leaves
+    too few bytes for a whole row), and which of its chunks were checked since it was mapped."""
+
+    data: np.ndarray
+    offsets: np.ndarray
+    rows: np.ndarray | None
+    checked: np.ndarray
+
+
+#: One slot: the shard of a read that touches one shard (`MappedShards._verify`).
+ONE_SHARD = np.zeros(1, np.intp)
+
+
 @dataclass(frozen=True)
 class Part:
     """One zarr3 array of the joined array: its directory, its TensorStore array (its length),
@@ -196,26 +214,20 @@ class MappedShards:
         lengths = [int(p.array.shape[0]) for p in self.parts]
         self._starts = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
         self.shape = (int(self._starts[-1]),)
-        # the shards mapped now (at most `MAPS.limit` in the process), their bytes and chunks'
-        # offsets
-        self._shards: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
-        # each part's chunks whose checksum was verified (set under the lock): each checked once
-        self._checked = [
-            np.zeros(-(-n // p.per_chunk), bool) for n, p in zip(lengths, self.parts, strict=True)
-        ]
+        self._chunks = [-(-n // p.per_chunk) for n, p in zip(lengths, self.parts, strict=True)]
+        # the shards mapped now (at most `MAPS.limit` in the process), each with its checks
+        self._shards: dict[tuple[int, int], Mapped] = {}
         # each part's last chunk's size without its checksum (it may be short), once mapped
         self._last_size: dict[int, int] = {}
-        # each mapped shard's values as rows of a chunk (`_shard`)
-        self._rows: dict[tuple[int, int], np.ndarray] = {}
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return self.shape[0]
 
-    def _shard(self, part: int, shard: int) -> tuple[np.ndarray, np.ndarray]:
-        """The bytes of a shard file (mapped) and the byte offset of each of its chunks; on
-        first use the shard's index (the bytes at the file's end, not the shard) is checked
-        against its checksum and the layout. Its chunks are checked one by one (`_verify`)."""
+    def _shard(self, part: int, shard: int) -> Mapped:
+        """A shard file, mapped; when it is mapped, its index (the bytes at the file's end, not
+        the shard) is checked against its checksum and the layout. Its chunks are checked one
+        by one (`_verify`)."""
         key = (part, shard)
         found = self._shards.get(key)
         if found is not None:
@@ -266,71 +278,77 @@ class MappedShards:
                 "size, in order); the store is damaged or was written by another tool: rewrite "
                 "it with write_documents"
             )
-        mapped = (data, offsets.astype(np.int64))
-        # the shard's values over the map as rows of a chunk each (a row's stride steps over
-        # the checksum), for a probe's gather; none where a short last chunk leaves too few
-        # bytes for a whole row
         item = self.dtype.itemsize
         rows = None
         if (chunks - 1) * stride + p.per_chunk * item <= len(data):
             rows = np.ndarray((chunks, p.per_chunk), self.dtype, data, 0, (stride, item))
+        mapped = Mapped(data, offsets.astype(np.int64), rows, np.zeros(chunks, bool))
         with self._lock:
             if stop == length:  # the part's last shard: its last chunk may be short
                 self._last_size[part] = int(nbytes[-1]) - 4 * p.checksum
             found = self._shards.setdefault(key, mapped)
-            if found is mapped and rows is not None:
-                self._rows[key] = rows
         if found is mapped:  # mapped here, not by another thread meanwhile: counted
             MAPS.admit(self, key)
         return found
 
     def release(self, key: tuple[int, int]) -> None:
-        """Let the map of shard ``key`` go (`MAPS`); a read holding it keeps it open until it
-        ends, and a later read maps the shard again."""
+        """Let the map of shard ``key`` go (`MAPS`), and what was checked of it; a read holding
+        it keeps it open until it ends, and a later read maps the shard again and checks it."""
         with self._lock:
             self._shards.pop(key, None)
-            self._rows.pop(key, None)
 
-    def _verify(self, part: int, chunks: np.ndarray) -> None:
-        """Check the crc32c of each of the part's chunks ``chunks`` (numbered from the part's
-        start) not checked before; raise before any of a damaged chunk's bytes are read."""
+    def _verify(
+        self, part: int, shards: list[int], maps: list[Mapped], slot: np.ndarray, k: np.ndarray
+    ) -> None:
+        """Check the crc32c of chunk ``k[i]`` of the part's shard ``shards[slot[i]]`` (mapped as
+        ``maps[slot[i]]``), for each ``i`` not checked since that map was made; raise before any
+        of a damaged chunk's bytes are read."""
         p = self.parts[part]
         if not p.checksum:  # no checksum written: read as a memmap reads, unchecked
             return
-        checked = self._checked[part]
-        todo = chunks[~checked[chunks]]
-        if not len(todo):
-            return
-        todo = np.unique(todo)
         per_shard = p.per_shard // p.per_chunk
-        shard, k = np.divmod(todo, per_shard)
-        maps = {s: self._shard(part, s)[0] for s in np.unique(shard).tolist()}
+        if len(maps) == 1:
+            fresh = np.flatnonzero(~maps[0].checked[k])
+        else:  # the shards' flags back to back: every shard is whole but a part's last, the
+            # last of ``shards`` (they are in order), so chunk k of slot s is at s * per_shard + k
+            flags = np.concatenate([m.checked for m in maps])
+            fresh = np.flatnonzero(~flags[slot * per_shard + k])
+        if not len(fresh):
+            return
+        # each chunk once (a read may touch one several times), in order
+        _, first = np.unique(slot[fresh] * per_shard + k[fresh], return_index=True)
+        todo_slot, todo_k = slot[fresh[first]], k[fresh[first]]
         # chunk k of a shard is at byte k * stride, all of stride bytes but perhaps the part's
         # last, which may be stored short (checked when the shard was mapped)
         stride = p.per_chunk * self.dtype.itemsize + 4
-        start = k * stride
+        start = todo_k * stride
         end = start + stride  # the chunk and its checksum
-        if todo[-1] == len(checked) - 1:
-            end[-1] = start[-1] + self._last_size[part] + 4
+        shard = np.asarray(shards)[todo_slot]
+        last = shard * per_shard + todo_k == self._chunks[part] - 1
+        if last.any():
+            end[last] = start[last] + self._last_size[part] + 4
         # one call a chunk over its bytes and its stored checksum, whose crc32c is a constant
         # if and only if they agree (`CHECKED`): no Python per chunk but the slice and the call
         got = [
-            google_crc32c.value(maps[s][a:b])
-            for s, a, b in zip(shard.tolist(), start.tolist(), end.tolist(), strict=True)
+            google_crc32c.value(maps[s].data[a:b])
+            for s, a, b in zip(todo_slot.tolist(), start.tolist(), end.tolist(), strict=True)
         ]
         bad = np.flatnonzero(np.array(got) != CHECKED)
         if len(bad):
-            first = int(bad[0])
-            data, a, b = maps[int(shard[first])], int(start[first]), int(end[first])
+            first_bad = int(bad[0])
+            data = maps[int(todo_slot[first_bad])].data
+            a, b = int(start[first_bad]), int(end[first_bad])
             stored = int.from_bytes(data[b - 4 : b].tobytes(), "little")
             computed = _crc32c(data[a : b - 4])
             raise ValueError(
-                f"chunk {int(k[first])} of shard {int(shard[first])} of {p.directory} of "
-                f"{self._where} fails its crc32c checksum (stored {stored:#010x}, computed "
-                f"{computed:#010x}); the store is damaged: rewrite it with write_documents"
+                f"chunk {int(todo_k[first_bad])} of shard {int(shard[first_bad])} of "
+                f"{p.directory} of {self._where} fails its crc32c checksum (stored "
+                f"{stored:#010x}, computed {computed:#010x}); the store is damaged: rewrite it "
+                "with write_documents"
             )
         with self._lock:
-            checked[todo] = True
+            for s, chunk in zip(todo_slot.tolist(), todo_k.tolist(), strict=True):
+                maps[s].checked[chunk] = True
 
     def _pieces(self, lo: int, hi: int) -> list[tuple[np.ndarray, int, int]]:
         """``[lo, hi)`` as (mapped bytes, first byte, byte count) pieces, chunk by chunk."""
@@ -343,13 +361,13 @@ class MappedShards:
             local, local_hi = lo - base, min(hi, end) - base
             while local < local_hi:
                 shard = local // p.per_shard
-                data, offsets = self._shard(part, shard)
+                mapped = self._shard(part, shard)
                 in_shard = local - shard * p.per_shard
                 chunk = in_shard // p.per_chunk
-                self._verify(part, np.array([shard * (p.per_shard // p.per_chunk) + chunk]))
+                self._verify(part, [shard], [mapped], ONE_SHARD, np.array([chunk]))
                 take = min(local_hi - local, (chunk + 1) * p.per_chunk - in_shard)
-                start = int(offsets[chunk]) + (in_shard - chunk * p.per_chunk) * item
-                out.append((data, start, take * item))
+                start = int(mapped.offsets[chunk]) + (in_shard - chunk * p.per_chunk) * item
+                out.append((mapped.data, start, take * item))
                 local += take
             lo = min(hi, end)
             part += 1
@@ -399,12 +417,13 @@ class MappedShards:
             in_shard = chunk - shard * (p.per_shard // p.per_chunk)
             byte = in_shard * stride + (piece_lo - chunk * p.per_chunk) * item
             shards, slot = np.unique(shard, return_inverse=True)
-            maps = [self._shard(number, s)[0] for s in shards.tolist()]
-            self._verify(number, chunk)  # before any of the chunks' bytes are copied
+            numbers = shards.tolist()
+            maps = [self._shard(number, s) for s in numbers]
+            self._verify(number, numbers, maps, slot, in_shard)  # before any bytes are copied
             sizes = ((piece_hi - piece_lo) * item).tolist()
             order = mine[which].tolist()  # each piece's range: the pieces in the ranges' order
             each = zip(order, slot.tolist(), byte.tolist(), sizes, strict=True)
-            pieces += [(r, i, maps[k], b, n) for i, (r, k, b, n) in enumerate(each)]
+            pieces += [(r, i, maps[k].data, b, n) for i, (r, k, b, n) in enumerate(each)]
         if len(self.parts) > 1:
             pieces.sort(key=lambda piece: (piece[0], piece[1]))
         return self._copy([(d, b, n) for _, _, d, b, n in pieces], int((hi - lo).sum()))
@@ -431,25 +450,30 @@ class MappedShards:
         if not len(local):
             return np.empty(0, self.dtype)
         chunk, within = np.divmod(local, p.per_chunk)
-        self._verify(part, chunk)  # before any of the chunks' values are read
-        per_shard = p.per_shard // p.per_chunk
-        shard, row = np.divmod(chunk, per_shard)
-        if len(self._checked[part]) <= per_shard or shard.min() == shard.max():  # one shard
-            return self._gather(part, int(shard[0]), row, within)
+        shard, row = np.divmod(chunk, p.per_shard // p.per_chunk)
+        if shard.min() == shard.max():  # one shard: no grouping
+            shards, slot = shard[:1], np.zeros(len(shard), np.intp)
+        else:
+            shards, slot = np.unique(shard, return_inverse=True)
+        numbers = shards.tolist()
+        maps = [self._shard(part, s) for s in numbers]
+        self._verify(part, numbers, maps, slot, row)  # before any of the chunks' values are read
+        if len(maps) == 1:
+            return self._gather(maps[0], row, within)
         out = np.empty(len(local), self.dtype)
-        for s in np.unique(shard).tolist():
-            here = shard == s
-            out[here] = self._gather(part, s, row[here], within[here])
+        for s, mapped in enumerate(maps):
+            here = slot == s
+            out[here] = self._gather(mapped, row[here], within[here])
         return out
 
-    def _gather(self, part: int, shard: int, row: np.ndarray, within: np.ndarray) -> np.ndarray:
-        """The values at ``within`` of the shard's chunks ``row``: one gather over its rows."""
-        data, offsets = self._shard(part, shard)
-        rows = self._rows.get((part, shard))
-        if rows is not None:
-            return rows[row, within]
-        byte = offsets[row] + within * self.dtype.itemsize  # a short last chunk: byte by byte
-        return data[byte[:, None] + np.arange(self.dtype.itemsize)].reshape(-1).view(self.dtype)
+    def _gather(self, mapped: Mapped, row: np.ndarray, within: np.ndarray) -> np.ndarray:
+        """The values at ``within`` of a shard's chunks ``row``: one gather over its rows."""
+        if mapped.rows is not None:
+            return mapped.rows[row, within]
+        byte = mapped.offsets[row] + within * self.dtype.itemsize  # a short last chunk
+        return (
+            mapped.data[byte[:, None] + np.arange(self.dtype.itemsize)].reshape(-1).view(self.dtype)
+        )
 
 
 class MappedOffsets:
