@@ -278,6 +278,9 @@ def data_config(levanter_data: Any, *, seq_len: int, batch_size: Any = None) -> 
         >>> config.view.packing, config.view.max_segments, config.mixture.shuffle
         ('greedy', 16, False)
     """
+    _check_levanter_options(levanter_data)
+    weights = getattr(levanter_data, "train_weights", None)
+    trained = _trained_components(levanter_data.components, weights)
     sources: dict[str, SourceConfig] = {}
     evals: dict[str, SourceConfig] = {}
     packs: dict[str, int | None] = {}
@@ -288,6 +291,7 @@ def data_config(levanter_data: Any, *, seq_len: int, batch_size: Any = None) -> 
                 "cached components (a component with cache_dir), e.g. components: {web: "
                 "{cache_dir: gs://bucket/web}}"
             )
+        _check_text_format(name, getattr(component, "format", None))
         packs[name] = _max_segments(name, component.pack)
         root = component.cache_dir
         if root is None:
@@ -297,17 +301,21 @@ def data_config(levanter_data: Any, *, seq_len: int, batch_size: Any = None) -> 
                     "none either; set one, e.g. cache_dir: gs://bucket/cache"
                 )
             root = os.path.join(levanter_data.cache_dir, name)
-        sources[name] = SourceConfig(store=_split(root, "train", component), format="levanter")
-        validation = _split(root, "validation", component)
-        if _exists(os.path.join(validation, "shard_ledger.json")):
+        if name in trained:  # Levanter opens no train split of a component never weighted
+            sources[name] = SourceConfig(store=_split(root, "train", component), format="levanter")
+        # a flat cache is its train split only: Levanter evaluates it on nothing
+        validation = os.path.join(root, "validation")
+        if not component.flat_cache and _exists(os.path.join(validation, "shard_ledger.json")):
             evals[name] = SourceConfig(store=validation, format="levanter")
-    weights = levanter_data.train_weights
     stages = None
     if isinstance(weights, Mapping):
         sources = {n: dataclasses.replace(s, weight=float(weights.get(n, 0.0)))
                    for n, s in sources.items()}  # fmt: skip
     elif weights is not None:
-        stages = [StageConfig(step=int(step), weights=dict(w)) for step, w in weights]
+        stages = [
+            StageConfig(step=int(step), weights={n: v for n, v in w.items() if n in trained})
+            for step, w in weights
+        ]
     order: dict[str, Any] = {} if batch_size is None else {"global_batch_size": batch_size}
     mixture = MixtureConfig(
         block_size=int(levanter_data.mixture_block_size),
@@ -324,6 +332,55 @@ def data_config(levanter_data: Any, *, seq_len: int, batch_size: Any = None) -> 
             "eval": {n: dataclasses.asdict(s) for n, s in evals.items()},
             "order": order,
         }
+    )
+
+
+def _trained_components(components: Mapping[str, Any], weights: Any) -> set[str]:
+    """The components Levanter trains on: a weight above 0 in some stage (all, unweighted)."""
+    if weights is None:
+        return set(components)
+    stages = [weights] if isinstance(weights, Mapping) else [w for _, w in weights]
+    return {name for name in components if any(w.get(name, 0) > 0 for w in stages)}
+
+
+#: Levanter data options psdp cannot honour, and their value that means "not used"
+_UNSUPPORTED = {
+    "num_validation_sequences": None,  # validation rows split off the train set
+    "max_train_batches": None,  # a component's training rows capped
+    "target_budget": None,  # a simulated data budget
+    "experiment_budget": None,
+}
+
+
+def _check_levanter_options(levanter_data: Any) -> None:
+    """Refuses the Levanter data options that would change which rows a run trains on, which
+    psdp's config does not express: silently ignored, they would train on other data."""
+    for option, unset in _UNSUPPORTED.items():
+        value = getattr(levanter_data, option, unset)
+        if value != unset:
+            raise ValueError(
+                f"Levanter's data config sets {option}: {value!r}, which psdp does not read (it "
+                "would train on other rows than Levanter's); drop it from the YAML, or run "
+                "Levanter's own loader (python -m levanter.main.train_lm)"
+            )
+    stop = getattr(levanter_data, "stop_strategy", "restart")
+    if str(getattr(stop, "value", stop)) != "restart":
+        raise ValueError(
+            f"Levanter's data config sets stop_strategy: {stop!r}; psdp's mixture never ends, as "
+            "Levanter's restart strategy: use stop_strategy: restart (the default)"
+        )
+
+
+def _check_text_format(name: str, fmt: Any) -> None:
+    """Refuses a component whose format weights tokens (supervised, chat, prebuilt): psdp
+    reads its ``input_ids`` alone, so every token would weigh 1, prompts included."""
+    if fmt is None or type(fmt).__name__ == "TextLmDatasetFormat":
+        return
+    raise ValueError(
+        f"Levanter's data component {name!r} has format {type(fmt).__name__}; psdp.levanter "
+        "reads text caches (format: text) only: a supervised or chat cache's loss weights "
+        "would be ignored and every token trained on; use Levanter's own loader for it, or "
+        "LevanterLoader(..., loss_weight_key=...) over the cache"
     )
 
 

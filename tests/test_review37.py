@@ -1,0 +1,136 @@
+"""Review of psdp's trainer integrations (issue 37): Levanter data sections that Levanter reads
+one way and `psdp.levanter.data_config` read another, checked against Levanter's own
+`LmDataConfig` (its validation sets, its train set).
+
+Runs in the Levanter venv (`make test-levanter`); elsewhere every test skips.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+levanter = pytest.importorskip(
+    "levanter", reason="Levanter is not installed here: `make test-levanter` runs these tests"
+)
+
+import haliax as hax  # noqa: E402
+import jax  # noqa: E402
+from levanter.data.text.datasets import DatasetComponent, LmDataConfig  # noqa: E402
+from levanter.data.text.formats import SupervisedLmDatasetFormat  # noqa: E402
+from levanter.schedule import BatchSchedule  # noqa: E402
+from levanter.store.cache import SerialCacheWriter  # noqa: E402
+
+from psdp.levanter import data_config  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore:jax[.].* is deprecated:DeprecationWarning")
+
+SEQ_LEN, VOCAB, EOS = 8, 128, 1
+Pos = hax.Axis("position", SEQ_LEN)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A 128-id tokenizer saved locally (Levanter loads its caches through one): id 1 is EOS."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    path = tmp_path_factory.mktemp("tok")
+    words = models.WordLevel({f"t{i}": i for i in range(VOCAB)}, unk_token="t0")
+    PreTrainedTokenizerFast(tokenizer_object=Tokenizer(words), eos_token="t1").save_pretrained(path)
+    return str(path)
+
+
+def _write(path: Path, count: int, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    docs = [
+        {"input_ids": np.append(rng.integers(2, VOCAB, int(n)), EOS).astype(np.int64)}
+        for n in rng.integers(3, 20, count)
+    ]
+    with SerialCacheWriter(str(path), {"input_ids": np.zeros(0, np.int64)}) as writer:
+        writer.write_batch(docs)
+
+
+def _levanter_eval_sets(levanter_data: LmDataConfig) -> set[str]:
+    return set(levanter_data.validation_sets(Pos))
+
+
+def test_a_flat_cache_is_no_eval_set_as_levanter_reads_it(tmp_path, tokenizer) -> None:
+    """`flat_cache: true` makes cache_dir the train split itself; Levanter evaluates such a
+    component on nothing. psdp read its validation split at the same folder: the train cache,
+    so the "eval loss" was a loss on the training rows."""
+    _write(tmp_path / "flat", 60, 0)
+    levanter_data = LmDataConfig(
+        tokenizer=tokenizer,
+        cache_dir=None,
+        components={"flat": DatasetComponent(cache_dir=str(tmp_path / "flat"), flat_cache=True)},
+    )
+    config = data_config(levanter_data, seq_len=SEQ_LEN)
+    assert config.sources["flat"].store == str(tmp_path / "flat")
+    assert set(config.eval) == _levanter_eval_sets(levanter_data) == set()
+
+
+def test_a_component_never_weighted_needs_no_train_split_and_stays_an_eval_set(
+    tmp_path, tokenizer
+) -> None:
+    """Levanter's eval-only component (train weight 0, a validation split only) trains nothing
+    and is evaluated; psdp asked for its train split and told the user to build it."""
+    _write(tmp_path / "web" / "train", 60, 0)
+    _write(tmp_path / "web" / "validation", 20, 1)
+    _write(tmp_path / "heldout" / "validation", 20, 2)
+    components = {
+        "web": DatasetComponent(cache_dir=str(tmp_path / "web")),
+        "heldout": DatasetComponent(cache_dir=str(tmp_path / "heldout")),
+    }
+    for weights in (
+        {"web": 1.0, "heldout": 0.0},
+        [(0, {"web": 1.0}), (8, {"web": 2.0, "heldout": 0.0})],
+    ):
+        levanter_data = LmDataConfig(
+            tokenizer=tokenizer, cache_dir=None, components=components, train_weights=weights,
+            mixture_block_size=8,
+        )  # fmt: skip
+        # Levanter's own train set builds without the split
+        levanter_data.train_set(Pos, BatchSchedule(4), key=jax.random.PRNGKey(0))
+        config = data_config(levanter_data, seq_len=SEQ_LEN, batch_size=4)
+        assert set(config.sources) == {"web"}
+        assert set(config.eval) == _levanter_eval_sets(levanter_data) == {"web", "heldout"}
+        source = config.train_source()
+        rows = source.read(np.arange(4))["input_ids"]
+        assert rows.shape == (4, SEQ_LEN) and rows.max() < VOCAB
+
+
+@pytest.mark.parametrize(
+    "option, value",
+    [
+        ("num_validation_sequences", {"web": 16}),  # Levanter holds 16 rows out of training
+        ("max_train_batches", {"web": 2}),  # Levanter trains on 2 batches of web only
+        ("stop_strategy", "first_exhausted"),  # Levanter's mixture ends
+    ],
+)
+def test_options_that_change_the_training_rows_are_refused_not_ignored(
+    tmp_path, tokenizer, option, value
+) -> None:
+    """Each option makes Levanter train on other rows than the caches' whole train splits;
+    psdp read the section without them, so a run fed by psdp trained on Levanter's held-out
+    rows (num_validation_sequences) or on more data than asked, and said nothing."""
+    _write(tmp_path / "web" / "train", 60, 0)
+    levanter_data = LmDataConfig(
+        tokenizer=tokenizer, cache_dir=None, **{option: value},
+        components={"web": DatasetComponent(cache_dir=str(tmp_path / "web"))},
+    )  # fmt: skip
+    with pytest.raises(ValueError, match=rf"sets {option}: .*drop it|sets {option}: .*use stop"):
+        data_config(levanter_data, seq_len=SEQ_LEN)
+
+
+def test_a_supervised_component_is_refused_not_trained_on_every_token(tmp_path, tokenizer):
+    """Levanter weighs a supervised cache's loss by its `loss_weights` leaf (the target only);
+    psdp read its input_ids alone and weighed every token, prompts included."""
+    component = DatasetComponent(
+        cache_dir=str(tmp_path / "sft"), format=SupervisedLmDatasetFormat()
+    )
+    levanter_data = LmDataConfig(tokenizer=tokenizer, cache_dir=None, components={"sft": component})
+    with pytest.raises(ValueError, match=r"'sft' has format SupervisedLmDatasetFormat.*text"):
+        data_config(levanter_data, seq_len=SEQ_LEN)
