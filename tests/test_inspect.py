@@ -153,6 +153,20 @@ def test_bad_input_is_one_line_with_the_fix(in_run, capsys, args, message):
     assert message in err
 
 
+def test_a_levanter_yaml_is_refused_naming_the_translation(in_run, capsys):
+    """The YAML a Levanter user runs with ``python -m psdp.levanter`` holds Levanter's data
+    section, not a DataConfig: said so, with the way to a DataConfig, not as a missing field."""
+    Path("levanter.yaml").write_text(
+        "data: {tokenizer: tok, cache_dir: cache, components: {web: {}, code: {}}}\n"
+        "trainer: {num_train_steps: 8, train_batch_size: 8}\n"
+    )
+    assert main(["inspect", "levanter.yaml", "--step", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "holds Levanter's data section (components: web, code)" in err
+    assert "psdp.levanter.data_config(config.data" in err
+
+
 def _state_after(mesh, steps: int) -> dict:
     config, _ = load_config("train.yaml")
     with config.build(mesh) as loader:

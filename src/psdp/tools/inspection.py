@@ -160,6 +160,14 @@ def load_config(path: str | Path) -> tuple[DataConfig, int | None]:
             "mapping; give a DataConfig's fields (seq_len, sources, ...) or a data: section"
         )
     data = raw.get("data", raw) if isinstance(raw.get("data"), Mapping) else raw
+    if "components" in data:  # Levanter's data section (LmDataConfig), not a DataConfig
+        raise ValueError(
+            f"the config {str(path)!r} holds Levanter's data section (components: "
+            f"{', '.join(map(str, data['components'] or {}))}), which psdp inspect does not "
+            "read; inspect the DataConfig psdp.levanter reads it as: save "
+            "psdp.levanter.data_config(config.data, seq_len=..., batch_size=...).to_dict() as "
+            "YAML (its mixture.seed set to the seed psdp.levanter.train_lm gives it) and give that"
+        )
     try:
         config = DataConfig.from_dict(data)
     except TypeError as error:
