@@ -134,3 +134,87 @@ def test_a_supervised_component_is_refused_not_trained_on_every_token(tmp_path, 
     levanter_data = LmDataConfig(tokenizer=tokenizer, cache_dir=None, components={"sft": component})
     with pytest.raises(ValueError, match=r"'sft' has format SupervisedLmDatasetFormat.*text"):
         data_config(levanter_data, seq_len=SEQ_LEN)
+
+
+# ------------------------------------------------------- packed rows: segments from the pack
+BATCH, STEPS = 4, 6
+
+
+def _segment_classes(example) -> np.ndarray:
+    """Which positions of each row attend to each other by segment: (batch, pos, pos) bools
+    (Levanter numbers a pack's segments by document and its padding -1, psdp 1, 2, ... and 0)."""
+    segments = example.attn_mask.segment_ids
+    segments = np.asarray((segments[0] if isinstance(segments, tuple) else segments).array)
+    return segments[:, :, None] == segments[:, None, :]
+
+
+def _assert_same_examples(ours, theirs) -> None:
+    for mine, other in zip(ours, theirs, strict=True):
+        np.testing.assert_array_equal(np.asarray(mine.tokens.array), np.asarray(other.tokens.array))
+        np.testing.assert_array_equal(
+            np.asarray(mine.loss_weight.array), np.asarray(other.loss_weight.array)
+        )
+        np.testing.assert_array_equal(_segment_classes(mine), _segment_classes(other))
+
+
+def _write_without_eos(path: Path, count: int, seed: int) -> None:
+    """Documents of 1..24 ids that end without EOS (Levanter's `enforce_eos: false`, or a
+    tokenizer that appends none), EOS nowhere in them."""
+    rng = np.random.default_rng(seed)
+    docs = [{"input_ids": rng.integers(2, VOCAB, int(n)).astype(np.int64)} for n in
+            rng.integers(1, 25, count)]  # fmt: skip
+    with SerialCacheWriter(str(path), {"input_ids": np.zeros(0, np.int64)}) as writer:
+        writer.write_batch(docs)
+
+
+def test_packed_rows_of_documents_without_eos_attend_as_levanters_packed_examples(tmp_path):
+    """Levanter's packed example takes its segments from the pack, so documents packed side by
+    side never attend to each other; psdp took them from EOS, so documents without one (a
+    cache built with `enforce_eos: false`) made one segment of the whole row, silently: the
+    same tokens and weights, another attention. Checked against Levanter's own loader over
+    its own `PackedTokenDataset`, train rows and an eval pass."""
+    from types import SimpleNamespace
+
+    from levanter.data.loader import DataLoader as LevanterDataLoader
+    from levanter.data.text.datasets import NamedLmDataset, PackedTokenDataset
+    from levanter.store.cache import TreeCache
+
+    from psdp.levanter import _eval_rows, _PsdpEvalSet, _TaggedEvalLoader, train_loader
+    from tests.meshes import mesh_of
+
+    for split, count in (("train", 120), ("validation", 30)):
+        _write_without_eos(tmp_path / "web" / split, count, {"train": 0, "validation": 1}[split])
+    mesh = mesh_of(("data",), (4,))
+    Pos16 = hax.Axis("position", 16)
+
+    def levanter_examples(split: str, steps: int) -> list:
+        cache = TreeCache.load(str(tmp_path / "web" / split), {"input_ids": np.zeros(0, np.int64)})
+        rows = NamedLmDataset(PackedTokenDataset(cache, Pos16, max_segments_per_example=4), Pos16)
+        loader = LevanterDataLoader(rows, BATCH, mesh=mesh, axis_resources={"batch": "data"})
+        return [example for _, example in zip(range(steps), loader, strict=False)]
+
+    component = SimpleNamespace(cache_dir=str(tmp_path / "web"), flat_cache=False, pack=4,
+                                format=None, tags=None)  # fmt: skip
+    levanter_data = SimpleNamespace(
+        cache_dir=None, mixture_block_size=BATCH, shuffle=False, components={"web": component},
+        train_weights=None, the_tokenizer=SimpleNamespace(eos_token_id=EOS),
+        block_cross_document_attention=True,
+    )  # fmt: skip
+    trainer = SimpleNamespace(
+        device_mesh=mesh, compute_axis_mapping={"batch": "data"},
+        config=SimpleNamespace(train_batch_size=BATCH, batch_axis_name="batch"),
+    )  # fmt: skip
+    with train_loader(levanter_data, trainer, Pos16) as loader:
+        ours = [example for _, example in zip(range(STEPS), loader, strict=False)]
+    _assert_same_examples(ours, levanter_examples("train", STEPS))
+
+    config = data_config(levanter_data, seq_len=16)
+    eval_set = _PsdpEvalSet(levanter_data, str(config.eval["web"].store), Pos16, config.view)
+    rows = len(_eval_rows(eval_set))
+    tagged = SimpleNamespace(datasets=[(eval_set, ["web"])], num_tags=1, tag_to_index={"web": 0})
+    ours = [example for example, _ in _TaggedEvalLoader(tagged, hax.Axis("batch", BATCH), mesh,
+                                                        {"batch": "data"})]  # fmt: skip
+    whole = rows // BATCH  # the whole batches; the last, padded, weighs its padding rows 0
+    assert len(ours) == -(-rows // BATCH) and rows % BATCH
+    _assert_same_examples(ours[:whole], levanter_examples("validation", whole))
+    assert not np.asarray(ours[-1].loss_weight.array)[rows % BATCH :].any()

@@ -35,6 +35,8 @@ from psdp.sources.documents.levanter import open_levanter_cache
 _NEEDED_FOR = "psdp.levanter"
 #: Levanter's ``max_segments_per_example`` for a component with ``pack: true``
 LEVANTER_MAX_SEGMENTS = 64
+#: the leaf numbering a packed row's segments (`PackedSequences`)
+PACKED_SEGMENTS = "segment_ids"
 
 
 def _levanter(module: str) -> Any:
@@ -64,6 +66,9 @@ class LevanterLoader:
         batch_axis_name: the batch axis's name (Levanter's ``trainer.config.batch_axis_name``).
         eos_id: the tokenizer's EOS id: a new segment starts after it (``None``: one segment).
         block_cross_document_attention: segments block attention (Levanter's default).
+        segment_key: a per-token leaf of ``source`` numbering each row's segments (a packed
+            view's ``segment_ids``): the segments, instead of ``eos_id``'s, as Levanter's packed
+            examples take theirs from the pack (a document without an EOS is a segment too).
         loss_weight_key: a per-token leaf of ``source`` weighting the loss (a supervised cache's
             ``loss_weights``); unset: every token.
         evaluation: one pass in order, the last batch padded with zero-weight rows.
@@ -84,6 +89,7 @@ class LevanterLoader:
         batch_axis_name: str = "batch",
         eos_id: int | None = None,
         block_cross_document_attention: bool = True,
+        segment_key: str | None = None,
         loss_weight_key: str | None = None,
         evaluation: bool = False,
         shuffle: bool = False,
@@ -96,7 +102,8 @@ class LevanterLoader:
         mapping = {batch_axis_name: "data"} if axis_resources is None else dict(axis_resources)
         self.axis_resources = mapping
         names = (batch_axis_name, Pos.name)
-        leaves = (TOKENS,) if loss_weight_key is None else (TOKENS, loss_weight_key)
+        extra = (k for k in (loss_weight_key, segment_key) if k is not None)
+        leaves = (TOKENS, *extra)
         order: dict[str, Any] = {"global_batch_size": batch_size}
         if evaluation:
             order.update(epochs=1, shuffle=False)
@@ -123,8 +130,9 @@ class LevanterLoader:
             )
         self._leaves = leaves
         self._to_example = _example_maker(
-            eos_id, block_cross_document_attention, loss_weight_key, evaluation, mesh, mapping
-        )
+            eos_id, block_cross_document_attention, loss_weight_key, segment_key, evaluation,
+            mesh, mapping,
+        )  # fmt: skip
 
     @classmethod
     def from_cache(cls, path: Any, *, Pos: Any, **kwargs: Any) -> LevanterLoader:
@@ -201,6 +209,7 @@ def _example_maker(
     eos_id: int | None,
     block_cross_document_attention: bool,
     loss_weight_key: str | None,
+    segment_key: str | None,
     evaluation: bool,
     mesh: Any,
     mapping: Mapping[str, Any],
@@ -212,19 +221,21 @@ def _example_maker(
     hax = _levanter("haliax")
     examples = _levanter("levanter.data.text.examples")
 
-    def one_row(tokens: Any, weight: Any) -> Any:
+    def one_row(tokens: Any, weight: Any, segments: Any) -> Any:
         return examples.GrugLmExample.causal(
             tokens,
             loss_weight=weight,
-            eos_id=eos_id,
+            eos_id=eos_id if segments is None else None,
+            segment_ids=segments,
             block_cross_document_attention=block_cross_document_attention,
         )
 
     @eqx.filter_jit
-    def convert(tokens: Any, weight: Any, mask: Any) -> Any:
+    def convert(tokens: Any, weight: Any, segments: Any, mask: Any) -> Any:
         Batch, Pos = tokens.axes
         raw_weight = None if weight is None else weight.array
-        rows = jax.vmap(one_row)(tokens.array, raw_weight)
+        raw_segments = None if segments is None else segments.array
+        rows = jax.vmap(one_row)(tokens.array, raw_weight, raw_segments)
         example = examples.named_lm_example_from_grug(rows, Pos, batch_axis=Batch)
         if mask is not None:  # padding rows of an eval batch weigh nothing
             scale = hax.named(mask.astype(example.loss_weight.dtype), (Batch,))
@@ -233,11 +244,12 @@ def _example_maker(
 
     def to_example(batch: Mapping[str, Any]) -> Any:
         weight = None if loss_weight_key is None else batch[loss_weight_key]
+        segments = None if segment_key is None else batch[segment_key]
         mask = batch.get("mask") if evaluation else None
         if mask is not None:
             mask = mask.array if isinstance(mask, hax.NamedArray) else mask
         with hax.partitioning.set_mesh(mesh):
-            return convert(batch[TOKENS], weight, mask)
+            return convert(batch[TOKENS], weight, segments, mask)
 
     return to_example
 
@@ -454,7 +466,13 @@ def train_loader(levanter_data: Any, trainer: Any, Pos: Any, *, seed: int = 0) -
         (source,) = config.sources.values()
         return LevanterLoader.from_cache(source.store, **common)
     config = dataclasses.replace(config, mixture=dataclasses.replace(config.mixture, seed=seed))
-    return LevanterLoader(config.train_source(), **common)
+    return LevanterLoader(config.train_source(), **common, **_packed_segments(config.view))
+
+
+def _packed_segments(view: ViewConfig) -> dict[str, Any]:
+    """A packed view's rows take their segments from the pack, as Levanter's packed examples
+    do: from EOS they would join documents that end without one (``enforce_eos: false``)."""
+    return {} if view.packing is None else {"segment_key": PACKED_SEGMENTS}
 
 
 def _batch_size(trainer_config: Any) -> Any:
@@ -536,6 +554,7 @@ class _TaggedEvalLoader:
                 _eval_rows(dataset), mesh=mesh, Pos=dataset.Pos, batch_size=EvalBatch.size,
                 axis_resources=mapping | {"batch": physical}, batch_axis_name=EvalBatch.name,
                 eos_id=eos, evaluation=True, name=f"levanter eval {index}",
+                **_packed_segments(dataset.view),
             )  # fmt: skip
             # the set's tag row, as Levanter's `DomainTaggedDataset` makes it (its own copy is a
             # global array, which a host cannot read on a pod)
@@ -555,11 +574,11 @@ class _TaggedEvalLoader:
 
 def _eval_rows(dataset: _PsdpEvalSet) -> Any:
     """An eval set's rows, as Levanter makes its component's: concatenated then split, or
-    packed as the component's ``pack`` says (its input_ids alone)."""
+    packed as the component's ``pack`` says (its input_ids, and a pack's segment_ids)."""
     store = open_levanter_cache(dataset.store, (TOKENS,))
     if dataset.view.packing is None:
         return TokenSequences(store, dataset.Pos.size, leaves=(TOKENS,))
-    kwargs = {**dataset.view.view_kwargs(), "leaves": (TOKENS,)}
+    kwargs = {**dataset.view.view_kwargs(), "leaves": (TOKENS, PACKED_SEGMENTS)}
     return PackedSequences(store, dataset.Pos.size, **kwargs)
 
 
