@@ -669,6 +669,15 @@ CASES: list[tuple[str, Callable[[Path], Any], type[BaseException], list[str]]] =
         TypeError,
         ["list_iterator has no __len__", "MapDataset with a length"],
     ),
+    (
+        "a Grain source whose dropped records are None (a filtered MapDataset)",
+        lambda _: GrainSource(
+            [{"tokens": row} if i % 2 == 0 else None for i, row in enumerate(TOKENS)],
+            read_threads=1,
+        ).read(np.arange(4)),
+        ValueError,
+        ["record 1 is None (2 of the 4 read)", "filtered Grain MapDataset", "drop the .filter"],
+    ),
     # ------------------------------------------------------------- the source changes mid-run
     (
         "wrong dtype mid-dataset",

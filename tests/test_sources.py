@@ -607,6 +607,33 @@ def test_grain_source_single_thread_and_errors():
         s.close()
 
 
+def test_a_filtered_grain_dataset_is_refused_naming_the_filter_never_read_as_objects():
+    """A filtered Grain MapDataset gives None for each record its filter drops (Grain's
+    iterators skip them; a read by number gets them). psdp read [None, record] as an object
+    array, silently, and a batch of dicts failed naming 'NoneType' only."""
+    grain = pytest.importorskip("grain", reason="grain is optional (pip install psdp[grain])")
+    rows = grain.MapDataset.range(10).map(lambda i: {"x": np.array([i, i], np.int32)})
+    kept = rows.filter(lambda r: r["x"][0] % 2 == 0)
+    assert kept[1] is None  # Grain's own answer for a dropped record
+    with GrainSource(kept, read_threads=1) as source:
+        assert source.read(np.array([2, 0]))["x"].tolist() == [[2, 2], [0, 0]]
+        for ids in ([1], [1, 2], [2, 1, 3]):
+            with pytest.raises(ValueError, match=r"record 1 is None .* filtered Grain MapDataset"):
+                source.read(np.array(ids))
+    numbers = GrainSource([None, np.zeros(2)], read_threads=1)
+    with pytest.raises(ValueError, match=r"record 0 is None \(1 of the 2 read\)"):
+        numbers.read(np.array([0, 1]))
+
+    class Record:  # a record type of the user's, never converted to arrays
+        pass
+
+    objects = GrainSource([Record(), Record()], read_threads=1)
+    with pytest.raises(ValueError, match=r"record 0 is a Record, not an array of numbers"):
+        objects.read(np.array([1, 0]))
+    for s in (numbers, objects):
+        s.close()
+
+
 # --------------------------------------------------------------------------- multi-process
 @pytest.mark.timeout(240)  # its pod's time limit, plus a minute
 @pytest.mark.multiprocess

@@ -101,6 +101,14 @@ def _stack_records(
     records: Sequence[Any], ids: np.ndarray, where: str, inverse: np.ndarray
 ) -> Rows:
     """Stacks per-record arrays (or dicts of arrays) into rows, then repeats rows per ``inverse``."""
+    dropped = [int(i) for i, record in zip(ids, records, strict=True) if record is None]
+    if dropped:
+        raise ValueError(
+            f"{where}: record {dropped[0]} is None ({len(dropped)} of the {len(ids)} read), as a "
+            "filtered Grain MapDataset gives for each record its filter drops; psdp reads records "
+            "by number, so give it a source whose every record is one: drop the .filter (select "
+            "rows psdp's way), or keep the records that pass it, e.g. [r for r in ds if r is not None]"
+        )
     if isinstance(records[0], Mapping):
         keys = set(records[0])
         for i, record in zip(ids, records, strict=True):
@@ -122,6 +130,11 @@ def _stack_records(
 def _stack_leaf(values: Sequence[Any], ids: np.ndarray, where: str) -> np.ndarray:
     arrays = [np.asarray(v) for v in values]
     first = arrays[0]
+    if first.dtype == object:
+        raise ValueError(
+            f"{where}: record {int(ids[0])} is a {type(values[0]).__name__}, not an array of "
+            "numbers; every record must be an array or a dict of arrays of one shape and dtype"
+        )
     for i, a in zip(ids, arrays, strict=True):
         if a.shape != first.shape or a.dtype != first.dtype:
             raise ValueError(
