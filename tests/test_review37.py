@@ -218,3 +218,31 @@ def test_packed_rows_of_documents_without_eos_attend_as_levanters_packed_example
     assert len(ours) == -(-rows // BATCH) and rows % BATCH
     _assert_same_examples(ours[:whole], levanter_examples("validation", whole))
     assert not np.asarray(ours[-1].loss_weight.array)[rows % BATCH :].any()
+
+
+def test_the_iterator_levanters_trainer_reads_saves_with_orbax(tmp_path) -> None:
+    """`loader.iter_from_step(s)` is what Levanter's trainer reads; `LoaderSave(it)`, the Orbax
+    recipe's "the iterator the trainer takes batches from", refused it ("got _Examples; pass
+    LoaderSave(it)", which it was). Its state is the psdp iterator's: the next step."""
+    import orbax.checkpoint as ocp
+
+    from psdp import DocumentStore, TokenSequences
+    from psdp.levanter import LevanterLoader
+    from psdp.orbax import LoaderRestore, LoaderSave
+    from tests.meshes import mesh_of
+
+    mesh = mesh_of(("data",), (4,))
+    documents = [np.arange(2, 40, dtype=np.int32) + 100 * d for d in range(20)]
+    rows = TokenSequences(DocumentStore.from_documents(documents), SEQ_LEN)
+    with LevanterLoader(rows, mesh=mesh, Pos=Pos, batch_size=4) as loader:
+        it = loader.iter_from_step(3)
+        for _ in range(2):
+            next(it)
+        state = LoaderSave(it).state
+        assert state == loader.state() and state["step"] == 5 and state["offset"] == 20
+        manager = ocp.CheckpointManager(tmp_path / "ckpt", item_names=("data",))
+        manager.save(5, args=ocp.args.Composite(data=LoaderSave(it)))
+        manager.wait_until_finished()
+        it.close()
+    restored = manager.restore(5, args=ocp.args.Composite(data=LoaderRestore())).data
+    assert restored == state

@@ -199,6 +199,11 @@ class _Examples:
     def __next__(self) -> Any:
         return self._convert(next(self._batches))
 
+    def state(self) -> dict[str, Any]:
+        """The psdp iterator's state: the step the next example is (what `psdp.orbax.LoaderSave`
+        saves of the iterator the trainer reads)."""
+        return self._batches.state()
+
     def close(self) -> None:
         close = getattr(self._batches, "close", None)
         if close is not None:
