@@ -72,8 +72,8 @@ class LevanterLoader:
         loss_weight_key: a per-token leaf of ``source`` weighting the loss (a supervised cache's
             ``loss_weights``); unset: every token.
         evaluation: one pass in order, the last batch padded with zero-weight rows.
-        shuffle: permute the rows (psdp's permutation, not Levanter's); a `Mixture` orders its
-            own rows and is never shuffled again.
+        shuffle: permute the rows (psdp's permutation, not Levanter's); a `Mixture` orders (and
+            shuffles) its own rows, so leave it False for one: True is refused, naming why.
         seed: the shuffle's seed.
         options: more `DataLoader` options (e.g. ``prefetch``, ``read_threads``).
     """
