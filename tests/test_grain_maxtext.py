@@ -194,6 +194,45 @@ def test_a_data_loader_of_maxtext_rows_yields_maxtexts_global_batches(mesh_2d):
             assert weights == sum(int(np.sum(v != 0)) for v in expected["targets_segmentation"][:4])
 
 
+def test_an_eval_pass_of_maxtext_rows_pads_with_rows_maxtext_weighs_zero(mesh_2d):
+    """MaxText's eval runs ``for batch in eval_data_iterator`` and cuts every leaf as
+    ``v[:micro_batch, :]``, so its batches can carry no 1-D mask leaf; an eval set whose rows
+    are no multiple of the batch pads the last one. psdp refused ``mask_key=None`` there
+    ("padded rows need a mask leaf"), though a zero MaxText row counts nowhere, so the
+    guide's eval iterator could not be built. Every row once, as the oracle packs them; the
+    padding all zeros (targets_segmentation 0); MaxText's cut and weights work on each batch."""
+    from psdp import eval_loader
+
+    name = "code"  # 5 rows: a batch of 4, then one row and 3 of padding
+    docs, slots = with_eos(_documents(name), EOS)
+    want = with_targets(packed_table(docs, naive_pack(slots, SEQ_LEN, "best_fit"), SEQ_LEN))
+    rows, batch_size = len(want["input_ids"]), 4
+    assert rows % batch_size  # the last batch is padded
+    with eval_loader(MaxTextRows(_view(name)), mesh=mesh_2d, global_batch_size=batch_size,
+                     mask_key=None) as loader:  # fmt: skip
+        for _ in range(2):  # each `for` is a new pass, as MaxText's evals run
+            batches = [{k: np.asarray(v) for k, v in b.items()} for b in loader]
+            assert len(batches) == -(-rows // batch_size)
+            assert all(sorted(b) == MAXTEXT for b in batches)
+            got = {k: np.concatenate([b[k] for b in batches]) for k in MAXTEXT}
+            expected = {"inputs": want["input_ids"], "inputs_position": want["positions"],
+                        "inputs_segmentation": want["segment_ids"], "targets": want["targets"],
+                        "targets_position": want["positions"],
+                        "targets_segmentation": want["segment_ids"] * (want["loss_mask"] != 0)}  # fmt: skip
+            for key, value in expected.items():
+                np.testing.assert_array_equal(got[key][:rows], value, err_msg=key)
+                assert not got[key][rows:].any(), key  # the padding: zeros, weighed nowhere
+            micro = {k: v[: batch_size // 2, :] for k, v in batches[-1].items()}  # its loss's cut
+            assert all(v.shape == (batch_size // 2, SEQ_LEN) for v in micro.values())
+    # a source whose zero rows are not weightless still needs the mask to mark them
+    with pytest.raises(ValueError, match="padded rows need a mask leaf"):
+        eval_loader(_view(name), mesh=mesh_2d, global_batch_size=batch_size, mask_key=None)
+    # nor may the padding be another value than the zero MaxText weighs nothing
+    with pytest.raises(ValueError, match="padded rows need a mask leaf"):
+        eval_loader(MaxTextRows(_view(name)), mesh=mesh_2d, global_batch_size=batch_size,
+                    mask_key=None, pad_value=-1)  # fmt: skip
+
+
 def test_maxtext_rows_need_language_model_rows():
     store = DocumentStore.from_documents([np.array([5, 6, 7])])
     with pytest.raises(ValueError, match=r"lacks \['targets'\].*targets=True"):

@@ -89,12 +89,14 @@ class LoaderPlan:
         layout: MeshLayout | None = None,
         stream: bool,
         ends_short: bool,
+        zero_rows_weigh_nothing: bool = False,
     ) -> LoaderPlan:
         """Plans a loader from its source's first row (one row per leaf, ``(1, ...)``).
 
         ``stream``: the rows come from a stream (each host reads a stream shard); ``ends_short``:
         an epoch's final batch may be short (so batches can hold padding); ``layout``: the mesh's
-        (default: `MeshLayout.from_mesh`).
+        (default: `MeshLayout.from_mesh`); ``zero_rows_weigh_nothing``: the source says a row of
+        zeros counts nowhere (`MaxTextRows`), so zero padding needs no mask leaf.
         """
         layout = MeshLayout.from_mesh(mesh) if layout is None else layout
         first_row = in_leaf_order(first_row)  # every leaf table of the plan in the one order
@@ -136,7 +138,11 @@ class LoaderPlan:
             for key, row in first_row.items()
         }
         _check_pad_value(options, dtypes, leaves, padded, physical)
-        mask = _plan_mask(options, mesh, specs, leaves, padded, physical, process_index)
+        # a padding row the trainer weighs 0 by its own leaves needs no mask to mark it
+        weightless = zero_rows_weigh_nothing and options.output.pad_value == 0
+        mask = _plan_mask(
+            options, mesh, specs, leaves, padded and not weightless, physical, process_index
+        )
         requests = tuple(plan_reads(leaves))
         read_positions = np.unique(np.concatenate([r.positions for r in requests]))
         return cls(

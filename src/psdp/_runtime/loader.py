@@ -127,6 +127,9 @@ class DataLoader:
                     layout=layout,
                     stream=self.feed.stream,
                     ends_short=self.feed.ends_short,
+                    zero_rows_weigh_nothing=getattr(
+                        self.feed.source, "zero_rows_weigh_nothing", False
+                    ),
                 )
                 for key, stage in keys.items()
             }

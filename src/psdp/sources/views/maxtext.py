@@ -53,6 +53,11 @@ class MaxTextRows:
         ([[5, 6, 7, 1, 8, 9, 1, 0]], [[6, 7, 1, 0, 9, 1, 0, 0]], [[1, 1, 1, 0, 2, 2, 0, 0]])
     """
 
+    #: a zero row (the loader's padding) has ``targets_segmentation`` 0, which MaxText's loss
+    #: counts nowhere: a `DataLoader` pads these rows with ``mask_key=None`` (MaxText's batches
+    #: have no mask leaf, and its loss cuts every leaf as ``v[:micro_batch, :]``)
+    zero_rows_weigh_nothing = True
+
     def __init__(self, source: Any):
         leaves = getattr(source, "leaves", None)
         if isinstance(leaves, dict):
