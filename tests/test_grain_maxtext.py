@@ -125,6 +125,30 @@ def test_grains_batched_read_hook_reads_the_source_once():
     assert reads == [[7, 2, 4, 2]] and [int(r["x"][1]) for r in got] == [15, 5, 9, 5]
 
 
+@pytest.mark.parametrize("compression", [None, "zstd"])  # memory maps; TensorStore
+def test_records_of_stores_on_disk_pickle_for_grains_worker_processes(tmp_path, compression):
+    """Grain's worker processes (``worker_count > 0``, MaxText's default of 1) pickle the data
+    source. A mixture of stores written to disk did not pickle ("cannot pickle
+    '_thread.lock' object": the store's memory-mapped shards), after reads or before. The copy
+    reads the rows the original reads, as the oracle packs them."""
+    import pickle
+
+    from psdp.sources.documents.writer import write_documents
+
+    for name in LENGTHS:
+        docs = [d["input_ids"] for d in _documents(name)]
+        write_documents(tmp_path / name, docs, compression=compression, progress=False)
+    stores = {n: DocumentStore.open(tmp_path / n) for n in LENGTHS}
+    views = {n: PackedSequences(s, SEQ_LEN, targets=True, eos_id=EOS) for n, s in stores.items()}
+    records = GrainRecords(Mixture(views, weights=WEIGHTS, block_size=BLOCK, seed=SEED))
+    want = _oracle_rows(24)
+    for before in (records, pickle.loads(pickle.dumps(records))):  # unread, then read
+        assert len(before._getitems(list(range(24)))) == 24
+        copy = pickle.loads(pickle.dumps(before))
+        for got, expected in zip(copy._getitems(list(range(24))), want, strict=True):
+            _assert_record(got, expected)
+
+
 def test_records_never_share_a_buffer_the_source_refills():
     """A source whose reads return a view of one reused buffer (no `fresh_rows`): each record
     keeps its own values after the next read."""

@@ -224,6 +224,19 @@ class MappedShards:
     def __len__(self) -> int:
         return self.shape[0]
 
+    def __getstate__(self) -> dict[str, Any]:
+        # a copy in another process (Grain's worker processes pickle their data source) maps
+        # and checks the shards itself: the maps are this process's, and copying them would
+        # copy the shards' bytes
+        state = dict(self.__dict__)
+        for own in ("_shards", "_last_size", "_lock"):
+            del state[own]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._shards, self._last_size, self._lock = {}, {}, threading.Lock()
+
     def _shard(self, part: int, shard: int) -> Mapped:
         """A shard file, mapped; when it is mapped, its index (the bytes at the file's end, not
         the shard) is checked against its checksum and the layout. Its chunks are checked one
