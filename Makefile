@@ -124,7 +124,7 @@ PYTEST_LEVANTER := -n 2 --dist load
 	$(call make_venv,.venv-levanter,$(PYTHON),requirements/levanter-py311.lock,levanter$(comma)dev)
 
 test-levanter: .venv-levanter/.installed-stamp
-	.venv-levanter/bin/python -m pytest $(PYTEST_LEVANTER) tests/test_levanter.py
+	.venv-levanter/bin/python -m pytest $(PYTEST_LEVANTER) tests/test_levanter.py tests/test_review37.py
 
 # `pip install psdp` into an environment that already holds other allowed releases (the lower
 # bounds: jax 0.6.2, tensorstore 0.1.81, ...) installs psdp and changes no other package.
