@@ -91,3 +91,52 @@ def test_bad_args_say_the_fix(mesh_2d):
         LoaderRestore(LoaderConfig.create(global_batch_size=8))
     with pytest.raises(TypeError, match="saves psdp.orbax.LoaderSave args, got JsonSaveArgs"):
         LoaderCheckpointHandler().save("/nonexistent", args=ocp.args.JsonSave({}))
+
+
+def test_per_source_tags_switched_on_at_a_resume_continue_the_same_rows(tmp_path, mesh_2d):
+    """`mixture.source_leaf` (the switch for losses per source) turned on when a run resumes
+    from its Orbax checkpoint: it adds a leaf and changes no row, yet the restore refused it
+    with the two fingerprints and no field named. Now the rows are the uninterrupted run's and
+    each tag names the row's source (its tokens tell: web's ids < 1000, code's >= 5000); turned
+    off again, the error names the switch."""
+    import dataclasses
+
+    from psdp import DataConfig
+    from psdp.sources.documents.writer import write_documents
+
+    rng = np.random.default_rng(0)
+    for name, first in (("web", 2), ("code", 5000)):
+        docs = [first + rng.integers(0, 900, int(n)) for n in rng.integers(3, 30, 60)]
+        write_documents(tmp_path / name, [d.astype(np.int32) for d in docs], progress=False)
+    plain = DataConfig.from_dict({
+        "sources": {n: {"store": str(tmp_path / n), "weight": w} for n, w in (("web", 3), ("code", 1))},
+        "seq_len": 16, "mixture": {"block_size": 8, "seed": 5}, "order": {"global_batch_size": 8},
+    })  # fmt: skip
+    tagged = dataclasses.replace(
+        plain, mixture=dataclasses.replace(plain.mixture, source_leaf="source")
+    )
+    with plain.build(mesh_2d) as loader:
+        it = iter(loader)
+        whole = [np.asarray(next(it)["input_ids"]) for _ in range(6)]
+    with plain.build(mesh_2d) as loader:
+        it = iter(loader)
+        for _ in range(3):
+            next(it)
+        saved = it.state()
+        manager = ocp.CheckpointManager(tmp_path / "ckpt", item_names=("data",))
+        manager.save(3, args=ocp.args.Composite(data=LoaderSave(it)))
+        manager.wait_until_finished()
+    restored = manager.restore(3, args=ocp.args.Composite(data=LoaderRestore(tagged, mesh=mesh_2d)))
+    with restored.data as loader:
+        names, it = loader.source.names, iter(loader)
+        for step in range(3, 6):
+            batch = next(it)
+            tokens, tags = np.asarray(batch["input_ids"]), np.asarray(batch["source"])
+            np.testing.assert_array_equal(tokens, whole[step])
+            expected = [names.index("code" if row.max() >= 5000 else "web") for row in tokens]
+            assert tags.tolist() == expected
+        resumed = it.state()
+    assert saved["step"] == 3
+    with pytest.raises(ValueError, match=r"was the mixture's source_leaf, set it again: "
+                                         r"mixture.source_leaf: source"):  # fmt: skip
+        plain.restore(resumed, mesh_2d)

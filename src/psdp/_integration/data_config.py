@@ -223,9 +223,10 @@ class DataConfig:
 
         What may change: the batch size (or schedule), skips, ``drop_last``, stages that start
         at or after the resume step, eval sets, ``sharding``, ``output``, ``reading`` and the
-        mesh. What decides the rows already trained on may not: ``seq_len``, the view, the
-        stores (their sizes), ``mixture``, and stages that start before the resume step; each is
-        a `ValueError` naming both values.
+        mesh, and ``mixture.source_leaf`` turned on (a tag, no other row). What decides the rows
+        already trained on may not: ``seq_len``, the view, the stores (their sizes),
+        ``mixture``, and stages that start before the resume step; each is a `ValueError`
+        naming both values.
         """
         from psdp._runtime.state import check_state
 
