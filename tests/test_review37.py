@@ -246,3 +246,40 @@ def test_the_iterator_levanters_trainer_reads_saves_with_orbax(tmp_path) -> None
         it.close()
     restored = manager.restore(5, args=ocp.args.Composite(data=LoaderRestore())).data
     assert restored == state
+
+
+def test_levanters_train_set_permutes_each_block_of_the_unshuffled_order(tmp_path, tokenizer):
+    """A guard of the guide's "Orders": the guide said an unshuffled one-component run "moves
+    between the two loaders at any step", but `train_lm` reads `LmDataConfig.train_set`, a
+    `MixtureDataset` that permutes the rows inside each `mixture_block_size` block even then.
+    psdp's `train_loader` gives store order; Levanter's block holds the same rows, permuted."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from psdp.levanter import train_loader
+    from tests.meshes import mesh_of
+
+    _write(tmp_path / "web" / "train", 40, 0)
+    _write(tmp_path / "web" / "validation", 5, 1)
+    block = 8
+    levanter_data = LmDataConfig(
+        tokenizer=tokenizer, cache_dir=None, shuffle=False, mixture_block_size=block,
+        components={"web": DatasetComponent(cache_dir=str(tmp_path / "web"))},
+    )  # fmt: skip
+    theirs = levanter_data.train_set(Pos, BatchSchedule(4), key=jax.random.PRNGKey(0))
+    trainer = SimpleNamespace(
+        device_mesh=mesh_of(("data",), (4,)), compute_axis_mapping={"batch": "data"},
+        config=SimpleNamespace(train_batch_size=4, batch_axis_name="batch"),
+    )  # fmt: skip
+    with train_loader(levanter_data, trainer, Pos) as loader:
+        rows = loader.loader.source
+        ours = np.asarray(rows.read(np.arange(len(rows)))["input_ids"])
+        steps = [np.asarray(loader.batch_at(s).tokens.array) for s in range(len(ours) // 4)]
+    np.testing.assert_array_equal(np.concatenate(steps), ours[: len(steps) * 4])  # store order
+    blocks = len(ours) // block
+    got = asyncio.run(theirs.get_batch(list(range(blocks * block))))
+    got = np.stack([np.asarray(example.tokens.array) for example in got])
+    for b in range(blocks):
+        mine, levanters = ours[b * block : (b + 1) * block], got[b * block : (b + 1) * block]
+        assert sorted(map(tuple, mine)) == sorted(map(tuple, levanters))  # the same rows
+    assert not np.array_equal(got, ours[: blocks * block])  # in another order

@@ -451,8 +451,10 @@ def _split(root: str, split: str, component: Any) -> str:
 def train_loader(levanter_data: Any, trainer: Any, Pos: Any, *, seed: int = 0) -> LevanterLoader:
     """The training `LevanterLoader` of Levanter's data section on ``trainer``'s mesh.
 
-    One component with ``shuffle: false`` is read in order, row for row as Levanter's own
-    loader reads it; otherwise psdp's `Mixture` of `data_config` orders the rows (seeded by
+    One component with ``shuffle: false`` is read in store order, Levanter's ``TokenSeqDataset``
+    rows (Levanter's own ``train_lm`` permutes them inside each mixture block: not the same
+    order, ``docs/guides/levanter.md``, "Orders"); otherwise psdp's `Mixture` of `data_config`
+    orders the rows (seeded by
     ``seed``; with ``shuffle: false`` every component in store order), packed as the
     components' ``pack`` says."""
     components = levanter_data.components
