@@ -652,10 +652,12 @@ MUTANTS = [
     Mutant("LT15", "sources/documents/mapped.py", "flags[slot * per_shard + k]", "flags[k]",
            "a read over several shards looks up each chunk's check in the first shard's flags"),
     Mutant("LT16", "sources/documents/mapped.py",
-           "mapped = Mapped(data, offsets.astype(np.int64), rows, np.zeros(chunks, bool))",
-           "mapped = Mapped(data, offsets.astype(np.int64), rows, "
+           "mapped = Mapped(data, offsets.astype(np.int64), sizes, rows, np.zeros(chunks, bool))",
+           "mapped = Mapped(data, offsets.astype(np.int64), sizes, rows, "
            "self.__dict__.setdefault('_kept', {}).setdefault(key, np.zeros(chunks, bool)))",
            "a shard mapped again keeps what was checked before it was let go"),
+    Mutant("LT17", "sources/documents/mapped.py", "c * stride + maps[s].sizes[c]",
+           "c * stride + stride", "a short last chunk checked over bytes past its checksum"),
     Mutant("LT11", "sources/views/mixture.py", "    if len(reads) < 2 or not storage:",
            "    if True:", "a mixture's sources that wait on storage read one after the other"),
     Mutant("LT12", "_runtime/prefetch.py",

@@ -125,12 +125,14 @@ def _map(file: Any) -> mmap.mmap:
 
 
 class Mapped(NamedTuple):
-    """A shard file mapped: its bytes, the byte offset of each of its chunks, its values as rows
+    """A shard file mapped: its bytes, the byte offset of each of its chunks and the bytes each
+    is stored in (its checksum's included: a part's last chunk may be short), its values as rows
     of a chunk (a row's stride steps over the checksum; ``None`` where a short last chunk leaves
     too few bytes for a whole row), and which of its chunks were checked since it was mapped."""
 
     data: np.ndarray
     offsets: np.ndarray
+    sizes: list[int]
     rows: np.ndarray | None
     checked: np.ndarray
 
@@ -214,11 +216,8 @@ class MappedShards:
         lengths = [int(p.array.shape[0]) for p in self.parts]
         self._starts = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
         self.shape = (int(self._starts[-1]),)
-        self._chunks = [-(-n // p.per_chunk) for n, p in zip(lengths, self.parts, strict=True)]
         # the shards mapped now (at most `MAPS.limit` in the process), each with its checks
         self._shards: dict[tuple[int, int], Mapped] = {}
-        # each part's last chunk's size without its checksum (it may be short), once mapped
-        self._last_size: dict[int, int] = {}
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -229,13 +228,13 @@ class MappedShards:
         # and checks the shards itself: the maps are this process's, and copying them would
         # copy the shards' bytes
         state = dict(self.__dict__)
-        for own in ("_shards", "_last_size", "_lock"):
+        for own in ("_shards", "_lock"):
             del state[own]
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._shards, self._last_size, self._lock = {}, {}, threading.Lock()
+        self._shards, self._lock = {}, threading.Lock()
 
     def _shard(self, part: int, shard: int) -> Mapped:
         """A shard file, mapped; when it is mapped, its index (the bytes at the file's end, not
@@ -295,10 +294,9 @@ class MappedShards:
         rows = None
         if (chunks - 1) * stride + p.per_chunk * item <= len(data):
             rows = np.ndarray((chunks, p.per_chunk), self.dtype, data, 0, (stride, item))
-        mapped = Mapped(data, offsets.astype(np.int64), rows, np.zeros(chunks, bool))
+        sizes = nbytes.astype(np.int64).tolist()
+        mapped = Mapped(data, offsets.astype(np.int64), sizes, rows, np.zeros(chunks, bool))
         with self._lock:
-            if stop == length:  # the part's last shard: its last chunk may be short
-                self._last_size[part] = int(nbytes[-1]) - 4 * p.checksum
             found = self._shards.setdefault(key, mapped)
         if found is mapped:  # mapped here, not by another thread meanwhile: counted
             MAPS.admit(self, key)
@@ -330,37 +328,33 @@ class MappedShards:
             return
         # each chunk once (a read may touch one several times), in order
         _, first = np.unique(slot[fresh] * per_shard + k[fresh], return_index=True)
-        todo_slot, todo_k = slot[fresh[first]], k[fresh[first]]
-        # chunk k of a shard is at byte k * stride, all of stride bytes but perhaps the part's
-        # last, which may be stored short (checked when the shard was mapped)
+        # chunk k of a shard is at byte k * stride, in the bytes its index gives: the chunk and
+        # its checksum (the layout checked when the shard was mapped)
         stride = p.per_chunk * self.dtype.itemsize + 4
-        start = todo_k * stride
-        end = start + stride  # the chunk and its checksum
-        shard = np.asarray(shards)[todo_slot]
-        last = shard * per_shard + todo_k == self._chunks[part] - 1
-        if last.any():
-            end[last] = start[last] + self._last_size[part] + 4
+        todo = fresh[first]
+        chunks = list(zip(slot[todo].tolist(), k[todo].tolist(), strict=True))
+        spans = [(c * stride, c * stride + maps[s].sizes[c]) for s, c in chunks]
         # one call a chunk over its bytes and its stored checksum, whose crc32c is a constant
         # if and only if they agree (`CHECKED`): no Python per chunk but the slice and the call
         got = [
             google_crc32c.value(maps[s].data[a:b])
-            for s, a, b in zip(todo_slot.tolist(), start.tolist(), end.tolist(), strict=True)
+            for (s, _), (a, b) in zip(chunks, spans, strict=True)
         ]
         bad = np.flatnonzero(np.array(got) != CHECKED)
         if len(bad):
             first_bad = int(bad[0])
-            data = maps[int(todo_slot[first_bad])].data
-            a, b = int(start[first_bad]), int(end[first_bad])
+            (s, chunk), (a, b) = chunks[first_bad], spans[first_bad]
+            data = maps[s].data
             stored = int.from_bytes(data[b - 4 : b].tobytes(), "little")
             computed = _crc32c(data[a : b - 4])
             raise ValueError(
-                f"chunk {int(todo_k[first_bad])} of shard {int(shard[first_bad])} of "
+                f"chunk {chunk} of shard {shards[s]} of "
                 f"{p.directory} of {self._where} fails its crc32c checksum (stored "
                 f"{stored:#010x}, computed {computed:#010x}); the store is damaged: rewrite it "
                 "with write_documents"
             )
         with self._lock:
-            for s, chunk in zip(todo_slot.tolist(), todo_k.tolist(), strict=True):
+            for s, chunk in chunks:
                 maps[s].checked[chunk] = True
 
     def _pieces(self, lo: int, hi: int) -> list[tuple[np.ndarray, int, int]]:
