@@ -360,21 +360,21 @@ def _trained_components(components: Mapping[str, Any], weights: Any) -> set[str]
     return {name for name in components if any(w.get(name, 0) > 0 for w in stages)}
 
 
-#: Levanter data options psdp cannot honour, and their value that means "not used"
-_UNSUPPORTED = {
-    "num_validation_sequences": None,  # validation rows split off the train set
-    "max_train_batches": None,  # a component's training rows capped
-    "target_budget": None,  # a simulated data budget
-    "experiment_budget": None,
-}
+#: Levanter data options psdp cannot honour, each unused where ``None``
+_UNSUPPORTED = (
+    "num_validation_sequences",  # validation rows split off the train set
+    "max_train_batches",  # a component's training rows capped
+    "target_budget",  # a simulated data budget
+    "experiment_budget",
+)
 
 
 def _check_levanter_options(levanter_data: Any) -> None:
     """Refuses the Levanter data options that would change which rows a run trains on, which
     psdp's config does not express: silently ignored, they would train on other data."""
-    for option, unset in _UNSUPPORTED.items():
-        value = getattr(levanter_data, option, unset)
-        if value != unset:
+    for option in _UNSUPPORTED:
+        value = getattr(levanter_data, option, None)
+        if value is not None:
             raise ValueError(
                 f"Levanter's data config sets {option}: {value!r}, which psdp does not read (it "
                 "would train on other rows than Levanter's); drop it from the YAML, or run "
@@ -454,9 +454,8 @@ def train_loader(levanter_data: Any, trainer: Any, Pos: Any, *, seed: int = 0) -
     One component with ``shuffle: false`` is read in store order, Levanter's ``TokenSeqDataset``
     rows (Levanter's own ``train_lm`` permutes them inside each mixture block: not the same
     order, ``docs/guides/levanter.md``, "Orders"); otherwise psdp's `Mixture` of `data_config`
-    orders the rows (seeded by
-    ``seed``; with ``shuffle: false`` every component in store order), packed as the
-    components' ``pack`` says."""
+    orders the rows (seeded by ``seed``; with ``shuffle: false`` every component in store
+    order), packed as the components' ``pack`` says."""
     components = levanter_data.components
     eos_id = levanter_data.the_tokenizer.eos_token_id
     common = dict(
