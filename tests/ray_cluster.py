@@ -67,37 +67,23 @@ def ray_engine(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ray")
     session = tempfile.mkdtemp(prefix="psdp-ray-")
     port = _free_port()
-    ports = {  # every port of its own, so that another cluster on this machine never collides
-        f"--{name}": _free_port()
-        for name in ("dashboard-port", "dashboard-agent-listen-port",
-                     "dashboard-agent-grpc-port", "runtime-env-agent-port", "metrics-export-port")
-    }  # fmt: skip
-    command = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block",
-               f"--port={port}", "--node-ip-address=127.0.0.1", "--num-cpus=2",
-               "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={session}",
-               *(f"{name}={value}" for name, value in ports.items())]  # fmt: skip
-    log = tmp / "head.log"
     # A head stopped by SIGTERM first "drains" its node for 30 s (for Ray Serve's proxies, which
     # these tests do not run): without the wait its processes stop at once.
     env = {**os.environ, "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
-    with log.open("w") as out:
-        head = subprocess.Popen(
-            command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env
-        )
+    head = None
     try:
-        deadline = time.monotonic() + START_LIMIT_S
-        while "Ray runtime started" not in log.read_text():
-            assert head.poll() is None, f"ray start failed:\n{log.read_text()}"
-            assert (
-                time.monotonic() < deadline
-            ), f"no head after {START_LIMIT_S} s:\n{log.read_text()}"
-            time.sleep(0.2)
+        head = _start_node(
+            ["--head", f"--port={port}", "--num-cpus=2", "--include-dashboard=false",
+             f"--dashboard-port={_free_port()}", f"--temp-dir={session}"],
+            tmp / "head.log", env, session,
+        )  # fmt: skip
         engine = RayEngine(address=f"127.0.0.1:{port}")
         yield engine
         engine.close()
         assert not ray.is_initialized(), "the engine opened the session, so it closes it"
     finally:
-        _stop(head)
+        if head is not None:
+            _stop(head)
         shutil.rmtree(session, ignore_errors=True)
 
 
